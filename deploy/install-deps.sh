@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that ditd's build and tests need, when any
+# is missing. Run as root (or with sudo). Idempotent and quiet when all is
+# there, so the README's commands and CI can call it every time.
+set -euo pipefail
+
+pkgs=(
+  build-essential pkg-config meson ninja-build
+  libopenblas-openmp-dev libjansson-dev libpng-dev
+  libmicrohttpd-dev libuv1-dev libprotobuf-c-dev protobuf-c-compiler
+  libopenmpi-dev openmpi-bin
+  clang libclang-rt-14-dev
+  curl python3 ca-certificates
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

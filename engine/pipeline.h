@@ -1,0 +1,83 @@
+/* The denoising loop of a class-conditional DiT, as Diffusers' DiTPipeline:
+ * initial noise, then per step: DiT forward on the doubled batch when
+ * classifier-free guidance is on, guidance on the epsilon half, the learned
+ * sigma dropped, the sampler step. The output is the final latents; for a
+ * pixel-space model (no VAE) ditd_pipeline_to_pixels() maps them to 8-bit
+ * pixels as DiTPipeline does ((x / 2 + 0.5) clamped, x 255, rounded).
+ *
+ * The null class for guidance is num_embeds_ada_norm (DiTPipeline hardcodes
+ * 1000, which is the same number for the ImageNet checkpoints).
+ *
+ * Memory: model, sampler state and every buffer are planned in _new() for
+ * max_samples; the step loop allocates nothing. A sampler is rebuilt only
+ * when a batch asks for another (sampler, steps) pair.
+ */
+#ifndef DITD_ENGINE_PIPELINE_H
+#define DITD_ENGINE_PIPELINE_H
+
+#include <stdint.h>
+
+#include "engine/backend.h"
+#include "engine/dit.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+
+typedef struct ditd_gen_params {
+    int steps;                  /* num_inference_steps, 1..1000 */
+    float guidance;             /* guidance_scale; <= 1 turns CFG off */
+    ditd_sampler_kind sampler;
+} ditd_gen_params;
+
+typedef struct ditd_gen_sample {
+    uint64_t seed;              /* the request's seed */
+    uint64_t index;             /* which image of the request: its noise stream */
+    int64_t class_id;           /* 0..K-1 */
+} ditd_gen_sample;
+
+/* Called after every step on the calling thread: step is 1-based. x0 is
+ * the current prediction of the clean latents (n, C, S, S), host f32, for
+ * previews; borrowed for the call. Return non-zero to stop: generate then
+ * returns DITD_ECANCELED. */
+typedef int (*ditd_step_fn)(void *ud, int step, int total, const float *x0);
+
+typedef struct ditd_pipeline {
+    const ditd_backend_ops *ops;
+    ditd_model_info info;        /* copied; labels borrowed from the caller's info */
+    ditd_dit *dit;
+    ditd_sched_config sched_base;
+    ditd_sampler *sampler;       /* for (sampler_kind, sampler_steps) */
+    ditd_sampler_kind sampler_kind;
+    int sampler_steps;
+    int max_samples;
+    size_t numel;                /* C*S*S per sample */
+    size_t numel_out;            /* Co*S*S per sample */
+    float *lat;                  /* (n, C, S, S) host */
+    float *x0;                   /* (n, C, S, S) host */
+    void *model_in;              /* (2n, C, S, S) backend */
+    void *model_out;             /* (2n, Co, S, S) backend */
+    float *h_out;                /* (2n, Co, S, S) host */
+    float *h_t;                  /* (2n) */
+    int64_t *h_y;                /* (2n) */
+} ditd_pipeline;
+
+/* Loads the transformer weights of `info` for up to max_samples images per
+ * batch (2 x max_samples forwards with guidance). For a latent model the
+ * output stays latents: decoding them is the caller's business. */
+int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
+                      ditd_pipeline **out);
+void ditd_pipeline_free(ditd_pipeline *p);
+
+/* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
+ * (n, C, S, S) host f32 and replaces the generator (Diffusers' latents=);
+ * otherwise sample i's noise is ditd_philox_normal(seed_i, index_i, ...).
+ * out: (n, C, S, S) host f32, the final latents. cb may be NULL. */
+int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
+                           const ditd_gen_sample *samples, const float *init_noise, float *out,
+                           ditd_step_fn cb, void *ud);
+
+/* Latents (C, H, W) in [-1, 1] to interleaved 8-bit pixels (H, W, C):
+ * round((x / 2 + 0.5) clamped to [0, 1] x 255), ties to even, as
+ * DiTPipeline + numpy_to_pil. */
+void ditd_pipeline_to_pixels(const float *x, int C, int H, int W, uint8_t *out);
+
+#endif

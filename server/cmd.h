@@ -1,0 +1,18 @@
+/* The subcommands of the ditd binary. Each takes main's argc/argv after the
+ * subcommand name (argv[0] is the subcommand) and returns the process exit
+ * status. Only main() exits. */
+#ifndef DITD_SERVER_CMD_H
+#define DITD_SERVER_CMD_H
+
+int ditd_cmd_generate(int argc, char **argv);
+int ditd_cmd_bench(int argc, char **argv);
+
+/* Parses a whole decimal integer / float with bounds; 0 or DITD_EINVAL with
+ * a detail naming `what`. */
+int ditd_parse_long(const char *s, long lo, long hi, const char *what, long *out);
+int ditd_parse_double(const char *s, double lo, double hi, const char *what, double *out);
+
+/* The folder of the embedded default model, when it exists. */
+const char *ditd_default_model_dir(void);
+
+#endif

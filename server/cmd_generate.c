@@ -1,0 +1,230 @@
+/* `ditd generate`: one batch of images to PNG files, no server. Also the
+ * way to reproduce a Diffusers run exactly: --latents gives the initial
+ * noise, --save-latents writes the final latents. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/error.h"
+#include "engine/model.h"
+#include "engine/npy.h"
+#include "engine/pipeline.h"
+#include "server/cmd.h"
+#include "server/image.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ditd generate [options] -o OUT.png\n"
+            "\n"
+            "  --model DIR          Diffusers model folder (default: the embedded model)\n"
+            "  --class N|NAME       class id or label from id2label (default 0)\n"
+            "  --seed S             noise seed (default 0)\n"
+            "  --steps K            denoising steps (default: the model's)\n"
+            "  --guidance G         classifier-free guidance scale, <= 1 turns it off\n"
+            "                       (default: the model's)\n"
+            "  --sampler NAME       ddim | dpmpp-2m | flow-euler (default: the model's)\n"
+            "  -n N                 images (1..64); N > 1 writes OUT-0.png, OUT-1.png, ...\n"
+            "  --threads T          CPU threads (default: all)\n"
+            "  --latents FILE.npy   initial noise (N, C, S, S) float, instead of the generator\n"
+            "  --save-latents FILE.npy  write the final latents (N, C, S, S) float32\n"
+            "  -o, --output OUT.png output file\n"
+            "  -q, --quiet          no progress on stderr\n");
+}
+
+typedef struct progress {
+    int quiet;
+} progress;
+
+static int on_step(void *ud, int step, int total, const float *x0)
+{
+    progress *pr = ud;
+    (void)x0;
+    if (!pr->quiet)
+        fprintf(stderr, "\rstep %d/%d", step, total);
+    if (!pr->quiet && step == total)
+        fputc('\n', stderr);
+    return 0;
+}
+
+static int fail(const char *what, int err)
+{
+    const char *d = ditd_err_detail();
+    fprintf(stderr, "ditd generate: %s: %s%s%s\n", what, ditd_strerror(err), *d ? ": " : "", d);
+    return 1;
+}
+
+int ditd_cmd_generate(int argc, char **argv)
+{
+    enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
+           O_SAVE };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
+        {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
+        {"guidance", required_argument, 0, O_GUIDANCE}, {"sampler", required_argument, 0, O_SAMPLER},
+        {"threads", required_argument, 0, O_THREADS}, {"latents", required_argument, 0, O_LATENTS},
+        {"save-latents", required_argument, 0, O_SAVE}, {"output", required_argument, 0, 'o'},
+        {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *model_dir = NULL, *class_str = "0", *sampler_str = NULL, *latents_path = NULL;
+    const char *save_path = NULL, *out_path = NULL;
+    long seed = 0, steps = -1, n = 1, threads = 0;
+    double guidance = -1;
+    progress pr = {0};
+    int c, err, rc = 1;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:n:qh", opts, NULL)) != -1) {
+        err = 0;
+        switch (c) {
+        case O_MODEL: model_dir = optarg; break;
+        case O_CLASS: class_str = optarg; break;
+        case O_SEED: err = ditd_parse_long(optarg, 0, 0x7fffffffffffffffL, "--seed", &seed); break;
+        case O_STEPS: err = ditd_parse_long(optarg, 1, 1000, "--steps", &steps); break;
+        case O_GUIDANCE: err = ditd_parse_double(optarg, 0, 100, "--guidance", &guidance); break;
+        case O_SAMPLER: sampler_str = optarg; break;
+        case O_THREADS: err = ditd_parse_long(optarg, 1, 1024, "--threads", &threads); break;
+        case O_LATENTS: latents_path = optarg; break;
+        case O_SAVE: save_path = optarg; break;
+        case 'n': err = ditd_parse_long(optarg, 1, 64, "-n", &n); break;
+        case 'o': out_path = optarg; break;
+        case 'q': pr.quiet = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (err) {
+            fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ditd generate: unexpected argument \"%s\"\n", argv[optind]);
+        return 2;
+    }
+    if (!out_path && !save_path) {
+        fprintf(stderr, "ditd generate: give -o OUT.png (or --save-latents FILE.npy)\n");
+        return 2;
+    }
+    if (!model_dir && !(model_dir = ditd_default_model_dir())) {
+        fprintf(stderr, "ditd generate: no --model given and no embedded default model\n");
+        return 2;
+    }
+
+    ditd_model_info info;
+    ditd_pipeline *pipe = NULL;
+    ditd_gen_params gp;
+    ditd_gen_sample *samples = NULL;
+    float *noise = NULL, *out = NULL;
+    uint8_t *pix = NULL;
+    int class_id;
+    const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
+
+    if ((err = ditd_model_info_load(model_dir, &info)))
+        return fail(model_dir, err);
+    if ((err = ditd_model_class_from_str(&info, class_str, &class_id))) {
+        fprintf(stderr, "ditd generate: --class: %s; classes:", ditd_err_detail());
+        for (int i = 0; i < info.num_classes && i < 50; i++)
+            fprintf(stderr, "%s %d=%s", i ? "," : "", i, info.labels[i]);
+        fputc('\n', stderr);
+        goto done_info;
+    }
+    if (out_path && info.needs_vae) {
+        fprintf(stderr,
+                "ditd generate: %s is a latent model: its images need the VAE decoder, which ditd "
+                "does not have yet (--save-latents without -o writes the latents)\n",
+                model_dir);
+        goto done_info;
+    }
+    gp.steps = steps > 0 ? (int)steps : info.default_steps;
+    gp.guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
+    if (!sampler_str && info.default_sampler[0])
+        sampler_str = info.default_sampler;
+    if ((err = ditd_pipeline_new(&info, ops, (int)n, &pipe))) {
+        fail("loading the model", err);
+        goto done_info;
+    }
+    gp.sampler = pipe->sched_base.kind;
+    if (sampler_str && (err = ditd_sampler_kind_from_str(sampler_str, &gp.sampler))) {
+        fail("--sampler", err);
+        goto done;
+    }
+    ops->set_threads((int)threads);
+
+    int C = info.dit.in_channels, S = info.dit.sample_size;
+    size_t numel = (size_t)C * (size_t)S * (size_t)S;
+    if (latents_path) {
+        int nd;
+        int64_t shape[8];
+        if ((err = ditd_npy_read_f32(latents_path, 8, &nd, shape, &noise))) {
+            fail("--latents", err);
+            goto done;
+        }
+        if (nd != 4 || shape[0] != n || shape[1] != C || shape[2] != S || shape[3] != S) {
+            fprintf(stderr,
+                    "ditd generate: --latents: %s has %d dims (%lld, %lld, %lld, %lld), expected "
+                    "(%ld, %d, %d, %d)\n",
+                    latents_path, nd, (long long)shape[0], nd > 1 ? (long long)shape[1] : 0LL,
+                    nd > 2 ? (long long)shape[2] : 0LL, nd > 3 ? (long long)shape[3] : 0LL, n, C,
+                    S, S);
+            goto done;
+        }
+    }
+    samples = calloc((size_t)n, sizeof *samples);
+    out = malloc((size_t)n * numel * sizeof *out);
+    pix = malloc(numel);
+    if (!samples || !out || !pix) {
+        fprintf(stderr, "ditd generate: out of memory\n");
+        goto done;
+    }
+    for (long i = 0; i < n; i++) {
+        samples[i].seed = (uint64_t)seed;
+        samples[i].index = (uint64_t)i;
+        samples[i].class_id = class_id;
+    }
+    if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, on_step, &pr))) {
+        fail("generating", err);
+        goto done;
+    }
+    if (save_path) {
+        int64_t shape[4] = {n, C, S, S};
+        if ((err = ditd_npy_write_f32(save_path, 4, shape, out))) {
+            fail("--save-latents", err);
+            goto done;
+        }
+    }
+    for (long i = 0; out_path && i < n; i++) {
+        char path[4096];
+        const char *dot = strrchr(out_path, '.');
+        if (n == 1)
+            snprintf(path, sizeof path, "%s", out_path);
+        else if (dot && strchr(dot, '/') == NULL)
+            snprintf(path, sizeof path, "%.*s-%ld%s", (int)(dot - out_path), out_path, i, dot);
+        else
+            snprintf(path, sizeof path, "%s-%ld", out_path, i);
+        ditd_pipeline_to_pixels(out + (size_t)i * numel, C, S, S, pix);
+        if (C != 1 && C != 3 && C != 4) {
+            fprintf(stderr, "ditd generate: %d channels cannot be written as PNG\n", C);
+            goto done;
+        }
+        if ((err = ditd_png_write_file(path, pix, S, S, C))) {
+            fail(path, err);
+            goto done;
+        }
+        if (!pr.quiet)
+            fprintf(stderr, "wrote %s (class %d \"%s\", seed %ld, %d steps, guidance %g, %s)\n", path,
+                    class_id, info.labels[class_id], seed, gp.steps, (double)gp.guidance,
+                    ditd_sampler_kind_name(gp.sampler));
+    }
+    rc = 0;
+done:
+    ditd_pipeline_free(pipe);
+done_info:
+    ditd_model_info_free(&info);
+    free(samples);
+    free(noise);
+    free(out);
+    free(pix);
+    return rc;
+}

@@ -1,0 +1,95 @@
+/* Golden: the DiT forward of every fixture model against Diffusers (float64
+ * reference made by tools/make_fixtures.py). Bound: relative error
+ * max|ours - ref| / max|ref| <= 1e-5 on every output tensor. */
+#include <dirent.h>
+#include <jansson.h>
+
+#include "engine/backend.h"
+#include "engine/dit.h"
+#include "engine/model.h"
+#include "engine/npy.h"
+#include "tests/test_util.h"
+
+#define TOL 1e-5
+
+static float *load_f32(const char *dir, const char *file, int64_t *shape, int *nd)
+{
+    char path[4096];
+    float *d = NULL;
+    snprintf(path, sizeof path, "%s/expected/%s", dir, file);
+    TU_OK(ditd_npy_read_f32(path, 4, nd, shape, &d));
+    return d;
+}
+
+static void run_model(const char *dir)
+{
+    char path[4096];
+    json_error_t jerr;
+    ditd_model_info info;
+    json_t *cases, *fwd, *c;
+    size_t i;
+
+    snprintf(path, sizeof path, "%s/expected/cases.json", dir);
+    cases = json_load_file(path, 0, &jerr);
+    TU_CHECK(cases != NULL, "%s: %s", path, jerr.text);
+    if (!cases)
+        return;
+    TU_OK(ditd_model_info_load(dir, &info));
+    fwd = json_object_get(cases, "forward");
+    json_array_foreach(fwd, i, c) {
+        int nd, ndt, ndy, ndo;
+        int64_t sx[4], st[4], sy[4], so[4];
+        float *x = load_f32(dir, json_string_value(json_object_get(c, "x")), sx, &nd);
+        float *t = load_f32(dir, json_string_value(json_object_get(c, "t")), st, &ndt);
+        float *want = load_f32(dir, json_string_value(json_object_get(c, "out")), so, &ndo);
+        int64_t *y = NULL;
+        snprintf(path, sizeof path, "%s/expected/%s", dir, json_string_value(json_object_get(c, "y")));
+        TU_OK(ditd_npy_read_i64(path, 4, &ndy, sy, &y));
+        if (!x || !t || !want || !y)
+            goto next;
+        int B = (int)sx[0];
+        ditd_dit *m = NULL;
+        TU_OK(ditd_dit_new(&info.dit, &ditd_backend_cpu, B, info.transformer_dir, &m));
+        if (m) {
+            TU_CHECK(ndo == 4 && so[0] == B && so[1] == info.dit.out_channels, "out shape");
+            size_t n = (size_t)(so[0] * so[1] * so[2] * so[3]);
+            float *got = calloc(n, sizeof *got);
+            TU_OK(ditd_dit_forward(m, B, x, t, y, got));
+            char what[512];
+            snprintf(what, sizeof what, "%s forward[%zu] B=%d", info.name, i, B);
+            TU_CLOSE(what, got, want, n, TOL);
+            free(got);
+            ditd_dit_free(m);
+        }
+    next:
+        free(x);
+        free(t);
+        free(want);
+        free(y);
+    }
+    ditd_model_info_free(&info);
+    json_decref(cases);
+}
+
+int main(void)
+{
+    char dir[4096];
+    int models = 0;
+    snprintf(dir, sizeof dir, "%s/models", tu_fixtures());
+    DIR *d = opendir(dir);
+    TU_CHECK(d != NULL, "cannot open %s", dir);
+    if (!d)
+        return tu_exit();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char sub[4096];
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+        run_model(sub);
+        models++;
+    }
+    closedir(d);
+    TU_CHECK(models >= 4, "found %d fixture models", models);
+    return tu_exit();
+}

@@ -1,0 +1,100 @@
+/* Small helpers shared by the test programs: checks that print both sides,
+ * error measures over whole tensors, the fixtures folder. Header-only so each
+ * test stays one program. */
+#ifndef DITD_TESTS_TEST_UTIL_H
+#define DITD_TESTS_TEST_UTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/error.h"
+
+static int tu_failures;
+
+#define TU_CHECK(cond, ...)                                                       \
+    do {                                                                          \
+        if (!(cond)) {                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
+            fprintf(stderr, __VA_ARGS__);                                         \
+            fputc('\n', stderr);                                                  \
+            tu_failures++;                                                        \
+        }                                                                         \
+    } while (0)
+
+/* An engine call that must succeed; prints the error detail otherwise. */
+#define TU_OK(call)                                                               \
+    do {                                                                          \
+        int tu_err_ = (call);                                                     \
+        if (tu_err_) {                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s -> %s: %s\n", __FILE__, __LINE__,    \
+                    #call, ditd_err_name(tu_err_), ditd_err_detail());            \
+            tu_failures++;                                                        \
+        }                                                                         \
+    } while (0)
+
+typedef struct tu_err {
+    double max_abs;    /* max |a - b| */
+    double max_ref;    /* max |b| */
+    double rel;        /* max_abs / max_ref: the relative error the tests bound */
+    double rel_l2;     /* ||a - b|| / ||b|| */
+    size_t worst;      /* index of max_abs */
+    int nonfinite;     /* a has NaN or inf */
+} tu_err;
+
+static inline tu_err tu_compare(const float *a, const float *b, size_t n)
+{
+    tu_err e = {0};
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!isfinite(a[i]))
+            e.nonfinite = 1;
+        if (d > e.max_abs || d != d) {
+            e.max_abs = d;
+            e.worst = i;
+        }
+        if (fabs((double)b[i]) > e.max_ref)
+            e.max_ref = fabs((double)b[i]);
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    e.rel = e.max_ref > 0 ? e.max_abs / e.max_ref : e.max_abs;
+    e.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (e.nonfinite)
+        e.rel = e.rel_l2 = INFINITY;
+    return e;
+}
+
+/* Checks rel <= tol and prints the measure either way, with the worst element. */
+#define TU_CLOSE(what, a, b, n, tol)                                               \
+    do {                                                                           \
+        tu_err e_ = tu_compare((a), (b), (n));                                     \
+        int ok_ = e_.rel <= (tol);                                                 \
+        printf("%s %s: rel %.3g (max_abs %.3g / max_ref %.3g), rel_l2 %.3g, tol %.1g%s\n", \
+               ok_ ? "ok  " : "FAIL", (what), e_.rel, e_.max_abs, e_.max_ref,      \
+               e_.rel_l2, (double)(tol), ok_ ? "" : "  <--");                      \
+        if (!ok_) {                                                                \
+            fprintf(stderr, "  worst element %zu: got %.9g, want %.9g\n", e_.worst, \
+                    (double)(a)[e_.worst], (double)(b)[e_.worst]);                 \
+            tu_failures++;                                                         \
+        }                                                                          \
+    } while (0)
+
+static inline const char *tu_fixtures(void)
+{
+    const char *d = getenv("DITD_FIXTURES");
+    return d && *d ? d : "tests/fixtures";
+}
+
+static inline int tu_exit(void)
+{
+    if (tu_failures) {
+        fprintf(stderr, "%d check(s) failed\n", tu_failures);
+        return 1;
+    }
+    return 0;
+}
+
+#endif
