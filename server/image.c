@@ -1,6 +1,7 @@
 /* PNG encoding through libpng's write callbacks into a growing buffer. */
 #include "server/image.h"
 
+#include <errno.h>
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,7 +109,7 @@ int ditd_png_write_file(const char *path, const uint8_t *pixels, int width, int 
     f = fopen(tmp, "wb");
     if (!f) {
         free(buf);
-        return ditd_err_set(DITD_EIO, "%s: cannot create: %m", tmp);
+        return ditd_err_set(DITD_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     }
     size_t wrote = fwrite(buf, 1, len, f);
     if (fclose(f) != 0 || wrote != len) {
@@ -119,7 +120,7 @@ int ditd_png_write_file(const char *path, const uint8_t *pixels, int width, int 
     free(buf);
     if (rename(tmp, path) != 0) {
         remove(tmp);
-        return ditd_err_set(DITD_EIO, "%s: cannot rename into place: %m", path);
+        return ditd_err_set(DITD_EIO, "%s: cannot rename into place: %s", path, strerror(errno));
     }
     return 0;
 }

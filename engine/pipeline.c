@@ -1,0 +1,174 @@
+/* The DiTPipeline denoising loop: noise, forward, guidance, sampler step. */
+#include "engine/pipeline.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/error.h"
+#include "engine/philox.h"
+
+int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
+                      ditd_pipeline **out)
+{
+    ditd_pipeline *p;
+    const ditd_dit_config *c = &info->dit;
+    size_t S2 = (size_t)c->sample_size * (size_t)c->sample_size;
+    size_t n2;
+    int err;
+
+    if (max_samples <= 0 || max_samples > 1024)
+        return ditd_err_set(DITD_EINVAL, "max samples %d (1..1024)", max_samples);
+    p = calloc(1, sizeof *p);
+    if (!p)
+        return ditd_err_set(DITD_ENOMEM, "pipeline");
+    p->ops = ops;
+    p->info = *info;
+    p->max_samples = max_samples;
+    p->numel = (size_t)c->in_channels * S2;
+    p->numel_out = (size_t)c->out_channels * S2;
+    n2 = 2 * (size_t)max_samples;
+    if ((err = ditd_sched_config_load(info->scheduler_config, &p->sched_base)))
+        goto fail;
+    if ((err = ditd_dit_new(c, ops, (int)n2, info->transformer_dir, &p->dit)))
+        goto fail;
+    /* Backend buffers for the model's input and output live in host memory
+     * on the CPU; the CUDA backend will carve them from its device arena. */
+    p->lat = malloc((size_t)max_samples * p->numel * sizeof(float));
+    p->x0 = malloc((size_t)max_samples * p->numel * sizeof(float));
+    p->model_in = malloc(n2 * p->numel * ditd_dtype_size(ops->act_dtype));
+    p->model_out = malloc(n2 * p->numel_out * ditd_dtype_size(ops->act_dtype));
+    p->h_out = malloc(n2 * p->numel_out * sizeof(float));
+    p->h_t = malloc(n2 * sizeof(float));
+    p->h_y = malloc(n2 * sizeof(int64_t));
+    if (!p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t || !p->h_y) {
+        err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
+        goto fail;
+    }
+    *out = p;
+    return 0;
+fail:
+    ditd_pipeline_free(p);
+    return err;
+}
+
+void ditd_pipeline_free(ditd_pipeline *p)
+{
+    if (!p)
+        return;
+    ditd_sampler_free(p->sampler);
+    ditd_dit_free(p->dit);
+    free(p->lat);
+    free(p->x0);
+    free(p->model_in);
+    free(p->model_out);
+    free(p->h_out);
+    free(p->h_t);
+    free(p->h_y);
+    free(p);
+}
+
+/* Makes p->sampler the one for (kind, steps); rebuilt only on a change. */
+static int ensure_sampler(ditd_pipeline *p, ditd_sampler_kind kind, int steps)
+{
+    ditd_sched_config cfg;
+    int err;
+    if (p->sampler && p->sampler_kind == kind && p->sampler_steps == steps)
+        return 0;
+    ditd_sampler_free(p->sampler);
+    p->sampler = NULL;
+    if ((err = ditd_sched_config_convert(&p->sched_base, kind, &cfg)))
+        return err;
+    if ((err = ditd_sampler_new(&cfg, steps, p->max_samples, p->numel, &p->sampler)))
+        return err;
+    p->sampler_kind = kind;
+    p->sampler_steps = steps;
+    return 0;
+}
+
+int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
+                           const ditd_gen_sample *samples, const float *init_noise, float *out,
+                           ditd_step_fn cb, void *ud)
+{
+    const ditd_backend_ops *ops = p->ops;
+    const ditd_dit_config *c = &p->info.dit;
+    int cfg_on = gp->guidance > 1.0f, nb, err, steps;
+    size_t numel = p->numel, C_numel = numel; /* epsilon channels = the first C */
+    const float *ts;
+    float g = gp->guidance;
+
+    if (n <= 0 || n > p->max_samples)
+        return ditd_err_set(DITD_EINVAL, "%d samples (1..%d)", n, p->max_samples);
+    if (gp->steps < 1 || gp->steps > 1000)
+        return ditd_err_set(DITD_EINVAL, "num_inference_steps %d (1..1000)", gp->steps);
+    if (!isfinite(g) || g < 0)
+        return ditd_err_set(DITD_EINVAL, "guidance_scale %g", (double)g);
+    for (int i = 0; i < n; i++) {
+        if (samples[i].class_id < 0 || samples[i].class_id >= c->num_embeds_ada_norm)
+            return ditd_err_set(DITD_EINVAL, "class %lld outside 0..%d",
+                                (long long)samples[i].class_id, c->num_embeds_ada_norm - 1);
+    }
+    if ((err = ensure_sampler(p, gp->sampler, gp->steps)))
+        return err;
+    ts = ditd_sampler_timesteps(p->sampler);
+
+    steps = ditd_sampler_num_steps(p->sampler);
+
+    /* initial noise (n, C, S, S); every sampler here has init_noise_sigma 1 */
+    for (int i = 0; i < n; i++) {
+        float *x = p->lat + (size_t)i * numel;
+        if (init_noise)
+            memcpy(x, init_noise + (size_t)i * numel, numel * sizeof(float));
+        else
+            ditd_philox_normal(samples[i].seed, samples[i].index, 0, numel, x);
+    }
+    nb = cfg_on ? 2 * n : n;
+    for (int i = 0; i < nb; i++)
+        p->h_y[i] = i < n ? samples[i].class_id : c->num_embeds_ada_norm;
+
+    for (int s = 0; s < steps; s++) {
+        /* model input: [x; x] with guidance (conditional half, then null class) */
+        for (int i = 0; i < nb; i++) {
+            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)i * numel), p->lat + (size_t)(i % n) * numel,
+                        numel);
+            p->h_t[i] = ts[s];
+        }
+        if ((err = ditd_dit_forward(p->dit, nb, p->model_in, p->h_t, p->h_y, p->model_out)))
+            return err;
+        ops->download(p->h_out, p->model_out, (size_t)nb * p->numel_out);
+
+        for (int i = 0; i < n; i++) {
+            /* model output for sample i: its first C channels (a learned sigma
+             * is dropped); with guidance eps = uncond + g (cond - uncond). */
+            float *cond = p->h_out + (size_t)i * p->numel_out;
+            if (cfg_on) {
+                const float *unc = p->h_out + (size_t)(n + i) * p->numel_out;
+                for (size_t j = 0; j < C_numel; j++)
+                    cond[j] = unc[j] + g * (cond[j] - unc[j]);
+            }
+            if ((err = ditd_sampler_step(p->sampler, s, i, cond, p->lat + (size_t)i * numel,
+                                         p->x0 + (size_t)i * numel)))
+                return err;
+        }
+        if (cb && cb(ud, s + 1, steps, p->x0))
+            return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s + 1, steps);
+    }
+    memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
+    return 0;
+}
+
+void ditd_pipeline_to_pixels(const float *x, int C, int H, int W, uint8_t *out)
+{
+    size_t hw = (size_t)H * (size_t)W;
+    for (int c = 0; c < C; c++) {
+        for (size_t i = 0; i < hw; i++) {
+            /* float32 arithmetic as torch: (x / 2 + 0.5).clamp(0, 1), then
+             * numpy's (v * 255).round(): round half to even */
+            float v = x[(size_t)c * hw + i] / 2.0f + 0.5f;
+            v = v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v;
+            if (v != v)
+                v = 0.0f;
+            out[i * (size_t)C + (size_t)c] = (uint8_t)nearbyintf(v * 255.0f);
+        }
+    }
+}
