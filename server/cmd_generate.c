@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/backend.h"
 #include "engine/error.h"
@@ -36,16 +37,19 @@ static void usage(FILE *f)
 
 typedef struct progress {
     int quiet;
+    int tty;
 } progress;
 
 static int on_step(void *ud, int step, int total, const float *x0)
 {
     progress *pr = ud;
     (void)x0;
-    if (!pr->quiet)
-        fprintf(stderr, "\rstep %d/%d", step, total);
-    if (!pr->quiet && step == total)
-        fputc('\n', stderr);
+    if (pr->quiet)
+        return 0;
+    if (pr->tty)
+        fprintf(stderr, "\rstep %d/%d%s", step, total, step == total ? "\n" : "");
+    else if (step == total || step % 10 == 0)
+        fprintf(stderr, "step %d/%d\n", step, total);
     return 0;
 }
 
@@ -75,6 +79,7 @@ int ditd_cmd_generate(int argc, char **argv)
     progress pr = {0};
     int c, err, rc = 1;
 
+    pr.tty = isatty(STDERR_FILENO);
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:n:qh", opts, NULL)) != -1) {
         err = 0;
@@ -126,7 +131,7 @@ int ditd_cmd_generate(int argc, char **argv)
     if ((err = ditd_model_class_from_str(&info, class_str, &class_id))) {
         fprintf(stderr, "ditd generate: --class: %s; classes:", ditd_err_detail());
         for (int i = 0; i < info.num_classes && i < 50; i++)
-            fprintf(stderr, "%s %d=%s", i ? "," : "", i, info.labels[i]);
+            fprintf(stderr, "%s %d \"%s\"", i ? ";" : "", i, info.labels[i]);
         fputc('\n', stderr);
         goto done_info;
     }
