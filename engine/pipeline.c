@@ -41,7 +41,9 @@ int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, 
     p->h_out = malloc(n2 * p->numel_out * sizeof(float));
     p->h_t = malloc(n2 * sizeof(float));
     p->h_y = malloc(n2 * sizeof(int64_t));
-    if (!p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t || !p->h_y) {
+    p->cond_row = malloc((size_t)max_samples * sizeof(int));
+    p->uncond_row = malloc((size_t)max_samples * sizeof(int));
+    if (!p->cond_row || !p->uncond_row || !p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t || !p->h_y) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
         goto fail;
     }
@@ -65,6 +67,8 @@ void ditd_pipeline_free(ditd_pipeline *p)
     free(p->h_out);
     free(p->h_t);
     free(p->h_y);
+    free(p->cond_row);
+    free(p->uncond_row);
     free(p);
 }
 
@@ -88,30 +92,28 @@ static int ensure_sampler(ditd_pipeline *p, ditd_sampler_kind kind, int steps)
 
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
-                           ditd_step_fn cb, void *ud)
+                           uint8_t *active, ditd_step_fn cb, void *ud)
 {
     const ditd_backend_ops *ops = p->ops;
     const ditd_dit_config *c = &p->info.dit;
-    int cfg_on = gp->guidance > 1.0f, nb, err, steps;
-    size_t numel = p->numel, C_numel = numel; /* epsilon channels = the first C */
+    size_t numel = p->numel; /* the epsilon channels: the first C of Co */
+    int err, steps;
     const float *ts;
-    float g = gp->guidance;
 
     if (n <= 0 || n > p->max_samples)
         return ditd_err_set(DITD_EINVAL, "%d samples (1..%d)", n, p->max_samples);
     if (gp->steps < 1 || gp->steps > 1000)
         return ditd_err_set(DITD_EINVAL, "num_inference_steps %d (1..1000)", gp->steps);
-    if (!isfinite(g) || g < 0)
-        return ditd_err_set(DITD_EINVAL, "guidance_scale %g", (double)g);
     for (int i = 0; i < n; i++) {
         if (samples[i].class_id < 0 || samples[i].class_id >= c->num_embeds_ada_norm)
             return ditd_err_set(DITD_EINVAL, "class %lld outside 0..%d",
                                 (long long)samples[i].class_id, c->num_embeds_ada_norm - 1);
+        if (!isfinite(samples[i].guidance) || samples[i].guidance < 0)
+            return ditd_err_set(DITD_EINVAL, "guidance_scale %g", (double)samples[i].guidance);
     }
     if ((err = ensure_sampler(p, gp->sampler, gp->steps)))
         return err;
     ts = ditd_sampler_timesteps(p->sampler);
-
     steps = ditd_sampler_num_steps(p->sampler);
 
     /* initial noise (n, C, S, S); every sampler here has init_noise_sigma 1 */
@@ -122,35 +124,56 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         else
             ditd_philox_normal(samples[i].seed, samples[i].index, 0, numel, x);
     }
-    nb = cfg_on ? 2 * n : n;
-    for (int i = 0; i < nb; i++)
-        p->h_y[i] = i < n ? samples[i].class_id : c->num_embeds_ada_norm;
 
     for (int s = 0; s < steps; s++) {
-        /* model input: [x; x] with guidance (conditional half, then null class) */
-        for (int i = 0; i < nb; i++) {
-            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)i * numel), p->lat + (size_t)(i % n) * numel,
-                        numel);
-            p->h_t[i] = ts[s];
+        /* The forward batch: the active samples with their class, then the
+         * null class for those with guidance > 1 (DiTPipeline's [x; x]). */
+        int rows = 0;
+        for (int i = 0; i < n; i++) {
+            p->cond_row[i] = -1;
+            if (active && !active[i])
+                continue;
+            p->cond_row[i] = rows;
+            p->h_y[rows] = samples[i].class_id;
+            p->h_t[rows] = ts[s];
+            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
+                        p->lat + (size_t)i * numel, numel);
+            rows++;
         }
-        if ((err = ditd_dit_forward(p->dit, nb, p->model_in, p->h_t, p->h_y, p->model_out)))
+        if (rows == 0)
+            break;
+        for (int i = 0; i < n; i++) {
+            p->uncond_row[i] = -1;
+            if (p->cond_row[i] < 0 || !(samples[i].guidance > 1.0f))
+                continue;
+            p->uncond_row[i] = rows;
+            p->h_y[rows] = c->num_embeds_ada_norm;
+            p->h_t[rows] = ts[s];
+            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
+                        p->lat + (size_t)i * numel, numel);
+            rows++;
+        }
+        if ((err = ditd_dit_forward(p->dit, rows, p->model_in, p->h_t, p->h_y, p->model_out)))
             return err;
-        ops->download(p->h_out, p->model_out, (size_t)nb * p->numel_out);
+        ops->download(p->h_out, p->model_out, (size_t)rows * p->numel_out);
 
         for (int i = 0; i < n; i++) {
-            /* model output for sample i: its first C channels (a learned sigma
-             * is dropped); with guidance eps = uncond + g (cond - uncond). */
-            float *cond = p->h_out + (size_t)i * p->numel_out;
-            if (cfg_on) {
-                const float *unc = p->h_out + (size_t)(n + i) * p->numel_out;
-                for (size_t j = 0; j < C_numel; j++)
+            if (p->cond_row[i] < 0)
+                continue;
+            /* model output: the first C channels (a learned sigma is
+             * dropped); with guidance eps = uncond + g (cond - uncond). */
+            float *cond = p->h_out + (size_t)p->cond_row[i] * p->numel_out;
+            if (p->uncond_row[i] >= 0) {
+                const float *unc = p->h_out + (size_t)p->uncond_row[i] * p->numel_out;
+                float g = samples[i].guidance;
+                for (size_t j = 0; j < numel; j++)
                     cond[j] = unc[j] + g * (cond[j] - unc[j]);
             }
             if ((err = ditd_sampler_step(p->sampler, s, i, cond, p->lat + (size_t)i * numel,
                                          p->x0 + (size_t)i * numel)))
                 return err;
         }
-        if (cb && cb(ud, s + 1, steps, p->x0))
+        if (cb && cb(ud, s + 1, steps, p->x0, active))
             return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s + 1, steps);
     }
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));

@@ -22,23 +22,28 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 
+/* What every sample of a batch shares (the batcher groups on these). */
 typedef struct ditd_gen_params {
     int steps;                  /* num_inference_steps, 1..1000 */
-    float guidance;             /* guidance_scale; <= 1 turns CFG off */
     ditd_sampler_kind sampler;
 } ditd_gen_params;
 
+/* One image of a batch. */
 typedef struct ditd_gen_sample {
     uint64_t seed;              /* the request's seed */
     uint64_t index;             /* which image of the request: its noise stream */
     int64_t class_id;           /* 0..K-1 */
+    float guidance;             /* guidance_scale; <= 1 runs no unconditional pass */
 } ditd_gen_sample;
 
 /* Called after every step on the calling thread: step is 1-based. x0 is
  * the current prediction of the clean latents (n, C, S, S), host f32, for
- * previews; borrowed for the call. Return non-zero to stop: generate then
- * returns DITD_ECANCELED. */
-typedef int (*ditd_step_fn)(void *ud, int step, int total, const float *x0);
+ * previews (rows of inactive samples are stale); borrowed for the call.
+ * active (n flags, or NULL when the caller passed none) may be cleared
+ * here to drop a sample: it leaves the batch from the next step on and its
+ * output is left as it was. Return non-zero to stop the whole batch:
+ * generate then returns DITD_ECANCELED. */
+typedef int (*ditd_step_fn)(void *ud, int step, int total, const float *x0, uint8_t *active);
 
 typedef struct ditd_pipeline {
     const ditd_backend_ops *ops;
@@ -58,6 +63,7 @@ typedef struct ditd_pipeline {
     float *h_out;                /* (2n, Co, S, S) host */
     float *h_t;                  /* (2n) */
     int64_t *h_y;                /* (2n) */
+    int *cond_row, *uncond_row;  /* (n) forward row of each sample, -1 = none */
 } ditd_pipeline;
 
 /* Loads the transformer weights of `info` for up to max_samples images per
@@ -70,10 +76,13 @@ void ditd_pipeline_free(ditd_pipeline *p);
 /* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
  * (n, C, S, S) host f32 and replaces the generator (Diffusers' latents=);
  * otherwise sample i's noise is ditd_philox_normal(seed_i, index_i, ...).
- * out: (n, C, S, S) host f32, the final latents. cb may be NULL. */
+ * out: (n, C, S, S) host f32, the final latents. active: n flags, 1 = run
+ * (NULL = all); samples whose flag is 0 at a step boundary are skipped from
+ * then on (cancellation). A sample's result does not depend on the others
+ * in the batch. cb may be NULL. */
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
-                           ditd_step_fn cb, void *ud);
+                           uint8_t *active, ditd_step_fn cb, void *ud);
 
 /* Latents (C, H, W) in [-1, 1] to interleaved 8-bit pixels (H, W, C):
  * round((x / 2 + 0.5) clamped to [0, 1] x 255), ties to even, as

@@ -40,10 +40,11 @@ typedef struct progress {
     int tty;
 } progress;
 
-static int on_step(void *ud, int step, int total, const float *x0)
+static int on_step(void *ud, int step, int total, const float *x0, uint8_t *active)
 {
     progress *pr = ud;
     (void)x0;
+    (void)active;
     if (pr->quiet)
         return 0;
     if (pr->tty)
@@ -143,7 +144,6 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done_info;
     }
     gp.steps = steps > 0 ? (int)steps : info.default_steps;
-    gp.guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
     if (!sampler_str && info.default_sampler[0])
         sampler_str = info.default_sampler;
     if ((err = ditd_pipeline_new(&info, ops, (int)n, &pipe))) {
@@ -187,8 +187,9 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].seed = (uint64_t)seed;
         samples[i].index = (uint64_t)i;
         samples[i].class_id = class_id;
+        samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
     }
-    if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, on_step, &pr))) {
+    if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, NULL, on_step, &pr))) {
         fail("generating", err);
         goto done;
     }
@@ -219,7 +220,7 @@ int ditd_cmd_generate(int argc, char **argv)
         }
         if (!pr.quiet)
             fprintf(stderr, "wrote %s (class %d \"%s\", seed %ld, %d steps, guidance %g, %s)\n", path,
-                    class_id, info.labels[class_id], seed, gp.steps, (double)gp.guidance,
+                    class_id, info.labels[class_id], seed, gp.steps, (double)samples[0].guidance,
                     ditd_sampler_kind_name(gp.sampler));
     }
     rc = 0;

@@ -54,8 +54,8 @@ static void run_model(const char *dir, int *cases_run)
         const char *sampler = json_string_value(json_object_get(c, "sampler"));
         ditd_gen_params gp = {
             .steps = (int)json_integer_value(json_object_get(c, "steps")),
-            .guidance = (float)json_number_value(json_object_get(c, "guidance_scale")),
         };
+        float guidance = (float)json_number_value(json_object_get(c, "guidance_scale"));
         ditd_gen_sample samples[2];
         int n = (int)json_array_size(labels);
         char what[512];
@@ -68,12 +68,13 @@ static void run_model(const char *dir, int *cases_run)
             samples[k].seed = 0;
             samples[k].index = (uint64_t)k;
             samples[k].class_id = json_integer_value(json_array_get(labels, (size_t)k));
+            samples[k].guidance = guidance;
         }
         size_t numel = (size_t)(sn[1] * sn[2] * sn[3]);
         float *got = calloc((size_t)n * numel, sizeof *got);
-        TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, got, NULL, NULL));
+        TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, got, NULL, NULL, NULL));
         snprintf(what, sizeof what, "%s %s guidance %g, %d steps", info.name, sampler,
-                 (double)gp.guidance, gp.steps);
+                 (double)guidance, gp.steps);
         if (want_ts && p->sampler) {
             const float *ts = ditd_sampler_timesteps(p->sampler);
             int ns = ditd_sampler_num_steps(p->sampler);
