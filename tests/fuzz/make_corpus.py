@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Writes the hand-made seed corpus of the fuzz targets (stdlib only).
+
+Seeds are small (< 4 KB) valid files and a few broken ones; libFuzzer
+finds the rest. Inputs libFuzzer found interesting are kept beside them
+under names starting with 'found-'; this script leaves those alone.
+
+    python3 tests/fuzz/make_corpus.py
+"""
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def st(tensors, data, metadata=None, pad=True, raw_header=None):
+    """A safetensors image; tensors: name -> (dtype, shape, (b, e))."""
+    if raw_header is None:
+        h = {}
+        if metadata is not None:
+            h["__metadata__"] = metadata
+        for name, (dt, shape, offs) in tensors.items():
+            h[name] = {"dtype": dt, "shape": shape, "data_offsets": list(offs)}
+        raw_header = json.dumps(h, separators=(",", ":")).encode()
+    if pad:
+        raw_header += b" " * ((8 - len(raw_header) % 8) % 8)
+    return struct.pack("<Q", len(raw_header)) + raw_header + data
+
+
+def npy(dict_text, data, major=1):
+    pre = 10 if major == 1 else 12
+    h = dict_text.encode("latin1")
+    h += b" " * ((64 - (pre + len(h) + 1) % 64) % 64) + b"\n"
+    lenfield = struct.pack("<H", len(h)) if major == 1 else struct.pack("<I", len(h))
+    return b"\x93NUMPY" + bytes([major, 0]) + lenfield + h + data
+
+
+def write(target, name, blob):
+    assert len(blob) < 4096, (target, name, len(blob))
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(blob)
+
+
+def f32(*v):
+    return struct.pack("<%df" % len(v), *v)
+
+
+def main():
+    # --- safetensors ---------------------------------------------------
+    write("safetensors", "empty", st({}, b""))
+    write("safetensors", "f32-2x3", st({"w": ("F32", [2, 3], (0, 24))}, f32(*range(6))))
+    mixed = (f32(1.5, -2.0) + struct.pack("<3H", 0x3C00, 0x0001, 0x7E00)
+             + struct.pack("<2H", 0x3F80, 0xFF80) + struct.pack("<d", 0.1)
+             + struct.pack("<2q", 1, -1) + b"\x01\x00")
+    write("safetensors", "mixed-dtypes", st({
+        "a.weight": ("F32", [2], (0, 8)),
+        "a.bias": ("F16", [3], (8, 14)),
+        "b": ("BF16", [2, 1], (14, 18)),
+        "c": ("F64", [], (18, 26)),
+        "idx": ("I64", [2], (26, 42)),
+        "mask": ("BOOL", [2], (42, 44)),
+    }, mixed, metadata={"format": "pt"}))
+    write("safetensors", "4d-bf16", st({"q": ("BF16", [2, 3, 2, 2], (0, 48))},
+                                       bytes(range(48))))
+    write("safetensors", "zero-size-and-hole", st({
+        "z": ("F32", [0, 4], (0, 0)),
+        "a": ("F32", [1], (4, 8)),
+    }, f32(0, 1)))
+    write("safetensors", "unaligned", st({"u": ("U8", [3], (0, 3)),
+                                          "h": ("F16", [2], (3, 7))},
+                                         b"\x01\x02\x03" + struct.pack("<2H", 0x3C00, 0xBC00),
+                                         pad=False))
+    write("safetensors", "f8-f4", st({"e": ("F8_E4M3", [2], (0, 2)),
+                                      "f": ("F4", [4], (2, 4))}, b"\x38\xb8\x12\x34"))
+    write("safetensors", "bad-offsets", st({"w": ("F32", [2], (4, 12))}, f32(1)))
+    write("safetensors", "bad-overlap", st({"a": ("F32", [2], (0, 8)),
+                                            "b": ("F32", [2], (4, 12))}, f32(1, 2, 3)))
+    write("safetensors", "bad-nbytes", st({"a": ("F16", [3], (0, 4))}, b"\0" * 4))
+    write("safetensors", "bad-json", st(None, b"", raw_header=b'{"a":{"dtype":"F32",'))
+    write("safetensors", "bad-length", struct.pack("<Q", 1 << 40) + b"{}")
+    write("safetensors", "bad-dtype", st({"a": ("F128", [1], (0, 16))}, b"\0" * 16))
+    write("safetensors", "overflow-shape",
+          st({"a": ("F64", [2**40, 2**40, 2**40], (0, 8))}, b"\0" * 8))
+
+    # --- npy -----------------------------------------------------------
+    write("npy", "f4-2x3", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                               f32(*range(6))))
+    write("npy", "f8-v2", npy("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }",
+                              struct.pack("<3d", 0.1, -1e300, 2.5), major=2))
+    write("npy", "i8-v3", npy("{'descr': '<i8', 'fortran_order': False, 'shape': (2,), }",
+                              struct.pack("<2q", -5, 7), major=3))
+    write("npy", "i4", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 1), }",
+                           struct.pack("<2i", 3, -3)))
+    write("npy", "u1", npy("{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }",
+                           b"\x00\x80\xff"))
+    write("npy", "f2", npy("{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }",
+                              struct.pack("<2H", 0x3C00, 0x0001)))
+    write("npy", "b1", npy("{'descr': '|b1', 'fortran_order': False, 'shape': (2,), }",
+                           b"\x00\x01"))
+    write("npy", "scalar", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (), }",
+                               f32(4.5)))
+    write("npy", "quotes-list",
+          npy('{"shape": [1, 2], "fortran_order": True, "descr": "<u8"}',
+              struct.pack("<2Q", 1, 2**64 - 1)))
+    write("npy", "bad-bigendian", npy("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }",
+                                      f32(1)))
+    write("npy", "bad-fortran", npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }",
+                                    f32(1, 2, 3, 4)))
+    write("npy", "bad-truncated", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (9,), }",
+                                      f32(1)))
+    write("npy", "bad-structured",
+          npy("{'descr': [('x', '<f4')], 'fortran_order': False, 'shape': (1,), }", f32(1)))
+
+    # --- st_index ------------------------------------------------------
+    def idx(m, extra=None):
+        d = {"metadata": {"total_size": 50}, "weight_map": m}
+        if extra:
+            d.update(extra)
+        return json.dumps(d, indent=2).encode()
+
+    write("st_index", "good", idx({"a": "s1.safetensors", "b": "s1.safetensors",
+                                   "c": "s2.safetensors", "d": "sub/s3.safetensors"}))
+    write("st_index", "good-partial", idx({"c": "s2.safetensors"}))
+    write("st_index", "missing-tensor", idx({"x": "s1.safetensors"}))
+    write("st_index", "wrong-shard", idx({"a": "s2.safetensors"}))
+    write("st_index", "escape", idx({"a": "../s1.safetensors"}))
+    write("st_index", "absolute", idx({"a": "/etc/hostname"}))
+    write("st_index", "folder", idx({"a": "sub"}))
+    write("st_index", "not-safetensors", idx({"a": "model.safetensors.index.json"}))
+    write("st_index", "no-shard-file", idx({"a": "s9.safetensors"}))
+    write("st_index", "bad-json", b'{"weight_map": {"a": "s1.safetensors"')
+
+
+if __name__ == "__main__":
+    main()
