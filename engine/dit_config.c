@@ -109,28 +109,20 @@ int ditd_dit_config_finish(ditd_dit_config *c, const char *what)
     return 0;
 }
 
-int ditd_dit_config_load(const char *path, ditd_dit_config *out)
+static int config_from_json(json_t *root, const char *path, ditd_dit_config *out)
 {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
     int err, aff = 0;
     double eps = 1e-5;
     const char *cls;
     ditd_dit_config c;
 
     memset(&c, 0, sizeof c);
-    if (!root)
-        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
-    if (!json_is_object(root)) {
-        err = ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", path);
-        goto fail;
-    }
+    if (!json_is_object(root))
+        return ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", path);
     cls = json_string_value(json_object_get(root, "_class_name"));
-    if (cls && strcmp(cls, "DiTTransformer2DModel") != 0) {
-        err = ditd_err_set(DITD_EUNSUPPORTED,
-                           "%s: _class_name \"%s\" is not supported (DiTTransformer2DModel)", path, cls);
-        goto fail;
-    }
+    if (cls && strcmp(cls, "DiTTransformer2DModel") != 0)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: _class_name \"%s\" is not supported (DiTTransformer2DModel)", path, cls);
     /* Defaults are DiTTransformer2DModel's __init__ defaults. */
     if ((err = get_int(root, path, "in_channels", 4, &c.in_channels)) ||
         (err = get_int(root, path, "out_channels", 0, &c.out_channels)) ||
@@ -145,21 +137,39 @@ int ditd_dit_config_load(const char *path, ditd_dit_config *out)
         (err = get_float(root, path, "norm_eps", 1e-5, &eps)) ||
         (err = check_str(root, path, "norm_type", "ada_norm_zero", "ada_norm_zero")) ||
         (err = check_str(root, path, "activation_fn", "gelu-approximate", "gelu-approximate")))
-        goto fail;
+        return err;
     if (c.out_channels == 0)
         c.out_channels = c.in_channels;
-    if (aff) {
-        err = ditd_err_set(DITD_EUNSUPPORTED, "%s: norm_elementwise_affine true is not supported", path);
-        goto fail;
-    }
+    if (aff)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: norm_elementwise_affine true is not supported", path);
     c.norm_eps = (float)eps;
     c.activation = DITD_ACT_GELU_TANH;
     if ((err = ditd_dit_config_finish(&c, path)))
-        goto fail;
+        return err;
     *out = c;
-    json_decref(root);
     return 0;
-fail:
+}
+
+int ditd_dit_config_load(const char *path, ditd_dit_config *out)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    int err;
+    if (!root)
+        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+    err = config_from_json(root, path, out);
+    json_decref(root);
+    return err;
+}
+
+int ditd_dit_config_parse(const char *text, size_t len, const char *name, ditd_dit_config *out)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    int err;
+    if (!root)
+        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", name, jerr.line, jerr.text);
+    err = config_from_json(root, name, out);
     json_decref(root);
     return err;
 }

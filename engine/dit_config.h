@@ -31,6 +31,9 @@ typedef struct ditd_dit_config {
 /* Reads and checks transformer/config.json. Errors name the file and key. */
 int ditd_dit_config_load(const char *path, ditd_dit_config *out);
 
+/* The same over text in memory; `name` stands for the path in messages. */
+int ditd_dit_config_parse(const char *text, size_t len, const char *name, ditd_dit_config *out);
+
 /* Fills derived fields and checks the numbers (positive, D % 4 == 0 for the
  * 2-D sin-cos embedding, ...). Used by the loader and by `ditd bench` for
  * the named configs. */

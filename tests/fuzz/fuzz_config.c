@@ -1,0 +1,46 @@
+/* libFuzzer target: the two JSON configs a model folder brings,
+ * scheduler/scheduler_config.json (typed, then converted to every sampler
+ * and built for a few step counts) and transformer/config.json. Any input
+ * must give 0 or an error with a detail, never a crash or a leak. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "engine/dit_config.h"
+#include "engine/error.h"
+#include "engine/sampler.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ditd_sched_config base, cfg;
+    ditd_dit_config dit;
+
+    if (ditd_sched_config_parse((const char *)data, size, "fuzz.json", &base) == 0) {
+        for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++) {
+            if (ditd_sched_config_convert(&base, (ditd_sampler_kind)k, &cfg) != 0)
+                continue;
+            static const int steps[] = {1, 2, 7, 50};
+            for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+                ditd_sampler *s = NULL;
+                if (ditd_sampler_new(&cfg, steps[i], 1, 4, &s) == 0) {
+                    if (!s || ditd_sampler_num_steps(s) < 1)
+                        abort();
+                    ditd_sampler_free(s);
+                } else if (s || ditd_err_detail()[0] == '\0') {
+                    abort();
+                }
+            }
+        }
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
+    }
+    ditd_err_clear();
+    if (ditd_dit_config_parse((const char *)data, size, "fuzz.json", &dit) == 0) {
+        if (dit.inner_dim != dit.num_heads * dit.head_dim || dit.inner_dim % 4)
+            abort();
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
+    }
+    return 0;
+}
