@@ -1,0 +1,127 @@
+/* CPU compute kernels: fp32, OpenMP on the outer loops, GEMMs through BLAS.
+ *
+ * What this is: pure functions over caller-owned float buffers. What it is not:
+ * no allocation policy (scratch comes from the caller), no communication, no
+ * model knowledge. Nothing here includes engine/ or server/.
+ *
+ * Layout conventions (row-major everywhere):
+ *   - a "linear" weight is PyTorch's nn.Linear layout, W (N_out, K_in), so
+ *     y = x @ W^T + b;
+ *   - token activations are (B, N, D) contiguous, i.e. (rows = B*N, D);
+ *   - attention Q/K/V/O are (B, N, H, Dh) inside rows of stride ld (>= H*Dh),
+ *     which is exactly the output of a to_q/to_k/to_v linear (ld = H*Dh), or a
+ *     view into a fused QKV buffer (ld = 3*H*Dh);
+ *   - the log-sum-exp of attention is (B, H, Nq), natural log, of the scaled
+ *     scores.
+ *
+ * Threading: every function may use OpenMP internally; BLAS is called outside
+ * OpenMP parallel regions (one threading runtime, see README). Callers must
+ * not call these from inside their own parallel region.
+ */
+#ifndef DITD_KERNELS_CPU_KERNELS_H
+#define DITD_KERNELS_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Activation fused after a linear layer. */
+typedef enum ditd_cpu_act {
+    DITD_CPU_ACT_NONE = 0,
+    DITD_CPU_ACT_GELU_TANH, /* 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))) */
+    DITD_CPU_ACT_SILU,
+} ditd_cpu_act;
+
+/* y (M, N) = act(x (M, K) @ w^T + b); w is (N, K); b may be NULL.
+ * ldx/ldy are row strides of x and y in elements (>= K, >= N). */
+void ditd_cpu_linear(const float *x, size_t ldx, const float *w, const float *b,
+                     float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act);
+
+/* y = act(x), elementwise, in place allowed. */
+void ditd_cpu_act_apply(float *y, size_t n, ditd_cpu_act act);
+
+/* Row-wise LayerNorm without affine, then adaLN modulation:
+ *   y[b, n, :] = (x - mean) / sqrt(var + eps) * (1 + scale[b, :]) + shift[b, :]
+ * x, y: (B, N, D), y may alias x. shift/scale: rows of D for each b with row
+ * stride ld_mod (so they can point into a fused (B, 6D) modulation buffer).
+ * shift == NULL and scale == NULL gives a plain (non-affine) layernorm.
+ * Statistics per row in two passes (mean, then centered biased variance),
+ * accumulated in double; the normalization itself is in float. */
+void ditd_cpu_layernorm_modulate(const float *x, float *y, int B, int N, int D,
+                                 float eps, const float *shift, const float *scale,
+                                 size_t ld_mod);
+
+/* Affine LayerNorm (elementwise_affine=True): y = norm(x) * g + beta.
+ * x, y: (rows, D), y may alias x; g, beta: (D), either may be NULL (1, 0). */
+void ditd_cpu_layernorm_affine(const float *x, float *y, int rows, int D, float eps,
+                               const float *g, const float *beta);
+
+/* Gated residual: h[b, n, :] += gate[b, :] * y[b, n, :]. gate rows stride ld_gate. */
+void ditd_cpu_gated_residual(float *h, const float *y, int B, int N, int D,
+                             const float *gate, size_t ld_gate);
+
+/* Largest head dimension ditd_cpu_attention accepts. Its tiles are sized for
+ * it and live on the stack of each OpenMP thread: about 220 KiB (glibc and
+ * libgomp threads get 8 MiB by default; OMP_STACKSIZE must not go below
+ * 512K). */
+#define DITD_CPU_ATTN_MAX_DH 256
+
+/* Attention with log-sum-exp output.
+ *   q: (B, Nq, H, Dh) row stride ldq; k, v: (B, Nk, H, Dh) row strides ldk, ldv;
+ *   o: (B, Nq, H, Dh) row stride ldo; lse: (B, H, Nq) or NULL.
+ *   o = softmax(scale * q k^T) v, lse = log(sum exp(scale * q k^T)).
+ * Tiled and numerically stable (running max); scratch is internal stack/tile
+ * storage, no heap allocation. 0 < Dh <= DITD_CPU_ATTN_MAX_DH.
+ * Nk == 0 gives o = 0 and lse = -INFINITY (the empty result, which
+ * ditd_cpu_attention_merge treats as a no-op). */
+void ditd_cpu_attention(const float *q, size_t ldq, const float *k, size_t ldk,
+                        const float *v, size_t ldv, float *o, size_t ldo, float *lse,
+                        int B, int Nq, int Nk, int H, int Dh, float scale);
+
+/* Merge a partial attention result into an accumulator by log-sum-exp:
+ *   given (o_acc, lse_acc) and (o_blk, lse_blk) over disjoint key sets,
+ *   o_acc <- (e^{lse_acc} o_acc + e^{lse_blk} o_blk) / (e^{lse_acc} + e^{lse_blk})
+ *   lse_acc <- log(e^{lse_acc} + e^{lse_blk}).
+ * Layouts as ditd_cpu_attention. lse_acc = -INFINITY means "empty". */
+void ditd_cpu_attention_merge(float *o_acc, size_t ldo_acc, float *lse_acc,
+                              const float *o_blk, size_t ldo_blk, const float *lse_blk,
+                              int B, int Nq, int H, int Dh);
+
+/* Patch embedding (Conv2d, kernel = stride = p, with bias) flattened to tokens:
+ *   x: (B, C, Hi, Wi) NCHW, Hi % p == Wi % p == 0; w: (D, C, p, p); b: (D) or NULL;
+ *   y: (B, N, D), N = (Hi/p)*(Wi/p), tokens in row-major (h, w) order;
+ *   pos: (N, D) added after, or NULL.
+ * scratch: at least B*N*C*p*p floats (im2col). */
+void ditd_cpu_patch_embed(const float *x, const float *w, const float *b,
+                          const float *pos, float *y, float *scratch,
+                          int B, int C, int Hi, int Wi, int p, int D);
+
+/* Unpatchify: x: (B, N, p*p*C) with per-token layout (p, q, c), N = h*w;
+ * y: (B, C, h*p, w*p) NCHW. (Diffusers: reshape(h,w,p,p,c), "nhwpqc->nchpwq".) */
+void ditd_cpu_unpatchify(const float *x, float *y, int B, int C, int h, int w, int p);
+
+/* Sinusoidal timestep embedding, Diffusers get_timestep_embedding with
+ * flip_sin_to_cos=True, downscale_freq_shift=1, scale=1, max_period=10000:
+ *   out[b, :] = [cos(t_b * f_i), sin(t_b * f_i)], f_i = exp(-ln(1e4) * i / (half - 1)),
+ *   i in [0, half), half = dim/2. out: (B, dim). dim even. */
+void ditd_cpu_timestep_embed(const float *t, float *out, int B, int dim);
+
+/* 2-D sin-cos positional embedding, Diffusers get_2d_sincos_pos_embed with
+ * grid (gh, gw), base_size, interpolation_scale; computed in double, stored
+ * as float. out: (gh*gw, D); D % 4 == 0. Token n = r*gw + c; channels
+ * [0, D/2) encode the column c, [D/2, D) the row r (Diffusers' order), each
+ * as [sin(g*omega_i), cos(g*omega_i)], omega_i = 10000^(-i/(D/4)), with the
+ * float32 grid coordinate g = i / (n / base_size) / interpolation_scale.
+ * DiT's PatchEmbed uses base_size = sample_size / patch_size and
+ * interpolation_scale = 1. */
+void ditd_cpu_pos_embed_2d(float *out, int D, int gh, int gw, int base_size,
+                           float interpolation_scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
