@@ -12,6 +12,27 @@
  * Memory: the weights and every activation buffer for max_batch samples at
  * the model's sample_size are planned and allocated once in ditd_dit_new();
  * ditd_dit_forward() allocates nothing.
+ *
+ * Parallel (ditd_dit_new_mesh): the ranks of a mesh (engine/mesh.h) run one
+ * forward together, SPMD, and every rank ends with the whole output.
+ *   - tp: Megatron. to_q/k/v and ff.net.0 split by output rows (heads, F
+ *     columns), to_out.0 and ff.net.2 by input columns; one all-reduce after
+ *     each of those two (the bias added once, on tp rank 0). Each rank reads
+ *     only its slices from the safetensors mmap. Heads and F split as evenly
+ *     as they go. Embeddings, adaLN and the final layer are replicated.
+ *   - ring x ulysses (context parallel): the sequence (N tokens) is split
+ *     over the R*U ranks after patch embedding (cp rank s = r*U + u holds
+ *     tokens ditd_split(N, R*U, s)), every token-wise layer runs on local
+ *     tokens, and the final layer's tokens are all-gathered before
+ *     unpatchify (p*p*Co numbers per token rather than D).
+ *     Ulysses: all-to-all from (local tokens, all local heads) to (the ring
+ *     chunk's tokens, heads ditd_split(H_loc, U, u)), attention, all-to-all
+ *     back. Ring: K/V blocks of the R ring chunks visit every ring rank
+ *     (allgather, or p2p: send/recv double-buffered, the next block in
+ *     flight while this one's attention runs); partial outputs merge by
+ *     their log-sum-exp in fp32.
+ *   - with no mesh (or a mesh of one) the forward is exactly the
+ *     single-rank one, op for op.
  */
 #ifndef DITD_ENGINE_DIT_H
 #define DITD_ENGINE_DIT_H
@@ -20,6 +41,7 @@
 
 #include "engine/backend.h"
 #include "engine/dit_config.h"
+#include "engine/mesh.h"
 #include "engine/tensor.h"
 
 typedef struct ditd_dit_block {
@@ -62,6 +84,33 @@ typedef struct ditd_dit {
     void *mod;      /* (B, 6D) adaLN-Zero shift/scale/gate x 2 */
     void *scratch;  /* (B, N, C*p*p) im2col for the patch embedding */
     void *tok_out;  /* (B, N, p*p*Co) */
+
+    /* Parallel plan; with no mesh: one rank, n_loc = N, hc = H, fc = F.
+     * Under a mesh the activations above hold local shapes: h, xn
+     * (B, N_loc, D), qkv (B, N_loc, 3 H_loc Dh), att (B, N_loc, H_loc Dh),
+     * ff (B, N_loc, F_loc). */
+    const ditd_mesh *mesh;  /* borrowed; NULL = one rank */
+    ditd_layout lay;
+    int tp_rank, ring_rank, uly_rank;
+    int hc, h0;             /* H_loc heads of this tp rank, from head h0 */
+    int fc, f0;             /* F_loc MLP columns of this tp rank */
+    int n_loc, tok0;        /* N_loc tokens of this cp rank, from token tok0 */
+    int nr, ring0;          /* tokens of this rank's ring chunk */
+    int hu, hu0;            /* heads (of the hc) after the ulysses exchange */
+    int max_ring;           /* largest ring chunk */
+    int *tok_cnt, *tok_off;   /* (R*U) tokens per cp rank */
+    int *ring_cnt, *ring_off; /* (R) tokens per ring chunk */
+    int *uh_cnt, *uh_off;     /* (U) heads per ulysses rank */
+    int *cnt_a, *dsp_a, *cnt_b, *dsp_b; /* (R*U) collective counts */
+    /* context-parallel buffers (empty without cp) */
+    void *embed;            /* (B, N, D) patch embedding of the whole image */
+    void *a2a_send, *a2a_recv;
+    void *q;                /* (B, N_ring, H_u Dh) */
+    void *kv, *kv2;         /* K/V blocks (B, n, 2 H_u Dh): all R (allgather) or 2 (p2p) */
+    void *o_acc, *o_blk;    /* (B, N_ring, H_u Dh) */
+    float *lse_acc, *lse_blk; /* (B, H_u, N_ring) fp32 */
+    void *tok_loc;          /* (B, N_loc, p*p*Co) */
+    void *tok_gath;         /* (B*N, p*p*Co) rank blocks before reordering */
 } ditd_dit;
 
 /* Creates a model with weights from a safetensors checkpoint (a file, an
@@ -75,12 +124,27 @@ int ditd_dit_new(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int ma
 int ditd_dit_new_random(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
                         uint64_t seed, ditd_dit **out);
 
+/* As ditd_dit_new / ditd_dit_new_random, one rank of a mesh (borrowed;
+ * must outlive the model; NULL = one rank). The layout is checked against
+ * the model first (ditd_layout_check_model: every rank refuses the same
+ * layout, before any collective); under tp each rank reads, or draws, only
+ * its own slices (random weights are slices of the single-rank streams, so
+ * every layout runs the same model). Not collective. */
+int ditd_dit_new_mesh(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
+                      const char *weights_path, const ditd_mesh *mesh, ditd_dit **out);
+int ditd_dit_new_random_mesh(const ditd_dit_config *cfg, const ditd_backend_ops *ops,
+                             int max_batch, uint64_t seed, const ditd_mesh *mesh, ditd_dit **out);
+
 void ditd_dit_free(ditd_dit *m);
 
 /* One forward: out (B, Co, S, S) = DiT(x (B, C, S, S), h_t (B), h_y (B)).
  * x and out are backend buffers (host memory on the CPU); h_t and h_y are host
  * arrays. Class ids are in [0, K], K being the null class. B <= max_batch.
- * Returns DITD_EINVAL for a class id out of range or a non-finite timestep. */
+ * Returns DITD_EINVAL for a class id out of range or a non-finite timestep.
+ * Under a mesh: collective over the model's cp and tp ranks (the cfg axis
+ * is the caller's), which must all pass the same B, x, h_t and h_y; every
+ * one of them gets the whole out. Input errors are found before any
+ * collective, so they too are the same on every rank. */
 int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
                      void *out);
 

@@ -11,6 +11,12 @@
 int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
                       ditd_pipeline **out)
 {
+    return ditd_pipeline_new_group(info, ops, max_samples, NULL, out);
+}
+
+int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
+                            int max_samples, const ditd_mesh *mesh, ditd_pipeline **out)
+{
     ditd_pipeline *p;
     const ditd_dit_config *c = &info->dit;
     size_t S2 = (size_t)c->sample_size * (size_t)c->sample_size;
@@ -24,13 +30,16 @@ int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, 
         return ditd_err_set(DITD_ENOMEM, "pipeline");
     p->ops = ops;
     p->info = *info;
+    p->mesh = mesh && mesh->size > 1 ? mesh : NULL;
     p->max_samples = max_samples;
     p->numel = (size_t)c->in_channels * S2;
     p->numel_out = (size_t)c->out_channels * S2;
     n2 = 2 * (size_t)max_samples;
     if ((err = ditd_sched_config_load(info->scheduler_config, &p->sched_base)))
         goto fail;
-    if ((err = ditd_dit_new(c, ops, (int)n2, info->transformer_dir, &p->dit)))
+    /* under cfg parallel each half runs at most max_samples rows */
+    if ((err = ditd_dit_new_mesh(c, ops, p->mesh && p->mesh->layout.cfg == 2 ? max_samples : (int)n2,
+                                 info->transformer_dir, p->mesh, &p->dit)))
         goto fail;
     /* Backend buffers for the model's input and output live in host memory
      * on the CPU; the CUDA backend will carve them from its device arena. */
@@ -43,7 +52,8 @@ int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, 
     p->h_y = malloc(n2 * sizeof(int64_t));
     p->cond_row = malloc((size_t)max_samples * sizeof(int));
     p->uncond_row = malloc((size_t)max_samples * sizeof(int));
-    if (!p->cond_row || !p->uncond_row || !p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t || !p->h_y) {
+    p->ctl = malloc(1 + (size_t)max_samples);
+    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t || !p->h_y) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
         goto fail;
     }
@@ -69,6 +79,7 @@ void ditd_pipeline_free(ditd_pipeline *p)
     free(p->h_y);
     free(p->cond_row);
     free(p->uncond_row);
+    free(p->ctl);
     free(p);
 }
 
@@ -116,6 +127,22 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
     ts = ditd_sampler_timesteps(p->sampler);
     steps = ditd_sampler_num_steps(p->sampler);
 
+    /* In a group the leader's flags rule: ctl = [stop, active[0..n)],
+     * broadcast at the start and after every step's callback. */
+    uint8_t *act = NULL;
+    if (p->mesh) {
+        act = p->ctl + 1;
+        p->ctl[0] = 0;
+        for (int i = 0; i < n; i++)
+            act[i] = active ? active[i] != 0 : 1;
+        if ((err = ditd_mesh_bcast(p->mesh, p->ctl, 1 + (size_t)n)))
+            return err;
+        if (active)
+            memcpy(active, act, (size_t)n);
+    } else {
+        act = active;
+    }
+
     /* initial noise (n, C, S, S); every sampler here has init_noise_sigma 1 */
     for (int i = 0; i < n; i++) {
         float *x = p->lat + (size_t)i * numel;
@@ -125,13 +152,14 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             ditd_philox_normal(samples[i].seed, samples[i].index, 0, numel, x);
     }
 
+    int cfg_par = p->mesh && p->mesh->layout.cfg == 2;
     for (int s = 0; s < steps; s++) {
         /* The forward batch: the active samples with their class, then the
          * null class for those with guidance > 1 (DiTPipeline's [x; x]). */
-        int rows = 0;
+        int rows = 0, rows_c;
         for (int i = 0; i < n; i++) {
             p->cond_row[i] = -1;
-            if (active && !active[i])
+            if (act && !act[i])
                 continue;
             p->cond_row[i] = rows;
             p->h_y[rows] = samples[i].class_id;
@@ -142,6 +170,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         }
         if (rows == 0)
             break;
+        rows_c = rows;
         for (int i = 0; i < n; i++) {
             p->uncond_row[i] = -1;
             if (p->cond_row[i] < 0 || !(samples[i].guidance > 1.0f))
@@ -153,8 +182,26 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                         p->lat + (size_t)i * numel, numel);
             rows++;
         }
-        if ((err = ditd_dit_forward(p->dit, rows, p->model_in, p->h_t, p->h_y, p->model_out)))
-            return err;
+        if (!cfg_par) {
+            if ((err = ditd_dit_forward(p->dit, rows, p->model_in, p->h_t, p->h_y, p->model_out)))
+                return err;
+        } else {
+            /* cfg parallel: rows [0, rows_c) on cfg rank 0, the rest on 1;
+             * a half with no rows skips its forward (its whole sub-group
+             * agrees: the rows come from the same batch) */
+            int half = p->mesh->cfg_rank, r0 = half ? rows_c : 0, nr = half ? rows - rows_c : rows_c;
+            int counts[2] = {(int)((size_t)rows_c * p->numel_out),
+                             (int)((size_t)(rows - rows_c) * p->numel_out)};
+            int displs[2] = {0, counts[0]};
+            if (nr > 0 &&
+                (err = ditd_dit_forward(p->dit, nr, ditd_ptr_act(ops, p->model_in, (size_t)r0 * numel),
+                                        p->h_t + r0, p->h_y + r0,
+                                        ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out))))
+                return err;
+            if ((err = ditd_comm_allgatherv(p->mesh->cfg_comm, ops->act_dtype, NULL, p->model_out,
+                                            counts, displs)))
+                return err;
+        }
         ops->download(p->h_out, p->model_out, (size_t)rows * p->numel_out);
 
         for (int i = 0; i < n; i++) {
@@ -173,7 +220,23 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                                          p->x0 + (size_t)i * numel)))
                 return err;
         }
-        if (cb && cb(ud, s + 1, steps, p->x0, active))
+        int stop = 0;
+        if (!p->mesh) {
+            stop = cb && cb(ud, s + 1, steps, p->x0, active);
+        } else {
+            if (ditd_mesh_is_leader(p->mesh)) {
+                p->ctl[0] = cb && cb(ud, s + 1, steps, p->x0, active) ? 1 : 0;
+                if (active)
+                    for (int i = 0; i < n; i++)
+                        act[i] = active[i] != 0;
+            }
+            if ((err = ditd_mesh_bcast(p->mesh, p->ctl, 1 + (size_t)n)))
+                return err;
+            if (active)
+                memcpy(active, act, (size_t)n);
+            stop = p->ctl[0];
+        }
+        if (stop)
             return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s + 1, steps);
     }
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));

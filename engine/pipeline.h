@@ -11,6 +11,17 @@
  * Memory: model, sampler state and every buffer are planned in _new() for
  * max_samples; the step loop allocates nothing. A sampler is rebuilt only
  * when a batch asks for another (sampler, steps) pair.
+ *
+ * Groups (ditd_pipeline_new_group): the G ranks of a mesh run one batch
+ * together, SPMD. Every rank calls ditd_pipeline_generate() with the same
+ * gp, n, samples and init_noise (the worker broadcasts the batch first:
+ * ditd_mesh_bcast_var); every rank ends with the same out. The leader
+ * (group rank 0) alone runs the callback; after it, the leader broadcasts
+ * the active flags and the stop decision, so every rank drops the same
+ * samples and stops at the same step, and all run the same collectives.
+ * Under cfg parallel the conditional rows run on cfg rank 0's sub-group,
+ * the unconditional ones on cfg rank 1's, and the noise predictions are
+ * exchanged (all-gather over the cfg axis) before each sampler step.
  */
 #ifndef DITD_ENGINE_PIPELINE_H
 #define DITD_ENGINE_PIPELINE_H
@@ -19,6 +30,7 @@
 
 #include "engine/backend.h"
 #include "engine/dit.h"
+#include "engine/mesh.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 
@@ -64,6 +76,8 @@ typedef struct ditd_pipeline {
     float *h_t;                  /* (2n) */
     int64_t *h_y;                /* (2n) */
     int *cond_row, *uncond_row;  /* (n) forward row of each sample, -1 = none */
+    const ditd_mesh *mesh;       /* borrowed; NULL = one rank */
+    uint8_t *ctl;                /* (1 + max_samples) leader's stop flag + active flags */
 } ditd_pipeline;
 
 /* Loads the transformer weights of `info` for up to max_samples images per
@@ -71,6 +85,14 @@ typedef struct ditd_pipeline {
  * output stays latents: decoding them is the caller's business. */
 int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
                       ditd_pipeline **out);
+
+/* The same for one rank of a worker group: mesh (engine/mesh.h) is
+ * borrowed and must outlive the pipeline; NULL or a mesh of one is the
+ * single-rank pipeline. A layout that cannot run this model (heads, tokens:
+ * ditd_layout_check_model) is refused with DITD_EINVAL on every rank alike,
+ * before any collective. Not collective itself. */
+int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
+                            int max_samples, const ditd_mesh *mesh, ditd_pipeline **out);
 void ditd_pipeline_free(ditd_pipeline *p);
 
 /* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
@@ -79,7 +101,11 @@ void ditd_pipeline_free(ditd_pipeline *p);
  * out: (n, C, S, S) host f32, the final latents. active: n flags, 1 = run
  * (NULL = all); samples whose flag is 0 at a step boundary are skipped from
  * then on (cancellation). A sample's result does not depend on the others
- * in the batch. cb may be NULL. */
+ * in the batch. cb may be NULL.
+ * In a group: collective over the group; cb runs on the leader only (pass
+ * NULL elsewhere); active and the stop decision are the leader's, also at
+ * the start (the leader's initial flags are broadcast), and each rank's
+ * active array (when given) is updated to them after every step. */
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud);

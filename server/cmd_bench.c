@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "engine/backend.h"
+#include "engine/comm.h"
 #include "engine/dit.h"
 #include "engine/error.h"
 #include "engine/model.h"
@@ -30,7 +31,13 @@ static void usage(FILE *f)
             "  --threads T      CPU threads (default: all)\n"
             "  --iters K        timed forwards (default 5)\n"
             "  --warmup W       untimed forwards first (default 1)\n"
-            "  --no-gemm        skip the GEMM table\n");
+            "  --no-gemm        skip the GEMM table\n"
+            "\n"
+            "parallel (mpirun -np G ditd bench ..., G = C*R*U*T; one step = one forward\n"
+            "of the batch, split in halves under cfg): prints per step the compute time,\n"
+            "and per axis and collective the calls, time and bytes, measured and analytic:\n"
+            "  --ulysses-degree U  --ring-degree R  --ring-rotate allgather|p2p\n"
+            "  --tp-degree T       --cfg-degree C\n");
 }
 
 static double now_ms(void)
@@ -84,15 +91,204 @@ static double gemm_gflops(const ditd_backend_ops *ops, void *x, void *w, void *y
     return 2.0 * M * N * K / (median(t, iters) * 1e6);
 }
 
+/* ---- parallel: one group of G ranks (mpirun -np G ditd bench ...) ---- */
+
+/* Logical bytes per step on this rank for an even split, from the model's
+ * dimensions alone (the conventions of engine/comm.h), per axis and kind. */
+static void analytic_bytes(const ditd_dit_config *c, const ditd_layout *l, int B, int N,
+                           double out[DITD_AXIS_COUNT][DITD_COLL_COUNT])
+{
+    double L = c->num_layers, D = c->inner_dim, Dh = c->head_dim;
+    double T = l->tp, U = l->ulysses, R = l->ring, C = l->cfg;
+    double Hl = (double)c->num_heads / T, n = (double)N / (R * U), es = 4;
+    double po = (double)c->patch_size * c->patch_size * c->out_channels;
+    memset(out, 0, sizeof(double) * DITD_AXIS_COUNT * DITD_COLL_COUNT);
+    /* q, k, v out and attention back: 4 (B, n, H_loc/U, Dh) slabs to each of U-1 peers */
+    out[DITD_AXIS_ULYSSES][DITD_COLL_ALLTOALLV] = L * 4 * B * n * Hl * Dh * (U - 1) / U * es;
+    /* K and V of this ring chunk (B, N/R, H_loc/U, Dh) to R-1 peers */
+    double ring = L * 2 * B * (N / R) * (Hl / U) * Dh * (R - 1) * es;
+    out[DITD_AXIS_RING][l->rotate == DITD_RING_P2P ? DITD_COLL_SENDRECV : DITD_COLL_ALLGATHERV] =
+        ring;
+    /* after attention out and fc2: (B, n, D) each, 2 (T-1)/T */
+    out[DITD_AXIS_TP][DITD_COLL_ALLREDUCE] = L * 2 * B * n * D * es * 2 * (T - 1) / T;
+    /* final tokens (B, n, p*p*Co) to the other cp ranks */
+    out[DITD_AXIS_CP][DITD_COLL_ALLGATHERV] = B * n * po * es * (R * U - 1);
+    /* this half's noise predictions (B, Co, S, S) to the other half */
+    out[DITD_AXIS_CFG][DITD_COLL_ALLGATHERV] =
+        B * (double)c->out_channels * c->sample_size * c->sample_size * es * (C - 1);
+}
+
+static int bench_group(const ditd_layout *layout, const char *model_dir, const char *config,
+                       long tokens, long batch, long threads, long iters, long warmup)
+{
+    const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
+    ditd_comm *world = NULL;
+    ditd_mesh *mesh = NULL;
+    ditd_dit_config cfg;
+    ditd_model_info info;
+    ditd_dit *m = NULL;
+    int err, rc = 1, have_info = 0;
+    long side = lround(sqrt((double)tokens));
+    float *hx = NULL, *out = NULL, *ht = NULL;
+    int64_t *hy = NULL;
+    double *steps = NULL, stat_ms[DITD_AXIS_COUNT][DITD_COLL_COUNT] = {{0}};
+    uint64_t stat_bytes[DITD_AXIS_COUNT][DITD_COLL_COUNT] = {{0}};
+    uint64_t stat_calls[DITD_AXIS_COUNT][DITD_COLL_COUNT] = {{0}};
+
+    if ((err = ditd_comm_mpi_init(NULL, NULL)) || (err = ditd_comm_mpi_world(&world)))
+        return fail("MPI", err);
+    if ((err = ditd_mesh_new(world, layout, &mesh))) {
+        fail("layout", err);
+        rc = 2;
+        goto done;
+    }
+    int leader = ditd_mesh_is_leader(mesh);
+    if (side * side != tokens) {
+        if (leader)
+            fprintf(stderr, "ditd bench: --tokens %ld is not a square grid\n", tokens);
+        rc = 2;
+        goto done;
+    }
+    if (batch % layout->cfg) {
+        if (leader)
+            fprintf(stderr, "ditd bench: --batch %ld does not split into %d cfg halves\n", batch,
+                    layout->cfg);
+        rc = 2;
+        goto done;
+    }
+    int B = (int)batch / layout->cfg;
+    int nthreads = ops->set_threads((int)threads);
+    if (model_dir) {
+        if ((err = ditd_model_info_load(model_dir, &info))) {
+            fail(model_dir, err);
+            goto done;
+        }
+        have_info = 1;
+        cfg = info.dit;
+        err = ditd_dit_new_mesh(&cfg, ops, B, info.transformer_dir, mesh, &m);
+    } else {
+        if ((err = ditd_dit_config_named(config, 2 * (int)side, &cfg))) {
+            fail("--config", err);
+            goto done;
+        }
+        if (side * cfg.patch_size != cfg.sample_size) {
+            cfg.sample_size = (int)side * cfg.patch_size;
+            if ((err = ditd_dit_config_finish(&cfg, config))) {
+                fail("--config", err);
+                goto done;
+            }
+        }
+        err = ditd_dit_new_random_mesh(&cfg, ops, B, 1234, mesh, &m);
+    }
+    if (err) {
+        fail("model", err);
+        goto done;
+    }
+    size_t numel = (size_t)cfg.in_channels * (size_t)cfg.sample_size * (size_t)cfg.sample_size;
+    size_t numel_out = (size_t)cfg.out_channels * (size_t)cfg.sample_size * (size_t)cfg.sample_size;
+    hx = malloc((size_t)batch * numel * sizeof *hx);
+    out = malloc((size_t)batch * numel_out * sizeof *out);
+    ht = malloc((size_t)batch * sizeof *ht);
+    hy = malloc((size_t)batch * sizeof *hy);
+    steps = malloc((size_t)iters * sizeof *steps);
+    if (!hx || !out || !ht || !hy || !steps) {
+        fprintf(stderr, "ditd bench: out of memory\n");
+        goto done;
+    }
+    ditd_philox_normal(7, 0, 0, (size_t)batch * numel, hx);
+    for (long i = 0; i < batch; i++) {
+        ht[i] = (float)(999 - 37 * i % 1000);
+        hy[i] = (int64_t)(i * 7 % cfg.num_embeds_ada_norm);
+    }
+    int half = mesh->cfg_rank, r0 = half * B;
+    int counts[2] = {(int)((size_t)B * numel_out), (int)((size_t)B * numel_out)};
+    int displs[2] = {0, counts[0]};
+    for (long it = -warmup; it < iters; it++) {
+        ditd_mesh_stats_reset(mesh);
+        ditd_comm_barrier(mesh->group);
+        double t0 = now_ms();
+        if ((err = ditd_dit_forward(m, B, hx + (size_t)r0 * numel, ht + r0, hy + r0,
+                                    out + (size_t)r0 * numel_out))) {
+            fail("forward", err);
+            goto done;
+        }
+        if (layout->cfg > 1 &&
+            (err = ditd_comm_allgatherv(mesh->cfg_comm, DITD_DTYPE_F32, NULL, out, counts, displs)))
+            goto done;
+        ops->sync();
+        double t = now_ms() - t0;
+        if (it < 0)
+            continue;
+        steps[it] = t;
+        for (int a = 0; a < DITD_AXIS_COUNT; a++) {
+            const ditd_comm_stat *st = ditd_comm_stats(ditd_mesh_comm(mesh, (ditd_mesh_axis)a));
+            for (int k = 0; k < DITD_COLL_COUNT; k++) {
+                stat_ms[a][k] += st[k].ms;
+                stat_bytes[a][k] += st[k].bytes;
+                stat_calls[a][k] += st[k].calls;
+            }
+        }
+    }
+    double comm_ms = 0, an[DITD_AXIS_COUNT][DITD_COLL_COUNT];
+    for (int a = 0; a < DITD_AXIS_COUNT; a++)
+        for (int k = 0; k < DITD_COLL_COUNT; k++)
+            comm_ms += stat_ms[a][k] / (double)iters;
+    double med = median(steps, (int)iters);
+    analytic_bytes(&cfg, layout, B, m->N, an);
+    if (leader) {
+        printf("| model | tokens | batch | layout | ranks | threads/rank | ms/step (median) | compute ms | comm ms (mean) |\n");
+        printf("|---|---|---|---|---|---|---|---|---|\n");
+        printf("| %s | %d | %ld | cfg %d x ring %d (%s) x ulysses %d x tp %d | %d | %d | %.1f | %.1f | %.1f |\n",
+               model_dir ? model_dir : config, m->N, batch, layout->cfg, layout->ring,
+               ditd_ring_rotate_name(layout->rotate), layout->ulysses, layout->tp, mesh->size,
+               nthreads, med, med - comm_ms, comm_ms);
+        printf("\n| axis | collective | calls/step | ms/step | MB/step measured | MB/step analytic |\n");
+        printf("|---|---|---|---|---|---|\n");
+        for (int a = 0; a < DITD_AXIS_COUNT; a++)
+            for (int k = 0; k < DITD_COLL_COUNT; k++) {
+                if (!stat_calls[a][k] && an[a][k] == 0)
+                    continue;
+                printf("| %s | %s | %.0f | %.2f | %.3f | %.3f |\n",
+                       ditd_mesh_axis_name((ditd_mesh_axis)a), ditd_coll_name((ditd_coll)k),
+                       (double)stat_calls[a][k] / (double)iters, stat_ms[a][k] / (double)iters,
+                       (double)stat_bytes[a][k] / (double)iters / 1e6, an[a][k] / 1e6);
+            }
+        printf("\n(rank 0's view; bytes are logical bytes sent by this rank, see engine/comm.h)\n");
+    }
+    rc = 0;
+done:
+    free(hx);
+    free(out);
+    free(ht);
+    free(hy);
+    free(steps);
+    ditd_dit_free(m);
+    if (have_info)
+        ditd_model_info_free(&info);
+    ditd_mesh_free(mesh);
+    ditd_comm_free(world);
+    ditd_comm_mpi_finalize();
+    return rc;
+}
+
 int ditd_cmd_bench(int argc, char **argv)
 {
-    enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM };
+    enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM,
+           O_ULYSSES, O_RING, O_ROTATE, O_TP, O_CFG };
     static const struct option opts[] = {
         {"config", required_argument, 0, O_CONFIG},   {"model", required_argument, 0, O_MODEL},
         {"tokens", required_argument, 0, O_TOKENS},   {"batch", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS}, {"iters", required_argument, 0, O_ITERS},
         {"warmup", required_argument, 0, O_WARMUP},   {"no-gemm", no_argument, 0, O_NOGEMM},
-        {"help", no_argument, 0, 'h'},                {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'},
+        {"ulysses-degree", required_argument, 0, O_ULYSSES},
+        {"ring-degree", required_argument, 0, O_RING},
+        {"ring-rotate", required_argument, 0, O_ROTATE},
+        {"tp-degree", required_argument, 0, O_TP},
+        {"cfg-degree", required_argument, 0, O_CFG},
+        {0, 0, 0, 0}};
+    long deg_u = 1, deg_r = 1, deg_t = 1, deg_c = 1;
+    ditd_ring_rotate rotate = DITD_RING_ALLGATHER;
     const char *config = "DiT-XL/2", *model_dir = NULL;
     long tokens = 256, batch = 2, threads = 0, iters = 5, warmup = 1;
     int c, err, do_gemm = 1, rc = 1;
@@ -109,6 +305,11 @@ int ditd_cmd_bench(int argc, char **argv)
         case O_ITERS: err = ditd_parse_long(optarg, 1, 1000, "--iters", &iters); break;
         case O_WARMUP: err = ditd_parse_long(optarg, 0, 1000, "--warmup", &warmup); break;
         case O_NOGEMM: do_gemm = 0; break;
+        case O_ULYSSES: err = ditd_parse_long(optarg, 1, 4096, "--ulysses-degree", &deg_u); break;
+        case O_RING: err = ditd_parse_long(optarg, 1, 4096, "--ring-degree", &deg_r); break;
+        case O_ROTATE: err = ditd_ring_rotate_from_str(optarg, &rotate); break;
+        case O_TP: err = ditd_parse_long(optarg, 1, 4096, "--tp-degree", &deg_t); break;
+        case O_CFG: err = ditd_parse_long(optarg, 1, 2, "--cfg-degree", &deg_c); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -117,6 +318,10 @@ int ditd_cmd_bench(int argc, char **argv)
             return 2;
         }
     }
+
+    ditd_layout layout = {(int)deg_c, (int)deg_r, (int)deg_u, (int)deg_t, rotate, 1};
+    if (ditd_comm_launched_by_mpi() || ditd_layout_size(&layout) > 1)
+        return bench_group(&layout, model_dir, config, tokens, batch, threads, iters, warmup);
 
     const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
     ditd_dit_config cfg;

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
+#include "engine/comm.h"
 #include "engine/error.h"
+#include "engine/mesh.h"
 #include "engine/model.h"
 #include "engine/npy.h"
 #include "engine/pipeline.h"
@@ -32,7 +34,15 @@ static void usage(FILE *f)
             "  --latents FILE.npy   initial noise (N, C, S, S) float, instead of the generator\n"
             "  --save-latents FILE.npy  write the final latents (N, C, S, S) float32\n"
             "  -o, --output OUT.png output file\n"
-            "  -q, --quiet          no progress on stderr\n");
+            "  -q, --quiet          no progress on stderr\n"
+            "\n"
+            "parallel (one group of G = C*R*U*T ranks: mpirun -np G ditd generate ...;\n"
+            "the images are written by rank 0):\n"
+            "  --ulysses-degree U   Ulysses sequence parallel (all-to-all over heads)\n"
+            "  --ring-degree R      Ring attention (K/V blocks travel the ring)\n"
+            "  --ring-rotate M      allgather (default) | p2p\n"
+            "  --tp-degree T        Megatron tensor parallel\n"
+            "  --cfg-degree C       1 or 2: conditional and unconditional halves apart\n");
 }
 
 typedef struct progress {
@@ -64,7 +74,7 @@ static int fail(const char *what, int err)
 int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
-           O_SAVE };
+           O_SAVE, O_ULYSSES, O_RING, O_ROTATE, O_TP, O_CFG };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -72,7 +82,14 @@ int ditd_cmd_generate(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"latents", required_argument, 0, O_LATENTS},
         {"save-latents", required_argument, 0, O_SAVE}, {"output", required_argument, 0, 'o'},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
+        {"ulysses-degree", required_argument, 0, O_ULYSSES},
+        {"ring-degree", required_argument, 0, O_RING},
+        {"ring-rotate", required_argument, 0, O_ROTATE},
+        {"tp-degree", required_argument, 0, O_TP},
+        {"cfg-degree", required_argument, 0, O_CFG},
         {0, 0, 0, 0}};
+    long deg_u = 1, deg_r = 1, deg_t = 1, deg_c = 1;
+    ditd_ring_rotate rotate = DITD_RING_ALLGATHER;
     const char *model_dir = NULL, *class_str = "0", *sampler_str = NULL, *latents_path = NULL;
     const char *save_path = NULL, *out_path = NULL;
     long seed = 0, steps = -1, n = 1, threads = 0;
@@ -95,6 +112,11 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_LATENTS: latents_path = optarg; break;
         case O_SAVE: save_path = optarg; break;
         case 'n': err = ditd_parse_long(optarg, 1, 64, "-n", &n); break;
+        case O_ULYSSES: err = ditd_parse_long(optarg, 1, 4096, "--ulysses-degree", &deg_u); break;
+        case O_RING: err = ditd_parse_long(optarg, 1, 4096, "--ring-degree", &deg_r); break;
+        case O_ROTATE: err = ditd_ring_rotate_from_str(optarg, &rotate); break;
+        case O_TP: err = ditd_parse_long(optarg, 1, 4096, "--tp-degree", &deg_t); break;
+        case O_CFG: err = ditd_parse_long(optarg, 1, 2, "--cfg-degree", &deg_c); break;
         case 'o': out_path = optarg; break;
         case 'q': pr.quiet = 1; break;
         case 'h': usage(stdout); return 0;
@@ -118,6 +140,25 @@ int ditd_cmd_generate(int argc, char **argv)
         return 2;
     }
 
+    /* A group: every rank of the world (mpirun -np G) is one rank of it. */
+    ditd_layout layout = {(int)deg_c, (int)deg_r, (int)deg_u, (int)deg_t, rotate, 1};
+    ditd_comm *world = NULL;
+    ditd_mesh *mesh = NULL;
+    int leader = 1, use_mpi = ditd_comm_launched_by_mpi() || ditd_layout_size(&layout) > 1;
+    if (use_mpi) {
+        if ((err = ditd_comm_mpi_init(NULL, NULL)) || (err = ditd_comm_mpi_world(&world)))
+            return fail("MPI", err);
+        if ((err = ditd_mesh_new(world, &layout, &mesh))) {
+            fail("layout", err);
+            ditd_comm_free(world);
+            ditd_comm_mpi_finalize();
+            return 2;
+        }
+        leader = ditd_mesh_is_leader(mesh);
+        if (!leader)
+            pr.quiet = 1;
+    }
+
     ditd_model_info info;
     ditd_pipeline *pipe = NULL;
     ditd_gen_params gp;
@@ -127,8 +168,14 @@ int ditd_cmd_generate(int argc, char **argv)
     int class_id;
     const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
 
-    if ((err = ditd_model_info_load(model_dir, &info)))
-        return fail(model_dir, err);
+    if ((err = ditd_model_info_load(model_dir, &info))) {
+        fail(model_dir, err);
+        ditd_mesh_free(mesh);
+        ditd_comm_free(world);
+        if (use_mpi)
+            ditd_comm_mpi_finalize();
+        return 1;
+    }
     if ((err = ditd_model_class_from_str(&info, class_str, &class_id))) {
         fprintf(stderr, "ditd generate: --class: %s; classes:", ditd_err_detail());
         for (int i = 0; i < info.num_classes && i < 50; i++)
@@ -146,7 +193,7 @@ int ditd_cmd_generate(int argc, char **argv)
     gp.steps = steps > 0 ? (int)steps : info.default_steps;
     if (!sampler_str && info.default_sampler[0])
         sampler_str = info.default_sampler;
-    if ((err = ditd_pipeline_new(&info, ops, (int)n, &pipe))) {
+    if ((err = ditd_pipeline_new_group(&info, ops, (int)n, mesh, &pipe))) {
         fail("loading the model", err);
         goto done_info;
     }
@@ -189,8 +236,13 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].class_id = class_id;
         samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
     }
-    if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, NULL, on_step, &pr))) {
+    if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, NULL,
+                                      leader ? on_step : NULL, &pr))) {
         fail("generating", err);
+        goto done;
+    }
+    if (!leader) {
+        rc = 0;
         goto done;
     }
     if (save_path) {
@@ -232,5 +284,9 @@ done_info:
     free(noise);
     free(out);
     free(pix);
+    ditd_mesh_free(mesh);
+    ditd_comm_free(world);
+    if (use_mpi)
+        ditd_comm_mpi_finalize();
     return rc;
 }
