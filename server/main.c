@@ -1,5 +1,5 @@
-/* ditd: one binary, subcommands generate, bench (and serve, with the
- * front-end). This file only dispatches; each command lives in its own file. */
+/* ditd: one binary, subcommands serve, generate, bench. This file only
+ * dispatches; each command lives in its own file. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +55,7 @@ static void usage(FILE *f)
             "usage: ditd <command> [options]\n"
             "\n"
             "commands:\n"
+            "  serve      the HTTP server (OpenAI images API); under mpirun, with replicas\n"
             "  generate   generate images to PNG files, no server\n"
             "  bench      time DiT forwards for a named config or a model folder\n"
             "\n"
@@ -68,6 +69,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (strcmp(argv[1], "serve") == 0)
+        return ditd_cmd_serve(argc - 1, argv + 1);
     if (strcmp(argv[1], "generate") == 0)
         return ditd_cmd_generate(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0)

@@ -36,6 +36,9 @@ if [ $fail -ne 0 ]; then
   echo "0 passed, 1 failed"
   exit 1
 fi
+# The http suite's Python clients (openai, jsonschema) live in a virtualenv
+# cached in the build folder; made here once so the suite's time is its own.
+tests/http/venv.sh "$build/http-venv" >/dev/null || echo "http tests: no virtualenv (they will skip)"
 meson test -C "$build" --num-processes 1 --print-errorlogs "$@"
 rc1=$?
 

@@ -1,0 +1,446 @@
+/* `ditd serve`: start-up, the libuv loop with libmicrohttpd inside it,
+ * signals and drain; under mpirun, the worker ranks too.
+ *
+ * libmicrohttpd runs without threads of its own (MHD_USE_EPOLL, external
+ * polling): its epoll fd sits in a uv_poll, its timeout in a uv_timer, so
+ * every HTTP callback runs on the loop thread. Replica messages arrive
+ * through the hub and a uv_async. */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "engine/error.h"
+#include "engine/pipeline.h"
+#include "server/cmd.h"
+#include "server/serve.h"
+
+double ditd__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void ditd__log(ditd_srv *s, const char *fmt, ...)
+{
+    char ts[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    va_list ap;
+    (void)s;
+    gmtime_r(&t, &tm);
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    fprintf(stderr, "%s ditd serve: ", ts);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* ---- libmicrohttpd in the loop ---- */
+
+static void mhd_run(ditd_srv *s);
+
+static void on_mhd_timer(uv_timer_t *t)
+{
+    mhd_run(t->data);
+}
+
+static void on_mhd_poll(uv_poll_t *p, int status, int events)
+{
+    (void)status;
+    (void)events;
+    mhd_run(p->data);
+}
+
+void ditd__mhd_kick(ditd_srv *s)
+{
+    if (!s->mhd)
+        return;
+    s->mhd_kick = 1;
+    uv_timer_start(&s->mhd_timer, on_mhd_timer, 0, 0);
+}
+
+static void mhd_run(ditd_srv *s)
+{
+    MHD_UNSIGNED_LONG_LONG to;
+    if (!s->mhd)
+        return;
+    s->mhd_kick = 0;
+    MHD_run(s->mhd);
+    if (s->mhd_kick)
+        uv_timer_start(&s->mhd_timer, on_mhd_timer, 0, 0);
+    else if (MHD_get_timeout(s->mhd, &to) == MHD_YES)
+        uv_timer_start(&s->mhd_timer, on_mhd_timer, to, 0);
+    else
+        uv_timer_stop(&s->mhd_timer);
+}
+
+/* ---- replicas ---- */
+
+static void hub_wake(void *ud)
+{
+    uv_async_send(ud);
+}
+
+static void on_wake(uv_async_t *a)
+{
+    ditd_srv *s = a->data;
+    ditd_hub_msg *m = ditd_hub_drain(s->hub);
+    for (ditd_hub_msg *p = m; p; p = p->next)
+        ditd__sched_on_message(s, p->replica, p->buf, p->len);
+    ditd_hub_msg_free(m);
+}
+
+typedef struct thread_arg {
+    ditd_worker_config cfg;
+    ditd_transport *t;
+} thread_arg;
+
+static void replica_main(void *arg)
+{
+    thread_arg *a = arg;
+    ditd_worker_run(&a->cfg, a->t);
+}
+
+/* ---- shutdown ---- */
+
+static void close_all(ditd_srv *s);
+
+static void stop_now(ditd_srv *s)
+{
+    if (s->stopping)
+        return;
+    s->stopping = 1;
+    ditd__log(s, "stopping the replicas");
+    ditd__sched_shutdown(s, 1);
+    close_all(s);
+    uv_stop(s->loop); /* serve_front() joins the replicas, then closes the wake handle */
+}
+
+static void on_watch(uv_timer_t *t)
+{
+    ditd_srv *s = t->data;
+    double now = ditd__now();
+    ditd__jobs_watch(s);
+    /* fail-stop: every replica failed */
+    int alive = 0;
+    for (int r = 0; r < s->nrep; r++)
+        alive += !s->rep[r].failed;
+    if (!alive && !s->stopping) {
+        ditd__log(s, "no replica left; exiting");
+        s->exit_code = 1;
+        for (ditd_job *j = s->all; j; j = j->all_next)
+            ditd__job_fail(j, 503, "server_error", "no_replica", "no replica is left");
+        s->draining = 1;
+        s->drain_deadline = now;
+    }
+    if (!s->draining || s->stopping)
+        return;
+    int open = 0;
+    for (ditd_job *j = s->all; j; j = j->all_next)
+        open += !j->terminal;
+    if (open && now >= s->drain_deadline && !s->aborted_left) {
+        ditd__log(s, "drain deadline: %d request(s) get an error", open);
+        s->aborted_left = 1;
+        ditd_job *next;
+        for (ditd_job *j = s->all; j; j = next) {
+            next = j->all_next;
+            ditd__job_fail(j, 503, "server_error", "draining",
+                           "the server shut down before the request finished (--drain-timeout)");
+        }
+        return;
+    }
+    /* done when every answer is out (jobs freed), or 5 s after the deadline */
+    if (s->jobs_live == 0 || now >= s->drain_deadline + 5.0)
+        stop_now(s);
+}
+
+static void on_signal(uv_signal_t *sig, int signum)
+{
+    ditd_srv *s = sig->data;
+    if (s->draining) {
+        ditd__log(s, "%s again: stopping now", signum == SIGINT ? "SIGINT" : "SIGTERM");
+        s->drain_deadline = ditd__now();
+        return;
+    }
+    s->draining = 1;
+    s->drain_deadline = ditd__now() + s->cfg.drain_timeout_s;
+    ditd__log(s, "%s: draining (readiness fails, new work gets 503, %g s for work in flight)",
+              signum == SIGINT ? "SIGINT" : "SIGTERM", s->cfg.drain_timeout_s);
+    ditd__sched_kick(s); /* the batcher stops waiting for fuller batches */
+}
+
+static void close_all(ditd_srv *s)
+{
+    /* every suspended connection must be resumed before MHD_stop_daemon */
+    for (ditd_job *j = s->all; j; j = j->all_next) {
+        if (j->conn && j->suspended) {
+            j->suspended = 0;
+            MHD_resume_connection(j->conn);
+        }
+    }
+    if (s->mhd) {
+        uv_poll_stop(&s->mhd_poll);
+        MHD_run(s->mhd);
+        MHD_stop_daemon(s->mhd);
+        s->mhd = NULL;
+    }
+    uv_close((uv_handle_t *)&s->mhd_poll, NULL);
+    uv_close((uv_handle_t *)&s->mhd_timer, NULL);
+    uv_close((uv_handle_t *)&s->watch, NULL);
+    uv_close((uv_handle_t *)&s->window, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    /* the wake handle stays open until the replicas have stopped: see
+     * serve_front() */
+}
+
+/* ---- start-up ---- */
+
+static int check_layout(const ditd_serve_config *c, int world, int mpi, int *group)
+{
+    long g = (long)c->ulysses_degree * c->ring_degree * c->tp_degree * c->cfg_degree;
+    *group = (int)g;
+    if (g != 1)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "--ulysses-degree %d x --ring-degree %d x --tp-degree %d x --cfg-degree %d "
+                            "= %ld ranks per replica: multi-rank replicas are not in this build yet "
+                            "(each replica is one rank)",
+                            c->ulysses_degree, c->ring_degree, c->tp_degree, c->cfg_degree, g);
+    if (mpi && world != 1 + c->dp * g)
+        return ditd_err_set(DITD_EINVAL,
+                            "the MPI world has %d ranks; --dp %d with %ld rank(s) per replica needs "
+                            "1 + %d x %ld = %ld (rank 0 is the front-end)",
+                            world, c->dp, g, c->dp, g, 1 + c->dp * g);
+    return 0;
+}
+
+static int serve_front(ditd_srv *s, const char *model_dir)
+{
+    int err;
+    uv_loop_t *loop = uv_default_loop();
+    thread_arg *targs = NULL;
+    struct sockaddr_in sa;
+
+    s->loop = loop;
+    s->t_start = ditd__now();
+    s->t_wall = (long long)time(NULL);
+    ditd_metrics_init(&s->m);
+    if ((err = ditd_model_info_load(model_dir, &s->info))) {
+        fprintf(stderr, "ditd serve: %s: %s\n", model_dir, ditd_err_detail());
+        return 1;
+    }
+    s->numel = (size_t)s->info.dit.in_channels * (size_t)s->info.dit.sample_size *
+               (size_t)s->info.dit.sample_size;
+    {
+        ditd_sched_config sc;
+        if ((err = ditd_sched_config_load(s->info.scheduler_config, &sc))) {
+            fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
+            goto fail_info;
+        }
+        s->sched_default = sc.kind;
+        if (s->info.default_sampler[0])
+            ditd_sampler_kind_from_str(s->info.default_sampler, &s->sched_default);
+    }
+    if (s->info.needs_vae) {
+        fprintf(stderr, "ditd serve: %s is a latent model; the VAE decoder is not there yet\n", model_dir);
+        goto fail_info;
+    }
+    s->nrep = s->cfg.dp;
+    if (!(s->rep = calloc((size_t)s->nrep, sizeof *s->rep)))
+        goto fail_info;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)s->cfg.port);
+    if (inet_pton(AF_INET, s->cfg.host, &sa.sin_addr) != 1) {
+        fprintf(stderr, "ditd serve: --host %s is not an IPv4 address\n", s->cfg.host);
+        goto fail_rep;
+    }
+
+    uv_async_init(loop, &s->wake, on_wake);
+    s->wake.data = s;
+    if (s->mpi)
+        err = ditd_hub_new_mpi(s->nrep, hub_wake, &s->wake, &s->hub);
+    else
+        err = ditd_hub_new_inproc(s->nrep, hub_wake, &s->wake, &s->hub);
+    if (err) {
+        fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
+        goto fail_async;
+    }
+    if (!s->mpi) {
+        targs = calloc((size_t)s->nrep, sizeof *targs);
+        s->threads = calloc((size_t)s->nrep, sizeof *s->threads);
+        if (!targs || !s->threads)
+            goto fail_hub;
+        for (int r = 0; r < s->nrep; r++) {
+            targs[r].cfg.model_dir = s->info.dir;
+            targs[r].cfg.replica = r;
+            targs[r].cfg.max_batch = s->cfg.max_batch;
+            targs[r].cfg.threads = s->cfg.threads;
+            targs[r].cfg.heartbeat_ms = s->cfg.heartbeat_ms;
+            targs[r].t = ditd_hub_transport(s->hub, r);
+            uv_thread_options_t to = {UV_THREAD_HAS_STACK_SIZE, 8u << 20};
+            if (uv_thread_create_ex(&s->threads[r], &to, replica_main, &targs[r])) {
+                fprintf(stderr, "ditd serve: cannot start replica thread %d\n", r);
+                goto fail_hub;
+            }
+        }
+    }
+
+    s->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL,
+                              NULL, ditd__on_request, s, MHD_OPTION_SOCK_ADDR, &sa,
+                              MHD_OPTION_NOTIFY_COMPLETED, ditd__on_completed, s,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                              MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+                              MHD_OPTION_END);
+    if (!s->mhd) {
+        fprintf(stderr, "ditd serve: cannot listen on %s:%d (in use, or not allowed)\n", s->cfg.host,
+                s->cfg.port);
+        s->exit_code = 1;
+        ditd__sched_shutdown(s, 1);
+        goto join;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    const union MHD_DaemonInfo *pi = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = pi ? pi->port : s->cfg.port;
+    uv_poll_init(loop, &s->mhd_poll, di->epoll_fd);
+    s->mhd_poll.data = s;
+    uv_poll_start(&s->mhd_poll, UV_READABLE, on_mhd_poll);
+    uv_timer_init(loop, &s->mhd_timer);
+    s->mhd_timer.data = s;
+    uv_timer_init(loop, &s->watch);
+    s->watch.data = s;
+    uv_timer_start(&s->watch, on_watch, 100, 100);
+    uv_timer_init(loop, &s->window);
+    s->window.data = s;
+    uv_signal_init(loop, &s->sigterm);
+    s->sigterm.data = s;
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_init(loop, &s->sigint);
+    s->sigint.data = s;
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    signal(SIGPIPE, SIG_IGN);
+
+    ditd__log(s, "listening on http://%s:%d (model %s, %d replica%s%s, max batch %d, pid %d)",
+              s->cfg.host, s->port, s->info.name, s->nrep, s->nrep == 1 ? "" : "s",
+              s->mpi ? " over MPI" : "", s->cfg.max_batch, (int)getpid());
+    mhd_run(s);
+    uv_run(loop, UV_RUN_DEFAULT);
+
+join:
+    /* the replicas got Shutdown; wait for them, still draining their
+     * messages so none blocks */
+    if (!s->mpi && s->threads) {
+        for (int r = 0; r < s->nrep; r++)
+            uv_thread_join(&s->threads[r]);
+    }
+    if (s->mpi) {
+        /* replicas on other ranks stop on their own after Shutdown; the
+         * hub's thread sends what is queued before it returns */
+    }
+    ditd_hub_msg_free(ditd_hub_drain(s->hub));
+    uv_close((uv_handle_t *)&s->wake, NULL);
+    uv_run(loop, UV_RUN_DEFAULT);
+    ditd_hub_free(s->hub);
+    free(targs);
+    free(s->threads);
+    free(s->rep);
+    uv_loop_close(loop);
+    ditd_model_info_free(&s->info);
+    ditd__log(s, "stopped");
+    return s->exit_code;
+
+fail_hub:
+    ditd__sched_shutdown(s, 1);
+    if (s->threads)
+        for (int r = 0; r < s->nrep; r++)
+            if (s->threads[r])
+                uv_thread_join(&s->threads[r]);
+    ditd_hub_free(s->hub);
+fail_async:
+    uv_close((uv_handle_t *)&s->wake, NULL);
+    uv_run(loop, UV_RUN_DEFAULT);
+fail_rep:
+    free(targs);
+    free(s->threads);
+    free(s->rep);
+fail_info:
+    ditd_model_info_free(&s->info);
+    return 1;
+}
+
+int ditd_cmd_serve(int argc, char **argv)
+{
+    ditd_srv *s = calloc(1, sizeof *s);
+    int err, rank = 0, world = 1, group = 1, rc;
+    const char *model_dir;
+
+    if (!s) {
+        fprintf(stderr, "ditd serve: out of memory\n");
+        return 1;
+    }
+    err = ditd_serve_config_parse(&s->cfg, argc, argv);
+    if (err == 1) {
+        free(s);
+        return 0;
+    }
+    if (err) {
+        fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
+        free(s);
+        return 2;
+    }
+    model_dir = s->cfg.model[0] ? s->cfg.model : ditd_default_model_dir();
+    if (!model_dir) {
+        fprintf(stderr, "ditd serve: no --model given and no embedded default model (models/fashion-dit)\n");
+        free(s);
+        return 2;
+    }
+    if (ditd_mpi_launched()) {
+        if ((err = ditd_mpi_init(&rank, &world))) {
+            fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
+            free(s);
+            return 1;
+        }
+        s->mpi = world > 1;
+    }
+    if ((err = check_layout(&s->cfg, world, s->mpi, &group))) {
+        if (rank == 0)
+            fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
+        ditd_mpi_finalize();
+        free(s);
+        return 2;
+    }
+    if (rank > 0) {
+        /* a worker rank: replica (rank - 1) / group. It stops when the
+         * front-end says so (after its drain), so the SIGTERM that mpirun
+         * forwards to every rank must not end it first. */
+        ditd_transport *t = NULL;
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        ditd_worker_config wc = {model_dir, (rank - 1) / group, s->cfg.max_batch, s->cfg.threads,
+                                 s->cfg.heartbeat_ms};
+        rc = 0;
+        if ((err = ditd_mpi_transport_new(&t)) || (err = ditd_worker_run(&wc, t))) {
+            fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
+            rc = 1;
+        }
+        free(t);
+        ditd_mpi_finalize();
+        free(s);
+        return rc;
+    }
+    rc = serve_front(s, model_dir);
+    ditd_mpi_finalize();
+    free(s);
+    return rc;
+}

@@ -1,0 +1,147 @@
+/* `ditd serve` options: one table, flags and DITD_* variables. */
+#include "server/config.h"
+
+#include <getopt.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/error.h"
+#include "server/cmd.h"
+
+typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL } opt_type;
+
+typedef struct opt {
+    const char *flag;   /* without "--" */
+    const char *env;
+    opt_type type;
+    size_t off;
+    double lo, hi;      /* bounds for numbers */
+    const char *def;    /* default, as text */
+    const char *help;
+} opt;
+
+#define OFF(f) offsetof(ditd_serve_config, f)
+
+static const opt opts[] = {
+    {"host", "DITD_HOST", T_STR, OFF(host), 0, 0, "127.0.0.1", "address to listen on (0.0.0.0: all)"},
+    {"port", "DITD_PORT", T_INT, OFF(port), 0, 65535, "8080", "TCP port (0: any free port)"},
+    {"model", "DITD_MODEL", T_STR, OFF(model), 0, 0, "", "Diffusers model folder (default: the embedded model)"},
+    {"dp", "DITD_DP", T_INT, OFF(dp), 1, 1024, "1", "replicas (data parallel); under mpirun: world = 1 + dp x group"},
+    {"ulysses-degree", "DITD_ULYSSES_DEGREE", T_INT, OFF(ulysses_degree), 1, 1024, "1", "context parallel (Ulysses) ranks per replica"},
+    {"ring-degree", "DITD_RING_DEGREE", T_INT, OFF(ring_degree), 1, 1024, "1", "context parallel (Ring) ranks per replica"},
+    {"tp-degree", "DITD_TP_DEGREE", T_INT, OFF(tp_degree), 1, 1024, "1", "tensor parallel ranks per replica"},
+    {"cfg-degree", "DITD_CFG_DEGREE", T_INT, OFF(cfg_degree), 1, 2, "1", "classifier-free guidance parallel (1 or 2)"},
+    {"max-batch", "DITD_MAX_BATCH", T_INT, OFF(max_batch), 1, 256, "8", "samples per batch on a replica"},
+    {"batch-window-ms", "DITD_BATCH_WINDOW_MS", T_INT, OFF(batch_window_ms), 0, 60000, "5", "how long the batcher waits to fill a batch"},
+    {"max-queue", "DITD_MAX_QUEUE", T_INT, OFF(max_queue), 1, 1000000, "64", "waiting requests per model; more get 429"},
+    {"max-body-bytes", "DITD_MAX_BODY_BYTES", T_LONG, OFF(max_body_bytes), 64, 1 << 30, "65536", "request body limit; larger get 413 unread"},
+    {"request-timeout", "DITD_REQUEST_TIMEOUT", T_SECS, OFF(request_timeout_s), 0.001, 86400, "300", "seconds from arrival to the last byte; then 504 and cancel"},
+    {"drain-timeout", "DITD_DRAIN_TIMEOUT", T_SECS, OFF(drain_timeout_s), 0, 86400, "30", "seconds SIGTERM waits for work in flight"},
+    {"threads", "DITD_THREADS", T_INT, OFF(threads), 0, 1024, "0", "CPU threads per replica (0: all)"},
+    {"max-connections", "DITD_MAX_CONNECTIONS", T_INT, OFF(max_connections), 1, 100000, "1024", "open HTTP connections"},
+    {"sse-keepalive-ms", "DITD_SSE_KEEPALIVE_MS", T_INT, OFF(sse_keepalive_ms), 10, 3600000, "10000", "keep-alive comment period on event streams"},
+    {"heartbeat-ms", "DITD_HEARTBEAT_MS", T_INT, OFF(heartbeat_ms), 10, 600000, "1000", "worker heartbeat period"},
+    {"heartbeat-timeout-ms", "DITD_HEARTBEAT_TIMEOUT_MS", T_INT, OFF(heartbeat_timeout_ms), 100, 3600000, "30000", "a replica silent this long fails /healthz"},
+    {"log-requests", "DITD_LOG_REQUESTS", T_BOOL, OFF(log_requests), 0, 1, "0", "one log line per request on stderr"},
+};
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+static int set(ditd_serve_config *c, const opt *o, const char *val, const char *who)
+{
+    char *dst = (char *)c + o->off;
+    long l;
+    double d;
+    int err;
+    switch (o->type) {
+    case T_STR:
+        if (strlen(val) >= (o->off == OFF(host) ? sizeof c->host : sizeof c->model))
+            return ditd_err_set(DITD_EINVAL, "%s: value too long", who);
+        strcpy(dst, val);
+        return 0;
+    case T_INT:
+    case T_LONG:
+        if ((err = ditd_parse_long(val, (long)o->lo, (long)o->hi, who, &l)))
+            return err;
+        if (o->type == T_INT)
+            *(int *)dst = (int)l;
+        else
+            *(long *)dst = l;
+        return 0;
+    case T_SECS:
+        if ((err = ditd_parse_double(val, o->lo, o->hi, who, &d)))
+            return err;
+        *(double *)dst = d;
+        return 0;
+    case T_BOOL:
+        if (!strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "yes") || !strcmp(val, "on"))
+            *(int *)dst = 1;
+        else if (!strcmp(val, "0") || !strcmp(val, "false") || !strcmp(val, "no") || !strcmp(val, "off") || !*val)
+            *(int *)dst = 0;
+        else
+            return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not a boolean (1/0, true/false)", who, val);
+        return 0;
+    }
+    return DITD_EINTERNAL;
+}
+
+void ditd_serve_config_usage(FILE *f)
+{
+    fprintf(f, "usage: ditd serve [options]\n"
+               "       mpirun -np 1+D ditd serve --dp D [options]\n"
+               "\n"
+               "Serves the OpenAI-style images API over HTTP. Every option can also be\n"
+               "set by its environment variable; a flag wins over the variable.\n\n");
+    for (size_t i = 0; i < NOPTS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s", opts[i].flag, opts[i].type == T_BOOL ? "[=BOOL]" : " V");
+        fprintf(f, "  %-26s %s\n  %-26s env %s, default %s\n", left, opts[i].help, "", opts[i].env,
+                *opts[i].def ? opts[i].def : "(none)");
+    }
+    fprintf(f, "  %-26s this text\n", "-h, --help");
+}
+
+int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv)
+{
+    struct option lo[NOPTS + 2];
+    char who[96];
+    int ch, err, idx;
+
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < NOPTS; i++)
+        if ((err = set(c, &opts[i], opts[i].def, opts[i].flag)))
+            return err;
+    for (size_t i = 0; i < NOPTS; i++) {
+        const char *v = getenv(opts[i].env);
+        if (!v || (!*v && opts[i].type != T_STR))
+            continue;
+        if ((err = set(c, &opts[i], v, opts[i].env)))
+            return err;
+    }
+    for (size_t i = 0; i < NOPTS; i++) {
+        lo[i].name = opts[i].flag;
+        lo[i].has_arg = opts[i].type == T_BOOL ? optional_argument : required_argument;
+        lo[i].flag = NULL;
+        lo[i].val = 1000 + (int)i;
+    }
+    lo[NOPTS] = (struct option){"help", no_argument, NULL, 'h'};
+    lo[NOPTS + 1] = (struct option){0, 0, 0, 0};
+    optind = 1;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "h", lo, &idx)) != -1) {
+        if (ch == 'h') {
+            ditd_serve_config_usage(stdout);
+            return 1;
+        }
+        if (ch < 1000 || ch >= 1000 + (int)NOPTS)
+            return ditd_err_set(DITD_EINVAL, "unknown or incomplete option \"%s\" (see --help)",
+                                argv[optind - 1]);
+        const opt *o = &opts[ch - 1000];
+        snprintf(who, sizeof who, "--%s", o->flag);
+        if ((err = set(c, o, optarg ? optarg : "1", who)))
+            return err;
+    }
+    if (optind < argc)
+        return ditd_err_set(DITD_EINVAL, "unexpected argument \"%s\"", argv[optind]);
+    return 0;
+}

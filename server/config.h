@@ -1,0 +1,41 @@
+/* `ditd serve` options: every one a flag and a DITD_* environment variable
+ * (a flag wins over the variable, the variable over the default). One table
+ * in config.c gives each its name, variable, default and help, so --help
+ * and the docs cannot drift from the parser.
+ *
+ * This is not the model's settings (engine/model.h) nor the request's
+ * (server/genreq.h). */
+#ifndef DITD_SERVER_CONFIG_H
+#define DITD_SERVER_CONFIG_H
+
+#include <stdio.h>
+
+typedef struct ditd_serve_config {
+    char host[256];
+    int port;
+    char model[4096];           /* "" = the embedded default */
+    int dp;                     /* replicas */
+    int ulysses_degree, ring_degree, tp_degree, cfg_degree;
+    int max_batch;              /* samples per batch */
+    int batch_window_ms;
+    int max_queue;              /* waiting requests per model */
+    long max_body_bytes;
+    double request_timeout_s;
+    double drain_timeout_s;
+    int threads;                /* CPU threads per replica, 0 = all */
+    int max_connections;
+    int sse_keepalive_ms;
+    int heartbeat_ms;
+    int heartbeat_timeout_ms;   /* /healthz fails when a replica is silent this long */
+    int log_requests;
+} ditd_serve_config;
+
+/* Defaults, then DITD_* variables, then flags (argv as main gives it after
+ * "serve"). Returns 0; 1 when --help printed the options (exit 0); or
+ * DITD_EINVAL with a detail naming the flag or variable (exit 2). */
+int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv);
+
+/* The option table as `ditd serve --help` prints it. */
+void ditd_serve_config_usage(FILE *f);
+
+#endif

@@ -1,0 +1,165 @@
+/* Front-end metrics in Prometheus text format. */
+#include "server/metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double lat_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+static const double step_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+static const double size_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+
+const char *ditd_route_name(ditd_route r)
+{
+    static const char *names[] = {"/v1/images/generations", "/v1/models", "/healthz", "/readyz",
+                                  "/metrics", "/openapi.json", "other"};
+    return (unsigned)r < DITD_ROUTE_COUNT ? names[r] : "?";
+}
+
+static void hist_init(ditd_hist *h, const double *b, int nb)
+{
+    *h = (ditd_hist){.bounds = b, .nb = nb}; /* not memset: GCC's UBSan build warns on it */
+}
+
+void ditd_metrics_init(ditd_metrics *m)
+{
+    *m = (ditd_metrics){0};
+    hist_init(&m->latency, lat_bounds, (int)(sizeof lat_bounds / sizeof lat_bounds[0]));
+    hist_init(&m->queue_time, lat_bounds, (int)(sizeof lat_bounds / sizeof lat_bounds[0]));
+    hist_init(&m->step_time, step_bounds, (int)(sizeof step_bounds / sizeof step_bounds[0]));
+    hist_init(&m->batch_size, size_bounds, (int)(sizeof size_bounds / sizeof size_bounds[0]));
+}
+
+void ditd_hist_observe(ditd_hist *h, double v)
+{
+    int i = 0;
+    while (i < h->nb && v > h->bounds[i])
+        i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+void ditd_metrics_count_request(ditd_metrics *m, ditd_route route, int status)
+{
+    for (int i = 0; i < m->n_by_status; i++) {
+        if (m->by_status[i].route == route && m->by_status[i].status == status) {
+            m->by_status[i].n++;
+            return;
+        }
+    }
+    if (m->n_by_status < (int)(sizeof m->by_status / sizeof m->by_status[0])) {
+        m->by_status[m->n_by_status].route = route;
+        m->by_status[m->n_by_status].status = status;
+        m->by_status[m->n_by_status].n = 1;
+        m->n_by_status++;
+    }
+}
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0 || b->oom)
+            return;
+        if (b->p && (size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+static void hist(sbuf *b, const char *name, const char *help, const char *labels, const ditd_hist *h)
+{
+    uint64_t cum = 0;
+    put(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < h->nb; i++) {
+        cum += h->counts[i];
+        put(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, *labels ? "," : "", h->bounds[i],
+            (unsigned long long)cum);
+    }
+    cum += h->counts[h->nb];
+    put(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, *labels ? "," : "", (unsigned long long)cum);
+    put(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, labels, h->sum, name, labels,
+        (unsigned long long)h->count);
+}
+
+char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, size_t *len)
+{
+    sbuf b = {0};
+    char ml[300];
+    snprintf(ml, sizeof ml, "model=\"%s\"", g->model);
+
+    put(&b, "# HELP ditd_http_requests_total HTTP requests answered, by route and status.\n"
+            "# TYPE ditd_http_requests_total counter\n");
+    for (int i = 0; i < m->n_by_status; i++)
+        put(&b, "ditd_http_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+            ditd_route_name(m->by_status[i].route), m->by_status[i].status,
+            (unsigned long long)m->by_status[i].n);
+    hist(&b, "ditd_request_duration_seconds",
+         "End-to-end latency of image generations, arrival to response.", ml, &m->latency);
+    hist(&b, "ditd_queue_time_seconds", "Time a request waited before its batch started.", ml,
+         &m->queue_time);
+    hist(&b, "ditd_step_duration_seconds", "Duration of one denoising step of a batch.", ml,
+         &m->step_time);
+    hist(&b, "ditd_batch_size", "Samples per dispatched batch.", ml, &m->batch_size);
+    put(&b, "# HELP ditd_queue_depth Requests waiting for a replica.\n# TYPE ditd_queue_depth gauge\n"
+            "ditd_queue_depth{%s} %d\n", ml, g->queue_depth);
+    put(&b, "# HELP ditd_running_batches Batches running on replicas.\n# TYPE ditd_running_batches gauge\n"
+            "ditd_running_batches{%s} %d\n", ml, g->running_batches);
+    put(&b, "# HELP ditd_inflight_requests Accepted generation requests not yet answered.\n"
+            "# TYPE ditd_inflight_requests gauge\nditd_inflight_requests %d\n", g->inflight_requests);
+    put(&b, "# HELP ditd_replicas Replicas configured.\n# TYPE ditd_replicas gauge\nditd_replicas %d\n",
+        g->replicas);
+    put(&b, "# HELP ditd_replicas_up Replicas ready with a recent heartbeat.\n# TYPE ditd_replicas_up gauge\n"
+            "ditd_replicas_up %d\n", g->replicas_up);
+    put(&b, "# HELP ditd_draining 1 after SIGTERM/SIGINT.\n# TYPE ditd_draining gauge\nditd_draining %d\n",
+        g->draining);
+    put(&b, "# HELP ditd_images_total Images generated.\n# TYPE ditd_images_total counter\n"
+            "ditd_images_total{%s} %llu\n", ml, (unsigned long long)m->images_total);
+    put(&b, "# HELP ditd_canceled_samples_total Samples dropped (client gone, timeout, drain).\n"
+            "# TYPE ditd_canceled_samples_total counter\nditd_canceled_samples_total{%s} %llu\n", ml,
+        (unsigned long long)m->canceled_total);
+    put(&b, "# HELP ditd_rejected_total Requests refused with 429 (queue full).\n"
+            "# TYPE ditd_rejected_total counter\nditd_rejected_total{%s} %llu\n", ml,
+        (unsigned long long)m->rejected_total);
+    put(&b, "# HELP ditd_timeouts_total Requests that hit --request-timeout.\n"
+            "# TYPE ditd_timeouts_total counter\nditd_timeouts_total{%s} %llu\n", ml,
+        (unsigned long long)m->timeouts_total);
+    put(&b, "# HELP ditd_replica_batches_total Batches run, by replica.\n"
+            "# TYPE ditd_replica_batches_total counter\n");
+    for (int r = 0; r < g->replicas && r < DITD_METRICS_MAX_REPLICAS; r++)
+        put(&b, "ditd_replica_batches_total{replica=\"%d\"} %llu\n", r,
+            (unsigned long long)m->replica_batches[r]);
+    put(&b, "# HELP ditd_replica_samples_total Samples run, by replica.\n"
+            "# TYPE ditd_replica_samples_total counter\n");
+    for (int r = 0; r < g->replicas && r < DITD_METRICS_MAX_REPLICAS; r++)
+        put(&b, "ditd_replica_samples_total{replica=\"%d\"} %llu\n", r,
+            (unsigned long long)m->replica_samples[r]);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}

@@ -1,0 +1,71 @@
+/* Prometheus metrics of the front-end: counters and histograms updated on
+ * the loop thread (no locks: one owner), rendered as text for GET /metrics.
+ * Gauges (queue depth, running batches, replicas up) are read from the
+ * scheduler when rendering, so they cannot drift.
+ *
+ * Not a general metrics library: the series are the ones docs/serving.md
+ * lists. */
+#ifndef DITD_SERVER_METRICS_H
+#define DITD_SERVER_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DITD_HIST_BUCKETS 16
+
+typedef struct ditd_hist {
+    const double *bounds;     /* upper bounds, seconds (or samples) */
+    int nb;
+    uint64_t counts[DITD_HIST_BUCKETS + 1]; /* the last is +Inf */
+    double sum;
+    uint64_t count;
+} ditd_hist;
+
+typedef enum ditd_route {
+    DITD_ROUTE_GENERATIONS = 0,
+    DITD_ROUTE_MODELS,
+    DITD_ROUTE_HEALTHZ,
+    DITD_ROUTE_READYZ,
+    DITD_ROUTE_METRICS,
+    DITD_ROUTE_OPENAPI,
+    DITD_ROUTE_OTHER,
+} ditd_route;
+#define DITD_ROUTE_COUNT 7
+const char *ditd_route_name(ditd_route r);
+
+#define DITD_METRICS_MAX_REPLICAS 64
+
+typedef struct ditd_metrics {
+    struct { ditd_route route; int status; uint64_t n; } by_status[96];
+    int n_by_status;
+    ditd_hist latency;        /* generations, arrival to last byte queued */
+    ditd_hist queue_time;     /* arrival to dispatch */
+    ditd_hist step_time;      /* one denoising step of a batch */
+    ditd_hist batch_size;     /* samples per batch */
+    uint64_t images_total;
+    uint64_t canceled_total;  /* samples dropped: disconnect, timeout */
+    uint64_t rejected_total;  /* 429 */
+    uint64_t timeouts_total;
+    uint64_t replica_batches[DITD_METRICS_MAX_REPLICAS];
+    uint64_t replica_samples[DITD_METRICS_MAX_REPLICAS];
+} ditd_metrics;
+
+void ditd_metrics_init(ditd_metrics *m);
+void ditd_hist_observe(ditd_hist *h, double v);
+void ditd_metrics_count_request(ditd_metrics *m, ditd_route route, int status);
+
+/* The live gauges the scheduler knows. */
+typedef struct ditd_metrics_gauges {
+    const char *model;
+    int queue_depth;
+    int running_batches;
+    int replicas;
+    int replicas_up;
+    int inflight_requests;
+    int draining;
+} ditd_metrics_gauges;
+
+/* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM. */
+char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, size_t *len);
+
+#endif

@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `ditd serve`: a real daemon on 127.0.0.1 serving a
+fixture model, driven by curl, the official `openai` client and plain
+http.client. One case per run (meson test names them); exit 0 pass, 1 fail,
+77 skip.
+
+usage: test_http.py --ditd BUILD/ditd CASE
+cases: api errors stream cancel drain load mpi
+"""
+import argparse
+import base64
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+FIXTURES = os.environ.get("DITD_FIXTURES", os.path.join(ROOT, "tests", "fixtures"))
+MODEL = os.path.join(FIXTURES, "models", "tiny-p4-c1-h3")
+MODEL_ID = "tiny-p4-c1-h3"
+OPENAPI = json.load(open(os.path.join(ROOT, "proto", "openapi.json")))
+
+failures = []
+
+
+def check(cond, what, got=None, want=None):
+    if cond:
+        print(f"ok   {what}")
+    else:
+        msg = f"FAIL {what}"
+        if got is not None or want is not None:
+            msg += f": got {got!r}, want {want!r}"
+        print(msg)
+        failures.append(what)
+
+
+# ---------------------------------------------------------------- daemon
+
+class Daemon:
+    """ditd serve on a free port; the log goes to a file we can read."""
+
+    def __init__(self, ditd, *args, mpi_np=0, env=None):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="ditd-serve-", suffix=".log", delete=False)
+        cmd = [ditd, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+               "--threads", "1", *args]
+        if mpi_np:
+            cmd = ["mpirun", "-np", str(mpi_np), "--oversubscribe", "--bind-to", "none"] + cmd
+        e = dict(os.environ)
+        e.update(env or {})
+        e.setdefault("OMP_NUM_THREADS", "1")
+        e.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                  "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+                  "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e,
+                                     start_new_session=True)
+        self.port = None
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            text = open(self.log.name).read()
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
+            if m and self.port is None:
+                self.port = int(m.group(1))
+                # the front-end's pid: under mpirun, rank 0 (SIGTERM goes to
+                # it, not to mpirun, which would abort the job)
+                self.front_pid = int(re.search(r"pid (\d+)", text).group(1))
+            if self.port and self.ready():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError("ditd serve exited early:\n" + text)
+            time.sleep(0.05)
+        raise RuntimeError("ditd serve did not become ready:\n" + open(self.log.name).read())
+
+    def ready(self):
+        try:
+            st, _, _ = self.request("GET", "/readyz")
+            return st == 200
+        except OSError:
+            return False
+
+    def url(self, path=""):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def request(self, method, path, body=None, headers=None, timeout=120):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        h = dict(headers or {})
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+            h.setdefault("Content-Type", "application/json")
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        hdrs = {k.lower(): v for k, v in r.getheaders()}
+        c.close()
+        return r.status, hdrs, data
+
+    def generate(self, body, headers=None, timeout=120):
+        return self.request("POST", "/v1/images/generations", body, headers, timeout)
+
+    def metrics(self):
+        _, _, data = self.request("GET", "/metrics")
+        out = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def rss_kb(self):
+        for line in open(f"/proc/{self.proc.pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.front_pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc.returncode == 0 and not failures:
+            os.unlink(self.log.name)  # kept for a look when something failed
+        return self.proc.returncode
+
+    def logtext(self):
+        return open(self.log.name).read()
+
+
+# ---------------------------------------------------------------- helpers
+
+def png_info(data):
+    """(width, height, bit depth, color type), checking signature and CRCs."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    pos, ihdr = 8, None
+    while pos < len(data):
+        n, = struct.unpack(">I", data[pos:pos + 4])
+        kind = data[pos + 4:pos + 8]
+        chunk = data[pos + 8:pos + 8 + n]
+        crc, = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
+        assert zlib.crc32(kind + chunk) & 0xffffffff == crc, "bad CRC"
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBB", chunk[:10])
+        pos += 12 + n
+        if kind == b"IEND":
+            break
+    return ihdr
+
+
+def validate(instance, schema_name):
+    import jsonschema
+    schema = {"$ref": f"#/components/schemas/{schema_name}", "components": OPENAPI["components"]}
+    # OpenAPI 3.0 "nullable" is not JSON Schema: widen those types
+    def fix(o):
+        if isinstance(o, dict):
+            if o.get("nullable") and "type" in o:
+                o = dict(o)
+                o["type"] = [o["type"], "null"]
+            return {k: fix(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [fix(v) for v in o]
+        return o
+    try:
+        jsonschema.validate(instance, fix(schema))
+        return True
+    except jsonschema.ValidationError as e:
+        print(f"     schema {schema_name}: {e.message}")
+        return False
+
+
+def sse_events(daemon, body, timeout=120):
+    """Reads a stream: list of (event, data or comment)."""
+    c = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=timeout)
+    c.request("POST", "/v1/images/generations", body=json.dumps(body),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    out, ev, data = [], None, []
+    ctype = r.getheader("Content-Type")
+    for raw in r:
+        line = raw.decode().rstrip("\r\n")
+        if line.startswith(":"):
+            out.append(("comment", line))
+        elif line.startswith("event:"):
+            ev = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+        elif line == "" and (ev or data):
+            out.append((ev, json.loads("\n".join(data))))
+            ev, data = None, []
+    c.close()
+    return r.status, ctype, out
+
+
+def curl(*args):
+    p = subprocess.run(["curl", "-s", "-S", *args], capture_output=True, timeout=120)
+    return p.returncode, p.stdout
+
+
+GEN = {"model": MODEL_ID, "prompt": "dress", "n": 1, "size": "28x28",
+       "response_format": "b64_json", "seed": 1, "num_inference_steps": 4}
+
+
+# ---------------------------------------------------------------- cases
+
+def case_api(ditd):
+    d = Daemon(ditd)
+    try:
+        # the official OpenAI client, as the issue writes it
+        from openai import OpenAI
+        client = OpenAI(base_url=d.url("/v1"), api_key="unused")
+        res = client.images.generate(model=MODEL_ID, prompt="dress", n=1, size="28x28",
+                                     response_format="b64_json",
+                                     extra_body={"seed": 1, "num_inference_steps": 4})
+        png = base64.b64decode(res.data[0].b64_json)
+        check(png_info(png)[:2] == (28, 28), "openai client: a 28x28 PNG", png_info(png))
+        check(png_info(png)[3] == 0, "openai client: grayscale, as the model has 1 channel")
+        res2 = client.images.generate(model=MODEL_ID, prompt="dress", n=1, size="28x28",
+                                      response_format="b64_json",
+                                      extra_body={"seed": 1, "num_inference_steps": 4})
+        check(base64.b64decode(res2.data[0].b64_json) == png, "same seed: identical bytes")
+        res3 = client.images.generate(model=MODEL_ID, prompt="dress", n=3,
+                                      extra_body={"seed": 2, "num_inference_steps": 4})
+        imgs = [base64.b64decode(x.b64_json) for x in res3.data]
+        check(len(imgs) == 3 and len(set(imgs)) == 3, "n=3: three different images")
+        models = client.models.list()
+        check([m.id for m in models.data] == [MODEL_ID], "openai client: models.list",
+              [m.id for m in models.data])
+
+        # curl: JSON, Accept: image/png, class by number and label
+        rc, out = curl("-X", "POST", d.url("/v1/images/generations"), "-H",
+                       "Content-Type: application/json", "-d", json.dumps(GEN))
+        body = json.loads(out)
+        check(rc == 0 and validate(body, "ImagesResponse"), "curl: response validates (ImagesResponse)")
+        check(base64.b64decode(body["data"][0]["b64_json"]) == png, "curl and openai: same bytes")
+        check(body["seed"] == 1 and body["class_label"] == 3, "seed and class returned",
+              (body.get("seed"), body.get("class_label")))
+        rc, out = curl("-X", "POST", d.url("/v1/images/generations"), "-H",
+                       "Content-Type: application/json", "-H", "Accept: image/png",
+                       "-d", json.dumps(GEN))
+        check(out == png, "Accept: image/png: the PNG itself")
+        for prompt in ["3", "DRESS", "gown", " Dress. "]:
+            st, _, data = d.generate(dict(GEN, prompt=prompt))
+            ok = st == 200 and base64.b64decode(json.loads(data)["data"][0]["b64_json"]) == png
+            check(ok, f"prompt {prompt!r} names class 3", st)
+        st, _, data = d.generate(dict(GEN, prompt="coat", class_label=3))
+        check(st == 200 and base64.b64decode(json.loads(data)["data"][0]["b64_json"]) == png,
+              "class_label wins over the prompt")
+        # no seed: random, returned, and reproducible
+        st, _, data = d.generate({"prompt": "bag", "num_inference_steps": 2})
+        b = json.loads(data)
+        st2, _, data2 = d.generate({"prompt": "bag", "num_inference_steps": 2, "seed": b["seed"]})
+        check(st == 200 and json.loads(data2)["data"][0]["b64_json"] == b["data"][0]["b64_json"],
+              "no seed: the returned seed reproduces the image")
+        for sampler in ["ddim", "dpmpp-2m", "flow-euler"]:
+            st, _, _ = d.generate(dict(GEN, sampler=sampler, guidance_scale=1.0))
+            check(st == 200, f"sampler {sampler}", st)
+
+        # operations endpoints, validated against the document
+        for path, schema in [("/v1/models", "ModelList"), ("/v1/models/" + MODEL_ID, "Model"),
+                             ("/healthz", "Health"), ("/readyz", "Ready")]:
+            st, h, data = d.request("GET", path)
+            check(st == 200 and validate(json.loads(data), schema), f"GET {path} 200, validates ({schema})", st)
+        st, h, data = d.request("GET", "/openapi.json")
+        check(st == 200 and json.loads(data) == OPENAPI, "GET /openapi.json is proto/openapi.json")
+        m = d.metrics()
+        check(m.get('ditd_http_requests_total{route="/v1/images/generations",status="200"}', 0) >= 10,
+              "metrics: requests by route and status")
+        for k in ["ditd_queue_depth", "ditd_running_batches", "ditd_replicas_up",
+                  "ditd_request_duration_seconds_count", "ditd_queue_time_seconds_count",
+                  "ditd_step_duration_seconds_count"]:
+            check(any(x.startswith(k) for x in m), f"metrics: {k}")
+        check(m.get("ditd_replicas_up") == 1, "metrics: one replica up", m.get("ditd_replicas_up"))
+    finally:
+        rc = d.stop()
+    check(rc == 0, "SIGTERM: exit 0", rc)
+
+
+def case_errors(ditd):
+    d = Daemon(ditd, "--max-body-bytes", "4096")
+    try:
+        cases = [
+            ({"prompt": "spaceship"}, 400, "prompt"),
+            (dict(GEN, size="64x64"), 400, "size"),
+            (dict(GEN, size="big"), 400, "size"),
+            (dict(GEN, response_format="url"), 400, "response_format"),
+            (dict(GEN, output_format="jpeg"), 400, "output_format"),
+            (dict(GEN, n=0), 400, "n"),
+            (dict(GEN, n=11), 400, "n"),
+            (dict(GEN, num_inference_steps=0), 400, "num_inference_steps"),
+            (dict(GEN, guidance_scale=-1), 400, "guidance_scale"),
+            (dict(GEN, seed=-5), 400, "seed"),
+            (dict(GEN, sampler="euler-a"), 400, "sampler"),
+            (dict(GEN, class_label=10), 400, "class_label"),
+            (dict(GEN, stream="yes"), 400, "stream"),
+            (dict(GEN, partial_images=4), 400, "partial_images"),
+            (dict(GEN, model="dall-e-3"), 404, "model"),
+            ({"n": 1}, 400, "prompt"),
+        ]
+        for body, status, param in cases:
+            st, h, data = d.generate(body)
+            e = json.loads(data)
+            ok = st == status and validate(e, "ErrorResponse") and e["error"]["param"] == param
+            check(ok, f"{status} param={param} for {json.dumps(body)[:60]}", (st, e["error"].get("param")))
+        st, _, data = d.generate({"prompt": "spaceship"})
+        check(b"ankle boot" in data, "unknown class: the message lists the valid ones")
+        st, _, data = d.generate("{not json", headers={"Content-Type": "application/json"})
+        check(st == 400 and validate(json.loads(data), "ErrorResponse"), "400 bad JSON", st)
+        st, _, data = d.generate("[]", headers={"Content-Type": "application/json"})
+        check(st == 400, "400 not an object", st)
+        st, _, data = d.generate(json.dumps(GEN), headers={"Content-Type": "text/plain"})
+        check(st == 415 and validate(json.loads(data), "ErrorResponse"), "415 not JSON", st)
+        st, h, data = d.request("GET", "/v1/images/generations")
+        check(st == 405 and h.get("allow") == "POST" and validate(json.loads(data), "ErrorResponse"),
+              "405 with Allow", st)
+        st, h, _ = d.request("POST", "/healthz", body="")
+        check(st == 405, "405 POST /healthz", st)
+        st, _, data = d.request("GET", "/v2/nothing")
+        check(st == 404 and validate(json.loads(data), "ErrorResponse"), "404 unknown route", st)
+        st, _, data = d.request("GET", "/v1/models/nope")
+        check(st == 404, "404 unknown model", st)
+        # 413 before the body is read: announce 10 MB, send nothing
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+        s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n")
+        t0 = time.time()
+        resp = s.recv(4096)
+        s.close()
+        check(resp.startswith(b"HTTP/1.1 413") and time.time() - t0 < 5,
+              "413 answered before the body is sent", resp[:40])
+        st, _, _ = d.generate("x" * 5000, headers={"Content-Type": "application/json"})
+        check(st == 413, "413 over --max-body-bytes", st)
+        check(d.proc.poll() is None and d.ready(), "the daemon is still serving")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+    # 429 (queue full, Retry-After) and 504 (timeout) on a small daemon
+    d = Daemon(ditd, "--max-batch", "1", "--max-queue", "2", "--request-timeout", "1.0")
+    try:
+        results = []
+        long_body = dict(GEN, num_inference_steps=1000, n=8)  # 8 batches of 1: seconds
+
+        def run(body):
+            results.append(d.generate(body))
+        ts = [threading.Thread(target=run, args=(long_body,)) for _ in range(2)]
+        for t in ts:
+            t.start()
+            time.sleep(0.3)
+        st, h, data = d.generate(GEN)
+        check(st == 429 and int(h.get("retry-after", "0")) >= 1 and
+              validate(json.loads(data), "ErrorResponse"), "429 with Retry-After when the queue is full",
+              (st, h.get("retry-after")))
+        for t in ts:
+            t.join(60)
+        sts = sorted(r[0] for r in results)
+        e = json.loads(results[0][2])
+        check(sts == [504, 504] and validate(e, "ErrorResponse"), "504 after --request-timeout", sts)
+        time.sleep(0.5)
+        st, _, _ = d.generate(GEN)
+        check(st == 200, "after timeouts the replica serves again", st)
+        m = d.metrics()
+        check(m.get('ditd_timeouts_total{model="%s"}' % MODEL_ID, 0) >= 2, "metrics: timeouts counted")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_stream(ditd):
+    d = Daemon(ditd, "--sse-keepalive-ms", "100")
+    try:
+        st, ctype, evs = sse_events(d, dict(GEN, stream=True, partial_images=2, num_inference_steps=6))
+        check(st == 200 and ctype.startswith("text/event-stream"), "stream: 200 text/event-stream", (st, ctype))
+        kinds = [e for e, _ in evs if e != "comment"]
+        steps = [x["step"] for e, x in evs if e == "image_generation.progress"]
+        check(steps == list(range(1, 7)), "progress after every step, in order", steps)
+        check(kinds[-1] == "image_generation.completed", "completed last", kinds[-1:])
+        partial = [x for e, x in evs if e == "image_generation.partial_image"]
+        check([p["partial_image_index"] for p in partial] == [0, 1], "two partial images, in order",
+              [p["partial_image_index"] for p in partial])
+        # a partial comes after the progress event of its step, before the next
+        pos = [i for i, (e, _) in enumerate(evs) if e == "image_generation.partial_image"]
+        check(all(evs[i - 1][0] == "image_generation.progress" for i in pos), "partials follow a progress event")
+        ok = all(validate(x, {"image_generation.progress": "ProgressEvent",
+                              "image_generation.partial_image": "PartialImageEvent",
+                              "image_generation.completed": "CompletedEvent"}[e])
+                 for e, x in evs if e != "comment")
+        check(ok, "every event validates against the document")
+        final = base64.b64decode(evs[-1][1]["b64_json"])
+        st, _, data = d.generate(dict(GEN, num_inference_steps=6))
+        check(final == base64.b64decode(json.loads(data)["data"][0]["b64_json"]),
+              "the streamed image equals the plain one")
+        check(png_info(base64.b64decode(partial[0]["b64_json"]))[:2] == (28, 28), "a partial is a 28x28 PNG")
+        # keep-alive comments while a long generation runs
+        st, _, evs = sse_events(d, dict(GEN, stream=True, num_inference_steps=1000, n=4))
+        check(any(e == "comment" and "keep-alive" in x for e, x in evs), "keep-alive comments",
+              sum(1 for e, _ in evs if e == "comment"))
+        # n=2 stream: two completed events with their index
+        st, _, evs = sse_events(d, dict(GEN, stream=True, n=2))
+        idx = sorted(x["index"] for e, x in evs if e == "image_generation.completed")
+        check(idx == [0, 1], "n=2: two completed events", idx)
+        # the openai client's stream
+        try:
+            from openai import OpenAI
+            client = OpenAI(base_url=d.url("/v1"), api_key="unused")
+            stream = client.images.generate(model=MODEL_ID, prompt="dress", stream=True, partial_images=1,
+                                            extra_body={"seed": 1, "num_inference_steps": 4})
+            types = [getattr(ev, "type", None) for ev in stream]
+            check(types and types[-1] == "image_generation.completed", "openai client: stream ends completed", types)
+        except TypeError as e:  # an openai without images streaming
+            print(f"skip openai stream: {e}")
+        # a stream error: timeout as an error event
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+    d = Daemon(ditd, "--request-timeout", "0.5")
+    try:
+        st, _, evs = sse_events(d, dict(GEN, stream=True, num_inference_steps=1000, n=8))
+        check(evs and evs[-1][0] == "error" and evs[-1][1]["error"]["code"] == "timeout"
+              and validate(evs[-1][1], "ErrorResponse"), "stream: a timeout ends it with an error event",
+              evs[-1:] and evs[-1][0])
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_cancel(ditd):
+    d = Daemon(ditd, "--max-batch", "8")
+    try:
+        # time a long generation alone
+        long_body = dict(GEN, num_inference_steps=1000, n=8)
+        t0 = time.time()
+        st, _, _ = d.generate(long_body)
+        t_long = time.time() - t0
+        check(st == 200, f"a long generation takes {t_long:.2f} s", st)
+        # start it again, hang up after a moment, then ask for a short one
+        for mode in ["plain", "stream"]:
+            s = socket.create_connection(("127.0.0.1", d.port))
+            body = json.dumps(dict(long_body, stream=(mode == "stream"))).encode()
+            s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(min(0.3, t_long / 4))
+            s.close()
+            t0 = time.time()
+            st, _, _ = d.generate(GEN)
+            t_short = time.time() - t0
+            check(st == 200 and t_short < t_long * 0.75,
+                  f"{mode}: after a hang-up the slot frees: short request in {t_short:.2f} s (long {t_long:.2f} s)")
+        m = d.metrics()
+        check(m.get('ditd_canceled_samples_total{model="%s"}' % MODEL_ID, 0) >= 16, "metrics: canceled samples",
+              m.get('ditd_canceled_samples_total{model="%s"}' % MODEL_ID))
+        check(m.get("ditd_inflight_requests") == 0, "no request left in flight", m.get("ditd_inflight_requests"))
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_drain(ditd):
+    d = Daemon(ditd, "--max-batch", "2", "--drain-timeout", "60")
+    results = []
+    lock = threading.Lock()
+
+    def run(i):
+        try:
+            r = d.generate(dict(GEN, seed=i, num_inference_steps=1000, n=2), timeout=120)
+        except OSError as e:
+            r = (0, {}, str(e).encode())
+        with lock:
+            results.append(r)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    time.sleep(0.5)
+    m = d.metrics()
+    accepted = m.get("ditd_inflight_requests", 0)
+    os.kill(d.front_pid, signal.SIGTERM)
+    time.sleep(0.2)
+    try:
+        st, _, data = d.request("GET", "/readyz")
+        check(st == 503 and json.loads(data)["status"] == "draining", "draining: readyz 503", st)
+        st, _, data = d.generate(GEN)
+        check(st == 503 and json.loads(data)["error"]["code"] == "draining", "draining: new work 503", st)
+    except OSError as e:
+        check(False, f"the daemon answers while draining ({e})")
+    for t in ts:
+        t.join(120)
+    rc = d.proc.wait(60)
+    sts = [r[0] for r in results]
+    check(accepted == 4 and sts == [200] * 4, "SIGTERM during work: every accepted request answered 200",
+          (accepted, sts))
+    check(rc == 0, "exit 0 after draining", rc)
+    # a drain deadline: what is left gets an explicit error
+    d = Daemon(ditd, "--max-batch", "1", "--drain-timeout", "0.3")
+    results.clear()
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    time.sleep(0.4)
+    os.kill(d.front_pid, signal.SIGTERM)
+    for t in ts:
+        t.join(120)
+    rc = d.proc.wait(60)
+    sts = sorted(r[0] for r in results)
+    errs = [json.loads(r[2]) for r in results if r[0] == 503]
+    check(len(results) == 3 and all(s in (200, 503) for s in sts) and 503 in sts and
+          all(validate(e, "ErrorResponse") for e in errs),
+          "drain deadline: each request gets its image or an explicit 503", sts)
+    check(rc == 0, "exit 0 after the deadline", rc)
+
+
+def case_load(ditd, n_req=200, conc=32):
+    d = Daemon(ditd, "--max-batch", "16", "--max-queue", "256")
+    lat, errors, done = [], [], 0
+    lock = threading.Lock()
+    body = json.dumps(dict(GEN, num_inference_steps=1))
+    deadline = time.time() + 150
+
+    def worker(k):
+        nonlocal done
+        c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+        for i in range(k, n_req, conc):
+            if time.time() > deadline:
+                break
+            t0 = time.time()
+            try:
+                c.request("POST", "/v1/images/generations", body=body,
+                          headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                data = r.read()
+                ok = r.status == 200 and json.loads(data)["data"][0]["b64_json"]
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                ok = False
+                data = str(e).encode()
+                c.close()
+                c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+            with lock:
+                lat.append(time.time() - t0)
+                done += 1
+                if not ok:
+                    errors.append(data[:200])
+        c.close()
+    try:
+        # warm up, then measure RSS before and after
+        for _ in range(20):
+            d.generate(dict(GEN, num_inference_steps=1))
+        rss0 = d.rss_kb()
+        t0 = time.time()
+        ts = [threading.Thread(target=worker, args=(k,)) for k in range(conc)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(200)
+        wall = time.time() - t0
+        rss1 = d.rss_kb()
+        lat.sort()
+        p = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else 0
+        print(f"load: {done} requests, {conc} at a time, {wall:.2f} s, {done / wall:.1f} req/s, "
+              f"p50 {p(0.5):.1f} ms, p99 {p(0.99):.1f} ms, RSS {rss0} -> {rss1} kB")
+        check(done == n_req, "no lost request", done)
+        check(not errors, "no error", errors[:3])
+        check(rss1 < rss0 * 1.25 + 4096, "RSS flat", (rss0, rss1))
+        m = d.metrics()
+        check(m.get('ditd_http_requests_total{route="/v1/images/generations",status="200"}') == n_req + 20,
+              "metrics count every request")
+        check(m.get("ditd_inflight_requests") == 0 and m.get('ditd_queue_depth{model="%s"}' % MODEL_ID) == 0,
+              "nothing left in flight")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_mpi(ditd):
+    if not shutil.which("mpirun"):
+        print("skip: no mpirun")
+        return 77
+    bodies = [dict(GEN, seed=s, num_inference_steps=20, n=2) for s in range(8)]
+    d = Daemon(ditd, "--max-batch", "2")
+    try:
+        want = [json.loads(d.generate(b)[2])["data"] for b in bodies]
+    finally:
+        d.stop()
+    d = Daemon(ditd, "--dp", "2", "--max-batch", "2", mpi_np=3)
+    try:
+        got = [None] * len(bodies)
+
+        def run(i):
+            got[i] = d.generate(bodies[i])
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        check(all(g and g[0] == 200 for g in got), "mpirun -np 3 --dp 2: every request 200",
+              [g and g[0] for g in got])
+        check(all(json.loads(g[2])["data"] == w for g, w in zip(got, want)),
+              "images equal the single-process ones")
+        m = d.metrics()
+        b0 = m.get('ditd_replica_batches_total{replica="0"}', 0)
+        b1 = m.get('ditd_replica_batches_total{replica="1"}', 0)
+        check(b0 > 0 and b1 > 0, "both replicas ran batches", (b0, b1))
+        check(m.get("ditd_replicas_up") == 2, "two replicas up", m.get("ditd_replicas_up"))
+        st, _, data = d.request("GET", "/healthz")
+        check(st == 200 and len(json.loads(data)["replicas"]) == 2, "healthz lists two replicas")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "mpirun exits 0 after SIGTERM", rc)
+    if rc != 0:
+        print(d.logtext()[-3000:])
+
+
+CASES = {"api": case_api, "errors": case_errors, "stream": case_stream, "cancel": case_cancel,
+         "drain": case_drain, "load": case_load, "mpi": case_mpi}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ditd", required=True)
+    ap.add_argument("case", choices=sorted(CASES))
+    a = ap.parse_args()
+    if not shutil.which("curl"):
+        print("skip: no curl")
+        return 77
+    t0 = time.time()
+    rc = CASES[a.case](os.path.abspath(a.ditd))
+    print(f"{a.case}: {time.time() - t0:.1f} s, {len(failures)} failure(s)")
+    if rc == 77:
+        return 77
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
