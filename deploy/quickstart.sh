@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's first command: installs what is missing, builds, and runs
-# ditd on the embedded default model. Extra arguments go to ditd.
+# The README's first command: installs what is missing, builds, and serves
+# the embedded default model on 127.0.0.1:8080. Extra arguments replace the
+# default ones and go to ditd (e.g. `generate --class 3 -o out.png`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh
@@ -12,7 +13,8 @@ if [ ! -d "$model" ]; then
   # fixture model shows the path end to end (its pictures are noise).
   model=tests/fixtures/models/tiny-p4-c1-h3
 fi
+export DITD_MODEL=${DITD_MODEL:-$model}
 if [ $# -eq 0 ]; then
-  set -- generate --model "$model" --class 3 --seed 42 -o ditd-out.png
+  set -- serve
 fi
 exec build/ditd "$@"
