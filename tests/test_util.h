@@ -5,6 +5,7 @@
 #define DITD_TESTS_TEST_UTIL_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +13,11 @@
 #include "engine/error.h"
 
 static int tu_failures;
+static int tu_checks;
 
 #define TU_CHECK(cond, ...)                                                       \
     do {                                                                          \
+        tu_checks++;                                                              \
         if (!(cond)) {                                                            \
             fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
             fprintf(stderr, __VA_ARGS__);                                         \
@@ -33,6 +36,37 @@ static int tu_failures;
             tu_failures++;                                                        \
         }                                                                         \
     } while (0)
+
+static inline int tu_has(const char *hay, const char *needle)
+{
+    return !needle || strstr(hay, needle) != NULL;
+}
+
+/* Runs expr (an int-returning engine call) and checks that it returns code
+ * with a detail containing each of the given substrings (NULL: any). */
+#define TU_CHECK_ERR(expr, code, ...)                                              \
+    do {                                                                           \
+        ditd_err_clear();                                                          \
+        int rc_ = (expr);                                                          \
+        const char *d_ = ditd_err_detail();                                        \
+        const char *subs_[] = {__VA_ARGS__, NULL};                                 \
+        int ok_ = rc_ == (code);                                                   \
+        for (int i_ = 0; subs_[i_]; i_++)                                          \
+            ok_ = ok_ && tu_has(d_, subs_[i_]);                                    \
+        TU_CHECK(ok_, "%s: got %s \"%s\", want %s containing \"%s\"", #expr,       \
+                 ditd_err_name(rc_), d_, ditd_err_name(code), subs_[0] ? subs_[0] : ""); \
+    } while (0)
+
+/* xorshift64*: the tests' seeded random numbers (DITD_TEST_SEED replays). */
+static uint64_t tu_rng_state = 0x9e3779b97f4a7c15ull;
+
+static inline uint64_t tu_rng(void)
+{
+    tu_rng_state ^= tu_rng_state >> 12;
+    tu_rng_state ^= tu_rng_state << 25;
+    tu_rng_state ^= tu_rng_state >> 27;
+    return tu_rng_state * 2685821657736338717ull;
+}
 
 typedef struct tu_err {
     double max_abs;    /* max |a - b| */
@@ -90,11 +124,8 @@ static inline const char *tu_fixtures(void)
 
 static inline int tu_exit(void)
 {
-    if (tu_failures) {
-        fprintf(stderr, "%d check(s) failed\n", tu_failures);
-        return 1;
-    }
-    return 0;
+    printf("%d checks, %d failed\n", tu_checks, tu_failures);
+    return tu_failures ? 1 : 0;
 }
 
 #endif

@@ -21,43 +21,11 @@
 #include <unistd.h>
 
 #include "engine/error.h"
+#include "tests/test_util.h"
 
-static int failures;
-static int checks;
 
-#define CHECK(cond, ...)                                                          \
-    do {                                                                          \
-        checks++;                                                                 \
-        if (!(cond)) {                                                            \
-            failures++;                                                           \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                         \
-            fputc('\n', stderr);                                                  \
-        }                                                                         \
-    } while (0)
 
-static int has(const char *hay, const char *needle)
-{
-    return !needle || strstr(hay, needle) != NULL;
-}
 
-#define CHECK_ERR(expr, code, sub)                                                   \
-    do {                                                                             \
-        ditd_err_clear();                                                            \
-        int rc_ = (expr);                                                            \
-        const char *d_ = ditd_err_detail(), *s_ = (sub);                             \
-        CHECK(rc_ == (code) && has(d_, s_), "got %s \"%s\", want %s containing \"%s\"", \
-              ditd_err_name(rc_), d_, ditd_err_name(code), s_ ? s_ : "");            \
-    } while (0)
-
-static uint64_t rng_state;
-static uint64_t rng(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
 
 static char tmpdir[256];
 
@@ -133,36 +101,36 @@ static void make(img *m, int major, const char *dict, int pad, const void *data,
 static void check_written(const char *rel, const char *want_dict, int ndim,
                           const int64_t *shape, const float *data, size_t numel)
 {
-    CHECK_ERR(ditd_npy_write_f32(tpath(rel), ndim, shape, data), 0, NULL);
+    TU_CHECK_ERR(ditd_npy_write_f32(tpath(rel), ndim, shape, data), 0, NULL);
     size_t n = 0;
     uint8_t *b = slurp(tpath(rel), &n);
     if (!b) {
-        CHECK(0, "%s not written", rel);
+        TU_CHECK(0, "%s not written", rel);
         return;
     }
     size_t hlen = n >= 10 ? (size_t)(b[8] | b[9] << 8) : 0;
-    CHECK(n >= 10 && memcmp(b, "\x93NUMPY\x01\x00", 8) == 0, "%s: bad preamble", rel);
-    CHECK((10 + hlen) % 64 == 0 && 10 + hlen + numel * 4 == n,
+    TU_CHECK(n >= 10 && memcmp(b, "\x93NUMPY\x01\x00", 8) == 0, "%s: bad preamble", rel);
+    TU_CHECK((10 + hlen) % 64 == 0 && 10 + hlen + numel * 4 == n,
           "%s: header length %zu, file %zu bytes, %zu elements", rel, hlen, n, numel);
     size_t d = strlen(want_dict);
-    CHECK(hlen > d && memcmp(b + 10, want_dict, d) == 0, "%s: header \"%.*s\", want \"%s\"", rel,
+    TU_CHECK(hlen > d && memcmp(b + 10, want_dict, d) == 0, "%s: header \"%.*s\", want \"%s\"", rel,
           (int)d, (const char *)b + 10, want_dict);
     int pad_ok = hlen > d && b[10 + hlen - 1] == '\n';
     for (size_t i = 10 + d; pad_ok && i < 10 + hlen - 1; i++)
         pad_ok = b[i] == ' ';
-    CHECK(pad_ok, "%s: header not padded with spaces and ended by '\\n'", rel);
-    CHECK(numel == 0 || memcmp(b + 10 + hlen, data, numel * 4) == 0, "%s: data differs", rel);
+    TU_CHECK(pad_ok, "%s: header not padded with spaces and ended by '\\n'", rel);
+    TU_CHECK(numel == 0 || memcmp(b + 10 + hlen, data, numel * 4) == 0, "%s: data differs", rel);
     free(b);
 
     int nd = -1;
     int64_t sh[8];
     float *got = NULL;
-    CHECK_ERR(ditd_npy_read_f32(tpath(rel), 8, &nd, sh, &got), 0, NULL);
-    CHECK(nd == ndim, "%s: ndim %d, want %d", rel, nd, ndim);
+    TU_CHECK_ERR(ditd_npy_read_f32(tpath(rel), 8, &nd, sh, &got), 0, NULL);
+    TU_CHECK(nd == ndim, "%s: ndim %d, want %d", rel, nd, ndim);
     for (int i = 0; i < ndim && nd == ndim; i++)
-        CHECK(sh[i] == shape[i], "%s: shape[%d] %lld, want %lld", rel, i, (long long)sh[i],
+        TU_CHECK(sh[i] == shape[i], "%s: shape[%d] %lld, want %lld", rel, i, (long long)sh[i],
               (long long)shape[i]);
-    CHECK(got && (numel == 0 || memcmp(got, data, numel * 4) == 0), "%s: data read back differs",
+    TU_CHECK(got && (numel == 0 || memcmp(got, data, numel * 4) == 0), "%s: data read back differs",
           rel);
     free(got);
 }
@@ -173,7 +141,7 @@ static void test_write(void)
     enum { N = 2 * 3 * 4 };
     float v[N];
     for (int i = 0; i < N; i++) {
-        uint32_t u = (uint32_t)rng();
+        uint32_t u = (uint32_t)tu_rng();
         memcpy(&v[i], &u, 4);
     }
     v[0] = INFINITY;
@@ -201,53 +169,53 @@ static void test_write(void)
     DIR *dir = opendir(tmpdir);
     struct dirent *de;
     while (dir && (de = readdir(dir)))
-        CHECK(!strstr(de->d_name, "tmp"), "temp file %s left behind", de->d_name);
+        TU_CHECK(!strstr(de->d_name, "tmp"), "temp file %s left behind", de->d_name);
     if (dir)
         closedir(dir);
 
     int64_t neg[1] = { -1 };
-    CHECK_ERR(ditd_npy_write_f32(tpath("f.npy"), 1, neg, v), DITD_EINVAL, "negative");
-    CHECK_ERR(ditd_npy_write_f32(tpath("f.npy"), 33, s3, v), DITD_EINVAL, NULL);
-    CHECK_ERR(ditd_npy_write_f32(tpath("no/such/dir/f.npy"), 1, s1, v), DITD_ENOENT,
+    TU_CHECK_ERR(ditd_npy_write_f32(tpath("f.npy"), 1, neg, v), DITD_EINVAL, "negative");
+    TU_CHECK_ERR(ditd_npy_write_f32(tpath("f.npy"), 33, s3, v), DITD_EINVAL, NULL);
+    TU_CHECK_ERR(ditd_npy_write_f32(tpath("no/such/dir/f.npy"), 1, s1, v), DITD_ENOENT,
               "no/such/dir/f.npy");
-    CHECK(access(tpath("f.npy"), F_OK) != 0, "f.npy written despite errors");
+    TU_CHECK(access(tpath("f.npy"), F_OK) != 0, "f.npy written despite errors");
 
     /* i64 from the f32 file: integral values pass, others are refused. */
     float ints[3] = { -3.0f, 0.0f, 16777216.0f };
     int64_t s31[1] = { 3 };
-    CHECK_ERR(ditd_npy_write_f32(tpath("g.npy"), 1, s31, ints), 0, NULL);
+    TU_CHECK_ERR(ditd_npy_write_f32(tpath("g.npy"), 1, s31, ints), 0, NULL);
     int nd;
     int64_t sh[4];
     int64_t *iv = NULL;
-    CHECK_ERR(ditd_npy_read_i64(tpath("g.npy"), 4, &nd, sh, &iv), 0, NULL);
-    CHECK(iv && iv[0] == -3 && iv[1] == 0 && iv[2] == 16777216, "i64 from f32: %lld %lld %lld",
+    TU_CHECK_ERR(ditd_npy_read_i64(tpath("g.npy"), 4, &nd, sh, &iv), 0, NULL);
+    TU_CHECK(iv && iv[0] == -3 && iv[1] == 0 && iv[2] == 16777216, "i64 from f32: %lld %lld %lld",
           iv ? (long long)iv[0] : 0, iv ? (long long)iv[1] : 0, iv ? (long long)iv[2] : 0);
     free(iv);
     ints[1] = 0.5f;
-    CHECK_ERR(ditd_npy_write_f32(tpath("g.npy"), 1, s31, ints), 0, NULL);
+    TU_CHECK_ERR(ditd_npy_write_f32(tpath("g.npy"), 1, s31, ints), 0, NULL);
     iv = NULL;
-    CHECK_ERR(ditd_npy_read_i64(tpath("g.npy"), 4, &nd, sh, &iv), DITD_ERANGE, "element 1 (0.5)");
-    CHECK(iv == NULL, "output set on failure");
+    TU_CHECK_ERR(ditd_npy_read_i64(tpath("g.npy"), 4, &nd, sh, &iv), DITD_ERANGE, "element 1 (0.5)");
+    TU_CHECK(iv == NULL, "output set on failure");
     ints[1] = NAN;
-    CHECK_ERR(ditd_npy_write_f32(tpath("g.npy"), 1, s31, ints), 0, NULL);
-    CHECK_ERR(ditd_npy_read_i64(tpath("g.npy"), 4, &nd, sh, &iv), DITD_ERANGE, "element 1");
+    TU_CHECK_ERR(ditd_npy_write_f32(tpath("g.npy"), 1, s31, ints), 0, NULL);
+    TU_CHECK_ERR(ditd_npy_read_i64(tpath("g.npy"), 4, &nd, sh, &iv), DITD_ERANGE, "element 1");
     ints[1] = 1e19f;
-    CHECK_ERR(ditd_npy_write_f32(tpath("g.npy"), 1, s31, ints), 0, NULL);
-    CHECK_ERR(ditd_npy_read_i64(tpath("g.npy"), 4, &nd, sh, &iv), DITD_ERANGE, "element 1");
+    TU_CHECK_ERR(ditd_npy_write_f32(tpath("g.npy"), 1, s31, ints), 0, NULL);
+    TU_CHECK_ERR(ditd_npy_read_i64(tpath("g.npy"), 4, &nd, sh, &iv), DITD_ERANGE, "element 1");
 
     /* Capacity of the caller's shape array. */
     float *fv = NULL;
-    CHECK_ERR(ditd_npy_read_f32(tpath("b.npy"), 0, &nd, sh, &fv), DITD_ESHAPE,
+    TU_CHECK_ERR(ditd_npy_read_f32(tpath("b.npy"), 0, &nd, sh, &fv), DITD_ESHAPE,
               "1 dimensions, at most 0");
     /* A scalar needs no shape array. */
-    CHECK_ERR(ditd_npy_read_f32(tpath("c.npy"), 0, &nd, NULL, &fv), 0, NULL);
-    CHECK(nd == 0 && fv && fv[0] == v[0], "scalar read: ndim %d", nd);
+    TU_CHECK_ERR(ditd_npy_read_f32(tpath("c.npy"), 0, &nd, NULL, &fv), 0, NULL);
+    TU_CHECK(nd == 0 && fv && fv[0] == v[0], "scalar read: ndim %d", nd);
     free(fv);
     fv = NULL;
-    CHECK_ERR(ditd_npy_read_f32(tpath("absent.npy"), 4, &nd, sh, &fv), DITD_ENOENT,
+    TU_CHECK_ERR(ditd_npy_read_f32(tpath("absent.npy"), 4, &nd, sh, &fv), DITD_ENOENT,
               "absent.npy");
-    CHECK_ERR(ditd_npy_read_f32(tmpdir, 4, &nd, sh, &fv), DITD_EIO, "not a regular file");
-    CHECK(fv == NULL, "output set on failure");
+    TU_CHECK_ERR(ditd_npy_read_f32(tmpdir, 4, &nd, sh, &fv), DITD_EIO, "not a regular file");
+    TU_CHECK(fv == NULL, "output set on failure");
 }
 
 /* ---- hand-built files ---------------------------------------------------- */
@@ -260,15 +228,15 @@ static void read_mem_f32(const img *m, const char *what, int want_ndim, const in
     float *got = NULL;
     ditd_err_clear();
     int rc = ditd_npy_read_f32_mem(m->p, m->n, what, 8, &nd, sh, &got);
-    CHECK(rc == 0, "%s: %s %s", what, ditd_err_name(rc), ditd_err_detail());
+    TU_CHECK(rc == 0, "%s: %s %s", what, ditd_err_name(rc), ditd_err_detail());
     if (rc)
         return;
-    CHECK(nd == want_ndim, "%s: ndim %d, want %d", what, nd, want_ndim);
+    TU_CHECK(nd == want_ndim, "%s: ndim %d, want %d", what, nd, want_ndim);
     for (int i = 0; i < nd && nd == want_ndim; i++)
-        CHECK(sh[i] == want_shape[i], "%s: shape[%d] %lld, want %lld", what, i,
+        TU_CHECK(sh[i] == want_shape[i], "%s: shape[%d] %lld, want %lld", what, i,
               (long long)sh[i], (long long)want_shape[i]);
     for (size_t i = 0; i < n; i++)
-        CHECK(memcmp(&got[i], &want[i], 4) == 0, "%s: [%zu] = %.9g, want %.9g", what, i, got[i],
+        TU_CHECK(memcmp(&got[i], &want[i], 4) == 0, "%s: [%zu] = %.9g, want %.9g", what, i, got[i],
               want[i]);
     free(got);
 }
@@ -287,8 +255,8 @@ static void test_dtypes(void)
     read_mem_f32(&m, "v3 <i8", 1, s3, (float[]){ -5.0f, 16777216.0f, 7.0f }, 3);
     int nd;
     int64_t sh[8], *iv = NULL;
-    CHECK_ERR(ditd_npy_read_i64_mem(m.p, m.n, "v3 <i8", 8, &nd, sh, &iv), 0, NULL);
-    CHECK(iv && iv[0] == -5 && iv[1] == 1 << 24 && iv[2] == 7, "i64 read of <i8 wrong");
+    TU_CHECK_ERR(ditd_npy_read_i64_mem(m.p, m.n, "v3 <i8", 8, &nd, sh, &iv), 0, NULL);
+    TU_CHECK(iv && iv[0] == -5 && iv[1] == 1 << 24 && iv[2] == 7, "i64 read of <i8 wrong");
     free(iv);
 
     int32_t i4[6] = { 1, -2, 3, -4, 5, 2147483647 };
@@ -299,8 +267,8 @@ static void test_dtypes(void)
     make(&m, 1, "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }", 1, u1, 3);
     read_mem_f32(&m, "|u1", 1, s3, (float[]){ 0, 128, 255 }, 3);
     iv = NULL;
-    CHECK_ERR(ditd_npy_read_i64_mem(m.p, m.n, "|u1", 8, &nd, sh, &iv), 0, NULL);
-    CHECK(iv && iv[2] == 255, "|u1 as i64");
+    TU_CHECK_ERR(ditd_npy_read_i64_mem(m.p, m.n, "|u1", 8, &nd, sh, &iv), 0, NULL);
+    TU_CHECK(iv && iv[2] == 255, "|u1 as i64");
     free(iv);
 
     uint16_t f2[3] = { 0x3c00, 0x0001, 0xfc00 };
@@ -318,7 +286,7 @@ static void test_dtypes(void)
     uint64_t u8[3] = { 1, 0, UINT64_MAX };
     make(&m, 1, "{'descr': '<u8', 'fortran_order': False, 'shape': (3,), }", 1, u8, 24);
     read_mem_f32(&m, "<u8", 1, s3, (float[]){ 1, 0, 18446744073709551616.0f }, 3);
-    CHECK_ERR(ditd_npy_read_i64_mem(m.p, m.n, "<u8", 8, &nd, sh, &iv), DITD_ERANGE,
+    TU_CHECK_ERR(ditd_npy_read_i64_mem(m.p, m.n, "<u8", 8, &nd, sh, &iv), DITD_ERANGE,
               "element 2");
 
     /* Spellings: double quotes, other key order, no trailing comma, no
@@ -342,14 +310,14 @@ static void test_dtypes(void)
     make(&m, 2, "{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", 1, f8, 24);
     write_file("v2.npy", m.p, m.n);
     float *fv = NULL;
-    CHECK_ERR(ditd_npy_read_f32(tpath("v2.npy"), 4, &nd, sh, &fv), 0, NULL);
-    CHECK(fv && nd == 1 && sh[0] == 3 && fv[0] == 0.1f && fv[2] == 2.5f, "v2.npy read wrong");
+    TU_CHECK_ERR(ditd_npy_read_f32(tpath("v2.npy"), 4, &nd, sh, &fv), 0, NULL);
+    TU_CHECK(fv && nd == 1 && sh[0] == 3 && fv[0] == 0.1f && fv[2] == 2.5f, "v2.npy read wrong");
     free(fv);
     make(&m, 1, "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }", 1, i8, 24);
     write_file("i8.npy", m.p, m.n);
     iv = NULL;
-    CHECK_ERR(ditd_npy_read_i64(tpath("i8.npy"), 4, &nd, sh, &iv), 0, NULL);
-    CHECK(iv && iv[0] == -5 && iv[2] == 7, "i8.npy read wrong");
+    TU_CHECK_ERR(ditd_npy_read_i64(tpath("i8.npy"), 4, &nd, sh, &iv), 0, NULL);
+    TU_CHECK(iv && iv[0] == -5 && iv[2] == 7, "i8.npy read wrong");
     free(iv);
 }
 
@@ -430,43 +398,43 @@ static void test_malformed(void)
         ditd_err_clear();
         int rc = ditd_npy_read_f32_mem(m.p, m.n, "latents.npy", 8, &nd, sh, &fv);
         const char *d = ditd_err_detail();
-        CHECK(rc == bad_dicts[i].code && has(d, bad_dicts[i].want) &&
+        TU_CHECK(rc == bad_dicts[i].code && tu_has(d, bad_dicts[i].want) &&
                   strncmp(d, "latents.npy: ", 13) == 0,
               "dict #%zu %s\n    got %s \"%s\"\n    want %s \"latents.npy: ...%s...\"", i,
               bad_dicts[i].dict, ditd_err_name(rc), d, ditd_err_name(bad_dicts[i].code),
               bad_dicts[i].want ? bad_dicts[i].want : "");
-        CHECK(fv == NULL, "output set on failure");
+        TU_CHECK(fv == NULL, "output set on failure");
     }
 
     /* The preamble. */
     make(&m, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", 1, data, 12);
     m.p[0] = 0x92;
-    CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
               "x.npy: not a .npy file (bad magic)");
     m.p[0] = 0x93;
     m.p[6] = 4;
-    CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
               "unknown .npy format version 4.0");
     m.p[6] = 1;
     m.p[7] = 1;
-    CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
               "version 1.1");
     m.p[7] = 0;
     m.p[8] = 0xff;
     m.p[9] = 0xff;
-    CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
               "truncated: the header needs 65535 bytes");
     make(&m, 2, "{}", 0, NULL, 0);
     m.p[11] = 0x7f;
-    CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
               "exceeds the limit");
     make(&m, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", 1, data, 12);
     m.p[10 + 16] = '\0'; /* the space after "'<f4'," */
-    CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", 8, &nd, sh, &fv), DITD_EFORMAT,
               "header contains a NUL byte");
-    CHECK_ERR(ditd_npy_read_f32_mem(NULL, 0, NULL, 8, &nd, sh, &fv), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_npy_read_f32_mem(NULL, 0, NULL, 8, &nd, sh, &fv), DITD_EFORMAT,
               "<memory>: truncated");
-    CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", -1, &nd, sh, &fv), DITD_EINVAL, NULL);
+    TU_CHECK_ERR(ditd_npy_read_f32_mem(m.p, m.n, "x.npy", -1, &nd, sh, &fv), DITD_EINVAL, NULL);
 
     /* Every truncation of a valid file, in memory and on disk. */
     make(&m, 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 2), }", 1, data, 32);
@@ -474,15 +442,15 @@ static void test_malformed(void)
     for (size_t n = 0; n < m.n; n++) {
         int rc = ditd_npy_read_f32_mem(m.p, n, "cut", 8, &nd, sh, &fv);
         if (rc != DITD_EFORMAT && badn++ < 5)
-            CHECK(0, "prefix %zu: %s %s", n, ditd_err_name(rc), ditd_err_detail());
+            TU_CHECK(0, "prefix %zu: %s %s", n, ditd_err_name(rc), ditd_err_detail());
         write_file("cut.npy", m.p, n);
         int64_t *iv = NULL;
         rc = ditd_npy_read_i64(tpath("cut.npy"), 8, &nd, sh, &iv);
         if ((rc != DITD_EFORMAT || iv) && badn++ < 5)
-            CHECK(0, "file prefix %zu: %s %s", n, ditd_err_name(rc), ditd_err_detail());
+            TU_CHECK(0, "file prefix %zu: %s %s", n, ditd_err_name(rc), ditd_err_detail());
     }
-    CHECK(badn == 0, "%d truncations not refused", badn);
-    CHECK(fv == NULL, "output set on failure");
+    TU_CHECK(badn == 0, "%d truncations not refused", badn);
+    TU_CHECK(fv == NULL, "output set on failure");
 }
 
 /* Random flips in the header: an error or a good read, never a crash. */
@@ -494,22 +462,22 @@ static void test_flips(void)
     int ok = 0;
     for (int it = 0; it < 20000; it++) {
         mut = m;
-        int flips = 1 + (int)(rng() % 3);
+        int flips = 1 + (int)(tu_rng() % 3);
         for (int k = 0; k < flips; k++) {
-            size_t at = (size_t)(rng() % 80);
-            if (rng() % 2)
-                mut.p[at] ^= (uint8_t)(1u << (rng() % 8));
+            size_t at = (size_t)(tu_rng() % 80);
+            if (tu_rng() % 2)
+                mut.p[at] ^= (uint8_t)(1u << (tu_rng() % 8));
             else
-                mut.p[at] = (uint8_t)"0123456789(){}[],:' \"<>|=fiubTrueFalseL"[rng() % 40];
+                mut.p[at] = (uint8_t)"0123456789(){}[],:' \"<>|=fiubTrueFalseL"[tu_rng() % 40];
         }
         int nd;
         int64_t sh[8];
         float *fv = NULL;
         int64_t *iv = NULL;
         int rc = ditd_npy_read_f32_mem(mut.p, mut.n, "flip", 8, &nd, sh, &fv);
-        CHECK(rc == 0 || rc == DITD_EFORMAT || rc == DITD_EUNSUPPORTED || rc == DITD_ESHAPE,
+        TU_CHECK(rc == 0 || rc == DITD_EFORMAT || rc == DITD_EUNSUPPORTED || rc == DITD_ESHAPE,
               "flip: %s %s", ditd_err_name(rc), ditd_err_detail());
-        CHECK((rc == 0) == (fv != NULL), "rc %d with data %p", rc, (void *)fv);
+        TU_CHECK((rc == 0) == (fv != NULL), "rc %d with data %p", rc, (void *)fv);
         ok += rc == 0;
         free(fv);
         rc = ditd_npy_read_i64_mem(mut.p, mut.n, "flip", 8, &nd, sh, &iv);
@@ -522,7 +490,7 @@ int main(void)
 {
     const char *seed_env = getenv("DITD_TEST_SEED");
     uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
-    rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+    tu_rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
     printf("seed %llu (DITD_TEST_SEED replays)\n", (unsigned long long)seed);
 
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -543,6 +511,5 @@ int main(void)
         unlink(tpath(files[i]));
     if (rmdir(tmpdir) != 0)
         fprintf(stderr, "warning: %s not removed: %s\n", tmpdir, strerror(errno));
-    printf("%d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    return tu_exit();
 }

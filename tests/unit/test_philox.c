@@ -21,20 +21,8 @@
 
 #include "ditd_build_config.h"
 #include "engine/error.h"
+#include "tests/test_util.h"
 
-static int failures;
-static int checks;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        checks++;                                                                          \
-        if (!(cond)) {                                                                     \
-            failures++;                                                                    \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);       \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
 
 static uint32_t f32_bits(float f)
 {
@@ -60,13 +48,13 @@ static void test_kat(void)
         uint32_t out[4];
         ditd_philox4x32_10(kat[i].ctr, kat[i].key, out);
         for (int w = 0; w < 4; w++)
-            CHECK(out[w] == kat[i].out[w], "kat %zu word %d: got %08" PRIx32 ", want %08" PRIx32,
+            TU_CHECK(out[w] == kat[i].out[w], "kat %zu word %d: got %08" PRIx32 ", want %08" PRIx32,
                   i, w, out[w], kat[i].out[w]);
         /* out may alias ctr */
         uint32_t io[4];
         memcpy(io, kat[i].ctr, sizeof io);
         ditd_philox4x32_10(io, kat[i].key, io);
-        CHECK(!memcmp(io, kat[i].out, sizeof io), "kat %zu in place", i);
+        TU_CHECK(!memcmp(io, kat[i].out, sizeof io), "kat %zu in place", i);
     }
 }
 
@@ -83,7 +71,7 @@ static void test_pinned(void)
     snprintf(path, sizeof path, "%s/samplers/index.json", fixtures_dir());
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
-    CHECK(root != NULL, "%s: %s", path, jerr.text);
+    TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
     if (!root)
         return;
     const json_t *ph = json_object_get(root, "philox");
@@ -98,7 +86,7 @@ static void test_pinned(void)
         for (int w = 0; w < 2; w++)
             key[w] = (uint32_t)json_integer_value(json_array_get(json_object_get(v, "key"), w));
         ditd_philox4x32_10(ctr, key, out);
-        CHECK(!memcmp(out, want, sizeof out), "fixture kat %zu", i);
+        TU_CHECK(!memcmp(out, want, sizeof out), "fixture kat %zu", i);
     }
     size_t npinned = 0;
     json_array_foreach(json_object_get(ph, "normal"), i, v) {
@@ -108,20 +96,20 @@ static void test_pinned(void)
         const json_t *bits = json_object_get(v, "bits");
         size_t n = json_array_size(bits);
         float out[64];
-        CHECK(n > 0 && n <= 64, "pinned %zu: %zu values", i, n);
+        TU_CHECK(n > 0 && n <= 64, "pinned %zu: %zu values", i, n);
         if (n == 0 || n > 64)
             continue;
         ditd_philox_normal(seed, sample, offset, n, out);
         for (size_t k = 0; k < n; k++) {
             uint32_t want = (uint32_t)json_integer_value(json_array_get(bits, k));
-            CHECK(f32_bits(out[k]) == want,
+            TU_CHECK(f32_bits(out[k]) == want,
                   "seed %" PRIx64 " sample %" PRIx64 " element %" PRIu64 ": got %.9g (%08" PRIx32
                   "), Python %08" PRIx32,
                   seed, sample, offset + k, out[k], f32_bits(out[k]), want);
         }
         npinned += n;
     }
-    CHECK(npinned >= 30, "only %zu pinned values", npinned);
+    TU_CHECK(npinned >= 30, "only %zu pinned values", npinned);
     json_decref(root);
 }
 
@@ -139,14 +127,14 @@ static void test_slices(void)
                 for (size_t len = 0; len < 19 && a + len <= WHOLE; len++) {
                     part[len] = -12345.0f; /* sentinel: n must bound the writes */
                     ditd_philox_normal(seeds[si], 3, base + a, len, part);
-                    CHECK(!memcmp(part, whole + a, len * sizeof(float)),
+                    TU_CHECK(!memcmp(part, whole + a, len * sizeof(float)),
                           "seed %d base %" PRIu64 " slice [%zu, +%zu) differs", si, base, a, len);
-                    CHECK(part[len] == -12345.0f, "wrote past n = %zu", len);
+                    TU_CHECK(part[len] == -12345.0f, "wrote past n = %zu", len);
                 }
             }
             /* A long unaligned slice. */
             ditd_philox_normal(seeds[si], 3, base + 5, WHOLE - 9, part);
-            CHECK(!memcmp(part, whole + 5, (WHOLE - 9) * sizeof(float)), "long slice");
+            TU_CHECK(!memcmp(part, whole + 5, (WHOLE - 9) * sizeof(float)), "long slice");
         }
     }
 }
@@ -155,7 +143,7 @@ static void test_moments(void)
 {
     enum { N = 1000000 };
     float *x = malloc(sizeof(float) * N);
-    CHECK(x != NULL, "malloc");
+    TU_CHECK(x != NULL, "malloc");
     if (!x)
         return;
     ditd_philox_normal(7, 0, 0, N, x);
@@ -180,18 +168,18 @@ static void test_moments(void)
         double corr = lag / n;
         /* 5 standard errors of each estimate under N(0, 1) */
         double se = 5.0 / sqrt((double)n);
-        CHECK(fabs(mean) < se, "lane %d mean %g (bound %g)", lane, mean, se);
-        CHECK(fabs(var - 1) < se * sqrt(2.0), "lane %d variance %g", lane, var);
-        CHECK(fabs(skew) < se * sqrt(6.0), "lane %d skewness %g", lane, skew);
-        CHECK(fabs(kurt - 3) < se * sqrt(96.0), "lane %d kurtosis %g", lane, kurt);
-        CHECK(fabs(corr) < se, "lane %d lag-1 correlation %g", lane, corr);
+        TU_CHECK(fabs(mean) < se, "lane %d mean %g (bound %g)", lane, mean, se);
+        TU_CHECK(fabs(var - 1) < se * sqrt(2.0), "lane %d variance %g", lane, var);
+        TU_CHECK(fabs(skew) < se * sqrt(6.0), "lane %d skewness %g", lane, skew);
+        TU_CHECK(fabs(kurt - 3) < se * sqrt(96.0), "lane %d kurtosis %g", lane, kurt);
+        TU_CHECK(fabs(corr) < se, "lane %d lag-1 correlation %g", lane, corr);
     }
     /* tails: P(|z| > 3) = 0.0026998 */
     size_t tail = 0;
     for (size_t i = 0; i < N; i++)
         tail += fabsf(x[i]) > 3.0f;
     double p = (double)tail / N, sp = sqrt(0.0026998 * (1 - 0.0026998) / N);
-    CHECK(fabs(p - 0.0026998) < 5 * sp, "P(|z| > 3) = %g", p);
+    TU_CHECK(fabs(p - 0.0026998) < 5 * sp, "P(|z| > 3) = %g", p);
     free(x);
 }
 
@@ -222,15 +210,15 @@ static void test_streams_differ(void)
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         ditd_philox_normal(variants[v].seed, variants[v].sample, 0, N, other);
         int eq = count_equal(ref, other, N);
-        CHECK(eq <= 1, "%s: %d of %d values equal", variants[v].what, eq, N);
+        TU_CHECK(eq <= 1, "%s: %d of %d values equal", variants[v].what, eq, N);
     }
     /* a slice of the stream at element 2^32 * 4 is not the start again */
     ditd_philox_normal(seed, sample, 1ull << 34, N, other);
-    CHECK(count_equal(ref, other, N) <= 1, "counter high word ignored");
+    TU_CHECK(count_equal(ref, other, N) <= 1, "counter high word ignored");
     /* n = 0 writes nothing */
     other[0] = 42.0f;
     ditd_philox_normal(seed, sample, 3, 0, other);
-    CHECK(other[0] == 42.0f, "n = 0 wrote");
+    TU_CHECK(other[0] == 42.0f, "n = 0 wrote");
 }
 
 int main(void)
@@ -240,6 +228,5 @@ int main(void)
     test_slices();
     test_moments();
     test_streams_differ();
-    printf("test_philox: %d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    return tu_exit();
 }

@@ -22,36 +22,10 @@
 #include <unistd.h>
 
 #include "engine/error.h"
+#include "tests/test_util.h"
 
-static int failures;
-static int checks;
 
-#define CHECK(cond, ...)                                                          \
-    do {                                                                          \
-        checks++;                                                                 \
-        if (!(cond)) {                                                            \
-            failures++;                                                           \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                         \
-            fputc('\n', stderr);                                                  \
-        }                                                                         \
-    } while (0)
 
-static int has(const char *hay, const char *needle)
-{
-    return !needle || strstr(hay, needle) != NULL;
-}
-
-/* Runs expr (an int-returning call) and checks its code and that the
- * detail contains `sub` (NULL: any detail). */
-#define CHECK_ERR(expr, code, sub)                                                   \
-    do {                                                                             \
-        ditd_err_clear();                                                            \
-        int rc_ = (expr);                                                            \
-        const char *d_ = ditd_err_detail(), *s_ = (sub);                             \
-        CHECK(rc_ == (code) && has(d_, s_), "got %s \"%s\", want %s containing \"%s\"", \
-              ditd_err_name(rc_), d_, ditd_err_name(code), s_ ? s_ : "");            \
-    } while (0)
 
 static uint32_t f32_bits(float f)
 {
@@ -63,7 +37,7 @@ static uint32_t f32_bits(float f)
 #define CHECK_BITS(got, want)                                                       \
     do {                                                                            \
         float g_ = (got), w_ = (want);                                              \
-        CHECK(f32_bits(g_) == f32_bits(w_), "%s = %.9g (0x%08x), want %.9g (0x%08x)", \
+        TU_CHECK(f32_bits(g_) == f32_bits(w_), "%s = %.9g (0x%08x), want %.9g (0x%08x)", \
               #got, g_, f32_bits(g_), w_, f32_bits(w_));                           \
     } while (0)
 
@@ -136,14 +110,6 @@ static void rm_tree(const char *p)
 }
 
 /* xorshift64*: the random part of the tests. */
-static uint64_t rng_state;
-static uint64_t rng(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
 
 /* Reads every tensor that converts, as a user of the reader would; used
  * on files that opened despite mutations. */
@@ -158,12 +124,12 @@ static void read_all(const ditd_safetensors *st)
             numel = 0;
         float *dst = malloc(numel * sizeof(float) + 1);
         int rc = ditd_safetensors_read_f32(st, t->name, t->ndim, t->shape, dst);
-        CHECK(rc == 0 || rc == DITD_EUNSUPPORTED, "read_f32(%s) = %s %s", t->name,
+        TU_CHECK(rc == 0 || rc == DITD_EUNSUPPORTED, "read_f32(%s) = %s %s", t->name,
               ditd_err_name(rc), ditd_err_detail());
         if (rc == 0 && t->ndim > 0 && t->shape[0] > 1)
             rc = ditd_safetensors_read_f32_slice(st, t->name, t->ndim, t->shape, 0, 1,
                                                  t->shape[0] - 1, dst);
-        CHECK(rc == 0 || rc == DITD_EUNSUPPORTED, "slice(%s) = %s %s", t->name,
+        TU_CHECK(rc == 0 || rc == DITD_EUNSUPPORTED, "slice(%s) = %s %s", t->name,
               ditd_err_name(rc), ditd_err_detail());
         free(dst);
     }
@@ -176,18 +142,18 @@ static void test_dtype_names(void)
     for (int i = 0; i < DITD_ST_DTYPE_COUNT; i++) {
         ditd_st_dtype t;
         const char *name = ditd_st_dtype_name((ditd_st_dtype)i);
-        CHECK(ditd_st_dtype_from_str(name, &t) == 0 && t == (ditd_st_dtype)i,
+        TU_CHECK(ditd_st_dtype_from_str(name, &t) == 0 && t == (ditd_st_dtype)i,
               "round trip of %s gave %d, want %d", name, (int)t, i);
         int bits = ditd_st_dtype_bits((ditd_st_dtype)i);
-        CHECK(bits == 4 || bits == 6 || bits == 8 || bits == 16 || bits == 32 || bits == 64,
+        TU_CHECK(bits == 4 || bits == 6 || bits == 8 || bits == 16 || bits == 32 || bits == 64,
               "%s has %d bits", name, bits);
     }
     ditd_st_dtype t;
-    CHECK(ditd_st_dtype_from_str("f32", &t) == DITD_EINVAL, "lower case f32 accepted");
-    CHECK(ditd_st_dtype_from_str("", &t) == DITD_EINVAL, "empty dtype accepted");
-    CHECK(strcmp(ditd_st_dtype_name((ditd_st_dtype)999), "?") == 0, "name of 999 is %s",
+    TU_CHECK(ditd_st_dtype_from_str("f32", &t) == DITD_EINVAL, "lower case f32 accepted");
+    TU_CHECK(ditd_st_dtype_from_str("", &t) == DITD_EINVAL, "empty dtype accepted");
+    TU_CHECK(strcmp(ditd_st_dtype_name((ditd_st_dtype)999), "?") == 0, "name of 999 is %s",
           ditd_st_dtype_name((ditd_st_dtype)999));
-    CHECK(ditd_st_dtype_bits(DITD_ST_BF16) == 16 && ditd_st_dtype_bits(DITD_ST_F64) == 64,
+    TU_CHECK(ditd_st_dtype_bits(DITD_ST_BF16) == 16 && ditd_st_dtype_bits(DITD_ST_F64) == 64,
           "bits of BF16 %d, F64 %d", ditd_st_dtype_bits(DITD_ST_BF16),
           ditd_st_dtype_bits(DITD_ST_F64));
 }
@@ -203,15 +169,15 @@ static void test_f16_exhaustive(void)
         if (e == 31) {
             uint32_t want = (s << 31) | 0x7f800000u | (m << 13);
             if (f32_bits(got) != want && bad++ < 5)
-                CHECK(0, "f16 0x%04x -> 0x%08x, want 0x%08x", h, f32_bits(got), want);
+                TU_CHECK(0, "f16 0x%04x -> 0x%08x, want 0x%08x", h, f32_bits(got), want);
             continue;
         }
         double v = e == 0 ? ldexp((double)m, -24) : ldexp((double)(1024 + m), (int)e - 25);
         float want = (float)(s ? -v : v); /* exact: every half is a float */
         if (f32_bits(got) != f32_bits(want) && bad++ < 5)
-            CHECK(0, "f16 0x%04x -> %.9g (0x%08x), want %.9g", h, got, f32_bits(got), want);
+            TU_CHECK(0, "f16 0x%04x -> %.9g (0x%08x), want %.9g", h, got, f32_bits(got), want);
     }
-    CHECK(bad == 0, "%d of 65536 f16 values wrong", bad);
+    TU_CHECK(bad == 0, "%d of 65536 f16 values wrong", bad);
     /* Landmarks, in numbers a reader can check. */
     CHECK_BITS(ditd_st_f16_to_f32(0x3c00), 1.0f);
     CHECK_BITS(ditd_st_f16_to_f32(0xc000), -2.0f);
@@ -223,7 +189,7 @@ static void test_f16_exhaustive(void)
     CHECK_BITS(ditd_st_f16_to_f32(0x8000), -0.0f);
     CHECK_BITS(ditd_st_f16_to_f32(0x7c00), INFINITY);
     CHECK_BITS(ditd_st_f16_to_f32(0xfc00), -INFINITY);
-    CHECK(isnan(ditd_st_f16_to_f32(0x7e00)), "0x7e00 is not nan");
+    TU_CHECK(isnan(ditd_st_f16_to_f32(0x7e00)), "0x7e00 is not nan");
 }
 
 static void test_bf16_exhaustive(void)
@@ -235,15 +201,15 @@ static void test_bf16_exhaustive(void)
         if (e == 255) {
             uint32_t want = (s << 31) | 0x7f800000u | (m << 16);
             if (f32_bits(got) != want && bad++ < 5)
-                CHECK(0, "bf16 0x%04x -> 0x%08x, want 0x%08x", b, f32_bits(got), want);
+                TU_CHECK(0, "bf16 0x%04x -> 0x%08x, want 0x%08x", b, f32_bits(got), want);
             continue;
         }
         double v = e == 0 ? ldexp((double)m, -133) : ldexp((double)(128 + m), (int)e - 134);
         float want = (float)(s ? -v : v);
         if (f32_bits(got) != f32_bits(want) && bad++ < 5)
-            CHECK(0, "bf16 0x%04x -> %.9g, want %.9g", b, got, want);
+            TU_CHECK(0, "bf16 0x%04x -> %.9g, want %.9g", b, got, want);
     }
-    CHECK(bad == 0, "%d of 65536 bf16 values wrong", bad);
+    TU_CHECK(bad == 0, "%d of 65536 bf16 values wrong", bad);
     CHECK_BITS(ditd_st_bf16_to_f32(0x3f80), 1.0f);
     CHECK_BITS(ditd_st_bf16_to_f32(0x4049), 3.140625f);
     CHECK_BITS(ditd_st_bf16_to_f32(0x0001), 9.18354961579912115600575419705e-41f);
@@ -306,23 +272,23 @@ static void build_good(good_file *g)
 static void check_good(const ditd_safetensors *st, const char *file)
 {
     float out[8];
-    CHECK(ditd_safetensors_count(st) == 9, "count %zu, want 9", ditd_safetensors_count(st));
+    TU_CHECK(ditd_safetensors_count(st) == 9, "count %zu, want 9", ditd_safetensors_count(st));
     /* Sorted by name. */
     for (size_t i = 1; i < ditd_safetensors_count(st); i++)
-        CHECK(strcmp(ditd_safetensors_at(st, i - 1)->name, ditd_safetensors_at(st, i)->name) < 0,
+        TU_CHECK(strcmp(ditd_safetensors_at(st, i - 1)->name, ditd_safetensors_at(st, i)->name) < 0,
               "at(%zu) = %s not after %s", i, ditd_safetensors_at(st, i)->name,
               ditd_safetensors_at(st, i - 1)->name);
-    CHECK(ditd_safetensors_at(st, 9) == NULL, "at(count) is not NULL");
+    TU_CHECK(ditd_safetensors_at(st, 9) == NULL, "at(count) is not NULL");
 
     const ditd_st_tensor *t = ditd_safetensors_find(st, "w16");
-    CHECK(t && t->dtype == DITD_ST_F16 && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 3 &&
+    TU_CHECK(t && t->dtype == DITD_ST_F16 && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 3 &&
               t->nbytes == 12 && strcmp(t->file, file) == 0,
           "w16 record wrong (file %s, want %s)", t ? t->file : "-", file);
     t = ditd_safetensors_find(st, "u8");
-    CHECK(t && ((const uint8_t *)t->data)[2] == 255, "u8 data wrong");
+    TU_CHECK(t && ((const uint8_t *)t->data)[2] == 255, "u8 data wrong");
 
     int64_t s23[2] = { 2, 3 }, s6[1] = { 6 }, s3[1] = { 3 };
-    CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 2, s23, out), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 2, s23, out), 0, NULL);
     CHECK_BITS(out[0], 1.5f);
     CHECK_BITS(out[1], -2.25f);
     CHECK_BITS(out[2], 3e-40f);
@@ -330,47 +296,47 @@ static void check_good(const ditd_safetensors *st, const char *file)
     CHECK_BITS(out[4], -0.0f);
     CHECK_BITS(out[5], 1e38f);
 
-    CHECK_ERR(ditd_safetensors_read_f32(st, "w16", 2, s23, out), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "w16", 2, s23, out), 0, NULL);
     CHECK_BITS(out[0], 1.0f);
     CHECK_BITS(out[1], 5.9604644775390625e-08f);   /* smallest subnormal, 2^-24 */
     CHECK_BITS(out[2], 6.0975551605224609375e-05f); /* largest subnormal */
     CHECK_BITS(out[3], INFINITY);
     CHECK_BITS(out[4], -INFINITY);
-    CHECK(isnan(out[5]), "w16[5] = %g, want nan", out[5]);
+    TU_CHECK(isnan(out[5]), "w16[5] = %g, want nan", out[5]);
 
-    CHECK_ERR(ditd_safetensors_read_f32(st, "wbf", 1, s6, out), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "wbf", 1, s6, out), 0, NULL);
     CHECK_BITS(out[0], 1.0f);
     CHECK_BITS(out[1], 9.18354961579912115600575419705e-41f); /* 2^-133 */
     CHECK_BITS(out[2], -0x1.fcp-127f); /* -(127/128) 2^-126, subnormal */
     CHECK_BITS(out[3], INFINITY);
     CHECK_BITS(out[4], -INFINITY);
-    CHECK(isnan(out[5]), "wbf[5] = %g, want nan", out[5]);
+    TU_CHECK(isnan(out[5]), "wbf[5] = %g, want nan", out[5]);
 
-    CHECK_ERR(ditd_safetensors_read_f32(st, "w64", 1, s3, out), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "w64", 1, s3, out), 0, NULL);
     CHECK_BITS(out[0], 0.1f);
     CHECK_BITS(out[1], INFINITY);
     CHECK_BITS(out[2], -0.0f);
 
-    CHECK_ERR(ditd_safetensors_read_f32(st, "scalar", 0, NULL, out), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "scalar", 0, NULL, out), 0, NULL);
     CHECK_BITS(out[0], 42.0f);
     int64_t s04[2] = { 0, 4 };
-    CHECK_ERR(ditd_safetensors_read_f32(st, "empty", 2, s04, out), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "empty", 2, s04, out), 0, NULL);
 
     int64_t s2[1] = { 2 }, s4[1] = { 4 }, s32[2] = { 3, 2 };
-    CHECK_ERR(ditd_safetensors_read_f32(st, "i32", 1, s2, out), DITD_EUNSUPPORTED, "I32");
-    CHECK_ERR(ditd_safetensors_read_f32(st, "f4", 1, s4, out), DITD_EUNSUPPORTED, "F4");
-    CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 2, s32, out), DITD_ESHAPE,
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "i32", 1, s2, out), DITD_EUNSUPPORTED, "I32");
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "f4", 1, s4, out), DITD_EUNSUPPORTED, "F4");
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 2, s32, out), DITD_ESHAPE,
               "tensor 'w32' has shape (2, 3) in");
-    CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 2, s32, out), DITD_ESHAPE,
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 2, s32, out), DITD_ESHAPE,
               "expected (3, 2)");
-    CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 1, s6, out), DITD_ESHAPE,
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 1, s6, out), DITD_ESHAPE,
               "expected (6,)");
-    CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 2, s32, out), DITD_ESHAPE, file);
-    CHECK_ERR(ditd_safetensors_read_f32(st, "nope.weight", 2, s23, out), DITD_ENOENT,
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 2, s32, out), DITD_ESHAPE, file);
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "nope.weight", 2, s23, out), DITD_ENOENT,
               "tensor 'nope.weight' not found in");
-    CHECK_ERR(ditd_safetensors_read_f32(st, "nope.weight", 2, s23, out), DITD_ENOENT, file);
-    CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 9, s23, out), DITD_EINVAL, NULL);
-    CHECK(ditd_safetensors_find(st, "w3") == NULL && ditd_safetensors_find(st, "") == NULL,
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "nope.weight", 2, s23, out), DITD_ENOENT, file);
+    TU_CHECK_ERR(ditd_safetensors_read_f32(st, "w32", 9, s23, out), DITD_EINVAL, NULL);
+    TU_CHECK(ditd_safetensors_find(st, "w3") == NULL && ditd_safetensors_find(st, "") == NULL,
           "find of absent names");
 }
 
@@ -382,7 +348,7 @@ static void test_good_file(void)
     write_file("good.safetensors", img.p, img.n);
 
     ditd_safetensors *st = NULL;
-    CHECK_ERR(ditd_safetensors_open(tpath("good.safetensors"), &st), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_open(tpath("good.safetensors"), &st), 0, NULL);
     if (st)
         check_good(st, tpath("good.safetensors"));
     ditd_safetensors_free(st);
@@ -391,7 +357,7 @@ static void test_good_file(void)
     uint8_t *shifted = malloc(img.n + 1);
     memcpy(shifted + 1, img.p, img.n);
     st = NULL;
-    CHECK_ERR(ditd_safetensors_open_mem(shifted + 1, img.n, "mem.safetensors", &st), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_open_mem(shifted + 1, img.n, "mem.safetensors", &st), 0, NULL);
     if (st)
         check_good(st, "mem.safetensors");
     ditd_safetensors_free(st);
@@ -404,7 +370,7 @@ static void test_good_file(void)
         st = NULL;
         int rc = ditd_safetensors_open_mem(img.p, n, "cut", &st);
         if ((rc != DITD_EFORMAT || st != NULL) && bad++ < 5)
-            CHECK(0, "prefix of %zu bytes: %s %s", n, ditd_err_name(rc), ditd_err_detail());
+            TU_CHECK(0, "prefix of %zu bytes: %s %s", n, ditd_err_name(rc), ditd_err_detail());
         ditd_safetensors_free(st);
     }
     for (size_t n = 0; n < img.n; n += 7) {
@@ -412,10 +378,10 @@ static void test_good_file(void)
         st = NULL;
         int rc = ditd_safetensors_open(tpath("cut.safetensors"), &st);
         if ((rc != DITD_EFORMAT || st != NULL) && bad++ < 5)
-            CHECK(0, "file of %zu bytes: %s %s", n, ditd_err_name(rc), ditd_err_detail());
+            TU_CHECK(0, "file of %zu bytes: %s %s", n, ditd_err_name(rc), ditd_err_detail());
         ditd_safetensors_free(st);
     }
-    CHECK(bad == 0, "%d truncations not refused", bad);
+    TU_CHECK(bad == 0, "%d truncations not refused", bad);
     free(img.p);
 }
 
@@ -431,7 +397,7 @@ static void test_many(void)
     for (int i = 0; i < N; i++)
         perm[i] = i;
     for (int i = N - 1; i > 0; i--) { /* header order unrelated to names */
-        int j = (int)(rng() % (uint64_t)(i + 1)), t = perm[i];
+        int j = (int)(tu_rng() % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
     }
@@ -447,9 +413,9 @@ static void test_many(void)
     snprintf(h + o, cap - o, "}");
     bytes img = st_image(h, data, N * sizeof(float));
     ditd_safetensors *st = NULL;
-    CHECK_ERR(ditd_safetensors_open_mem(img.p, img.n, "many", &st), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_open_mem(img.p, img.n, "many", &st), 0, NULL);
     if (st) {
-        CHECK(ditd_safetensors_count(st) == N, "count %zu", ditd_safetensors_count(st));
+        TU_CHECK(ditd_safetensors_count(st) == N, "count %zu", ditd_safetensors_count(st));
         int bad = 0;
         for (int i = 0; i < N; i++) {
             char name[64];
@@ -458,10 +424,10 @@ static void test_many(void)
             snprintf(name, sizeof name, "blocks.%d.attn.to_q.weight", i);
             int rc = ditd_safetensors_read_f32(st, name, 1, s1, &v);
             if ((rc != 0 || v != (float)i + 0.5f) && bad++ < 5)
-                CHECK(0, "%s read %s %g, want %g", name, ditd_err_name(rc), v, (float)i + 0.5f);
+                TU_CHECK(0, "%s read %s %g, want %g", name, ditd_err_name(rc), v, (float)i + 0.5f);
         }
-        CHECK(bad == 0, "%d lookups wrong", bad);
-        CHECK(ditd_safetensors_find(st, "blocks.3000.attn.to_q.weight") == NULL, "phantom");
+        TU_CHECK(bad == 0, "%d lookups wrong", bad);
+        TU_CHECK(ditd_safetensors_find(st, "blocks.3000.attn.to_q.weight") == NULL, "phantom");
     }
     ditd_safetensors_free(st);
     free(img.p);
@@ -498,7 +464,7 @@ static void test_slices(void)
             m[r * 6 + c] = (float)(10 * r + c);
     uint16_t q[24], hv[5] = { 0x3c00, 0x4000, 0x4200, 0x4400, 0x4500 };
     for (int i = 0; i < 24; i++)
-        q[i] = (uint16_t)((rng() & 0x7fff) % 0x7f00 | ((rng() & 1) << 15));
+        q[i] = (uint16_t)((tu_rng() & 0x7fff) % 0x7f00 | ((tu_rng() & 1) << 15));
     uint8_t data[96 + 48 + 10 + 1];
     memcpy(data + 1, m, 96); /* unaligned on purpose */
     memcpy(data + 97, q, 48);
@@ -510,7 +476,7 @@ static void test_slices(void)
         "\"h\":{\"dtype\":\"F16\",\"shape\":[5],\"data_offsets\":[145,155]}}";
     bytes img = st_image(hdr, data, sizeof data);
     ditd_safetensors *st = NULL;
-    CHECK_ERR(ditd_safetensors_open_mem(img.p, img.n, "slices", &st), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_open_mem(img.p, img.n, "slices", &st), 0, NULL);
     if (!st) {
         free(img.p);
         return;
@@ -518,11 +484,11 @@ static void test_slices(void)
     float out[24], want[24], full[24];
     int64_t ms[2] = { 4, 6 };
 
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 0, 1, 2, out), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 0, 1, 2, out), 0, NULL);
     for (int r = 0; r < 2; r++)
         for (int c = 0; c < 6; c++)
             CHECK_BITS(out[r * 6 + c], (float)(10 * (r + 1) + c));
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 1, 2, 3, out), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 1, 2, 3, out), 0, NULL);
     for (int r = 0; r < 4; r++)
         for (int c = 0; c < 3; c++)
             CHECK_BITS(out[r * 3 + c], (float)(10 * r + c + 2));
@@ -534,7 +500,7 @@ static void test_slices(void)
     int64_t shapes[2][4] = { { 2, 3, 2, 2 }, { 5 } };
     int bad = 0;
     for (int t = 0; t < 2; t++) {
-        CHECK_ERR(ditd_safetensors_read_f32(st, names[t], ndims[t], shapes[t], full), 0, NULL);
+        TU_CHECK_ERR(ditd_safetensors_read_f32(st, names[t], ndims[t], shapes[t], full), 0, NULL);
         for (int axis = 0; axis < ndims[t]; axis++)
             for (int64_t s = 0; s <= shapes[t][axis]; s++)
                 for (int64_t len = 0; s + len <= shapes[t][axis]; len++) {
@@ -545,28 +511,28 @@ static void test_slices(void)
                     for (int i = 0; i < ndims[t]; i++)
                         n *= (size_t)(i == axis ? len : shapes[t][i]);
                     if ((rc != 0 || memcmp(out, want, n * sizeof(float)) != 0) && bad++ < 5)
-                        CHECK(0, "%s axis %d [%lld, +%lld): %s", names[t], axis, (long long)s,
+                        TU_CHECK(0, "%s axis %d [%lld, +%lld): %s", names[t], axis, (long long)s,
                               (long long)len, ditd_err_name(rc));
                 }
     }
-    CHECK(bad == 0, "%d slices differ from the reference", bad);
+    TU_CHECK(bad == 0, "%d slices differ from the reference", bad);
     CHECK_BITS(full[4], 5.0f);
 
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 2, 0, 1, out), DITD_EINVAL,
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 2, 0, 1, out), DITD_EINVAL,
               "axis 2");
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, -1, 0, 1, out), DITD_EINVAL,
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, -1, 0, 1, out), DITD_EINVAL,
               NULL);
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 1, 4, 3, out), DITD_ERANGE,
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 1, 4, 3, out), DITD_ERANGE,
               "size 6");
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 0, -1, 1, out), DITD_ERANGE,
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 0, -1, 1, out), DITD_ERANGE,
               NULL);
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 0, 1, INT64_MAX, out),
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, ms, 0, 1, INT64_MAX, out),
               DITD_ERANGE, NULL);
     int64_t bad_shape[2] = { 4, 12 };
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, bad_shape, 1, 0, 6, out), DITD_ESHAPE,
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "m", 2, bad_shape, 1, 0, 6, out), DITD_ESHAPE,
               "expected (4, 12)");
     int64_t ps[1] = { 1 };
-    CHECK_ERR(ditd_safetensors_read_f32_slice(st, "pad", 1, ps, 0, 0, 1, out),
+    TU_CHECK_ERR(ditd_safetensors_read_f32_slice(st, "pad", 1, ps, 0, 0, 1, out),
               DITD_EUNSUPPORTED, "U8");
     ditd_safetensors_free(st);
     free(img.p);
@@ -665,7 +631,7 @@ static void test_broken(void)
         ditd_err_clear();
         int rc = ditd_safetensors_open_mem(img.p, img.n, "transformer/bad.safetensors", &st);
         const char *d = ditd_err_detail();
-        CHECK(rc == DITD_EFORMAT && st == NULL && strstr(d, b->want) &&
+        TU_CHECK(rc == DITD_EFORMAT && st == NULL && strstr(d, b->want) &&
                   strncmp(d, "transformer/bad.safetensors: ", 29) == 0,
               "header #%zu %s:\n    got %s \"%s\"\n    want EFORMAT \"transformer/bad.safetensors: "
               "...%s...\"",
@@ -676,7 +642,7 @@ static void test_broken(void)
     for (size_t i = 0; i < sizeof ok_headers / sizeof *ok_headers; i++) {
         bytes img = st_image(ok_headers[i], zeros, 12);
         ditd_safetensors *st = NULL;
-        CHECK_ERR(ditd_safetensors_open_mem(img.p, img.n, "ok", &st), 0, NULL);
+        TU_CHECK_ERR(ditd_safetensors_open_mem(img.p, img.n, "ok", &st), 0, NULL);
         if (st)
             read_all(st);
         ditd_safetensors_free(st);
@@ -686,39 +652,39 @@ static void test_broken(void)
     /* The length prefix itself. */
     uint8_t raw[32] = { 0 };
     ditd_safetensors *st = NULL;
-    CHECK_ERR(ditd_safetensors_open_mem(raw, 5, "tiny", &st), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_safetensors_open_mem(raw, 5, "tiny", &st), DITD_EFORMAT,
               "tiny: file is 5 bytes, shorter than the 8-byte header length");
     uint64_t n = 1000;
     memcpy(raw, &n, 8);
     memcpy(raw + 8, "{}", 2);
-    CHECK_ERR(ditd_safetensors_open_mem(raw, 32, "lying", &st), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_safetensors_open_mem(raw, 32, "lying", &st), DITD_EFORMAT,
               "header length 1000 runs past the end of the 32-byte file");
     n = 200000000;
     memcpy(raw, &n, 8);
-    CHECK_ERR(ditd_safetensors_open_mem(raw, 32, "huge", &st), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_safetensors_open_mem(raw, 32, "huge", &st), DITD_EFORMAT,
               "header length 200000000 exceeds the limit");
     n = UINT64_MAX;
     memcpy(raw, &n, 8);
-    CHECK_ERR(ditd_safetensors_open_mem(raw, 32, "max", &st), DITD_EFORMAT, "exceeds the limit");
+    TU_CHECK_ERR(ditd_safetensors_open_mem(raw, 32, "max", &st), DITD_EFORMAT, "exceeds the limit");
     n = 0;
     memcpy(raw, &n, 8);
-    CHECK_ERR(ditd_safetensors_open_mem(raw, 8, "zero", &st), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_safetensors_open_mem(raw, 8, "zero", &st), DITD_EFORMAT,
               "does not start with '{'");
-    CHECK(st == NULL, "st set on failure");
+    TU_CHECK(st == NULL, "st set on failure");
 
     /* On disk: short files, missing files, folders. */
     write_file("short.safetensors", "abc", 3);
-    CHECK_ERR(ditd_safetensors_open(tpath("short.safetensors"), &st), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_safetensors_open(tpath("short.safetensors"), &st), DITD_EFORMAT,
               "short.safetensors: file is 3 bytes");
     write_file("empty.safetensors", "", 0);
-    CHECK_ERR(ditd_safetensors_open(tpath("empty.safetensors"), &st), DITD_EFORMAT,
+    TU_CHECK_ERR(ditd_safetensors_open(tpath("empty.safetensors"), &st), DITD_EFORMAT,
               "file is 0 bytes");
-    CHECK_ERR(ditd_safetensors_open(tpath("absent.safetensors"), &st), DITD_ENOENT,
+    TU_CHECK_ERR(ditd_safetensors_open(tpath("absent.safetensors"), &st), DITD_ENOENT,
               "absent.safetensors");
     mkdir_rel("nothing");
-    CHECK_ERR(ditd_safetensors_open(tpath("nothing"), &st), DITD_ENOENT,
+    TU_CHECK_ERR(ditd_safetensors_open(tpath("nothing"), &st), DITD_ENOENT,
               "no diffusion_pytorch_model.safetensors");
-    CHECK(st == NULL, "st set on failure");
+    TU_CHECK(st == NULL, "st set on failure");
 }
 
 /* Random byte flips in the header of a valid file: every outcome is an
@@ -733,19 +699,19 @@ static void test_flips(void)
     int opened = 0;
     for (int it = 0; it < 20000; it++) {
         memcpy(mut, img.p, img.n);
-        int flips = 1 + (int)(rng() % 4);
+        int flips = 1 + (int)(tu_rng() % 4);
         for (int k = 0; k < flips; k++) {
-            size_t at = (size_t)(rng() % hend);
-            if (rng() % 2)
-                mut[at] ^= (uint8_t)(1u << (rng() % 8));
+            size_t at = (size_t)(tu_rng() % hend);
+            if (tu_rng() % 2)
+                mut[at] ^= (uint8_t)(1u << (tu_rng() % 8));
             else
-                mut[at] = "0123456789{}[]\",:-eE. \\ZF"[rng() % 25];
+                mut[at] = "0123456789{}[]\",:-eE. \\ZF"[tu_rng() % 25];
         }
         ditd_safetensors *st = NULL;
         int rc = ditd_safetensors_open_mem(mut, img.n, "flip", &st);
-        CHECK((rc == 0) == (st != NULL), "rc %d with st %p", rc, (void *)st);
+        TU_CHECK((rc == 0) == (st != NULL), "rc %d with st %p", rc, (void *)st);
         if (rc != 0) {
-            CHECK(rc == DITD_EFORMAT && strncmp(ditd_err_detail(), "flip: ", 6) == 0,
+            TU_CHECK(rc == DITD_EFORMAT && strncmp(ditd_err_detail(), "flip: ", 6) == 0,
                   "flip: %s \"%s\"", ditd_err_name(rc), ditd_err_detail());
         } else {
             opened++;
@@ -753,7 +719,7 @@ static void test_flips(void)
         }
         ditd_safetensors_free(st);
     }
-    CHECK(opened > 0 && opened < 20000, "%d of 20000 mutants opened", opened);
+    TU_CHECK(opened > 0 && opened < 20000, "%d of 20000 mutants opened", opened);
     printf("byte flips: %d of 20000 mutants still valid, all read\n", opened);
     free(mut);
     free(img.p);
@@ -795,28 +761,28 @@ static void test_sharded(void)
                              tpath("sharded/diffusion_pytorch_model.safetensors.index.json") };
     for (int k = 0; k < 2; k++) {
         st = NULL;
-        CHECK_ERR(ditd_safetensors_open(paths[k], &st), 0, NULL);
+        TU_CHECK_ERR(ditd_safetensors_open(paths[k], &st), 0, NULL);
         if (!st)
             continue;
-        CHECK(ditd_safetensors_count(st) == 3, "count %zu", ditd_safetensors_count(st));
-        CHECK(ditd_safetensors_find(st, "single") == NULL, "the single file was opened");
+        TU_CHECK(ditd_safetensors_count(st) == 3, "count %zu", ditd_safetensors_count(st));
+        TU_CHECK(ditd_safetensors_find(st, "single") == NULL, "the single file was opened");
         float out[4];
         int64_t s22[2] = { 2, 2 }, s2[1] = { 2 }, s3[1] = { 3 };
-        CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.weight", 2, s22, out), 0, NULL);
+        TU_CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.weight", 2, s22, out), 0, NULL);
         CHECK_BITS(out[3], 4.0f);
-        CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.bias", 1, s2, out), 0, NULL);
+        TU_CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.bias", 1, s2, out), 0, NULL);
         CHECK_BITS(out[0], 5.0f);
         CHECK_BITS(out[1], 6.0f);
-        CHECK_ERR(ditd_safetensors_read_f32(st, "proj_out_2.weight", 1, s3, out), 0, NULL);
+        TU_CHECK_ERR(ditd_safetensors_read_f32(st, "proj_out_2.weight", 1, s3, out), 0, NULL);
         CHECK_BITS(out[2], 3.0f);
         const ditd_st_tensor *t = ditd_safetensors_find(st, "proj_out_2.weight");
-        CHECK(t && strstr(t->file, "sharded/diffusion_pytorch_model-00002-of-00002.safetensors"),
+        TU_CHECK(t && strstr(t->file, "sharded/diffusion_pytorch_model-00002-of-00002.safetensors"),
               "file of proj_out_2.weight: %s", t ? t->file : "-");
-        CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.bias", 1, s3, out), DITD_ESHAPE,
+        TU_CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.bias", 1, s3, out), DITD_ESHAPE,
                   "00001-of-00002.safetensors, expected (3,)");
-        CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.w", 1, s3, out), DITD_ENOENT,
+        TU_CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.w", 1, s3, out), DITD_ENOENT,
                   "tensor 'pos_embed.proj.w' not found in");
-        CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.w", 1, s3, out), DITD_ENOENT,
+        TU_CHECK_ERR(ditd_safetensors_read_f32(st, "pos_embed.proj.w", 1, s3, out), DITD_ENOENT,
                   "sharded/diffusion_pytorch_model.safetensors.index.json");
         ditd_safetensors_free(st);
     }
@@ -827,10 +793,10 @@ static void test_sharded(void)
              "{\"w\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]}}",
              (uint16_t[]){ 0x3f80, 0xbf80 }, 4);
     st = NULL;
-    CHECK_ERR(ditd_safetensors_open(tpath("tf/"), &st), 0, NULL);
+    TU_CHECK_ERR(ditd_safetensors_open(tpath("tf/"), &st), 0, NULL);
     if (st) {
         const ditd_st_tensor *t = ditd_safetensors_find(st, "w");
-        CHECK(t && strstr(t->file, "tf/model.safetensors") && !strstr(t->file, "tf//"),
+        TU_CHECK(t && strstr(t->file, "tf/model.safetensors") && !strstr(t->file, "tf//"),
               "file %s", t ? t->file : "-");
     }
     ditd_safetensors_free(st);
@@ -838,8 +804,8 @@ static void test_sharded(void)
     write_st("tf/diffusion_pytorch_model.safetensors",
              "{\"d\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", b, 4);
     st = NULL;
-    CHECK_ERR(ditd_safetensors_open(tpath("tf"), &st), 0, NULL);
-    CHECK(st && ditd_safetensors_find(st, "d") && !ditd_safetensors_find(st, "w"),
+    TU_CHECK_ERR(ditd_safetensors_open(tpath("tf"), &st), 0, NULL);
+    TU_CHECK(st && ditd_safetensors_find(st, "d") && !ditd_safetensors_find(st, "w"),
           "diffusion_pytorch_model.safetensors not preferred");
     ditd_safetensors_free(st);
 
@@ -895,12 +861,12 @@ static void test_sharded(void)
         ditd_err_clear();
         int rc = ditd_safetensors_open(tpath("idx"), &st);
         const char *d = ditd_err_detail();
-        CHECK(rc == bad[i].code && (rc != 0) == (st == NULL) &&
+        TU_CHECK(rc == bad[i].code && (rc != 0) == (st == NULL) &&
                   (!bad[i].want || strstr(d, bad[i].want)),
               "index #%zu %s:\n    got %s \"%s\"\n    want %s \"...%s...\"", i, bad[i].index,
               ditd_err_name(rc), d, ditd_err_name(bad[i].code), bad[i].want ? bad[i].want : "");
         if (rc == DITD_EFORMAT)
-            CHECK(strstr(d, ".safetensors"), "detail names no file: %s", d);
+            TU_CHECK(strstr(d, ".safetensors"), "detail names no file: %s", d);
         ditd_safetensors_free(st);
     }
 }
@@ -909,7 +875,7 @@ int main(void)
 {
     const char *seed_env = getenv("DITD_TEST_SEED");
     uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
-    rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+    tu_rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
     printf("seed %llu (DITD_TEST_SEED replays)\n", (unsigned long long)seed);
 
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -930,6 +896,5 @@ int main(void)
     test_sharded();
 
     rm_tree(tmpdir);
-    printf("%d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    return tu_exit();
 }

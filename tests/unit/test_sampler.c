@@ -10,8 +10,8 @@
  * fails on (or ditd refuses by design) must be refused.
  *
  * Then the config edge: bad JSON, unknown classes, unsupported values (the
- * detail names file, key and value), lazy checks of keys a class does not
- * read, from_config semantics, and the sampler's argument checks.
+ * detail names file, key and value), lazy tu_checks of keys a class does not
+ * read, from_config semantics, and the sampler's argument tu_checks.
  */
 #include "engine/sampler.h"
 
@@ -27,6 +27,7 @@
 #include "ditd_build_config.h"
 #include "engine/error.h"
 #include "engine/npy.h"
+#include "tests/test_util.h"
 
 /* Diffusers computes every coefficient in float32 and so do we, with the
  * same operations in the same order; what is left is torch's own float32
@@ -38,36 +39,8 @@
  * FLT_EPSILON x cond when that is larger. */
 #define TOL 5e-6
 
-static int failures;
-static int checks;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        checks++;                                                                          \
-        if (!(cond)) {                                                                     \
-            failures++;                                                                    \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);       \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
 
-static int has(const char *hay, const char *needle) { return !needle || strstr(hay, needle); }
-
-/* Runs expr and checks its code and that the detail contains each of the
- * given substrings (NULL ends the list). */
-#define CHECK_ERR(expr, code, ...)                                                         \
-    do {                                                                                   \
-        ditd_err_clear();                                                                  \
-        int rc_ = (expr);                                                                  \
-        const char *d_ = ditd_err_detail();                                                \
-        const char *subs_[] = {__VA_ARGS__, NULL};                                         \
-        int ok_ = rc_ == (code);                                                           \
-        for (int i_ = 0; subs_[i_]; i_++)                                                  \
-            ok_ = ok_ && has(d_, subs_[i_]);                                               \
-        CHECK(ok_, "%s: got %s \"%s\", want %s", #expr, ditd_err_name(rc_), d_,            \
-              ditd_err_name(code));                                                        \
-    } while (0)
 
 static const char *fixtures_dir(void)
 {
@@ -82,7 +55,7 @@ static float *load_npy(const char *name, int want_ndim, int64_t *shape)
     int ndim = 0;
     float *data = NULL;
     int err = ditd_npy_read_f32(path, 8, &ndim, shape, &data);
-    CHECK(err == 0 && ndim == want_ndim, "%s: %s %s, ndim %d", path, ditd_err_name(err),
+    TU_CHECK(err == 0 && ndim == want_ndim, "%s: %s %s, ndim %d", path, ditd_err_name(err),
           ditd_err_detail(), ndim);
     if (err || ndim != want_ndim) {
         free(data);
@@ -123,7 +96,7 @@ static void test_fixtures(void)
     snprintf(path, sizeof path, "%s/samplers/index.json", fixtures_dir());
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
-    CHECK(root != NULL, "%s: %s", path, jerr.text);
+    TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
     if (!root)
         return;
 
@@ -134,7 +107,7 @@ static void test_fixtures(void)
     if (!init || !bank || !traj)
         goto done;
     const size_t B = (size_t)s_init[0], numel = (size_t)(s_init[1] * s_init[2] * s_init[3]);
-    CHECK(B == 2 && s_traj[1] == 2 && (size_t)s_traj[3] == numel, "fixture shapes");
+    TU_CHECK(B == 2 && s_traj[1] == 2 && (size_t)s_traj[3] == numel, "fixture shapes");
     if (B != 2 || (size_t)s_traj[3] != numel)
         goto done;
     const int bank_steps = (int)s_bank[0];
@@ -159,26 +132,26 @@ static void test_fixtures(void)
             err = ditd_sampler_new(&cfg, steps, 2, numel, &s);
 
         if (json_object_get(c, "error")) {
-            CHECK(err == DITD_EUNSUPPORTED, "%s: Diffusers: %s; ditd: %s \"%s\"", name,
+            TU_CHECK(err == DITD_EUNSUPPORTED, "%s: Diffusers: %s; ditd: %s \"%s\"", name,
                   json_string_value(json_object_get(c, "error")), ditd_err_name(err),
                   ditd_err_detail());
             refused++;
             ditd_sampler_free(s);
             continue;
         }
-        CHECK(err == 0, "%s: %s \"%s\"", name, ditd_err_name(err), ditd_err_detail());
+        TU_CHECK(err == 0, "%s: %s \"%s\"", name, ditd_err_name(err), ditd_err_detail());
         if (err)
             continue;
 
         /* timesteps, exactly */
         const json_t *ts = json_object_get(c, "timesteps");
         const int n = ditd_sampler_num_steps(s);
-        CHECK(n == (int)json_array_size(ts), "%s: %d steps, Diffusers %zu", name, n,
+        TU_CHECK(n == (int)json_array_size(ts), "%s: %d steps, Diffusers %zu", name, n,
               json_array_size(ts));
         const float *ours = ditd_sampler_timesteps(s);
         for (int i = 0; i < n && i < (int)json_array_size(ts); i++) {
             float want = (float)json_number_value(json_array_get(ts, (size_t)i));
-            CHECK(ours[i] == want, "%s: timestep %d: %.9g, Diffusers %.9g", name, i, ours[i],
+            TU_CHECK(ours[i] == want, "%s: timestep %d: %.9g, Diffusers %.9g", name, i, ours[i],
                   want);
         }
         if (n != (int)json_array_size(ts) || n > bank_steps) {
@@ -200,11 +173,11 @@ static void test_fixtures(void)
                     const int i = pass ? inner : outer, b = pass ? outer : inner;
                     const float *m = bank + ((size_t)i * B + (size_t)b) * numel;
                     err = ditd_sampler_step(s, i, b, m, x[b], x0[b]);
-                    CHECK(err == 0, "%s: step %d: %s", name, i, ditd_err_detail());
+                    TU_CHECK(err == 0, "%s: step %d: %s", name, i, ditd_err_detail());
                     const float *want = traj + (((row0 + (size_t)i) * 2 + 0) * B + (size_t)b) * numel;
                     const float *want_x0 = traj + (((row0 + (size_t)i) * 2 + 1) * B + (size_t)b) * numel;
                     double e = rel_err(x[b], want, numel), e0 = rel_err(x0[b], want_x0, numel);
-                    CHECK(e <= tol && e0 <= tol,
+                    TU_CHECK(e <= tol && e0 <= tol,
                           "%s: step %d sample %d: rel err %.3g, x0 %.3g (tolerance %.3g)", name, i,
                           b, e, e0, tol);
                     if (cond > 10) {
@@ -233,7 +206,7 @@ static void test_fixtures(void)
            worst_scaled_case);
     printf("  %d refused as expected, %d sample-steps compared, tolerance %g\n", refused,
            steps_run, TOL);
-    CHECK(ran[0] >= 100 && ran[1] >= 100 && ran[2] >= 10, "too few cases ran");
+    TU_CHECK(ran[0] >= 100 && ran[1] >= 100 && ran[2] >= 10, "too few cases ran");
 
 done:
     free(init);
@@ -250,48 +223,48 @@ static int parse(const char *text, ditd_sched_config *c)
 static void test_config_errors(void)
 {
     ditd_sched_config c;
-    CHECK_ERR(parse("{", &c), DITD_EFORMAT, "sc.json");
-    CHECK_ERR(parse("[1, 2]", &c), DITD_EFORMAT, "sc.json", "object");
-    CHECK_ERR(parse("{}", &c), DITD_EUNSUPPORTED, "sc.json", "_class_name", "(missing)");
-    CHECK_ERR(parse("{\"_class_name\": \"PNDMScheduler\"}", &c), DITD_EUNSUPPORTED, "sc.json",
+    TU_CHECK_ERR(parse("{", &c), DITD_EFORMAT, "sc.json");
+    TU_CHECK_ERR(parse("[1, 2]", &c), DITD_EFORMAT, "sc.json", "object");
+    TU_CHECK_ERR(parse("{}", &c), DITD_EUNSUPPORTED, "sc.json", "_class_name", "(missing)");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"PNDMScheduler\"}", &c), DITD_EUNSUPPORTED, "sc.json",
               "_class_name \"PNDMScheduler\"", "DDIMScheduler");
-    CHECK_ERR(parse("{\"_class_name\": 3}", &c), DITD_EUNSUPPORTED, "_class_name 3");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"beta_schedule\": \"sigmoid\"}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": 3}", &c), DITD_EUNSUPPORTED, "_class_name 3");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"beta_schedule\": \"sigmoid\"}", &c),
               DITD_EUNSUPPORTED, "sc.json: beta_schedule \"sigmoid\" is not supported",
               "linear, scaled_linear, squaredcos_cap_v2");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"prediction_type\": \"flow_prediction\"}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"prediction_type\": \"flow_prediction\"}", &c),
               DITD_EUNSUPPORTED, "prediction_type \"flow_prediction\"", "v_prediction");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"timestep_spacing\": \"karras\"}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"timestep_spacing\": \"karras\"}", &c),
               DITD_EUNSUPPORTED, "timestep_spacing \"karras\"", "leading, trailing, linspace");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"thresholding\": true}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"thresholding\": true}", &c),
               DITD_EUNSUPPORTED, "thresholding true");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"trained_betas\": [0.1, 0.2]}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"trained_betas\": [0.1, 0.2]}", &c),
               DITD_EUNSUPPORTED, "trained_betas");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"clip_sample\": \"yes\"}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"clip_sample\": \"yes\"}", &c),
               DITD_EUNSUPPORTED, "clip_sample \"yes\"", "true, false");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"num_train_timesteps\": 1}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"num_train_timesteps\": 1}", &c),
               DITD_EUNSUPPORTED, "num_train_timesteps 1");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"beta_end\": 1.5}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"beta_end\": 1.5}", &c),
               DITD_EUNSUPPORTED, "beta_end 1.5");
-    CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"solver_order\": 3}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"solver_order\": 3}", &c),
               DITD_EUNSUPPORTED, "solver_order 3", "1, 2");
-    CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"algorithm_type\": \"sde-dpmsolver++\"}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"algorithm_type\": \"sde-dpmsolver++\"}", &c),
               DITD_EUNSUPPORTED, "algorithm_type \"sde-dpmsolver++\"");
-    CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"algorithm_type\": \"dpmsolver\"}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"algorithm_type\": \"dpmsolver\"}", &c),
               DITD_EUNSUPPORTED, "final_sigmas_type \"zero\"", "dpmsolver");
-    CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"use_lu_lambdas\": true}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"use_lu_lambdas\": true}", &c),
               DITD_EUNSUPPORTED, "use_lu_lambdas true");
-    CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"variance_type\": \"learned_range\"}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"variance_type\": \"learned_range\"}", &c),
               DITD_EUNSUPPORTED, "variance_type");
-    CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_dynamic_shifting\": true}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_dynamic_shifting\": true}", &c),
               DITD_EUNSUPPORTED, "use_dynamic_shifting true");
-    CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"stochastic_sampling\": true}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"stochastic_sampling\": true}", &c),
               DITD_EUNSUPPORTED, "stochastic_sampling true");
-    CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"invert_sigmas\": true}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"invert_sigmas\": true}", &c),
               DITD_EUNSUPPORTED, "invert_sigmas true");
-    CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"shift\": -1}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"shift\": -1}", &c),
               DITD_EUNSUPPORTED, "shift -1");
-    CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_karras_sigmas\": true}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_karras_sigmas\": true}", &c),
               DITD_EUNSUPPORTED, "use_karras_sigmas true");
 
     /* Keys a class does not read are kept, and checked only by a class
@@ -299,47 +272,47 @@ static void test_config_errors(void)
     const char *flow_odd = "{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", "
                            "\"beta_schedule\": \"sigmoid\", \"solver_order\": 3, "
                            "\"thresholding\": true}";
-    CHECK_ERR(parse(flow_odd, &c), 0, NULL);
+    TU_CHECK_ERR(parse(flow_odd, &c), 0, NULL);
     ditd_sched_config d;
-    CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DDIM, &d), DITD_EUNSUPPORTED,
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DDIM, &d), DITD_EUNSUPPORTED,
               "beta_schedule \"sigmoid\"");
     const char *ddim_odd = "{\"_class_name\": \"DDIMScheduler\", \"solver_order\": 3, "
                            "\"_diffusers_version\": \"NaN\"}";
-    CHECK_ERR(parse(ddim_odd, &c), 0, NULL);
-    CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), DITD_EUNSUPPORTED,
+    TU_CHECK_ERR(parse(ddim_odd, &c), 0, NULL);
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), DITD_EUNSUPPORTED,
               "(as DPMSolverMultistepScheduler): solver_order 3");
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"use_dynamic_shifting\": true}", &c),
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"use_dynamic_shifting\": true}", &c),
               0, NULL);
-    CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_FLOW_EULER, &d), DITD_EUNSUPPORTED,
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_FLOW_EULER, &d), DITD_EUNSUPPORTED,
               "use_dynamic_shifting true");
 
     /* Python's -Infinity (as Diffusers saves lambda_min_clipped), but not
      * inside strings */
-    CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", "
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", "
                     "\"lambda_min_clipped\": -Infinity, \"x\": \"-Infinity NaN\"}", &c), 0, NULL);
-    CHECK(isinf(c.lambda_min_clipped) && c.lambda_min_clipped < 0, "lambda_min_clipped %g",
+    TU_CHECK(isinf(c.lambda_min_clipped) && c.lambda_min_clipped < 0, "lambda_min_clipped %g",
           c.lambda_min_clipped);
-    CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", "
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", "
                     "\"lambda_min_clipped\": NaN}", &c), DITD_EUNSUPPORTED, "lambda_min_clipped nan");
 
     /* files */
-    CHECK_ERR(ditd_sched_config_load("/nonexistent/scheduler_config.json", &c), DITD_ENOENT,
+    TU_CHECK_ERR(ditd_sched_config_load("/nonexistent/scheduler_config.json", &c), DITD_ENOENT,
               "/nonexistent/scheduler_config.json");
     char path[] = "/tmp/ditd_test_sampler_XXXXXX";
     int fd = mkstemp(path);
-    CHECK(fd >= 0, "mkstemp");
+    TU_CHECK(fd >= 0, "mkstemp");
     if (fd >= 0) {
         const char *text = "{\"_class_name\": \"DDIMScheduler\", \"beta_schedule\": \"sigmoid\"}";
-        CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text), "write");
+        TU_CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text), "write");
         close(fd);
-        CHECK_ERR(ditd_sched_config_load(path, &c), DITD_EUNSUPPORTED, path, "beta_schedule");
+        TU_CHECK_ERR(ditd_sched_config_load(path, &c), DITD_EUNSUPPORTED, path, "beta_schedule");
         FILE *f = fopen(path, "w");
         if (f) {
             fputs("{\"_class_name\": \"DDIMScheduler\", \"clip_sample\": false}\n", f);
             fclose(f);
         }
-        CHECK_ERR(ditd_sched_config_load(path, &c), 0, NULL);
-        CHECK(!strcmp(c.source, path) && c.kind == DITD_SAMPLER_DDIM && !c.clip_sample,
+        TU_CHECK_ERR(ditd_sched_config_load(path, &c), 0, NULL);
+        TU_CHECK(!strcmp(c.source, path) && c.kind == DITD_SAMPLER_DDIM && !c.clip_sample,
               "loaded %s", c.source);
         unlink(path);
     }
@@ -350,30 +323,30 @@ static void test_convert(void)
     ditd_sched_config c, d;
     /* A key the file left to DDIM's default does not carry: DPM-Solver
      * keeps its own default timestep_spacing. */
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"clip_sample\": false, "
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"clip_sample\": false, "
                     "\"beta_schedule\": \"scaled_linear\", \"prediction_type\": \"v_prediction\"}", &c),
               0, NULL);
-    CHECK(c.timestep_spacing == DITD_SCHED_SPACING_LEADING, "DDIM default spacing");
-    CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), 0, NULL);
-    CHECK(d.kind == DITD_SAMPLER_DPMPP_2M && d.timestep_spacing == DITD_SCHED_SPACING_LINSPACE &&
+    TU_CHECK(c.timestep_spacing == DITD_SCHED_SPACING_LEADING, "DDIM default spacing");
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), 0, NULL);
+    TU_CHECK(d.kind == DITD_SAMPLER_DPMPP_2M && d.timestep_spacing == DITD_SCHED_SPACING_LINSPACE &&
               d.beta_schedule == DITD_SCHED_BETA_SCALED_LINEAR &&
               d.prediction_type == DITD_SCHED_PRED_V && d.solver_order == 2,
           "converted: spacing %s beta %s pred %s", ditd_sched_spacing_name(d.timestep_spacing),
           ditd_sched_beta_name(d.beta_schedule), ditd_sched_prediction_name(d.prediction_type));
     /* ... a key it set does, and a key the target does not read rides
      * along to a third class */
-    CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"timestep_spacing\": \"leading\", "
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"timestep_spacing\": \"leading\", "
                     "\"clip_sample\": false, \"shift\": 2.5}", &c), 0, NULL);
-    CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), 0, NULL);
-    CHECK(d.timestep_spacing == DITD_SCHED_SPACING_LEADING, "explicit spacing carries");
-    CHECK_ERR(ditd_sched_config_convert(&d, DITD_SAMPLER_DDIM, &d), 0, NULL);
-    CHECK(!d.clip_sample, "clip_sample rides through DPM-Solver back to DDIM");
-    CHECK_ERR(ditd_sched_config_convert(&d, DITD_SAMPLER_FLOW_EULER, &d), 0, NULL);
-    CHECK(d.shift == 2.5, "shift rides along: %g", d.shift);
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), 0, NULL);
+    TU_CHECK(d.timestep_spacing == DITD_SCHED_SPACING_LEADING, "explicit spacing carries");
+    TU_CHECK_ERR(ditd_sched_config_convert(&d, DITD_SAMPLER_DDIM, &d), 0, NULL);
+    TU_CHECK(!d.clip_sample, "clip_sample rides through DPM-Solver back to DDIM");
+    TU_CHECK_ERR(ditd_sched_config_convert(&d, DITD_SAMPLER_FLOW_EULER, &d), 0, NULL);
+    TU_CHECK(d.shift == 2.5, "shift rides along: %g", d.shift);
     /* defaults */
     ditd_sched_config_init(&c, DITD_SAMPLER_DPMPP_2M);
-    CHECK_ERR(ditd_sched_config_check(&c), 0, NULL);
-    CHECK(c.lower_order_final && c.solver_order == 2 && isinf(c.lambda_min_clipped),
+    TU_CHECK_ERR(ditd_sched_config_check(&c), 0, NULL);
+    TU_CHECK(c.lower_order_final && c.solver_order == 2 && isinf(c.lambda_min_clipped),
           "DPM defaults");
 }
 
@@ -391,26 +364,26 @@ static void test_enums(void)
         {"FlowMatchEulerDiscreteScheduler", DITD_SAMPLER_FLOW_EULER},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        CHECK_ERR(ditd_sampler_kind_from_str(ok[i].s, &k), 0, NULL);
-        CHECK(k == ok[i].k, "%s -> %d", ok[i].s, (int)k);
+        TU_CHECK_ERR(ditd_sampler_kind_from_str(ok[i].s, &k), 0, NULL);
+        TU_CHECK(k == ok[i].k, "%s -> %d", ok[i].s, (int)k);
     }
-    CHECK_ERR(ditd_sampler_kind_from_str("euler", &k), DITD_EINVAL, "\"euler\"", "ddim");
-    CHECK_ERR(ditd_sampler_kind_from_str(NULL, &k), DITD_EINVAL, NULL);
+    TU_CHECK_ERR(ditd_sampler_kind_from_str("euler", &k), DITD_EINVAL, "\"euler\"", "ddim");
+    TU_CHECK_ERR(ditd_sampler_kind_from_str(NULL, &k), DITD_EINVAL, NULL);
     for (int i = 0; i < DITD_SAMPLER_KIND_COUNT; i++) {
-        CHECK_ERR(ditd_sampler_kind_from_str(ditd_sampler_kind_name((ditd_sampler_kind)i), &k), 0, NULL);
-        CHECK((int)k == i, "kind round trip %d", i);
+        TU_CHECK_ERR(ditd_sampler_kind_from_str(ditd_sampler_kind_name((ditd_sampler_kind)i), &k), 0, NULL);
+        TU_CHECK((int)k == i, "kind round trip %d", i);
     }
-    CHECK(!strcmp(ditd_sampler_kind_name((ditd_sampler_kind)9), "?"), "out of range name");
+    TU_CHECK(!strcmp(ditd_sampler_kind_name((ditd_sampler_kind)9), "?"), "out of range name");
 
 #define ROUND_TRIP(prefix, type, count)                                                    \
     for (int i = 0; i < (count); i++) {                                                    \
         type v_;                                                                           \
-        CHECK_ERR(prefix##_from_str(prefix##_name((type)i), &v_), 0, NULL);                \
-        CHECK((int)v_ == i, #prefix " round trip %d", i);                                  \
+        TU_CHECK_ERR(prefix##_from_str(prefix##_name((type)i), &v_), 0, NULL);                \
+        TU_CHECK((int)v_ == i, #prefix " round trip %d", i);                                  \
     }                                                                                      \
     do {                                                                                   \
         type v_;                                                                           \
-        CHECK_ERR(prefix##_from_str("nope", &v_), DITD_EINVAL, "\"nope\"");                \
+        TU_CHECK_ERR(prefix##_from_str("nope", &v_), DITD_EINVAL, "\"nope\"");                \
     } while (0)
     ROUND_TRIP(ditd_sched_beta, ditd_sched_beta, 3);
     ROUND_TRIP(ditd_sched_prediction, ditd_sched_prediction, 3);
@@ -427,30 +400,30 @@ static void test_sampler_args(void)
     ditd_sampler *s = NULL;
     float m[4] = {0.1f, -0.2f, 0.3f, 0.4f}, x[4] = {1, 2, 3, 4};
     ditd_sched_config_init(&c, DITD_SAMPLER_DPMPP_2M);
-    CHECK_ERR(ditd_sampler_new(&c, 0, 1, 4, &s), DITD_ERANGE, "num_inference_steps 0");
-    CHECK_ERR(ditd_sampler_new(&c, 1001, 1, 4, &s), DITD_ERANGE, "1001");
-    CHECK_ERR(ditd_sampler_new(&c, 10, 0, 4, &s), DITD_EINVAL, NULL);
+    TU_CHECK_ERR(ditd_sampler_new(&c, 0, 1, 4, &s), DITD_ERANGE, "num_inference_steps 0");
+    TU_CHECK_ERR(ditd_sampler_new(&c, 1001, 1, 4, &s), DITD_ERANGE, "1001");
+    TU_CHECK_ERR(ditd_sampler_new(&c, 10, 0, 4, &s), DITD_EINVAL, NULL);
     /* Diffusers' leading spacing + steps_offset can pass the last timestep */
     ditd_sched_config_init(&c, DITD_SAMPLER_DDIM);
     c.steps_offset = 1;
-    CHECK_ERR(ditd_sampler_new(&c, 1000, 1, 4, &s), DITD_EUNSUPPORTED, "timestep 1000");
+    TU_CHECK_ERR(ditd_sampler_new(&c, 1000, 1, 4, &s), DITD_EUNSUPPORTED, "timestep 1000");
 
     ditd_sched_config_init(&c, DITD_SAMPLER_DPMPP_2M);
-    CHECK_ERR(ditd_sampler_new(&c, 10, 2, 4, &s), 0, NULL);
+    TU_CHECK_ERR(ditd_sampler_new(&c, 10, 2, 4, &s), 0, NULL);
     if (!s)
         return;
-    CHECK(ditd_sampler_num_steps(s) == 10 && ditd_sampler_timesteps(s)[0] == 999.0f &&
+    TU_CHECK(ditd_sampler_num_steps(s) == 10 && ditd_sampler_timesteps(s)[0] == 999.0f &&
               ditd_sampler_get_kind(s) == DITD_SAMPLER_DPMPP_2M,
           "dpm 10 steps: t0 %g", ditd_sampler_timesteps(s)[0]);
-    CHECK_ERR(ditd_sampler_step(s, 10, 0, m, x, NULL), DITD_EINVAL, "step 10");
-    CHECK_ERR(ditd_sampler_step(s, 0, 2, m, x, NULL), DITD_EINVAL, "slot 2");
-    CHECK_ERR(ditd_sampler_step(s, 1, 0, m, x, NULL), DITD_EINVAL, "in order");
-    CHECK_ERR(ditd_sampler_step(s, 0, 0, m, x, NULL), 0, NULL);
-    CHECK_ERR(ditd_sampler_step(s, 2, 0, m, x, NULL), DITD_EINVAL, "step 2 after step 0");
-    CHECK_ERR(ditd_sampler_step(s, 1, 1, m, x, NULL), DITD_EINVAL, "slot 1");
-    CHECK_ERR(ditd_sampler_step(s, 1, 0, m, x, NULL), 0, NULL);
+    TU_CHECK_ERR(ditd_sampler_step(s, 10, 0, m, x, NULL), DITD_EINVAL, "step 10");
+    TU_CHECK_ERR(ditd_sampler_step(s, 0, 2, m, x, NULL), DITD_EINVAL, "slot 2");
+    TU_CHECK_ERR(ditd_sampler_step(s, 1, 0, m, x, NULL), DITD_EINVAL, "in order");
+    TU_CHECK_ERR(ditd_sampler_step(s, 0, 0, m, x, NULL), 0, NULL);
+    TU_CHECK_ERR(ditd_sampler_step(s, 2, 0, m, x, NULL), DITD_EINVAL, "step 2 after step 0");
+    TU_CHECK_ERR(ditd_sampler_step(s, 1, 1, m, x, NULL), DITD_EINVAL, "slot 1");
+    TU_CHECK_ERR(ditd_sampler_step(s, 1, 0, m, x, NULL), 0, NULL);
     /* restarting a slot at step 0 is allowed at any time */
-    CHECK_ERR(ditd_sampler_step(s, 0, 0, m, x, NULL), 0, NULL);
+    TU_CHECK_ERR(ditd_sampler_step(s, 0, 0, m, x, NULL), 0, NULL);
     ditd_sampler_free(s);
     ditd_sampler_free(NULL);
 }
@@ -462,6 +435,5 @@ int main(void)
     test_convert();
     test_enums();
     test_sampler_args();
-    printf("test_sampler: %d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    return tu_exit();
 }
