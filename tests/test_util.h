@@ -4,6 +4,7 @@
 #ifndef DITD_TESTS_TEST_UTIL_H
 #define DITD_TESTS_TEST_UTIL_H
 
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -106,6 +107,7 @@ static inline tu_err tu_compare(const float *a, const float *b, size_t n)
     do {                                                                           \
         tu_err e_ = tu_compare((a), (b), (n));                                     \
         int ok_ = e_.rel <= (tol);                                                 \
+        tu_checks++;                                                               \
         printf("%s %s: rel %.3g (max_abs %.3g / max_ref %.3g), rel_l2 %.3g, tol %.1g%s\n", \
                ok_ ? "ok  " : "FAIL", (what), e_.rel, e_.max_abs, e_.max_ref,      \
                e_.rel_l2, (double)(tol), ok_ ? "" : "  <--");                      \
@@ -120,6 +122,30 @@ static inline const char *tu_fixtures(void)
 {
     const char *d = getenv("DITD_FIXTURES");
     return d && *d ? d : "tests/fixtures";
+}
+
+/* Calls fn(dir, ud) for every model folder under <fixtures>/models; returns
+ * how many there were. */
+static inline int tu_foreach_fixture_model(void (*fn)(const char *dir, void *ud), void *ud)
+{
+    char dir[4096], sub[4096 + 256];
+    int models = 0;
+    struct dirent *e;
+    DIR *d;
+    snprintf(dir, sizeof dir, "%s/models", tu_fixtures());
+    d = opendir(dir);
+    TU_CHECK(d != NULL, "cannot open %s", dir);
+    if (!d)
+        return 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+        fn(sub, ud);
+        models++;
+    }
+    closedir(d);
+    return models;
 }
 
 static inline int tu_exit(void)

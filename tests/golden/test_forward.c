@@ -1,7 +1,6 @@
 /* Golden: the DiT forward of every fixture model against Diffusers (float64
  * reference made by tools/make_fixtures.py). Bound: relative error
  * max|ours - ref| / max|ref| <= 1e-5 on every output tensor. */
-#include <dirent.h>
 #include <jansson.h>
 
 #include "engine/backend.h"
@@ -21,7 +20,7 @@ static float *load_f32(const char *dir, const char *file, int64_t *shape, int *n
     return d;
 }
 
-static void run_model(const char *dir)
+static void run_model(const char *dir, void *ud)
 {
     char path[4096];
     json_error_t jerr;
@@ -29,6 +28,7 @@ static void run_model(const char *dir)
     json_t *cases, *fwd, *c;
     size_t i;
 
+    (void)ud;
     snprintf(path, sizeof path, "%s/expected/cases.json", dir);
     cases = json_load_file(path, 0, &jerr);
     TU_CHECK(cases != NULL, "%s: %s", path, jerr.text);
@@ -73,23 +73,7 @@ static void run_model(const char *dir)
 
 int main(void)
 {
-    char dir[4096];
-    int models = 0;
-    snprintf(dir, sizeof dir, "%s/models", tu_fixtures());
-    DIR *d = opendir(dir);
-    TU_CHECK(d != NULL, "cannot open %s", dir);
-    if (!d)
-        return tu_exit();
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char sub[4096];
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
-        run_model(sub);
-        models++;
-    }
-    closedir(d);
+    int models = tu_foreach_fixture_model(run_model, NULL);
     TU_CHECK(models >= 4, "found %d fixture models", models);
     return tu_exit();
 }

@@ -3,7 +3,6 @@
  * DiTPipeline loop (tools/make_fixtures.py), from the same initial noise.
  * Bounds: the sampler's timesteps equal Diffusers' (1e-6 relative); the
  * final latents within relative error max|ours - ref| / max|ref| <= 1e-4. */
-#include <dirent.h>
 #include <jansson.h>
 
 #include "engine/backend.h"
@@ -26,8 +25,9 @@ static float *load_f32(const char *dir, json_t *c, const char *key, int64_t *sha
     return d;
 }
 
-static void run_model(const char *dir, int *cases_run)
+static void run_model(const char *dir, void *ud)
 {
+    int *cases_run = ud;
     char path[4096];
     json_error_t jerr;
     ditd_model_info info;
@@ -99,22 +99,8 @@ done:
 
 int main(void)
 {
-    char dir[4096];
     int cases = 0;
-    snprintf(dir, sizeof dir, "%s/models", tu_fixtures());
-    DIR *d = opendir(dir);
-    TU_CHECK(d != NULL, "cannot open %s", dir);
-    if (!d)
-        return tu_exit();
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char sub[4096];
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
-        run_model(sub, &cases);
-    }
-    closedir(d);
+    tu_foreach_fixture_model(run_model, &cases);
     TU_CHECK(cases >= 16, "ran %d sampling cases (4 models x 4 expected)", cases);
     return tu_exit();
 }
