@@ -87,6 +87,24 @@ typedef struct ditd_backend_ops {
                         void *y, void *scratch, int B, int C, int Hi, int Wi, int p, int D);
     /* Tokens (B, h*w, p*p*C) to pixels (B, C, h*p, w*p). */
     void (*unpatchify)(const void *x, void *y, int B, int C, int h, int w, int p);
+
+    /* Strided 2-D copy of rows x cols activation elements, dst and src rows
+     * of stride ldd and lds elements (the packing around collectives). The
+     * buffers must not overlap. */
+    void (*copy2d)(void *dst, size_t ldd, const void *src, size_t lds, size_t rows,
+                   size_t cols);
+    /* Memory the arenas are carved from (ditd_arena_init_mem): NULL on the
+     * CPU, whose arenas map host pages; device memory (zeroed) on a GPU.
+     * mem_alloc returns 0 or DITD_ENOMEM / DITD_EDEVICE with the detail set;
+     * called when a model loads, never in the hot loop. */
+    int (*mem_alloc)(void **p, size_t bytes);
+    void (*mem_free)(void *p, size_t bytes);
+    /* Ops return nothing; a device backend keeps the first error it met
+     * (a launch refused, a shape it cannot take, a fault seen at a sync).
+     * status() returns it (0 or DITD_E*, the detail set) and clears it.
+     * Callers check it after ops->sync() (or a download, which syncs). The
+     * CPU backend always returns 0 (its ops assert instead). */
+    int (*status)(void);
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;

@@ -158,6 +158,23 @@ static void cpu_unpatchify(const void *x, void *y, int B, int C, int h, int w, i
     ditd_cpu_unpatchify(x, y, B, C, h, w, p);
 }
 
+static void cpu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t rows,
+                       size_t cols)
+{
+    const size_t es = sizeof(float);
+    if (ldd == cols && lds == cols) {
+        memcpy(dst, src, rows * cols * es);
+        return;
+    }
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * ldd * es, (const char *)src + r * lds * es, cols * es);
+}
+
+static int cpu_status(void)
+{
+    return 0;
+}
+
 const ditd_backend_ops ditd_backend_cpu = {
     .name = "cpu",
     .device = DITD_DEVICE_CPU,
@@ -179,15 +196,8 @@ const ditd_backend_ops ditd_backend_cpu = {
     .attention_merge = cpu_attention_merge,
     .patch_embed = cpu_patch_embed,
     .unpatchify = cpu_unpatchify,
+    .copy2d = cpu_copy2d,
+    .mem_alloc = NULL, /* arenas map host pages (engine/tensor.c) */
+    .mem_free = NULL,
+    .status = cpu_status,
 };
-
-const ditd_backend_ops *ditd_backend_get(ditd_device d)
-{
-    switch (d) {
-    case DITD_DEVICE_CPU: return &ditd_backend_cpu;
-    case DITD_DEVICE_CUDA: break;
-    }
-    ditd_err_set(DITD_EUNSUPPORTED, "backend \"%s\" is not built into this binary",
-                 ditd_device_name(d));
-    return NULL;
-}

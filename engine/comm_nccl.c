@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/backend_cuda.h"
 #include "engine/error.h"
 
 typedef struct nccl_state {
@@ -250,7 +251,7 @@ int ditd_comm_nccl_new(ditd_comm *parent, int device, ditd_comm **out)
                                            ditd_comm_rank(parent)),
                           "ncclCommInitRank")))
         return err;
-    /* the compute stream is the legacy default one until the CUDA backend
-     * exposes its own (then it is passed here) */
-    return wrap(comm, 0, out);
+    /* collectives wait on the backend's compute stream (events order the
+     * two), so a collective never races the op that produced its input */
+    return wrap(comm, (cudaStream_t)ditd_backend_cuda_compute_stream(), out);
 }

@@ -208,8 +208,8 @@ static int dit_alloc(const ditd_dit_config *cfg, const ditd_backend_ops *ops, in
     m->gh = cfg->sample_size / cfg->patch_size;
     m->gw = m->gh;
     m->N = m->gh * m->gw;
-    ditd_arena_init(&m->weights);
-    ditd_arena_init(&m->acts);
+    ditd_arena_init_mem(&m->weights, ops->mem_alloc, ops->mem_free);
+    ditd_arena_init_mem(&m->acts, ops->mem_alloc, ops->mem_free);
     m->blocks = calloc((size_t)cfg->num_layers, sizeof *m->blocks);
     if (!m->blocks) {
         free(m);
@@ -510,18 +510,11 @@ static void block_conditioning(ditd_dit *m, const ditd_dit_block *b, int B, cons
 }
 
 /* Strided 2-D copy of rows x cols elements (pack/unpack around the
- * collectives). Host memory: the CPU backend's buffers. TODO(cuda): this
- * becomes an ops->copy2d (cudaMemcpy2DAsync) when backend.h gains it. */
+ * collectives), on the backend's device. */
 static void copy2d(const ditd_backend_ops *ops, void *dst, size_t ldd, const void *src,
                    size_t lds, size_t rows, size_t cols)
 {
-    size_t es = ditd_dtype_size(ops->act_dtype);
-    if (ldd == cols && lds == cols) {
-        memcpy(dst, src, rows * cols * es);
-        return;
-    }
-    for (size_t r = 0; r < rows; r++)
-        memcpy((char *)dst + r * ldd * es, (const char *)src + r * lds * es, cols * es);
+    ops->copy2d(dst, ldd, src, lds, rows, cols);
 }
 
 /* Context-parallel attention of this rank's heads over the whole sequence.
@@ -795,5 +788,6 @@ int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const 
     }
     /* unpatchify: (B, gh*gw, p*p*Co) -> (B, Co, S, S) */
     ops->unpatchify(m->tok_out, out, B, c->out_channels, m->gh, m->gw, p);
-    return 0;
+    /* an op a device refused (no sync: faults surface at the caller's) */
+    return ops->status();
 }

@@ -45,8 +45,15 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
      * on the CPU; the CUDA backend will carve them from its device arena. */
     p->lat = malloc((size_t)max_samples * p->numel * sizeof(float));
     p->x0 = malloc((size_t)max_samples * p->numel * sizeof(float));
-    p->model_in = malloc(n2 * p->numel * ditd_dtype_size(ops->act_dtype));
-    p->model_out = malloc(n2 * p->numel_out * ditd_dtype_size(ops->act_dtype));
+    if (ops->mem_alloc) { /* device memory, like the model's arenas */
+        if ((err = ops->mem_alloc(&p->model_in, n2 * p->numel * ditd_dtype_size(ops->act_dtype))) ||
+            (err = ops->mem_alloc(&p->model_out,
+                                  n2 * p->numel_out * ditd_dtype_size(ops->act_dtype))))
+            goto fail;
+    } else {
+        p->model_in = malloc(n2 * p->numel * ditd_dtype_size(ops->act_dtype));
+        p->model_out = malloc(n2 * p->numel_out * ditd_dtype_size(ops->act_dtype));
+    }
     p->h_out = malloc(n2 * p->numel_out * sizeof(float));
     p->h_t = malloc(n2 * sizeof(float));
     p->h_y = malloc(n2 * sizeof(int64_t));
@@ -72,8 +79,15 @@ void ditd_pipeline_free(ditd_pipeline *p)
     ditd_dit_free(p->dit);
     free(p->lat);
     free(p->x0);
-    free(p->model_in);
-    free(p->model_out);
+    if (p->ops->mem_free) {
+        if (p->model_in)
+            p->ops->mem_free(p->model_in, 0);
+        if (p->model_out)
+            p->ops->mem_free(p->model_out, 0);
+    } else {
+        free(p->model_in);
+        free(p->model_out);
+    }
     free(p->h_out);
     free(p->h_t);
     free(p->h_y);
@@ -203,6 +217,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 return err;
         }
         ops->download(p->h_out, p->model_out, (size_t)rows * p->numel_out);
+        if ((err = ops->status()))
+            return err;
 
         for (int i = 0; i < n; i++) {
             if (p->cond_row[i] < 0)

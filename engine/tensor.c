@@ -70,11 +70,27 @@ void ditd_arena_init(ditd_arena *a)
     memset(a, 0, sizeof *a);
 }
 
+void ditd_arena_init_mem(ditd_arena *a, int (*mem_alloc)(void **p, size_t bytes),
+                         void (*mem_free)(void *p, size_t bytes))
+{
+    memset(a, 0, sizeof *a);
+    a->mem_alloc = mem_alloc;
+    a->mem_free = mem_free;
+}
+
 void ditd_arena_free(ditd_arena *a)
 {
-    if (a->base)
-        munmap(a->base, a->size);
+    int (*mem_alloc)(void **, size_t) = a->mem_alloc;
+    void (*mem_free)(void *, size_t) = a->mem_free;
+    if (a->base) {
+        if (mem_free)
+            mem_free(a->base, a->size);
+        else
+            munmap(a->base, a->size);
+    }
     memset(a, 0, sizeof *a);
+    a->mem_alloc = mem_alloc;
+    a->mem_free = mem_free;
 }
 
 int ditd_arena_commit(ditd_arena *a, size_t bytes)
@@ -86,6 +102,18 @@ int ditd_arena_commit(ditd_arena *a, size_t bytes)
     if (bytes == 0)
         bytes = ps;
     bytes = (bytes + ps - 1) / ps * ps;
+    if (a->mem_alloc) {
+        /* device memory: zeroed by the backend, no page faults to take */
+        void *d = NULL;
+        int err = a->mem_alloc(&d, bytes);
+        if (err)
+            return err;
+        a->base = d;
+        a->size = bytes;
+        a->used = 0;
+        a->committed = 1;
+        return 0;
+    }
     /* MAP_POPULATE takes every page fault now, in the kernel, not in the
      * hot loop; the memset afterwards is cheap and keeps valgrind quiet. */
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,

@@ -51,11 +51,21 @@ typedef struct ditd_arena {
     size_t used;      /* bytes handed out (or planned, before commit) */
     size_t peak_plan; /* the largest planned total */
     int committed;
+    /* Where commit takes its memory: NULL/NULL maps host pages (the CPU);
+     * a device backend's ops->mem_alloc/mem_free otherwise. */
+    int (*mem_alloc)(void **p, size_t bytes);
+    void (*mem_free)(void *p, size_t bytes);
 } ditd_arena;
 
 #define DITD_ARENA_ALIGN 64
 
 void ditd_arena_init(ditd_arena *a);
+/* As ditd_arena_init, committing through mem_alloc (which returns zeroed
+ * memory, or an error) and freeing through mem_free; both NULL is exactly
+ * ditd_arena_init. Pass a backend's ops->mem_alloc and ops->mem_free. The
+ * hooks survive ditd_arena_free (the arena can be committed again). */
+void ditd_arena_init_mem(ditd_arena *a, int (*mem_alloc)(void **p, size_t bytes),
+                         void (*mem_free)(void *p, size_t bytes));
 void ditd_arena_free(ditd_arena *a);
 /* Allocates `bytes` (rounded up to a page) once and touches every page. */
 int ditd_arena_commit(ditd_arena *a, size_t bytes);

@@ -23,6 +23,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: ditd bench [options]\n"
             "\n"
+            "  --device D       cpu or cuda (default cpu; cuda: one GPU, one rank)\n"
             "  --config NAME    DiT-S/2, DiT-B/2, DiT-L/2, DiT-XL/2 (/4, /8): random weights\n"
             "                   (default DiT-XL/2)\n"
             "  --model DIR      a model folder instead (its real weights)\n"
@@ -274,7 +275,7 @@ done:
 int ditd_cmd_bench(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM,
-           O_ULYSSES, O_RING, O_ROTATE, O_TP, O_CFG };
+           O_ULYSSES, O_RING, O_ROTATE, O_TP, O_CFG, O_DEVICE };
     static const struct option opts[] = {
         {"config", required_argument, 0, O_CONFIG},   {"model", required_argument, 0, O_MODEL},
         {"tokens", required_argument, 0, O_TOKENS},   {"batch", required_argument, 0, O_BATCH},
@@ -286,12 +287,14 @@ int ditd_cmd_bench(int argc, char **argv)
         {"ring-rotate", required_argument, 0, O_ROTATE},
         {"tp-degree", required_argument, 0, O_TP},
         {"cfg-degree", required_argument, 0, O_CFG},
+        {"device", required_argument, 0, O_DEVICE},
         {0, 0, 0, 0}};
     long deg_u = 1, deg_r = 1, deg_t = 1, deg_c = 1;
     ditd_ring_rotate rotate = DITD_RING_ALLGATHER;
     const char *config = "DiT-XL/2", *model_dir = NULL;
     long tokens = 256, batch = 2, threads = 0, iters = 5, warmup = 1;
     int c, err, do_gemm = 1, rc = 1;
+    ditd_device device = DITD_DEVICE_CPU;
 
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -310,6 +313,7 @@ int ditd_cmd_bench(int argc, char **argv)
         case O_ROTATE: err = ditd_ring_rotate_from_str(optarg, &rotate); break;
         case O_TP: err = ditd_parse_long(optarg, 1, 4096, "--tp-degree", &deg_t); break;
         case O_CFG: err = ditd_parse_long(optarg, 1, 2, "--cfg-degree", &deg_c); break;
+        case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -320,10 +324,18 @@ int ditd_cmd_bench(int argc, char **argv)
     }
 
     ditd_layout layout = {(int)deg_c, (int)deg_r, (int)deg_u, (int)deg_t, rotate, 1};
-    if (ditd_comm_launched_by_mpi() || ditd_layout_size(&layout) > 1)
+    if (ditd_comm_launched_by_mpi() || ditd_layout_size(&layout) > 1) {
+        if (device != DITD_DEVICE_CPU) {
+            fprintf(stderr, "ditd bench: --device %s runs one rank (the parallel bench is CPU "
+                            "only for now)\n", ditd_device_name(device));
+            return 2;
+        }
         return bench_group(&layout, model_dir, config, tokens, batch, threads, iters, warmup);
+    }
 
-    const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
+    const ditd_backend_ops *ops = ditd_backend_get(device);
+    if (!ops)
+        return fail("--device", DITD_EUNSUPPORTED);
     ditd_dit_config cfg;
     ditd_model_info info;
     ditd_dit *m = NULL;
@@ -378,17 +390,44 @@ int ditd_cmd_bench(int argc, char **argv)
         ht[i] = (float)(999 - 37 * i % 1000);
         hy[i] = (int64_t)(i * 7 % cfg.num_embeds_ada_norm);
     }
-    for (long i = 0; i < warmup; i++) {
-        if ((err = ditd_dit_forward(m, (int)batch, hx, ht, hy, out))) {
-            fail("forward", err);
+    /* the model's input and output in the backend's memory (host on the CPU) */
+    void *x_in = hx, *y_out = out;
+    if (ops->mem_alloc) {
+        if (!m->acts.mem_alloc) {
+            fprintf(stderr, "ditd bench: the model's arenas are host memory; --device %s needs "
+                            "engine/dit.c to commit them through ops->mem_alloc (docs/cuda.md)\n",
+                    ops->name);
             goto done_bufs;
         }
+        x_in = y_out = NULL;
+        if ((err = ops->mem_alloc(&x_in, (size_t)batch * numel * ditd_dtype_size(ops->act_dtype))) ||
+            (err = ops->mem_alloc(&y_out,
+                                  (size_t)batch * numel_out * ditd_dtype_size(ops->act_dtype)))) {
+            fail("device buffers", err);
+            goto done_dev;
+        }
+        ops->upload(x_in, hx, (size_t)batch * numel);
+    }
+    for (long i = 0; i < warmup; i++) {
+        if ((err = ditd_dit_forward(m, (int)batch, x_in, ht, hy, y_out))) {
+            fail("forward", err);
+            goto done_dev;
+        }
+    }
+    ops->sync();
+    if ((err = ops->status())) {
+        fail("forward", err);
+        goto done_dev;
     }
     for (long i = 0; i < iters; i++) {
         double t0 = now_ms();
-        ditd_dit_forward(m, (int)batch, hx, ht, hy, out);
+        ditd_dit_forward(m, (int)batch, x_in, ht, hy, y_out);
         ops->sync();
         times[i] = now_ms() - t0;
+    }
+    if ((err = ops->status())) {
+        fail("forward", err);
+        goto done_dev;
     }
     double flops = ditd_dit_config_flops(&cfg, (int)batch, m->N);
     double lo = times[0], hi = times[0];
@@ -421,7 +460,14 @@ int ditd_cmd_bench(int argc, char **argv)
             printf("| %s | %d | %d | %d | %.1f |\n", g[i].what, M, g[i].N, g[i].K,
                    gemm_gflops(ops, g[i].x, g[i].w, g[i].y, M, g[i].N, g[i].K, 5));
     }
-    rc = 0;
+    rc = ops->status() ? 1 : 0;
+done_dev:
+    if (ops->mem_free && x_in != hx) {
+        if (x_in)
+            ops->mem_free(x_in, 0);
+        if (y_out)
+            ops->mem_free(y_out, 0);
+    }
 done_bufs:
     free(hx);
     free(ht);

@@ -1,0 +1,430 @@
+/* GPU: every op of the CUDA backend table (and the kernels beside it: Philox
+ * noise, guidance, the sampler's linear update) against the CPU backend, on
+ * fresh random inputs. Exits 77 (skipped) without a GPU.
+ *
+ * Method: inputs are drawn in f32, uploaded (rounded to bf16) and downloaded
+ * again, so both backends compute on the same bf16-representable values;
+ * the CPU computes in fp32 (float64 statistics), the GPU in bf16 storage
+ * with fp32 arithmetic. Output buffers are poisoned (bf16 NaN) first, so an
+ * element the GPU did not write fails. The measure is tu_compare's
+ * rel = max|gpu - cpu| / max|cpu|, bounded per op below. The seed is printed
+ * (DITD_TEST_SEED repeats a run).
+ *
+ * The bounds, and why (u = 2^-8, bf16's unit roundoff is u/2 = 2^-9):
+ *   exact moves (embedding, unpatchify, im2col, copy2d, conversions): 0
+ *   one bf16 rounding of the output (act, add, gated residual, merge,
+ *     timestep embedding):                                   BF16_1 = 4e-3
+ *   linear (fp32 accumulation, bf16 out, epilogue in fp32):  LINEAR = 8e-3
+ *   layernorm + modulate (fp32 statistics, one rounding):    NORM = 8e-3
+ *   patch embedding (GEMM + bias, rounded, + pos, rounded):  PATCH = 1.2e-2
+ *   attention (P rounded to bf16 before P V, output rounded): ATTN = 1.6e-2;
+ *     its LSE in fp32:                                       ATTN_LSE = 1e-5
+ *   Philox normals: bit-identical except where CUDA's double libm and
+ *     glibc's round a tie differently: at most 1 in 10^4, each within one
+ *     float ulp.
+ *   fp32 sampler helpers: 1e-6. */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "engine/backend.h"
+#include "engine/backend_cuda.h"
+#include "engine/philox.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "tests/test_util.h"
+
+#define BF16_1 4e-3
+#define LINEAR 8e-3
+#define NORM 8e-3
+#define PATCH 1.2e-2
+#define ATTN 1.6e-2
+#define ATTN_LSE 1e-5
+
+static const ditd_backend_ops *G;
+static const ditd_backend_ops *C = &ditd_backend_cpu;
+static uint64_t rng;
+
+static uint64_t next_u64(void)
+{
+    /* splitmix64 */
+    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [-scale, scale), never all zeros */
+static float *rnd(size_t n, float scale)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = scale * (float)((double)(next_u64() >> 11) / 4503599627370496.0 - 1.0);
+    return h;
+}
+
+static float *zeros(size_t n)
+{
+    return calloc(n ? n : 1, sizeof(float));
+}
+
+/* Device bf16 copy of h; h becomes the rounded values both backends use. */
+static void *dev_in(float *h, size_t n)
+{
+    void *d = NULL;
+    TU_OK(G->mem_alloc(&d, n * 2));
+    G->upload(d, h, n);
+    G->download(h, d, n);
+    TU_OK(G->status());
+    return d;
+}
+
+/* A device buffer of n bf16, poisoned with NaN. */
+static void *dev_out(size_t n)
+{
+    void *d = NULL;
+    TU_OK(G->mem_alloc(&d, n * 2));
+    cudaMemset(d, 0xff, n * 2);
+    return d;
+}
+
+static float *down(const void *d, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    G->download(h, d, n);
+    TU_OK(G->status());
+    return h;
+}
+
+static float *dev_f32(const float *h, size_t n)
+{
+    float *d = NULL;
+    cudaMalloc((void **)&d, n * sizeof(float));
+    if (h)
+        cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+    else
+        cudaMemset(d, 0xff, n * sizeof(float));
+    return d;
+}
+
+static float *down_f32(const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof *h);
+    TU_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess,
+             "cudaMemcpy");
+    return h;
+}
+
+/* ---- linear ---- */
+
+static void check_linear(int M, int N, int K, size_t ldx, size_t ldy, int bias, ditd_act act)
+{
+    char what[160];
+    float *x = rnd((size_t)M * ldx, 1.0f), *w = rnd((size_t)N * K, 0.05f);
+    float *b = rnd((size_t)N, 0.5f), *y = zeros((size_t)M * ldy);
+    void *dx = dev_in(x, (size_t)M * ldx), *dw = dev_in(w, (size_t)N * K);
+    void *db = dev_in(b, (size_t)N), *dy = dev_out((size_t)M * ldy);
+    C->linear(x, ldx, w, bias ? b : NULL, y, ldy, M, N, K, act);
+    G->linear(dx, ldx, dw, bias ? db : NULL, dy, ldy, M, N, K, act);
+    float *gy = down(dy, (size_t)M * ldy);
+    /* compare the written columns only */
+    for (int m = 0; m < M; m++)
+        for (size_t n = (size_t)N; n < ldy; n++)
+            gy[m * ldy + n] = y[m * ldy + n] = 0;
+    snprintf(what, sizeof what, "linear M %d N %d K %d ldx %zu ldy %zu bias %d %s", M, N, K, ldx,
+             ldy, bias, ditd_act_name(act));
+    TU_CLOSE(what, gy, y, (size_t)M * ldy, LINEAR);
+    G->mem_free(dx, 0), G->mem_free(dw, 0), G->mem_free(db, 0), G->mem_free(dy, 0);
+    free(x), free(w), free(b), free(y), free(gy);
+}
+
+/* ---- attention ---- */
+
+static void check_attention(int B, int Nq, int Nk, int H, int Dh, int fused)
+{
+    char what[160];
+    size_t hd = (size_t)H * Dh;
+    /* fused: q, k, v views of one (B, N, 3 H Dh) buffer (Nq == Nk) */
+    size_t ld = fused ? 3 * hd : hd + (Dh % 8 ? 0 : 8); /* strided rows either way */
+    float scale = 1.0f / sqrtf((float)Dh);
+    size_t nq = (size_t)B * Nq * ld, nk = (size_t)B * Nk * ld;
+    float *q = rnd(nq, 2.0f), *k = fused ? q : rnd(nk ? nk : 1, 2.0f), *v = fused ? q : rnd(nk ? nk : 1, 1.0f);
+    void *dq = dev_in(q, nq), *dk = fused ? dq : dev_in(k, nk ? nk : 1), *dv = fused ? dq : dev_in(v, nk ? nk : 1);
+    const float *kq = fused ? q + hd : k, *vq = fused ? q + 2 * hd : v;
+    const void *dkq = fused ? ditd_ptr_act(G, dq, hd) : dk, *dvq = fused ? ditd_ptr_act(G, dq, 2 * hd) : dv;
+    size_t no = (size_t)B * Nq * hd, nl = (size_t)B * H * Nq;
+    float *o = zeros(no), *lse = zeros(nl);
+    void *dout = dev_out(no);
+    float *dlse = dev_f32(NULL, nl);
+    C->attention(q, ld, kq, ld, vq, ld, o, hd, lse, B, Nq, Nk, H, Dh, scale);
+    G->attention(dq, ld, dkq, ld, dvq, ld, dout, hd, dlse, B, Nq, Nk, H, Dh, scale);
+    float *go = down(dout, no), *gl = down_f32(dlse, nl);
+    snprintf(what, sizeof what, "attention B %d Nq %d Nk %d H %d Dh %d %s", B, Nq, Nk, H, Dh,
+             fused ? "fused qkv" : "strided");
+    if (Nk == 0) {
+        int ok = 1;
+        for (size_t i = 0; i < no; i++)
+            ok &= go[i] == 0.0f;
+        for (size_t i = 0; i < nl; i++)
+            ok &= gl[i] == -INFINITY;
+        TU_CHECK(ok, "%s: o = 0 and lse = -inf expected", what);
+    } else {
+        TU_CLOSE(what, go, o, no, ATTN);
+        strncat(what, " lse", sizeof what - strlen(what) - 1);
+        TU_CLOSE(what, gl, lse, nl, ATTN_LSE);
+    }
+    G->mem_free(dout, 0);
+    cudaFree(dlse);
+    G->mem_free(dq, 0);
+    if (!fused)
+        G->mem_free(dk, 0), G->mem_free(dv, 0), free(k), free(v);
+    free(q), free(o), free(lse), free(go), free(gl);
+}
+
+static void check_merge(int B, int Nq, int H, int Dh)
+{
+    size_t hd = (size_t)H * Dh, no = (size_t)B * Nq * hd, nl = (size_t)B * H * Nq;
+    float *oa = rnd(no, 1.0f), *ob = rnd(no, 1.0f), *la = rnd(nl, 5.0f), *lb = rnd(nl, 5.0f);
+    la[0] = -INFINITY; /* an empty accumulator takes the block */
+    lb[1] = -INFINITY; /* an empty block keeps the accumulator */
+    la[2] = lb[2] = -INFINITY; /* both empty: unchanged */
+    void *doa = dev_in(oa, no), *dob = dev_in(ob, no);
+    float *dla = dev_f32(la, nl), *dlb = dev_f32(lb, nl);
+    C->attention_merge(oa, hd, la, ob, hd, lb, B, Nq, H, Dh);
+    G->attention_merge(doa, hd, dla, dob, hd, dlb, B, Nq, H, Dh);
+    float *go = down(doa, no), *gl = down_f32(dla, nl);
+    TU_CLOSE("attention_merge o", go, oa, no, BF16_1);
+    TU_CHECK(gl[2] == -INFINITY, "both empty: lse %g", (double)gl[2]);
+    gl[2] = la[2] = 0;
+    TU_CLOSE("attention_merge lse", gl, la, nl, ATTN_LSE);
+    G->mem_free(doa, 0), G->mem_free(dob, 0);
+    cudaFree(dla), cudaFree(dlb);
+    free(oa), free(ob), free(la), free(lb), free(go), free(gl);
+}
+
+/* ---- norms, residual, elementwise ---- */
+
+static void check_norm(int B, int N, int D, int modulate)
+{
+    size_t n = (size_t)B * N * D, nm = (size_t)B * 6 * D;
+    float *x = rnd(n, 3.0f), *mod = rnd(nm, 1.0f), *y = zeros(n);
+    for (size_t i = 0; i < n; i++)
+        x[i] += 0.7f; /* a mean away from 0 */
+    void *dx = dev_in(x, n), *dm = dev_in(mod, nm), *dy = dev_out(n);
+    const float *sh = modulate ? mod : NULL, *sc = modulate ? mod + D : NULL;
+    C->layernorm_modulate(x, y, B, N, D, 1e-6f, sh, sc, 6 * (size_t)D);
+    G->layernorm_modulate(dx, dy, B, N, D, 1e-6f, modulate ? dm : NULL,
+                          modulate ? ditd_ptr_act(G, dm, (size_t)D) : NULL, 6 * (size_t)D);
+    float *gy = down(dy, n);
+    TU_CLOSE(modulate ? "layernorm_modulate" : "layernorm (plain)", gy, y, n, NORM);
+    /* in place, as the model may */
+    G->layernorm_modulate(dx, dx, B, N, D, 1e-6f, modulate ? dm : NULL,
+                          modulate ? ditd_ptr_act(G, dm, (size_t)D) : NULL, 6 * (size_t)D);
+    float *gi = down(dx, n);
+    TU_CLOSE("layernorm_modulate in place", gi, y, n, NORM);
+
+    /* gated residual: h += gate * y, gate in the same fused buffer */
+    float *h = rnd(n, 2.0f), *yy = rnd(n, 2.0f);
+    void *dh = dev_in(h, n), *dyy = dev_in(yy, n);
+    C->gated_residual(h, yy, B, N, D, mod + 2 * D, 6 * (size_t)D);
+    G->gated_residual(dh, dyy, B, N, D, ditd_ptr_act(G, dm, 2 * (size_t)D), 6 * (size_t)D);
+    float *gh = down(dh, n);
+    TU_CLOSE("gated_residual", gh, h, n, BF16_1);
+    G->mem_free(dx, 0), G->mem_free(dm, 0), G->mem_free(dy, 0), G->mem_free(dh, 0),
+        G->mem_free(dyy, 0);
+    free(x), free(mod), free(y), free(gy), free(gi), free(h), free(yy), free(gh);
+}
+
+static void check_elementwise(void)
+{
+    size_t n = 100003;
+    float *x = rnd(n, 6.0f), *y = rnd(n, 2.0f);
+    void *dx = dev_in(x, n), *dy = dev_in(y, n), *da = dev_out(n);
+    ditd_act acts[3] = {DITD_ACT_NONE, DITD_ACT_GELU_TANH, DITD_ACT_SILU};
+    for (int a = 0; a < 3; a++) {
+        float *ref = malloc(n * sizeof *ref);
+        char what[64];
+        C->act(x, ref, n, acts[a]);
+        G->act(dx, da, n, acts[a]);
+        float *g = down(da, n);
+        snprintf(what, sizeof what, "act %s", ditd_act_name(acts[a]));
+        TU_CLOSE(what, g, ref, n, BF16_1);
+        free(ref), free(g);
+    }
+    C->add(y, x, n);
+    G->add(dy, dx, n);
+    float *gy = down(dy, n);
+    TU_CLOSE("add", gy, y, n, BF16_1);
+
+    /* copy2d: 37 rows of 50 from stride 77 to stride 64 */
+    void *dc = dev_out(37 * 64);
+    float *ref = zeros(37 * 64), *src = x;
+    C->copy2d(ref, 64, src, 77, 37, 50);
+    G->copy2d(dc, 64, dx, 77, 37, 50);
+    float *gc = down(dc, 37 * 64);
+    for (size_t r = 0; r < 37; r++)
+        for (size_t c = 50; c < 64; c++)
+            gc[r * 64 + c] = 0;
+    TU_CLOSE("copy2d", gc, ref, 37 * 64, 0.0);
+
+    /* conversions round to nearest even, and back exactly: upload, download
+     * and upload again must not move a value */
+    float *back = down(dx, n);
+    TU_CLOSE("bf16 round trip", back, x, n, 0.0);
+    G->mem_free(dx, 0), G->mem_free(dy, 0), G->mem_free(da, 0), G->mem_free(dc, 0);
+    free(x), free(y), free(gy), free(ref), free(gc), free(back);
+}
+
+static void check_embeddings(void)
+{
+    int rows = 1001, D = 1152, B = 5, dim = 256;
+    float *table = rnd((size_t)rows * D, 1.0f), *out = zeros((size_t)B * D);
+    int64_t ids[5];
+    float t[5];
+    for (int b = 0; b < B; b++) {
+        ids[b] = (int64_t)(next_u64() % (uint64_t)rows);
+        t[b] = (float)(next_u64() % 1000);
+    }
+    void *dt = dev_in(table, (size_t)rows * D), *dout = dev_out((size_t)B * D);
+    C->embedding(table, ids, out, B, D);
+    G->embedding(dt, ids, dout, B, D);
+    float *g = down(dout, (size_t)B * D);
+    TU_CLOSE("embedding", g, out, (size_t)B * D, 0.0);
+
+    float *te = zeros((size_t)B * dim);
+    void *dte = dev_out((size_t)B * dim);
+    C->timestep_embed(t, te, B, dim);
+    G->timestep_embed(t, dte, B, dim);
+    float *gt = down(dte, (size_t)B * dim);
+    TU_CLOSE("timestep_embed", gt, te, (size_t)B * dim, BF16_1);
+    G->mem_free(dt, 0), G->mem_free(dout, 0), G->mem_free(dte, 0);
+    free(table), free(out), free(g), free(te), free(gt);
+}
+
+static void check_patches(int B, int Cc, int S, int p, int D)
+{
+    char what[128];
+    int gh = S / p, N = gh * gh, K = Cc * p * p;
+    size_t nx = (size_t)B * Cc * S * S, ny = (size_t)B * N * D;
+    float *x = rnd(nx, 2.0f), *w = rnd((size_t)D * K, 0.2f), *b = rnd((size_t)D, 0.5f);
+    float *pos = rnd((size_t)N * D, 1.0f), *y = zeros(ny), *scr = zeros((size_t)B * N * K);
+    void *dx = dev_in(x, nx), *dw = dev_in(w, (size_t)D * K), *db = dev_in(b, (size_t)D);
+    void *dp = dev_in(pos, (size_t)N * D), *dy = dev_out(ny), *ds = dev_out((size_t)B * N * K);
+    C->patch_embed(x, w, b, pos, y, scr, B, Cc, S, S, p, D);
+    G->patch_embed(dx, dw, db, dp, dy, ds, B, Cc, S, S, p, D);
+    float *gy = down(dy, ny);
+    snprintf(what, sizeof what, "patch_embed B %d C %d S %d p %d D %d", B, Cc, S, p, D);
+    TU_CLOSE(what, gy, y, ny, PATCH);
+
+    /* unpatchify of tokens (B, N, p*p*Cc) */
+    size_t nt = (size_t)B * N * p * p * Cc;
+    float *tok = rnd(nt, 1.0f), *img = zeros(nx);
+    void *dtok = dev_in(tok, nt), *dimg = dev_out(nx);
+    C->unpatchify(tok, img, B, Cc, gh, gh, p);
+    G->unpatchify(dtok, dimg, B, Cc, gh, gh, p);
+    float *gi = down(dimg, nx);
+    snprintf(what, sizeof what, "unpatchify B %d C %d h %d p %d", B, Cc, gh, p);
+    TU_CLOSE(what, gi, img, nx, 0.0);
+    G->mem_free(dx, 0), G->mem_free(dw, 0), G->mem_free(db, 0), G->mem_free(dp, 0);
+    G->mem_free(dy, 0), G->mem_free(ds, 0), G->mem_free(dtok, 0), G->mem_free(dimg, 0);
+    free(x), free(w), free(b), free(pos), free(y), free(scr), free(gy), free(tok), free(img),
+        free(gi);
+}
+
+/* ---- kernels beside the table ---- */
+
+static void check_philox(void)
+{
+    uint64_t seed = next_u64(), sample = next_u64() % 1000;
+    uint64_t offset = 3 + next_u64() % 1000; /* not a multiple of 4 most of the time */
+    size_t n = 1000003;
+    float *ref = malloc(n * sizeof *ref), *d = dev_f32(NULL, n);
+    ditd_philox_normal(seed, sample, offset, n, ref);
+    TU_CHECK(ditd_cuda_philox_normal(seed, sample, offset, n, d, NULL) == 0, "launch");
+    float *g = down_f32(d, n);
+    size_t differ = 0, far = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (g[i] == ref[i])
+            continue;
+        differ++;
+        if (fabsf(g[i] - ref[i]) > fabsf(nextafterf(ref[i], INFINITY) - ref[i]) * 1.01f)
+            far++;
+    }
+    printf("%s philox normal: %zu of %zu differ (at most 1 in 10^4), %zu beyond one ulp\n",
+           differ * 10000 <= n && !far ? "ok  " : "FAIL", differ, n, far);
+    TU_CHECK(differ * 10000 <= n && far == 0, "philox: %zu differ, %zu beyond an ulp", differ, far);
+    cudaFree(d);
+    free(ref), free(g);
+}
+
+static void check_sampler_helpers(void)
+{
+    size_t n = 50001;
+    float *c = rnd(n, 2.0f), *u = rnd(n, 2.0f), *ref = malloc(n * sizeof *ref);
+    void *dc = dev_in(c, n), *du = dev_in(u, n);
+    float *dout = dev_f32(NULL, n);
+    float gs = 4.0f;
+    for (size_t i = 0; i < n; i++)
+        ref[i] = u[i] + gs * (c[i] - u[i]);
+    TU_CHECK(ditd_cuda_guidance(dc, du, gs, dout, n, NULL) == 0, "launch");
+    float *g = down_f32(dout, n);
+    TU_CLOSE("guidance", g, ref, n, 1e-6);
+
+    float *x = rnd(n, 3.0f), *m = rnd(n, 1.0f), *pv = rnd(n, 1.0f);
+    float *dxx = dev_f32(x, n), *dm = dev_f32(m, n), *dpv = dev_f32(pv, n);
+    for (size_t i = 0; i < n; i++) {
+        float v = 0.9f * x[i] + 0.3f * m[i] - 0.2f * pv[i];
+        ref[i] = v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
+    }
+    TU_CHECK(ditd_cuda_lincomb(dxx, 0.9f, dm, 0.3f, dpv, -0.2f, 1.0f, n, NULL) == 0, "launch");
+    float *gx = down_f32(dxx, n);
+    TU_CLOSE("lincomb (clip 1)", gx, ref, n, 1e-6);
+    G->mem_free(dc, 0), G->mem_free(du, 0);
+    cudaFree(dout), cudaFree(dxx), cudaFree(dm), cudaFree(dpv);
+    free(c), free(u), free(ref), free(g), free(x), free(m), free(pv), free(gx);
+}
+
+int main(void)
+{
+    if (!ditd_backend_cuda_available()) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const char *s = getenv("DITD_TEST_SEED");
+    rng = s && *s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    printf("seed %llu (DITD_TEST_SEED repeats it)\n", (unsigned long long)rng);
+    G = ditd_backend_get(DITD_DEVICE_CUDA);
+    TU_CHECK(G != NULL, "CUDA backend: %s", ditd_err_detail());
+    if (!G)
+        return tu_exit();
+
+    check_elementwise();
+    check_embeddings();
+    /* DiT-XL/2 shapes at 256 tokens, batch 2; odd ones; tiny fixture ones */
+    check_linear(512, 3 * 1152, 1152, 1152, 3 * 1152, 1, DITD_ACT_NONE);
+    check_linear(512, 4608, 1152, 1152, 4608, 1, DITD_ACT_GELU_TANH);
+    check_linear(2, 1152, 256, 256, 1152, 1, DITD_ACT_SILU);
+    check_linear(77, 96, 136, 200, 104, 1, DITD_ACT_NONE);      /* strided x and y */
+    check_linear(98, 8, 96, 96, 8, 1, DITD_ACT_NONE);           /* proj_out_2 of a fixture */
+    check_linear(98, 96, 4, 4, 96, 0, DITD_ACT_GELU_TANH);      /* K = 4: the fallback */
+    check_linear(33, 30, 17, 17, 30, 1, DITD_ACT_SILU);         /* odd everything */
+    check_attention(2, 256, 256, 16, 72, 1);                    /* DiT-XL/2, fused qkv */
+    check_attention(1, 1024, 1024, 4, 64, 1);
+    check_attention(2, 100, 37, 3, 64, 0);
+    check_attention(1, 65, 130, 2, 128, 0);
+    check_attention(2, 49, 49, 6, 8, 1);                        /* fixture: Dh 8 */
+    check_attention(1, 64, 64, 4, 16, 1);                       /* fixture: Dh 16 */
+    check_attention(1, 70, 45, 2, 20, 0);                       /* Dh 20: unvectorized path */
+    check_attention(1, 5, 0, 2, 72, 0);                         /* Nk = 0 */
+    check_merge(2, 33, 3, 72);
+    check_norm(2, 37, 1152, 1);
+    check_norm(1, 19, 96, 0);
+    check_patches(2, 4, 32, 2, 1152);
+    check_patches(2, 1, 14, 2, 96);
+    check_patches(1, 1, 28, 4, 48);
+    check_philox();
+    check_sampler_helpers();
+    TU_OK(G->status());
+    ditd_backend_cuda_shutdown();
+    return tu_exit();
+}
