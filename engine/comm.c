@@ -140,6 +140,15 @@ int ditd_comm_bcast(ditd_comm *c, void *buf, size_t bytes, int root)
     return err;
 }
 
+int ditd_comm_bcast_lazy(ditd_comm *c, void *buf, size_t bytes, int root, int nap_us)
+{
+    if (root < 0 || root >= c->size)
+        return ditd_err_set(DITD_EINVAL, "broadcast from rank %d of %d", root, c->size);
+    if (!c->ops->bcast_lazy)
+        return c->ops->bcast(c, buf, bytes, root);
+    return c->ops->bcast_lazy(c, buf, bytes, root, nap_us > 0 ? nap_us : 1);
+}
+
 int ditd_comm_barrier(ditd_comm *c)
 {
     return c->ops->barrier(c);

@@ -86,6 +86,8 @@ typedef struct ditd_comm_ops {
     int (*wait)(ditd_comm *c, ditd_comm_req *req);
     int (*bcast)(ditd_comm *c, void *buf, size_t bytes, int root);
     int (*barrier)(ditd_comm *c);
+    /* optional (NULL: bcast): see ditd_comm_bcast_lazy */
+    int (*bcast_lazy)(ditd_comm *c, void *buf, size_t bytes, int root, int nap_us);
 } ditd_comm_ops;
 
 struct ditd_comm {
@@ -103,8 +105,10 @@ int ditd_comm_self_new(ditd_comm **out);
 /* 1 when this binary was built with MPI (DITD_HAVE_MPI). */
 int ditd_comm_have_mpi(void);
 
-/* Initializes MPI once per process (MPI_Init_thread, SERIALIZED, as ditd_mpi_init in engine/worker.c; either may run first) when it is
- * not yet; later calls are no-ops. DITD_EUNSUPPORTED without MPI. */
+/* Initializes MPI once per process (MPI_Init_thread, SERIALIZED: any one
+ * thread at a time may call MPI, as `ditd serve`'s front-end hub thread
+ * does) when it is not yet; later calls are no-ops. DITD_ECOMM when the
+ * library gives a lower thread level; DITD_EUNSUPPORTED without MPI. */
 int ditd_comm_mpi_init(int *argc, char ***argv);
 /* Finalizes MPI when ditd_comm_mpi_init() initialized it. */
 void ditd_comm_mpi_finalize(void);
@@ -164,6 +168,15 @@ int ditd_comm_wait(ditd_comm *c, ditd_comm_req *req);
 int ditd_comm_bcast(ditd_comm *c, void *buf, size_t bytes, int root);
 
 int ditd_comm_barrier(ditd_comm *c);
+
+/* A broadcast of host memory for a message that may be long in coming (an
+ * idle worker group waiting for its next batch): the waiting ranks check
+ * for it every nap_us microseconds and sleep in between, instead of
+ * spinning inside the library (MPI_Ibcast + MPI_Test). Every rank of c
+ * must call this, not ditd_comm_bcast, for the same message: the two do
+ * not match. Not counted in the statistics (its time is mostly waiting).
+ * Transports without it (NCCL) use their plain broadcast. */
+int ditd_comm_bcast_lazy(ditd_comm *c, void *buf, size_t bytes, int root, int nap_us);
 
 /* ---- statistics ---- */
 

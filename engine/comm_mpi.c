@@ -4,9 +4,11 @@
  * fail-stop asks. */
 #include "engine/comm.h"
 
+#include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/error.h"
 
@@ -134,6 +136,24 @@ static int mpi_bcast(ditd_comm *c, void *buf, size_t bytes, int root)
     return 0;
 }
 
+/* Posts the broadcast, then tests it with naps: an idle rank waiting here
+ * costs no CPU (a blocking MPI_Bcast polls at full speed). */
+static int mpi_bcast_lazy(ditd_comm *c, void *buf, size_t bytes, int root, int nap_us)
+{
+    MPI_Request r;
+    int done = 0, err;
+    struct timespec nap = {nap_us / 1000000, (long)(nap_us % 1000000) * 1000L};
+    if (bytes > (size_t)INT_MAX)
+        return ditd_err_set(DITD_EINVAL, "lazy broadcast of %zu bytes", bytes);
+    if ((err = check(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, comm_of(c), &r), "MPI_Ibcast")))
+        return err;
+    for (;;) {
+        if ((err = check(MPI_Test(&r, &done, MPI_STATUS_IGNORE), "MPI_Test")) || done)
+            return err;
+        nanosleep(&nap, NULL);
+    }
+}
+
 static int mpi_barrier(ditd_comm *c)
 {
     return check(MPI_Barrier(comm_of(c)), "MPI_Barrier");
@@ -150,6 +170,7 @@ static const ditd_comm_ops mpi_ops = {
     .wait = mpi_wait,
     .bcast = mpi_bcast,
     .barrier = mpi_barrier,
+    .bcast_lazy = mpi_bcast_lazy,
 };
 
 static int wrap(MPI_Comm comm, ditd_comm **out)
@@ -186,6 +207,9 @@ int ditd_comm_mpi_init(int *argc, char ***argv)
     if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         return ditd_err_set(DITD_ECOMM, "MPI_Init_thread failed");
     we_initialized = 1;
+    if (provided < MPI_THREAD_SERIALIZED)
+        return ditd_err_set(DITD_ECOMM, "MPI gives thread level %d, ditd needs SERIALIZED (%d)",
+                            provided, MPI_THREAD_SERIALIZED);
     return 0;
 }
 

@@ -170,6 +170,13 @@ int ditd_mesh_bcast(const ditd_mesh *m, void *buf, size_t len)
     return ditd_comm_bcast(m->group, buf, len, 0);
 }
 
+int ditd_mesh_bcast_lazy(const ditd_mesh *m, void *buf, size_t len, int nap_us)
+{
+    if (m->size == 1)
+        return 0;
+    return ditd_comm_bcast_lazy(m->group, buf, len, 0, nap_us);
+}
+
 int ditd_mesh_bcast_var(const ditd_mesh *m, void *buf, size_t cap, size_t *len)
 {
     uint64_t n = *len;

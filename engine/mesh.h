@@ -112,6 +112,12 @@ void ditd_mesh_stats_reset(ditd_mesh *m);
  * Collective: every rank calls it with the same len. */
 int ditd_mesh_bcast(const ditd_mesh *m, void *buf, size_t len);
 
+/* ditd_mesh_bcast for a message the group waits for while idle (the next
+ * batch, a shutdown): waiting ranks nap nap_us between checks instead of
+ * spinning (ditd_comm_bcast_lazy). Every rank calls this one for the
+ * message, not ditd_mesh_bcast. */
+int ditd_mesh_bcast_lazy(const ditd_mesh *m, void *buf, size_t len, int nap_us);
+
 /* A message of variable length from the leader: the leader passes *len;
  * every rank gets it in buf (capacity cap) and *len. When the leader's
  * *len exceeds cap, every rank returns DITD_ERANGE (and the bytes are not

@@ -38,9 +38,22 @@ typedef struct pending {
     size_t len;
 } pending;
 
+/* The leader's word to its group, broadcast lazily (the group may wait
+ * long for it): a batch follows as a variable-length broadcast of the
+ * packed Envelope, or the loop ends. */
+enum { GROUP_BATCH = 1, GROUP_SHUTDOWN = 2 };
+typedef struct group_hdr {
+    uint32_t kind;
+    uint32_t pad;
+    uint64_t len;   /* GROUP_BATCH: bytes of the Envelope that follows */
+} group_hdr;
+#define GROUP_NAP_US 200
+
 typedef struct worker {
     const ditd_worker_config *cfg;
-    ditd_transport *t;
+    ditd_transport *t;     /* the leader's; NULL on a follower */
+    const ditd_mesh *mesh; /* NULL or a group of one: no group messages */
+    int leader;
     ditd_model_info info;
     ditd_pipeline *pipe;
     uint64_t hb_seq;
@@ -53,12 +66,23 @@ typedef struct worker {
     uint8_t active[DITD_WORKER_MAX_BATCH];
     int partial_sent[DITD_WORKER_MAX_BATCH];
     double t_start, t_step;
-    uint8_t *pix;  /* max_batch * C*S*S, for previews and results */
-    int comm_err;
+    float *out;    /* max_batch * C*S*S latents */
+    uint8_t *pix;  /* max_batch * C*S*S, for previews and results (leader) */
+    uint8_t *gbuf; /* a follower's copy of the batch Envelope */
+    size_t gcap;
+    int comm_err;  /* the transport failed */
+    int group_err; /* the group cannot stay in step */
 } worker;
+
+static int in_group(const worker *w)
+{
+    return w->mesh && w->mesh->size > 1;
+}
 
 static int send_env(worker *w, Ditd__Envelope *env)
 {
+    if (!w->t) /* a follower says nothing */
+        return 0;
     env->replica = (uint32_t)w->cfg->replica; /* before sizing: it is encoded when non-zero */
     size_t len = ditd__envelope__get_packed_size(env);
     uint8_t stackbuf[512];
@@ -84,7 +108,7 @@ static void send_heartbeat(worker *w, bool ready)
     hb.ready = ready;
     hb.running_batch = w->batch ? w->batch->batch_id : 0;
     hb.max_batch = (uint32_t)w->cfg->max_batch;
-    hb.ranks = 1;
+    hb.ranks = w->mesh ? (uint32_t)w->mesh->size : 1;
     env.msg_case = DITD__ENVELOPE__MSG_HEARTBEAT;
     env.heartbeat = &hb;
     send_env(w, &env);
@@ -101,6 +125,46 @@ static void send_error(worker *w, uint64_t batch_id, int code, const char *msg)
     env.msg_case = DITD__ENVELOPE__MSG_ERROR;
     env.error = &e;
     send_env(w, &env);
+}
+
+/* The leader: tells the group what comes next. A failure here leaves the
+ * group out of step (fail-stop). */
+static int group_send(worker *w, uint32_t kind, uint8_t *buf, size_t len)
+{
+    group_hdr h = {kind, 0, (uint64_t)len};
+    size_t n = len;
+    int err;
+    if (!in_group(w))
+        return 0;
+    if (!(err = ditd_mesh_bcast_lazy(w->mesh, &h, sizeof h, GROUP_NAP_US)) && kind == GROUP_BATCH)
+        err = ditd_mesh_bcast_var(w->mesh, buf, len, &n);
+    if (err)
+        w->group_err = err;
+    return err;
+}
+
+/* A follower: waits (napping) for the leader's word; a batch lands in
+ * w->gbuf[0..*len). */
+static int group_recv(worker *w, uint32_t *kind, size_t *len)
+{
+    group_hdr h;
+    int err;
+    if ((err = ditd_mesh_bcast_lazy(w->mesh, &h, sizeof h, GROUP_NAP_US)))
+        return err;
+    *kind = h.kind;
+    if (h.kind != GROUP_BATCH)
+        return 0;
+    if (h.len > w->gcap) {
+        /* the leader sends the bytes whatever we do: no way back into step */
+        uint8_t *nb = h.len <= SIZE_MAX ? realloc(w->gbuf, (size_t)h.len) : NULL;
+        if (!nb)
+            return ditd_err_set(DITD_ENOMEM, "group message of %llu bytes",
+                                (unsigned long long)h.len);
+        w->gbuf = nb;
+        w->gcap = (size_t)h.len;
+    }
+    *len = (size_t)h.len;
+    return ditd_mesh_bcast_var(w->mesh, w->gbuf, w->gcap, len);
 }
 
 /* A message that arrives while a batch runs: cancel and shutdown act now,
@@ -164,6 +228,8 @@ static int preview_due(int k, int sent, int step, int total)
     return step >= at;
 }
 
+/* The step callback: on the leader only. What it decides (active flags,
+ * stop) the pipeline broadcasts to the group after it returns. */
 static int on_step(void *ud, int step, int total, const float *x0, uint8_t *active)
 {
     worker *w = ud;
@@ -176,7 +242,7 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     double t = now_ms();
     uint8_t *buf = NULL;
     size_t len = 0;
-    (void)active;
+    (void)active; /* == w->active */
 
     pg.batch_id = b->batch_id;
     pg.step = (uint32_t)step;
@@ -205,35 +271,47 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     if (t >= w->next_hb)
         send_heartbeat(w, true);
     /* cancel / shutdown that came meanwhile act at this step boundary */
-    while (w->t->recv(w->t, &buf, &len, 0) == 0)
+    while (!w->comm_err && w->t->recv(w->t, &buf, &len, 0) == 0)
         handle_async(w, buf, len);
     return w->stop_now || w->comm_err;
 }
 
+/* The leader's check of a batch before the group sees it: 0, or an Error
+ * went to the front-end. */
+static int batch_ok(worker *w, const Ditd__Batch *b)
+{
+    const ditd_dit_config *c = &w->info.dit;
+    int n = (int)b->n_samples;
+    char msg[512];
+
+    if (n < 1 || n > w->cfg->max_batch) {
+        snprintf(msg, sizeof msg, "batch of %d samples (1..%d)", n, w->cfg->max_batch);
+        send_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if ((int)b->width != c->sample_size || (int)b->height != c->sample_size) {
+        snprintf(msg, sizeof msg, "size %ux%u, the model makes %dx%d", b->width, b->height,
+                 c->sample_size, c->sample_size);
+        send_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if (b->sampler >= DITD_SAMPLER_KIND_COUNT) {
+        send_error(w, b->batch_id, DITD_EINVAL, "unknown sampler");
+        return 0;
+    }
+    return 1;
+}
+
+/* Every rank of the group, with the same batch (checked by batch_ok on the
+ * leader). The leader sends the outcome. */
 static void run_batch(worker *w, const Ditd__Batch *b)
 {
     const ditd_dit_config *c = &w->info.dit;
     size_t numel = (size_t)c->in_channels * (size_t)c->sample_size * (size_t)c->sample_size;
     int n = (int)b->n_samples, err;
     ditd_gen_params gp;
-    float *out = NULL;
     char msg[512];
 
-    if (n < 1 || n > w->cfg->max_batch) {
-        snprintf(msg, sizeof msg, "batch of %d samples (1..%d)", n, w->cfg->max_batch);
-        send_error(w, b->batch_id, DITD_EINVAL, msg);
-        return;
-    }
-    if ((int)b->width != c->sample_size || (int)b->height != c->sample_size) {
-        snprintf(msg, sizeof msg, "size %ux%u, the model makes %dx%d", b->width, b->height,
-                 c->sample_size, c->sample_size);
-        send_error(w, b->batch_id, DITD_EINVAL, msg);
-        return;
-    }
-    if (b->sampler >= DITD_SAMPLER_KIND_COUNT) {
-        send_error(w, b->batch_id, DITD_EINVAL, "unknown sampler");
-        return;
-    }
     gp.steps = (int)b->steps;
     gp.sampler = (ditd_sampler_kind)b->sampler;
     for (int i = 0; i < n; i++) {
@@ -244,21 +322,26 @@ static void run_batch(worker *w, const Ditd__Batch *b)
         w->active[i] = 1;
         w->partial_sent[i] = 0;
     }
-    if (!(out = malloc((size_t)n * numel * sizeof *out))) {
-        send_error(w, b->batch_id, DITD_ENOMEM, "batch output");
-        return;
-    }
     w->batch = b;
     w->t_start = w->t_step = now_ms();
-    err = ditd_pipeline_generate(w->pipe, &gp, n, w->samples, NULL, out, w->active, on_step, w);
+    err = ditd_pipeline_generate(w->pipe, &gp, n, w->samples, NULL, w->out, w->active,
+                                 w->leader ? on_step : NULL, w);
     w->batch = NULL;
+    if (err == DITD_ECOMM)
+        w->group_err = err; /* a collective failed: the group is out of step */
+    if (!w->leader) {
+        if (err && err != DITD_ECANCELED)
+            fprintf(stderr, "ditd worker: replica %d, group rank %d: batch %llu: %s: %s\n",
+                    w->cfg->replica, w->mesh->rank, (unsigned long long)b->batch_id,
+                    ditd_strerror(err), ditd_err_detail());
+        return;
+    }
     if (err) {
         snprintf(msg, sizeof msg, "%s%s%s", ditd_strerror(err), *ditd_err_detail() ? ": " : "",
                  ditd_err_detail());
         if (w->stop_now)
             snprintf(msg, sizeof msg, "the replica is shutting down");
         send_error(w, b->batch_id, w->stop_now ? DITD_EUNAVAIL : err, msg);
-        free(out);
         return;
     }
 
@@ -275,7 +358,7 @@ static void run_batch(worker *w, const Ditd__Batch *b)
         im[i].canceled = !w->active[i];
         if (w->active[i]) {
             uint8_t *px = w->pix + (size_t)i * numel;
-            ditd_pipeline_to_pixels(out + (size_t)i * numel, c->in_channels, c->sample_size,
+            ditd_pipeline_to_pixels(w->out + (size_t)i * numel, c->in_channels, c->sample_size,
                                     c->sample_size, px);
             im[i].pixels.data = px;
             im[i].pixels.len = numel;
@@ -287,18 +370,24 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     env.msg_case = DITD__ENVELOPE__MSG_RESULT;
     env.result = &r;
     send_env(w, &env);
-    free(out);
 }
 
-/* Handles one message outside a batch. Takes ownership of buf. */
+/* The leader: one message outside a batch. Takes ownership of buf. */
 static void handle_idle(worker *w, uint8_t *buf, size_t len)
 {
     Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, buf);
-    free(buf);
-    if (!env)
+    if (!env) {
+        free(buf);
         return;
+    }
     switch (env->msg_case) {
     case DITD__ENVELOPE__MSG_BATCH:
+        if (!batch_ok(w, env->batch))
+            break;
+        if (group_send(w, GROUP_BATCH, buf, len)) {
+            send_error(w, env->batch->batch_id, DITD_EUNAVAIL, "the replica's group failed");
+            break;
+        }
         run_batch(w, env->batch);
         break;
     case DITD__ENVELOPE__MSG_SHUTDOWN:
@@ -308,44 +397,16 @@ static void handle_idle(worker *w, uint8_t *buf, size_t len)
         break;
     }
     ditd__envelope__free_unpacked(env, NULL);
+    free(buf);
 }
 
-int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
+static void leader_loop(worker *w)
 {
-    worker *w = calloc(1, sizeof *w);
-    const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
-    char msg[1024];
+    ditd_transport *t = w->t;
     int err;
 
-    if (!w)
-        return DITD_ENOMEM;
-    w->cfg = cfg;
-    w->t = t;
-    w->queued_tail = &w->queued;
-    if (cfg->max_batch < 1 || cfg->max_batch > DITD_WORKER_MAX_BATCH || cfg->heartbeat_ms <= 0) {
-        err = ditd_err_set(DITD_EINVAL, "max batch %d (1..%d), heartbeat %d ms", cfg->max_batch,
-                           DITD_WORKER_MAX_BATCH, cfg->heartbeat_ms);
-        goto fail_report;
-    }
-    if ((err = ditd_model_info_load(cfg->model_dir, &w->info)))
-        goto fail_report;
-    if (w->info.needs_vae) {
-        err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
-                           cfg->model_dir);
-        goto fail_info;
-    }
-    if ((err = ditd_pipeline_new(&w->info, ops, cfg->max_batch, &w->pipe)))
-        goto fail_info;
-    ops->set_threads(cfg->threads);
-    w->pix = malloc((size_t)cfg->max_batch * (size_t)w->info.dit.in_channels *
-                    (size_t)w->info.dit.sample_size * (size_t)w->info.dit.sample_size);
-    if (!w->pix) {
-        err = ditd_err_set(DITD_ENOMEM, "pixel buffer");
-        goto fail_pipe;
-    }
-
     send_heartbeat(w, true);
-    while (!w->stop && !w->comm_err) {
+    while (!w->stop && !w->comm_err && !w->group_err) {
         uint8_t *buf = NULL;
         size_t len = 0;
         if (w->queued) {
@@ -368,6 +429,8 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
         }
         handle_idle(w, buf, len);
     }
+    if (!w->group_err)
+        group_send(w, GROUP_SHUTDOWN, NULL, 0);
     while (w->queued) { /* batches never started: tell the front-end */
         pending *p = w->queued;
         Ditd__Envelope *env = ditd__envelope__unpack(NULL, p->len, p->buf);
@@ -379,18 +442,148 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
         free(p->buf);
         free(p);
     }
-    err = w->comm_err;
-    free(w->pix);
-fail_pipe:
-    ditd_pipeline_free(w->pipe);
-fail_info:
-    ditd_model_info_free(&w->info);
-fail_report:
-    if (err && err != w->comm_err) {
-        snprintf(msg, sizeof msg, "replica %d: %s: %s", cfg->replica, ditd_strerror(err),
-                 ditd_err_detail());
-        send_error(w, 0, err, msg);
+    w->queued_tail = &w->queued;
+}
+
+static void follower_loop(worker *w)
+{
+    for (;;) {
+        uint32_t kind = 0;
+        size_t len = 0;
+        int err = group_recv(w, &kind, &len);
+        if (err) {
+            fprintf(stderr, "ditd worker: replica %d, group rank %d: %s: %s\n", w->cfg->replica,
+                    w->mesh->rank, ditd_strerror(err), ditd_err_detail());
+            w->group_err = err;
+            return;
+        }
+        if (kind != GROUP_BATCH)
+            return; /* GROUP_SHUTDOWN */
+        Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, w->gbuf);
+        if (!env || env->msg_case != DITD__ENVELOPE__MSG_BATCH) {
+            /* the leader forwards only batches it unpacked: a broken group */
+            fprintf(stderr, "ditd worker: replica %d, group rank %d: a group message of %zu "
+                    "bytes is not a batch\n", w->cfg->replica, w->mesh->rank, len);
+            if (env)
+                ditd__envelope__free_unpacked(env, NULL);
+            w->group_err = DITD_ECOMM;
+            return;
+        }
+        run_batch(w, env->batch);
+        ditd__envelope__free_unpacked(env, NULL);
+        if (w->group_err)
+            return;
     }
+}
+
+/* Whether every rank of the group started: each says, all learn who did
+ * not. The leader's message names the ranks. */
+static int group_agree(worker *w, int err, char *msg, size_t cap)
+{
+    if (!in_group(w))
+        return err;
+    int G = w->mesh->size, bad = 0, e2;
+    float *f = calloc((size_t)G, sizeof *f);
+    char *at = msg;
+    if (!f) { /* cannot even agree: fail-stop */
+        w->group_err = DITD_ECOMM;
+        return ditd_err_set(DITD_ENOMEM, "group start-up");
+    }
+    f[w->mesh->rank] = err ? 1.0f : 0.0f;
+    if ((e2 = ditd_comm_allreduce_sum(ditd_mesh_comm(w->mesh, DITD_AXIS_GROUP), DITD_DTYPE_F32, f,
+                                      (size_t)G))) {
+        free(f);
+        w->group_err = DITD_ECOMM;
+        return e2;
+    }
+    at += snprintf(at, cap, "group rank(s)");
+    for (int g = 0; g < G; g++) {
+        if (f[g] > 0.5f) {
+            bad++;
+            if ((size_t)(at - msg) + 16 < cap)
+                at += snprintf(at, cap - (size_t)(at - msg), " %d", g);
+        }
+    }
+    if ((size_t)(at - msg) + 40 < cap)
+        snprintf(at, cap - (size_t)(at - msg), " of %d failed to start (see their logs)", G);
+    free(f);
+    if (bad && !err)
+        err = ditd_err_set(DITD_EUNAVAIL, "%s", msg);
+    return err;
+}
+
+int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
+{
+    worker *w = calloc(1, sizeof *w);
+    const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
+    char msg[1024] = "", who[256] = "";
+    int err = 0, own, have_info = 0;
+
+    if (!w)
+        return DITD_ENOMEM;
+    w->cfg = cfg;
+    w->t = t;
+    w->mesh = cfg->mesh;
+    w->leader = !cfg->mesh || ditd_mesh_is_leader(cfg->mesh);
+    w->queued_tail = &w->queued;
+    if (w->leader != (t != NULL)) {
+        free(w);
+        return ditd_err_set(DITD_EINVAL, "a transport on the leader and only there");
+    }
+
+    /* Every step runs on every rank, whatever failed before it, so that
+     * all reach group_agree() (no rank may leave the others in a
+     * collective). */
+    if (cfg->max_batch < 1 || cfg->max_batch > DITD_WORKER_MAX_BATCH || cfg->heartbeat_ms <= 0)
+        err = ditd_err_set(DITD_EINVAL, "max batch %d (1..%d), heartbeat %d ms", cfg->max_batch,
+                           DITD_WORKER_MAX_BATCH, cfg->heartbeat_ms);
+    if (!err && !(err = ditd_model_info_load(cfg->model_dir, &w->info)))
+        have_info = 1;
+    if (!err && w->info.needs_vae)
+        err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
+                           cfg->model_dir);
+    if (!err)
+        err = ditd_pipeline_new_group(&w->info, ops, cfg->max_batch, w->mesh, &w->pipe);
+    if (!err) {
+        size_t numel = (size_t)w->info.dit.in_channels * (size_t)w->info.dit.sample_size *
+                       (size_t)w->info.dit.sample_size;
+        ops->set_threads(cfg->threads);
+        w->out = malloc((size_t)cfg->max_batch * numel * sizeof *w->out);
+        w->pix = w->leader ? malloc((size_t)cfg->max_batch * numel) : NULL;
+        if (!w->out || (w->leader && !w->pix))
+            err = ditd_err_set(DITD_ENOMEM, "batch buffers");
+    }
+    if (err) /* the caller logs this rank's own reason (ditd_err_detail) */
+        snprintf(msg, sizeof msg, "%s: %s", ditd_strerror(err), ditd_err_detail());
+    own = err;
+    err = group_agree(w, err, who, sizeof who);
+    if (err) {
+        if (w->leader && !w->group_err) {
+            char full[1400];
+            /* the leader's own reason, or which ranks of its group failed */
+            snprintf(full, sizeof full, "replica %d: %s", cfg->replica, own ? msg : who);
+            send_error(w, 0, err, full);
+        }
+        goto done;
+    }
+
+    if (w->leader)
+        leader_loop(w);
+    else
+        follower_loop(w);
+    err = w->group_err ? DITD_ECOMM : w->comm_err ? DITD_ECOMM : 0;
+    if (err)
+        ditd_err_set(err, "replica %d: %s", cfg->replica,
+                     w->group_err ? "the group fell out of step" : "the transport to the front-end failed");
+done:
+    if (w->leader && !w->comm_err)
+        send_heartbeat(w, false); /* bye */
+    free(w->gbuf);
+    free(w->pix);
+    free(w->out);
+    ditd_pipeline_free(w->pipe);
+    if (have_info)
+        ditd_model_info_free(&w->info);
     free(w);
     return err;
 }
@@ -496,6 +689,8 @@ struct ditd_hub {
     msgq *out;        /* front-end -> replica r (in-process: one per replica) */
     inproc_end *ends; /* in-process */
     pthread_t thread; /* MPI */
+    int group;        /* MPI: ranks per replica */
+    uint8_t *bye;     /* MPI, the hub's thread only: replica r said bye */
     int nout;
     int stop;         /* MPI: guarded by out[0].mu */
 };
@@ -606,39 +801,7 @@ ditd_hub_msg *ditd_hub_drain(ditd_hub *h)
 /* ------------------------------------------------------------------ */
 /* MPI                                                                 */
 
-int ditd_mpi_launched(void)
-{
-    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK",
-                                 "MV2_COMM_WORLD_SIZE"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        if (getenv(vars[i]))
-            return 1;
-    return 0;
-}
-
 #if DITD_HAVE_MPI
-
-int ditd_mpi_init(int *rank, int *size)
-{
-    int provided = 0, inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
-        return ditd_err_set(DITD_ECOMM, "MPI_Init_thread failed");
-    if (!inited && provided < MPI_THREAD_SERIALIZED)
-        return ditd_err_set(DITD_ECOMM, "MPI gives thread level %d, ditd needs SERIALIZED", provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, rank);
-    MPI_Comm_size(MPI_COMM_WORLD, size);
-    return 0;
-}
-
-void ditd_mpi_finalize(void)
-{
-    int inited = 0, fin = 0;
-    MPI_Initialized(&inited);
-    MPI_Finalized(&fin);
-    if (inited && !fin)
-        MPI_Finalize();
-}
 
 static void sleep_us(long us)
 {
@@ -651,6 +814,7 @@ static int mpi_send(ditd_transport *t, const uint8_t *buf, size_t len)
     (void)t;
     if (len > (size_t)0x7fffffff)
         return ditd_err_set(DITD_ECOMM, "message of %zu bytes", len);
+    /* blocking is fine here: the hub on rank 0 always receives */
     if (MPI_Send(buf, (int)len, MPI_BYTE, 0, DITD_TAG, MPI_COMM_WORLD) != MPI_SUCCESS)
         return ditd_err_set(DITD_ECOMM, "MPI_Send to rank 0");
     return 0;
@@ -701,12 +865,33 @@ int ditd_mpi_transport_new(ditd_transport **out)
     return 0;
 }
 
-/* The hub's thread: the only caller of MPI on rank 0 after init. Sends what
- * the loop queued, receives what the replicas sent, and naps 0.5 ms when
- * there was nothing to do. */
+/* A worker's last message: a Heartbeat with ready = false. */
+static int is_bye(const uint8_t *buf, size_t len)
+{
+    int bye = 0;
+    if (len > 64) /* a heartbeat is a few bytes; a result is not read here */
+        return 0;
+    Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, buf);
+    if (env) {
+        bye = env->msg_case == DITD__ENVELOPE__MSG_HEARTBEAT && !env->heartbeat->ready;
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    return bye;
+}
+
+/* The hub's thread: the only caller of MPI on rank 0 while the hub lives.
+ * Starts sends of what the loop queued (MPI_Isend: it never blocks, so a
+ * replica blocked sending it a large result is always received), receives
+ * what the replicas sent, and naps 0.5 ms when there was nothing to do.
+ * After stop: goes on until its sends are done and every replica said bye
+ * (or 30 s). */
 static void *hub_thread(void *arg)
 {
     ditd_hub *h = arg;
+    ditd_hub_msg **sent = NULL; /* in flight, with their requests */
+    MPI_Request *req = NULL;
+    int nsent = 0, cap = 0, byes = 0;
+    double stop_at = 0;
     for (;;) {
         int stop, busy = 0;
         ditd_hub_msg *m;
@@ -718,39 +903,94 @@ static void *hub_thread(void *arg)
         pthread_mutex_unlock(&h->out[0].mu);
         while (m) {
             ditd_hub_msg *n = m->next;
-            MPI_Send(m->buf, (int)m->len, MPI_BYTE, m->replica + 1, DITD_TAG, MPI_COMM_WORLD);
-            free(m);
+            if (nsent == cap) {
+                int nc = cap ? 2 * cap : 16;
+                ditd_hub_msg **ns = realloc(sent, (size_t)nc * sizeof *ns);
+                MPI_Request *nr = ns ? realloc(req, (size_t)nc * sizeof *nr) : NULL;
+                if (ns)
+                    sent = ns;
+                if (nr)
+                    req = nr;
+                if (!ns || !nr) { /* no memory to track it: send it blocking */
+                    MPI_Send(m->buf, (int)m->len, MPI_BYTE, 1 + m->replica * h->group, DITD_TAG,
+                             MPI_COMM_WORLD);
+                    free(m);
+                    m = n;
+                    continue;
+                }
+                cap = nc;
+            }
+            MPI_Isend(m->buf, (int)m->len, MPI_BYTE, 1 + m->replica * h->group, DITD_TAG,
+                      MPI_COMM_WORLD, &req[nsent]);
+            sent[nsent++] = m;
             m = n;
             busy = 1;
         }
-        if (stop)
-            break;
+        for (int i = 0; i < nsent;) {
+            int done = 0;
+            MPI_Test(&req[i], &done, MPI_STATUS_IGNORE);
+            if (!done) {
+                i++;
+                continue;
+            }
+            free(sent[i]);
+            sent[i] = sent[--nsent];
+            req[i] = req[nsent];
+        }
         for (int k = 0; k < 64; k++) {
             uint8_t *buf = NULL;
             size_t len = 0;
-            int from = 0;
+            int from = 0, r;
             if (mpi_probe_recv(MPI_ANY_SOURCE, &buf, &len, &from))
                 break;
-            ditd_hub_msg *im = msg_new(from - 1, buf, len);
+            r = (from - 1) / h->group;
+            if (r >= 0 && r < h->replicas && !h->bye[r] && is_bye(buf, len)) {
+                h->bye[r] = 1;
+                byes++;
+            }
+            ditd_hub_msg *im = msg_new(r, buf, len);
             free(buf);
             if (im)
                 msgq_push(&h->in, im);
             busy = 1;
+        }
+        if (stop) {
+            if (stop_at == 0)
+                stop_at = now_ms();
+            if (nsent == 0 && byes == h->replicas)
+                break;
+            if (now_ms() - stop_at > 30e3) {
+                fprintf(stderr, "ditd hub: %d of %d replica(s) did not say bye, %d send(s) "
+                        "pending; stopping anyway\n", h->replicas - byes, h->replicas, nsent);
+                break; /* what is still in flight is left to MPI_Finalize / the exit */
+            }
         }
         if (busy)
             h->wake(h->wake_ud);
         else
             sleep_us(500);
     }
+    if (nsent == 0) {
+        free(sent);
+        free(req);
+    }
     return NULL;
 }
 
-int ditd_hub_new_mpi(int replicas, ditd_hub_wake_fn wake, void *ud, ditd_hub **out)
+int ditd_hub_new_mpi(int replicas, int group_size, ditd_hub_wake_fn wake, void *ud,
+                     ditd_hub **out)
 {
     ditd_hub *h = NULL;
     int err;
+    if (group_size < 1 || (long)replicas * group_size + 1 > 1L << 24)
+        return ditd_err_set(DITD_EINVAL, "%d replicas of %d ranks", replicas, group_size);
     if ((err = hub_alloc(replicas, wake, ud, 1, &h)))
         return err;
+    h->group = group_size;
+    if (!(h->bye = calloc((size_t)replicas, sizeof *h->bye))) {
+        ditd_hub_free(h);
+        return ditd_err_set(DITD_ENOMEM, "hub");
+    }
     h->mpi = 1;
     if (pthread_create(&h->thread, NULL, hub_thread, h)) {
         h->mpi = 0; /* no thread to join */
@@ -763,21 +1003,15 @@ int ditd_hub_new_mpi(int replicas, ditd_hub_wake_fn wake, void *ud, ditd_hub **o
 
 #else
 
-int ditd_mpi_init(int *rank, int *size)
-{
-    *rank = 0;
-    *size = 1;
-    return 0;
-}
-void ditd_mpi_finalize(void) {}
 int ditd_mpi_transport_new(ditd_transport **out)
 {
     *out = NULL;
     return ditd_err_set(DITD_EUNSUPPORTED, "ditd was built without MPI");
 }
-int ditd_hub_new_mpi(int replicas, ditd_hub_wake_fn wake, void *ud, ditd_hub **out)
+int ditd_hub_new_mpi(int replicas, int group_size, ditd_hub_wake_fn wake, void *ud,
+                     ditd_hub **out)
 {
-    (void)replicas, (void)wake, (void)ud;
+    (void)replicas, (void)group_size, (void)wake, (void)ud;
     *out = NULL;
     return ditd_err_set(DITD_EUNSUPPORTED, "ditd was built without MPI");
 }
@@ -801,5 +1035,6 @@ void ditd_hub_free(ditd_hub *h)
         msgq_destroy(&h->out[i]);
     free(h->out);
     free(h->ends);
+    free(h->bye);
     free(h);
 }

@@ -1,5 +1,7 @@
 /* `ditd serve`: start-up, the libuv loop with libmicrohttpd inside it,
- * signals and drain; under mpirun, the worker ranks too.
+ * signals and drain; under mpirun, the worker ranks too: rank 0 is the
+ * front-end, ranks 1.. form dp groups of G = cfg x ring x ulysses x tp
+ * contiguous ranks (engine/worker.h runs them).
  *
  * libmicrohttpd runs without threads of its own (MHD_USE_EPOLL, external
  * polling): its epoll fd sits in a uv_poll, its timeout in a uv_timer, so
@@ -16,7 +18,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include "engine/comm.h"
 #include "engine/error.h"
+#include "engine/mesh.h"
 #include "engine/pipeline.h"
 #include "server/cmd.h"
 #include "server/serve.h"
@@ -30,18 +34,21 @@ double ditd__now(void)
 
 void ditd__log(ditd_srv *s, const char *fmt, ...)
 {
-    char ts[32];
+    char line[2048];
     time_t t = time(NULL);
     struct tm tm;
     va_list ap;
+    size_t n;
     (void)s;
     gmtime_r(&t, &tm);
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    fprintf(stderr, "%s ditd serve: ", ts);
+    n = strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%SZ ditd serve: ", &tm);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    n = strlen(line);
+    line[n++] = '\n';
+    /* one write: under mpirun the ranks' lines must not interleave */
+    fwrite(line, 1, n, stderr);
 }
 
 /* ---- libmicrohttpd in the loop ---- */
@@ -93,7 +100,10 @@ static void hub_wake(void *ud)
 static void on_wake(uv_async_t *a)
 {
     ditd_srv *s = a->data;
-    ditd_hub_msg *m = ditd_hub_drain(s->hub);
+    ditd_hub_msg *m;
+    if (!s->hub)
+        return;
+    m = ditd_hub_drain(s->hub);
     for (ditd_hub_msg *p = m; p; p = p->next)
         ditd__sched_on_message(s, p->replica, p->buf, p->len);
     ditd_hub_msg_free(m);
@@ -205,25 +215,61 @@ static void close_all(ditd_srv *s)
 
 /* ---- start-up ---- */
 
-static int check_layout(const ditd_serve_config *c, int world, int mpi, int *group)
+/* What can refuse the start, before any collective: the layout against the
+ * world and the model, the address, the model folder. Every rank decides
+ * the same from the same flags and folder, so a refusal leaves no rank
+ * waiting (and the ranks agree on it afterwards in case one could not read
+ * the folder). G is the ranks per replica. */
+static int check_start(const ditd_serve_config *c, const ditd_layout *l, const char *model_dir,
+                       int world, int mpi)
 {
     long g = (long)c->ulysses_degree * c->ring_degree * c->tp_degree * c->cfg_degree;
-    *group = (int)g;
-    if (g != 1)
-        return ditd_err_set(DITD_EUNSUPPORTED,
+    struct in_addr addr;
+    ditd_model_info info;
+    ditd_sched_config sc;
+    int err;
+
+    if ((err = ditd_layout_check(l, (int)g)))
+        return err;
+    if (!mpi && g != 1)
+        return ditd_err_set(DITD_EINVAL,
                             "--ulysses-degree %d x --ring-degree %d x --tp-degree %d x --cfg-degree %d "
-                            "= %ld ranks per replica: multi-rank replicas are not in this build yet "
-                            "(each replica is one rank)",
-                            c->ulysses_degree, c->ring_degree, c->tp_degree, c->cfg_degree, g);
+                            "= %ld ranks per replica: multi-rank replicas run under mpirun "
+                            "(mpirun -np %ld ditd serve --dp %d ..., rank 0 is the front-end)",
+                            c->ulysses_degree, c->ring_degree, c->tp_degree, c->cfg_degree, g,
+                            1 + c->dp * g, c->dp);
     if (mpi && world != 1 + c->dp * g)
         return ditd_err_set(DITD_EINVAL,
-                            "the MPI world has %d ranks; --dp %d with %ld rank(s) per replica needs "
-                            "1 + %d x %ld = %ld (rank 0 is the front-end)",
-                            world, c->dp, g, c->dp, g, 1 + c->dp * g);
-    return 0;
+                            "the MPI world has %d ranks; --dp %d with %ld rank(s) per replica "
+                            "(ulysses %d x ring %d x tp %d x cfg %d) needs 1 + %d x %ld = %ld "
+                            "(rank 0 is the front-end)",
+                            world, c->dp, g, c->ulysses_degree, c->ring_degree, c->tp_degree,
+                            c->cfg_degree, c->dp, g, 1 + c->dp * g);
+    if (inet_pton(AF_INET, c->host, &addr) != 1)
+        return ditd_err_set(DITD_EINVAL, "--host %s is not an IPv4 address", c->host);
+    if ((err = ditd_model_info_load(model_dir, &info))) {
+        char d[512];
+        snprintf(d, sizeof d, "%s", ditd_err_detail());
+        return ditd_err_set(err, "%s: %s", model_dir, d);
+    }
+    if (!(err = ditd_sched_config_load(info.scheduler_config, &sc)) && info.needs_vae)
+        err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
+                           model_dir);
+    int tok = info.dit.sample_size / info.dit.patch_size;
+    if (!err && g > 1 && (err = ditd_layout_check_model(l, &info.dit, tok * tok))) {
+        char d[512];
+        snprintf(d, sizeof d, "%s", ditd_err_detail());
+        err = ditd_err_set(err, "the layout cannot run %s (%d heads, %d tokens): %s", info.name,
+                           info.dit.num_heads, tok * tok, d);
+    }
+    ditd_model_info_free(&info);
+    return err;
 }
 
-static int serve_front(ditd_srv *s, const char *model_dir)
+/* Rank 0 (or the whole world of one): the front-end until it drains or
+ * stops. Returns the exit code, or -1 when it failed before the replicas
+ * could be told to stop (under MPI they would wait for it forever). */
+static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
 {
     int err;
     uv_loop_t *loop = uv_default_loop();
@@ -236,7 +282,7 @@ static int serve_front(ditd_srv *s, const char *model_dir)
     ditd_metrics_init(&s->m);
     if ((err = ditd_model_info_load(model_dir, &s->info))) {
         fprintf(stderr, "ditd serve: %s: %s\n", model_dir, ditd_err_detail());
-        return 1;
+        return -1;
     }
     s->numel = (size_t)s->info.dit.in_channels * (size_t)s->info.dit.sample_size *
                (size_t)s->info.dit.sample_size;
@@ -269,7 +315,7 @@ static int serve_front(ditd_srv *s, const char *model_dir)
     uv_async_init(loop, &s->wake, on_wake);
     s->wake.data = s;
     if (s->mpi)
-        err = ditd_hub_new_mpi(s->nrep, hub_wake, &s->wake, &s->hub);
+        err = ditd_hub_new_mpi(s->nrep, group_size, hub_wake, &s->wake, &s->hub);
     else
         err = ditd_hub_new_inproc(s->nrep, hub_wake, &s->wake, &s->hub);
     if (err) {
@@ -344,14 +390,13 @@ join:
         for (int r = 0; r < s->nrep; r++)
             uv_thread_join(&s->threads[r]);
     }
-    if (s->mpi) {
-        /* replicas on other ranks stop on their own after Shutdown; the
-         * hub's thread sends what is queued before it returns */
-    }
-    ditd_hub_msg_free(ditd_hub_drain(s->hub));
+    /* Under MPI the hub's thread sends the Shutdowns, then waits for every
+     * replica's bye (each leader broadcasts the end to its group first);
+     * it may wake the loop until then, so the wake handle closes after. */
+    ditd_hub_free(s->hub);
+    s->hub = NULL;
     uv_close((uv_handle_t *)&s->wake, NULL);
     uv_run(loop, UV_RUN_DEFAULT);
-    ditd_hub_free(s->hub);
     free(targs);
     free(s->threads);
     free(s->rep);
@@ -367,6 +412,7 @@ fail_hub:
             if (s->threads[r])
                 uv_thread_join(&s->threads[r]);
     ditd_hub_free(s->hub);
+    s->hub = NULL;
 fail_async:
     uv_close((uv_handle_t *)&s->wake, NULL);
     uv_run(loop, UV_RUN_DEFAULT);
@@ -376,13 +422,56 @@ fail_rep:
     free(s->rep);
 fail_info:
     ditd_model_info_free(&s->info);
-    return 1;
+    return -1;
+}
+
+/* A worker rank: one rank of replica (rank - 1) / G. Returns the exit code;
+ * *abandon when the rank left its group out of step (no MPI_Finalize then:
+ * the process ends with an error and mpirun takes the job down). */
+static int serve_worker(ditd_srv *s, const char *model_dir, const ditd_layout *l, int rank,
+                        ditd_comm *group, int *abandon)
+{
+    ditd_mesh *mesh = NULL;
+    ditd_transport *t = NULL;
+    int err, G = ditd_layout_size(l);
+
+    /* It stops when the front-end says so (after its drain), so the SIGTERM
+     * that mpirun forwards to every rank must not end it first. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    ditd_worker_config wc = {model_dir, NULL, (rank - 1) / G, s->cfg.max_batch, s->cfg.threads,
+                             s->cfg.heartbeat_ms};
+    /* the mesh refuses a bad layout on every rank alike, before any split */
+    if ((err = ditd_mesh_new(group, l, &mesh))) {
+        fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
+        return 2;
+    }
+    wc.mesh = mesh;
+    if (ditd_mesh_is_leader(mesh) && (err = ditd_mpi_transport_new(&t))) {
+        /* a leader without a transport cannot tell its group: fail-stop */
+        fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
+        *abandon = 1;
+        ditd_mesh_free(mesh);
+        return 1;
+    }
+    if (G > 1 || getenv("DITD_LOG_RANKS"))
+        fprintf(stderr, "ditd serve: rank %d (pid %d): replica %d, group rank %d of %d%s\n", rank,
+                (int)getpid(), wc.replica, mesh->rank, G, t ? " (leader)" : "");
+    err = ditd_worker_run(&wc, t);
+    if (err) {
+        fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
+        *abandon = err == DITD_ECOMM;
+    }
+    free(t);
+    ditd_mesh_free(mesh);
+    return err ? 1 : 0;
 }
 
 int ditd_cmd_serve(int argc, char **argv)
 {
     ditd_srv *s = calloc(1, sizeof *s);
-    int err, rank = 0, world = 1, group = 1, rc;
+    int err, rank = 0, world_size = 1, rc, abandon = 0;
+    ditd_comm *world = NULL, *group = NULL;
     const char *model_dir;
 
     if (!s) {
@@ -405,42 +494,77 @@ int ditd_cmd_serve(int argc, char **argv)
         free(s);
         return 2;
     }
-    if (ditd_mpi_launched()) {
-        if ((err = ditd_mpi_init(&rank, &world))) {
+    ditd_layout layout = {s->cfg.cfg_degree, s->cfg.ring_degree, s->cfg.ulysses_degree,
+                          s->cfg.tp_degree, DITD_RING_ALLGATHER, 1};
+    if (ditd_comm_launched_by_mpi()) {
+        /* one MPI init for the process, thread level SERIALIZED: on rank 0
+         * the main thread calls MPI until the hub's thread starts and after
+         * it stops, the hub's thread in between; on worker ranks only the
+         * main thread (the worker loop) does */
+        if ((err = ditd_comm_mpi_init(NULL, NULL)) || (err = ditd_comm_mpi_world(&world))) {
             fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
             free(s);
-            return 1;
+            return 1; /* without MPI_Finalize: mpirun ends the job */
         }
-        s->mpi = world > 1;
+        rank = ditd_comm_rank(world);
+        world_size = ditd_comm_size(world);
+        s->mpi = world_size > 1;
     }
-    if ((err = check_layout(&s->cfg, world, s->mpi, &group))) {
-        if (rank == 0)
-            fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
-        ditd_mpi_finalize();
-        free(s);
-        return 2;
-    }
-    if (rank > 0) {
-        /* a worker rank: replica (rank - 1) / group. It stops when the
-         * front-end says so (after its drain), so the SIGTERM that mpirun
-         * forwards to every rank must not end it first. */
-        ditd_transport *t = NULL;
-        signal(SIGTERM, SIG_IGN);
-        signal(SIGINT, SIG_IGN);
-        ditd_worker_config wc = {model_dir, (rank - 1) / group, s->cfg.max_batch, s->cfg.threads,
-                                 s->cfg.heartbeat_ms};
-        rc = 0;
-        if ((err = ditd_mpi_transport_new(&t)) || (err = ditd_worker_run(&wc, t))) {
+
+    /* Every rank checks, then all agree (a rank that could not read the
+     * model folder must not leave the others in a collective). */
+    err = check_start(&s->cfg, &layout, model_dir, world_size, s->mpi);
+    if (err && s->mpi)
+        fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
+    else if (err)
+        fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
+    if (s->mpi) {
+        float bad = err ? 1.0f : 0.0f;
+        if (ditd_comm_allreduce_sum(world, DITD_DTYPE_F32, &bad, 1)) {
             fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
             rc = 1;
+            abandon = 1;
+            goto done;
         }
-        free(t);
-        ditd_mpi_finalize();
-        free(s);
-        return rc;
+        if (bad > 0.5f && !err) {
+            fprintf(stderr, "ditd serve: rank %d: %g other rank(s) refused to start\n", rank,
+                    (double)bad);
+            err = DITD_EINVAL;
+        }
     }
-    rc = serve_front(s, model_dir);
-    ditd_mpi_finalize();
+    if (err) {
+        rc = 2;
+        goto done;
+    }
+    if (s->mpi) {
+        /* the front-end joins no group: replica r is ranks 1 + r G .. */
+        int G = ditd_layout_size(&layout);
+        if ((err = ditd_comm_split(world, rank == 0 ? -1 : (rank - 1) / G, rank, &group))) {
+            fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
+            rc = 1;
+            abandon = 1;
+            goto done;
+        }
+    }
+    if (rank > 0) {
+        rc = serve_worker(s, model_dir, &layout, rank, group, &abandon);
+    } else {
+        rc = serve_front(s, model_dir, ditd_layout_size(&layout));
+        /* failed before the hub could tell the replicas: they would wait */
+        abandon = s->mpi && rc < 0;
+        rc = rc < 0 ? 1 : rc;
+    }
+done:
+    if (abandon) {
+        /* fail-stop: no MPI_Finalize (it would wait for ranks that wait for
+         * us); the exit code makes mpirun end the job */
+        free(s);
+        return rc ? rc : 1;
+    }
+    ditd_comm_free(group);
+    ditd_comm_free(world);
+    if (world)
+        ditd_comm_mpi_finalize();
     free(s);
     return rc;
 }

@@ -5,7 +5,7 @@ http.client. One case per run (meson test names them); exit 0 pass, 1 fail,
 77 skip.
 
 usage: test_http.py --ditd BUILD/ditd CASE
-cases: api errors stream cancel drain load mpi
+cases: api errors stream cancel drain load mpi mpi_fault
 """
 import argparse
 import base64
@@ -73,7 +73,7 @@ class Daemon:
                 self.port = int(m.group(1))
                 # the front-end's pid: under mpirun, rank 0 (SIGTERM goes to
                 # it, not to mpirun, which would abort the job)
-                self.front_pid = int(re.search(r"pid (\d+)", text).group(1))
+                self.front_pid = int(re.search(r"listening on .* pid (\d+)\)", text).group(1))
             if self.port and self.ready():
                 return
             if self.proc.poll() is not None:
@@ -582,6 +582,38 @@ def case_load(ditd, n_req=200, conc=32):
     check(rc == 0, "exit 0", rc)
 
 
+def run_all(d, bodies, timeout=120):
+    """The bodies at once, each on its own connection: [(status, headers, data)]."""
+    got = [None] * len(bodies)
+
+    def run(i):
+        try:
+            got[i] = d.generate(bodies[i], timeout=timeout)
+        except OSError as e:
+            got[i] = (0, {}, str(e).encode())
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout + 10)
+    return got
+
+
+def images(resp):
+    return json.loads(resp[2])["data"] if resp and resp[0] == 200 else None
+
+
+# Layouts served under mpirun: (ranks, flags, what). The fixture has 3
+# heads and 49 tokens: ulysses 2 splits both unevenly; tp 2 splits the heads
+# 2 + 1; cfg 2 runs the conditional and unconditional halves (guidance 4 by
+# default) on two sub-groups.
+MPI_LAYOUTS = [
+    (3, ["--dp", "2"], "--dp 2, one-rank replicas"),
+    (5, ["--dp", "2", "--ulysses-degree", "2"], "--dp 2 --ulysses-degree 2 (2 replicas of 2 ranks)"),
+    (5, ["--dp", "1", "--cfg-degree", "2", "--tp-degree", "2"], "--cfg-degree 2 --tp-degree 2 (1 replica of 4 ranks)"),
+]
+
+
 def case_mpi(ditd):
     if not shutil.which("mpirun"):
         print("skip: no mpirun")
@@ -589,40 +621,178 @@ def case_mpi(ditd):
     bodies = [dict(GEN, seed=s, num_inference_steps=20, n=2) for s in range(8)]
     d = Daemon(ditd, "--max-batch", "2")
     try:
-        want = [json.loads(d.generate(b)[2])["data"] for b in bodies]
+        want = [images(d.generate(b)) for b in bodies]
     finally:
         d.stop()
-    d = Daemon(ditd, "--dp", "2", "--max-batch", "2", mpi_np=3)
-    try:
-        got = [None] * len(bodies)
+    check(all(want), "single process: the reference images")
+    for np_, flags, what in MPI_LAYOUTS:
+        t0 = time.time()
+        dp = int(flags[flags.index("--dp") + 1])
+        d = Daemon(ditd, "--max-batch", "2", *flags, mpi_np=np_)
+        try:
+            got = run_all(d, bodies)
+            check(all(g and g[0] == 200 for g in got), f"mpirun -np {np_} {what}: every request 200",
+                  [g and g[0] for g in got])
+            same = [images(g) == w for g, w in zip(got, want)]
+            check(all(same), f"{what}: PNG bytes equal the single-process ones", same)
+            m = d.metrics()
+            batches = [m.get('ditd_replica_batches_total{replica="%d"}' % r, 0) for r in range(dp)]
+            check(all(b > 0 for b in batches), f"{what}: every replica ran batches (metrics)", batches)
+            check(m.get("ditd_replicas_up") == dp, f"{what}: {dp} replica(s) up", m.get("ditd_replicas_up"))
+            st, _, data = d.request("GET", "/healthz")
+            check(st == 200 and len(json.loads(data)["replicas"]) == dp, f"{what}: healthz lists {dp} replica(s)")
+            ranks = (np_ - 1) // dp
+            check(len(re.findall(r"replica \d+ ready \(max batch 2, %d rank" % ranks, d.logtext())) == dp,
+                  f"{what}: each replica says it has {ranks} rank(s)")
+            if ranks > 1 and dp == 1:
+                # a hang-up cancels through the group: the leader clears the
+                # active flags, every rank drops the samples at the same step
+                long_body = dict(GEN, num_inference_steps=1000, n=2)
+                t1 = time.time()
+                st = d.generate(long_body)[0]
+                t_long = time.time() - t1
+                check(st == 200, f"{what}: a long batch alone takes {t_long:.2f} s", st)
+                long_body["stream"] = True
+                s = socket.create_connection(("127.0.0.1", d.port))
+                raw = json.dumps(long_body).encode()
+                s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+                s.recv(4096)  # the stream started: the batch runs
+                time.sleep(min(0.3, t_long / 4))
+                s.close()
+                t1 = time.time()
+                short = d.generate(bodies[0])
+                t_short = time.time() - t1
+                check(short[0] == 200 and images(short) == want[0] and t_short < t_long * 0.75,
+                      f"{what}: after a hang-up the group drops the batch and serves again "
+                      f"({t_short:.2f} s, the long batch {t_long:.2f} s)")
+                m = d.metrics()
+                check(m.get('ditd_canceled_samples_total{model="%s"}' % MODEL_ID, 0) >= 2,
+                      f"{what}: canceled samples counted")
+        finally:
+            rc = d.stop()
+        check(rc == 0, f"{what}: mpirun exits 0 after SIGTERM to rank 0 ({time.time() - t0:.1f} s)", rc)
+        if rc != 0:
+            print(d.logtext()[-3000:])
 
-        def run(i):
-            got[i] = d.generate(bodies[i])
-        ts = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
-        check(all(g and g[0] == 200 for g in got), "mpirun -np 3 --dp 2: every request 200",
-              [g and g[0] for g in got])
-        check(all(json.loads(g[2])["data"] == w for g, w in zip(got, want)),
-              "images equal the single-process ones")
-        m = d.metrics()
-        b0 = m.get('ditd_replica_batches_total{replica="0"}', 0)
-        b1 = m.get('ditd_replica_batches_total{replica="1"}', 0)
-        check(b0 > 0 and b1 > 0, "both replicas ran batches", (b0, b1))
-        check(m.get("ditd_replicas_up") == 2, "two replicas up", m.get("ditd_replicas_up"))
-        st, _, data = d.request("GET", "/healthz")
-        check(st == 200 and len(json.loads(data)["replicas"]) == 2, "healthz lists two replicas")
-    finally:
-        rc = d.stop()
-    check(rc == 0, "mpirun exits 0 after SIGTERM", rc)
+
+    # a drain deadline while a group runs a batch: SIGTERM once the stream
+    # shows the batch running; the stream ends with an explicit error, the
+    # stop reaches every rank of the group at the same step, and the job
+    # exits 0
+    t0 = time.time()
+    d = Daemon(ditd, "--ulysses-degree", "2", "--drain-timeout", "0.2", mpi_np=3)
+    kinds, last = [], None
+    c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+    c.request("POST", "/v1/images/generations", headers={"Content-Type": "application/json"},
+              body=json.dumps(dict(GEN, num_inference_steps=1000, n=10, stream=True)))
+    ev = None
+    for raw in c.getresponse():
+        line = raw.decode().rstrip("\r\n")
+        if line.startswith("event:"):
+            ev = line[6:].strip()
+            kinds.append(ev)
+            if ev == "image_generation.progress" and kinds.count(ev) == 1:
+                os.kill(d.front_pid, signal.SIGTERM)
+        elif line.startswith("data:") and ev:
+            last = (ev, json.loads(line[5:]))
+    c.close()
+    try:
+        rc = d.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        rc = None
+    check(last and last[0] == "error" and last[1]["error"]["code"] == "draining",
+          "--ulysses-degree 2, drain deadline mid-batch: the stream ends with an error event (draining)",
+          (kinds[-2:], last and last[1]))
+    check(rc == 0, f"--ulysses-degree 2: every rank stops, exit 0 ({time.time() - t0:.1f} s)", rc)
     if rc != 0:
         print(d.logtext()[-3000:])
+        if rc is None:
+            os.killpg(d.proc.pid, signal.SIGKILL)
+            d.proc.wait()
+    elif not failures:
+        os.unlink(d.log.name)
+
+
+def mpirun_refused(ditd, np_, flags, timeout=60):
+    """(exit code or None on a hang, output) of a daemon that should not start."""
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none", ditd, "serve",
+           "--model", MODEL, "--host", "127.0.0.1", "--port", "0", *flags]
+    e = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+             OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl_vader_single_copy_mechanism="none",
+             OMPI_MCA_rmaps_base_oversubscribe="1")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=e,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return None, out.decode(errors="replace")
+
+
+def case_mpi_fault(ditd):
+    if not shutil.which("mpirun"):
+        print("skip: no mpirun")
+        return 77
+    # layouts that cannot work: refused on every rank, non-zero, no hang
+    refusals = [
+        (5, ["--ulysses-degree", "4"], r"ulysses degree 4 > 3 local heads \(3 heads / tp 1\)"),
+        (4, ["--tp-degree", "4"], None),  # world 4 != 1 + 1 x 4
+        (4, ["--ulysses-degree", "2"], r"the MPI world has 4 ranks; --dp 1 with 2 rank\(s\) per replica .* needs 1 \+ 1 x 2 = 3"),
+        (5, ["--tp-degree", "2", "--ulysses-degree", "2"],
+         r"ulysses degree 2 > 1 local heads \(3 heads / tp 2\)"),
+    ]
+    for np_, flags, pattern in refusals:
+        t0 = time.time()
+        rc, out = mpirun_refused(ditd, np_, flags)
+        lines = [l for l in out.splitlines() if l.startswith("ditd serve: rank ")]
+        ranks = sorted(int(re.match(r"ditd serve: rank (\d+)", l).group(1)) for l in lines)
+        ok = rc not in (None, 0) and ranks == list(range(np_))
+        if pattern:
+            ok = ok and all(re.search(pattern, l) for l in lines)
+        check(ok, f"mpirun -np {np_} {' '.join(flags)}: refused on every rank, exit {rc} in "
+              f"{time.time() - t0:.1f} s", (rc, lines[:1]))
+    # without mpirun a group has no ranks to run on
+    p = subprocess.run([ditd, "serve", "--model", MODEL, "--port", "0", "--ulysses-degree", "2"],
+                       capture_output=True, timeout=60)
+    check(p.returncode == 2 and b"multi-rank replicas run under mpirun (mpirun -np 3" in p.stderr,
+          "no mpirun, --ulysses-degree 2: refused, exit 2", (p.returncode, p.stderr[-200:]))
+
+    # fail-stop: a rank of a group dies mid-batch; mpirun takes the job
+    # down, the client in flight gets an error (a closed connection or an
+    # error status), never silence
+    t0 = time.time()
+    d = Daemon(ditd, "--ulysses-degree", "2", mpi_np=3)
+    try:
+        m = re.search(r"rank 2 \(pid (\d+)\): replica 0, group rank 1 of 2", d.logtext())
+        check(m is not None, "the follower rank logs its pid")
+        res = []
+        t = threading.Thread(target=lambda: res.append(run_all(d, [dict(GEN, num_inference_steps=1000, n=2)], 60)[0]))
+        t.start()
+        time.sleep(0.5)
+        os.kill(int(m.group(1)), signal.SIGKILL)
+        t.join(60)
+        check(res and res[0][0] != 200, "a rank killed mid-batch: the request ends with an error",
+              res and (res[0][0], res[0][2][:80]))
+        try:
+            rc = d.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        check(rc not in (None, 0), f"mpirun ends the job, exit {rc} ({time.time() - t0:.1f} s)", rc)
+    finally:
+        if d.proc.poll() is None:
+            os.killpg(d.proc.pid, signal.SIGKILL)
+            d.proc.wait()
+        if failures:
+            print(d.logtext()[-3000:])
+        else:
+            os.unlink(d.log.name)
 
 
 CASES = {"api": case_api, "errors": case_errors, "stream": case_stream, "cancel": case_cancel,
-         "drain": case_drain, "load": case_load, "mpi": case_mpi}
+         "drain": case_drain, "load": case_load, "mpi": case_mpi, "mpi_fault": case_mpi_fault}
 
 
 def main():
