@@ -495,7 +495,7 @@ int ditd_cmd_serve(int argc, char **argv)
         return 2;
     }
     ditd_layout layout = {s->cfg.cfg_degree, s->cfg.ring_degree, s->cfg.ulysses_degree,
-                          s->cfg.tp_degree, DITD_RING_ALLGATHER, 1};
+                          s->cfg.tp_degree, (ditd_ring_rotate)s->cfg.ring_rotate, 1};
     if (ditd_comm_launched_by_mpi()) {
         /* one MPI init for the process, thread level SERIALIZED: on rank 0
          * the main thread calls MPI until the hub's thread starts and after

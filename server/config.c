@@ -7,9 +7,10 @@
 #include <string.h>
 
 #include "engine/error.h"
+#include "engine/mesh.h"
 #include "server/cmd.h"
 
-typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL } opt_type;
+typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE } opt_type;
 
 typedef struct opt {
     const char *flag;   /* without "--" */
@@ -30,6 +31,7 @@ static const opt opts[] = {
     {"dp", "DITD_DP", T_INT, OFF(dp), 1, 1024, "1", "replicas (data parallel); under mpirun: world = 1 + dp x group"},
     {"ulysses-degree", "DITD_ULYSSES_DEGREE", T_INT, OFF(ulysses_degree), 1, 1024, "1", "context parallel (Ulysses) ranks per replica"},
     {"ring-degree", "DITD_RING_DEGREE", T_INT, OFF(ring_degree), 1, 1024, "1", "context parallel (Ring) ranks per replica"},
+    {"ring-rotate", "DITD_RING_ROTATE", T_ROTATE, OFF(ring_rotate), 0, 0, "allgather", "how Ring moves K/V: allgather (as Diffusers) or p2p (send/recv ring)"},
     {"tp-degree", "DITD_TP_DEGREE", T_INT, OFF(tp_degree), 1, 1024, "1", "tensor parallel ranks per replica"},
     {"cfg-degree", "DITD_CFG_DEGREE", T_INT, OFF(cfg_degree), 1, 2, "1", "classifier-free guidance parallel (1 or 2)"},
     {"max-batch", "DITD_MAX_BATCH", T_INT, OFF(max_batch), 1, 256, "8", "samples per batch on a replica"},
@@ -73,6 +75,13 @@ static int set(ditd_serve_config *c, const opt *o, const char *val, const char *
             return err;
         *(double *)dst = d;
         return 0;
+    case T_ROTATE: {
+        ditd_ring_rotate r;
+        if (ditd_ring_rotate_from_str(val, &r))
+            return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not allgather or p2p", who, val);
+        *(int *)dst = (int)r;
+        return 0;
+    }
     case T_BOOL:
         if (!strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "yes") || !strcmp(val, "on"))
             *(int *)dst = 1;

@@ -16,6 +16,7 @@ typedef struct ditd_serve_config {
     char model[4096];           /* "" = the embedded default */
     int dp;                     /* replicas */
     int ulysses_degree, ring_degree, tp_degree, cfg_degree;
+    int ring_rotate;            /* ditd_ring_rotate */
     int max_batch;              /* samples per batch */
     int batch_window_ms;
     int max_queue;              /* waiting requests per model */
