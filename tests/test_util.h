@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/error.h"
 
@@ -67,6 +68,28 @@ static inline uint64_t tu_rng(void)
     tu_rng_state ^= tu_rng_state << 25;
     tu_rng_state ^= tu_rng_state >> 27;
     return tu_rng_state * 2685821657736338717ull;
+}
+
+/* Seeds tu_rng from DITD_TEST_SEED, else the clock, and prints the seed so
+ * a failed run can be replayed. */
+static inline void tu_seed(void)
+{
+    const char *env = getenv("DITD_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    tu_rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+    printf("seed %llu (DITD_TEST_SEED replays)\n", (unsigned long long)seed);
+}
+
+/* Makes a fresh folder $TMPDIR/ditd-test-<what>-XXXXXX into buf; 0 or -1. */
+static inline int tu_mkdtemp(char *buf, size_t len, const char *what)
+{
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(buf, len, "%s/ditd-test-%s-XXXXXX", base, what);
+    if (!mkdtemp(buf)) {
+        fprintf(stderr, "mkdtemp %s failed\n", buf);
+        return -1;
+    }
+    return 0;
 }
 
 typedef struct tu_err {

@@ -873,17 +873,9 @@ static void test_sharded(void)
 
 int main(void)
 {
-    const char *seed_env = getenv("DITD_TEST_SEED");
-    uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL);
-    tu_rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
-    printf("seed %llu (DITD_TEST_SEED replays)\n", (unsigned long long)seed);
-
-    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(tmpdir, sizeof tmpdir, "%s/ditd-test-st-XXXXXX", base);
-    if (!mkdtemp(tmpdir)) {
-        fprintf(stderr, "mkdtemp %s: %s\n", tmpdir, strerror(errno));
+    tu_seed();
+    if (tu_mkdtemp(tmpdir, sizeof tmpdir, "st"))
         return 1;
-    }
 
     test_dtype_names();
     test_f16_exhaustive();
