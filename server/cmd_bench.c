@@ -274,23 +274,17 @@ done:
 
 int ditd_cmd_bench(int argc, char **argv)
 {
-    enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM,
-           O_ULYSSES, O_RING, O_ROTATE, O_TP, O_CFG, O_DEVICE };
+    enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM, O_DEVICE };
     static const struct option opts[] = {
         {"config", required_argument, 0, O_CONFIG},   {"model", required_argument, 0, O_MODEL},
         {"tokens", required_argument, 0, O_TOKENS},   {"batch", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS}, {"iters", required_argument, 0, O_ITERS},
         {"warmup", required_argument, 0, O_WARMUP},   {"no-gemm", no_argument, 0, O_NOGEMM},
         {"help", no_argument, 0, 'h'},
-        {"ulysses-degree", required_argument, 0, O_ULYSSES},
-        {"ring-degree", required_argument, 0, O_RING},
-        {"ring-rotate", required_argument, 0, O_ROTATE},
-        {"tp-degree", required_argument, 0, O_TP},
-        {"cfg-degree", required_argument, 0, O_CFG},
+        DITD_LAYOUT_LONGOPTS,
         {"device", required_argument, 0, O_DEVICE},
         {0, 0, 0, 0}};
-    long deg_u = 1, deg_r = 1, deg_t = 1, deg_c = 1;
-    ditd_ring_rotate rotate = DITD_RING_ALLGATHER;
+    ditd_layout layout = DITD_LAYOUT_SINGLE;
     const char *config = "DiT-XL/2", *model_dir = NULL;
     long tokens = 256, batch = 2, threads = 0, iters = 5, warmup = 1;
     int c, err, do_gemm = 1, rc = 1;
@@ -308,14 +302,13 @@ int ditd_cmd_bench(int argc, char **argv)
         case O_ITERS: err = ditd_parse_long(optarg, 1, 1000, "--iters", &iters); break;
         case O_WARMUP: err = ditd_parse_long(optarg, 0, 1000, "--warmup", &warmup); break;
         case O_NOGEMM: do_gemm = 0; break;
-        case O_ULYSSES: err = ditd_parse_long(optarg, 1, 4096, "--ulysses-degree", &deg_u); break;
-        case O_RING: err = ditd_parse_long(optarg, 1, 4096, "--ring-degree", &deg_r); break;
-        case O_ROTATE: err = ditd_ring_rotate_from_str(optarg, &rotate); break;
-        case O_TP: err = ditd_parse_long(optarg, 1, 4096, "--tp-degree", &deg_t); break;
-        case O_CFG: err = ditd_parse_long(optarg, 1, 2, "--cfg-degree", &deg_c); break;
         case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default:
+            if (ditd_layout_option(c, optarg, &layout, &err))
+                break;
+            usage(stderr);
+            return 2;
         }
         if (err) {
             fprintf(stderr, "ditd bench: %s\n", ditd_err_detail());
@@ -323,7 +316,6 @@ int ditd_cmd_bench(int argc, char **argv)
         }
     }
 
-    ditd_layout layout = {(int)deg_c, (int)deg_r, (int)deg_u, (int)deg_t, rotate, 1};
     if (ditd_comm_launched_by_mpi() || ditd_layout_size(&layout) > 1) {
         if (device != DITD_DEVICE_CPU) {
             fprintf(stderr, "ditd bench: --device %s runs one rank (the parallel bench is CPU "

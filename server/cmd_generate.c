@@ -74,7 +74,7 @@ static int fail(const char *what, int err)
 int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
-           O_SAVE, O_ULYSSES, O_RING, O_ROTATE, O_TP, O_CFG };
+           O_SAVE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -82,14 +82,9 @@ int ditd_cmd_generate(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"latents", required_argument, 0, O_LATENTS},
         {"save-latents", required_argument, 0, O_SAVE}, {"output", required_argument, 0, 'o'},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
-        {"ulysses-degree", required_argument, 0, O_ULYSSES},
-        {"ring-degree", required_argument, 0, O_RING},
-        {"ring-rotate", required_argument, 0, O_ROTATE},
-        {"tp-degree", required_argument, 0, O_TP},
-        {"cfg-degree", required_argument, 0, O_CFG},
+        DITD_LAYOUT_LONGOPTS,
         {0, 0, 0, 0}};
-    long deg_u = 1, deg_r = 1, deg_t = 1, deg_c = 1;
-    ditd_ring_rotate rotate = DITD_RING_ALLGATHER;
+    ditd_layout layout = DITD_LAYOUT_SINGLE;
     const char *model_dir = NULL, *class_str = "0", *sampler_str = NULL, *latents_path = NULL;
     const char *save_path = NULL, *out_path = NULL;
     long seed = 0, steps = -1, n = 1, threads = 0;
@@ -112,15 +107,14 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_LATENTS: latents_path = optarg; break;
         case O_SAVE: save_path = optarg; break;
         case 'n': err = ditd_parse_long(optarg, 1, 64, "-n", &n); break;
-        case O_ULYSSES: err = ditd_parse_long(optarg, 1, 4096, "--ulysses-degree", &deg_u); break;
-        case O_RING: err = ditd_parse_long(optarg, 1, 4096, "--ring-degree", &deg_r); break;
-        case O_ROTATE: err = ditd_ring_rotate_from_str(optarg, &rotate); break;
-        case O_TP: err = ditd_parse_long(optarg, 1, 4096, "--tp-degree", &deg_t); break;
-        case O_CFG: err = ditd_parse_long(optarg, 1, 2, "--cfg-degree", &deg_c); break;
         case 'o': out_path = optarg; break;
         case 'q': pr.quiet = 1; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default:
+            if (ditd_layout_option(c, optarg, &layout, &err))
+                break;
+            usage(stderr);
+            return 2;
         }
         if (err) {
             fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
@@ -141,7 +135,6 @@ int ditd_cmd_generate(int argc, char **argv)
     }
 
     /* A group: every rank of the world (mpirun -np G) is one rank of it. */
-    ditd_layout layout = {(int)deg_c, (int)deg_r, (int)deg_u, (int)deg_t, rotate, 1};
     ditd_comm *world = NULL;
     ditd_mesh *mesh = NULL;
     int leader = 1, use_mpi = ditd_comm_launched_by_mpi() || ditd_layout_size(&layout) > 1;

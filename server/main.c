@@ -8,6 +8,7 @@
 
 #include "ditd_build_config.h"
 #include "engine/error.h"
+#include "engine/mesh.h"
 #include "server/cmd.h"
 
 int ditd_parse_long(const char *s, long lo, long hi, const char *what, long *out)
@@ -32,6 +33,25 @@ int ditd_parse_double(const char *s, double lo, double hi, const char *what, dou
         return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not a number in %g..%g", what, s, lo, hi);
     *out = v;
     return 0;
+}
+
+int ditd_layout_option(int c, const char *arg, ditd_layout *l, int *err)
+{
+    static const char *const flags[] = {"--ulysses-degree", "--ring-degree", NULL, "--tp-degree",
+                                        "--cfg-degree"};
+    int *deg[] = {&l->ulysses, &l->ring, NULL, &l->tp, &l->cfg};
+    int k = c - DITD_OPT_LAYOUT;
+    long v = 1;
+    *err = 0;
+    if (k < 0 || k > 4)
+        return 0;
+    if (k == 2) {
+        *err = ditd_ring_rotate_from_str(arg, &l->rotate);
+        return 1;
+    }
+    if (!(*err = ditd_parse_long(arg, 1, k == 4 ? 2 : 4096, flags[k], &v)))
+        *deg[k] = (int)v;
+    return 1;
 }
 
 const char *ditd_default_model_dir(void)
