@@ -5,7 +5,8 @@
  * Times ditd_cpu_linear (M = 512 rows = batch 2 x 256 tokens; the shapes of
  * DiT-XL/2's qkv/out, fc1 and fc2 layers) and ditd_cpu_attention (B = 2,
  * H = 16, Dh = 72 at 256 and 1024 tokens) and prints the median over the
- * repeats after one warm-up call, with GFLOP/s. Threads default to 2 (set
+ * repeats after one warm-up call, with GFLOP/s (and the minimum, which is
+ * less sensitive to other work on a shared machine). Threads default to 2 (set
  * for OpenMP and for OpenBLAS, which shares the OpenMP runtime here).
  * OPENBLAS_CORETYPE is read from the environment, as found, and printed.
  */
@@ -57,6 +58,7 @@ static void *xmalloc(size_t bytes)
     return p;
 }
 
+/* Sorts t; returns the median (t[0] is then the minimum). */
 static double median(double *t, int n)
 {
     qsort(t, (size_t)n, sizeof *t, cmp_double);
@@ -81,8 +83,8 @@ static void bench_linear(int M, int N, int K, ditd_cpu_act act, const char *name
     }
     const double ms = median(t, reps);
     const double gflop = 2.0 * M * N * K * 1e-9;
-    printf("linear    %-12s M=%4d N=%4d K=%4d  %8.3f ms  %7.1f GFLOP/s\n", name, M, N, K, ms,
-           gflop / (ms * 1e-3));
+    printf("linear    %-9s M=%4d N=%4d K=%4d %9.3f ms %7.1f GFLOP/s   (min %8.3f ms %7.1f)\n",
+           name, M, N, K, ms, gflop / (ms * 1e-3), t[0], gflop / (t[0] * 1e-3));
     free(x);
     free(w);
     free(b);
@@ -110,8 +112,8 @@ static void bench_attention(int B, int N, int H, int Dh, int reps)
     }
     const double ms = median(t, reps);
     const double gflop = 4.0 * B * H * (double)N * N * Dh * 1e-9; /* QK^T and PV */
-    printf("attention B=%d N=%5d H=%d Dh=%d        %8.3f ms  %7.1f GFLOP/s\n", B, N, H, Dh, ms,
-           gflop / (ms * 1e-3));
+    printf("attention B=%d N=%4d H=%d Dh=%d          %9.3f ms %7.1f GFLOP/s   (min %8.3f ms %7.1f)\n",
+           B, N, H, Dh, ms, gflop / (ms * 1e-3), t[0], gflop / (t[0] * 1e-3));
     free(qkv);
     free(o);
     free(lse);
@@ -143,7 +145,7 @@ int main(int argc, char **argv)
     printf("OpenBLAS config: %s\n", openblas_get_config());
 
     const int M = 512; /* batch 2 x 256 tokens */
-    bench_linear(M, 1152, 1152, DITD_CPU_ACT_NONE, "attn.out", reps);
+    bench_linear(M, 1152, 1152, DITD_CPU_ACT_NONE, "attn_out", reps);
     bench_linear(M, 3456, 1152, DITD_CPU_ACT_NONE, "qkv", reps);
     bench_linear(M, 4608, 1152, DITD_CPU_ACT_GELU_TANH, "fc1+gelu", reps);
     bench_linear(M, 1152, 4608, DITD_CPU_ACT_NONE, "fc2", reps);

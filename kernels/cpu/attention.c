@@ -128,17 +128,18 @@ static void attention_task(const float *q, size_t ldq, const float *k, size_t ld
                            ATT_BQ, 0);
         }
 
-        /* Online softmax down the key axis, vectorized over queries. */
+        /* Online softmax down the key axis, vectorized over the nqb query
+         * columns computed (columns past nq hold zero queries: finite, unused). */
         float mx[ATT_BQ];
-        for (int i = 0; i < ATT_BQ; ++i)
+        for (int i = 0; i < nqb; ++i)
             mx[i] = m[i];
         for (int j = 0; j < nk; ++j) {
             const float *sj = st + (size_t)j * ATT_BQ;
-            for (int i = 0; i < ATT_BQ; ++i)
+            for (int i = 0; i < nqb; ++i)
                 mx[i] = sj[i] > mx[i] ? sj[i] : mx[i];
         }
         int rescale = 0;
-        for (int i = 0; i < ATT_BQ; ++i) {
+        for (int i = 0; i < nqb; ++i) {
             alpha[i] = ditd__expf(m[i] - mx[i]); /* 0 on the first tile */
             rescale |= alpha[i] != 1.0f;
             m[i] = mx[i];
@@ -146,7 +147,7 @@ static void attention_task(const float *q, size_t ldq, const float *k, size_t ld
         }
         for (int j = 0; j < nk; ++j) {
             float *sj = st + (size_t)j * ATT_BQ;
-            for (int i = 0; i < ATT_BQ; ++i) {
+            for (int i = 0; i < nqb; ++i) {
                 sj[i] = ditd__expf(sj[i] - m[i]);
                 l[i] += sj[i];
             }
@@ -154,7 +155,7 @@ static void attention_task(const float *q, size_t ldq, const float *k, size_t ld
         if (rescale)
             for (int d = 0; d < Dh; ++d) {
                 float *od = ot + (size_t)d * ATT_BQ;
-                for (int i = 0; i < ATT_BQ; ++i)
+                for (int i = 0; i < nqb; ++i)
                     od[i] *= alpha[i];
             }
 
