@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "engine/error.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 static int get_int(json_t *root, const char *path, const char *key, int dflt, int *out)
 {
@@ -94,6 +95,9 @@ int ditd_dit_config_finish(ditd_dit_config *c, const char *what)
     if (c->num_heads <= 0 || c->num_heads > 1024 || c->head_dim <= 0 || c->head_dim > 1024)
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: num_attention_heads = %d, attention_head_dim = %d",
                             what, c->num_heads, c->head_dim);
+    if (c->head_dim > DITD_CPU_ATTN_MAX_DH)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: attention_head_dim = %d (the attention kernels take up to %d)",
+                            what, c->head_dim, DITD_CPU_ATTN_MAX_DH);
     c->inner_dim = c->num_heads * c->head_dim;
     if (c->inner_dim % 4)
         return ditd_err_set(DITD_EUNSUPPORTED,
