@@ -105,12 +105,50 @@ typedef struct ditd_backend_ops {
      * Callers check it after ops->sync() (or a download, which syncs). The
      * CPU backend always returns 0 (its ops assert instead). */
     int (*status)(void);
+
+    /* ---- optional: NULL on the CPU, where the forward runs op by op ----
+     *
+     * The per-step arguments in device memory, so that a forward can be
+     * captured once as a CUDA graph and replayed: upload_args copies B
+     * timesteps and class ids from the host into d_t / d_y (device buffers
+     * the caller carved from its arena), queued before the ops that read
+     * them; embedding_dev / timestep_embed_dev are embedding /
+     * timestep_embed reading those buffers when they run. Ids are checked
+     * on the host by the caller. */
+    void (*upload_args)(float *d_t, const float *h_t, int64_t *d_y, const int64_t *h_y, int B);
+    void (*embedding_dev)(const void *table, const int64_t *d_ids, void *out, int B, int D);
+    void (*timestep_embed_dev)(const float *d_t, void *out, int B, int dim);
+    /* Stream capture: between graph_begin and graph_end every op is recorded
+     * instead of run (no upload, download or sync in between); graph_end
+     * instantiates it (*g owned, graph_free); graph_launch queues one
+     * replay. 0 or DITD_E*; graph_begin returns DITD_EUNSUPPORTED when
+     * graphs are turned off (DITD_CUDA_GRAPHS=0), and the caller runs the
+     * ops directly. */
+    int (*graph_begin)(void);
+    int (*graph_end)(void **g);
+    int (*graph_launch)(void *g);
+    void (*graph_free)(void *g);
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;
 
 /* The table for a device, or NULL (with a detail) when not built in. */
 const ditd_backend_ops *ditd_backend_get(ditd_device d);
+
+/* This process's rank on its node, for choosing its GPU: the launcher's
+ * OMPI_COMM_WORLD_LOCAL_RANK, else 0 (not under mpirun). */
+int ditd_backend_local_rank(void);
+
+/* Whether the device can be used here, without initializing it: 0, or
+ * DITD_EUNSUPPORTED (not built into this binary) / DITD_EDEVICE (no GPU)
+ * with a detail that names the device. For start-up checks. */
+int ditd_backend_check(ditd_device d);
+
+/* The table a worker rank runs on: for CUDA, first cudaSetDevice(local
+ * rank modulo the node's GPU count) (ditd_backend_local_rank), then the
+ * backend on that device. NULL with the detail set (naming the device)
+ * when it cannot be used; the CPU never fails. Borrowed. */
+const ditd_backend_ops *ditd_backend_open(ditd_device d);
 
 static inline void *ditd_ptr_act(const ditd_backend_ops *ops, const void *p, size_t elems)
 {

@@ -224,6 +224,67 @@ static void cu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t
     keep(ditd_cuda_copy2d(dst, ldd, src, lds, rows, cols, 2, CS), "copy2d");
 }
 
+/* ---- per-step arguments in device memory (for graphs) ---- */
+
+static void cu_upload_args(float *d_t, const float *h_t, int64_t *d_y, const int64_t *h_y, int B)
+{
+    if (B <= 0)
+        return;
+    /* pageable sources: each copy returns once its source has been read,
+     * and runs in stream order after the replay that read the last values */
+    keep((int)cudaMemcpyAsync(d_t, h_t, (size_t)B * sizeof *h_t, cudaMemcpyHostToDevice,
+                              g.compute),
+         "upload_args (timesteps)");
+    keep((int)cudaMemcpyAsync(d_y, h_y, (size_t)B * sizeof *h_y, cudaMemcpyHostToDevice,
+                              g.compute),
+         "upload_args (class ids)");
+}
+
+static void cu_embedding_dev(const void *table, const int64_t *d_ids, void *out, int B, int D)
+{
+    keep(ditd_cuda_embedding_dev(table, d_ids, out, B, D, CS), "embedding_dev");
+}
+
+static void cu_timestep_embed_dev(const float *d_t, void *out, int B, int dim)
+{
+    keep(ditd_cuda_timestep_embed_dev(d_t, out, B, dim, CS), "timestep_embed_dev");
+}
+
+static int graphs_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("DITD_CUDA_GRAPHS");
+        on = !(v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "false")));
+    }
+    return on;
+}
+
+static int cu_graph_begin(void)
+{
+    if (!graphs_enabled())
+        return DITD_EUNSUPPORTED; /* no detail: the caller runs the ops directly */
+    return ditd_backend_cuda_capture_begin();
+}
+
+static int cu_graph_end(void **out)
+{
+    ditd_cuda_graph *cg = NULL;
+    int err = ditd_backend_cuda_capture_end(&cg);
+    *out = cg;
+    return err;
+}
+
+static int cu_graph_launch(void *cg)
+{
+    return ditd_backend_cuda_graph_launch(cg);
+}
+
+static void cu_graph_free(void *cg)
+{
+    ditd_backend_cuda_graph_free(cg);
+}
+
 static const ditd_backend_ops cuda_ops = {
     .name = "cuda",
     .device = DITD_DEVICE_CUDA,
@@ -249,6 +310,13 @@ static const ditd_backend_ops cuda_ops = {
     .mem_alloc = cu_mem_alloc,
     .mem_free = cu_mem_free,
     .status = cu_status,
+    .upload_args = cu_upload_args,
+    .embedding_dev = cu_embedding_dev,
+    .timestep_embed_dev = cu_timestep_embed_dev,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
+    .graph_launch = cu_graph_launch,
+    .graph_free = cu_graph_free,
 };
 
 /* ---- lifetime ---- */
@@ -261,6 +329,42 @@ int ditd_backend_cuda_available(void)
         return 0;
     }
     return n > 0;
+}
+
+int ditd_backend_cuda_select(int local_rank)
+{
+    int n = 0, dev;
+    cudaError_t rc;
+    if ((rc = cudaGetDeviceCount(&n)) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return ditd_err_set(DITD_EDEVICE, "no CUDA device%s%s", rc != cudaSuccess ? ": " : "",
+                            rc != cudaSuccess ? cudaGetErrorString(rc) : "");
+    }
+    dev = (local_rank < 0 ? 0 : local_rank) % n;
+    if (g.ready) {
+        if (g.device != dev)
+            return ditd_err_set(DITD_EINVAL,
+                                "the CUDA backend already runs on device %d (local rank %d wants %d)",
+                                g.device, local_rank, dev);
+        return dev;
+    }
+    if ((rc = cudaSetDevice(dev)) != cudaSuccess) {
+        cudaGetLastError();
+        return ditd_err_set(DITD_EDEVICE, "cudaSetDevice(%d): %s", dev, cudaGetErrorString(rc));
+    }
+    return dev;
+}
+
+int ditd_backend_cuda_device(void)
+{
+    int d = 0;
+    if (g.ready)
+        return g.device;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return d;
 }
 
 void ditd_backend_cuda_shutdown(void)

@@ -30,6 +30,15 @@ const ditd_backend_ops *ditd_backend_cuda_get(void);
  * the arenas: their owners free them first). Safe when never initialized. */
 void ditd_backend_cuda_shutdown(void);
 
+/* Chooses this process's GPU before the backend is first got:
+ * cudaSetDevice(local_rank modulo the GPU count). Returns the device
+ * ordinal, or a negative DITD_E* with the detail set (no GPU; or the
+ * backend already runs on another device). */
+int ditd_backend_cuda_select(int local_rank);
+
+/* The device the backend runs on (the current one before it is got). */
+int ditd_backend_cuda_device(void);
+
 /* 1 when a GPU is there to use (cudaGetDeviceCount > 0), else 0; for tests
  * that skip (exit 77) without one. Does not initialize the backend. */
 int ditd_backend_cuda_available(void);

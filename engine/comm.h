@@ -3,9 +3,11 @@
  * pointers per transport (as engine/backend.h is per device).
  *
  *   MPI   (engine/comm_mpi.c)  host buffers: the CPU backend, CI, tests.
- *   NCCL  (engine/comm_nccl.c) device buffers, on a stream of its own;
- *                              bootstrapped over MPI (ncclGetUniqueId +
- *                              MPI_Bcast), sub-groups with ncclCommSplit.
+ *   NCCL  (engine/comm_nccl.c) device buffers, on the CUDA backend's
+ *                              comm stream; bootstrapped over MPI
+ *                              (ncclGetUniqueId + MPI_Bcast), sub-groups
+ *                              with ncclCommSplit; non-blocking, with a
+ *                              watchdog (a deadline, then ncclCommAbort).
  *   self  (engine/comm.c)      a group of one, no MPI: every collective is
  *                              a copy (the embedded single-process server).
  *
@@ -14,7 +16,7 @@
  * transport matching that backend expects.
  *
  * What it is not: no process management, no fault tolerance (fail-stop: an
- * MPI error aborts the job, see DESIGN.md), no tags or matching beyond the
+ * MPI error aborts the job, a NCCL one returns DITD_ECOMM, see DESIGN.md), no tags or matching beyond the
  * paired send/recv the ring needs.
  *
  * Counts and displacements are in elements of the given dtype and are ints
@@ -121,12 +123,23 @@ int ditd_comm_launched_by_mpi(void);
 int ditd_comm_mpi_world(ditd_comm **out);
 
 /* NCCL over the ranks of `parent` (an MPI comm): rank 0 makes the unique
- * id, MPI broadcasts it, each rank binds to device `device`. Tensors must
- * be device buffers; collectives run on the comm's own stream, and the
- * call returns once the stream has finished them (so the compute stream's
- * order is kept without events in the model code). DITD_EUNSUPPORTED when
- * built without NCCL. */
+ * id, MPI broadcasts it, each rank binds to device `device`. Needs the CUDA
+ * backend open (ditd_backend_open). Tensors must be device buffers;
+ * collectives run on the backend's communication stream, ordered against
+ * its compute stream by events, and the call returns once they have
+ * finished, watched against a deadline: a collective that fails
+ * asynchronously or is not done in time aborts the communicator
+ * (ncclCommAbort) and returns DITD_ECOMM (so does every later call on it).
+ * Splits inherit the deadline. DITD_EUNSUPPORTED when built without NCCL. */
 int ditd_comm_nccl_new(ditd_comm *parent, int device, ditd_comm **out);
+
+#define DITD_NCCL_DEFAULT_TIMEOUT_MS 60000
+
+/* As ditd_comm_nccl_new with the watchdog's deadline per call (timeout_ms
+ * <= 0: DITD_NCCL_DEFAULT_TIMEOUT_MS; it bounds the initialization too);
+ * device < 0: the CUDA backend's. Only in builds with NCCL
+ * (DITD_HAVE_NCCL); ditd_mesh_use_nccl() is the way in for model code. */
+int ditd_comm_nccl_new_opts(ditd_comm *parent, int device, int timeout_ms, ditd_comm **out);
 
 /* Collective over c: ranks with the same color form a new communicator,
  * ordered by key (ties by rank in c). color < 0: this rank joins none and

@@ -114,6 +114,10 @@ static int carve_acts(ditd_dit *m)
         err |= carve(a, &m->tok_loc, at, B * Nl * po);
         err |= carve(a, &m->tok_gath, at, B * N * po);
     }
+    if (m->ops->upload_args) { /* per-step arguments on the device (graphs) */
+        err |= carve(a, (void **)&m->d_t, DITD_DTYPE_F32, B);
+        err |= carve(a, (void **)&m->d_y, DITD_DTYPE_I64, B);
+    }
     return err ? DITD_ENOMEM : 0;
 }
 
@@ -219,6 +223,13 @@ static int dit_alloc(const ditd_dit_config *cfg, const ditd_backend_ops *ops, in
         ditd_dit_free(m);
         return err;
     }
+    /* graphs only for a forward without collectives: each collective stays
+     * a host call, watched (engine/comm_nccl.c) */
+    if (ops->graph_begin && m->lay.tp == 1 && m->lay.ring * m->lay.ulysses == 1 &&
+        !(m->graphs = calloc((size_t)max_batch + 1, sizeof *m->graphs))) {
+        ditd_dit_free(m);
+        return ditd_err_set(DITD_ENOMEM, "graph table");
+    }
     *out = m;
     return 0;
 }
@@ -227,6 +238,12 @@ void ditd_dit_free(ditd_dit *m)
 {
     if (!m)
         return;
+    if (m->graphs) {
+        for (int b = 0; b <= m->max_batch; b++)
+            if (m->graphs[b].exec)
+                m->ops->graph_free(m->graphs[b].exec);
+        free(m->graphs);
+    }
     ditd_arena_free(&m->weights);
     ditd_arena_free(&m->acts);
     free(m->blocks);
@@ -505,7 +522,10 @@ static void block_conditioning(ditd_dit *m, const ditd_dit_block *b, int B, cons
     int D = m->cfg.inner_dim;
     ops->linear(m->tfreq, TFREQ, b->t1_w, b->t1_b, m->temb, (size_t)D, B, D, TFREQ, DITD_ACT_SILU);
     ops->linear(m->temb, (size_t)D, b->t2_w, b->t2_b, cond, (size_t)D, B, D, D, DITD_ACT_NONE);
-    ops->embedding(b->cls, h_y, m->temb, B, D);
+    if (m->d_y)
+        ops->embedding_dev(b->cls, m->d_y, m->temb, B, D);
+    else
+        ops->embedding(b->cls, h_y, m->temb, B, D);
     ops->add(cond, m->temb, (size_t)B * (size_t)D);
 }
 
@@ -685,8 +705,11 @@ static int self_attention(ditd_dit *m, const ditd_dit_block *b, int B)
     return 0;
 }
 
-int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
-                     void *out)
+/* The forward's ops, queued (or captured) in order; the arguments were
+ * checked by ditd_dit_forward. With m->d_t / m->d_y the timesteps and ids
+ * are read from there (uploaded before), else from the host arrays. */
+static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
+                       void *out)
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_dit_config *c = &m->cfg;
@@ -695,15 +718,6 @@ int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const 
     size_t ld6 = 6 * (size_t)D;
     int err;
 
-    if (B <= 0 || B > m->max_batch)
-        return ditd_err_set(DITD_EINVAL, "batch %d outside 1..%d", B, m->max_batch);
-    for (int i = 0; i < B; i++) {
-        if (h_y[i] < 0 || h_y[i] > c->num_embeds_ada_norm)
-            return ditd_err_set(DITD_EINVAL, "class id %lld outside 0..%d (%d = unconditional)",
-                                (long long)h_y[i], c->num_embeds_ada_norm, c->num_embeds_ada_norm);
-        if (!isfinite(h_t[i]))
-            return ditd_err_set(DITD_EINVAL, "timestep of sample %d is not finite", i);
-    }
     M = B * Nl;
 
     /* patch embedding: x (B, C, S, S) -> h (B, N, D), plus positions; under
@@ -720,7 +734,10 @@ int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const 
                    (size_t)Nl, (size_t)D);
     }
     /* timestep features (B, E), shared by every block's embedder */
-    ops->timestep_embed(h_t, m->tfreq, B, TFREQ);
+    if (m->d_t)
+        ops->timestep_embed_dev(m->d_t, m->tfreq, B, TFREQ);
+    else
+        ops->timestep_embed(h_t, m->tfreq, B, TFREQ);
 
     for (int l = 0; l < c->num_layers; l++) {
         const ditd_dit_block *b = &m->blocks[l];
@@ -790,4 +807,75 @@ int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const 
     ops->unpatchify(m->tok_out, out, B, c->out_channels, m->gh, m->gw, p);
     /* an op a device refused (no sync: faults surface at the caller's) */
     return ops->status();
+}
+
+/* Captures forward_ops for this (B, x, out) and runs the graph once. */
+static int forward_capture(ditd_dit *m, ditd_dit_graph *gr, int B, const void *x,
+                           const float *h_t, const int64_t *h_y, void *out)
+{
+    const ditd_backend_ops *ops = m->ops;
+    void *exec = NULL;
+    int err = ops->graph_begin(), err2;
+    if (err == DITD_EUNSUPPORTED) { /* graphs turned off: op by op from now on */
+        free(m->graphs);
+        m->graphs = NULL;
+        return forward_ops(m, B, x, h_t, h_y, out);
+    }
+    if (err)
+        return err;
+    err = forward_ops(m, B, x, h_t, h_y, out);
+    err2 = ops->graph_end(&exec);
+    if (err || err2) {
+        if (exec)
+            ops->graph_free(exec);
+        return err ? err : err2;
+    }
+    gr->exec = exec;
+    gr->x = x;
+    gr->out = out;
+    if ((err = ops->graph_launch(exec)))
+        return err;
+    return ops->status();
+}
+
+int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
+                     void *out)
+{
+    const ditd_backend_ops *ops = m->ops;
+    const ditd_dit_config *c = &m->cfg;
+    int err;
+
+    if (B <= 0 || B > m->max_batch)
+        return ditd_err_set(DITD_EINVAL, "batch %d outside 1..%d", B, m->max_batch);
+    for (int i = 0; i < B; i++) {
+        if (h_y[i] < 0 || h_y[i] > c->num_embeds_ada_norm)
+            return ditd_err_set(DITD_EINVAL, "class id %lld outside 0..%d (%d = unconditional)",
+                                (long long)h_y[i], c->num_embeds_ada_norm, c->num_embeds_ada_norm);
+        if (!isfinite(h_t[i]))
+            return ditd_err_set(DITD_EINVAL, "timestep of sample %d is not finite", i);
+    }
+    if (!m->d_t) /* host arguments (the CPU): op by op, as always */
+        return forward_ops(m, B, x, h_t, h_y, out);
+
+    /* this step's arguments into the device buffers, in stream order before
+     * whatever reads them (a replay included) */
+    ops->upload_args(m->d_t, h_t, m->d_y, h_y, B);
+    if (!m->graphs)
+        return forward_ops(m, B, x, h_t, h_y, out);
+    ditd_dit_graph *gr = &m->graphs[B];
+    if (gr->exec && (gr->x != x || gr->out != out)) { /* other buffers: capture anew */
+        ops->graph_free(gr->exec);
+        gr->exec = NULL;
+        gr->runs = 0;
+    }
+    if (gr->exec) {
+        if ((err = ops->graph_launch(gr->exec)))
+            return err;
+        return ops->status();
+    }
+    /* the first forward of a shape runs op by op: it makes the one-time
+     * choices (cuBLASLt algorithms) outside any capture */
+    if (gr->runs++ < 1)
+        return forward_ops(m, B, x, h_t, h_y, out);
+    return forward_capture(m, gr, B, x, h_t, h_y, out);
 }

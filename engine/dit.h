@@ -56,6 +56,15 @@ typedef struct ditd_dit_block {
     void *ff2_w, *ff2_b; /* (D, F), (D)  ff.net.2 */
 } ditd_dit_block;
 
+/* One captured forward (backends with graphs): replayed while the batch
+ * size, x and out are those it was captured with. */
+typedef struct ditd_dit_graph {
+    void *exec;       /* ops->graph_end's, NULL until captured */
+    const void *x;
+    void *out;
+    int runs;         /* forwards of this B run op by op (the first warms up) */
+} ditd_dit_graph;
+
 typedef struct ditd_dit {
     ditd_dit_config cfg;
     const ditd_backend_ops *ops;
@@ -111,6 +120,14 @@ typedef struct ditd_dit {
     float *lse_acc, *lse_blk; /* (B, H_u, N_ring) fp32 */
     void *tok_loc;          /* (B, N_loc, p*p*Co) */
     void *tok_gath;         /* (B*N, p*p*Co) rank blocks before reordering */
+
+    /* Backends with ops->upload_args (CUDA): the per-step arguments in the
+     * activation arena, (B) each, written before every forward; and, when
+     * the forward has no collective (no tp, ring or ulysses), one captured
+     * graph per batch size B, graphs[B] (max_batch + 1). NULL otherwise. */
+    float *d_t;
+    int64_t *d_y;
+    ditd_dit_graph *graphs;
 } ditd_dit;
 
 /* Creates a model with weights from a safetensors checkpoint (a file, an
@@ -144,7 +161,11 @@ void ditd_dit_free(ditd_dit *m);
  * Under a mesh: collective over the model's cp and tp ranks (the cfg axis
  * is the caller's), which must all pass the same B, x, h_t and h_y; every
  * one of them gets the whole out. Input errors are found before any
- * collective, so they too are the same on every rank. */
+ * collective, so they too are the same on every rank.
+ * On a backend with graphs (CUDA) and a forward without collectives, the
+ * second forward of a batch size is captured and later ones with the same
+ * (B, x, out) replay it (DITD_CUDA_GRAPHS=0 turns that off); h_t and h_y
+ * are uploaded to device buffers first, so replays see each step's. */
 int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
                      void *out);
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ditd_build_config.h"
 #include "engine/error.h"
 
 const char *ditd_ring_rotate_name(ditd_ring_rotate r)
@@ -140,7 +141,58 @@ void ditd_mesh_free(ditd_mesh *m)
     ditd_comm_free(m->ulysses_comm);
     ditd_comm_free(m->tp_comm);
     ditd_comm_free(m->cp_comm);
+    ditd_comm_free(m->dev_group);
     free(m);
+}
+
+int ditd_mesh_use_nccl(ditd_mesh *m, int ok, int timeout_ms)
+{
+    float bad = ok ? 0.0f : 1.0f;
+    int err;
+    if (m->size == 1)
+        return 0;
+    if (m->dev_group)
+        return ditd_err_set(DITD_EINVAL, "the mesh already uses NCCL");
+    /* agree first (host MPI): nobody enters the bootstrap alone */
+    if ((err = ditd_comm_allreduce_sum(m->group, DITD_DTYPE_F32, &bad, 1)))
+        return err;
+    if (bad > 0.5f)
+        return ditd_err_set(DITD_EDEVICE, "%g of the group's %d ranks could not open their GPU",
+                            (double)bad, m->size);
+#if DITD_HAVE_NCCL
+    ditd_comm *root = NULL, *ax[5] = {NULL, NULL, NULL, NULL, NULL};
+    int R = m->layout.ring, U = m->layout.ulysses, T = m->layout.tp;
+    int c = m->cfg_rank, r = m->ring_rank, u = m->ulysses_rank, t = m->tp_rank;
+    if ((err = ditd_comm_nccl_new_opts(m->group, -1, timeout_ms, &root)))
+        return err;
+    /* the same colors and keys as ditd_mesh_new, over the same group ranks */
+    if ((err = ditd_comm_split(root, (r * U + u) * T + t, c, &ax[0])) ||
+        (err = ditd_comm_split(root, (c * U + u) * T + t, r, &ax[1])) ||
+        (err = ditd_comm_split(root, (c * R + r) * T + t, u, &ax[2])) ||
+        (err = ditd_comm_split(root, (c * R + r) * U + u, t, &ax[3])) ||
+        (err = ditd_comm_split(root, c * T + t, r * U + u, &ax[4]))) {
+        for (int i = 0; i < 5; i++)
+            ditd_comm_free(ax[i]);
+        ditd_comm_free(root);
+        return err;
+    }
+    ditd_comm_free(m->cfg_comm);
+    ditd_comm_free(m->ring_comm);
+    ditd_comm_free(m->ulysses_comm);
+    ditd_comm_free(m->tp_comm);
+    ditd_comm_free(m->cp_comm);
+    m->cfg_comm = ax[0];
+    m->ring_comm = ax[1];
+    m->ulysses_comm = ax[2];
+    m->tp_comm = ax[3];
+    m->cp_comm = ax[4];
+    m->dev_group = root;
+    return 0;
+#else
+    (void)timeout_ms;
+    return ditd_err_set(DITD_EUNSUPPORTED,
+                        "a multi-rank group on cuda needs NCCL, and this ditd was built without it");
+#endif
 }
 
 ditd_comm *ditd_mesh_comm(const ditd_mesh *m, ditd_mesh_axis a)

@@ -80,6 +80,8 @@ typedef struct ditd_mesh {
     ditd_comm *ulysses_comm; /* same (cfg, ring, tp) */
     ditd_comm *tp_comm;      /* same (cfg, ring, ulysses) */
     ditd_comm *cp_comm;      /* same (cfg, tp): ring x ulysses, rank r * U + u */
+    ditd_comm *dev_group;    /* owned: NCCL over the group after ditd_mesh_use_nccl (the
+                              * axis comms are its splits), else NULL */
 } ditd_mesh;
 
 /* Checks the layout against the group (before any collective: on a refusal
@@ -88,6 +90,20 @@ typedef struct ditd_mesh {
  * must outlive the mesh. *out is owned: ditd_mesh_free(). */
 int ditd_mesh_new(ditd_comm *group, const ditd_layout *l, ditd_mesh **out);
 void ditd_mesh_free(ditd_mesh *m);
+
+/* For a group whose activations live on GPUs (the CUDA backend): replaces
+ * the axis communicators (cfg, ring, ulysses, tp, cp) by NCCL ones, made
+ * once here: one NCCL communicator over the group, bootstrapped over the
+ * group's MPI comm (ncclGetUniqueId + broadcast), then split per axis
+ * (ncclCommSplit), non-blocking, each call watched against timeout_ms
+ * (<= 0: 60 s; see ditd_comm_nccl_new). The group itself (the control
+ * channel, host bytes) stays MPI. Collective over the group; call it after
+ * ditd_backend_open(DITD_DEVICE_CUDA) with ok = whether that worked: the
+ * ranks first agree, so a rank without its GPU makes every rank return
+ * DITD_EDEVICE instead of leaving the others in the bootstrap. On failure
+ * the mesh keeps its MPI comms. A mesh of one: nothing to do (0).
+ * DITD_EUNSUPPORTED in a build without NCCL. */
+int ditd_mesh_use_nccl(ditd_mesh *m, int ok, int timeout_ms);
 
 static inline int ditd_mesh_is_leader(const ditd_mesh *m) { return m->rank == 0; }
 

@@ -515,7 +515,7 @@ static int group_agree(worker *w, int err, char *msg, size_t cap)
 int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
 {
     worker *w = calloc(1, sizeof *w);
-    const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
+    const ditd_backend_ops *ops = NULL;
     char msg[1024] = "", who[256] = "";
     int err = 0, own, have_info = 0;
 
@@ -537,6 +537,22 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     if (cfg->max_batch < 1 || cfg->max_batch > DITD_WORKER_MAX_BATCH || cfg->heartbeat_ms <= 0)
         err = ditd_err_set(DITD_EINVAL, "max batch %d (1..%d), heartbeat %d ms", cfg->max_batch,
                            DITD_WORKER_MAX_BATCH, cfg->heartbeat_ms);
+    /* the device: for CUDA this rank's GPU (cudaSetDevice(local rank)),
+     * on this thread, before anything touches it; a group on GPUs then
+     * moves its axis collectives to NCCL (collective: every rank calls it,
+     * and they agree first) */
+    if (!err && !(err = ditd_backend_check((ditd_device)cfg->device)) &&
+        !(ops = ditd_backend_open((ditd_device)cfg->device)))
+        err = DITD_EDEVICE;
+    if (cfg->device != DITD_DEVICE_CPU && in_group(w)) {
+        char own_detail[512];
+        snprintf(own_detail, sizeof own_detail, "%s", ditd_err_detail());
+        int e = ditd_mesh_use_nccl(cfg->mesh, !err, cfg->comm_timeout_ms);
+        if (err)
+            ditd_err_set(err, "%s", own_detail);
+        else
+            err = e;
+    }
     if (!err && !(err = ditd_model_info_load(cfg->model_dir, &w->info)))
         have_info = 1;
     if (!err && w->info.needs_vae)

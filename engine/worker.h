@@ -55,11 +55,15 @@ struct ditd_transport {
 
 typedef struct ditd_worker_config {
     const char *model_dir;  /* Diffusers folder; borrowed for the call */
-    const ditd_mesh *mesh;  /* the replica's group, borrowed; NULL: one rank */
+    ditd_mesh *mesh;        /* the replica's group, borrowed; NULL: one rank; on
+                             * cuda its axis comms become NCCL ones here */
     int replica;            /* 0..dp-1, put in every message */
     int max_batch;          /* samples per batch, 1..DITD_WORKER_MAX_BATCH */
     int threads;            /* CPU threads, <= 0: the runtime's default */
     int heartbeat_ms;       /* > 0 */
+    int device;             /* ditd_device (0: the CPU); CUDA: the local rank's GPU
+                             * (ditd_backend_open), a NCCL mesh for a group */
+    int comm_timeout_ms;    /* NCCL watchdog per collective; <= 0: the default */
 } ditd_worker_config;
 
 /* Loads the model and serves batches until a Shutdown message or a

@@ -31,6 +31,10 @@ static void usage(FILE *f)
             "  --sampler NAME       ddim | dpmpp-2m | flow-euler (default: the model's)\n"
             "  -n N                 images (1..64); N > 1 writes OUT-0.png, OUT-1.png, ...\n"
             "  --threads T          CPU threads (default: all)\n"
+            "  --device D           cpu (default) | cuda: the GPU of this node-local rank\n"
+            "                       (OMPI_COMM_WORLD_LOCAL_RANK, else 0)\n"
+            "  --comm-timeout-ms MS cuda groups: a NCCL collective not done in MS aborts\n"
+            "                       its communicator and fails the run (default 60000)\n"
             "  --latents FILE.npy   initial noise (N, C, S, S) float, instead of the generator\n"
             "  --save-latents FILE.npy  write the final latents (N, C, S, S) float32\n"
             "  -o, --output OUT.png output file\n"
@@ -74,7 +78,7 @@ static int fail(const char *what, int err)
 int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
-           O_SAVE };
+           O_SAVE, O_DEVICE, O_COMM_TIMEOUT };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -82,12 +86,15 @@ int ditd_cmd_generate(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"latents", required_argument, 0, O_LATENTS},
         {"save-latents", required_argument, 0, O_SAVE}, {"output", required_argument, 0, 'o'},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
+        {"device", required_argument, 0, O_DEVICE},
+        {"comm-timeout-ms", required_argument, 0, O_COMM_TIMEOUT},
         DITD_LAYOUT_LONGOPTS,
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
     const char *model_dir = NULL, *class_str = "0", *sampler_str = NULL, *latents_path = NULL;
     const char *save_path = NULL, *out_path = NULL;
-    long seed = 0, steps = -1, n = 1, threads = 0;
+    long seed = 0, steps = -1, n = 1, threads = 0, comm_timeout_ms = DITD_NCCL_DEFAULT_TIMEOUT_MS;
+    ditd_device device = DITD_DEVICE_CPU;
     double guidance = -1;
     progress pr = {0};
     int c, err, rc = 1;
@@ -106,6 +113,10 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_THREADS: err = ditd_parse_long(optarg, 1, 1024, "--threads", &threads); break;
         case O_LATENTS: latents_path = optarg; break;
         case O_SAVE: save_path = optarg; break;
+        case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
+        case O_COMM_TIMEOUT:
+            err = ditd_parse_long(optarg, 100, 86400000, "--comm-timeout-ms", &comm_timeout_ms);
+            break;
         case 'n': err = ditd_parse_long(optarg, 1, 64, "-n", &n); break;
         case 'o': out_path = optarg; break;
         case 'q': pr.quiet = 1; break;
@@ -159,7 +170,25 @@ int ditd_cmd_generate(int argc, char **argv)
     float *noise = NULL, *out = NULL;
     uint8_t *pix = NULL;
     int class_id;
-    const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
+    /* the device: for cuda this rank's GPU (cudaSetDevice(local rank))
+     * before the backend starts; a group on GPUs moves its collectives to
+     * NCCL (every rank calls this; they agree first, so none is left in
+     * the bootstrap) */
+    const ditd_backend_ops *ops = ditd_backend_open(device);
+    if (!ops)
+        fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
+    if (device != DITD_DEVICE_CPU && mesh && mesh->size > 1 &&
+        (err = ditd_mesh_use_nccl(mesh, ops != NULL, (int)comm_timeout_ms)) && ops) {
+        fail("NCCL", err);
+        ops = NULL;
+    }
+    if (!ops) {
+        ditd_mesh_free(mesh);
+        ditd_comm_free(world);
+        if (use_mpi)
+            ditd_comm_mpi_finalize();
+        return 1;
+    }
 
     if ((err = ditd_model_info_load(model_dir, &info))) {
         fail(model_dir, err);

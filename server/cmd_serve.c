@@ -221,7 +221,7 @@ static void close_all(ditd_srv *s)
  * waiting (and the ranks agree on it afterwards in case one could not read
  * the folder). G is the ranks per replica. */
 static int check_start(const ditd_serve_config *c, const ditd_layout *l, const char *model_dir,
-                       int world, int mpi)
+                       int world, int mpi, int rank)
 {
     long g = (long)c->ulysses_degree * c->ring_degree * c->tp_degree * c->cfg_degree;
     struct in_addr addr;
@@ -247,6 +247,19 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
                             c->cfg_degree, c->dp, g, 1 + c->dp * g);
     if (inet_pton(AF_INET, c->host, &addr) != 1)
         return ditd_err_set(DITD_EINVAL, "--host %s is not an IPv4 address", c->host);
+    /* the device, on the ranks that run a replica (not rank 0 under MPI):
+     * refused here, at start-up, rather than by every replica later */
+    if (c->device != DITD_DEVICE_CPU) {
+        if (!mpi && c->dp > 1)
+            return ditd_err_set(DITD_EINVAL,
+                                "--device %s --dp %d: one replica per process on a GPU (the "
+                                "backend is one per process); run them under mpirun "
+                                "(mpirun -np %d ditd serve --dp %d --device %s)",
+                                ditd_device_name((ditd_device)c->device), c->dp, 1 + c->dp,
+                                c->dp, ditd_device_name((ditd_device)c->device));
+        if ((!mpi || rank > 0) && (err = ditd_backend_check((ditd_device)c->device)))
+            return err;
+    }
     if ((err = ditd_model_info_load(model_dir, &info))) {
         char d[512];
         snprintf(d, sizeof d, "%s", ditd_err_detail());
@@ -333,6 +346,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
             targs[r].cfg.max_batch = s->cfg.max_batch;
             targs[r].cfg.threads = s->cfg.threads;
             targs[r].cfg.heartbeat_ms = s->cfg.heartbeat_ms;
+            targs[r].cfg.device = s->cfg.device;
+            targs[r].cfg.comm_timeout_ms = s->cfg.comm_timeout_ms;
             targs[r].t = ditd_hub_transport(s->hub, r);
             uv_thread_options_t to = {UV_THREAD_HAS_STACK_SIZE, 8u << 20};
             if (uv_thread_create_ex(&s->threads[r], &to, replica_main, &targs[r])) {
@@ -440,7 +455,7 @@ static int serve_worker(ditd_srv *s, const char *model_dir, const ditd_layout *l
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
     ditd_worker_config wc = {model_dir, NULL, (rank - 1) / G, s->cfg.max_batch, s->cfg.threads,
-                             s->cfg.heartbeat_ms};
+                             s->cfg.heartbeat_ms, s->cfg.device, s->cfg.comm_timeout_ms};
     /* the mesh refuses a bad layout on every rank alike, before any split */
     if ((err = ditd_mesh_new(group, l, &mesh))) {
         fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
@@ -513,7 +528,7 @@ int ditd_cmd_serve(int argc, char **argv)
 
     /* Every rank checks, then all agree (a rank that could not read the
      * model folder must not leave the others in a collective). */
-    err = check_start(&s->cfg, &layout, model_dir, world_size, s->mpi);
+    err = check_start(&s->cfg, &layout, model_dir, world_size, s->mpi, rank);
     if (err && s->mpi)
         fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());
     else if (err)

@@ -6,11 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/mesh.h"
 #include "server/cmd.h"
 
-typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE } opt_type;
+typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE } opt_type;
 
 typedef struct opt {
     const char *flag;   /* without "--" */
@@ -45,6 +46,8 @@ static const opt opts[] = {
     {"sse-keepalive-ms", "DITD_SSE_KEEPALIVE_MS", T_INT, OFF(sse_keepalive_ms), 10, 3600000, "10000", "keep-alive comment period on event streams"},
     {"heartbeat-ms", "DITD_HEARTBEAT_MS", T_INT, OFF(heartbeat_ms), 10, 600000, "1000", "worker heartbeat period"},
     {"heartbeat-timeout-ms", "DITD_HEARTBEAT_TIMEOUT_MS", T_INT, OFF(heartbeat_timeout_ms), 100, 3600000, "30000", "a replica silent this long fails /healthz"},
+    {"device", "DITD_DEVICE", T_DEVICE, OFF(device), 0, 0, "cpu", "where replicas run: cpu or cuda (a GPU per rank: the node-local rank's)"},
+    {"comm-timeout-ms", "DITD_COMM_TIMEOUT_MS", T_INT, OFF(comm_timeout_ms), 100, 86400000, "60000", "cuda groups: a NCCL collective not done in this long aborts its communicator (the replica fails instead of hanging)"},
     {"log-requests", "DITD_LOG_REQUESTS", T_BOOL, OFF(log_requests), 0, 1, "0", "one log line per request on stderr"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -80,6 +83,13 @@ static int set(ditd_serve_config *c, const opt *o, const char *val, const char *
         if (ditd_ring_rotate_from_str(val, &r))
             return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not allgather or p2p", who, val);
         *(int *)dst = (int)r;
+        return 0;
+    }
+    case T_DEVICE: {
+        ditd_device d;
+        if (ditd_device_from_str(val, &d))
+            return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not cpu or cuda", who, val);
+        *(int *)dst = (int)d;
         return 0;
     }
     case T_BOOL:

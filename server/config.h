@@ -29,6 +29,8 @@ typedef struct ditd_serve_config {
     int heartbeat_ms;
     int heartbeat_timeout_ms;   /* /healthz fails when a replica is silent this long */
     int log_requests;
+    int device;                 /* ditd_device: where the replicas run */
+    int comm_timeout_ms;        /* NCCL watchdog: a collective's deadline */
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after

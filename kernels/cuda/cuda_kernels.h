@@ -94,6 +94,14 @@ int ditd_cuda_embedding(const void *table, const int64_t *h_ids, void *out, int 
  * ditd_cpu_timestep_embed, in fp32, stored bf16. h_t host memory, read now. */
 int ditd_cuda_timestep_embed(const float *h_t, void *out, int B, int dim, ditd_cuda_stream s);
 
+/* As the two above, with the ids / timesteps in device memory (B of them,
+ * read when the kernel runs, so a captured CUDA graph replays with whatever
+ * was uploaded there before the launch). The ids are not range-checked on
+ * the device: the caller checked them on the host. */
+int ditd_cuda_embedding_dev(const void *table, const int64_t *d_ids, void *out, int B, int D,
+                            ditd_cuda_stream s);
+int ditd_cuda_timestep_embed_dev(const float *d_t, void *out, int B, int dim, ditd_cuda_stream s);
+
 /* ---- norms ---- */
 
 /* y = LN(x) * (1 + scale[b]) + shift[b] as ditd_cpu_layernorm_modulate

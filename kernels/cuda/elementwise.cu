@@ -173,6 +173,54 @@ extern "C" int ditd_cuda_timestep_embed(const float *h_t, void *out, int B, int 
     return 0;
 }
 
+/* ---- the same two with their arguments in device memory (CUDA graphs:
+ * a captured launch must not bake per-step values into its parameters) ---- */
+
+static __global__ void embedding_dev_kernel(const bf16 *table, const int64_t *ids, bf16 *out,
+                                            int D)
+{
+    const bf16 *src = table + (size_t)ids[blockIdx.x] * D;
+    bf16 *dst = out + (size_t)blockIdx.x * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        dst[d] = src[d];
+}
+
+extern "C" int ditd_cuda_embedding_dev(const void *table, const int64_t *d_ids, void *out, int B,
+                                       int D, ditd_cuda_stream s)
+{
+    if (B < 0 || D <= 0 || !table || !out || (B && !d_ids))
+        return DITD_CUDA_EINVAL;
+    if (B == 0)
+        return 0;
+    embedding_dev_kernel<<<B, 128, 0, (cudaStream_t)s>>>((const bf16 *)table, d_ids,
+                                                         (bf16 *)out, D);
+    return launch_check();
+}
+
+static __global__ void timestep_dev_kernel(const float *t, bf16 *out, int dim)
+{
+    const int half = dim / 2, b = blockIdx.x;
+    const float neg_log_period = (float)-9.210340371976184; /* -ln(10000) */
+    const float tb = t[b];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float exponent = (neg_log_period * (float)i) / (float)(half - 1);
+        const float arg = tb * expf(exponent);
+        st_bf16(out + (size_t)b * dim + i, cosf(arg));
+        st_bf16(out + (size_t)b * dim + half + i, sinf(arg));
+    }
+}
+
+extern "C" int ditd_cuda_timestep_embed_dev(const float *d_t, void *out, int B, int dim,
+                                            ditd_cuda_stream s)
+{
+    if (B < 0 || dim < 4 || dim % 2 || !out || (B && !d_t))
+        return DITD_CUDA_EINVAL;
+    if (B == 0)
+        return 0;
+    timestep_dev_kernel<<<B, 128, 0, (cudaStream_t)s>>>(d_t, (bf16 *)out, dim);
+    return launch_check();
+}
+
 /* ---- layernorm + adaLN modulate: one warp per row ---- */
 
 #define LN_WARPS 4

@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/backend.h"
+#include "engine/error.h"
 #include "engine/npy.h"
 #include "tests/test_util.h"
 
@@ -174,6 +176,19 @@ int main(int argc, char **argv)
     TU_CHECK(rc == 2 && strstr(errbuf, "-o"), "no output: rc %d: %s", rc, errbuf);
     rc = RUN("generate", "--model", model, "-o", "/nonexistent-dir/x.png", "--steps", "1", "-q");
     TU_CHECK(rc == 1 && strstr(errbuf, "/nonexistent-dir/x.png"), "unwritable: rc %d: %s", rc, errbuf);
+    /* --device cuda: runs where there is a GPU; without one (or in a build
+     * without CUDA) a clear message naming cuda and exit 1 */
+    if (ditd_backend_check(DITD_DEVICE_CUDA) == 0) {
+        rc = RUN("generate", "--model", model, "--device", "cuda", "--steps", "3", "-q", "-o", c);
+        TU_CHECK(rc == 0, "--device cuda on a GPU: rc %d: %s", rc, errbuf);
+    } else {
+        ditd_err_clear();
+        rc = RUN("generate", "--model", model, "--device", "cuda", "--steps", "3", "-q", "-o", c);
+        TU_CHECK(rc == 1 && strstr(errbuf, "--device cuda"), "--device cuda without a GPU: rc %d: %s",
+                 rc, errbuf);
+    }
+    rc = RUN("generate", "--model", model, "--device", "tpu", "-o", a);
+    TU_CHECK(rc == 2 && strstr(errbuf, "tpu"), "--device tpu: rc %d: %s", rc, errbuf);
     rc = RUN("frobnicate");
     TU_CHECK(rc == 2 && strstr(errbuf, "unknown command"), "unknown command: rc %d: %s", rc, errbuf);
 

@@ -10,6 +10,9 @@
 #    fresh random inputs (bounds in tests/gpu/test_cuda_ops.c), the fixture
 #    models' forwards against Diffusers float64 and their sampling against
 #    the CPU backend (tests/gpu/test_cuda_model.c);
+# 2b. runs `ditd generate --device cuda` on a fixture with CUDA graphs on
+#    and off (the latents must be bit-identical) and, with 2+ GPUs and
+#    mpirun, a --tp-degree 2 group over NCCL;
 # 3. prints the tables: DiT-XL/2 forward ms at 256, 1024 and 4096 tokens,
 #    batch 1 and 2 (`ditd bench --device cuda`); GEMM TFLOP/s beside plain
 #    cuBLAS and attention TFLOP/s (bench_cuda); Diffusers
@@ -85,6 +88,31 @@ step gpu-suite 240 meson test -C "$build" --suite gpu --print-errorlogs --num-pr
 cp "$build/meson-logs/testlog.txt" "$logs/gpu-testlog.txt" 2>/dev/null || true
 # the tests' own lines (meson keeps their stdout in the test log)
 grep -E '^(ok  |FAIL)' "$logs/gpu-testlog.txt" 2>/dev/null || true
+
+# ---- 2b. the commands on the GPU: ditd generate --device cuda ----
+# graphs on and off must give the same bits (the same kernels, replayed);
+# with 2+ GPUs and mpirun, a tp x ulysses group over NCCL must finish.
+say "ditd generate --device cuda (graphs on/off; NCCL group when 2+ GPUs)"
+fix=$here/tests/fixtures/models/tiny-p4-c1-h3
+if step gen-graphs 60 "$build/ditd" generate --device cuda --model "$fix" --steps 10 -n 2 -q \
+        --save-latents "$logs/gen-graphs.npy" &&
+   step gen-nographs 60 env DITD_CUDA_GRAPHS=0 "$build/ditd" generate --device cuda --model "$fix" \
+        --steps 10 -n 2 -q --save-latents "$logs/gen-nographs.npy"; then
+    if cmp -s "$logs/gen-graphs.npy" "$logs/gen-nographs.npy"; then
+        echo "ok   graph replay == op by op (bit-identical latents)"
+    else
+        echo "FAIL graph replay differs from op by op ($logs/gen-*.npy)"
+        [ "$status" -ne 0 ] || status=1
+    fi
+fi
+ngpu=$(nvidia-smi -L | grep -c '^GPU' || true)
+if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
+    step gen-nccl 120 mpirun --oversubscribe -np 2 "$build/ditd" generate --device cuda \
+        --model "$fix" --steps 10 --tp-degree 2 -q --comm-timeout-ms 20000 \
+        --save-latents "$logs/gen-nccl.npy" || true
+else
+    echo "(fewer than 2 GPUs or no mpirun: the NCCL group run is skipped)"
+fi
 
 # ---- 3. tables ----
 say "DiT-XL/2 forward, ditd --device cuda (random weights)"

@@ -427,6 +427,17 @@ def case_errors(ditd):
         rc = d.stop()
     check(rc == 0, "exit 0", rc)
 
+    # --device cuda without a GPU (or in a build without CUDA): refused at
+    # start-up with a message naming cuda, a non-zero exit, never a crash
+    gpu = shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    if not gpu:
+        for args, env in ((["--device", "cuda"], {}), ([], {"DITD_DEVICE": "cuda"})):
+            p = subprocess.run([ditd, "serve", "--model", MODEL, "--port", "0"] + args,
+                               capture_output=True, timeout=60, env=dict(os.environ, **env))
+            check(p.returncode not in (0, None) and p.returncode < 128 and b"--device cuda" in p.stderr,
+                  f"serve {' '.join(args) or 'DITD_DEVICE=cuda'} without a GPU: refused, exit {p.returncode}",
+                  p.stderr[-300:])
+
 
 def case_stream(ditd):
     d = Daemon(ditd, "--sse-keepalive-ms", "100")
