@@ -7,13 +7,7 @@ cd "$(dirname "$0")/.."
 deploy/install-deps.sh
 [ -f build/build.ninja ] || meson setup build --buildtype=release >/dev/null
 ninja -C build >/dev/null
-model=models/fashion-dit
-if [ ! -d "$model" ]; then
-  # Until the embedded model is trained and committed, a small random-weight
-  # fixture model shows the path end to end (its pictures are noise).
-  model=tests/fixtures/models/tiny-p4-c1-h3
-fi
-export DITD_MODEL=${DITD_MODEL:-$model}
+export DITD_MODEL=${DITD_MODEL:-models/fashion-dit}
 if [ $# -eq 0 ]; then
   set -- serve
 fi
