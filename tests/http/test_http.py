@@ -833,9 +833,9 @@ def case_mpi_fault(ditd):
         m = re.search(r"rank 2 \(pid (\d+)\): replica 0, group rank 1 of 2", d.logtext())
         check(m is not None, "the follower rank logs its pid")
         res = []
-        t = threading.Thread(target=lambda: res.append(run_all(d, [dict(GEN, num_inference_steps=1000, n=2)], 60)[0]))
+        t = threading.Thread(target=lambda: res.append(run_all(d, [dict(GEN, num_inference_steps=1000, n=8)], 60)[0]))
         t.start()
-        time.sleep(0.5)
+        time.sleep(0.3)
         os.kill(int(m.group(1)), signal.SIGKILL)
         t.join(60)
         check(res and res[0][0] != 200, "a rank killed mid-batch: the request ends with an error",
