@@ -606,8 +606,9 @@ int ditd_npy_read_i64(const char *path, int max_ndim, int *ndim, int64_t *shape,
     return err;
 }
 
-int ditd_npy_read_f32_mem(const void *buf, size_t len, const char *name, int max_ndim,
-                          int *ndim, int64_t *shape, float **data)
+/* The two in-memory readers: one body, as_i64 picks the conversion. */
+static int read_mem(const void *buf, size_t len, const char *name, int max_ndim, int *ndim,
+                    int64_t *shape, void **data, int as_i64)
 {
     if (!name)
         name = "<memory>";
@@ -616,26 +617,22 @@ int ditd_npy_read_f32_mem(const void *buf, size_t len, const char *name, int max
         return err;
     npy_src s = { name, buf ? buf : (const void *)"", NULL, buf ? len : 0, 0 };
     void *d;
-    err = npy_read(&s, max_ndim, ndim, shape, &d, 0);
+    err = npy_read(&s, max_ndim, ndim, shape, &d, as_i64);
     if (!err)
         *data = d;
     return err;
 }
 
+int ditd_npy_read_f32_mem(const void *buf, size_t len, const char *name, int max_ndim,
+                          int *ndim, int64_t *shape, float **data)
+{
+    return read_mem(buf, len, name, max_ndim, ndim, shape, (void **)data, 0);
+}
+
 int ditd_npy_read_i64_mem(const void *buf, size_t len, const char *name, int max_ndim,
                           int *ndim, int64_t *shape, int64_t **data)
 {
-    if (!name)
-        name = "<memory>";
-    int err = check_args(name, max_ndim, ndim, shape, data);
-    if (err)
-        return err;
-    npy_src s = { name, buf ? buf : (const void *)"", NULL, buf ? len : 0, 0 };
-    void *d;
-    err = npy_read(&s, max_ndim, ndim, shape, &d, 1);
-    if (!err)
-        *data = d;
-    return err;
+    return read_mem(buf, len, name, max_ndim, ndim, shape, (void **)data, 1);
 }
 
 /* ---- writer ----------------------------------------------------------- */

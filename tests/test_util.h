@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ditd_build_config.h"
 #include "engine/error.h"
 
 static int tu_failures;
@@ -144,7 +145,7 @@ static inline tu_err tu_compare(const float *a, const float *b, size_t n)
 static inline const char *tu_fixtures(void)
 {
     const char *d = getenv("DITD_FIXTURES");
-    return d && *d ? d : "tests/fixtures";
+    return d && *d ? d : DITD_SOURCE_ROOT "/tests/fixtures";
 }
 
 /* Calls fn(dir, ud) for every model folder under <fixtures>/models; returns

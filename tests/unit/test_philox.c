@@ -58,17 +58,11 @@ static void test_kat(void)
     }
 }
 
-static const char *fixtures_dir(void)
-{
-    const char *d = getenv("DITD_FIXTURES");
-    return d && *d ? d : DITD_SOURCE_ROOT "/tests/fixtures";
-}
-
 /* Values pinned by the independent Python implementation. */
 static void test_pinned(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/samplers/index.json", fixtures_dir());
+    snprintf(path, sizeof path, "%s/samplers/index.json", tu_fixtures());
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
     TU_CHECK(root != NULL, "%s: %s", path, jerr.text);

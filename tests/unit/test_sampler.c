@@ -42,16 +42,10 @@
 
 
 
-static const char *fixtures_dir(void)
-{
-    const char *d = getenv("DITD_FIXTURES");
-    return d && *d ? d : DITD_SOURCE_ROOT "/tests/fixtures";
-}
-
 static float *load_npy(const char *name, int want_ndim, int64_t *shape)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/samplers/%s", fixtures_dir(), name);
+    snprintf(path, sizeof path, "%s/samplers/%s", tu_fixtures(), name);
     int ndim = 0;
     float *data = NULL;
     int err = ditd_npy_read_f32(path, 8, &ndim, shape, &data);
@@ -93,7 +87,7 @@ static int case_config(const json_t *c, const char *name, ditd_sched_config *cfg
 static void test_fixtures(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/samplers/index.json", fixtures_dir());
+    snprintf(path, sizeof path, "%s/samplers/index.json", tu_fixtures());
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
     TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
