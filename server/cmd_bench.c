@@ -10,12 +10,12 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "engine/backend.h"
-#include "engine/comm.h"
-#include "engine/dit.h"
-#include "engine/error.h"
-#include "engine/model.h"
-#include "engine/philox.h"
+#include "engine/backend/backend.h"
+#include "engine/parallel/comm.h"
+#include "engine/models/dit.h"
+#include "engine/core/error.h"
+#include "engine/models/model.h"
+#include "engine/core/philox.h"
 #include "server/cmd.h"
 
 static void usage(FILE *f)
@@ -95,7 +95,7 @@ static double gemm_gflops(const ditd_backend_ops *ops, void *x, void *w, void *y
 /* ---- parallel: one group of G ranks (mpirun -np G ditd bench ...) ---- */
 
 /* Logical bytes per step on this rank for an even split, from the model's
- * dimensions alone (the conventions of engine/comm.h), per axis and kind. */
+ * dimensions alone (the conventions of engine/parallel/comm.h), per axis and kind. */
 static void analytic_bytes(const ditd_dit_config *c, const ditd_layout *l, int B, int N,
                            double out[DITD_AXIS_COUNT][DITD_COLL_COUNT])
 {
@@ -254,7 +254,7 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
                        (double)stat_calls[a][k] / (double)iters, stat_ms[a][k] / (double)iters,
                        (double)stat_bytes[a][k] / (double)iters / 1e6, an[a][k] / 1e6);
             }
-        printf("\n(rank 0's view; bytes are logical bytes sent by this rank, see engine/comm.h)\n");
+        printf("\n(rank 0's view; bytes are logical bytes sent by this rank, see engine/parallel/comm.h)\n");
     }
     rc = 0;
 done:
@@ -387,7 +387,7 @@ int ditd_cmd_bench(int argc, char **argv)
     if (ops->mem_alloc) {
         if (!m->acts.mem_alloc) {
             fprintf(stderr, "ditd bench: the model's arenas are host memory; --device %s needs "
-                            "engine/dit.c to commit them through ops->mem_alloc (docs/cuda.md)\n",
+                            "engine/models/dit.c to commit them through ops->mem_alloc (docs/cuda.md)\n",
                     ops->name);
             goto done_bufs;
         }

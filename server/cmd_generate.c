@@ -7,13 +7,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/backend.h"
-#include "engine/comm.h"
-#include "engine/error.h"
-#include "engine/mesh.h"
-#include "engine/model.h"
-#include "engine/npy.h"
-#include "engine/pipeline.h"
+#include "engine/backend/backend.h"
+#include "engine/parallel/comm.h"
+#include "engine/core/error.h"
+#include "engine/parallel/mesh.h"
+#include "engine/models/model.h"
+#include "engine/io/npy.h"
+#include "engine/pipeline/pipeline.h"
 #include "server/cmd.h"
 #include "server/image.h"
 

@@ -1,7 +1,7 @@
 /* `ditd serve`: start-up, the libuv loop with libmicrohttpd inside it,
  * signals and drain; under mpirun, the worker ranks too: rank 0 is the
  * front-end, ranks 1.. form dp groups of G = cfg x ring x ulysses x tp
- * contiguous ranks (engine/worker.h runs them).
+ * contiguous ranks (engine/worker/worker.h runs them).
  *
  * libmicrohttpd runs without threads of its own (MHD_USE_EPOLL, external
  * polling): its epoll fd sits in a uv_poll, its timeout in a uv_timer, so
@@ -18,10 +18,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "engine/comm.h"
-#include "engine/error.h"
-#include "engine/mesh.h"
-#include "engine/pipeline.h"
+#include "engine/parallel/comm.h"
+#include "engine/core/error.h"
+#include "engine/parallel/mesh.h"
+#include "engine/pipeline/pipeline.h"
 #include "server/cmd.h"
 #include "server/serve.h"
 

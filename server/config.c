@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/mesh.h"
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+#include "engine/parallel/mesh.h"
 #include "server/cmd.h"
 
 typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE } opt_type;

@@ -3,7 +3,7 @@
  * in config.c gives each its name, variable, default and help, so --help
  * and the docs cannot drift from the parser.
  *
- * This is not the model's settings (engine/model.h) nor the request's
+ * This is not the model's settings (engine/models/model.h) nor the request's
  * (server/genreq.h). */
 #ifndef DITD_SERVER_CONFIG_H
 #define DITD_SERVER_CONFIG_H

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
                        const char *param, const char *fmt, ...)

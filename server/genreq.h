@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/model.h"
-#include "engine/sampler.h"
+#include "engine/models/model.h"
+#include "engine/pipeline/sampler.h"
 
 #define DITD_GENREQ_MAX_N 10
 

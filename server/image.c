@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 typedef struct membuf {
     uint8_t *data;

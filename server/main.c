@@ -7,8 +7,8 @@
 #include <sys/stat.h>
 
 #include "ditd_build_config.h"
-#include "engine/error.h"
-#include "engine/mesh.h"
+#include "engine/core/error.h"
+#include "engine/parallel/mesh.h"
 #include "server/cmd.h"
 
 int ditd_parse_long(const char *s, long lo, long hi, const char *what, long *out)

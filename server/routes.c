@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "proto/openapi.h"
 #include "server/image.h"
 #include "server/serve.h"

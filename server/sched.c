@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "proto/ditd.pb-c.h"
 #include "server/serve.h"
 

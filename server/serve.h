@@ -10,7 +10,7 @@
  *
  * Threads: everything here runs on the loop thread, except the encode work
  * (routes.c, touches only its own copy of the pixels) and the replica
- * threads of single-process mode (engine/worker.h, which talk only through
+ * threads of single-process mode (engine/worker/worker.h, which talk only through
  * the hub). A job is reference-counted: the HTTP connection holds one, the
  * queue one, each batch slot one, each encode work one; it is freed on the
  * loop thread when the last lets go.
@@ -22,8 +22,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "engine/model.h"
-#include "engine/worker.h"
+#include "engine/models/model.h"
+#include "engine/worker/worker.h"
 #include "server/config.h"
 #include "server/genreq.h"
 #include "server/metrics.h"

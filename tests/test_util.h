@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "ditd_build_config.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 static int tu_failures;
 static int tu_checks;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference fixtures for engine/sampler.c and engine/philox.c.
+"""Reference fixtures for engine/pipeline/sampler.c and engine/core/philox.c.
 
 Writes tests/fixtures/samplers/:
   index.json  - the cases: scheduler_config.json text, the sampler to run
@@ -10,7 +10,7 @@ Writes tests/fixtures/samplers/:
                 dpm_amplification). A case Diffusers fails on (or that ditd
                 refuses by design) has "error" instead: ditd must refuse it.
                 Plus Random123's Philox known answers and normals pinned by
-                an independent Python implementation of engine/philox.h.
+                an independent Python implementation of engine/core/philox.h.
   init.npy    - float32 (2, 1, 5, 5): the starting sample of every case.
   bank.npy    - float32 (S, 2, 1, 5, 5): the "model output" at step i of
                 every case (a fixed random tensor per step).
@@ -77,7 +77,7 @@ KAT = [  # Random123 kat_vectors, philox4x32 10: ctr, key, expected
 
 
 def philox_normal(seed, sample, offset, n):
-    """The definition in engine/philox.h, element by element."""
+    """The definition in engine/core/philox.h, element by element."""
     out = []
     key = [seed & M32, seed >> 32]
     for e in range(offset, offset + n):

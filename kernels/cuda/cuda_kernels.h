@@ -155,7 +155,7 @@ int ditd_cuda_unpatchify(const void *x, void *y, int B, int C, int h, int w, int
 
 /* ---- noise and sampler helpers ---- */
 
-/* The Gaussian noise of engine/philox.h, element by element the same
+/* The Gaussian noise of engine/core/philox.h, element by element the same
  * definition (Philox 4x32-10, Box-Muller in double): out[i] is element
  * offset + i of (seed, sample). fp32 out. CUDA's double log/sin/cos may
  * differ from glibc by an ulp, which changes the float only in rare ties. */

@@ -1,4 +1,4 @@
-/* The Gaussian noise of engine/philox.h on the GPU: Philox 4x32-10 and
+/* The Gaussian noise of engine/core/philox.h on the GPU: Philox 4x32-10 and
  * Box-Muller in double, the definition written in that header, step by step.
  * One thread per Philox block (4 elements). */
 #include "kernels/cuda/common.cuh"

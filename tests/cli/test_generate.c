@@ -9,9 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/backend.h"
-#include "engine/error.h"
-#include "engine/npy.h"
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+#include "engine/io/npy.h"
 #include "tests/test_util.h"
 
 extern char **environ;

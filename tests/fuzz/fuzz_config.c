@@ -5,9 +5,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "engine/dit_config.h"
-#include "engine/error.h"
-#include "engine/sampler.h"
+#include "engine/models/dit_config.h"
+#include "engine/core/error.h"
+#include "engine/pipeline/sampler.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

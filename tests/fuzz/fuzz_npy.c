@@ -3,8 +3,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "engine/error.h"
-#include "engine/npy.h"
+#include "engine/core/error.h"
+#include "engine/io/npy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,9 +1,9 @@
 /* Batch composition: a sample's result does not depend on what else is in
  * its batch (mixed guidance, other classes and seeds), and dropping a sample
  * mid-way (cancellation) leaves the others exactly as they would be. */
-#include "engine/backend.h"
-#include "engine/model.h"
-#include "engine/pipeline.h"
+#include "engine/backend/backend.h"
+#include "engine/models/model.h"
+#include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
 
 typedef struct drop {

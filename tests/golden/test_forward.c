@@ -3,10 +3,10 @@
  * max|ours - ref| / max|ref| <= 1e-5 on every output tensor. */
 #include <jansson.h>
 
-#include "engine/backend.h"
-#include "engine/dit.h"
-#include "engine/model.h"
-#include "engine/npy.h"
+#include "engine/backend/backend.h"
+#include "engine/models/dit.h"
+#include "engine/models/model.h"
+#include "engine/io/npy.h"
 #include "tests/test_util.h"
 
 #define TOL 1e-5

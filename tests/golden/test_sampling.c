@@ -5,10 +5,10 @@
  * final latents within relative error max|ours - ref| / max|ref| <= 1e-4. */
 #include <jansson.h>
 
-#include "engine/backend.h"
-#include "engine/model.h"
-#include "engine/npy.h"
-#include "engine/pipeline.h"
+#include "engine/backend/backend.h"
+#include "engine/models/model.h"
+#include "engine/io/npy.h"
+#include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
 
 #define TOL 1e-4

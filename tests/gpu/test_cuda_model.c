@@ -15,12 +15,12 @@
  * (docs/cuda.md). */
 #include <jansson.h>
 
-#include "engine/backend.h"
-#include "engine/backend_cuda.h"
-#include "engine/dit.h"
-#include "engine/model.h"
-#include "engine/npy.h"
-#include "engine/pipeline.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/backend_cuda.h"
+#include "engine/models/dit.h"
+#include "engine/models/model.h"
+#include "engine/io/npy.h"
+#include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
 
 #define FWD 3e-2
@@ -65,7 +65,7 @@ static void forward_cases(const char *dir, const ditd_model_info *info, json_t *
         if (!m)
             goto next;
         if (!ditd_backend_cuda_is_device_ptr(m->h)) {
-            TU_CHECK(0, "%s: the model's arenas are host memory: engine/dit.c must commit them "
+            TU_CHECK(0, "%s: the model's arenas are host memory: engine/models/dit.c must commit them "
                         "through ops->mem_alloc (ditd_arena_init_mem), see docs/cuda.md",
                      info->name);
             goto next;
@@ -103,7 +103,7 @@ static void sampling_cases(const char *dir, const ditd_model_info *info, json_t 
     if (!pc || !pg)
         goto done;
     if (!ditd_backend_cuda_is_device_ptr(pg->model_in)) {
-        TU_CHECK(0, "%s: the pipeline's model input is host memory: engine/pipeline.c must take "
+        TU_CHECK(0, "%s: the pipeline's model input is host memory: engine/pipeline/pipeline.c must take "
                     "model_in/model_out from ops->mem_alloc, see docs/cuda.md",
                  info->name);
         goto done;

@@ -27,9 +27,9 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "engine/backend.h"
-#include "engine/backend_cuda.h"
-#include "engine/philox.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/backend_cuda.h"
+#include "engine/core/philox.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/test_util.h"

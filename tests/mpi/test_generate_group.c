@@ -8,7 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine/npy.h"
+#include "engine/io/npy.h"
 #include "tests/test_util.h"
 
 static int run(const char *cmd)

@@ -15,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/backend.h"
-#include "engine/comm.h"
-#include "engine/mesh.h"
-#include "engine/model.h"
-#include "engine/pipeline.h"
+#include "engine/backend/backend.h"
+#include "engine/parallel/comm.h"
+#include "engine/parallel/mesh.h"
+#include "engine/models/model.h"
+#include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
 
 #define STEPS 5

@@ -1,5 +1,5 @@
 /* The error table: names, messages and HTTP statuses, and the per-thread detail. */
-#include "engine/error.h"
+#include "engine/core/error.h"
 
 #include "tests/test_util.h"
 

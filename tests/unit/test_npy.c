@@ -1,4 +1,4 @@
-/* Unit tests of the .npy reader and writer (engine/npy.c).
+/* Unit tests of the .npy reader and writer (engine/io/npy.c).
  *
  * The writer's bytes are checked against the exact header numpy.save
  * writes; hand-built files cover versions 1.0/2.0/3.0, every accepted dtype,
@@ -8,7 +8,7 @@
  *
  * DITD_TEST_SEED=N replays the random part of a failed run.
  */
-#include "engine/npy.h"
+#include "engine/io/npy.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "tests/test_util.h"
 
 

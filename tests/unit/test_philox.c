@@ -1,4 +1,4 @@
-/* Unit tests of the Philox generator and its Gaussian noise (engine/philox.c).
+/* Unit tests of the Philox generator and its Gaussian noise (engine/core/philox.c).
  *
  * - Philox 4x32-10 against Random123's known-answer vectors (kat_vectors).
  * - ditd_philox_normal against values pinned by an independent Python
@@ -9,7 +9,7 @@
  *   correlation), overall and per lane, within 5 standard errors.
  * - Different seeds and samples (low and high words) give different noise.
  */
-#include "engine/philox.h"
+#include "engine/core/philox.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -20,7 +20,7 @@
 #include <jansson.h>
 
 #include "ditd_build_config.h"
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "tests/test_util.h"
 
 

@@ -1,4 +1,4 @@
-/* Unit tests of the safetensors reader (engine/safetensors.c).
+/* Unit tests of the safetensors reader (engine/io/safetensors.c).
  *
  * Every file is built here, byte by byte, in a fresh temp folder: good files
  * of every float dtype (values checked bit for bit against independent
@@ -8,7 +8,7 @@
  *
  * DITD_TEST_SEED=N replays the random part of a failed run.
  */
-#include "engine/safetensors.h"
+#include "engine/io/safetensors.h"
 
 #include <errno.h>
 #include <ftw.h>
@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/error.h"
+#include "engine/core/error.h"
 #include "tests/test_util.h"
 
 

@@ -1,4 +1,4 @@
-/* Unit tests of the samplers and the scheduler config (engine/sampler.c).
+/* Unit tests of the samplers and the scheduler config (engine/pipeline/sampler.c).
  *
  * Numerics against Diffusers: tests/fixtures/samplers/ (written by
  * tools/make_sampler_fixtures.py with diffusers + torch) holds, for a few
@@ -13,7 +13,7 @@
  * detail names file, key and value), lazy tu_checks of keys a class does not
  * read, from_config semantics, and the sampler's argument tu_checks.
  */
-#include "engine/sampler.h"
+#include "engine/pipeline/sampler.h"
 
 #include <float.h>
 #include <math.h>
@@ -25,8 +25,8 @@
 #include <jansson.h>
 
 #include "ditd_build_config.h"
-#include "engine/error.h"
-#include "engine/npy.h"
+#include "engine/core/error.h"
+#include "engine/io/npy.h"
 #include "tests/test_util.h"
 
 /* Diffusers computes every coefficient in float32 and so do we, with the

@@ -1,0 +1,163 @@
+/* The backend ops interface: one static const table of function pointers per
+ * device (as ggml_backend_i). Model code calls ops->linear(...) and never asks
+ * which device it runs on.
+ *
+ * Pointers are device pointers to activations of the backend's act_dtype
+ * (f32 on the CPU); weights are device pointers of its weight_dtype. Offsets
+ * into buffers are taken with ditd_ptr_act()/ditd_ptr_w() so model code
+ * stays dtype-agnostic. Host arrays (timesteps, class ids) are named h_*.
+ *
+ * Layout conventions are those of kernels/cpu/cpu_kernels.h: row-major,
+ * nn.Linear weights (N_out, K_in), tokens (B, N, D), attention (B, N, H, Dh)
+ * rows with a leading dimension, LSE (B, H, Nq).
+ *
+ * Ops are asynchronous with respect to the host on devices that have
+ * streams; ops->sync() waits. On the CPU every op completes before it
+ * returns.
+ */
+#ifndef DITD_ENGINE_BACKEND_H
+#define DITD_ENGINE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/core/tensor.h"
+
+typedef enum ditd_device {
+    DITD_DEVICE_CPU = 0,
+    DITD_DEVICE_CUDA,
+} ditd_device;
+
+const char *ditd_device_name(ditd_device d);
+int ditd_device_from_str(const char *s, ditd_device *out);
+
+typedef enum ditd_act {
+    DITD_ACT_NONE = 0,
+    DITD_ACT_GELU_TANH,
+    DITD_ACT_SILU,
+} ditd_act;
+
+const char *ditd_act_name(ditd_act a);
+int ditd_act_from_str(const char *s, ditd_act *out);
+
+typedef struct ditd_backend_ops {
+    const char *name;
+    ditd_device device;
+    ditd_dtype act_dtype;
+    ditd_dtype weight_dtype;
+
+    /* Memory the arena hands out is reachable by the device: on the CPU it
+     * is host memory. upload/download convert from/to host f32. */
+    void (*upload)(void *dst, const float *h_src, size_t n);
+    void (*download)(float *h_dst, const void *src, size_t n);
+    /* Weights arrive as host f32 (from the safetensors loader). */
+    void (*upload_weight)(void *dst, const float *h_src, size_t n);
+    void (*sync)(void);
+    /* Host threads the backend may use (OpenMP and BLAS on the CPU); <= 0
+     * keeps the runtime's default. Returns the number in effect. */
+    int (*set_threads)(int n);
+
+    /* y (M, N) = act(x (M, K) @ w^T + b); w (N, K); b may be NULL. */
+    void (*linear)(const void *x, size_t ldx, const void *w, const void *b,
+                   void *y, size_t ldy, int M, int N, int K, ditd_act act);
+    /* y = act(x), elementwise; y == x allowed. */
+    void (*act)(const void *x, void *y, size_t n, ditd_act act);
+    /* y += x, elementwise. */
+    void (*add)(void *y, const void *x, size_t n);
+    /* out[b, :] = table[h_ids[b], :], table (rows, D). */
+    void (*embedding)(const void *table, const int64_t *h_ids, void *out, int B, int D);
+    /* out (B, dim): sinusoidal embedding of host timesteps (Diffusers). */
+    void (*timestep_embed)(const float *h_t, void *out, int B, int dim);
+    /* LayerNorm (no affine) then adaLN: y = LN(x) * (1 + scale) + shift. */
+    void (*layernorm_modulate)(const void *x, void *y, int B, int N, int D, float eps,
+                               const void *shift, const void *scale, size_t ld_mod);
+    /* h += gate * y, gate rows per batch element (stride ld_gate). */
+    void (*gated_residual)(void *h, const void *y, int B, int N, int D,
+                           const void *gate, size_t ld_gate);
+    /* o = softmax(scale q k^T) v, and the LSE (B, H, Nq, fp32) when lse != NULL. */
+    void (*attention)(const void *q, size_t ldq, const void *k, size_t ldk,
+                      const void *v, size_t ldv, void *o, size_t ldo, float *lse,
+                      int B, int Nq, int Nk, int H, int Dh, float scale);
+    /* Merge a partial attention (o_blk, lse_blk) into (o_acc, lse_acc). */
+    void (*attention_merge)(void *o_acc, size_t ldo_acc, float *lse_acc,
+                            const void *o_blk, size_t ldo_blk, const float *lse_blk,
+                            int B, int Nq, int H, int Dh);
+    /* Conv2d patch embedding (+ pos) to tokens (B, N, D). scratch: B*N*C*p*p. */
+    void (*patch_embed)(const void *x, const void *w, const void *b, const void *pos,
+                        void *y, void *scratch, int B, int C, int Hi, int Wi, int p, int D);
+    /* Tokens (B, h*w, p*p*C) to pixels (B, C, h*p, w*p). */
+    void (*unpatchify)(const void *x, void *y, int B, int C, int h, int w, int p);
+
+    /* Strided 2-D copy of rows x cols activation elements, dst and src rows
+     * of stride ldd and lds elements (the packing around collectives). The
+     * buffers must not overlap. */
+    void (*copy2d)(void *dst, size_t ldd, const void *src, size_t lds, size_t rows,
+                   size_t cols);
+    /* Memory the arenas are carved from (ditd_arena_init_mem): NULL on the
+     * CPU, whose arenas map host pages; device memory (zeroed) on a GPU.
+     * mem_alloc returns 0 or DITD_ENOMEM / DITD_EDEVICE with the detail set;
+     * called when a model loads, never in the hot loop. */
+    int (*mem_alloc)(void **p, size_t bytes);
+    void (*mem_free)(void *p, size_t bytes);
+    /* Ops return nothing; a device backend keeps the first error it met
+     * (a launch refused, a shape it cannot take, a fault seen at a sync).
+     * status() returns it (0 or DITD_E*, the detail set) and clears it.
+     * Callers check it after ops->sync() (or a download, which syncs). The
+     * CPU backend always returns 0 (its ops assert instead). */
+    int (*status)(void);
+
+    /* ---- optional: NULL on the CPU, where the forward runs op by op ----
+     *
+     * The per-step arguments in device memory, so that a forward can be
+     * captured once as a CUDA graph and replayed: upload_args copies B
+     * timesteps and class ids from the host into d_t / d_y (device buffers
+     * the caller carved from its arena), queued before the ops that read
+     * them; embedding_dev / timestep_embed_dev are embedding /
+     * timestep_embed reading those buffers when they run. Ids are checked
+     * on the host by the caller. */
+    void (*upload_args)(float *d_t, const float *h_t, int64_t *d_y, const int64_t *h_y, int B);
+    void (*embedding_dev)(const void *table, const int64_t *d_ids, void *out, int B, int D);
+    void (*timestep_embed_dev)(const float *d_t, void *out, int B, int dim);
+    /* Stream capture: between graph_begin and graph_end every op is recorded
+     * instead of run (no upload, download or sync in between); graph_end
+     * instantiates it (*g owned, graph_free); graph_launch queues one
+     * replay. 0 or DITD_E*; graph_begin returns DITD_EUNSUPPORTED when
+     * graphs are turned off (DITD_CUDA_GRAPHS=0), and the caller runs the
+     * ops directly. */
+    int (*graph_begin)(void);
+    int (*graph_end)(void **g);
+    int (*graph_launch)(void *g);
+    void (*graph_free)(void *g);
+} ditd_backend_ops;
+
+extern const ditd_backend_ops ditd_backend_cpu;
+
+/* The table for a device, or NULL (with a detail) when not built in. */
+const ditd_backend_ops *ditd_backend_get(ditd_device d);
+
+/* This process's rank on its node, for choosing its GPU: the launcher's
+ * OMPI_COMM_WORLD_LOCAL_RANK, else 0 (not under mpirun). */
+int ditd_backend_local_rank(void);
+
+/* Whether the device can be used here, without initializing it: 0, or
+ * DITD_EUNSUPPORTED (not built into this binary) / DITD_EDEVICE (no GPU)
+ * with a detail that names the device. For start-up checks. */
+int ditd_backend_check(ditd_device d);
+
+/* The table a worker rank runs on: for CUDA, first cudaSetDevice(local
+ * rank modulo the node's GPU count) (ditd_backend_local_rank), then the
+ * backend on that device. NULL with the detail set (naming the device)
+ * when it cannot be used; the CPU never fails. Borrowed. */
+const ditd_backend_ops *ditd_backend_open(ditd_device d);
+
+static inline void *ditd_ptr_act(const ditd_backend_ops *ops, const void *p, size_t elems)
+{
+    return (uint8_t *)p + elems * ditd_dtype_size(ops->act_dtype);
+}
+
+static inline void *ditd_ptr_w(const ditd_backend_ops *ops, const void *p, size_t elems)
+{
+    return (uint8_t *)p + elems * ditd_dtype_size(ops->weight_dtype);
+}
+
+#endif

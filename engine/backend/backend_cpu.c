@@ -1,0 +1,203 @@
+/* The CPU backend: fp32 activations and weights, kernels/cpu underneath. */
+#include "engine/backend/backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+const char *ditd_device_name(ditd_device d)
+{
+    switch (d) {
+    case DITD_DEVICE_CPU: return "cpu";
+    case DITD_DEVICE_CUDA: return "cuda";
+    }
+    return "unknown";
+}
+
+int ditd_device_from_str(const char *s, ditd_device *out)
+{
+    if (strcmp(s, "cpu") == 0) {
+        *out = DITD_DEVICE_CPU;
+        return 0;
+    }
+    if (strcmp(s, "cuda") == 0) {
+        *out = DITD_DEVICE_CUDA;
+        return 0;
+    }
+    return ditd_err_set(DITD_EINVAL, "unknown device \"%s\" (cpu, cuda)", s);
+}
+
+const char *ditd_act_name(ditd_act a)
+{
+    switch (a) {
+    case DITD_ACT_NONE: return "none";
+    case DITD_ACT_GELU_TANH: return "gelu-approximate";
+    case DITD_ACT_SILU: return "silu";
+    }
+    return "unknown";
+}
+
+int ditd_act_from_str(const char *s, ditd_act *out)
+{
+    static const ditd_act all[] = {DITD_ACT_NONE, DITD_ACT_GELU_TANH, DITD_ACT_SILU};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(s, ditd_act_name(all[i])) == 0) {
+            *out = all[i];
+            return 0;
+        }
+    }
+    return ditd_err_set(DITD_EUNSUPPORTED,
+                        "activation \"%s\" is not supported (gelu-approximate, silu)", s);
+}
+
+static ditd_cpu_act cpu_act(ditd_act a)
+{
+    switch (a) {
+    case DITD_ACT_GELU_TANH: return DITD_CPU_ACT_GELU_TANH;
+    case DITD_ACT_SILU: return DITD_CPU_ACT_SILU;
+    case DITD_ACT_NONE: break;
+    }
+    return DITD_CPU_ACT_NONE;
+}
+
+static void cpu_upload(void *dst, const float *h_src, size_t n)
+{
+    if (dst != h_src)
+        memcpy(dst, h_src, n * sizeof(float));
+}
+
+static void cpu_download(float *h_dst, const void *src, size_t n)
+{
+    if (h_dst != src)
+        memcpy(h_dst, src, n * sizeof(float));
+}
+
+static void cpu_sync(void)
+{
+}
+
+static int cpu_set_threads(int n)
+{
+    if (n > 0) {
+        omp_set_num_threads(n);
+        openblas_set_num_threads(n);
+    }
+    return omp_get_max_threads();
+}
+
+static void cpu_linear(const void *x, size_t ldx, const void *w, const void *b, void *y,
+                       size_t ldy, int M, int N, int K, ditd_act act)
+{
+    ditd_cpu_linear(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+}
+
+static void cpu_act_apply(const void *x, void *y, size_t n, ditd_act act)
+{
+    if (x != y)
+        memcpy(y, x, n * sizeof(float));
+    ditd_cpu_act_apply(y, n, cpu_act(act));
+}
+
+static void cpu_add(void *y, const void *x, size_t n)
+{
+    float *fy = y;
+    const float *fx = x;
+    for (size_t i = 0; i < n; i++)
+        fy[i] += fx[i];
+}
+
+static void cpu_embedding(const void *table, const int64_t *h_ids, void *out, int B, int D)
+{
+    for (int b = 0; b < B; b++)
+        memcpy((float *)out + (size_t)b * D, (const float *)table + (size_t)h_ids[b] * D,
+               (size_t)D * sizeof(float));
+}
+
+static void cpu_timestep_embed(const float *h_t, void *out, int B, int dim)
+{
+    ditd_cpu_timestep_embed(h_t, out, B, dim);
+}
+
+static void cpu_layernorm_modulate(const void *x, void *y, int B, int N, int D, float eps,
+                                   const void *shift, const void *scale, size_t ld_mod)
+{
+    ditd_cpu_layernorm_modulate(x, y, B, N, D, eps, shift, scale, ld_mod);
+}
+
+static void cpu_gated_residual(void *h, const void *y, int B, int N, int D,
+                               const void *gate, size_t ld_gate)
+{
+    ditd_cpu_gated_residual(h, y, B, N, D, gate, ld_gate);
+}
+
+static void cpu_attention(const void *q, size_t ldq, const void *k, size_t ldk,
+                          const void *v, size_t ldv, void *o, size_t ldo, float *lse,
+                          int B, int Nq, int Nk, int H, int Dh, float scale)
+{
+    ditd_cpu_attention(q, ldq, k, ldk, v, ldv, o, ldo, lse, B, Nq, Nk, H, Dh, scale);
+}
+
+static void cpu_attention_merge(void *o_acc, size_t ldo_acc, float *lse_acc,
+                                const void *o_blk, size_t ldo_blk, const float *lse_blk,
+                                int B, int Nq, int H, int Dh)
+{
+    ditd_cpu_attention_merge(o_acc, ldo_acc, lse_acc, o_blk, ldo_blk, lse_blk, B, Nq, H, Dh);
+}
+
+static void cpu_patch_embed(const void *x, const void *w, const void *b, const void *pos,
+                            void *y, void *scratch, int B, int C, int Hi, int Wi, int p, int D)
+{
+    ditd_cpu_patch_embed(x, w, b, pos, y, scratch, B, C, Hi, Wi, p, D);
+}
+
+static void cpu_unpatchify(const void *x, void *y, int B, int C, int h, int w, int p)
+{
+    ditd_cpu_unpatchify(x, y, B, C, h, w, p);
+}
+
+static void cpu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t rows,
+                       size_t cols)
+{
+    const size_t es = sizeof(float);
+    if (ldd == cols && lds == cols) {
+        memcpy(dst, src, rows * cols * es);
+        return;
+    }
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * ldd * es, (const char *)src + r * lds * es, cols * es);
+}
+
+static int cpu_status(void)
+{
+    return 0;
+}
+
+const ditd_backend_ops ditd_backend_cpu = {
+    .name = "cpu",
+    .device = DITD_DEVICE_CPU,
+    .act_dtype = DITD_DTYPE_F32,
+    .weight_dtype = DITD_DTYPE_F32,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .upload_weight = cpu_upload,
+    .sync = cpu_sync,
+    .set_threads = cpu_set_threads,
+    .linear = cpu_linear,
+    .act = cpu_act_apply,
+    .add = cpu_add,
+    .embedding = cpu_embedding,
+    .timestep_embed = cpu_timestep_embed,
+    .layernorm_modulate = cpu_layernorm_modulate,
+    .gated_residual = cpu_gated_residual,
+    .attention = cpu_attention,
+    .attention_merge = cpu_attention_merge,
+    .patch_embed = cpu_patch_embed,
+    .unpatchify = cpu_unpatchify,
+    .copy2d = cpu_copy2d,
+    .mem_alloc = NULL, /* arenas map host pages (engine/core/tensor.c) */
+    .mem_free = NULL,
+    .status = cpu_status,
+};

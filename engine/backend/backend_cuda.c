@@ -1,0 +1,506 @@
+/* The CUDA backend table: kernels/cuda behind the ops interface of
+ * engine/backend/backend.h. See engine/backend/backend_cuda.h for what it owns. */
+#include "engine/backend/backend_cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+#define GEMM_WS_BYTES ((size_t)32 << 20) /* cuBLAS's advice on Hopper */
+
+static struct {
+    int ready;
+    int device;
+    cudaStream_t compute, comm;
+    cudaEvent_t to_comm, to_compute;
+    void *gemm_ws;
+    ditd_cuda_gemm *gemm;
+    float *stage;      /* device f32 staging for upload/download */
+    size_t stage_len;  /* floats */
+    int err;           /* the first error since status() */
+    char detail[256];
+} g;
+
+/* Keeps the first error; later ones are consequences. */
+static void keep(int code, const char *what)
+{
+    if (!code || g.err)
+        return;
+    g.err = code == (int)cudaErrorMemoryAllocation ? DITD_ENOMEM : DITD_EDEVICE;
+    snprintf(g.detail, sizeof g.detail, "%s: %s", what, ditd_cuda_strerror(code));
+}
+
+static int rt_check(cudaError_t rc, const char *what)
+{
+    if (rc == cudaSuccess)
+        return 0;
+    return ditd_err_set(rc == cudaErrorMemoryAllocation ? DITD_ENOMEM : DITD_EDEVICE, "%s: %s",
+                        what, cudaGetErrorString(rc));
+}
+
+static ditd_cuda_act cuda_act(ditd_act a)
+{
+    switch (a) {
+    case DITD_ACT_GELU_TANH: return DITD_CUDA_ACT_GELU_TANH;
+    case DITD_ACT_SILU: return DITD_CUDA_ACT_SILU;
+    case DITD_ACT_NONE: break;
+    }
+    return DITD_CUDA_ACT_NONE;
+}
+
+#define CS ((ditd_cuda_stream)g.compute)
+
+/* ---- memory and transfers ---- */
+
+/* Grows the staging buffer to n floats. Called with the largest weight at
+ * load, so the hot loop's uploads (latents) never grow it. cudaFree waits
+ * for the work that still reads the old one. */
+static int stage_reserve(size_t n)
+{
+    if (n <= g.stage_len)
+        return 0;
+    void *p = NULL;
+    cudaError_t rc;
+    cudaFree(g.stage);
+    g.stage = NULL;
+    g.stage_len = 0;
+    if ((rc = cudaMalloc(&p, n * sizeof(float))) != cudaSuccess) {
+        keep((int)rc, "staging buffer");
+        return (int)rc;
+    }
+    g.stage = p;
+    g.stage_len = n;
+    return 0;
+}
+
+static void cu_upload(void *dst, const float *h_src, size_t n)
+{
+    if (n == 0 || stage_reserve(n))
+        return;
+    /* from pageable memory the copy returns once h_src has been read, so
+     * the caller may reuse it; the stage is reused in stream order */
+    keep((int)cudaMemcpyAsync(g.stage, h_src, n * sizeof(float), cudaMemcpyHostToDevice,
+                              g.compute),
+         "upload");
+    keep(ditd_cuda_f32_to_bf16(g.stage, dst, n, CS), "upload (f32 -> bf16)");
+}
+
+static void cu_download(float *h_dst, const void *src, size_t n)
+{
+    if (n == 0 || stage_reserve(n))
+        return;
+    keep(ditd_cuda_bf16_to_f32(src, g.stage, n, CS), "download (bf16 -> f32)");
+    keep((int)cudaMemcpyAsync(h_dst, g.stage, n * sizeof(float), cudaMemcpyDeviceToHost,
+                              g.compute),
+         "download");
+    keep((int)cudaStreamSynchronize(g.compute), "download (sync)");
+}
+
+static void cu_sync(void)
+{
+    keep((int)cudaStreamSynchronize(g.compute), "sync");
+}
+
+static int cu_set_threads(int n)
+{
+    (void)n; /* the host side of this backend is one thread */
+    return 1;
+}
+
+static int cu_mem_alloc(void **p, size_t bytes)
+{
+    void *d = NULL;
+    int err;
+    *p = NULL;
+    if ((err = rt_check(cudaMalloc(&d, bytes ? bytes : 1), "device arena")))
+        return err;
+    /* zeroed like the host arenas (and the stream order does not matter:
+     * nothing uses it yet) */
+    if ((err = rt_check(cudaMemset(d, 0, bytes), "device arena (memset)"))) {
+        cudaFree(d);
+        return err;
+    }
+    *p = d;
+    return 0;
+}
+
+static void cu_mem_free(void *p, size_t bytes)
+{
+    (void)bytes;
+    /* cudaFree waits for the device; arenas go when a model is unloaded */
+    cudaFree(p);
+}
+
+static int cu_status(void)
+{
+    int err = g.err;
+    /* a fault of the kernels' execution shows up here too */
+    if (!err)
+        keep((int)cudaGetLastError(), "device");
+    err = g.err;
+    if (err)
+        ditd_err_set(err, "%s", g.detail);
+    g.err = 0;
+    g.detail[0] = 0;
+    return err;
+}
+
+/* ---- ops ---- */
+
+static void cu_linear(const void *x, size_t ldx, const void *w, const void *b, void *y,
+                      size_t ldy, int M, int N, int K, ditd_act act)
+{
+    keep(ditd_cuda_linear(g.gemm, x, ldx, w, b, y, ldy, M, N, K, cuda_act(act), CS), "linear");
+}
+
+static void cu_act(const void *x, void *y, size_t n, ditd_act act)
+{
+    keep(ditd_cuda_act_apply(x, y, n, cuda_act(act), CS), "act");
+}
+
+static void cu_add(void *y, const void *x, size_t n)
+{
+    keep(ditd_cuda_add(y, x, n, CS), "add");
+}
+
+static void cu_embedding(const void *table, const int64_t *h_ids, void *out, int B, int D)
+{
+    keep(ditd_cuda_embedding(table, h_ids, out, B, D, CS), "embedding");
+}
+
+static void cu_timestep_embed(const float *h_t, void *out, int B, int dim)
+{
+    keep(ditd_cuda_timestep_embed(h_t, out, B, dim, CS), "timestep_embed");
+}
+
+static void cu_layernorm_modulate(const void *x, void *y, int B, int N, int D, float eps,
+                                  const void *shift, const void *scale, size_t ld_mod)
+{
+    keep(ditd_cuda_layernorm_modulate(x, y, B, N, D, eps, shift, scale, ld_mod, CS),
+         "layernorm_modulate");
+}
+
+static void cu_gated_residual(void *h, const void *y, int B, int N, int D, const void *gate,
+                              size_t ld_gate)
+{
+    keep(ditd_cuda_gated_residual(h, y, B, N, D, gate, ld_gate, CS), "gated_residual");
+}
+
+static void cu_attention(const void *q, size_t ldq, const void *k, size_t ldk, const void *v,
+                         size_t ldv, void *o, size_t ldo, float *lse, int B, int Nq, int Nk,
+                         int H, int Dh, float scale)
+{
+    keep(ditd_cuda_attention(q, ldq, k, ldk, v, ldv, o, ldo, lse, B, Nq, Nk, H, Dh, scale, CS),
+         "attention");
+}
+
+static void cu_attention_merge(void *o_acc, size_t ldo_acc, float *lse_acc, const void *o_blk,
+                               size_t ldo_blk, const float *lse_blk, int B, int Nq, int H, int Dh)
+{
+    keep(ditd_cuda_attention_merge(o_acc, ldo_acc, lse_acc, o_blk, ldo_blk, lse_blk, B, Nq, H,
+                                   Dh, CS),
+         "attention_merge");
+}
+
+static void cu_patch_embed(const void *x, const void *w, const void *b, const void *pos, void *y,
+                           void *scratch, int B, int C, int Hi, int Wi, int p, int D)
+{
+    keep(ditd_cuda_patch_embed(g.gemm, x, w, b, pos, y, scratch, B, C, Hi, Wi, p, D, CS),
+         "patch_embed");
+}
+
+static void cu_unpatchify(const void *x, void *y, int B, int C, int h, int w, int p)
+{
+    keep(ditd_cuda_unpatchify(x, y, B, C, h, w, p, CS), "unpatchify");
+}
+
+static void cu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t rows,
+                      size_t cols)
+{
+    keep(ditd_cuda_copy2d(dst, ldd, src, lds, rows, cols, 2, CS), "copy2d");
+}
+
+/* ---- per-step arguments in device memory (for graphs) ---- */
+
+static void cu_upload_args(float *d_t, const float *h_t, int64_t *d_y, const int64_t *h_y, int B)
+{
+    if (B <= 0)
+        return;
+    /* pageable sources: each copy returns once its source has been read,
+     * and runs in stream order after the replay that read the last values */
+    keep((int)cudaMemcpyAsync(d_t, h_t, (size_t)B * sizeof *h_t, cudaMemcpyHostToDevice,
+                              g.compute),
+         "upload_args (timesteps)");
+    keep((int)cudaMemcpyAsync(d_y, h_y, (size_t)B * sizeof *h_y, cudaMemcpyHostToDevice,
+                              g.compute),
+         "upload_args (class ids)");
+}
+
+static void cu_embedding_dev(const void *table, const int64_t *d_ids, void *out, int B, int D)
+{
+    keep(ditd_cuda_embedding_dev(table, d_ids, out, B, D, CS), "embedding_dev");
+}
+
+static void cu_timestep_embed_dev(const float *d_t, void *out, int B, int dim)
+{
+    keep(ditd_cuda_timestep_embed_dev(d_t, out, B, dim, CS), "timestep_embed_dev");
+}
+
+static int graphs_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("DITD_CUDA_GRAPHS");
+        on = !(v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "false")));
+    }
+    return on;
+}
+
+static int cu_graph_begin(void)
+{
+    if (!graphs_enabled())
+        return DITD_EUNSUPPORTED; /* no detail: the caller runs the ops directly */
+    return ditd_backend_cuda_capture_begin();
+}
+
+static int cu_graph_end(void **out)
+{
+    ditd_cuda_graph *cg = NULL;
+    int err = ditd_backend_cuda_capture_end(&cg);
+    *out = cg;
+    return err;
+}
+
+static int cu_graph_launch(void *cg)
+{
+    return ditd_backend_cuda_graph_launch(cg);
+}
+
+static void cu_graph_free(void *cg)
+{
+    ditd_backend_cuda_graph_free(cg);
+}
+
+static const ditd_backend_ops cuda_ops = {
+    .name = "cuda",
+    .device = DITD_DEVICE_CUDA,
+    .act_dtype = DITD_DTYPE_BF16,
+    .weight_dtype = DITD_DTYPE_BF16,
+    .upload = cu_upload,
+    .download = cu_download,
+    .upload_weight = cu_upload,
+    .sync = cu_sync,
+    .set_threads = cu_set_threads,
+    .linear = cu_linear,
+    .act = cu_act,
+    .add = cu_add,
+    .embedding = cu_embedding,
+    .timestep_embed = cu_timestep_embed,
+    .layernorm_modulate = cu_layernorm_modulate,
+    .gated_residual = cu_gated_residual,
+    .attention = cu_attention,
+    .attention_merge = cu_attention_merge,
+    .patch_embed = cu_patch_embed,
+    .unpatchify = cu_unpatchify,
+    .copy2d = cu_copy2d,
+    .mem_alloc = cu_mem_alloc,
+    .mem_free = cu_mem_free,
+    .status = cu_status,
+    .upload_args = cu_upload_args,
+    .embedding_dev = cu_embedding_dev,
+    .timestep_embed_dev = cu_timestep_embed_dev,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
+    .graph_launch = cu_graph_launch,
+    .graph_free = cu_graph_free,
+};
+
+/* ---- lifetime ---- */
+
+int ditd_backend_cuda_available(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: clear it */
+        return 0;
+    }
+    return n > 0;
+}
+
+int ditd_backend_cuda_select(int local_rank)
+{
+    int n = 0, dev;
+    cudaError_t rc;
+    if ((rc = cudaGetDeviceCount(&n)) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return ditd_err_set(DITD_EDEVICE, "no CUDA device%s%s", rc != cudaSuccess ? ": " : "",
+                            rc != cudaSuccess ? cudaGetErrorString(rc) : "");
+    }
+    dev = (local_rank < 0 ? 0 : local_rank) % n;
+    if (g.ready) {
+        if (g.device != dev)
+            return ditd_err_set(DITD_EINVAL,
+                                "the CUDA backend already runs on device %d (local rank %d wants %d)",
+                                g.device, local_rank, dev);
+        return dev;
+    }
+    if ((rc = cudaSetDevice(dev)) != cudaSuccess) {
+        cudaGetLastError();
+        return ditd_err_set(DITD_EDEVICE, "cudaSetDevice(%d): %s", dev, cudaGetErrorString(rc));
+    }
+    return dev;
+}
+
+int ditd_backend_cuda_device(void)
+{
+    int d = 0;
+    if (g.ready)
+        return g.device;
+    if (cudaGetDevice(&d) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return d;
+}
+
+void ditd_backend_cuda_shutdown(void)
+{
+    if (!g.ready)
+        return;
+    cudaStreamSynchronize(g.compute);
+    cudaStreamSynchronize(g.comm);
+    ditd_cuda_gemm_free(g.gemm);
+    cudaFree(g.gemm_ws);
+    cudaFree(g.stage);
+    cudaEventDestroy(g.to_comm);
+    cudaEventDestroy(g.to_compute);
+    cudaStreamDestroy(g.compute);
+    cudaStreamDestroy(g.comm);
+    memset(&g, 0, sizeof g);
+}
+
+const ditd_backend_ops *ditd_backend_cuda_get(void)
+{
+    int n = 0, err, code;
+    cudaError_t rc;
+    if (g.ready)
+        return &cuda_ops;
+    if ((rc = cudaGetDeviceCount(&n)) != cudaSuccess || n == 0) {
+        ditd_err_set(DITD_EDEVICE, "no CUDA device%s%s", rc != cudaSuccess ? ": " : "",
+                     rc != cudaSuccess ? cudaGetErrorString(rc) : "");
+        cudaGetLastError();
+        return NULL;
+    }
+    if ((err = rt_check(cudaGetDevice(&g.device), "cudaGetDevice")) ||
+        (err = rt_check(cudaStreamCreateWithFlags(&g.compute, cudaStreamNonBlocking),
+                        "compute stream")) ||
+        (err = rt_check(cudaStreamCreateWithFlags(&g.comm, cudaStreamNonBlocking),
+                        "comm stream")) ||
+        (err = rt_check(cudaEventCreateWithFlags(&g.to_comm, cudaEventDisableTiming), "event")) ||
+        (err = rt_check(cudaEventCreateWithFlags(&g.to_compute, cudaEventDisableTiming),
+                        "event")) ||
+        (err = rt_check(cudaMalloc(&g.gemm_ws, GEMM_WS_BYTES), "cuBLASLt workspace")))
+        goto fail;
+    if ((code = ditd_cuda_gemm_new(g.gemm_ws, GEMM_WS_BYTES, &g.gemm))) {
+        ditd_err_set(DITD_EDEVICE, "cuBLASLt: %s", ditd_cuda_strerror(code));
+        goto fail;
+    }
+    g.ready = 1;
+    return &cuda_ops;
+fail:
+    g.ready = 1; /* so that shutdown releases what was made */
+    ditd_backend_cuda_shutdown();
+    return NULL;
+}
+
+void *ditd_backend_cuda_compute_stream(void)
+{
+    return g.ready ? (void *)g.compute : NULL;
+}
+
+void *ditd_backend_cuda_comm_stream(void)
+{
+    return g.ready ? (void *)g.comm : NULL;
+}
+
+int ditd_backend_cuda_comm_begin(void)
+{
+    int err = rt_check(cudaEventRecord(g.to_comm, g.compute), "cudaEventRecord");
+    return err ? err : rt_check(cudaStreamWaitEvent(g.comm, g.to_comm, 0), "cudaStreamWaitEvent");
+}
+
+int ditd_backend_cuda_comm_end(void)
+{
+    int err = rt_check(cudaEventRecord(g.to_compute, g.comm), "cudaEventRecord");
+    return err ? err
+               : rt_check(cudaStreamWaitEvent(g.compute, g.to_compute, 0), "cudaStreamWaitEvent");
+}
+
+int ditd_backend_cuda_is_device_ptr(const void *p)
+{
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice;
+}
+
+/* ---- graphs ---- */
+
+struct ditd_cuda_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+};
+
+int ditd_backend_cuda_capture_begin(void)
+{
+    if (!g.ready)
+        return ditd_err_set(DITD_EINVAL, "CUDA backend not initialized");
+    return rt_check(cudaStreamBeginCapture(g.compute, cudaStreamCaptureModeThreadLocal),
+                    "cudaStreamBeginCapture");
+}
+
+int ditd_backend_cuda_capture_end(ditd_cuda_graph **out)
+{
+    ditd_cuda_graph *cg;
+    cudaGraph_t graph = NULL;
+    int err;
+    *out = NULL;
+    if ((err = rt_check(cudaStreamEndCapture(g.compute, &graph), "cudaStreamEndCapture")))
+        return err;
+    if (g.err) { /* an op failed while capturing: the graph is incomplete */
+        cudaGraphDestroy(graph);
+        return cu_status();
+    }
+    if (!(cg = calloc(1, sizeof *cg))) {
+        cudaGraphDestroy(graph);
+        return ditd_err_set(DITD_ENOMEM, "graph");
+    }
+    cg->graph = graph;
+    if ((err = rt_check(cudaGraphInstantiate(&cg->exec, graph, 0), "cudaGraphInstantiate"))) {
+        cudaGraphDestroy(graph);
+        free(cg);
+        return err;
+    }
+    *out = cg;
+    return 0;
+}
+
+int ditd_backend_cuda_graph_launch(ditd_cuda_graph *cg)
+{
+    return rt_check(cudaGraphLaunch(cg->exec, g.compute), "cudaGraphLaunch");
+}
+
+void ditd_backend_cuda_graph_free(ditd_cuda_graph *cg)
+{
+    if (!cg)
+        return;
+    cudaGraphExecDestroy(cg->exec);
+    cudaGraphDestroy(cg->graph);
+    free(cg);
+}

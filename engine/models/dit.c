@@ -1,0 +1,881 @@
+/* Diffusers DiTTransformer2DModel forward: patch embed, blocks, final layer. */
+#include "engine/models/dit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
+#include "engine/io/safetensors.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+#define TFREQ 256 /* E: Timesteps(num_channels=256) in CombinedTimestepLabelEmbeddings */
+#define ADA_EPS 1e-6f /* AdaLayerNormZero's and norm_out's LayerNorm eps (fixed in Diffusers) */
+
+/* ---- planning: the same carve sequence runs twice (count, then hand out) ---- */
+
+static int carve(ditd_arena *a, void **p, ditd_dtype dt, size_t n)
+{
+    int err;
+    *p = ditd_arena_bytes(a, n * ditd_dtype_size(dt), &err);
+    return err;
+}
+
+static int carve_weights(ditd_dit *m)
+{
+    const ditd_dit_config *c = &m->cfg;
+    size_t D = (size_t)c->inner_dim, p = (size_t)c->patch_size;
+    size_t K1 = (size_t)c->num_embeds_ada_norm + 1, po = p * p * (size_t)c->out_channels;
+    size_t hcD = (size_t)m->hc * (size_t)c->head_dim, Fl = (size_t)m->fc;
+    ditd_dtype wt = m->ops->weight_dtype;
+    ditd_arena *a = &m->weights;
+    int err = 0;
+
+    err |= carve(a, &m->patch_w, wt, D * (size_t)c->in_channels * p * p);
+    err |= carve(a, &m->patch_b, wt, D);
+    err |= carve(a, &m->pos, m->ops->act_dtype, (size_t)m->N * D);
+    err |= carve(a, &m->out1_w, wt, 2 * D * D);
+    err |= carve(a, &m->out1_b, wt, 2 * D);
+    err |= carve(a, &m->out2_w, wt, po * D);
+    err |= carve(a, &m->out2_b, wt, po);
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_dit_block *b = &m->blocks[l];
+        err |= carve(a, &b->t1_w, wt, D * TFREQ);
+        err |= carve(a, &b->t1_b, wt, D);
+        err |= carve(a, &b->t2_w, wt, D * D);
+        err |= carve(a, &b->t2_b, wt, D);
+        err |= carve(a, &b->cls, wt, K1 * D);
+        err |= carve(a, &b->ada_w, wt, 6 * D * D);
+        err |= carve(a, &b->ada_b, wt, 6 * D);
+        /* tp: this rank's heads of each of q, k, v; to_out.0's matching columns */
+        err |= carve(a, &b->qkv_w, wt, 3 * hcD * D);
+        b->qkv_b = NULL;
+        if (c->attention_bias)
+            err |= carve(a, &b->qkv_b, wt, 3 * hcD);
+        err |= carve(a, &b->o_w, wt, D * hcD);
+        err |= carve(a, &b->o_b, wt, D);
+        err |= carve(a, &b->ff1_w, wt, Fl * D);
+        err |= carve(a, &b->ff1_b, wt, Fl);
+        err |= carve(a, &b->ff2_w, wt, D * Fl);
+        err |= carve(a, &b->ff2_b, wt, D);
+    }
+    return err ? DITD_ENOMEM : 0;
+}
+
+static int carve_acts(ditd_dit *m)
+{
+    const ditd_dit_config *c = &m->cfg;
+    size_t B = (size_t)m->max_batch, N = (size_t)m->N, D = (size_t)c->inner_dim;
+    size_t p = (size_t)c->patch_size, po = p * p * (size_t)c->out_channels;
+    size_t Nl = (size_t)m->n_loc, Dh = (size_t)c->head_dim;
+    size_t hcD = (size_t)m->hc * Dh, huD = (size_t)m->hu * Dh, nr = (size_t)m->nr;
+    int U = m->lay.ulysses, R = m->lay.ring;
+    ditd_dtype at = m->ops->act_dtype;
+    ditd_arena *a = &m->acts;
+    int err = 0;
+
+    err |= carve(a, &m->h, at, B * Nl * D);
+    err |= carve(a, &m->xn, at, B * Nl * D);
+    err |= carve(a, &m->qkv, at, B * Nl * 3 * hcD);
+    err |= carve(a, &m->att, at, B * Nl * hcD);
+    err |= carve(a, &m->ff, at, B * Nl * (size_t)m->fc);
+    err |= carve(a, &m->tfreq, at, B * TFREQ);
+    err |= carve(a, &m->temb, at, B * D);
+    err |= carve(a, &m->cond, at, B * D);
+    err |= carve(a, &m->cond0, at, B * D);
+    err |= carve(a, &m->mod, at, B * 6 * D);
+    err |= carve(a, &m->scratch, at, B * N * (size_t)c->in_channels * p * p);
+    err |= carve(a, &m->tok_out, at, B * N * po);
+    if (R * U > 1) {
+        size_t mr = (size_t)m->max_ring;
+        size_t send = B * Nl * 3 * hcD > B * nr * huD ? B * Nl * 3 * hcD : B * nr * huD;
+        size_t recv = 3 * B * nr * huD > B * Nl * hcD ? 3 * B * nr * huD : B * Nl * hcD;
+        err |= carve(a, &m->embed, at, B * N * D);
+        if (U > 1) {
+            err |= carve(a, &m->a2a_send, at, send);
+            err |= carve(a, &m->a2a_recv, at, recv);
+            err |= carve(a, &m->o_acc, at, B * nr * huD);
+        }
+        err |= carve(a, &m->q, at, B * nr * huD);
+        if (R > 1 && m->lay.rotate == DITD_RING_ALLGATHER) {
+            err |= carve(a, &m->kv, at, B * N * 2 * huD);
+        } else {
+            err |= carve(a, &m->kv, at, B * mr * 2 * huD);
+            if (R > 1)
+                err |= carve(a, &m->kv2, at, B * mr * 2 * huD);
+        }
+        if (R > 1) {
+            err |= carve(a, &m->o_blk, at, B * nr * huD);
+            err |= carve(a, (void **)&m->lse_acc, DITD_DTYPE_F32, B * (size_t)m->hu * nr);
+            err |= carve(a, (void **)&m->lse_blk, DITD_DTYPE_F32, B * (size_t)m->hu * nr);
+        }
+        err |= carve(a, &m->tok_loc, at, B * Nl * po);
+        err |= carve(a, &m->tok_gath, at, B * N * po);
+    }
+    if (m->ops->upload_args) { /* per-step arguments on the device (graphs) */
+        err |= carve(a, (void **)&m->d_t, DITD_DTYPE_F32, B);
+        err |= carve(a, (void **)&m->d_y, DITD_DTYPE_I64, B);
+    }
+    return err ? DITD_ENOMEM : 0;
+}
+
+/* The parallel plan: who holds which heads, MLP columns and tokens. Pure
+ * arithmetic on (layout, rank, model), so every rank derives the same. */
+static int plan_par(ditd_dit *m, const ditd_mesh *mesh)
+{
+    const ditd_dit_config *c = &m->cfg;
+    int err;
+    m->mesh = mesh && mesh->size > 1 ? mesh : NULL;
+    m->lay = m->mesh ? mesh->layout : DITD_LAYOUT_SINGLE;
+    if (m->mesh && (err = ditd_layout_check_model(&m->lay, c, m->N)))
+        return err;
+    int T = m->lay.tp, U = m->lay.ulysses, R = m->lay.ring, RU = R * U;
+    m->tp_rank = m->mesh ? mesh->tp_rank : 0;
+    m->uly_rank = m->mesh ? mesh->ulysses_rank : 0;
+    m->ring_rank = m->mesh ? mesh->ring_rank : 0;
+    ditd_split(c->num_heads, T, m->tp_rank, &m->h0, &m->hc);
+    ditd_split(c->ff_dim, T, m->tp_rank, &m->f0, &m->fc);
+    int *ints = calloc((size_t)(6 * RU + 2 * R + 2 * U + 8), sizeof(int));
+    if (!ints)
+        return ditd_err_set(DITD_ENOMEM, "parallel plan");
+    m->tok_cnt = ints;
+    m->tok_off = m->tok_cnt + RU;
+    m->cnt_a = m->tok_off + RU;
+    m->dsp_a = m->cnt_a + RU;
+    m->cnt_b = m->dsp_a + RU;
+    m->dsp_b = m->cnt_b + RU;
+    m->ring_cnt = m->dsp_b + RU;
+    m->ring_off = m->ring_cnt + R;
+    m->uh_cnt = m->ring_off + R;
+    m->uh_off = m->uh_cnt + U;
+    for (int s = 0; s < RU; s++)
+        ditd_split(m->N, RU, s, &m->tok_off[s], &m->tok_cnt[s]);
+    m->max_ring = 0;
+    for (int j = 0; j < R; j++) {
+        m->ring_off[j] = m->tok_off[j * U];
+        m->ring_cnt[j] = 0;
+        for (int v = 0; v < U; v++)
+            m->ring_cnt[j] += m->tok_cnt[j * U + v];
+        if (m->ring_cnt[j] > m->max_ring)
+            m->max_ring = m->ring_cnt[j];
+    }
+    for (int v = 0; v < U; v++)
+        ditd_split(m->hc, U, v, &m->uh_off[v], &m->uh_cnt[v]);
+    int s = m->ring_rank * U + m->uly_rank;
+    m->n_loc = m->tok_cnt[s];
+    m->tok0 = m->tok_off[s];
+    m->nr = m->ring_cnt[m->ring_rank];
+    m->ring0 = m->ring_off[m->ring_rank];
+    m->hu = m->uh_cnt[m->uly_rank];
+    m->hu0 = m->uh_off[m->uly_rank];
+    return 0;
+}
+
+/* Plans both arenas and commits them; the pointers are valid afterwards. */
+static int plan(ditd_dit *m)
+{
+    int err;
+    if ((err = carve_weights(m)) || (err = carve_acts(m)))
+        return err;
+    if ((err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
+        (err = ditd_arena_commit(&m->acts, m->acts.peak_plan)))
+        return err;
+    if ((err = carve_weights(m)) || (err = carve_acts(m)))
+        return err;
+    /* positions: a pure function of the grid, as Diffusers' PatchEmbed buffer
+     * (base_size = sample_size / patch_size, interpolation_scale = 1) */
+    float *pos = malloc((size_t)m->N * (size_t)m->cfg.inner_dim * sizeof(float));
+    if (!pos)
+        return ditd_err_set(DITD_ENOMEM, "positional embedding");
+    ditd_cpu_pos_embed_2d(pos, m->cfg.inner_dim, m->gh, m->gw, m->cfg.sample_size / m->cfg.patch_size,
+                          1.0f);
+    m->ops->upload(m->pos, pos, (size_t)m->N * (size_t)m->cfg.inner_dim);
+    free(pos);
+    return 0;
+}
+
+static int dit_alloc(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
+                     const ditd_mesh *mesh, ditd_dit **out)
+{
+    ditd_dit *m;
+    int err;
+    if (max_batch <= 0 || max_batch > 4096)
+        return ditd_err_set(DITD_EINVAL, "max batch %d (1..4096)", max_batch);
+    m = calloc(1, sizeof *m);
+    if (!m)
+        return ditd_err_set(DITD_ENOMEM, "model");
+    m->cfg = *cfg;
+    m->ops = ops;
+    m->max_batch = max_batch;
+    m->gh = cfg->sample_size / cfg->patch_size;
+    m->gw = m->gh;
+    m->N = m->gh * m->gw;
+    ditd_arena_init_mem(&m->weights, ops->mem_alloc, ops->mem_free);
+    ditd_arena_init_mem(&m->acts, ops->mem_alloc, ops->mem_free);
+    m->blocks = calloc((size_t)cfg->num_layers, sizeof *m->blocks);
+    if (!m->blocks) {
+        free(m);
+        return ditd_err_set(DITD_ENOMEM, "model blocks");
+    }
+    if ((err = plan_par(m, mesh)) || (err = plan(m))) {
+        ditd_dit_free(m);
+        return err;
+    }
+    /* graphs only for a forward without collectives: each collective stays
+     * a host call, watched (engine/parallel/comm_nccl.c) */
+    if (ops->graph_begin && m->lay.tp == 1 && m->lay.ring * m->lay.ulysses == 1 &&
+        !(m->graphs = calloc((size_t)max_batch + 1, sizeof *m->graphs))) {
+        ditd_dit_free(m);
+        return ditd_err_set(DITD_ENOMEM, "graph table");
+    }
+    *out = m;
+    return 0;
+}
+
+void ditd_dit_free(ditd_dit *m)
+{
+    if (!m)
+        return;
+    if (m->graphs) {
+        for (int b = 0; b <= m->max_batch; b++)
+            if (m->graphs[b].exec)
+                m->ops->graph_free(m->graphs[b].exec);
+        free(m->graphs);
+    }
+    ditd_arena_free(&m->weights);
+    ditd_arena_free(&m->acts);
+    free(m->blocks);
+    free(m->tok_cnt);
+    free(m);
+}
+
+size_t ditd_dit_weight_bytes(const ditd_dit *m)
+{
+    return m->weights.size;
+}
+
+size_t ditd_dit_act_bytes(const ditd_dit *m)
+{
+    return m->acts.size;
+}
+
+/* ---- loading ---- */
+
+typedef struct loader {
+    const ditd_safetensors *st;
+    const ditd_backend_ops *ops;
+    float *stage;       /* host f32 staging for non-f32 or device weights */
+    size_t stage_len;
+} loader;
+
+/* Reads `name`, of full shape (d0, d1, ...), into dst: whole when len < 0,
+ * otherwise indices [start, start + len) along `axis` (a tp rank's slice,
+ * read from the mmap without touching the rest). */
+static int load_part(loader *ld, void *dst, const char *name, int ndim, const int64_t *shape,
+                     int axis, int64_t start, int64_t len)
+{
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= (size_t)(len >= 0 && i == axis ? len : shape[i]);
+    int direct = ld->ops->device == DITD_DEVICE_CPU && ld->ops->weight_dtype == DITD_DTYPE_F32;
+    float *to = direct ? dst : NULL;
+    if (!direct) {
+        if (n > ld->stage_len) {
+            float *s = realloc(ld->stage, n * sizeof(float));
+            if (!s)
+                return ditd_err_set(DITD_ENOMEM, "staging %zu floats for %s", n, name);
+            ld->stage = s;
+            ld->stage_len = n;
+        }
+        to = ld->stage;
+    }
+    int err = len < 0 ? ditd_safetensors_read_f32(ld->st, name, ndim, shape, to)
+                      : ditd_safetensors_read_f32_slice(ld->st, name, ndim, shape, axis, start,
+                                                        len, to);
+    if (!err && !direct)
+        ld->ops->upload_weight(dst, ld->stage, n);
+    return err;
+}
+
+/* Reads `name` with the expected shape into dst (rows [row0, row0 + shape[0])
+ * of a fused destination are addressed by the caller through dst). */
+static int load(loader *ld, void *dst, const char *name, int ndim, int64_t d0, int64_t d1,
+                int64_t d2, int64_t d3)
+{
+    int64_t shape[4] = {d0, d1, d2, d3};
+    return load_part(ld, dst, name, ndim, shape, 0, 0, -1);
+}
+
+/* A slice along `axis` of a 1-D or 2-D tensor (d0, d1); the whole tensor
+ * when the slice is all of it (one rank), so that path reads as before. */
+static int load_slice(loader *ld, void *dst, const char *name, int ndim, int64_t d0, int64_t d1,
+                      int axis, int64_t start, int64_t len)
+{
+    int64_t shape[2] = {d0, d1};
+    if (start == 0 && len == shape[axis])
+        len = -1;
+    return load_part(ld, dst, name, ndim, shape, axis, start, len);
+}
+
+static int load_weights(ditd_dit *m, const ditd_safetensors *st)
+{
+    const ditd_dit_config *c = &m->cfg;
+    const ditd_backend_ops *ops = m->ops;
+    int64_t D = c->inner_dim, F = c->ff_dim, p = c->patch_size, C = c->in_channels;
+    int64_t po = p * p * c->out_channels;
+    int64_t Dh = c->head_dim, hcD = (int64_t)m->hc * Dh, h0D = (int64_t)m->h0 * Dh;
+    int64_t Fl = m->fc, f0 = m->f0;
+    loader ld = {.st = st, .ops = ops};
+    char name[256];
+    int err = 0;
+
+#define LOAD(dst, nd, a, b, cc, d, ...)                                   \
+    do {                                                                  \
+        snprintf(name, sizeof name, __VA_ARGS__);                         \
+        if ((err = load(&ld, (dst), name, (nd), (a), (b), (cc), (d))))    \
+            goto done;                                                    \
+    } while (0)
+#define LOAD_SLICE(dst, nd, a, b, axis, start, len, ...)                                   \
+    do {                                                                                   \
+        snprintf(name, sizeof name, __VA_ARGS__);                                          \
+        if ((err = load_slice(&ld, (dst), name, (nd), (a), (b), (axis), (start), (len))))  \
+            goto done;                                                                     \
+    } while (0)
+
+    LOAD(m->patch_w, 4, D, C, p, p, "pos_embed.proj.weight");
+    LOAD(m->patch_b, 1, D, 0, 0, 0, "pos_embed.proj.bias");
+    LOAD(m->out1_w, 2, 2 * D, D, 0, 0, "proj_out_1.weight");
+    LOAD(m->out1_b, 1, 2 * D, 0, 0, 0, "proj_out_1.bias");
+    LOAD(m->out2_w, 2, po, D, 0, 0, "proj_out_2.weight");
+    LOAD(m->out2_b, 1, po, 0, 0, 0, "proj_out_2.bias");
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_dit_block *b = &m->blocks[l];
+        const char *qkv[3] = {"to_q", "to_k", "to_v"};
+        LOAD(b->t1_w, 2, D, TFREQ, 0, 0, "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_1.weight", l);
+        LOAD(b->t1_b, 1, D, 0, 0, 0, "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_1.bias", l);
+        LOAD(b->t2_w, 2, D, D, 0, 0, "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_2.weight", l);
+        LOAD(b->t2_b, 1, D, 0, 0, 0, "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_2.bias", l);
+        /* LabelEmbedding keeps one extra row, the null class, for CFG. */
+        LOAD(b->cls, 2, c->num_embeds_ada_norm + 1, D, 0, 0,
+             "transformer_blocks.%d.norm1.emb.class_embedder.embedding_table.weight", l);
+        LOAD(b->ada_w, 2, 6 * D, D, 0, 0, "transformer_blocks.%d.norm1.linear.weight", l);
+        LOAD(b->ada_b, 1, 6 * D, 0, 0, 0, "transformer_blocks.%d.norm1.linear.bias", l);
+        /* column-parallel (tp): this rank's heads, rows [h0 Dh, (h0 + hc) Dh) */
+        for (int j = 0; j < 3; j++) {
+            LOAD_SLICE(ditd_ptr_w(ops, b->qkv_w, (size_t)(j * hcD * D)), 2, D, D, 0, h0D, hcD,
+                       "transformer_blocks.%d.attn1.%s.weight", l, qkv[j]);
+            if (b->qkv_b)
+                LOAD_SLICE(ditd_ptr_w(ops, b->qkv_b, (size_t)(j * hcD)), 1, D, 0, 0, h0D, hcD,
+                           "transformer_blocks.%d.attn1.%s.bias", l, qkv[j]);
+        }
+        /* row-parallel: the matching input columns */
+        LOAD_SLICE(b->o_w, 2, D, D, 1, h0D, hcD, "transformer_blocks.%d.attn1.to_out.0.weight", l);
+        LOAD(b->o_b, 1, D, 0, 0, 0, "transformer_blocks.%d.attn1.to_out.0.bias", l);
+        LOAD_SLICE(b->ff1_w, 2, F, D, 0, f0, Fl, "transformer_blocks.%d.ff.net.0.proj.weight", l);
+        LOAD_SLICE(b->ff1_b, 1, F, 0, 0, f0, Fl, "transformer_blocks.%d.ff.net.0.proj.bias", l);
+        LOAD_SLICE(b->ff2_w, 2, D, F, 1, f0, Fl, "transformer_blocks.%d.ff.net.2.weight", l);
+        LOAD(b->ff2_b, 1, D, 0, 0, 0, "transformer_blocks.%d.ff.net.2.bias", l);
+    }
+#undef LOAD
+#undef LOAD_SLICE
+    /* A checkpoint with attention biases that the config says it lacks would
+     * silently change the numbers: refuse it. */
+    if (!c->attention_bias && ditd_safetensors_find(st, "transformer_blocks.0.attn1.to_q.bias"))
+        err = ditd_err_set(DITD_EFORMAT,
+                           "checkpoint has transformer_blocks.0.attn1.to_q.bias but config says attention_bias false");
+done:
+    free(ld.stage);
+    return err;
+}
+
+int ditd_dit_new(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
+                 const char *weights_path, ditd_dit **out)
+{
+    return ditd_dit_new_mesh(cfg, ops, max_batch, weights_path, NULL, out);
+}
+
+int ditd_dit_new_mesh(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
+                      const char *weights_path, const ditd_mesh *mesh, ditd_dit **out)
+{
+    ditd_safetensors *st;
+    ditd_dit *m;
+    int err;
+
+    if ((err = ditd_safetensors_open(weights_path, &st)))
+        return err;
+    if ((err = dit_alloc(cfg, ops, max_batch, mesh, &m)))
+        goto fail_alloc;
+    if ((err = load_weights(m, st)))
+        goto fail_load;
+    ditd_safetensors_free(st);
+    *out = m;
+    return 0;
+fail_load:
+    ditd_dit_free(m);
+fail_alloc:
+    ditd_safetensors_free(st);
+    return err;
+}
+
+/* Fills a (rows, cols) weight, or the slice [start, start + len) of it
+ * along `axis`, with std * N(0, 1) from the stream (seed, tensor id): the
+ * same numbers the whole tensor has there, so tp ranks draw their slices
+ * of the single-rank model. stage holds the slice. */
+static void fill_random_slice(const ditd_backend_ops *ops, void *dst, size_t rows, size_t cols,
+                              int axis, size_t start, size_t len, uint64_t seed, uint64_t id,
+                              float std, float *stage)
+{
+    size_t n;
+    if (axis == 0) {
+        n = len * cols;
+        ditd_philox_normal(seed, id, start * cols, n, stage);
+    } else {
+        n = rows * len;
+        for (size_t r = 0; r < rows; r++)
+            ditd_philox_normal(seed, id, r * cols + start, len, stage + r * len);
+    }
+    for (size_t i = 0; i < n; i++)
+        stage[i] *= std;
+    ops->upload_weight(dst, stage, n);
+}
+
+/* Fills n weights with std * N(0, 1) from the stream (seed, tensor id). */
+static void fill_random(const ditd_backend_ops *ops, void *dst, size_t n, uint64_t seed,
+                        uint64_t id, float std, float *stage)
+{
+    fill_random_slice(ops, dst, n, 1, 0, 0, n, seed, id, std, stage);
+}
+
+int ditd_dit_new_random(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
+                        uint64_t seed, ditd_dit **out)
+{
+    return ditd_dit_new_random_mesh(cfg, ops, max_batch, seed, NULL, out);
+}
+
+int ditd_dit_new_random_mesh(const ditd_dit_config *cfg, const ditd_backend_ops *ops,
+                             int max_batch, uint64_t seed, const ditd_mesh *mesh, ditd_dit **out)
+{
+    ditd_dit *m;
+    int err = dit_alloc(cfg, ops, max_batch, mesh, &m);
+    if (err)
+        return err;
+    const ditd_dit_config *c = &m->cfg;
+    size_t D = (size_t)c->inner_dim, F = (size_t)c->ff_dim, p = (size_t)c->patch_size;
+    size_t po = p * p * (size_t)c->out_channels, K1 = (size_t)c->num_embeds_ada_norm + 1;
+    size_t Dh = (size_t)c->head_dim, hcD = (size_t)m->hc * Dh, h0D = (size_t)m->h0 * Dh;
+    size_t Fl = (size_t)m->fc, f0 = (size_t)m->f0;
+    size_t big = F * D > K1 * D ? F * D : K1 * D;
+    float *stage = malloc((big > 6 * D * D ? big : 6 * D * D) * sizeof(float));
+    uint64_t id = 0;
+    if (!stage) {
+        ditd_dit_free(m);
+        return ditd_err_set(DITD_ENOMEM, "random weights");
+    }
+    fill_random(ops, m->patch_w, D * (size_t)c->in_channels * p * p, seed, id++, 0.02f, stage);
+    fill_random(ops, m->patch_b, D, seed, id++, 0.02f, stage);
+    fill_random(ops, m->out1_w, 2 * D * D, seed, id++, 0.02f, stage);
+    fill_random(ops, m->out1_b, 2 * D, seed, id++, 0.02f, stage);
+    fill_random(ops, m->out2_w, po * D, seed, id++, 0.02f, stage);
+    fill_random(ops, m->out2_b, po, seed, id++, 0.02f, stage);
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_dit_block *b = &m->blocks[l];
+        fill_random(ops, b->t1_w, D * TFREQ, seed, id++, 0.02f, stage);
+        fill_random(ops, b->t1_b, D, seed, id++, 0.02f, stage);
+        fill_random(ops, b->t2_w, D * D, seed, id++, 0.02f, stage);
+        fill_random(ops, b->t2_b, D, seed, id++, 0.02f, stage);
+        fill_random(ops, b->cls, K1 * D, seed, id++, 0.02f, stage);
+        fill_random(ops, b->ada_w, 6 * D * D, seed, id++, 0.02f, stage);
+        fill_random(ops, b->ada_b, 6 * D, seed, id++, 0.02f, stage);
+        /* (3D, D) q;k;v stream: this rank's head rows of each */
+        for (size_t j = 0; j < 3; j++)
+            fill_random_slice(ops, ditd_ptr_w(ops, b->qkv_w, j * hcD * D), 3 * D, D, 0,
+                              j * D + h0D, hcD, seed, id, 0.02f, stage);
+        id++;
+        if (b->qkv_b) {
+            for (size_t j = 0; j < 3; j++)
+                fill_random_slice(ops, ditd_ptr_w(ops, b->qkv_b, j * hcD), 3 * D, 1, 0,
+                                  j * D + h0D, hcD, seed, id, 0.02f, stage);
+            id++;
+        }
+        fill_random_slice(ops, b->o_w, D, D, 1, h0D, hcD, seed, id++, 0.02f, stage);
+        fill_random(ops, b->o_b, D, seed, id++, 0.02f, stage);
+        fill_random_slice(ops, b->ff1_w, F, D, 0, f0, Fl, seed, id++, 0.02f, stage);
+        fill_random_slice(ops, b->ff1_b, F, 1, 0, f0, Fl, seed, id++, 0.02f, stage);
+        fill_random_slice(ops, b->ff2_w, D, F, 1, f0, Fl, seed, id++, 0.02f, stage);
+        fill_random(ops, b->ff2_b, D, seed, id++, 0.02f, stage);
+    }
+    free(stage);
+    *out = m;
+    return 0;
+}
+
+/* ---- forward ---- */
+
+/* Conditioning of one block: c = TimestepEmbedding(tfreq) + LabelEmbedding(y).
+ *   tfreq (B, E) -> linear_1, SiLU -> linear_2 -> (B, D); + table[y] (B, D) */
+static void block_conditioning(ditd_dit *m, const ditd_dit_block *b, int B, const int64_t *h_y,
+                               void *cond)
+{
+    const ditd_backend_ops *ops = m->ops;
+    int D = m->cfg.inner_dim;
+    ops->linear(m->tfreq, TFREQ, b->t1_w, b->t1_b, m->temb, (size_t)D, B, D, TFREQ, DITD_ACT_SILU);
+    ops->linear(m->temb, (size_t)D, b->t2_w, b->t2_b, cond, (size_t)D, B, D, D, DITD_ACT_NONE);
+    if (m->d_y)
+        ops->embedding_dev(b->cls, m->d_y, m->temb, B, D);
+    else
+        ops->embedding(b->cls, h_y, m->temb, B, D);
+    ops->add(cond, m->temb, (size_t)B * (size_t)D);
+}
+
+/* Strided 2-D copy of rows x cols elements (pack/unpack around the
+ * collectives), on the backend's device. */
+static void copy2d(const ditd_backend_ops *ops, void *dst, size_t ldd, const void *src,
+                   size_t lds, size_t rows, size_t cols)
+{
+    ops->copy2d(dst, ldd, src, lds, rows, cols);
+}
+
+/* Context-parallel attention of this rank's heads over the whole sequence.
+ *   in:  qkv (B, N_loc, 3 H_loc Dh)      this rank's tokens, its tp heads
+ *   out: att (B, N_loc, H_loc Dh)
+ * Ulysses turns (N_loc tokens, H_loc heads) into (N_ring tokens, H_u heads)
+ * and back; the ring then brings the other chunks' K/V to each rank. */
+static int cp_attention(ditd_dit *m, int B)
+{
+    const ditd_backend_ops *ops = m->ops;
+    const ditd_dit_config *c = &m->cfg;
+    const ditd_mesh *mesh = m->mesh;
+    ditd_dtype at = ops->act_dtype;
+    int U = m->lay.ulysses, R = m->lay.ring, r = m->ring_rank, Dh = c->head_dim;
+    size_t Bz = (size_t)B, nl = (size_t)m->n_loc, nr = (size_t)m->nr;
+    size_t hcD = (size_t)m->hc * Dh, huD = (size_t)m->hu * Dh;
+    float scale = 1.0f / sqrtf((float)Dh);
+    int p2p = R > 1 && m->lay.rotate == DITD_RING_P2P;
+    const void *q;
+    size_t ldq;
+    void *o = U > 1 ? m->o_acc : m->att; /* (B, N_ring, H_u Dh) */
+    void *kv_own = R > 1 && !p2p ? ditd_ptr_act(ops, m->kv, Bz * (size_t)m->ring0 * 2 * huD)
+                                 : m->kv;
+    int err;
+
+    if (U > 1) {
+        /* to ulysses rank v: (B, 3, N_loc, H_v Dh), its heads of q, k, v */
+        size_t sd = 0, rd = 0;
+        for (int v = 0; v < U; v++) {
+            size_t vD = (size_t)m->uh_cnt[v] * Dh, nv = (size_t)m->tok_cnt[r * U + v];
+            for (size_t b = 0; b < Bz; b++)
+                for (size_t j = 0; j < 3; j++)
+                    copy2d(ops, ditd_ptr_act(ops, m->a2a_send, sd + (b * 3 + j) * nl * vD), vD,
+                           ditd_ptr_act(ops, m->qkv, b * nl * 3 * hcD + j * hcD + (size_t)m->uh_off[v] * Dh),
+                           3 * hcD, nl, vD);
+            m->cnt_a[v] = (int)(Bz * 3 * nl * vD);
+            m->dsp_a[v] = (int)sd;
+            sd += Bz * 3 * nl * vD;
+            m->cnt_b[v] = (int)(Bz * 3 * nv * huD);
+            m->dsp_b[v] = (int)rd;
+            rd += Bz * 3 * nv * huD;
+        }
+        if ((err = ditd_comm_alltoallv(mesh->ulysses_comm, at, m->a2a_send, m->cnt_a, m->dsp_a,
+                                       m->a2a_recv, m->cnt_b, m->dsp_b)))
+            return err;
+        /* from v: (B, 3, N_v, H_u Dh), v's tokens of this ring chunk */
+        for (int v = 0; v < U; v++) {
+            size_t nv = (size_t)m->tok_cnt[r * U + v];
+            size_t off = (size_t)(m->tok_off[r * U + v] - m->ring0);
+            for (size_t b = 0; b < Bz; b++) {
+                const void *src = ditd_ptr_act(ops, m->a2a_recv, (size_t)m->dsp_b[v] + b * 3 * nv * huD);
+                copy2d(ops, ditd_ptr_act(ops, m->q, (b * nr + off) * huD), huD, src, huD, nv, huD);
+                for (size_t j = 1; j < 3; j++)
+                    copy2d(ops, ditd_ptr_act(ops, kv_own, (b * nr + off) * 2 * huD + (j - 1) * huD),
+                           2 * huD, ditd_ptr_act(ops, src, j * nv * huD), huD, nv, huD);
+            }
+        }
+        q = m->q;
+        ldq = huD;
+    } else {
+        /* ring only: q stays in place; this rank's K/V block, contiguous */
+        for (size_t b = 0; b < Bz; b++)
+            copy2d(ops, ditd_ptr_act(ops, kv_own, b * nr * 2 * huD), 2 * huD,
+                   ditd_ptr_act(ops, m->qkv, b * nl * 3 * hcD + hcD), 3 * hcD, nl, 2 * hcD);
+        q = m->qkv;
+        ldq = 3 * hcD;
+    }
+
+    if (R == 1) {
+        ops->attention(q, ldq, kv_own, 2 * huD, ditd_ptr_act(ops, kv_own, huD), 2 * huD, o, huD,
+                       NULL, B, (int)nr, (int)nr, m->hu, Dh, scale);
+    } else {
+        /* block j holds ring chunk j's K/V: (B, ring_cnt[j], 2 H_u Dh) */
+        void *cur = kv_own, *nxt = m->kv2;
+        ditd_comm_req req;
+        if (!p2p) {
+            for (int j = 0; j < R; j++) {
+                m->cnt_a[j] = (int)(Bz * (size_t)m->ring_cnt[j] * 2 * huD);
+                m->dsp_a[j] = (int)(Bz * (size_t)m->ring_off[j] * 2 * huD);
+            }
+            if ((err = ditd_comm_allgatherv(mesh->ring_comm, at, NULL, m->kv, m->cnt_a, m->dsp_a)))
+                return err;
+        }
+        for (int i = 0; i < R; i++) {
+            int j = (r + R - i) % R, jn = (j + R - 1) % R;
+            const void *blk = p2p ? cur : ditd_ptr_act(ops, m->kv, (size_t)m->dsp_a[j]);
+            if (p2p && i + 1 < R &&
+                (err = ditd_comm_sendrecv_start(
+                     mesh->ring_comm, at, cur, (int)(Bz * (size_t)m->ring_cnt[j] * 2 * huD),
+                     (r + 1) % R, nxt, (int)(Bz * (size_t)m->ring_cnt[jn] * 2 * huD),
+                     (r + R - 1) % R, &req)))
+                return err;
+            /* the block in hand, while the next one travels */
+            ops->attention(q, ldq, blk, 2 * huD, ditd_ptr_act(ops, blk, huD), 2 * huD,
+                           i ? m->o_blk : o, huD, i ? m->lse_blk : m->lse_acc, B, (int)nr,
+                           m->ring_cnt[j], m->hu, Dh, scale);
+            if (i)
+                ops->attention_merge(o, huD, m->lse_acc, m->o_blk, huD, m->lse_blk, B, (int)nr,
+                                     m->hu, Dh);
+            if (p2p && i + 1 < R) {
+                if ((err = ditd_comm_wait(mesh->ring_comm, &req)))
+                    return err;
+                void *t = cur;
+                cur = nxt;
+                nxt = t;
+            }
+        }
+    }
+
+    if (U > 1) {
+        /* back: to v its tokens for this rank's heads, (B, N_v, H_u Dh) */
+        size_t sd = 0, rd = 0;
+        for (int v = 0; v < U; v++) {
+            size_t vD = (size_t)m->uh_cnt[v] * Dh, nv = (size_t)m->tok_cnt[r * U + v];
+            size_t off = (size_t)(m->tok_off[r * U + v] - m->ring0);
+            for (size_t b = 0; b < Bz; b++)
+                copy2d(ops, ditd_ptr_act(ops, m->a2a_send, sd + b * nv * huD), huD,
+                       ditd_ptr_act(ops, o, (b * nr + off) * huD), huD, nv, huD);
+            m->cnt_a[v] = (int)(Bz * nv * huD);
+            m->dsp_a[v] = (int)sd;
+            sd += Bz * nv * huD;
+            m->cnt_b[v] = (int)(Bz * nl * vD);
+            m->dsp_b[v] = (int)rd;
+            rd += Bz * nl * vD;
+        }
+        if ((err = ditd_comm_alltoallv(mesh->ulysses_comm, at, m->a2a_send, m->cnt_a, m->dsp_a,
+                                       m->a2a_recv, m->cnt_b, m->dsp_b)))
+            return err;
+        for (int v = 0; v < U; v++) {
+            size_t vD = (size_t)m->uh_cnt[v] * Dh;
+            for (size_t b = 0; b < Bz; b++)
+                copy2d(ops, ditd_ptr_act(ops, m->att, b * nl * hcD + (size_t)m->uh_off[v] * Dh),
+                       hcD, ditd_ptr_act(ops, m->a2a_recv, (size_t)m->dsp_b[v] + b * nl * vD), vD,
+                       nl, vD);
+        }
+    }
+    return 0;
+}
+
+/* Multi-head self-attention on the modulated tokens xn (B, N_loc, D) into
+ * xn: this rank's heads (tp), over the whole sequence (cp). */
+static int self_attention(ditd_dit *m, const ditd_dit_block *b, int B)
+{
+    const ditd_backend_ops *ops = m->ops;
+    const ditd_dit_config *c = &m->cfg;
+    int D = c->inner_dim, N = m->N, M = B * m->n_loc, hcD = m->hc * c->head_dim;
+    size_t ld3 = 3 * (size_t)hcD;
+    int err;
+
+    /* qkv (B, N_loc, 3 H_loc Dh) = xn @ [Wq; Wk; Wv]^T (this rank's rows):
+     * q, k, v are (B, N_loc, H_loc, Dh) views of stride 3 H_loc Dh */
+    ops->linear(m->xn, (size_t)D, b->qkv_w, b->qkv_b, m->qkv, ld3, M, 3 * hcD, D, DITD_ACT_NONE);
+    if (m->lay.ring * m->lay.ulysses > 1) {
+        if ((err = cp_attention(m, B)))
+            return err;
+    } else {
+        ops->attention(m->qkv, ld3, ditd_ptr_act(ops, m->qkv, (size_t)hcD), ld3,
+                       ditd_ptr_act(ops, m->qkv, 2 * (size_t)hcD), ld3, m->att, (size_t)hcD,
+                       NULL, B, N, N, m->hc, c->head_dim, 1.0f / sqrtf((float)c->head_dim));
+    }
+    /* to_out.0: (B, N_loc, H_loc Dh) -> (B, N_loc, D) into xn (free again);
+     * row-parallel under tp: partial sums, the bias once, then all-reduce */
+    ops->linear(m->att, (size_t)hcD, b->o_w, m->tp_rank == 0 ? b->o_b : NULL, m->xn, (size_t)D, M,
+                D, hcD, DITD_ACT_NONE);
+    if (m->lay.tp > 1)
+        return ditd_comm_allreduce_sum(m->mesh->tp_comm, ops->act_dtype, m->xn,
+                                       (size_t)M * (size_t)D);
+    return 0;
+}
+
+/* The forward's ops, queued (or captured) in order; the arguments were
+ * checked by ditd_dit_forward. With m->d_t / m->d_y the timesteps and ids
+ * are read from there (uploaded before), else from the host arrays. */
+static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
+                       void *out)
+{
+    const ditd_backend_ops *ops = m->ops;
+    const ditd_dit_config *c = &m->cfg;
+    int D = c->inner_dim, N = m->N, Nl = m->n_loc, M, p = c->patch_size, Fl = m->fc;
+    int po = p * p * c->out_channels, cp = m->lay.ring * m->lay.ulysses > 1;
+    size_t ld6 = 6 * (size_t)D;
+    int err;
+
+    M = B * Nl;
+
+    /* patch embedding: x (B, C, S, S) -> h (B, N, D), plus positions; under
+     * cp every rank embeds the whole image (cheap) and keeps its tokens */
+    if (!cp) {
+        ops->patch_embed(x, m->patch_w, m->patch_b, m->pos, m->h, m->scratch, B, c->in_channels,
+                         c->sample_size, c->sample_size, p, D);
+    } else {
+        ops->patch_embed(x, m->patch_w, m->patch_b, m->pos, m->embed, m->scratch, B,
+                         c->in_channels, c->sample_size, c->sample_size, p, D);
+        for (size_t b = 0; b < (size_t)B; b++) /* (B, N_loc, D) */
+            copy2d(ops, ditd_ptr_act(ops, m->h, b * (size_t)Nl * D), (size_t)D,
+                   ditd_ptr_act(ops, m->embed, (b * (size_t)N + (size_t)m->tok0) * D), (size_t)D,
+                   (size_t)Nl, (size_t)D);
+    }
+    /* timestep features (B, E), shared by every block's embedder */
+    if (m->d_t)
+        ops->timestep_embed_dev(m->d_t, m->tfreq, B, TFREQ);
+    else
+        ops->timestep_embed(h_t, m->tfreq, B, TFREQ);
+
+    for (int l = 0; l < c->num_layers; l++) {
+        const ditd_dit_block *b = &m->blocks[l];
+        void *cond = l == 0 ? m->cond0 : m->cond;
+        const void *shift_msa = m->mod, *scale_msa = ditd_ptr_act(ops, m->mod, (size_t)D);
+        const void *gate_msa = ditd_ptr_act(ops, m->mod, 2 * (size_t)D);
+        const void *shift_mlp = ditd_ptr_act(ops, m->mod, 3 * (size_t)D);
+        const void *scale_mlp = ditd_ptr_act(ops, m->mod, 4 * (size_t)D);
+        const void *gate_mlp = ditd_ptr_act(ops, m->mod, 5 * (size_t)D);
+
+        /* adaLN-Zero: mod (B, 6D) = Linear(SiLU(cond)) =
+         *   [shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp] */
+        block_conditioning(m, b, B, h_y, cond);
+        ops->act(cond, m->temb, (size_t)B * (size_t)D, DITD_ACT_SILU);
+        ops->linear(m->temb, (size_t)D, b->ada_w, b->ada_b, m->mod, ld6, B, 6 * D, D, DITD_ACT_NONE);
+
+        /* attention: h += gate_msa * Attn(LN(h) * (1 + scale_msa) + shift_msa) */
+        ops->layernorm_modulate(m->h, m->xn, B, Nl, D, ADA_EPS, shift_msa, scale_msa, ld6);
+        if ((err = self_attention(m, b, B)))
+            return err;
+        ops->gated_residual(m->h, m->xn, B, Nl, D, gate_msa, ld6);
+
+        /* MLP: h += gate_mlp * FF(LN(h) * (1 + scale_mlp) + shift_mlp),
+         *   FF = Linear(F -> D) . GELU(tanh) . Linear(D -> F);
+         *   tp: fc1 by columns (B, N_loc, F_loc), fc2 by rows, all-reduce */
+        ops->layernorm_modulate(m->h, m->xn, B, Nl, D, c->norm_eps, shift_mlp, scale_mlp, ld6);
+        ops->linear(m->xn, (size_t)D, b->ff1_w, b->ff1_b, m->ff, (size_t)Fl, M, Fl, D,
+                    c->activation);
+        ops->linear(m->ff, (size_t)Fl, b->ff2_w, m->tp_rank == 0 ? b->ff2_b : NULL, m->xn,
+                    (size_t)D, M, D, Fl, DITD_ACT_NONE);
+        if (m->lay.tp > 1 &&
+            (err = ditd_comm_allreduce_sum(m->mesh->tp_comm, ops->act_dtype, m->xn,
+                                           (size_t)M * (size_t)D)))
+            return err;
+        ops->gated_residual(m->h, m->xn, B, Nl, D, gate_mlp, ld6);
+    }
+
+    /* final layer, conditioned on block 0's embedding as in Diffusers:
+     *   [shift, scale] (B, 2D) = proj_out_1(SiLU(cond0));
+     *   tokens (B, N_loc, p*p*Co) = proj_out_2(LN(h) * (1 + scale) + shift) */
+    ops->act(m->cond0, m->temb, (size_t)B * (size_t)D, DITD_ACT_SILU);
+    ops->linear(m->temb, (size_t)D, m->out1_w, m->out1_b, m->mod, 2 * (size_t)D, B, 2 * D, D,
+                DITD_ACT_NONE);
+    ops->layernorm_modulate(m->h, m->xn, B, Nl, D, ADA_EPS, m->mod,
+                            ditd_ptr_act(ops, m->mod, (size_t)D), 2 * (size_t)D);
+    ops->linear(m->xn, (size_t)D, m->out2_w, m->out2_b, cp ? m->tok_loc : m->tok_out, (size_t)po,
+                M, po, D, DITD_ACT_NONE);
+    if (cp) {
+        /* gather the sequence: cp rank s's block is (B, N_s, p*p*Co) */
+        int RU = m->lay.ring * m->lay.ulysses;
+        for (int s = 0; s < RU; s++) {
+            m->cnt_a[s] = B * m->tok_cnt[s] * po;
+            m->dsp_a[s] = B * m->tok_off[s] * po;
+        }
+        if ((err = ditd_comm_allgatherv(m->mesh->cp_comm, ops->act_dtype, m->tok_loc, m->tok_gath,
+                                        m->cnt_a, m->dsp_a)))
+            return err;
+        for (int s = 0; s < RU; s++)
+            for (size_t b = 0; b < (size_t)B; b++)
+                copy2d(ops,
+                       ditd_ptr_act(ops, m->tok_out, (b * (size_t)N + (size_t)m->tok_off[s]) * (size_t)po),
+                       (size_t)po,
+                       ditd_ptr_act(ops, m->tok_gath, (size_t)m->dsp_a[s] + b * (size_t)m->tok_cnt[s] * (size_t)po),
+                       (size_t)po, (size_t)m->tok_cnt[s], (size_t)po);
+    }
+    /* unpatchify: (B, gh*gw, p*p*Co) -> (B, Co, S, S) */
+    ops->unpatchify(m->tok_out, out, B, c->out_channels, m->gh, m->gw, p);
+    /* an op a device refused (no sync: faults surface at the caller's) */
+    return ops->status();
+}
+
+/* Captures forward_ops for this (B, x, out) and runs the graph once. */
+static int forward_capture(ditd_dit *m, ditd_dit_graph *gr, int B, const void *x,
+                           const float *h_t, const int64_t *h_y, void *out)
+{
+    const ditd_backend_ops *ops = m->ops;
+    void *exec = NULL;
+    int err = ops->graph_begin(), err2;
+    if (err == DITD_EUNSUPPORTED) { /* graphs turned off: op by op from now on */
+        free(m->graphs);
+        m->graphs = NULL;
+        return forward_ops(m, B, x, h_t, h_y, out);
+    }
+    if (err)
+        return err;
+    err = forward_ops(m, B, x, h_t, h_y, out);
+    err2 = ops->graph_end(&exec);
+    if (err || err2) {
+        if (exec)
+            ops->graph_free(exec);
+        return err ? err : err2;
+    }
+    gr->exec = exec;
+    gr->x = x;
+    gr->out = out;
+    if ((err = ops->graph_launch(exec)))
+        return err;
+    return ops->status();
+}
+
+int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
+                     void *out)
+{
+    const ditd_backend_ops *ops = m->ops;
+    const ditd_dit_config *c = &m->cfg;
+    int err;
+
+    if (B <= 0 || B > m->max_batch)
+        return ditd_err_set(DITD_EINVAL, "batch %d outside 1..%d", B, m->max_batch);
+    for (int i = 0; i < B; i++) {
+        if (h_y[i] < 0 || h_y[i] > c->num_embeds_ada_norm)
+            return ditd_err_set(DITD_EINVAL, "class id %lld outside 0..%d (%d = unconditional)",
+                                (long long)h_y[i], c->num_embeds_ada_norm, c->num_embeds_ada_norm);
+        if (!isfinite(h_t[i]))
+            return ditd_err_set(DITD_EINVAL, "timestep of sample %d is not finite", i);
+    }
+    if (!m->d_t) /* host arguments (the CPU): op by op, as always */
+        return forward_ops(m, B, x, h_t, h_y, out);
+
+    /* this step's arguments into the device buffers, in stream order before
+     * whatever reads them (a replay included) */
+    ops->upload_args(m->d_t, h_t, m->d_y, h_y, B);
+    if (!m->graphs)
+        return forward_ops(m, B, x, h_t, h_y, out);
+    ditd_dit_graph *gr = &m->graphs[B];
+    if (gr->exec && (gr->x != x || gr->out != out)) { /* other buffers: capture anew */
+        ops->graph_free(gr->exec);
+        gr->exec = NULL;
+        gr->runs = 0;
+    }
+    if (gr->exec) {
+        if ((err = ops->graph_launch(gr->exec)))
+            return err;
+        return ops->status();
+    }
+    /* the first forward of a shape runs op by op: it makes the one-time
+     * choices (cuBLASLt algorithms) outside any capture */
+    if (gr->runs++ < 1)
+        return forward_ops(m, B, x, h_t, h_y, out);
+    return forward_capture(m, gr, B, x, h_t, h_y, out);
+}

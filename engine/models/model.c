@@ -1,0 +1,232 @@
+/* Model folder: model_index.json, transformer/config.json, ditd.json. */
+#include "engine/models/model.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "engine/core/error.h"
+
+static int path_join(char *dst, size_t len, const char *a, const char *b)
+{
+    int n = snprintf(dst, len, "%s/%s", a, b);
+    if (n < 0 || (size_t)n >= len)
+        return ditd_err_set(DITD_EINVAL, "path too long: %s/%s", a, b);
+    return 0;
+}
+
+static int is_file(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static int load_labels(ditd_model_info *m, json_t *index, const char *path)
+{
+    json_t *id2label = json_object_get(index, "id2label");
+    const char *key;
+    json_t *val;
+
+    m->labels = calloc((size_t)m->num_classes, sizeof *m->labels);
+    if (!m->labels)
+        return ditd_err_set(DITD_ENOMEM, "labels");
+    if (id2label && !json_is_null(id2label)) {
+        if (!json_is_object(id2label))
+            return ditd_err_set(DITD_EFORMAT, "%s: id2label must be an object", path);
+        json_object_foreach(id2label, key, val) {
+            char *end;
+            long id;
+            errno = 0;
+            id = strtol(key, &end, 10);
+            if (errno || *end || end == key || id < 0 || id >= m->num_classes)
+                return ditd_err_set(DITD_EFORMAT,
+                                    "%s: id2label key \"%s\" is not a class id in 0..%d", path,
+                                    key, m->num_classes - 1);
+            if (!json_is_string(val))
+                return ditd_err_set(DITD_EFORMAT, "%s: id2label[\"%s\"] must be a string", path, key);
+            free(m->labels[id]);
+            m->labels[id] = strdup(json_string_value(val));
+            if (!m->labels[id])
+                return ditd_err_set(DITD_ENOMEM, "labels");
+        }
+    }
+    for (int i = 0; i < m->num_classes; i++) {
+        if (!m->labels[i]) {
+            char buf[32];
+            snprintf(buf, sizeof buf, "class %d", i);
+            if (!(m->labels[i] = strdup(buf)))
+                return ditd_err_set(DITD_ENOMEM, "labels");
+        }
+    }
+    return 0;
+}
+
+static int load_defaults(ditd_model_info *m)
+{
+    char path[DITD_MODEL_PATH_MAX];
+    json_error_t jerr;
+    json_t *root, *v;
+    int err = 0;
+
+    m->default_steps = 25;
+    m->default_guidance = 4.0f;
+    m->default_sampler[0] = '\0';
+    if ((err = path_join(path, sizeof path, m->dir, "ditd.json")))
+        return err;
+    if (!is_file(path))
+        return 0;
+    if (!(root = json_load_file(path, 0, &jerr)))
+        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+    if ((v = json_object_get(root, "num_inference_steps"))) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000) {
+            err = ditd_err_set(DITD_EFORMAT, "%s: num_inference_steps must be an integer in 1..1000", path);
+            goto done;
+        }
+        m->default_steps = (int)json_integer_value(v);
+    }
+    if ((v = json_object_get(root, "guidance_scale"))) {
+        if (!json_is_number(v) || json_number_value(v) < 0 || json_number_value(v) > 100) {
+            err = ditd_err_set(DITD_EFORMAT, "%s: guidance_scale must be a number in 0..100", path);
+            goto done;
+        }
+        m->default_guidance = (float)json_number_value(v);
+    }
+    if ((v = json_object_get(root, "sampler"))) {
+        if (!json_is_string(v) || strlen(json_string_value(v)) >= sizeof m->default_sampler) {
+            err = ditd_err_set(DITD_EFORMAT, "%s: sampler must be a short string", path);
+            goto done;
+        }
+        strcpy(m->default_sampler, json_string_value(v));
+    }
+done:
+    json_decref(root);
+    return err;
+}
+
+int ditd_model_info_load(const char *dir, ditd_model_info *out)
+{
+    ditd_model_info *m = out;
+    char path[DITD_MODEL_PATH_MAX], cfg[DITD_MODEL_PATH_MAX];
+    json_error_t jerr;
+    json_t *index = NULL, *vae;
+    const char *base;
+    int err;
+
+    memset(m, 0, sizeof *m);
+    if (strlen(dir) >= sizeof m->dir)
+        return ditd_err_set(DITD_EINVAL, "model path too long");
+    strcpy(m->dir, dir);
+    while (strlen(m->dir) > 1 && m->dir[strlen(m->dir) - 1] == '/')
+        m->dir[strlen(m->dir) - 1] = '\0';
+    base = strrchr(m->dir, '/');
+    base = base ? base + 1 : m->dir;
+    if (strlen(base) >= sizeof m->name)
+        return ditd_err_set(DITD_EINVAL, "model folder name too long: %s", base);
+    memcpy(m->name, base, strlen(base) + 1);
+
+    if ((err = path_join(path, sizeof path, m->dir, "model_index.json")))
+        return err;
+    if (!is_file(path))
+        return ditd_err_set(DITD_ENOENT, "%s: no model_index.json (not a Diffusers model folder)", m->dir);
+    if (!(index = json_load_file(path, 0, &jerr)))
+        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+    if (!json_is_object(index)) {
+        err = ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", path);
+        goto fail;
+    }
+    /* A component entry is ["library", "Class"]; null means absent. */
+    vae = json_object_get(index, "vae");
+    m->needs_vae = vae && json_is_array(vae) && json_array_size(vae) == 2 &&
+                   json_is_string(json_array_get(vae, 1));
+
+    if ((err = path_join(m->transformer_dir, sizeof m->transformer_dir, m->dir, "transformer")) ||
+        (err = path_join(cfg, sizeof cfg, m->transformer_dir, "config.json")) ||
+        (err = path_join(m->scheduler_config, sizeof m->scheduler_config, m->dir,
+                         "scheduler/scheduler_config.json")))
+        goto fail;
+    if (!is_file(cfg)) {
+        err = ditd_err_set(DITD_ENOENT, "%s: missing", cfg);
+        goto fail;
+    }
+    if (!is_file(m->scheduler_config)) {
+        err = ditd_err_set(DITD_ENOENT, "%s: missing", m->scheduler_config);
+        goto fail;
+    }
+    if ((err = ditd_dit_config_load(cfg, &m->dit)))
+        goto fail;
+    m->num_classes = m->dit.num_embeds_ada_norm;
+    if ((err = load_labels(m, index, path)) || (err = load_defaults(m)))
+        goto fail;
+    json_decref(index);
+    return 0;
+fail:
+    json_decref(index);
+    ditd_model_info_free(m);
+    return err;
+}
+
+void ditd_model_info_free(ditd_model_info *m)
+{
+    if (m->labels) {
+        for (int i = 0; i < m->num_classes; i++)
+            free(m->labels[i]);
+        free(m->labels);
+    }
+    m->labels = NULL;
+}
+
+/* Compares s with the comma-separated synonym list in label, ignoring case
+ * and the spaces around each synonym. */
+static int label_matches(const char *label, const char *s)
+{
+    size_t sl;
+    while (isspace((unsigned char)*s))
+        s++;
+    sl = strlen(s);
+    while (sl && isspace((unsigned char)s[sl - 1]))
+        sl--;
+    while (*label) {
+        const char *end = strchr(label, ',');
+        size_t n = end ? (size_t)(end - label) : strlen(label);
+        const char *a = label;
+        while (n && isspace((unsigned char)*a)) {
+            a++;
+            n--;
+        }
+        while (n && isspace((unsigned char)a[n - 1]))
+            n--;
+        if (n == sl && n && strncasecmp(a, s, n) == 0)
+            return 1;
+        if (!end)
+            break;
+        label = end + 1;
+    }
+    return 0;
+}
+
+int ditd_model_class_from_str(const ditd_model_info *m, const char *s, int *out)
+{
+    char *end;
+    long id;
+    errno = 0;
+    id = strtol(s, &end, 10);
+    if (!errno && end != s && *end == '\0') {
+        if (id < 0 || id >= m->num_classes)
+            return ditd_err_set(DITD_EINVAL, "class %ld outside 0..%d", id, m->num_classes - 1);
+        *out = (int)id;
+        return 0;
+    }
+    for (int i = 0; i < m->num_classes; i++) {
+        if (label_matches(m->labels[i], s)) {
+            *out = i;
+            return 0;
+        }
+    }
+    return ditd_err_set(DITD_EINVAL, "unknown class \"%s\"", s);
+}

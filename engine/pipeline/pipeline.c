@@ -1,0 +1,276 @@
+/* The DiTPipeline denoising loop: noise, forward, guidance, sampler step. */
+#include "engine/pipeline/pipeline.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
+
+int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
+                      ditd_pipeline **out)
+{
+    return ditd_pipeline_new_group(info, ops, max_samples, NULL, out);
+}
+
+int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
+                            int max_samples, const ditd_mesh *mesh, ditd_pipeline **out)
+{
+    ditd_pipeline *p;
+    const ditd_dit_config *c = &info->dit;
+    size_t S2 = (size_t)c->sample_size * (size_t)c->sample_size;
+    size_t n2;
+    int err;
+
+    if (max_samples <= 0 || max_samples > 1024)
+        return ditd_err_set(DITD_EINVAL, "max samples %d (1..1024)", max_samples);
+    p = calloc(1, sizeof *p);
+    if (!p)
+        return ditd_err_set(DITD_ENOMEM, "pipeline");
+    p->ops = ops;
+    p->info = *info;
+    p->mesh = mesh && mesh->size > 1 ? mesh : NULL;
+    p->max_samples = max_samples;
+    p->numel = (size_t)c->in_channels * S2;
+    p->numel_out = (size_t)c->out_channels * S2;
+    n2 = 2 * (size_t)max_samples;
+    if ((err = ditd_sched_config_load(info->scheduler_config, &p->sched_base)))
+        goto fail;
+    /* under cfg parallel each half runs at most max_samples rows */
+    if ((err = ditd_dit_new_mesh(c, ops, p->mesh && p->mesh->layout.cfg == 2 ? max_samples : (int)n2,
+                                 info->transformer_dir, p->mesh, &p->dit)))
+        goto fail;
+    /* Backend buffers for the model's input and output live in host memory
+     * on the CPU; the CUDA backend will carve them from its device arena. */
+    p->lat = malloc((size_t)max_samples * p->numel * sizeof(float));
+    p->x0 = malloc((size_t)max_samples * p->numel * sizeof(float));
+    if (ops->mem_alloc) { /* device memory, like the model's arenas */
+        if ((err = ops->mem_alloc(&p->model_in, n2 * p->numel * ditd_dtype_size(ops->act_dtype))) ||
+            (err = ops->mem_alloc(&p->model_out,
+                                  n2 * p->numel_out * ditd_dtype_size(ops->act_dtype))))
+            goto fail;
+    } else {
+        p->model_in = malloc(n2 * p->numel * ditd_dtype_size(ops->act_dtype));
+        p->model_out = malloc(n2 * p->numel_out * ditd_dtype_size(ops->act_dtype));
+    }
+    p->h_out = malloc(n2 * p->numel_out * sizeof(float));
+    p->h_t = malloc(n2 * sizeof(float));
+    p->h_y = malloc(n2 * sizeof(int64_t));
+    p->cond_row = malloc((size_t)max_samples * sizeof(int));
+    p->uncond_row = malloc((size_t)max_samples * sizeof(int));
+    p->ctl = malloc(1 + (size_t)max_samples);
+    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t || !p->h_y) {
+        err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
+        goto fail;
+    }
+    *out = p;
+    return 0;
+fail:
+    ditd_pipeline_free(p);
+    return err;
+}
+
+void ditd_pipeline_free(ditd_pipeline *p)
+{
+    if (!p)
+        return;
+    ditd_sampler_free(p->sampler);
+    ditd_dit_free(p->dit);
+    free(p->lat);
+    free(p->x0);
+    if (p->ops->mem_free) {
+        if (p->model_in)
+            p->ops->mem_free(p->model_in, 0);
+        if (p->model_out)
+            p->ops->mem_free(p->model_out, 0);
+    } else {
+        free(p->model_in);
+        free(p->model_out);
+    }
+    free(p->h_out);
+    free(p->h_t);
+    free(p->h_y);
+    free(p->cond_row);
+    free(p->uncond_row);
+    free(p->ctl);
+    free(p);
+}
+
+/* Makes p->sampler the one for (kind, steps); rebuilt only on a change. */
+static int ensure_sampler(ditd_pipeline *p, ditd_sampler_kind kind, int steps)
+{
+    ditd_sched_config cfg;
+    int err;
+    if (p->sampler && p->sampler_kind == kind && p->sampler_steps == steps)
+        return 0;
+    ditd_sampler_free(p->sampler);
+    p->sampler = NULL;
+    if ((err = ditd_sched_config_convert(&p->sched_base, kind, &cfg)))
+        return err;
+    if ((err = ditd_sampler_new(&cfg, steps, p->max_samples, p->numel, &p->sampler)))
+        return err;
+    p->sampler_kind = kind;
+    p->sampler_steps = steps;
+    return 0;
+}
+
+int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
+                           const ditd_gen_sample *samples, const float *init_noise, float *out,
+                           uint8_t *active, ditd_step_fn cb, void *ud)
+{
+    const ditd_backend_ops *ops = p->ops;
+    const ditd_dit_config *c = &p->info.dit;
+    size_t numel = p->numel; /* the epsilon channels: the first C of Co */
+    int err, steps;
+    const float *ts;
+
+    if (n <= 0 || n > p->max_samples)
+        return ditd_err_set(DITD_EINVAL, "%d samples (1..%d)", n, p->max_samples);
+    if (gp->steps < 1 || gp->steps > 1000)
+        return ditd_err_set(DITD_EINVAL, "num_inference_steps %d (1..1000)", gp->steps);
+    for (int i = 0; i < n; i++) {
+        if (samples[i].class_id < 0 || samples[i].class_id >= c->num_embeds_ada_norm)
+            return ditd_err_set(DITD_EINVAL, "class %lld outside 0..%d",
+                                (long long)samples[i].class_id, c->num_embeds_ada_norm - 1);
+        if (!isfinite(samples[i].guidance) || samples[i].guidance < 0)
+            return ditd_err_set(DITD_EINVAL, "guidance_scale %g", (double)samples[i].guidance);
+    }
+    if ((err = ensure_sampler(p, gp->sampler, gp->steps)))
+        return err;
+    ts = ditd_sampler_timesteps(p->sampler);
+    steps = ditd_sampler_num_steps(p->sampler);
+
+    /* In a group the leader's flags rule: ctl = [stop, active[0..n)],
+     * broadcast at the start and after every step's callback. */
+    uint8_t *act = NULL;
+    if (p->mesh) {
+        act = p->ctl + 1;
+        p->ctl[0] = 0;
+        for (int i = 0; i < n; i++)
+            act[i] = active ? active[i] != 0 : 1;
+        if ((err = ditd_mesh_bcast(p->mesh, p->ctl, 1 + (size_t)n)))
+            return err;
+        if (active)
+            memcpy(active, act, (size_t)n);
+    } else {
+        act = active;
+    }
+
+    /* initial noise (n, C, S, S); every sampler here has init_noise_sigma 1 */
+    for (int i = 0; i < n; i++) {
+        float *x = p->lat + (size_t)i * numel;
+        if (init_noise)
+            memcpy(x, init_noise + (size_t)i * numel, numel * sizeof(float));
+        else
+            ditd_philox_normal(samples[i].seed, samples[i].index, 0, numel, x);
+    }
+
+    int cfg_par = p->mesh && p->mesh->layout.cfg == 2;
+    for (int s = 0; s < steps; s++) {
+        /* The forward batch: the active samples with their class, then the
+         * null class for those with guidance > 1 (DiTPipeline's [x; x]). */
+        int rows = 0, rows_c;
+        for (int i = 0; i < n; i++) {
+            p->cond_row[i] = -1;
+            if (act && !act[i])
+                continue;
+            p->cond_row[i] = rows;
+            p->h_y[rows] = samples[i].class_id;
+            p->h_t[rows] = ts[s];
+            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
+                        p->lat + (size_t)i * numel, numel);
+            rows++;
+        }
+        if (rows == 0)
+            break;
+        rows_c = rows;
+        for (int i = 0; i < n; i++) {
+            p->uncond_row[i] = -1;
+            if (p->cond_row[i] < 0 || !(samples[i].guidance > 1.0f))
+                continue;
+            p->uncond_row[i] = rows;
+            p->h_y[rows] = c->num_embeds_ada_norm;
+            p->h_t[rows] = ts[s];
+            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
+                        p->lat + (size_t)i * numel, numel);
+            rows++;
+        }
+        if (!cfg_par) {
+            if ((err = ditd_dit_forward(p->dit, rows, p->model_in, p->h_t, p->h_y, p->model_out)))
+                return err;
+        } else {
+            /* cfg parallel: rows [0, rows_c) on cfg rank 0, the rest on 1;
+             * a half with no rows skips its forward (its whole sub-group
+             * agrees: the rows come from the same batch) */
+            int half = p->mesh->cfg_rank, r0 = half ? rows_c : 0, nr = half ? rows - rows_c : rows_c;
+            int counts[2] = {(int)((size_t)rows_c * p->numel_out),
+                             (int)((size_t)(rows - rows_c) * p->numel_out)};
+            int displs[2] = {0, counts[0]};
+            if (nr > 0 &&
+                (err = ditd_dit_forward(p->dit, nr, ditd_ptr_act(ops, p->model_in, (size_t)r0 * numel),
+                                        p->h_t + r0, p->h_y + r0,
+                                        ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out))))
+                return err;
+            if ((err = ditd_comm_allgatherv(p->mesh->cfg_comm, ops->act_dtype, NULL, p->model_out,
+                                            counts, displs)))
+                return err;
+        }
+        ops->download(p->h_out, p->model_out, (size_t)rows * p->numel_out);
+        if ((err = ops->status()))
+            return err;
+
+        for (int i = 0; i < n; i++) {
+            if (p->cond_row[i] < 0)
+                continue;
+            /* model output: the first C channels (a learned sigma is
+             * dropped); with guidance eps = uncond + g (cond - uncond). */
+            float *cond = p->h_out + (size_t)p->cond_row[i] * p->numel_out;
+            if (p->uncond_row[i] >= 0) {
+                const float *unc = p->h_out + (size_t)p->uncond_row[i] * p->numel_out;
+                float g = samples[i].guidance;
+                for (size_t j = 0; j < numel; j++)
+                    cond[j] = unc[j] + g * (cond[j] - unc[j]);
+            }
+            if ((err = ditd_sampler_step(p->sampler, s, i, cond, p->lat + (size_t)i * numel,
+                                         p->x0 + (size_t)i * numel)))
+                return err;
+        }
+        int stop = 0;
+        if (!p->mesh) {
+            stop = cb && cb(ud, s + 1, steps, p->x0, active);
+        } else {
+            if (ditd_mesh_is_leader(p->mesh)) {
+                p->ctl[0] = cb && cb(ud, s + 1, steps, p->x0, active) ? 1 : 0;
+                if (active)
+                    for (int i = 0; i < n; i++)
+                        act[i] = active[i] != 0;
+            }
+            if ((err = ditd_mesh_bcast(p->mesh, p->ctl, 1 + (size_t)n)))
+                return err;
+            if (active)
+                memcpy(active, act, (size_t)n);
+            stop = p->ctl[0];
+        }
+        if (stop)
+            return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s + 1, steps);
+    }
+    memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
+    return 0;
+}
+
+void ditd_pipeline_to_pixels(const float *x, int C, int H, int W, uint8_t *out)
+{
+    size_t hw = (size_t)H * (size_t)W;
+    for (int c = 0; c < C; c++) {
+        for (size_t i = 0; i < hw; i++) {
+            /* float32 arithmetic as torch: (x / 2 + 0.5).clamp(0, 1), then
+             * numpy's (v * 255).round(): round half to even */
+            float v = x[(size_t)c * hw + i] / 2.0f + 0.5f;
+            v = v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v;
+            if (v != v)
+                v = 0.0f;
+            out[i * (size_t)C + (size_t)c] = (uint8_t)nearbyintf(v * 255.0f);
+        }
+    }
+}

@@ -1,0 +1,118 @@
+/* The denoising loop of a class-conditional DiT, as Diffusers' DiTPipeline:
+ * initial noise, then per step: DiT forward on the doubled batch when
+ * classifier-free guidance is on, guidance on the epsilon half, the learned
+ * sigma dropped, the sampler step. The output is the final latents; for a
+ * pixel-space model (no VAE) ditd_pipeline_to_pixels() maps them to 8-bit
+ * pixels as DiTPipeline does ((x / 2 + 0.5) clamped, x 255, rounded).
+ *
+ * The null class for guidance is num_embeds_ada_norm (DiTPipeline hardcodes
+ * 1000, which is the same number for the ImageNet checkpoints).
+ *
+ * Memory: model, sampler state and every buffer are planned in _new() for
+ * max_samples; the step loop allocates nothing. A sampler is rebuilt only
+ * when a batch asks for another (sampler, steps) pair.
+ *
+ * Groups (ditd_pipeline_new_group): the G ranks of a mesh run one batch
+ * together, SPMD. Every rank calls ditd_pipeline_generate() with the same
+ * gp, n, samples and init_noise (the worker broadcasts the batch first:
+ * ditd_mesh_bcast_var); every rank ends with the same out. The leader
+ * (group rank 0) alone runs the callback; after it, the leader broadcasts
+ * the active flags and the stop decision, so every rank drops the same
+ * samples and stops at the same step, and all run the same collectives.
+ * Under cfg parallel the conditional rows run on cfg rank 0's sub-group,
+ * the unconditional ones on cfg rank 1's, and the noise predictions are
+ * exchanged (all-gather over the cfg axis) before each sampler step.
+ */
+#ifndef DITD_ENGINE_PIPELINE_H
+#define DITD_ENGINE_PIPELINE_H
+
+#include <stdint.h>
+
+#include "engine/backend/backend.h"
+#include "engine/models/dit.h"
+#include "engine/parallel/mesh.h"
+#include "engine/models/model.h"
+#include "engine/pipeline/sampler.h"
+
+/* What every sample of a batch shares (the batcher groups on these). */
+typedef struct ditd_gen_params {
+    int steps;                  /* num_inference_steps, 1..1000 */
+    ditd_sampler_kind sampler;
+} ditd_gen_params;
+
+/* One image of a batch. */
+typedef struct ditd_gen_sample {
+    uint64_t seed;              /* the request's seed */
+    uint64_t index;             /* which image of the request: its noise stream */
+    int64_t class_id;           /* 0..K-1 */
+    float guidance;             /* guidance_scale; <= 1 runs no unconditional pass */
+} ditd_gen_sample;
+
+/* Called after every step on the calling thread: step is 1-based. x0 is
+ * the current prediction of the clean latents (n, C, S, S), host f32, for
+ * previews (rows of inactive samples are stale); borrowed for the call.
+ * active (n flags, or NULL when the caller passed none) may be cleared
+ * here to drop a sample: it leaves the batch from the next step on and its
+ * output is left as it was. Return non-zero to stop the whole batch:
+ * generate then returns DITD_ECANCELED. */
+typedef int (*ditd_step_fn)(void *ud, int step, int total, const float *x0, uint8_t *active);
+
+typedef struct ditd_pipeline {
+    const ditd_backend_ops *ops;
+    ditd_model_info info;        /* copied; labels borrowed from the caller's info */
+    ditd_dit *dit;
+    ditd_sched_config sched_base;
+    ditd_sampler *sampler;       /* for (sampler_kind, sampler_steps) */
+    ditd_sampler_kind sampler_kind;
+    int sampler_steps;
+    int max_samples;
+    size_t numel;                /* C*S*S per sample */
+    size_t numel_out;            /* Co*S*S per sample */
+    float *lat;                  /* (n, C, S, S) host */
+    float *x0;                   /* (n, C, S, S) host */
+    void *model_in;              /* (2n, C, S, S) backend */
+    void *model_out;             /* (2n, Co, S, S) backend */
+    float *h_out;                /* (2n, Co, S, S) host */
+    float *h_t;                  /* (2n) */
+    int64_t *h_y;                /* (2n) */
+    int *cond_row, *uncond_row;  /* (n) forward row of each sample, -1 = none */
+    const ditd_mesh *mesh;       /* borrowed; NULL = one rank */
+    uint8_t *ctl;                /* (1 + max_samples) leader's stop flag + active flags */
+} ditd_pipeline;
+
+/* Loads the transformer weights of `info` for up to max_samples images per
+ * batch (2 x max_samples forwards with guidance). For a latent model the
+ * output stays latents: decoding them is the caller's business. */
+int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
+                      ditd_pipeline **out);
+
+/* The same for one rank of a worker group: mesh (engine/parallel/mesh.h) is
+ * borrowed and must outlive the pipeline; NULL or a mesh of one is the
+ * single-rank pipeline. A layout that cannot run this model (heads, tokens:
+ * ditd_layout_check_model) is refused with DITD_EINVAL on every rank alike,
+ * before any collective. Not collective itself. */
+int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
+                            int max_samples, const ditd_mesh *mesh, ditd_pipeline **out);
+void ditd_pipeline_free(ditd_pipeline *p);
+
+/* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
+ * (n, C, S, S) host f32 and replaces the generator (Diffusers' latents=);
+ * otherwise sample i's noise is ditd_philox_normal(seed_i, index_i, ...).
+ * out: (n, C, S, S) host f32, the final latents. active: n flags, 1 = run
+ * (NULL = all); samples whose flag is 0 at a step boundary are skipped from
+ * then on (cancellation). A sample's result does not depend on the others
+ * in the batch. cb may be NULL.
+ * In a group: collective over the group; cb runs on the leader only (pass
+ * NULL elsewhere); active and the stop decision are the leader's, also at
+ * the start (the leader's initial flags are broadcast), and each rank's
+ * active array (when given) is updated to them after every step. */
+int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
+                           const ditd_gen_sample *samples, const float *init_noise, float *out,
+                           uint8_t *active, ditd_step_fn cb, void *ud);
+
+/* Latents (C, H, W) in [-1, 1] to interleaved 8-bit pixels (H, W, C):
+ * round((x / 2 + 0.5) clamped to [0, 1] x 255), ties to even, as
+ * DiTPipeline + numpy_to_pil. */
+void ditd_pipeline_to_pixels(const float *x, int C, int H, int W, uint8_t *out);
+
+#endif

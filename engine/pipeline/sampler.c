@@ -1,0 +1,1348 @@
+/* Samplers matching Diffusers' DDIMScheduler, DPMSolverMultistepScheduler
+ * and FlowMatchEulerDiscreteScheduler (diffusers 0.42, torch 2.x), and the
+ * typed scheduler config they are built from.
+ *
+ * Numerics: Diffusers keeps its schedules in float32 tensors and computes
+ * every per-step coefficient as float32 0-dim tensor arithmetic; the
+ * timestep schedules come from numpy in float64. We mirror each of those
+ * dtype choices, operation by operation, so that the coefficients are the
+ * same floats and the elementwise update rounds the same way. The places
+ * where that matters are marked "Diffusers:". Elementwise expressions are
+ * written one rounding per statement, so that a compiler that contracts
+ * a*b+c within an expression (clang's default) cannot fuse them either.
+ *
+ * The only known source of difference: torch evaluates log/exp of a float32
+ * tensor with its own vector math (MKL or Sleef, within 1 ulp), we with
+ * libm's logf/expf, so a DPM-Solver coefficient can differ by an ulp.
+ */
+#include "engine/pipeline/sampler.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "engine/core/error.h"
+
+#define MAX_TRAIN_TIMESTEPS 100000
+#define MAX_FLOW_STEPS 100000
+#define MAX_CONFIG_BYTES (1u << 20)
+
+/* ---- enums ---------------------------------------------------------- */
+
+#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *const kind_names[] = {"ddim", "dpmpp-2m", "flow-euler"};
+static const char *const kind_classes[] = {"DDIMScheduler", "DPMSolverMultistepScheduler",
+                                           "FlowMatchEulerDiscreteScheduler"};
+static const char *const beta_names[] = {"linear", "scaled_linear", "squaredcos_cap_v2"};
+static const char *const pred_names[] = {"epsilon", "sample", "v_prediction"};
+static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
+static const char *const algo_names[] = {"dpmsolver++", "dpmsolver"};
+static const char *const solver_names[] = {"midpoint", "heun"};
+static const char *const final_names[] = {"zero", "sigma_min"};
+
+static const char *enum_name(const char *const *names, int count, int v)
+{
+    return v >= 0 && v < count ? names[v] : "?";
+}
+
+/* "a, b, c" of a name table, for messages. */
+static const char *choices(const char *const *names, int count, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < count && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? ", " : "", names[i]);
+    return buf;
+}
+
+static int enum_find(const char *const *names, int count, const char *s)
+{
+    for (int i = 0; s && i < count; i++)
+        if (strcmp(names[i], s) == 0)
+            return i;
+    return -1;
+}
+
+static int enum_from_str(const char *what, const char *const *names, int count, const char *s,
+                         int *out)
+{
+    int v = enum_find(names, count, s);
+    if (v < 0) {
+        char buf[160];
+        return ditd_err_set(DITD_EINVAL, "%s \"%.64s\" is not one of %s", what, s ? s : "(null)",
+                            choices(names, count, buf, sizeof buf));
+    }
+    *out = v;
+    return 0;
+}
+
+#define DEFINE_ENUM(prefix, type, what, names)                                                  \
+    const char *prefix##_name(type v) { return enum_name(names, COUNT_OF(names), (int)v); }    \
+    int prefix##_from_str(const char *s, type *out)                                            \
+    {                                                                                          \
+        int v = 0, err = enum_from_str(what, names, COUNT_OF(names), s, &v);                       \
+        if (!err)                                                                              \
+            *out = (type)v;                                                                    \
+        return err;                                                                            \
+    }
+
+DEFINE_ENUM(ditd_sched_beta, ditd_sched_beta, "beta_schedule", beta_names)
+DEFINE_ENUM(ditd_sched_prediction, ditd_sched_prediction, "prediction_type", pred_names)
+DEFINE_ENUM(ditd_sched_spacing, ditd_sched_spacing, "timestep_spacing", spacing_names)
+DEFINE_ENUM(ditd_sched_algorithm, ditd_sched_algorithm, "algorithm_type", algo_names)
+DEFINE_ENUM(ditd_sched_solver, ditd_sched_solver, "solver_type", solver_names)
+DEFINE_ENUM(ditd_sched_final_sigmas, ditd_sched_final_sigmas, "final_sigmas_type", final_names)
+
+const char *ditd_sampler_kind_name(ditd_sampler_kind k)
+{
+    return enum_name(kind_names, COUNT_OF(kind_names), (int)k);
+}
+
+const char *ditd_sampler_kind_class(ditd_sampler_kind k)
+{
+    return enum_name(kind_classes, COUNT_OF(kind_classes), (int)k);
+}
+
+int ditd_sampler_kind_from_str(const char *s, ditd_sampler_kind *out)
+{
+    static const struct {
+        const char *name;
+        ditd_sampler_kind kind;
+    } aliases[] = {
+        {"dpm++2m", DITD_SAMPLER_DPMPP_2M},
+        {"dpmsolver++", DITD_SAMPLER_DPMPP_2M},
+        {"euler-flow", DITD_SAMPLER_FLOW_EULER},
+    };
+    int v = enum_find(kind_names, COUNT_OF(kind_names), s);
+    if (v < 0)
+        v = enum_find(kind_classes, COUNT_OF(kind_classes), s);
+    for (int i = 0; v < 0 && s && i < COUNT_OF(aliases); i++)
+        if (strcmp(aliases[i].name, s) == 0)
+            v = (int)aliases[i].kind;
+    if (v < 0)
+        return ditd_err_set(DITD_EINVAL,
+                            "sampler \"%.64s\" is not one of ddim, dpmpp-2m (dpm++2m, "
+                            "dpmsolver++), flow-euler (euler-flow)",
+                            s ? s : "(null)");
+    *out = (ditd_sampler_kind)v;
+    return 0;
+}
+
+/* ---- config keys ------------------------------------------------------ */
+
+/* Which classes read a key (bits of ditd_sampler_kind); 0 = none: a key
+ * Diffusers only keeps in the config (sigma_min / sigma_max), which
+ * DPM-Solver's Karras conversion looks up with hasattr(). */
+#define C_DDIM (1u << DITD_SAMPLER_DDIM)
+#define C_DPM (1u << DITD_SAMPLER_DPMPP_2M)
+#define C_FLOW (1u << DITD_SAMPLER_FLOW_EULER)
+
+typedef enum key_type {
+    T_INT,       /* int */
+    T_NUM,       /* double; also Python's NaN / Infinity / -Infinity */
+    T_BOOL,      /* bool */
+    T_OFF,       /* bool that must stay false; null reads as false */
+    T_NOTNULL,   /* bool "a value other than null was given"; must stay false */
+    T_OPTNUM,    /* has-flag + double; null clears the flag */
+    T_ENUM,      /* enum, through parse_enum() */
+} key_type;
+
+typedef struct key_def {
+    const char *name;
+    key_type type;
+    unsigned classes;
+    size_t off, size;   /* the field */
+    size_t off2, size2; /* the has-flag of T_OPTNUM */
+} key_def;
+
+#define F(field) offsetof(ditd_sched_config, field), sizeof(((ditd_sched_config *)0)->field), 0, 0
+#define F2(has, field)                                                                         \
+    offsetof(ditd_sched_config, field), sizeof(((ditd_sched_config *)0)->field),               \
+        offsetof(ditd_sched_config, has), sizeof(((ditd_sched_config *)0)->has)
+
+enum {
+    K_NUM_TRAIN, K_BETA_START, K_BETA_END, K_BETA_SCHEDULE, K_TRAINED_BETAS, K_RESCALE,
+    K_PREDICTION, K_SPACING, K_STEPS_OFFSET, K_THRESHOLDING, K_CLIP_SAMPLE, K_CLIP_RANGE,
+    K_SET_ALPHA_ONE, K_SOLVER_ORDER, K_ALGORITHM, K_SOLVER_TYPE, K_LOWER_ORDER_FINAL,
+    K_EULER_AT_FINAL, K_KARRAS, K_EXP_SIGMAS, K_BETA_SIGMAS, K_LU_LAMBDAS, K_FLOW_SIGMAS,
+    K_FINAL_SIGMAS, K_LAMBDA_MIN_CLIPPED, K_VARIANCE_TYPE, K_DYNAMIC_SHIFTING, K_SHIFT,
+    K_SHIFT_TERMINAL, K_INVERT_SIGMAS, K_STOCHASTIC, K_SIGMA_MIN, K_SIGMA_MAX, K__COUNT
+};
+
+static const key_def keys[K__COUNT] = {
+    [K_NUM_TRAIN] = {"num_train_timesteps", T_INT, C_DDIM | C_DPM | C_FLOW, F(num_train_timesteps)},
+    [K_BETA_START] = {"beta_start", T_NUM, C_DDIM | C_DPM, F(beta_start)},
+    [K_BETA_END] = {"beta_end", T_NUM, C_DDIM | C_DPM, F(beta_end)},
+    [K_BETA_SCHEDULE] = {"beta_schedule", T_ENUM, C_DDIM | C_DPM, F(beta_schedule)},
+    [K_TRAINED_BETAS] = {"trained_betas", T_NOTNULL, C_DDIM | C_DPM, F(trained_betas)},
+    [K_RESCALE] = {"rescale_betas_zero_snr", T_BOOL, C_DDIM | C_DPM, F(rescale_betas_zero_snr)},
+    [K_PREDICTION] = {"prediction_type", T_ENUM, C_DDIM | C_DPM, F(prediction_type)},
+    [K_SPACING] = {"timestep_spacing", T_ENUM, C_DDIM | C_DPM, F(timestep_spacing)},
+    [K_STEPS_OFFSET] = {"steps_offset", T_INT, C_DDIM | C_DPM, F(steps_offset)},
+    [K_THRESHOLDING] = {"thresholding", T_OFF, C_DDIM | C_DPM, F(thresholding)},
+    [K_CLIP_SAMPLE] = {"clip_sample", T_BOOL, C_DDIM, F(clip_sample)},
+    [K_CLIP_RANGE] = {"clip_sample_range", T_NUM, C_DDIM, F(clip_sample_range)},
+    [K_SET_ALPHA_ONE] = {"set_alpha_to_one", T_BOOL, C_DDIM, F(set_alpha_to_one)},
+    [K_SOLVER_ORDER] = {"solver_order", T_INT, C_DPM, F(solver_order)},
+    [K_ALGORITHM] = {"algorithm_type", T_ENUM, C_DPM, F(algorithm_type)},
+    [K_SOLVER_TYPE] = {"solver_type", T_ENUM, C_DPM, F(solver_type)},
+    [K_LOWER_ORDER_FINAL] = {"lower_order_final", T_BOOL, C_DPM, F(lower_order_final)},
+    [K_EULER_AT_FINAL] = {"euler_at_final", T_BOOL, C_DPM, F(euler_at_final)},
+    [K_KARRAS] = {"use_karras_sigmas", T_BOOL, C_DPM | C_FLOW, F(use_karras_sigmas)},
+    [K_EXP_SIGMAS] = {"use_exponential_sigmas", T_OFF, C_DPM | C_FLOW, F(use_exponential_sigmas)},
+    [K_BETA_SIGMAS] = {"use_beta_sigmas", T_OFF, C_DPM | C_FLOW, F(use_beta_sigmas)},
+    [K_LU_LAMBDAS] = {"use_lu_lambdas", T_OFF, C_DPM, F(use_lu_lambdas)},
+    [K_FLOW_SIGMAS] = {"use_flow_sigmas", T_OFF, C_DPM, F(use_flow_sigmas)},
+    [K_FINAL_SIGMAS] = {"final_sigmas_type", T_ENUM, C_DPM, F(final_sigmas_type)},
+    [K_LAMBDA_MIN_CLIPPED] = {"lambda_min_clipped", T_NUM, C_DPM, F(lambda_min_clipped)},
+    [K_VARIANCE_TYPE] = {"variance_type", T_NOTNULL, C_DPM, F(variance_type)},
+    [K_DYNAMIC_SHIFTING] = {"use_dynamic_shifting", T_OFF, C_DPM | C_FLOW, F(use_dynamic_shifting)},
+    [K_SHIFT] = {"shift", T_NUM, C_FLOW, F(shift)},
+    [K_SHIFT_TERMINAL] = {"shift_terminal", T_OPTNUM, C_FLOW, F2(has_shift_terminal, shift_terminal)},
+    [K_INVERT_SIGMAS] = {"invert_sigmas", T_OFF, C_FLOW, F(invert_sigmas)},
+    [K_STOCHASTIC] = {"stochastic_sampling", T_OFF, C_FLOW, F(stochastic_sampling)},
+    [K_SIGMA_MIN] = {"sigma_min", T_OPTNUM, 0, F2(has_sigma_min, sigma_min)},
+    [K_SIGMA_MAX] = {"sigma_max", T_OPTNUM, 0, F2(has_sigma_max, sigma_max)},
+};
+
+#define KEY_BIT(k) ((uint64_t)1 << (k))
+
+void ditd_sched_config_init(ditd_sched_config *c, ditd_sampler_kind kind)
+{
+    memset(c, 0, sizeof *c);
+    c->kind = kind;
+    snprintf(c->source, sizeof c->source, "%s", ditd_sampler_kind_class(kind));
+    c->num_train_timesteps = 1000;
+    c->beta_start = 0.0001;
+    c->beta_end = 0.02;
+    c->beta_schedule = DITD_SCHED_BETA_LINEAR;
+    c->prediction_type = DITD_SCHED_PRED_EPSILON;
+    /* Diffusers: DDIM defaults to "leading", DPM-Solver to "linspace". */
+    c->timestep_spacing =
+        kind == DITD_SAMPLER_DDIM ? DITD_SCHED_SPACING_LEADING : DITD_SCHED_SPACING_LINSPACE;
+    c->steps_offset = 0;
+    c->clip_sample = true;
+    c->clip_sample_range = 1.0;
+    c->set_alpha_to_one = true;
+    c->solver_order = 2;
+    c->algorithm_type = DITD_SCHED_ALGO_DPMSOLVER_PP;
+    c->solver_type = DITD_SCHED_SOLVER_MIDPOINT;
+    c->lower_order_final = true;
+    c->euler_at_final = false;
+    c->use_karras_sigmas = false;
+    c->final_sigmas_type = DITD_SCHED_FINAL_ZERO;
+    c->lambda_min_clipped = -INFINITY;
+    c->shift = 1.0;
+}
+
+/* Remembers that key k held a value ditd cannot take, with its text. */
+static void mark_bad(ditd_sched_config *c, int k, const json_t *v)
+{
+    c->bad |= KEY_BIT(k);
+    for (int i = 0; i < COUNT_OF(c->bad_text); i++) {
+        if (c->bad_text[i][0] == '\0') {
+            char *txt = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            snprintf(c->bad_text[i], sizeof c->bad_text[i], "%s %.48s%s", keys[k].name,
+                     txt ? txt : "?", txt && strlen(txt) > 48 ? "..." : "");
+            free(txt);
+            return;
+        }
+    }
+}
+
+static bool parse_enum(int k, const char *s, ditd_sched_config *c)
+{
+    int v;
+    switch (k) {
+    case K_BETA_SCHEDULE:
+        if ((v = enum_find(beta_names, COUNT_OF(beta_names), s)) < 0)
+            return false;
+        c->beta_schedule = (ditd_sched_beta)v;
+        return true;
+    case K_PREDICTION:
+        if ((v = enum_find(pred_names, COUNT_OF(pred_names), s)) < 0)
+            return false;
+        c->prediction_type = (ditd_sched_prediction)v;
+        return true;
+    case K_SPACING:
+        if ((v = enum_find(spacing_names, COUNT_OF(spacing_names), s)) < 0)
+            return false;
+        c->timestep_spacing = (ditd_sched_spacing)v;
+        return true;
+    case K_ALGORITHM:
+        if ((v = enum_find(algo_names, COUNT_OF(algo_names), s)) < 0)
+            return false;
+        c->algorithm_type = (ditd_sched_algorithm)v;
+        return true;
+    case K_SOLVER_TYPE:
+        if ((v = enum_find(solver_names, COUNT_OF(solver_names), s)) < 0)
+            return false;
+        c->solver_type = (ditd_sched_solver)v;
+        return true;
+    case K_FINAL_SIGMAS:
+        if ((v = enum_find(final_names, COUNT_OF(final_names), s)) < 0)
+            return false;
+        c->final_sigmas_type = (ditd_sched_final_sigmas)v;
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* A JSON number, or one of the strings our pre-pass made of Python's bare
+ * NaN / Infinity / -Infinity. */
+static bool json_to_double(const json_t *v, double *out)
+{
+    if (json_is_number(v)) {
+        *out = json_number_value(v);
+        return true;
+    }
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        if (!strcmp(s, "Infinity")) *out = INFINITY;
+        else if (!strcmp(s, "-Infinity")) *out = -INFINITY;
+        else if (!strcmp(s, "NaN")) *out = NAN;
+        else return false;
+        return true;
+    }
+    return false;
+}
+
+/* Reads one known key into c; a value of the wrong type or outside the
+ * enum is marked bad (an error only for a kind that reads the key). */
+static void parse_key(int k, const json_t *v, ditd_sched_config *c)
+{
+    const key_def *kd = &keys[k];
+    char *field = (char *)c + kd->off;
+    double d;
+    c->given |= KEY_BIT(k);
+    switch (kd->type) {
+    case T_INT:
+        if (json_is_integer(v) && json_integer_value(v) >= -MAX_TRAIN_TIMESTEPS &&
+            json_integer_value(v) <= MAX_TRAIN_TIMESTEPS) {
+            *(int *)field = (int)json_integer_value(v);
+            return;
+        }
+        if (json_is_real(v)) {
+            d = json_real_value(v);
+            if (d == floor(d) && fabs(d) <= MAX_TRAIN_TIMESTEPS) {
+                *(int *)field = (int)d;
+                return;
+            }
+        }
+        break;
+    case T_NUM:
+        if (json_to_double(v, &d)) {
+            *(double *)field = d;
+            return;
+        }
+        break;
+    case T_BOOL:
+        if (json_is_boolean(v)) {
+            *(bool *)field = json_is_true(v);
+            return;
+        }
+        break;
+    case T_OFF:
+        if (json_is_boolean(v) || json_is_null(v)) {
+            *(bool *)field = json_is_true(v);
+            return;
+        }
+        break;
+    case T_NOTNULL:
+        *(bool *)field = !json_is_null(v);
+        return;
+    case T_OPTNUM:
+        if (json_is_null(v)) {
+            *(bool *)((char *)c + kd->off2) = false;
+            return;
+        }
+        if (json_to_double(v, &d)) {
+            *(double *)field = d;
+            *(bool *)((char *)c + kd->off2) = true;
+            return;
+        }
+        break;
+    case T_ENUM:
+        if (json_is_string(v) && parse_enum(k, json_string_value(v), c))
+            return;
+        break;
+    }
+    mark_bad(c, k, v);
+}
+
+/* ---- checks ----------------------------------------------------------- */
+
+static const char *bad_value_text(const ditd_sched_config *c, int k)
+{
+    size_t n = strlen(keys[k].name);
+    for (int i = 0; i < COUNT_OF(c->bad_text); i++)
+        if (!strncmp(c->bad_text[i], keys[k].name, n) && c->bad_text[i][n] == ' ')
+            return c->bad_text[i];
+    return keys[k].name;
+}
+
+static const char *key_choices(int k, char *buf, size_t len)
+{
+    switch (k) {
+    case K_BETA_SCHEDULE: return choices(beta_names, COUNT_OF(beta_names), buf, len);
+    case K_PREDICTION: return choices(pred_names, COUNT_OF(pred_names), buf, len);
+    case K_SPACING: return choices(spacing_names, COUNT_OF(spacing_names), buf, len);
+    case K_ALGORITHM: return "dpmsolver++, dpmsolver";
+    case K_SOLVER_TYPE: return "midpoint, heun";
+    case K_FINAL_SIGMAS: return choices(final_names, COUNT_OF(final_names), buf, len);
+    default: break;
+    }
+    switch (keys[k].type) {
+    case T_INT: return "an integer";
+    case T_NUM: return "a number";
+    case T_BOOL: return "true, false";
+    case T_OFF: return "false";
+    case T_NOTNULL: return "null";
+    case T_OPTNUM: return "a number or null";
+    default: return "?";
+    }
+}
+
+static int unsupported(const ditd_sched_config *c, const char *what, const char *supported)
+{
+    return ditd_err_set(DITD_EUNSUPPORTED, "%s: %s is not supported by %s (%s)", c->source, what,
+                        ditd_sampler_kind_class(c->kind), supported);
+}
+
+int ditd_sched_config_check(const ditd_sched_config *c)
+{
+    char what[128], buf[128];
+    if ((unsigned)c->kind >= DITD_SAMPLER_KIND_COUNT)
+        return ditd_err_set(DITD_EINVAL, "%s: sampler kind %d", c->source, (int)c->kind);
+    const unsigned cls = 1u << c->kind;
+
+    for (int k = 0; k < K__COUNT; k++) {
+        if (!(keys[k].classes & cls))
+            continue;
+        if (c->bad & KEY_BIT(k))
+            return unsupported(c, bad_value_text(c, k), key_choices(k, buf, sizeof buf));
+        /* Keys that must keep their default. */
+        bool on = (keys[k].type == T_OFF || keys[k].type == T_NOTNULL) &&
+                  *(const bool *)((const char *)c + keys[k].off);
+        if (on) {
+            snprintf(what, sizeof what, "%s %s", keys[k].name,
+                     keys[k].type == T_OFF ? "true" : "(not null)");
+            return unsupported(c, what, key_choices(k, buf, sizeof buf));
+        }
+    }
+
+#define RANGE(cond, k, fmt, val, supported)                                                    \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            snprintf(what, sizeof what, "%s " fmt, keys[k].name, val);                         \
+            return unsupported(c, what, supported);                                            \
+        }                                                                                      \
+    } while (0)
+
+    int lo = c->kind == DITD_SAMPLER_FLOW_EULER ? 1 : 2;
+    RANGE(c->num_train_timesteps >= lo && c->num_train_timesteps <= MAX_TRAIN_TIMESTEPS,
+          K_NUM_TRAIN, "%d", c->num_train_timesteps,
+          c->kind == DITD_SAMPLER_FLOW_EULER ? "1..100000" : "2..100000");
+
+    if (c->kind == DITD_SAMPLER_DDIM || c->kind == DITD_SAMPLER_DPMPP_2M) {
+        if (c->beta_schedule != DITD_SCHED_BETA_SQUAREDCOS_CAP_V2) {
+            RANGE(c->beta_start >= 0 && c->beta_start < 1, K_BETA_START, "%g", c->beta_start,
+                  "0 <= beta_start < 1");
+            RANGE(c->beta_end >= 0 && c->beta_end < 1, K_BETA_END, "%g", c->beta_end,
+                  "0 <= beta_end < 1");
+        }
+        RANGE(c->steps_offset >= 0 && c->steps_offset < c->num_train_timesteps, K_STEPS_OFFSET,
+              "%d", c->steps_offset, "0 <= steps_offset < num_train_timesteps");
+    }
+    if (c->kind == DITD_SAMPLER_DDIM && c->clip_sample)
+        RANGE(c->clip_sample_range > 0 && isfinite(c->clip_sample_range), K_CLIP_RANGE, "%g",
+              c->clip_sample_range, "a finite number > 0");
+    if (c->kind == DITD_SAMPLER_DPMPP_2M) {
+        RANGE(c->solver_order == 1 || c->solver_order == 2, K_SOLVER_ORDER, "%d", c->solver_order,
+              "1, 2");
+        RANGE(!isnan(c->lambda_min_clipped), K_LAMBDA_MIN_CLIPPED, "%g", c->lambda_min_clipped,
+              "a number");
+        if (c->algorithm_type == DITD_SCHED_ALGO_DPMSOLVER &&
+            c->final_sigmas_type == DITD_SCHED_FINAL_ZERO)
+            return unsupported(c, "final_sigmas_type \"zero\" with algorithm_type \"dpmsolver\"",
+                               "sigma_min");
+        if (c->use_karras_sigmas && c->has_sigma_min)
+            RANGE(c->sigma_min > 0 && isfinite(c->sigma_min), K_SIGMA_MIN, "%g", c->sigma_min,
+                  "a finite number > 0");
+        if (c->use_karras_sigmas && c->has_sigma_max)
+            RANGE(c->sigma_max > 0 && isfinite(c->sigma_max), K_SIGMA_MAX, "%g", c->sigma_max,
+                  "a finite number > 0");
+    }
+    if (c->kind == DITD_SAMPLER_FLOW_EULER) {
+        RANGE(c->shift > 0 && isfinite(c->shift), K_SHIFT, "%g", c->shift, "a finite number > 0");
+        if (c->has_shift_terminal)
+            RANGE(c->shift_terminal >= 0 && c->shift_terminal < 1, K_SHIFT_TERMINAL, "%g",
+                  c->shift_terminal, "null or 0 <= shift_terminal < 1");
+        if (c->use_karras_sigmas)
+            return unsupported(c, "use_karras_sigmas true", "false");
+    }
+#undef RANGE
+    return 0;
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+/* Python's json writes NaN, Infinity and -Infinity bare (Diffusers saves
+ * "lambda_min_clipped": -Infinity); jansson refuses them. Outside strings,
+ * quote them, so they parse as strings that json_to_double() reads.
+ * Returns a malloc'd NUL-terminated copy, or NULL on OOM. */
+static char *quote_python_specials(const char *text, size_t len, size_t *out_len)
+{
+    static const char *const words[] = {"-Infinity", "Infinity", "NaN"};
+    char *out = malloc(len * 2 + 1); /* each word grows by 2 chars, and is >= 3 long */
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < len;) {
+        char ch = text[i];
+        if (in_str) {
+            out[o++] = ch;
+            i++;
+            if (ch == '\\' && i < len)
+                out[o++] = text[i++];
+            else if (ch == '"')
+                in_str = false;
+            continue;
+        }
+        if (ch == '"') {
+            in_str = true;
+            out[o++] = text[i++];
+            continue;
+        }
+        bool done = false;
+        for (int w = 0; w < COUNT_OF(words) && !done; w++) {
+            size_t wl = strlen(words[w]);
+            if (len - i >= wl && !memcmp(text + i, words[w], wl)) {
+                out[o++] = '"';
+                memcpy(out + o, words[w], wl);
+                o += wl;
+                out[o++] = '"';
+                i += wl;
+                done = true;
+            }
+        }
+        if (!done)
+            out[o++] = text[i++];
+    }
+    out[o] = '\0';
+    *out_len = o;
+    return out;
+}
+
+int ditd_sched_config_parse(const char *text, size_t len, const char *name, ditd_sched_config *out)
+{
+    int err;
+    json_error_t jerr;
+    size_t qlen;
+    char *q = quote_python_specials(text, len, &qlen);
+    if (!q)
+        return ditd_err_set(DITD_ENOMEM, "%s: out of memory", name);
+    json_t *root = json_loadb(q, qlen, 0, &jerr);
+    free(q);
+    if (!root)
+        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", name, jerr.line, jerr.text);
+    if (!json_is_object(root)) {
+        err = ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", name);
+        goto fail_root;
+    }
+
+    const json_t *cls = json_object_get(root, "_class_name");
+    ditd_sampler_kind kind = DITD_SAMPLER_DDIM;
+    int v = json_is_string(cls)
+                ? enum_find(kind_classes, COUNT_OF(kind_classes), json_string_value(cls))
+                : -1;
+    if (v < 0) {
+        char *txt = cls ? json_dumps(cls, JSON_ENCODE_ANY) : NULL;
+        err = ditd_err_set(DITD_EUNSUPPORTED,
+                           "%s: _class_name %.80s is not supported (DDIMScheduler, "
+                           "DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler)",
+                           name, txt ? txt : "(missing)");
+        free(txt);
+        goto fail_root;
+    }
+    kind = (ditd_sampler_kind)v;
+
+    ditd_sched_config_init(out, kind);
+    snprintf(out->source, sizeof out->source, "%s", name);
+    for (int k = 0; k < K__COUNT; k++) {
+        const json_t *val = json_object_get(root, keys[k].name);
+        if (val)
+            parse_key(k, val, out);
+    }
+    json_decref(root);
+    return ditd_sched_config_check(out);
+
+fail_root:
+    json_decref(root);
+    return err;
+}
+
+int ditd_sched_config_load(const char *path, ditd_sched_config *out)
+{
+    int err;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ditd_err_set(errno == ENOENT ? DITD_ENOENT : DITD_EIO, "%s: %s", path,
+                            strerror(errno));
+    char *buf = malloc(MAX_CONFIG_BYTES + 1);
+    if (!buf) {
+        err = ditd_err_set(DITD_ENOMEM, "%s: out of memory", path);
+        goto fail_file;
+    }
+    size_t n = fread(buf, 1, MAX_CONFIG_BYTES + 1, f);
+    if (ferror(f)) {
+        err = ditd_err_set(DITD_EIO, "%s: read error", path);
+        goto fail_buf;
+    }
+    if (n > MAX_CONFIG_BYTES) {
+        err = ditd_err_set(DITD_EFORMAT, "%s: larger than %u bytes", path, MAX_CONFIG_BYTES);
+        goto fail_buf;
+    }
+    err = ditd_sched_config_parse(buf, n, path, out);
+
+fail_buf:
+    free(buf);
+fail_file:
+    fclose(f);
+    return err;
+}
+
+int ditd_sched_config_convert(const ditd_sched_config *base, ditd_sampler_kind kind,
+                              ditd_sched_config *out)
+{
+    if ((unsigned)kind >= DITD_SAMPLER_KIND_COUNT)
+        return ditd_err_set(DITD_EINVAL, "sampler kind %d", (int)kind);
+    ditd_sched_config b = *base; /* out may alias base */
+    ditd_sched_config_init(out, kind);
+    snprintf(out->source, sizeof out->source, "%.100s (as %s)", b.source,
+             ditd_sampler_kind_class(kind));
+    /* Diffusers: from_config drops the keys in _use_default_values and keeps
+     * every other key of the base config (those of the target's __init__ as
+     * arguments, the rest as hidden config), so what the file set carries,
+     * and what base only defaulted becomes the target's default. */
+    for (int k = 0; k < K__COUNT; k++) {
+        if (!(b.given & KEY_BIT(k)))
+            continue;
+        memcpy((char *)out + keys[k].off, (const char *)&b + keys[k].off, keys[k].size);
+        if (keys[k].size2)
+            memcpy((char *)out + keys[k].off2, (const char *)&b + keys[k].off2, keys[k].size2);
+    }
+    out->given = b.given;
+    out->bad = b.bad;
+    memcpy(out->bad_text, b.bad_text, sizeof out->bad_text);
+    return ditd_sched_config_check(out);
+}
+
+/* ---- what numpy and torch compute ------------------------------------- */
+
+/* torch.linspace(start, end, steps, dtype=float32) on CPU (ATen
+ * linspace_kernel): float step, the first half counted from start and the
+ * second from end, each a*b+c contracted to one fma by the compiler. */
+static void torch_linspace_f32(float start, float end, int steps, float *out)
+{
+    if (steps == 1) {
+        out[0] = start;
+        return;
+    }
+    const float step = (end - start) / (float)(steps - 1);
+    const int halfway = steps / 2;
+    for (int i = 0; i < steps; i++)
+        out[i] = i < halfway ? fmaf(step, (float)i, start)
+                             : fmaf(-step, (float)(steps - i - 1), end);
+}
+
+/* numpy.linspace(start, stop, num) in float64: i * step + start, the last
+ * value set to stop exactly. */
+static void np_linspace(double start, double stop, int num, double *out)
+{
+    const int div = num - 1;
+    const double delta = stop - start;
+    if (div > 0) {
+        const double step = delta / div;
+        for (int i = 0; i < num; i++)
+            out[i] = (step == 0 ? ((double)i / div) * delta : (double)i * step) + start;
+        out[num - 1] = stop;
+    } else if (num == 1) {
+        out[0] = 0.0 * delta + start;
+    }
+}
+
+/* The length of numpy.arange(start, stop, step) for float arguments. */
+static long np_arange_len(double start, double stop, double step)
+{
+    double l = ceil((stop - start) / step);
+    return l > 0 ? (long)l : 0;
+}
+
+/* numpy.arange(start, stop, step) values for float arguments: the second
+ * value is start + step, the rest start + i * (second - start) (numpy's
+ * DOUBLE_fill). */
+static void np_arange(double start, double step, long len, double *out)
+{
+    if (len < 1)
+        return;
+    out[0] = start;
+    if (len < 2)
+        return;
+    out[1] = start + step;
+    const double delta = out[1] - start;
+    for (long i = 2; i < len; i++)
+        out[i] = start + (double)i * delta;
+}
+
+/* numpy.round: half to even (the default rounding mode). */
+static double np_round(double x) { return nearbyint(x); }
+
+/* betas -> alphas_cumprod (float32), as DDIMScheduler / DPMSolverMultistep
+ * __init__. alphas_cumprod has num_train_timesteps entries. */
+static void make_alphas_cumprod(const ditd_sched_config *c, float *betas, float *ac)
+{
+    const int N = c->num_train_timesteps;
+    switch (c->beta_schedule) {
+    case DITD_SCHED_BETA_LINEAR:
+        torch_linspace_f32((float)c->beta_start, (float)c->beta_end, N, betas);
+        break;
+    case DITD_SCHED_BETA_SCALED_LINEAR:
+        /* Diffusers: linspace(beta_start**0.5, beta_end**0.5) ** 2, the
+         * square roots in Python floats. */
+        torch_linspace_f32((float)pow(c->beta_start, 0.5), (float)pow(c->beta_end, 0.5), N, betas);
+        for (int i = 0; i < N; i++)
+            betas[i] = betas[i] * betas[i];
+        break;
+    case DITD_SCHED_BETA_SQUAREDCOS_CAP_V2:
+        /* Diffusers: betas_for_alpha_bar, Python floats, then float32. */
+        for (int i = 0; i < N; i++) {
+            double t1 = (double)i / N, t2 = (double)(i + 1) / N;
+            double a1 = pow(cos((t1 + 0.008) / 1.008 * M_PI / 2), 2);
+            double a2 = pow(cos((t2 + 0.008) / 1.008 * M_PI / 2), 2);
+            double b = 1 - a2 / a1;
+            betas[i] = (float)(b < 0.999 ? b : 0.999);
+        }
+        break;
+    }
+    /* torch.cumprod on CPU accumulates in double and stores float. */
+#define CUMPROD(src_expr)                                                                      \
+    do {                                                                                       \
+        double acc = 1.0;                                                                      \
+        for (int i = 0; i < N; i++) {                                                          \
+            acc *= (double)(float)(src_expr);                                                  \
+            ac[i] = (float)acc;                                                                \
+        }                                                                                      \
+    } while (0)
+
+    if (c->rescale_betas_zero_snr) {
+        /* Diffusers: rescale_zero_terminal_snr, all float32. */
+        CUMPROD(1.0f - betas[i]);
+        float *s = ac;
+        for (int i = 0; i < N; i++)
+            s[i] = sqrtf(ac[i]);
+        const float s0 = s[0], sT = s[N - 1];
+        const float scale = s0 / (s0 - sT);
+        for (int i = 0; i < N; i++) {
+            s[i] = s[i] - sT;
+            s[i] = s[i] * scale;
+        }
+        float prev = s[0] * s[0];
+        betas[0] = 1.0f - prev;
+        for (int i = 1; i < N; i++) {
+            float ab = s[i] * s[i];
+            betas[i] = 1.0f - ab / prev;
+            prev = ab;
+        }
+    }
+    CUMPROD(1.0f - betas[i]);
+#undef CUMPROD
+}
+
+/* ---- the sampler ---------------------------------------------------------- */
+
+/* Per-step coefficients, floats as Diffusers computes them. */
+typedef struct step_coef {
+    /* DDIM: sqrt(a_t), sqrt(1 - a_t), sqrt(a_prev), sqrt(1 - a_prev - std^2) */
+    float sa, sb, sa_prev, sdir;
+    /* DPM: model output -> x0 (or eps): alpha_s0, sigma_s0; update: order,
+     * c1 * sample - c2 * D0 (+/-) c3 * D1 with D1 = inv_r0 * (m0 - m1) */
+    float alpha_s, sigma_s;
+    int order;
+    float c1, c2, c3, inv_r0;
+    /* flow: sigma and sigma_next - sigma */
+    float sigma, dt;
+} step_coef;
+
+struct ditd_sampler {
+    ditd_sched_config cfg;
+    int n;               /* steps in the schedule */
+    int max_slots;
+    size_t numel;
+    float *timesteps;    /* n */
+    step_coef *coef;     /* n */
+    /* DPM-Solver: two prediction buffers per slot (previous, current). */
+    float *state;        /* max_slots * 2 * numel */
+    int *which;          /* per slot: which half of state holds the previous */
+    int *last;           /* per slot: the last step taken, -1 none */
+};
+
+static int check_steps(const ditd_sched_config *c, int num_steps)
+{
+    int hi = c->kind == DITD_SAMPLER_FLOW_EULER ? MAX_FLOW_STEPS : c->num_train_timesteps;
+    if (num_steps < 1 || num_steps > hi)
+        return ditd_err_set(DITD_ERANGE, "%s: num_inference_steps %d is out of range 1..%d",
+                            c->source, num_steps, hi);
+    return 0;
+}
+
+static int bad_timestep(const ditd_sched_config *c, int num_steps, long long t)
+{
+    return ditd_err_set(DITD_EUNSUPPORTED,
+                        "%s: timestep_spacing \"%s\" (steps_offset %d) with %d steps gives "
+                        "timestep %lld, outside 0..%d: choose another step count",
+                        c->source, ditd_sched_spacing_name(c->timestep_spacing), c->steps_offset,
+                        num_steps, t, c->num_train_timesteps - 1);
+}
+
+/* DDIMScheduler.set_timesteps. ts has room for num_steps + 1. */
+static int ddim_timesteps(const ditd_sched_config *c, int num_steps, long long *ts, int *n_out,
+                          double *tmp)
+{
+    const int N = c->num_train_timesteps;
+    int n = num_steps;
+    switch (c->timestep_spacing) {
+    case DITD_SCHED_SPACING_LINSPACE:
+        np_linspace(0, N - 1, num_steps, tmp);
+        for (int i = 0; i < n; i++)
+            ts[i] = (long long)np_round(tmp[num_steps - 1 - i]);
+        break;
+    case DITD_SCHED_SPACING_LEADING: {
+        const int ratio = N / num_steps;
+        for (int i = 0; i < n; i++)
+            ts[i] = (long long)(num_steps - 1 - i) * ratio + c->steps_offset;
+        break;
+    }
+    case DITD_SCHED_SPACING_TRAILING: {
+        const double ratio = (double)N / num_steps;
+        long len = np_arange_len(N, 0, -ratio);
+        if (len > num_steps + 1)
+            return ditd_err_set(DITD_EINTERNAL, "trailing schedule length %ld", len);
+        np_arange(N, -ratio, len, tmp);
+        n = (int)len;
+        for (int i = 0; i < n; i++)
+            ts[i] = (long long)np_round(tmp[i]) - 1;
+        break;
+    }
+    }
+    for (int i = 0; i < n; i++)
+        if (ts[i] < 0 || ts[i] >= N)
+            return bad_timestep(c, num_steps, ts[i]);
+    *n_out = n;
+    return 0;
+}
+
+static int ddim_plan(ditd_sampler *s, int num_steps, const float *ac, long long *ts)
+{
+    const ditd_sched_config *c = &s->cfg;
+    const int N = c->num_train_timesteps;
+    const float final_ac = c->set_alpha_to_one ? 1.0f : ac[0];
+    for (int i = 0; i < s->n; i++) {
+        step_coef *k = &s->coef[i];
+        /* Diffusers: prev_timestep = t - N // num_inference_steps, whatever
+         * the spacing (so not always the next timestep of the schedule). */
+        long long t = ts[i], prev = t - N / num_steps;
+        float a_t = ac[t];
+        float a_prev = prev >= 0 ? ac[prev] : final_ac;
+        float beta_t = 1.0f - a_t;
+        float beta_prev = 1.0f - a_prev;
+        /* _get_variance and std_dev_t = eta * sqrt(variance), eta = 0: kept
+         * so that a NaN variance poisons the step exactly as in Diffusers. */
+        float variance = (beta_prev / beta_t) * (1.0f - a_t / a_prev);
+        float std = 0.0f * sqrtf(variance);
+        k->sa = sqrtf(a_t);
+        k->sb = sqrtf(beta_t);
+        k->sa_prev = sqrtf(a_prev);
+        k->sdir = sqrtf((1.0f - a_prev) - std * std);
+        s->timesteps[i] = (float)t;
+    }
+    return 0;
+}
+
+/* DPMSolverMultistepScheduler._sigma_to_t for one sigma (numpy): log_sigmas
+ * is float32, the rest float64, except (low - high), a float32 difference. */
+static double dpm_sigma_to_t(double sigma, const float *log_sigmas, int N)
+{
+    double log_sigma = log(sigma > 1e-10 ? sigma : 1e-10);
+    /* low_idx = argmax(cumsum(dists >= 0)), clipped to N - 2 */
+    long cs = 0, best = -1;
+    int low = 0;
+    for (int i = 0; i < N; i++) {
+        cs += (log_sigma - (double)log_sigmas[i]) >= 0;
+        if (cs > best) {
+            best = cs;
+            low = i;
+        }
+    }
+    if (low > N - 2)
+        low = N - 2;
+    const int high = low + 1;
+    const float l = log_sigmas[low], h = log_sigmas[high];
+    double w = ((double)l - log_sigma) / (double)(float)(l - h);
+    w = w < 0 ? 0 : (w > 1 ? 1 : w);
+    return (1 - w) * low + w * high;
+}
+
+static void dpm_alpha_sigma(float sigma, float *alpha, float *sig)
+{
+    /* Diffusers: alpha_t = 1 / ((sigma**2 + 1) ** 0.5); sigma_t = sigma * alpha_t */
+    *alpha = 1.0f / sqrtf(sigma * sigma + 1.0f);
+    *sig = sigma * *alpha;
+}
+
+static float dpm_lambda(float alpha, float sig) { return logf(alpha) - logf(sig); }
+
+static int dpm_plan(ditd_sampler *s, int num_steps, const float *ac, long long *ts, double *tmp,
+                    float *sig_all, float *sigmas)
+{
+    const ditd_sched_config *c = &s->cfg;
+    const int N = c->num_train_timesteps;
+    float *acm = sig_all; /* reuse: alphas_cumprod with the zero-SNR fix */
+    for (int i = 0; i < N; i++)
+        acm[i] = ac[i];
+    if (c->rescale_betas_zero_snr)
+        acm[N - 1] = 0x1p-24f; /* Diffusers: so that the last sigma stays finite */
+
+    /* last_timestep: lambda_min_clipped cuts the noisiest end. */
+    int clipped = 0;
+    if (c->lambda_min_clipped > -INFINITY) {
+        /* searchsorted(flip(lambda_t), lambda_min_clipped), left side */
+        while (clipped < N) {
+            float a = sqrtf(acm[N - 1 - clipped]), sg = sqrtf(1.0f - acm[N - 1 - clipped]);
+            /* torch.searchsorted compares in float32 */
+            if (dpm_lambda(a, sg) >= (float)c->lambda_min_clipped)
+                break;
+            clipped++;
+        }
+    }
+    const int last = N - clipped;
+
+    int n = num_steps;
+    switch (c->timestep_spacing) {
+    case DITD_SCHED_SPACING_LINSPACE:
+        np_linspace(0, last - 1, num_steps + 1, tmp);
+        for (int i = 0; i < n; i++)
+            ts[i] = (long long)np_round(tmp[num_steps - i]);
+        break;
+    case DITD_SCHED_SPACING_LEADING: {
+        const long long ratio = last / (num_steps + 1);
+        for (int i = 0; i < n; i++)
+            ts[i] = (long long)(num_steps - i) * ratio + c->steps_offset;
+        break;
+    }
+    case DITD_SCHED_SPACING_TRAILING: {
+        const double ratio = (double)N / num_steps;
+        long len = np_arange_len(last, 0, -ratio);
+        if (len > num_steps + 1)
+            return ditd_err_set(DITD_EINTERNAL, "trailing schedule length %ld", len);
+        np_arange(last, -ratio, len, tmp);
+        n = (int)len;
+        for (int i = 0; i < n; i++)
+            ts[i] = (long long)np_round(tmp[i]) - 1;
+        break;
+    }
+    }
+    if (n < 1)
+        return bad_timestep(c, num_steps, 0);
+
+    /* sigmas of the training schedule, float32: ((1 - ac) / ac) ** 0.5 */
+    for (int i = 0; i < N; i++)
+        sig_all[i] = sqrtf((1.0f - acm[i]) / acm[i]);
+
+    if (c->use_karras_sigmas) {
+        /* Karras et al. (2022) rho = 7 ramp between the ends of the training
+         * sigmas (or the config's sigma_min / sigma_max), in float64. */
+        float *log_sigmas = (float *)(tmp + (num_steps + 2));
+        for (int i = 0; i < N; i++)
+            log_sigmas[i] = logf(sig_all[i]);
+        const double rho = 7.0;
+        double smin = c->has_sigma_min ? c->sigma_min : (double)sig_all[0];
+        double smax = c->has_sigma_max ? c->sigma_max : (double)sig_all[N - 1];
+        double min_inv = pow(smin, 1 / rho), max_inv = pow(smax, 1 / rho);
+        n = num_steps; /* Diffusers: the ramp has num_inference_steps points */
+        np_linspace(0, 1, n, tmp);
+        for (int i = 0; i < n; i++) {
+            double sg = pow(max_inv + tmp[i] * (min_inv - max_inv), rho);
+            double t = dpm_sigma_to_t(sg, log_sigmas, N);
+            /* Diffusers: rounded, except for squaredcos_cap_v2, where the
+             * cast to int64 truncates. */
+            ts[i] = c->beta_schedule != DITD_SCHED_BETA_SQUAREDCOS_CAP_V2 ? (long long)np_round(t)
+                                                                          : (long long)t;
+            sigmas[i] = (float)sg;
+        }
+    } else {
+        /* np.interp at integer timesteps: the training sigma itself,
+         * clamped at the ends. */
+        for (int i = 0; i < n; i++) {
+            long long t = ts[i] < 0 ? 0 : (ts[i] > N - 1 ? N - 1 : ts[i]);
+            sigmas[i] = sig_all[t];
+        }
+    }
+    sigmas[n] = c->final_sigmas_type == DITD_SCHED_FINAL_SIGMA_MIN ? sig_all[0] : 0.0f;
+
+    for (int i = 0; i < n; i++)
+        if (ts[i] < 0 || ts[i] >= N)
+            return bad_timestep(c, num_steps, ts[i]);
+    /* Diffusers starts at the second occurrence of a repeated first
+     * timestep (index_for_timestep): refuse such a degenerate schedule. */
+    for (int i = 1; i < n; i++)
+        if (ts[i] == ts[0])
+            return ditd_err_set(DITD_EUNSUPPORTED,
+                                "%s: %d steps repeat timestep %lld (too many steps for "
+                                "timestep_spacing \"%s\")",
+                                c->source, num_steps, ts[0],
+                                ditd_sched_spacing_name(c->timestep_spacing));
+    s->n = n;
+
+    const bool pp = c->algorithm_type == DITD_SCHED_ALGO_DPMSOLVER_PP;
+    for (int i = 0; i < n; i++) {
+        step_coef *k = &s->coef[i];
+        s->timesteps[i] = (float)ts[i];
+
+        /* Which order this step uses (DPMSolverMultistepScheduler.step):
+         * lower_order_nums counts the steps done, up to solver_order. */
+        const bool final_low = i == n - 1 && (c->euler_at_final || (c->lower_order_final && n < 15) ||
+                                              c->final_sigmas_type == DITD_SCHED_FINAL_ZERO);
+        const int lower_order_nums = i < c->solver_order ? i : c->solver_order;
+        k->order = (c->solver_order == 1 || lower_order_nums < 1 || final_low) ? 1 : 2;
+
+        float alpha_t, sigma_t, alpha_s0, sigma_s0, alpha_s1, sigma_s1;
+        dpm_alpha_sigma(sigmas[i + 1], &alpha_t, &sigma_t);
+        dpm_alpha_sigma(sigmas[i], &alpha_s0, &sigma_s0);
+        k->alpha_s = alpha_s0;
+        k->sigma_s = sigma_s0;
+        const float lambda_t = dpm_lambda(alpha_t, sigma_t);
+        const float lambda_s0 = dpm_lambda(alpha_s0, sigma_s0);
+        const float h = lambda_t - lambda_s0;
+        if (pp) {
+            k->c1 = sigma_t / sigma_s0;
+            k->c2 = alpha_t * (expf(-h) - 1.0f);
+        } else {
+            k->c1 = alpha_t / alpha_s0;
+            k->c2 = sigma_t * (expf(h) - 1.0f);
+        }
+        k->c3 = 0.0f;
+        k->inv_r0 = 0.0f;
+        if (k->order == 2) {
+            dpm_alpha_sigma(sigmas[i - 1], &alpha_s1, &sigma_s1);
+            const float lambda_s1 = dpm_lambda(alpha_s1, sigma_s1);
+            const float h_0 = lambda_s0 - lambda_s1;
+            const float r0 = h_0 / h;
+            k->inv_r0 = 1.0f / r0;
+            if (c->solver_type == DITD_SCHED_SOLVER_MIDPOINT)
+                k->c3 = 0.5f * k->c2; /* subtracted */
+            else if (pp)
+                k->c3 = alpha_t * ((expf(-h) - 1.0f) / h + 1.0f); /* added */
+            else
+                k->c3 = sigma_t * ((expf(h) - 1.0f) / h - 1.0f); /* subtracted */
+        }
+    }
+    return 0;
+}
+
+static int flow_plan(ditd_sampler *s, int num_steps, double *tmp, float *sig_train)
+{
+    const ditd_sched_config *c = &s->cfg;
+    const int N = c->num_train_timesteps;
+    const float fN = (float)N;
+    /* __init__: timesteps N..1 (float32), sigmas = timesteps / N, shifted
+     * in float32 (static shift): only the ends are used, as sigma_max and
+     * sigma_min. */
+    const float shift_f = (float)c->shift, shift_m1 = (float)(c->shift - 1.0);
+    for (int i = 0; i < N; i += N - 1 > 0 ? N - 1 : 1) {
+        float sg = (float)(N - i) / fN;
+        sig_train[i] = (shift_f * sg) / (1.0f + shift_m1 * sg);
+    }
+    const double sigma_max = sig_train[0], sigma_min = sig_train[N - 1];
+
+    /* set_timesteps, in float64: the shift is applied a second time, as
+     * Diffusers does. */
+    np_linspace(sigma_max * N, sigma_min * N, num_steps, tmp);
+    for (int i = 0; i < num_steps; i++) {
+        double sg = tmp[i] / N;
+        tmp[i] = c->shift * sg / (1 + (c->shift - 1) * sg);
+    }
+    if (c->has_shift_terminal && c->shift_terminal != 0) {
+        /* stretch_shift_to_terminal */
+        const double scale = (1 - tmp[num_steps - 1]) / (1 - c->shift_terminal);
+        for (int i = 0; i < num_steps; i++)
+            tmp[i] = 1 - ((1 - tmp[i]) / scale);
+    }
+    s->n = num_steps;
+    for (int i = 0; i < num_steps; i++) {
+        float sg = (float)tmp[i];
+        float next = i + 1 < num_steps ? (float)tmp[i + 1] : 0.0f;
+        s->timesteps[i] = sg * fN;
+        s->coef[i].sigma = sg;
+        s->coef[i].dt = next - sg;
+    }
+    return 0;
+}
+
+int ditd_sampler_new(const ditd_sched_config *cfg, int num_steps, int max_slots, size_t numel,
+                     ditd_sampler **out)
+{
+    int err;
+    if (max_slots < 1 || numel < 1)
+        return ditd_err_set(DITD_EINVAL, "sampler: max_slots %d, numel %zu", max_slots, numel);
+    if ((err = ditd_sched_config_check(cfg)) || (err = check_steps(cfg, num_steps)))
+        return err;
+
+    ditd_sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return ditd_err_set(DITD_ENOMEM, "sampler: out of memory");
+    s->cfg = *cfg;
+    s->max_slots = max_slots;
+    s->numel = numel;
+
+    /* Planning scratch, freed below: betas, alphas_cumprod, training
+     * sigmas (N floats each), int64 timesteps and float64 temporaries. */
+    const size_t N = (size_t)cfg->num_train_timesteps;
+    const size_t nsteps = (size_t)num_steps + 2;
+    float *fscratch = malloc(sizeof(float) * (3 * N + nsteps));
+    long long *ts = malloc(sizeof(long long) * nsteps);
+    double *tmp = malloc(sizeof(double) * nsteps + sizeof(float) * N);
+    s->timesteps = malloc(sizeof(float) * nsteps);
+    s->coef = calloc(nsteps, sizeof(step_coef));
+    if (!fscratch || !ts || !tmp || !s->timesteps || !s->coef) {
+        err = ditd_err_set(DITD_ENOMEM, "sampler: out of memory");
+        goto fail_scratch;
+    }
+    float *betas = fscratch, *ac = betas + N, *sig_all = ac + N, *sigmas = sig_all + N;
+
+    switch (cfg->kind) {
+    case DITD_SAMPLER_DDIM:
+        make_alphas_cumprod(cfg, betas, ac);
+        if (!(err = ddim_timesteps(cfg, num_steps, ts, &s->n, tmp)))
+            err = ddim_plan(s, num_steps, ac, ts);
+        break;
+    case DITD_SAMPLER_DPMPP_2M:
+        make_alphas_cumprod(cfg, betas, ac);
+        err = dpm_plan(s, num_steps, ac, ts, tmp, sig_all, sigmas);
+        break;
+    case DITD_SAMPLER_FLOW_EULER:
+        err = flow_plan(s, num_steps, tmp, sig_all);
+        break;
+    }
+    if (err)
+        goto fail_scratch;
+
+    if (cfg->kind == DITD_SAMPLER_DPMPP_2M) {
+        if (numel > SIZE_MAX / sizeof(float) / 2 / (size_t)max_slots) {
+            err = ditd_err_set(DITD_ENOMEM, "sampler: %d slots of %zu floats", max_slots, numel);
+            goto fail_scratch;
+        }
+        s->state = malloc(sizeof(float) * 2 * numel * (size_t)max_slots);
+        s->which = calloc((size_t)max_slots, sizeof(int));
+        s->last = malloc(sizeof(int) * (size_t)max_slots);
+        if (!s->state || !s->which || !s->last) {
+            err = ditd_err_set(DITD_ENOMEM, "sampler: out of memory for %d slots of %zu floats",
+                               max_slots, numel);
+            goto fail_scratch;
+        }
+        for (int i = 0; i < max_slots; i++)
+            s->last[i] = -1;
+    }
+    free(tmp);
+    free(ts);
+    free(fscratch);
+    *out = s;
+    return 0;
+
+fail_scratch:
+    free(tmp);
+    free(ts);
+    free(fscratch);
+    ditd_sampler_free(s);
+    return err;
+}
+
+void ditd_sampler_free(ditd_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->timesteps);
+    free(s->coef);
+    free(s->state);
+    free(s->which);
+    free(s->last);
+    free(s);
+}
+
+int ditd_sampler_num_steps(const ditd_sampler *s) { return s->n; }
+
+const float *ditd_sampler_timesteps(const ditd_sampler *s) { return s->timesteps; }
+
+ditd_sampler_kind ditd_sampler_get_kind(const ditd_sampler *s) { return s->cfg.kind; }
+
+/* DDIMScheduler.step with eta = 0, element by element in float32. */
+static void ddim_step(const ditd_sampler *s, const step_coef *k, const float *m, float *x,
+                      float *x0_out)
+{
+    const ditd_sched_config *c = &s->cfg;
+    const float r = (float)c->clip_sample_range;
+    for (size_t i = 0; i < s->numel; i++) {
+        float x0, eps, t1, t2;
+        switch (c->prediction_type) {
+        case DITD_SCHED_PRED_EPSILON:
+            t1 = k->sb * m[i];
+            t2 = x[i] - t1;
+            x0 = t2 / k->sa;
+            eps = m[i];
+            break;
+        case DITD_SCHED_PRED_SAMPLE:
+            x0 = m[i];
+            t1 = k->sa * x0;
+            t2 = x[i] - t1;
+            eps = t2 / k->sb;
+            break;
+        default: /* v_prediction */
+            t1 = k->sa * x[i];
+            t2 = k->sb * m[i];
+            x0 = t1 - t2;
+            t1 = k->sa * m[i];
+            t2 = k->sb * x[i];
+            eps = t1 + t2;
+            break;
+        }
+        if (c->clip_sample)
+            x0 = x0 < -r ? -r : (x0 > r ? r : x0); /* NaN stays NaN, as torch.clamp */
+        t1 = k->sdir * eps;
+        t2 = k->sa_prev * x0;
+        x[i] = t2 + t1;
+        if (x0_out)
+            x0_out[i] = x0;
+    }
+}
+
+/* DPMSolverMultistepScheduler.convert_model_output: x0 (dpmsolver++) or
+ * epsilon (dpmsolver); and the x0 of either for previews. */
+static void dpm_convert(const ditd_sampler *s, const step_coef *k, const float *m, const float *x,
+                        float *out, float *x0_out)
+{
+    const ditd_sched_config *c = &s->cfg;
+    const bool pp = c->algorithm_type == DITD_SCHED_ALGO_DPMSOLVER_PP;
+    for (size_t i = 0; i < s->numel; i++) {
+        float v, t1, t2;
+        switch (c->prediction_type) {
+        case DITD_SCHED_PRED_EPSILON:
+            if (pp) {
+                t1 = k->sigma_s * m[i];
+                t2 = x[i] - t1;
+                v = t2 / k->alpha_s;
+            } else {
+                v = m[i];
+            }
+            break;
+        case DITD_SCHED_PRED_SAMPLE:
+            if (pp) {
+                v = m[i];
+            } else {
+                t1 = k->alpha_s * m[i];
+                t2 = x[i] - t1;
+                v = t2 / k->sigma_s;
+            }
+            break;
+        default: /* v_prediction */
+            if (pp) {
+                t1 = k->alpha_s * x[i];
+                t2 = k->sigma_s * m[i];
+                v = t1 - t2;
+            } else {
+                t1 = k->alpha_s * m[i];
+                t2 = k->sigma_s * x[i];
+                v = t1 + t2;
+            }
+            break;
+        }
+        out[i] = v;
+        if (x0_out) {
+            if (pp) {
+                x0_out[i] = v;
+            } else {
+                t1 = k->sigma_s * v;
+                t2 = x[i] - t1;
+                x0_out[i] = t2 / k->alpha_s;
+            }
+        }
+    }
+}
+
+static void dpm_update(const ditd_sampler *s, const step_coef *k, const float *m0,
+                       const float *m1, float *x)
+{
+    const bool pp = s->cfg.algorithm_type == DITD_SCHED_ALGO_DPMSOLVER_PP;
+    const bool add_d1 = pp && s->cfg.solver_type == DITD_SCHED_SOLVER_HEUN;
+    for (size_t i = 0; i < s->numel; i++) {
+        float a = k->c1 * x[i];
+        float b = k->c2 * m0[i];
+        float r = a - b;
+        if (k->order == 2) {
+            float d = m0[i] - m1[i];
+            float d1 = k->inv_r0 * d;
+            float e = k->c3 * d1;
+            r = add_d1 ? r + e : r - e;
+        }
+        x[i] = r;
+    }
+}
+
+int ditd_sampler_step(ditd_sampler *s, int step_index, int slot, const float *model_output,
+                      float *sample, float *x0_pred)
+{
+    if (step_index < 0 || step_index >= s->n || slot < 0 || slot >= s->max_slots)
+        return ditd_err_set(DITD_EINVAL, "sampler step %d slot %d: out of range (%d steps, %d slots)",
+                            step_index, slot, s->n, s->max_slots);
+    const step_coef *k = &s->coef[step_index];
+    switch (s->cfg.kind) {
+    case DITD_SAMPLER_DDIM:
+        ddim_step(s, k, model_output, sample, x0_pred);
+        return 0;
+    case DITD_SAMPLER_DPMPP_2M: {
+        if (step_index > 0 && s->last[slot] != step_index - 1)
+            return ditd_err_set(DITD_EINVAL,
+                                "sampler slot %d: step %d after step %d (DPM-Solver steps run "
+                                "in order from 0)",
+                                slot, step_index, s->last[slot]);
+        float *base = s->state + (size_t)slot * 2 * s->numel;
+        const int prev_half = s->which[slot];
+        float *prev = base + (size_t)prev_half * s->numel;
+        float *cur = base + (size_t)(prev_half ^ 1) * s->numel;
+        dpm_convert(s, k, model_output, sample, cur, x0_pred);
+        dpm_update(s, k, cur, prev, sample);
+        s->which[slot] = prev_half ^ 1;
+        s->last[slot] = step_index;
+        return 0;
+    }
+    case DITD_SAMPLER_FLOW_EULER:
+        for (size_t i = 0; i < s->numel; i++) {
+            float m = model_output[i];
+            if (x0_pred) {
+                float t = k->sigma * m;
+                x0_pred[i] = sample[i] - t;
+            }
+            float t = k->dt * m;
+            sample[i] = sample[i] + t;
+        }
+        return 0;
+    }
+    return ditd_err_set(DITD_EINTERNAL, "sampler kind %d", (int)s->cfg.kind);
+}

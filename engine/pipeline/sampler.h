@@ -1,0 +1,225 @@
+/* Samplers: DDIM, DPM-Solver++ 2M and flow-matching Euler, each matching its
+ * Diffusers scheduler class (DDIMScheduler, DPMSolverMultistepScheduler,
+ * FlowMatchEulerDiscreteScheduler, diffusers 0.42) numerically for the
+ * config keys DiT-style checkpoints use, float32 as Diffusers computes it.
+ *
+ * Two nouns live here. A ditd_sched_config is scheduler_config.json parsed
+ * once into a typed struct (JSON stops at this edge). A ditd_sampler is
+ * built from a config for one (num_steps, max slots, sample size): it
+ * precomputes the timesteps and every per-step coefficient, and owns the
+ * multistep state of each sample slot, so the step allocates nothing.
+ *
+ * What it is not: the denoising loop (engine/pipeline/pipeline.h calls the model,
+ * applies guidance and drops the learned sigma), or the noise generator
+ * (engine/core/philox.h). Every sampler here starts from unscaled N(0, 1) noise
+ * (init_noise_sigma = 1) and takes the model input unscaled
+ * (scale_model_input is the identity for all three).
+ *
+ * Stochastic variants (DDIM eta > 0, SDE DPM-Solver, stochastic flow
+ * sampling), dynamic thresholding, trained_betas and dynamic shifting are
+ * refused with DITD_EUNSUPPORTED naming the key and the value.
+ */
+#ifndef DITD_ENGINE_SAMPLER_H
+#define DITD_ENGINE_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- enums: each has _name() (static string, "?" if out of range) and
+ * _from_str() (0, or DITD_EINVAL naming the string and the choices) ---- */
+
+typedef enum ditd_sampler_kind {
+    DITD_SAMPLER_DDIM = 0,   /* "ddim"        DDIMScheduler (eta = 0) */
+    DITD_SAMPLER_DPMPP_2M,   /* "dpmpp-2m"    DPMSolverMultistepScheduler */
+    DITD_SAMPLER_FLOW_EULER, /* "flow-euler"  FlowMatchEulerDiscreteScheduler */
+} ditd_sampler_kind;
+#define DITD_SAMPLER_KIND_COUNT 3
+
+const char *ditd_sampler_kind_name(ditd_sampler_kind k);
+/* Accepts the names, the aliases "dpm++2m", "dpmsolver++" and "euler-flow",
+ * and the Diffusers class names ("DDIMScheduler", ...). */
+int ditd_sampler_kind_from_str(const char *s, ditd_sampler_kind *out);
+/* The Diffusers class: "DDIMScheduler", ... */
+const char *ditd_sampler_kind_class(ditd_sampler_kind k);
+
+typedef enum ditd_sched_beta {
+    DITD_SCHED_BETA_LINEAR = 0,        /* "linear" */
+    DITD_SCHED_BETA_SCALED_LINEAR,     /* "scaled_linear" */
+    DITD_SCHED_BETA_SQUAREDCOS_CAP_V2, /* "squaredcos_cap_v2" */
+} ditd_sched_beta;
+const char *ditd_sched_beta_name(ditd_sched_beta v);
+int ditd_sched_beta_from_str(const char *s, ditd_sched_beta *out);
+
+typedef enum ditd_sched_prediction {
+    DITD_SCHED_PRED_EPSILON = 0, /* "epsilon" */
+    DITD_SCHED_PRED_SAMPLE,      /* "sample" */
+    DITD_SCHED_PRED_V,           /* "v_prediction" */
+} ditd_sched_prediction;
+const char *ditd_sched_prediction_name(ditd_sched_prediction v);
+int ditd_sched_prediction_from_str(const char *s, ditd_sched_prediction *out);
+
+typedef enum ditd_sched_spacing {
+    DITD_SCHED_SPACING_LEADING = 0, /* "leading" */
+    DITD_SCHED_SPACING_TRAILING,    /* "trailing" */
+    DITD_SCHED_SPACING_LINSPACE,    /* "linspace" */
+} ditd_sched_spacing;
+const char *ditd_sched_spacing_name(ditd_sched_spacing v);
+int ditd_sched_spacing_from_str(const char *s, ditd_sched_spacing *out);
+
+/* DPM-Solver algorithm_type. The SDE variants are refused, and so is
+ * "deis" (which Diffusers rewrites to "dpmsolver++" after refusing it with
+ * final_sigmas_type "zero"). */
+typedef enum ditd_sched_algorithm {
+    DITD_SCHED_ALGO_DPMSOLVER_PP = 0, /* "dpmsolver++": data prediction */
+    DITD_SCHED_ALGO_DPMSOLVER,        /* "dpmsolver": noise prediction */
+} ditd_sched_algorithm;
+const char *ditd_sched_algorithm_name(ditd_sched_algorithm v);
+int ditd_sched_algorithm_from_str(const char *s, ditd_sched_algorithm *out);
+
+/* DPM-Solver solver_type. The UniPC / DEIS names Diffusers rewrites to
+ * "midpoint" ("logrho", "bh1", "bh2") are refused. */
+typedef enum ditd_sched_solver {
+    DITD_SCHED_SOLVER_MIDPOINT = 0, /* "midpoint" */
+    DITD_SCHED_SOLVER_HEUN,         /* "heun" */
+} ditd_sched_solver;
+const char *ditd_sched_solver_name(ditd_sched_solver v);
+int ditd_sched_solver_from_str(const char *s, ditd_sched_solver *out);
+
+typedef enum ditd_sched_final_sigmas {
+    DITD_SCHED_FINAL_ZERO = 0,  /* "zero": the last step lands on sigma 0 */
+    DITD_SCHED_FINAL_SIGMA_MIN, /* "sigma_min": on the training sigma at t = 0 */
+} ditd_sched_final_sigmas;
+const char *ditd_sched_final_sigmas_name(ditd_sched_final_sigmas v);
+int ditd_sched_final_sigmas_from_str(const char *s, ditd_sched_final_sigmas *out);
+
+/* ---- the typed scheduler config ---- */
+
+/* Every key any of the three classes reads, with that class's default when
+ * the file does not set it. A field only matters to the kinds that read it
+ * (noted on the right); the others carry it, as Diffusers' config carries
+ * keys of compatible classes, so _convert() can hand it on. */
+typedef struct ditd_sched_config {
+    ditd_sampler_kind kind;          /* from _class_name */
+    char source[160];                /* the file (or name) it came from, for messages */
+
+    int num_train_timesteps;         /* all */
+    double beta_start, beta_end;     /* ddim, dpm */
+    ditd_sched_beta beta_schedule;   /* ddim, dpm */
+    bool rescale_betas_zero_snr;     /* ddim, dpm */
+    ditd_sched_prediction prediction_type; /* ddim, dpm */
+    ditd_sched_spacing timestep_spacing;   /* ddim (leading), dpm (linspace) */
+    int steps_offset;                /* ddim, dpm */
+    bool clip_sample;                /* ddim (true) */
+    double clip_sample_range;        /* ddim */
+    bool set_alpha_to_one;           /* ddim */
+    int solver_order;                /* dpm: 1 or 2 */
+    ditd_sched_algorithm algorithm_type;   /* dpm */
+    ditd_sched_solver solver_type;   /* dpm */
+    bool lower_order_final;          /* dpm */
+    bool euler_at_final;             /* dpm */
+    bool use_karras_sigmas;          /* dpm (flow refuses true) */
+    ditd_sched_final_sigmas final_sigmas_type; /* dpm */
+    double lambda_min_clipped;       /* dpm, -INFINITY by default */
+    bool has_sigma_min, has_sigma_max; /* dpm karras: optional sigma bounds */
+    double sigma_min, sigma_max;
+    double shift;                    /* flow */
+    bool has_shift_terminal;         /* flow: shift_terminal not null */
+    double shift_terminal;
+
+    /* Keys whose value must keep its default (true / non-null refused):
+     * trained_betas, thresholding, use_exponential_sigmas, use_beta_sigmas,
+     * use_lu_lambdas, use_flow_sigmas, variance_type, use_dynamic_shifting,
+     * invert_sigmas, stochastic_sampling. */
+    bool trained_betas, thresholding, use_exponential_sigmas, use_beta_sigmas,
+        use_lu_lambdas, use_flow_sigmas, variance_type, use_dynamic_shifting,
+        invert_sigmas, stochastic_sampling;
+
+    /* Opaque bookkeeping for _convert() and the checks: which keys the file
+     * set (Diffusers' config minus its _use_default_values), which held a
+     * value ditd cannot take, and that value's text. */
+    uint64_t given, bad;
+    char bad_text[4][72];
+} ditd_sched_config;
+
+/* The defaults of `kind`'s Diffusers class (its __init__ signature). */
+void ditd_sched_config_init(ditd_sched_config *c, ditd_sampler_kind kind);
+
+/* Parses scheduler_config.json at `path`: _class_name picks the kind (an
+ * unknown or missing class is DITD_EUNSUPPORTED naming it); keys the kind
+ * reads are checked now, other known keys are kept for _convert(), unknown
+ * keys are ignored (as Diffusers ignores them). Python's JSON extensions
+ * NaN, Infinity and -Infinity are accepted as numbers (Diffusers writes
+ * "lambda_min_clipped": -Infinity). Errors: DITD_ENOENT / DITD_EIO (the
+ * file), DITD_EFORMAT (not a JSON object), DITD_EUNSUPPORTED (a class or
+ * value ditd does not support; the detail names the file, the key, the
+ * value and what is supported). On error *out is undefined. */
+int ditd_sched_config_load(const char *path, ditd_sched_config *out);
+
+/* The same over text in memory; `name` stands for the path in messages. */
+int ditd_sched_config_parse(const char *text, size_t len, const char *name,
+                            ditd_sched_config *out);
+
+/* Diffusers' Target.from_config(base.config): the keys the base file set
+ * that `kind`'s class also reads carry over, every other key takes the
+ * target class's default (a key base only defaulted does not carry: the
+ * DDIM default timestep_spacing "leading" does not reach a DPM-Solver,
+ * which keeps its "linspace"). Checks the result for `kind`
+ * (DITD_EUNSUPPORTED as _load). `out` may equal `base`. */
+int ditd_sched_config_convert(const ditd_sched_config *base, ditd_sampler_kind kind,
+                              ditd_sched_config *out);
+
+/* Checks that `c` is something a sampler of c->kind can run (the same check
+ * _load and _convert make; for configs built by hand). */
+int ditd_sched_config_check(const ditd_sched_config *c);
+
+/* ---- the sampler ---- */
+
+typedef struct ditd_sampler ditd_sampler;
+
+/* Builds a sampler for `cfg` (copied) and num_steps inference steps, with
+ * state for max_slots samples of numel floats each: Diffusers'
+ * set_timesteps(num_steps), done once. 1 <= num_steps <= num_train_timesteps
+ * (flow: <= 100000), else DITD_ERANGE. Schedules on which Diffusers itself
+ * goes wrong are DITD_EUNSUPPORTED, naming the step count: a timestep
+ * outside 0..num_train_timesteps-1 (trailing spacing on counts such as 61
+ * of 1000, where numpy's arange yields one extra step at t = -1; leading
+ * spacing plus steps_offset past the end), or a repeated first timestep
+ * (DPM-Solver then starts at the wrong index and runs off its sigmas;
+ * e.g. use_karras_sigmas with squaredcos_cap_v2).
+ * Returns 0 and an owned *out, or DITD_EINVAL / DITD_EUNSUPPORTED /
+ * DITD_ERANGE / DITD_ENOMEM. */
+int ditd_sampler_new(const ditd_sched_config *cfg, int num_steps, int max_slots, size_t numel,
+                     ditd_sampler **out);
+void ditd_sampler_free(ditd_sampler *s);
+
+/* The number of steps to run: num_steps, except where Diffusers' own
+ * schedule has another length (DPM-Solver's trailing spacing with
+ * lambda_min_clipped can give fewer). */
+int ditd_sampler_num_steps(const ditd_sampler *s);
+
+/* The timestep to pass the model at each step, num_steps() values, as
+ * float (integers for DDIM and DPM-Solver, exact). Borrowed; lives as long
+ * as the sampler. */
+const float *ditd_sampler_timesteps(const ditd_sampler *s);
+
+ditd_sampler_kind ditd_sampler_get_kind(const ditd_sampler *s);
+
+/* One step for the sample in `slot`: sample (numel floats) is replaced by
+ * the sample of step step_index + 1, from model_output (numel floats: the
+ * model's prediction of the configured type, after guidance, learned sigma
+ * already dropped). x0_pred, when not NULL, receives the current prediction
+ * of the clean sample (numel floats), for previews.
+ *
+ * A slot runs steps 0, 1, ..., num_steps() - 1 in order; step 0 starts a
+ * fresh trajectory (so a slot is reused simply by starting again at 0).
+ * DPM-Solver keeps the previous step's prediction per slot, so a step out of
+ * order there is DITD_EINVAL; the others are memoryless.
+ *
+ * Allocates nothing. Thread-safe for distinct slots (a slot's state is its
+ * own); one slot is stepped by one thread at a time. The buffers must not
+ * overlap. Returns 0, or DITD_EINVAL (bad index, slot or order). */
+int ditd_sampler_step(ditd_sampler *s, int step_index, int slot, const float *model_output,
+                      float *sample, float *x0_pred);
+
+#endif
