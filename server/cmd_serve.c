@@ -22,6 +22,7 @@
 #include "engine/core/error.h"
 #include "engine/parallel/mesh.h"
 #include "engine/pipeline/pipeline.h"
+#include "server/cli.h"
 #include "server/cmd.h"
 #include "server/serve.h"
 
