@@ -98,6 +98,7 @@ if [ -f "$build/build.ninja" ]; then
 else
     meson setup "$build" "$here" "${opts[@]}" >/dev/null
 fi
+ninja -C "$build" build.ninja >/dev/null # regenerate first: the query below reads it
 avail=""
 for t in $targets; do # test_nccl_one only where NCCL was found
     if ninja -C "$build" -t query "$t" >/dev/null 2>&1; then avail="$avail $t"; fi

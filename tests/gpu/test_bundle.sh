@@ -38,7 +38,7 @@ check "the archive is under 40 MiB" test "$(stat -c %s "$tarball")" -lt $((40 * 
 
 tar -C "$tmp" -xzf "$tarball"
 b=$tmp/ditd-gpu-bundle
-for f in bin/ditd bin/test_cuda_ops bin/test_cuda_model bin/bench_cuda run.sh run_lib.sh MANIFEST \
+for f in bin/ditd bin/test_cuda_ops bin/test_cuda_model bin/bench_cuda bin/test_nccl_one run.sh run_lib.sh MANIFEST \
          lib/libopenblas.so.0 lib/libjansson.so.4 lib/libmpi.so.40 lib/glibc/ld-linux-x86-64.so.2 \
          fixtures/models/tiny-p4-c1-h3/model_index.json; do
     check "the bundle has $f" test -e "$b/$f"
