@@ -79,6 +79,23 @@ check "with an older glibc: still 77 (got $rc)" test "$rc" -eq 77
 check "with an older glibc: the bundled loader" has "$tmp/out2/env.log" "the bundle needs 99.0: binaries start through lib/glibc/"
 check "with an older glibc: nothing unresolved" test -z "$(grep -E 'NOT FOUND|unresolved' "$tmp/out2/env.log")"
 
+# a stand-in GPU (nvidia-smi answers; the binaries find no device), still
+# through the bundled loader (MANIFEST above): every step runs in its
+# order, the summary is last, and a short deadline skips the steps that
+# need more than is left
+printf '#!/bin/sh\necho "Stand-in GPU, 580.00, 143771 MiB, 9.0"\n' >"$tmp/fakebin/nvidia-smi"
+PATH=$tmp/fakebin:$PATH "$b/run.sh" --out "$tmp/out3" >"$tmp/run3.txt" 2>&1
+rc=$?
+check "stand-in GPU: exit 1 (the binaries find no device; got $rc)" test "$rc" -eq 1
+steps=$(sed -n '/^| step /,$p' "$tmp/run3.txt" | awk -F'|' 'NR > 2 && NF > 3 { gsub(/ /, "", $2); printf "%s ", $2 }')
+check "stand-in GPU: the steps in order" test "$steps" = \
+    "env ops memcheck model nccl1 gen-graphs gen-nographs graphs-cmp bench-xl bench-kernels racecheck "
+check "stand-in GPU: the summary is last" has <(tail -n 1 "$tmp/run3.txt") "gpu kit: "
+PATH=$tmp/fakebin:$PATH "$b/run.sh" --out "$tmp/out4" --deadline 40 >"$tmp/run4.txt" 2>&1
+check "deadline 40 s: ops runs (needs 20 of the <= 25 left)" grep -qE '^\| ops \| SKIP \| [0-9]+ \| 2[0-5] \|' "$tmp/out4/summary.md"
+check "deadline 40 s: the model tests are not run (need 30)" grep -qE \
+    '^\| model \| NOT-RUN \| 0 \| 0 \| deadline: [0-9]+s left, needs 30s \|' "$tmp/out4/summary.md"
+
 echo "$checks checks, $fails failed"
-[ "$checks" -ge 25 ] || { echo "FAIL only $checks checks ran"; exit 1; }
+[ "$checks" -ge 30 ] || { echo "FAIL only $checks checks ran"; exit 1; }
 [ "$fails" -eq 0 ]
