@@ -144,7 +144,8 @@ env_step() {
         USE_LOADER=0
     fi
     # the CUDA libraries
-    needs=$(for f in "$bin"/*; do ldd "$f" 2>/dev/null; done | awk '{print $1}' |
+    needs=$(sed -n 's/^needs from the GPU machine: //p' "${bundle:-/nonexistent}/MANIFEST" 2>/dev/null)
+    [ -n "$needs" ] || needs=$(for f in "$bin"/*; do ldd "$f" 2>/dev/null; done | awk '{print $1}' |
         grep -E '^lib(cudart|cublas|cublasLt|nccl)\.so' | sort -u)
     CUDA_DIRS=""
     for lib in $needs; do
@@ -153,17 +154,23 @@ env_step() {
         echo "$lib: $dir"
         case ":$CUDA_DIRS:" in *":$dir:"*) ;; *) CUDA_DIRS=${CUDA_DIRS:+$CUDA_DIRS:}$dir ;; esac
     done
-    export LD_LIBRARY_PATH=${own_lib:+$own_lib:}$CUDA_DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # Only our binaries get the bundle's libraries (its libstdc++ may need a
+    # newer glibc than compute-sanitizer's host; the sanitizer starts `env`,
+    # which sets them and execs the binary under it)
+    LDP=${own_lib:+$own_lib:}$CUDA_DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     if [ "$USE_LOADER" = 1 ]; then
-        RUN=("$bundle/lib/glibc/ld-linux-x86-64.so.2" --library-path "$bundle/lib/glibc:$LD_LIBRARY_PATH")
+        RUN=("$bundle/lib/glibc/ld-linux-x86-64.so.2" --library-path "$bundle/lib/glibc:$LDP")
+    else
+        RUN=(env LD_LIBRARY_PATH="$LDP")
     fi
+    echo "library path of the binaries: $LDP"
     # every binary resolves (ldd with the same library path)
     local unresolved
     unresolved=$(for f in "$bin"/*; do
         if [ "$USE_LOADER" = 1 ]; then
             LD_TRACE_LOADED_OBJECTS=1 "${RUN[@]}" "$f" 2>&1
         else
-            ldd "$f" 2>&1
+            LD_LIBRARY_PATH=$LDP ldd "$f" 2>&1
         fi | awk -v f="${f##*/}" '/not found/ { print f ": " $1 }'
     done | sort -u)
     [ -n "$unresolved" ] && printf 'unresolved:\n%s\n' "$unresolved"
@@ -188,7 +195,7 @@ env_step() {
     ENV_NOTE=$note ENV_SECS=$(($(kit_now) - t0))
 }
 
-NO_GPU="" ENV_RESULT="" ENV_NOTE="" ENV_SECS=0 RUN=() SAN="" USE_LOADER=0
+NO_GPU="" ENV_RESULT="" ENV_NOTE="" ENV_SECS=0 RUN=() SAN="" USE_LOADER=0 LDP=""
 env_step >"$out/env.log" 2>&1
 sed 's/^/  /' "$out/env.log"
 kit_record env "$ENV_RESULT" "$ENV_SECS" 0 "$ENV_NOTE"

@@ -84,6 +84,9 @@ check "with an older glibc: nothing unresolved" test -z "$(grep -E 'NOT FOUND|un
 # order, the summary is last, and a short deadline skips the steps that
 # need more than is left
 printf '#!/bin/sh\necho "Stand-in GPU, 580.00, 143771 MiB, 9.0"\n' >"$tmp/fakebin/nvidia-smi"
+# a compute-sanitizer stand-in: drops its "--option value" pairs, runs the rest
+printf '#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift 2; done\nexec "$@"\n' >"$tmp/fakebin/compute-sanitizer"
+chmod +x "$tmp/fakebin/compute-sanitizer"
 PATH=$tmp/fakebin:$PATH "$b/run.sh" --out "$tmp/out3" >"$tmp/run3.txt" 2>&1
 rc=$?
 check "stand-in GPU: exit 1 (the binaries find no device; got $rc)" test "$rc" -eq 1
@@ -91,6 +94,8 @@ steps=$(sed -n '/^| step /,$p' "$tmp/run3.txt" | awk -F'|' 'NR > 2 && NF > 3 { g
 check "stand-in GPU: the steps in order" test "$steps" = \
     "env ops memcheck model nccl1 gen-graphs gen-nographs graphs-cmp bench-xl bench-kernels racecheck "
 check "stand-in GPU: the summary is last" has <(tail -n 1 "$tmp/run3.txt") "gpu kit: "
+check "stand-in GPU: memcheck reaches test_cuda_ops" has "$tmp/out3/memcheck.log" "no CUDA device: skipped"
+check "stand-in GPU: racecheck runs the filtered checks" has "$tmp/out3/racecheck.log" "no CUDA device: skipped"
 PATH=$tmp/fakebin:$PATH "$b/run.sh" --out "$tmp/out4" --deadline 40 >"$tmp/run4.txt" 2>&1
 check "deadline 40 s: ops runs (needs 20 of the <= 25 left)" grep -qE '^\| ops \| SKIP \| [0-9]+ \| 2[0-5] \|' "$tmp/out4/summary.md"
 check "deadline 40 s: the model tests are not run (need 30)" grep -qE \
