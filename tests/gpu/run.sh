@@ -131,6 +131,13 @@ env_step() {
         gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -n 1)
         [ -n "$gpu" ] || NO_GPU="nvidia-smi lists no GPU"
     fi
+    # CUDA 13's runtime needs a driver of the 580 series or later
+    local driver
+    driver=$(echo "$gpu" | awk -F', *' '{ print $2 }')
+    if [ -n "$driver" ] && [ "${driver%%.*}" -lt 580 ] 2>/dev/null; then
+        OLD_DRIVER="driver $driver is older than CUDA 13 needs (580 or later)"
+        echo "$OLD_DRIVER"
+    fi
     # glibc: older than the bundle's -> its own loader
     host_glibc=$(ldd --version 2>/dev/null | head -n 1 | grep -o '[0-9]\+\.[0-9]\+$')
     need_glibc=$(sed -n 's/^needs glibc: //p' "${bundle:-/nonexistent}/MANIFEST" 2>/dev/null)
@@ -151,7 +158,7 @@ env_step() {
     for lib in $needs; do
         dir=$(find_cuda_lib "$lib")
         if [ -z "$dir" ]; then miss="$miss $lib"; echo "$lib: NOT FOUND"; continue; fi
-        echo "$lib: $dir"
+        echo "$lib: $dir ($(basename "$(readlink -f "$dir/$lib")"))"
         case ":$CUDA_DIRS:" in *":$dir:"*) ;; *) CUDA_DIRS=${CUDA_DIRS:+$CUDA_DIRS:}$dir ;; esac
     done
     # Only our binaries get the bundle's libraries (its libstdc++ may need a
@@ -183,9 +190,9 @@ env_step() {
     echo "compute-sanitizer: ${SAN:-not found}"
     command -v nvcc >/dev/null && nvcc --version | tail -n 2
     # verdict
-    if [ -n "$miss" ] || [ -n "$unresolved" ]; then
+    if [ -n "$miss" ] || [ -n "$unresolved" ] || [ -n "$OLD_DRIVER" ]; then
         ENV_RESULT=FAIL
-        note="missing:${miss:- } $(echo "$unresolved" | tr '\n' ' ')"
+        note="${OLD_DRIVER:+$OLD_DRIVER; }${miss:+missing:$miss }$(echo "$unresolved" | tr '\n' ' ')"
     elif [ -n "${NO_GPU:-}" ]; then
         ENV_RESULT=SKIP note=$NO_GPU
     else
@@ -195,7 +202,7 @@ env_step() {
     ENV_NOTE=$note ENV_SECS=$(($(kit_now) - t0))
 }
 
-NO_GPU="" ENV_RESULT="" ENV_NOTE="" ENV_SECS=0 RUN=() SAN="" USE_LOADER=0 LDP=""
+NO_GPU="" OLD_DRIVER="" ENV_RESULT="" ENV_NOTE="" ENV_SECS=0 RUN=() SAN="" USE_LOADER=0 LDP=""
 env_step >"$out/env.log" 2>&1
 sed 's/^/  /' "$out/env.log"
 kit_record env "$ENV_RESULT" "$ENV_SECS" 0 "$ENV_NOTE"
@@ -223,7 +230,7 @@ if [ "$(kit_result ops)" != PASS ] && grep -q 'sticky' "$out/ops.log"; then
 fi
 if [ -n "$SAN" ]; then
     kit_step memcheck 240 60 env DITD_TEST_SEED=$((seed + 1)) DITD_TEST_OUT="$out/memcheck" \
-        "$SAN" --tool memcheck --leak-check no --error-exitcode 9 --print-limit 100 "${ops[@]}"
+        "$SAN" --tool memcheck --target-processes all --leak-check no --error-exitcode 9 --print-limit 100 "${ops[@]}"
 else
     kit_record memcheck SKIP 0 0 "compute-sanitizer not found"
 fi
@@ -252,7 +259,7 @@ fi
 kit_step bench-kernels 90 60 "${benchk[@]}"
 if [ -n "$SAN" ]; then
     kit_step racecheck 300 120 env DITD_TEST_SEED=$((seed + 2)) DITD_OPS_FILTER=attention,layernorm,merge \
-        DITD_TEST_OUT="$out/racecheck" "$SAN" --tool racecheck --error-exitcode 9 "${ops[@]}"
+        DITD_TEST_OUT="$out/racecheck" "$SAN" --tool racecheck --target-processes all --error-exitcode 9 "${ops[@]}"
 else
     kit_record racecheck SKIP 0 0 "compute-sanitizer not found"
 fi

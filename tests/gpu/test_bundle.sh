@@ -101,6 +101,13 @@ check "deadline 40 s: ops runs (needs 20 of the <= 25 left)" grep -qE '^\| ops \
 check "deadline 40 s: the model tests are not run (need 30)" grep -qE \
     '^\| model \| NOT-RUN \| 0 \| 0 \| deadline: [0-9]+s left, needs 30s \|' "$tmp/out4/summary.md"
 
+# a driver older than CUDA 13 needs: the environment step fails, naming it
+printf '#!/bin/sh\necho "Old GPU, 550.54.15, 81559 MiB, 9.0"\n' >"$tmp/fakebin/nvidia-smi"
+PATH=$tmp/fakebin:$PATH "$b/run.sh" --out "$tmp/out5" >"$tmp/run5.txt" 2>&1
+rc=$?
+check "driver 550: exit 1 at the environment step (got $rc)" test "$rc" -eq 1
+check "driver 550: said so" has "$tmp/run5.txt" "driver 550.54.15 is older than CUDA 13 needs (580 or later)"
+
 echo "$checks checks, $fails failed"
 [ "$checks" -ge 30 ] || { echo "FAIL only $checks checks ran"; exit 1; }
 [ "$fails" -eq 0 ]
