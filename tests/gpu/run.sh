@@ -234,7 +234,7 @@ if [ -n "$SAN" ]; then
 else
     kit_record memcheck SKIP 0 0 "compute-sanitizer not found"
 fi
-kit_step model 180 30 env DITD_FIXTURES="$fix" "${model[@]}"
+kit_step model 180 30 env DITD_FIXTURES="$fix" DITD_TEST_OUT="$out/model" "${model[@]}"
 if [ -x "$bin/test_nccl_one" ]; then
     kit_step nccl1 60 15 "${nccl1[@]}"
 else
