@@ -54,6 +54,27 @@ static ditd_cuda_act cuda_act(ditd_act a)
 
 #define CS ((ditd_cuda_stream)g.compute)
 
+/* The GEMM context's fallback hook: one line per shape that leaves
+ * cuBLASLt for the slow kernel, so that a collapse in speed is said. */
+static void on_gemm_fallback(void *ud, int M, int N, int K, size_t ldx, size_t ldy,
+                             ditd_cuda_act act, int bias, const char *why)
+{
+    (void)ud;
+    fprintf(stderr,
+            "ditd cuda: linear M %d N %d K %d (ldx %zu, ldy %zu, %s%s) takes the slow fallback "
+            "kernel: %s\n",
+            M, N, K, ldx, ldy, bias ? "bias, " : "",
+            act == DITD_CUDA_ACT_GELU_TANH ? "gelu_tanh"
+            : act == DITD_CUDA_ACT_SILU    ? "silu"
+                                           : "no activation",
+            why);
+}
+
+int ditd_backend_cuda_gemm_fallbacks(void)
+{
+    return g.ready ? ditd_cuda_gemm_fallbacks(g.gemm) : 0;
+}
+
 /* ---- memory and transfers ---- */
 
 /* Grows the staging buffer to n floats. Called with the largest weight at
@@ -118,9 +139,10 @@ static int cu_mem_alloc(void **p, size_t bytes)
     *p = NULL;
     if ((err = rt_check(cudaMalloc(&d, bytes ? bytes : 1), "device arena")))
         return err;
-    /* zeroed like the host arenas (and the stream order does not matter:
-     * nothing uses it yet) */
-    if ((err = rt_check(cudaMemset(d, 0, bytes), "device arena (memset)"))) {
+    /* zeroed like the host arenas, on the compute stream: a cudaMemset on
+     * the legacy stream 0 is not ordered before the uploads that the
+     * non-blocking compute stream runs next, and could land after them */
+    if ((err = rt_check(cudaMemsetAsync(d, 0, bytes, g.compute), "device arena (memset)"))) {
         cudaFree(d);
         return err;
     }
@@ -409,6 +431,7 @@ const ditd_backend_ops *ditd_backend_cuda_get(void)
         ditd_err_set(DITD_EDEVICE, "cuBLASLt: %s", ditd_cuda_strerror(code));
         goto fail;
     }
+    ditd_cuda_gemm_on_fallback(g.gemm, on_gemm_fallback, NULL);
     g.ready = 1;
     return &cuda_ops;
 fail:
@@ -457,12 +480,23 @@ struct ditd_cuda_graph {
     cudaGraphExec_t exec;
 };
 
+/* A failed capture call also leaves its error as the runtime's last error
+ * (not sticky); it is cleared here, so that the next status() after the
+ * caller turned graphs off does not report it again. */
+static int capture_check(cudaError_t rc, const char *what)
+{
+    if (rc == cudaSuccess)
+        return 0;
+    cudaGetLastError();
+    return rt_check(rc, what);
+}
+
 int ditd_backend_cuda_capture_begin(void)
 {
     if (!g.ready)
         return ditd_err_set(DITD_EINVAL, "CUDA backend not initialized");
-    return rt_check(cudaStreamBeginCapture(g.compute, cudaStreamCaptureModeThreadLocal),
-                    "cudaStreamBeginCapture");
+    return capture_check(cudaStreamBeginCapture(g.compute, cudaStreamCaptureModeThreadLocal),
+                         "cudaStreamBeginCapture");
 }
 
 int ditd_backend_cuda_capture_end(ditd_cuda_graph **out)
@@ -471,10 +505,16 @@ int ditd_backend_cuda_capture_end(ditd_cuda_graph **out)
     cudaGraph_t graph = NULL;
     int err;
     *out = NULL;
-    if ((err = rt_check(cudaStreamEndCapture(g.compute, &graph), "cudaStreamEndCapture")))
+    if ((err = capture_check(cudaStreamEndCapture(g.compute, &graph), "cudaStreamEndCapture"))) {
+        g.err = 0; /* the ops' errors inside the capture are its consequences */
+        g.detail[0] = 0;
+        if (graph)
+            cudaGraphDestroy(graph);
         return err;
+    }
     if (g.err) { /* an op failed while capturing: the graph is incomplete */
         cudaGraphDestroy(graph);
+        cudaGetLastError();
         return cu_status();
     }
     if (!(cg = calloc(1, sizeof *cg))) {
@@ -482,7 +522,7 @@ int ditd_backend_cuda_capture_end(ditd_cuda_graph **out)
         return ditd_err_set(DITD_ENOMEM, "graph");
     }
     cg->graph = graph;
-    if ((err = rt_check(cudaGraphInstantiate(&cg->exec, graph, 0), "cudaGraphInstantiate"))) {
+    if ((err = capture_check(cudaGraphInstantiate(&cg->exec, graph, 0), "cudaGraphInstantiate"))) {
         cudaGraphDestroy(graph);
         free(cg);
         return err;

@@ -55,6 +55,10 @@ void *ditd_backend_cuda_comm_stream(void);
 int ditd_backend_cuda_comm_begin(void);
 int ditd_backend_cuda_comm_end(void);
 
+/* How many GEMM shapes took the slow fallback kernel instead of cuBLASLt
+ * so far (each is also said once on stderr), for checks. */
+int ditd_backend_cuda_gemm_fallbacks(void);
+
 /* 1 when p is device memory (cudaPointerGetAttributes), for checks. */
 int ditd_backend_cuda_is_device_ptr(const void *p);
 

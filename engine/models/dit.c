@@ -821,14 +821,27 @@ static int forward_capture(ditd_dit *m, ditd_dit_graph *gr, int B, const void *x
         m->graphs = NULL;
         return forward_ops(m, B, x, h_t, h_y, out);
     }
-    if (err)
-        return err;
-    err = forward_ops(m, B, x, h_t, h_y, out);
-    err2 = ops->graph_end(&exec);
-    if (err || err2) {
+    if (!err) {
+        err = forward_ops(m, B, x, h_t, h_y, out);
+        err2 = ops->graph_end(&exec);
+        err = err ? err : err2;
+    }
+    if (err) {
+        /* The capture failed: say so once, turn graphs off for this model
+         * (a capture that failed would fail again at every later forward)
+         * and run this forward op by op; nothing of it ran yet. */
+        fprintf(stderr, "ditd: CUDA graph capture of the forward (batch %d) failed: %s: %s; "
+                        "CUDA graphs off for this model, running op by op\n",
+                B, ditd_err_name(err), ditd_err_detail());
         if (exec)
             ops->graph_free(exec);
-        return err ? err : err2;
+        for (int b = 0; b <= m->max_batch; b++)
+            if (m->graphs[b].exec)
+                ops->graph_free(m->graphs[b].exec);
+        free(m->graphs);
+        m->graphs = NULL;
+        ops->status(); /* clear what the capture left */
+        return forward_ops(m, B, x, h_t, h_y, out);
     }
     gr->exec = exec;
     gr->x = x;

@@ -17,7 +17,10 @@
  * kernels exit, so the streams drain) and the call returns DITD_ECOMM with
  * a message naming the collective; the comm then refuses every later call
  * with DITD_ECOMM. A rank whose peer died thus fails instead of hanging,
- * and the worker's fail-stop rule (DITD_ECOMM) takes the group down.
+ * and the worker's fail-stop rule (DITD_ECOMM) takes the group down. The
+ * abort takes the whole family with it: the bootstrapped comm and every
+ * split of it (the mesh's axis comms), so that freeing the mesh does not
+ * wait out the deadline in ncclCommFinalize once per comm.
  *
  * The price: each collective returns only once it has finished (one host
  * wait per collective, the p2p ring's at _wait, after the overlapped
@@ -44,6 +47,8 @@
 #error "NCCL >= 2.14 is needed (non-blocking communicators, ncclCommSplit)"
 #endif
 
+typedef struct nccl_family nccl_family;
+
 typedef struct nccl_state {
     ncclComm_t comm;       /* NULL once aborted */
     cudaStream_t stream;   /* the backend's comm stream (borrowed) */
@@ -51,7 +56,65 @@ typedef struct nccl_state {
     cudaEvent_t before, after;
     int timeout_ms;
     int aborted;
+    nccl_family *fam;      /* the bootstrapped comm and all its splits */
+    struct nccl_state *next, *prev;
 } nccl_state;
+
+/* A bootstrapped communicator and every split made from it (a mesh's axis
+ * comms) fail together: once one is aborted (an asynchronous error, a
+ * deadline), the others are aborted too. Otherwise each of them would,
+ * when freed, wait out the full deadline in ncclCommFinalize (which waits
+ * for every peer) after the peer that caused the abort is gone. One thread
+ * owns them all (comm.h), so no lock. */
+struct nccl_family {
+    nccl_state *head;
+    int aborted;
+};
+
+static void family_abort(nccl_family *f)
+{
+    if (!f || f->aborted)
+        return;
+    f->aborted = 1;
+    for (nccl_state *m = f->head; m; m = m->next) {
+        if (m->comm)
+            ncclCommAbort(m->comm);
+        m->comm = NULL;
+        m->aborted = 1;
+    }
+}
+
+static void family_join(nccl_family *f, nccl_state *s)
+{
+    s->fam = f;
+    s->prev = NULL;
+    s->next = f->head;
+    if (f->head)
+        f->head->prev = s;
+    f->head = s;
+    if (f->aborted && s->comm) { /* a split finished after a sibling failed */
+        ncclCommAbort(s->comm);
+        s->comm = NULL;
+        s->aborted = 1;
+    }
+}
+
+/* Unlinks s; frees the family with its last member. */
+static void family_leave(nccl_state *s)
+{
+    nccl_family *f = s->fam;
+    if (!f)
+        return;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        f->head = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    s->fam = NULL;
+    if (!f->head)
+        free(f);
+}
 
 static double now_ms(void)
 {
@@ -87,6 +150,7 @@ static int abort_comm(nccl_state *s)
         ncclCommAbort(s->comm);
     s->comm = NULL;
     s->aborted = 1;
+    family_abort(s->fam); /* and every other comm of the mesh */
     return DITD_ECOMM;
 }
 
@@ -217,7 +281,7 @@ static ncclConfig_t nb_config(void)
 }
 
 static int wrap(ncclComm_t comm, cudaStream_t stream, cudaStream_t compute, int timeout_ms,
-                ditd_comm **out);
+                nccl_family *fam, ditd_comm **out);
 
 static int n_split(ditd_comm *c, int color, int key, ditd_comm **out)
 {
@@ -234,22 +298,28 @@ static int n_split(ditd_comm *c, int color, int key, ditd_comm **out)
         return err;
     if (color < 0 || !child)
         return 0;
-    if ((err = settle_comm(child, ncclInProgress, s->timeout_ms, NULL, "ncclCommSplit (child)")))
+    if ((err = settle_comm(child, ncclInProgress, s->timeout_ms, NULL, "ncclCommSplit (child)"))) {
+        abort_comm(s); /* fail-stop: the mesh will not come up; free it fast */
         return err;
-    return wrap(child, s->stream, s->compute, s->timeout_ms, out);
+    }
+    return wrap(child, s->stream, s->compute, s->timeout_ms, s->fam, out);
 }
 
 static void n_free(ditd_comm *c)
 {
     nccl_state *s = c->impl;
     if (s->comm) {
-        /* flush, then destroy; a comm that cannot flush is aborted */
+        /* flush, then destroy; a comm that cannot flush is aborted (and
+         * with it the rest of its family, which then frees at once) */
         if (settle_comm(s->comm, ncclCommFinalize(s->comm), s->timeout_ms, s, "ncclCommFinalize") == 0)
             ncclCommDestroy(s->comm);
         s->comm = NULL;
     }
-    cudaEventDestroy(s->before);
-    cudaEventDestroy(s->after);
+    family_leave(s);
+    if (s->before)
+        cudaEventDestroy(s->before);
+    if (s->after)
+        cudaEventDestroy(s->after);
     free(s);
 }
 
@@ -375,17 +445,20 @@ static const ditd_comm_ops nccl_ops = {
     .barrier = n_barrier,
 };
 
-/* Takes comm (an initialized one: destroyed on failure). */
+/* Takes comm (an initialized one: destroyed on failure). fam: the family
+ * of the comm it was split from, NULL for a bootstrapped one (a new family). */
 static int wrap(ncclComm_t comm, cudaStream_t stream, cudaStream_t compute, int timeout_ms,
-                ditd_comm **out)
+                nccl_family *fam, ditd_comm **out)
 {
     int rank = 0, size = 0, err;
     nccl_state *s = calloc(1, sizeof *s);
-    if (!s) {
+    if (!s || (!fam && !(fam = calloc(1, sizeof *fam)))) {
+        free(s);
         ncclCommAbort(comm);
         return ditd_err_set(DITD_ENOMEM, "comm");
     }
     s->comm = comm;
+    family_join(fam, s);
     s->stream = stream;
     s->compute = compute;
     s->timeout_ms = timeout_ms;
@@ -446,7 +519,7 @@ int ditd_comm_nccl_new_opts(ditd_comm *parent, int device, int timeout_ms, ditd_
     /* collectives run on the backend's comm stream and wait on its compute
      * stream (events order the two), so a collective never races the op
      * that produced its input */
-    return wrap(comm, stream, compute, timeout_ms, out);
+    return wrap(comm, stream, compute, timeout_ms, NULL, out);
 }
 
 int ditd_comm_nccl_new(ditd_comm *parent, int device, ditd_comm **out)

@@ -61,6 +61,17 @@ typedef struct ditd_cuda_gemm ditd_cuda_gemm;
 int ditd_cuda_gemm_new(void *workspace, size_t ws_bytes, ditd_cuda_gemm **out);
 void ditd_cuda_gemm_free(ditd_cuda_gemm *g);
 
+/* Shapes no cuBLASLt algorithm takes run on a plain fp32-accumulating kernel
+ * (fine for a 4-wide patch vector, a collapse in speed for a DiT layer). fn
+ * is called once per shape (per cached (shape, strides, alignment), at the
+ * call that decides it) with a static reason; NULL: nobody is told.
+ * ditd_cuda_gemm_fallbacks counts those shapes. */
+typedef void (*ditd_cuda_gemm_fallback_fn)(void *ud, int M, int N, int K, size_t ldx,
+                                           size_t ldy, ditd_cuda_act act, int bias,
+                                           const char *why);
+void ditd_cuda_gemm_on_fallback(ditd_cuda_gemm *g, ditd_cuda_gemm_fallback_fn fn, void *ud);
+int ditd_cuda_gemm_fallbacks(const ditd_cuda_gemm *g);
+
 /* y (M, N) = act(x (M, K) @ w^T + b), bf16 in and out, fp32 accumulation
  * and epilogue. w (N, K) row-major; b (N) bf16 or NULL. ldx >= K, ldy >= N
  * in elements. Bias and GELU-tanh are fused into cuBLASLt's epilogue; SiLU

@@ -34,7 +34,33 @@ struct ditd_cuda_gemm {
     void *ws;
     size_t ws_bytes;
     gemm_entry cache[GEMM_CACHE];
+    ditd_cuda_gemm_fallback_fn on_fallback; /* told once per shape that falls back */
+    void *fallback_ud;
+    int fallbacks;
 };
+
+/* A shape goes to the fallback kernel for good: count it and tell the
+ * owner (the kernels do not print), so that a collapse in speed is never
+ * silent. */
+static void fell_back(ditd_cuda_gemm *g, const gemm_key *k, ditd_cuda_act act, int bias,
+                      const char *why)
+{
+    g->fallbacks++;
+    if (g->on_fallback)
+        g->on_fallback(g->fallback_ud, k->M, k->N, k->K, k->ldx, k->ldy, act, bias, why);
+}
+
+extern "C" void ditd_cuda_gemm_on_fallback(ditd_cuda_gemm *g, ditd_cuda_gemm_fallback_fn fn,
+                                           void *ud)
+{
+    g->on_fallback = fn;
+    g->fallback_ud = ud;
+}
+
+extern "C" int ditd_cuda_gemm_fallbacks(const ditd_cuda_gemm *g)
+{
+    return g ? g->fallbacks : 0;
+}
 
 /* The fallback for shapes no cuBLASLt algorithm takes (rows of a few bytes,
  * e.g. a 4-wide patch vector, or strides that break its alignment rules):
@@ -218,6 +244,10 @@ extern "C" int ditd_cuda_linear(ditd_cuda_gemm *g, const void *x, size_t ldx, co
         if (!e->fallback)
             e->algo = res.algo;
         e->used = 1;
+        if (e->fallback)
+            fell_back(g, &key, act, b != NULL,
+                      hs != CUBLAS_STATUS_SUCCESS ? "the heuristic answered NOT_SUPPORTED"
+                                                  : "the heuristic found no algorithm");
     }
     if (e->fallback)
         return linear_fallback(x, ldx, w, b, y, ldy, M, N, K, act, st);
@@ -226,6 +256,7 @@ extern "C" int ditd_cuda_linear(ditd_cuda_gemm *g, const void *x, size_t ldx, co
                                        &lc, &e->algo, g->ws, g->ws_bytes, st);
     if (ms == CUBLAS_STATUS_NOT_SUPPORTED) { /* the algorithm refused: never again */
         e->fallback = 1;
+        fell_back(g, &key, act, b != NULL, "cublasLtMatmul refused the heuristic's algorithm");
         return linear_fallback(x, ldx, w, b, y, ldy, M, N, K, act, st);
     }
     if ((err = lt_err(ms)))

@@ -12,8 +12,10 @@
  * Sampling feeds each step's error into the next; ten steps of DDIM /
  * DPM-Solver++ / flow Euler contract more than they amplify, SAMPLE = 5e-2.
  * These are the stated bounds; the first GPU run is what confirms them
- * (docs/cuda.md). */
+ * (docs/cuda.md). A failed comparison's arrays are written as .npy to
+ * DITD_TEST_OUT (else $OUT) when set. */
 #include <jansson.h>
+#include <sys/stat.h>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/backend_cuda.h"
@@ -27,6 +29,35 @@
 #define SAMPLE 5e-2
 
 static const ditd_backend_ops *G;
+
+/* A failed comparison's arrays as .npy (got, want) in DITD_TEST_OUT, else
+ * $OUT, when set: the kit's output folder. */
+static void dump_failed(const char *what, const float *got, const float *want, int nd,
+                        const int64_t *shape, double tol)
+{
+    const char *dir = getenv("DITD_TEST_OUT");
+    char path[4096], name[256];
+    size_t n = 1, j = 0;
+    if (!dir || !*dir)
+        dir = getenv("OUT");
+    if (!dir || !*dir)
+        return;
+    for (int i = 0; i < nd; i++)
+        n *= (size_t)shape[i];
+    if (tu_compare(got, want, n).rel <= tol)
+        return;
+    mkdir(dir, 0777);
+    for (const char *p = what; *p && j + 1 < sizeof name; p++)
+        name[j++] = (char)(((*p | 32) >= 'a' && (*p | 32) <= 'z') || (*p >= '0' && *p <= '9') ? *p : '_');
+    name[j] = 0;
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s.%s.npy", dir, name, k ? "want" : "got");
+        if (ditd_npy_write_f32(path, nd, shape, k ? want : got))
+            fprintf(stderr, "  (could not write %s: %s)\n", path, ditd_err_detail());
+        else
+            fprintf(stderr, "  wrote %s\n", path);
+    }
+}
 
 static float *load_f32(const char *dir, const char *file, int64_t *shape, int *nd)
 {
@@ -82,6 +113,7 @@ static void forward_cases(const char *dir, const ditd_model_info *info, json_t *
         snprintf(what, sizeof what, "cuda %s forward[%zu] B=%d vs float64 Diffusers", info->name,
                  i, B);
         TU_CLOSE(what, got, want, nout, FWD);
+        dump_failed(what, got, want, ndo, so, FWD);
         free(got);
     next:
         if (dx)
@@ -139,6 +171,8 @@ static void sampling_cases(const char *dir, const ditd_model_info *info, json_t 
         snprintf(what, sizeof what, "cuda %s %s guidance %g, %d steps vs cpu", info->name,
                  ditd_sampler_kind_name(gp.sampler), (double)guidance, gp.steps);
         TU_CLOSE(what, got, ref, (size_t)n * numel, SAMPLE);
+        int64_t sh[4] = {n, sn[1], sn[2], sn[3]};
+        dump_failed(what, got, ref, 4, sh, SAMPLE);
         free(noise), free(ref), free(got);
     }
 done:

@@ -22,14 +22,32 @@
  *   Philox normals: bit-identical except where CUDA's double libm and
  *     glibc's round a tie differently: at most 1 in 10^4, each within one
  *     float ulp.
- *   fp32 sampler helpers: 1e-6. */
+ *   fp32 sampler helpers: 1e-6.
+ *
+ * Running it (docs/cuda.md): every check has a name (--list prints them);
+ * `test_cuda_ops NAME...` or DITD_OPS_FILTER=a,b runs only the checks whose
+ * name contains one of the words. After each check the compute stream is
+ * synchronized and the runtime's last error read, so a fault is named by the
+ * check that made it; a sticky fault (the context is lost) stops the run
+ * with the command that repeats that check alone. A failed comparison
+ * prints its worst element as (b, n, h, d)-style coordinates, and writes
+ * both arrays as .npy to DITD_TEST_OUT (else $OUT) when set.
+ *
+ * Streams: every host<->device transfer and memset of this test is queued
+ * on the backend's compute stream (cudaStreamNonBlocking). A cudaMemset or
+ * pageable cudaMemcpy on the legacy stream 0 is not ordered with it: the
+ * poison could land after the kernel, or a download read before it. */
 #include <cuda_runtime_api.h>
+#include <errno.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "engine/backend/backend.h"
 #include "engine/backend/backend_cuda.h"
 #include "engine/core/philox.h"
+#include "engine/io/npy.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/test_util.h"
@@ -44,6 +62,85 @@
 static const ditd_backend_ops *G;
 static const ditd_backend_ops *C = &ditd_backend_cpu;
 static uint64_t rng;
+static cudaStream_t ST;     /* the backend's compute stream */
+static const char *out_dir; /* DITD_TEST_OUT / OUT: failing arrays as .npy */
+static int dumps;
+
+/* ---- comparisons that name the worst element ---- */
+
+/* The logical shape of a compared array, outermost first, with a letter per
+ * dimension, e.g. {4, {B, Nq, H, Dh}, "bnhd"}. */
+typedef struct shape {
+    int nd;
+    int64_t d[4];
+    const char *names;
+} shape;
+
+static shape shp(const char *names, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    shape s = {(int)strlen(names), {a, b, c, d}, names};
+    return s;
+}
+
+static void decode(const shape *s, size_t flat, char *buf, size_t len)
+{
+    size_t idx[4] = {0, 0, 0, 0}, r = flat;
+    int o = 0;
+    for (int i = s->nd - 1; i >= 0; i--) {
+        idx[i] = r % (size_t)s->d[i];
+        r /= (size_t)s->d[i];
+    }
+    o += snprintf(buf + o, len - (size_t)o, "(");
+    for (int i = 0; i < s->nd && o < (int)len; i++)
+        o += snprintf(buf + o, len - (size_t)o, "%s%c %zu", i ? ", " : "", s->names[i], idx[i]);
+    if (o < (int)len)
+        snprintf(buf + o, len - (size_t)o, ")");
+}
+
+static void dump(const char *what, const char *suffix, const float *a, const shape *s)
+{
+    char path[4096], name[200];
+    size_t j = 0;
+    for (const char *p = what; *p && j + 1 < sizeof name; p++)
+        name[j++] = (char)((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                                   (*p >= '0' && *p <= '9') || *p == '-'
+                               ? *p
+                               : '_');
+    name[j] = 0;
+    snprintf(path, sizeof path, "%s/%s.%s.npy", out_dir, name, suffix);
+    if (ditd_npy_write_f32(path, s->nd, s->d, a))
+        fprintf(stderr, "  (could not write %s: %s)\n", path, ditd_err_detail());
+    else
+        fprintf(stderr, "  wrote %s\n", path);
+}
+
+/* rel = max|got - want| / max|want| <= tol, printed either way; on a
+ * failure the worst element's coordinates, and both arrays as .npy. */
+static void close_to(const char *what, const float *got, const float *want, const shape *s,
+                     double tol)
+{
+    size_t n = 1;
+    char at[160];
+    for (int i = 0; i < s->nd; i++)
+        n *= (size_t)s->d[i];
+    tu_err e = tu_compare(got, want, n);
+    int ok = e.rel <= tol;
+    tu_checks++;
+    printf("%s %s: rel %.3g (max_abs %.3g / max_ref %.3g), rel_l2 %.3g, tol %.1g%s\n",
+           ok ? "ok  " : "FAIL", what, e.rel, e.max_abs, e.max_ref, e.rel_l2, tol,
+           ok ? "" : "  <--");
+    if (ok)
+        return;
+    tu_failures++;
+    decode(s, e.worst, at, sizeof at);
+    fprintf(stderr, "  worst element %s = flat %zu: got %.9g, want %.9g\n", at, e.worst,
+            (double)got[e.worst], (double)want[e.worst]);
+    if (out_dir && dumps < 40) {
+        dump(what, "got", got, s);
+        dump(what, "want", want, s);
+        dumps += 2;
+    }
+}
 
 static uint64_t next_u64(void)
 {
@@ -79,12 +176,12 @@ static void *dev_in(float *h, size_t n)
     return d;
 }
 
-/* A device buffer of n bf16, poisoned with NaN. */
+/* A device buffer of n bf16, poisoned with NaN (in stream order). */
 static void *dev_out(size_t n)
 {
     void *d = NULL;
     TU_OK(G->mem_alloc(&d, n * 2));
-    cudaMemset(d, 0xff, n * 2);
+    TU_CHECK(cudaMemsetAsync(d, 0xff, n * 2, ST) == cudaSuccess, "poison");
     return d;
 }
 
@@ -96,29 +193,39 @@ static float *down(const void *d, size_t n)
     return h;
 }
 
+/* Device f32 copy of h, or n poisoned floats; in stream order. */
 static float *dev_f32(const float *h, size_t n)
 {
     float *d = NULL;
-    cudaMalloc((void **)&d, n * sizeof(float));
+    TU_CHECK(cudaMalloc((void **)&d, n * sizeof(float)) == cudaSuccess, "cudaMalloc");
     if (h)
-        cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+        TU_CHECK(cudaMemcpyAsync(d, h, n * sizeof(float), cudaMemcpyHostToDevice, ST) ==
+                     cudaSuccess,
+                 "upload f32");
     else
-        cudaMemset(d, 0xff, n * sizeof(float));
+        TU_CHECK(cudaMemsetAsync(d, 0xff, n * sizeof(float), ST) == cudaSuccess, "poison f32");
     return d;
 }
 
+/* After everything queued on the compute stream. */
 static float *down_f32(const float *d, size_t n)
 {
     float *h = malloc(n * sizeof *h);
-    TU_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess,
-             "cudaMemcpy");
+    TU_CHECK(cudaMemcpyAsync(h, d, n * sizeof(float), cudaMemcpyDeviceToHost, ST) ==
+                     cudaSuccess &&
+                 cudaStreamSynchronize(ST) == cudaSuccess,
+             "download f32");
     return h;
 }
 
 /* ---- linear ---- */
 
-static void check_linear(int M, int N, int K, size_t ldx, size_t ldy, int bias, ditd_act act)
+/* lt: a DiT shape, which must get a cuBLASLt algorithm (not the fallback) */
+static void check_linear(int M, int N, int K, size_t ldx, size_t ldy, int bias, ditd_act act,
+                         int lt)
 {
+    int fb0 = ditd_backend_cuda_gemm_fallbacks();
+    shape sh = shp("mn", M, (int64_t)ldy, 0, 0);
     char what[160];
     float *x = rnd((size_t)M * ldx, 1.0f), *w = rnd((size_t)N * K, 0.05f);
     float *b = rnd((size_t)N, 0.5f), *y = zeros((size_t)M * ldy);
@@ -133,7 +240,10 @@ static void check_linear(int M, int N, int K, size_t ldx, size_t ldy, int bias, 
             gy[m * ldy + n] = y[m * ldy + n] = 0;
     snprintf(what, sizeof what, "linear M %d N %d K %d ldx %zu ldy %zu bias %d %s", M, N, K, ldx,
              ldy, bias, ditd_act_name(act));
-    TU_CLOSE(what, gy, y, (size_t)M * ldy, LINEAR);
+    close_to(what, gy, y, &sh, LINEAR);
+    if (lt)
+        TU_CHECK(ditd_backend_cuda_gemm_fallbacks() == fb0,
+                 "%s: a DiT shape took the slow fallback kernel, not cuBLASLt", what);
     G->mem_free(dx, 0), G->mem_free(dw, 0), G->mem_free(db, 0), G->mem_free(dy, 0);
     free(x), free(w), free(b), free(y), free(gy);
 }
@@ -169,9 +279,10 @@ static void check_attention(int B, int Nq, int Nk, int H, int Dh, int fused)
             ok &= gl[i] == -INFINITY;
         TU_CHECK(ok, "%s: o = 0 and lse = -inf expected", what);
     } else {
-        TU_CLOSE(what, go, o, no, ATTN);
+        shape so = shp("bnhd", B, Nq, H, Dh), sl = shp("bhn", B, H, Nq, 0);
+        close_to(what, go, o, &so, ATTN);
         strncat(what, " lse", sizeof what - strlen(what) - 1);
-        TU_CLOSE(what, gl, lse, nl, ATTN_LSE);
+        close_to(what, gl, lse, &sl, ATTN_LSE);
     }
     G->mem_free(dout, 0);
     cudaFree(dlse);
@@ -193,10 +304,11 @@ static void check_merge(int B, int Nq, int H, int Dh)
     C->attention_merge(oa, hd, la, ob, hd, lb, B, Nq, H, Dh);
     G->attention_merge(doa, hd, dla, dob, hd, dlb, B, Nq, H, Dh);
     float *go = down(doa, no), *gl = down_f32(dla, nl);
-    TU_CLOSE("attention_merge o", go, oa, no, BF16_1);
+    shape so = shp("bnhd", B, Nq, H, Dh), sl = shp("bhn", B, H, Nq, 0);
+    close_to("attention_merge o", go, oa, &so, BF16_1);
     TU_CHECK(gl[2] == -INFINITY, "both empty: lse %g", (double)gl[2]);
     gl[2] = la[2] = 0;
-    TU_CLOSE("attention_merge lse", gl, la, nl, ATTN_LSE);
+    close_to("attention_merge lse", gl, la, &sl, ATTN_LSE);
     G->mem_free(doa, 0), G->mem_free(dob, 0);
     cudaFree(dla), cudaFree(dlb);
     free(oa), free(ob), free(la), free(lb), free(go), free(gl);
@@ -216,12 +328,13 @@ static void check_norm(int B, int N, int D, int modulate)
     G->layernorm_modulate(dx, dy, B, N, D, 1e-6f, modulate ? dm : NULL,
                           modulate ? ditd_ptr_act(G, dm, (size_t)D) : NULL, 6 * (size_t)D);
     float *gy = down(dy, n);
-    TU_CLOSE(modulate ? "layernorm_modulate" : "layernorm (plain)", gy, y, n, NORM);
+    shape sn = shp("bnd", B, N, D, 0);
+    close_to(modulate ? "layernorm_modulate" : "layernorm (plain)", gy, y, &sn, NORM);
     /* in place, as the model may */
     G->layernorm_modulate(dx, dx, B, N, D, 1e-6f, modulate ? dm : NULL,
                           modulate ? ditd_ptr_act(G, dm, (size_t)D) : NULL, 6 * (size_t)D);
     float *gi = down(dx, n);
-    TU_CLOSE("layernorm_modulate in place", gi, y, n, NORM);
+    close_to("layernorm_modulate in place", gi, y, &sn, NORM);
 
     /* gated residual: h += gate * y, gate in the same fused buffer */
     float *h = rnd(n, 2.0f), *yy = rnd(n, 2.0f);
@@ -229,7 +342,7 @@ static void check_norm(int B, int N, int D, int modulate)
     C->gated_residual(h, yy, B, N, D, mod + 2 * D, 6 * (size_t)D);
     G->gated_residual(dh, dyy, B, N, D, ditd_ptr_act(G, dm, 2 * (size_t)D), 6 * (size_t)D);
     float *gh = down(dh, n);
-    TU_CLOSE("gated_residual", gh, h, n, BF16_1);
+    close_to("gated_residual", gh, h, &sn, BF16_1);
     G->mem_free(dx, 0), G->mem_free(dm, 0), G->mem_free(dy, 0), G->mem_free(dh, 0),
         G->mem_free(dyy, 0);
     free(x), free(mod), free(y), free(gy), free(gi), free(h), free(yy), free(gh);
@@ -238,6 +351,7 @@ static void check_norm(int B, int N, int D, int modulate)
 static void check_elementwise(void)
 {
     size_t n = 100003;
+    shape sh = shp("i", (int64_t)n, 0, 0, 0), s2 = shp("rc", 37, 64, 0, 0);
     float *x = rnd(n, 6.0f), *y = rnd(n, 2.0f);
     void *dx = dev_in(x, n), *dy = dev_in(y, n), *da = dev_out(n);
     ditd_act acts[3] = {DITD_ACT_NONE, DITD_ACT_GELU_TANH, DITD_ACT_SILU};
@@ -248,13 +362,13 @@ static void check_elementwise(void)
         G->act(dx, da, n, acts[a]);
         float *g = down(da, n);
         snprintf(what, sizeof what, "act %s", ditd_act_name(acts[a]));
-        TU_CLOSE(what, g, ref, n, BF16_1);
+        close_to(what, g, ref, &sh, BF16_1);
         free(ref), free(g);
     }
     C->add(y, x, n);
     G->add(dy, dx, n);
     float *gy = down(dy, n);
-    TU_CLOSE("add", gy, y, n, BF16_1);
+    close_to("add", gy, y, &sh, BF16_1);
 
     /* copy2d: 37 rows of 50 from stride 77 to stride 64 */
     void *dc = dev_out(37 * 64);
@@ -265,12 +379,12 @@ static void check_elementwise(void)
     for (size_t r = 0; r < 37; r++)
         for (size_t c = 50; c < 64; c++)
             gc[r * 64 + c] = 0;
-    TU_CLOSE("copy2d", gc, ref, 37 * 64, 0.0);
+    close_to("copy2d", gc, ref, &s2, 0.0);
 
     /* conversions round to nearest even, and back exactly: upload, download
      * and upload again must not move a value */
     float *back = down(dx, n);
-    TU_CLOSE("bf16 round trip", back, x, n, 0.0);
+    close_to("bf16 round trip", back, x, &sh, 0.0);
     G->mem_free(dx, 0), G->mem_free(dy, 0), G->mem_free(da, 0), G->mem_free(dc, 0);
     free(x), free(y), free(gy), free(ref), free(gc), free(back);
 }
@@ -289,14 +403,15 @@ static void check_embeddings(void)
     C->embedding(table, ids, out, B, D);
     G->embedding(dt, ids, dout, B, D);
     float *g = down(dout, (size_t)B * D);
-    TU_CLOSE("embedding", g, out, (size_t)B * D, 0.0);
+    shape se = shp("bd", B, D, 0, 0), st = shp("bd", B, dim, 0, 0);
+    close_to("embedding", g, out, &se, 0.0);
 
     float *te = zeros((size_t)B * dim);
     void *dte = dev_out((size_t)B * dim);
     C->timestep_embed(t, te, B, dim);
     G->timestep_embed(t, dte, B, dim);
     float *gt = down(dte, (size_t)B * dim);
-    TU_CLOSE("timestep_embed", gt, te, (size_t)B * dim, BF16_1);
+    close_to("timestep_embed", gt, te, &st, BF16_1);
     G->mem_free(dt, 0), G->mem_free(dout, 0), G->mem_free(dte, 0);
     free(table), free(out), free(g), free(te), free(gt);
 }
@@ -314,7 +429,8 @@ static void check_patches(int B, int Cc, int S, int p, int D)
     G->patch_embed(dx, dw, db, dp, dy, ds, B, Cc, S, S, p, D);
     float *gy = down(dy, ny);
     snprintf(what, sizeof what, "patch_embed B %d C %d S %d p %d D %d", B, Cc, S, p, D);
-    TU_CLOSE(what, gy, y, ny, PATCH);
+    shape sy = shp("bnd", B, N, D, 0), si = shp("bcyx", B, Cc, S, S);
+    close_to(what, gy, y, &sy, PATCH);
 
     /* unpatchify of tokens (B, N, p*p*Cc) */
     size_t nt = (size_t)B * N * p * p * Cc;
@@ -324,7 +440,7 @@ static void check_patches(int B, int Cc, int S, int p, int D)
     G->unpatchify(dtok, dimg, B, Cc, gh, gh, p);
     float *gi = down(dimg, nx);
     snprintf(what, sizeof what, "unpatchify B %d C %d h %d p %d", B, Cc, gh, p);
-    TU_CLOSE(what, gi, img, nx, 0.0);
+    close_to(what, gi, img, &si, 0.0);
     G->mem_free(dx, 0), G->mem_free(dw, 0), G->mem_free(db, 0), G->mem_free(dp, 0);
     G->mem_free(dy, 0), G->mem_free(ds, 0), G->mem_free(dtok, 0), G->mem_free(dimg, 0);
     free(x), free(w), free(b), free(pos), free(y), free(scr), free(gy), free(tok), free(img),
@@ -340,7 +456,7 @@ static void check_philox(void)
     size_t n = 1000003;
     float *ref = malloc(n * sizeof *ref), *d = dev_f32(NULL, n);
     ditd_philox_normal(seed, sample, offset, n, ref);
-    TU_CHECK(ditd_cuda_philox_normal(seed, sample, offset, n, d, NULL) == 0, "launch");
+    TU_CHECK(ditd_cuda_philox_normal(seed, sample, offset, n, d, (ditd_cuda_stream)ST) == 0, "launch");
     float *g = down_f32(d, n);
     size_t differ = 0, far = 0;
     for (size_t i = 0; i < n; i++) {
@@ -364,11 +480,12 @@ static void check_sampler_helpers(void)
     void *dc = dev_in(c, n), *du = dev_in(u, n);
     float *dout = dev_f32(NULL, n);
     float gs = 4.0f;
+    shape sh = shp("i", (int64_t)n, 0, 0, 0);
     for (size_t i = 0; i < n; i++)
         ref[i] = u[i] + gs * (c[i] - u[i]);
-    TU_CHECK(ditd_cuda_guidance(dc, du, gs, dout, n, NULL) == 0, "launch");
+    TU_CHECK(ditd_cuda_guidance(dc, du, gs, dout, n, (ditd_cuda_stream)ST) == 0, "launch");
     float *g = down_f32(dout, n);
-    TU_CLOSE("guidance", g, ref, n, 1e-6);
+    close_to("guidance", g, ref, &sh, 1e-6);
 
     float *x = rnd(n, 3.0f), *m = rnd(n, 1.0f), *pv = rnd(n, 1.0f);
     float *dxx = dev_f32(x, n), *dm = dev_f32(m, n), *dpv = dev_f32(pv, n);
@@ -376,16 +493,201 @@ static void check_sampler_helpers(void)
         float v = 0.9f * x[i] + 0.3f * m[i] - 0.2f * pv[i];
         ref[i] = v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
     }
-    TU_CHECK(ditd_cuda_lincomb(dxx, 0.9f, dm, 0.3f, dpv, -0.2f, 1.0f, n, NULL) == 0, "launch");
+    TU_CHECK(ditd_cuda_lincomb(dxx, 0.9f, dm, 0.3f, dpv, -0.2f, 1.0f, n, (ditd_cuda_stream)ST) == 0, "launch");
     float *gx = down_f32(dxx, n);
-    TU_CLOSE("lincomb (clip 1)", gx, ref, n, 1e-6);
+    close_to("lincomb (clip 1)", gx, ref, &sh, 1e-6);
     G->mem_free(dc, 0), G->mem_free(du, 0);
     cudaFree(dout), cudaFree(dxx), cudaFree(dm), cudaFree(dpv);
     free(c), free(u), free(ref), free(g), free(x), free(m), free(pv), free(gx);
 }
 
-int main(void)
+/* ---- the checks, by name ---- */
+
+static int argc_;
+static char **argv_;
+static const char *filter;
+
+/* A check runs when no filter is given, or its name contains one of the
+ * words (command line, else DITD_OPS_FILTER, comma-separated). */
+static int wanted(const char *name)
 {
+    char buf[512], *save = NULL;
+    int words = 0;
+    for (int i = 1; i < argc_; i++) {
+        if (argv_[i][0] == '-') /* --list */
+            continue;
+        words++;
+        if (strstr(name, argv_[i]))
+            return 1;
+    }
+    if (!words && !filter)
+        return 1;
+    if (!filter)
+        return 0;
+    snprintf(buf, sizeof buf, "%s", filter);
+    for (char *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save))
+        if (*w && strstr(name, w))
+            return 1;
+    return 0;
+}
+
+static int listing, ran;
+
+/* After each check: wait for its work, then read the runtime's error and
+ * the backend's. 0 to go on; 1 to stop (the error is sticky: every later
+ * CUDA call would fail with it, and name the wrong check). */
+static int settle(const char *name)
+{
+    cudaError_t e = cudaStreamSynchronize(ST);
+    cudaError_t last = cudaGetLastError();
+    int berr = G->status();
+    if (e == cudaSuccess)
+        e = last;
+    if (berr)
+        printf("FAIL %s: the backend kept an error: %s: %s\n", name, ditd_err_name(berr),
+               ditd_err_detail());
+    if (e == cudaSuccess) {
+        if (berr)
+            tu_failures++;
+        return 0;
+    }
+    tu_failures++;
+    /* a sticky error survives the read: the next sync reports it again */
+    int sticky = cudaDeviceSynchronize() != cudaSuccess;
+    printf("FAIL %s: CUDA error %s (%s)%s\n", name, cudaGetErrorName(e), cudaGetErrorString(e),
+           sticky ? ", sticky" : "");
+    if (sticky)
+        printf("stopped: a sticky CUDA error after check '%s': the context is lost. Repeat that "
+               "check alone, synchronously: CUDA_LAUNCH_BLOCKING=1 DITD_TEST_SEED=<seed above> "
+               "test_cuda_ops %s\n",
+               name, name);
+    return sticky;
+}
+
+#define CHECK(name, call)                                                                      \
+    do {                                                                                       \
+        if (!wanted(name))                                                                     \
+            break;                                                                             \
+        if (listing) {                                                                         \
+            printf("%s\n", name);                                                              \
+            break;                                                                             \
+        }                                                                                      \
+        int f0_ = tu_failures;                                                                 \
+        printf("-- %s\n", name);                                                               \
+        fflush(stdout);                                                                        \
+        call;                                                                                  \
+        ran++;                                                                                 \
+        if (settle(name))                                                                      \
+            return 1;                                                                          \
+        printf("%s %s\n", tu_failures == f0_ ? "PASS" : "FAIL", name);                         \
+        fflush(stdout);                                                                        \
+    } while (0)
+
+static int run_checks(void)
+{
+    CHECK("elementwise", check_elementwise());
+    CHECK("embeddings", check_embeddings());
+    /* DiT-XL/2 shapes at 256 tokens, batch 2 (cuBLASLt must take them);
+     * odd ones; tiny fixture ones */
+    CHECK("linear/qkv-dit-xl", check_linear(512, 3 * 1152, 1152, 1152, 3 * 1152, 1, DITD_ACT_NONE, 1));
+    CHECK("linear/fc1-gelu-dit-xl",
+          check_linear(512, 4608, 1152, 1152, 4608, 1, DITD_ACT_GELU_TANH, 1));
+    CHECK("linear/fc2-dit-xl", check_linear(512, 1152, 4608, 4608, 1152, 1, DITD_ACT_NONE, 1));
+    CHECK("linear/adaln-silu-dit-xl", check_linear(2, 1152, 256, 256, 1152, 1, DITD_ACT_SILU, 1));
+    CHECK("linear/strided", check_linear(77, 96, 136, 200, 104, 1, DITD_ACT_NONE, 0));
+    CHECK("linear/proj-out-fixture", check_linear(98, 8, 96, 96, 8, 1, DITD_ACT_NONE, 0));
+    CHECK("linear/k4-fallback", check_linear(98, 96, 4, 4, 96, 0, DITD_ACT_GELU_TANH, 0));
+    CHECK("linear/odd", check_linear(33, 30, 17, 17, 30, 1, DITD_ACT_SILU, 0));
+    CHECK("attention/dit-xl-fused", check_attention(2, 256, 256, 16, 72, 1));
+    CHECK("attention/n1024-dh64-fused", check_attention(1, 1024, 1024, 4, 64, 1));
+    CHECK("attention/nk37-strided", check_attention(2, 100, 37, 3, 64, 0));
+    CHECK("attention/dh128-strided", check_attention(1, 65, 130, 2, 128, 0));
+    CHECK("attention/dh8-fixture", check_attention(2, 49, 49, 6, 8, 1));
+    CHECK("attention/dh16-fixture", check_attention(1, 64, 64, 4, 16, 1));
+    CHECK("attention/dh20-unvectorized", check_attention(1, 70, 45, 2, 20, 0));
+    CHECK("attention/nk0", check_attention(1, 5, 0, 2, 72, 0));
+    CHECK("merge", check_merge(2, 33, 3, 72));
+    CHECK("layernorm/modulate", check_norm(2, 37, 1152, 1));
+    CHECK("layernorm/plain", check_norm(1, 19, 96, 0));
+    CHECK("patch/dit-xl", check_patches(2, 4, 32, 2, 1152));
+    CHECK("patch/c1-s14", check_patches(2, 1, 14, 2, 96));
+    CHECK("patch/p4", check_patches(1, 1, 28, 4, 48));
+    CHECK("philox", check_philox());
+    CHECK("sampler", check_sampler_helpers());
+    return 0;
+}
+
+/* --self-test (no GPU; suite 'bundle'): the coordinates of the worst
+ * element and the .npy dumps of a failed comparison, on a planted error. */
+static int self_test(const char *dir)
+{
+    shape s = shp("bnhd", 2, 3, 4, 5);
+    float want[120], got[120], *back = NULL;
+    char at[160], path[4096];
+    int64_t sh[4];
+    int nd = 0, f0 = tu_failures;
+    for (int i = 0; i < 120; i++)
+        want[i] = got[i] = (float)(i % 7) - 3.0f;
+    got[1 * 60 + 2 * 20 + 3 * 5 + 4] += 0.5f; /* (b 1, n 2, h 3, d 4) */
+    got[7] += 0.25f;
+    decode(&s, 119, at, sizeof at);
+    TU_CHECK(!strcmp(at, "(b 1, n 2, h 3, d 4)"), "decode 119: %s", at);
+    decode(&s, 0, at, sizeof at);
+    TU_CHECK(!strcmp(at, "(b 0, n 0, h 0, d 0)"), "decode 0: %s", at);
+    if (mkdir(dir, 0777) && errno != EEXIST) {
+        fprintf(stderr, "cannot make %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    out_dir = dir;
+    printf("(the next comparison must FAIL: a planted error)\n");
+    close_to("self-test/planted", got, want, &s, 1e-3);
+    int planted = tu_failures - f0;
+    tu_failures = f0; /* the planted failure is the expected outcome */
+    TU_CHECK(planted == 1, "the planted error fails the comparison (%d failures)", planted);
+    tu_err e = tu_compare(got, want, 120);
+    decode(&s, e.worst, at, sizeof at);
+    TU_CHECK(!strcmp(at, "(b 1, n 2, h 3, d 4)"), "worst element at %s", at);
+    snprintf(path, sizeof path, "%s/self-test_planted.got.npy", dir);
+    TU_OK(ditd_npy_read_f32(path, 4, &nd, sh, &back));
+    TU_CHECK(back && nd == 4 && sh[0] == 2 && sh[1] == 3 && sh[2] == 4 && sh[3] == 5 &&
+                 !memcmp(back, got, sizeof got),
+             "%s: the array, shape (2, 3, 4, 5)", path);
+    free(back);
+    back = NULL;
+    snprintf(path, sizeof path, "%s/self-test_planted.want.npy", dir);
+    TU_OK(ditd_npy_read_f32(path, 4, &nd, sh, &back));
+    TU_CHECK(back && !memcmp(back, want, sizeof want), "%s", path);
+    free(back);
+    /* the filter */
+    char *words[] = {"test_cuda_ops", "--list", "fc1", "merge"};
+    argc_ = 4, argv_ = words, filter = NULL;
+    TU_CHECK(wanted("linear/fc1-gelu-dit-xl") && wanted("merge") && !wanted("attention/nk0"),
+             "filter words");
+    argc_ = 2, filter = "nk0,philox";
+    TU_CHECK(wanted("attention/nk0") && wanted("philox") && !wanted("merge"), "DITD_OPS_FILTER");
+    argc_ = 1, filter = NULL;
+    TU_CHECK(wanted("anything"), "no filter: everything");
+    return tu_exit();
+}
+
+int main(int argc, char **argv)
+{
+    argc_ = argc, argv_ = argv;
+    filter = getenv("DITD_OPS_FILTER");
+    if (filter && !*filter)
+        filter = NULL;
+    if (argc > 2 && !strcmp(argv[1], "--self-test"))
+        return self_test(argv[2]);
+    for (int i = 1; i < argc; i++)
+        listing |= !strcmp(argv[i], "--list");
+    if (listing)
+        return run_checks();
+    if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        printf("usage: test_cuda_ops [--list] [WORD...]  (or DITD_OPS_FILTER=a,b): the checks "
+               "whose name contains a word\nDITD_TEST_SEED repeats a run; DITD_TEST_OUT (else "
+               "$OUT): failing arrays as .npy\n");
+        return 0;
+    }
     if (!ditd_backend_cuda_available()) {
         printf("no CUDA device: skipped\n");
         return 77;
@@ -393,37 +695,25 @@ int main(void)
     const char *s = getenv("DITD_TEST_SEED");
     rng = s && *s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
     printf("seed %llu (DITD_TEST_SEED repeats it)\n", (unsigned long long)rng);
+    out_dir = getenv("DITD_TEST_OUT");
+    if (!out_dir || !*out_dir)
+        out_dir = getenv("OUT");
+    if (out_dir && !*out_dir)
+        out_dir = NULL;
+    if (out_dir && mkdir(out_dir, 0777) && errno != EEXIST) {
+        fprintf(stderr, "cannot make %s: %s (no .npy dumps)\n", out_dir, strerror(errno));
+        out_dir = NULL;
+    }
     G = ditd_backend_get(DITD_DEVICE_CUDA);
     TU_CHECK(G != NULL, "CUDA backend: %s", ditd_err_detail());
     if (!G)
         return tu_exit();
-
-    check_elementwise();
-    check_embeddings();
-    /* DiT-XL/2 shapes at 256 tokens, batch 2; odd ones; tiny fixture ones */
-    check_linear(512, 3 * 1152, 1152, 1152, 3 * 1152, 1, DITD_ACT_NONE);
-    check_linear(512, 4608, 1152, 1152, 4608, 1, DITD_ACT_GELU_TANH);
-    check_linear(2, 1152, 256, 256, 1152, 1, DITD_ACT_SILU);
-    check_linear(77, 96, 136, 200, 104, 1, DITD_ACT_NONE);      /* strided x and y */
-    check_linear(98, 8, 96, 96, 8, 1, DITD_ACT_NONE);           /* proj_out_2 of a fixture */
-    check_linear(98, 96, 4, 4, 96, 0, DITD_ACT_GELU_TANH);      /* K = 4: the fallback */
-    check_linear(33, 30, 17, 17, 30, 1, DITD_ACT_SILU);         /* odd everything */
-    check_attention(2, 256, 256, 16, 72, 1);                    /* DiT-XL/2, fused qkv */
-    check_attention(1, 1024, 1024, 4, 64, 1);
-    check_attention(2, 100, 37, 3, 64, 0);
-    check_attention(1, 65, 130, 2, 128, 0);
-    check_attention(2, 49, 49, 6, 8, 1);                        /* fixture: Dh 8 */
-    check_attention(1, 64, 64, 4, 16, 1);                       /* fixture: Dh 16 */
-    check_attention(1, 70, 45, 2, 20, 0);                       /* Dh 20: unvectorized path */
-    check_attention(1, 5, 0, 2, 72, 0);                         /* Nk = 0 */
-    check_merge(2, 33, 3, 72);
-    check_norm(2, 37, 1152, 1);
-    check_norm(1, 19, 96, 0);
-    check_patches(2, 4, 32, 2, 1152);
-    check_patches(2, 1, 14, 2, 96);
-    check_patches(1, 1, 28, 4, 48);
-    check_philox();
-    check_sampler_helpers();
+    ST = (cudaStream_t)ditd_backend_cuda_compute_stream();
+    if (run_checks()) {
+        printf("%d checks, %d failed (stopped early)\n", tu_checks, tu_failures);
+        return 1;
+    }
+    TU_CHECK(ran > 0, "no check matched the filter");
     TU_OK(G->status());
     ditd_backend_cuda_shutdown();
     return tu_exit();
