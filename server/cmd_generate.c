@@ -226,8 +226,9 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     ops->set_threads((int)threads);
 
-    int C = info.dit.in_channels, S = info.dit.sample_size;
-    size_t numel = (size_t)C * (size_t)S * (size_t)S;
+    /* latents (n, C, h, w); for a pixel-space model they are the image */
+    int C = info.shapes.in_channels, LH = info.shapes.height, LW = info.shapes.width;
+    size_t numel = ditd_denoiser_numel_in(&info.shapes);
     if (latents_path) {
         int nd;
         int64_t shape[8];
@@ -235,13 +236,13 @@ int ditd_cmd_generate(int argc, char **argv)
             fail("--latents", err);
             goto done;
         }
-        if (nd != 4 || shape[0] != n || shape[1] != C || shape[2] != S || shape[3] != S) {
+        if (nd != 4 || shape[0] != n || shape[1] != C || shape[2] != LH || shape[3] != LW) {
             fprintf(stderr,
                     "ditd generate: --latents: %s has %d dims (%lld, %lld, %lld, %lld), expected "
                     "(%ld, %d, %d, %d)\n",
                     latents_path, nd, (long long)shape[0], nd > 1 ? (long long)shape[1] : 0LL,
                     nd > 2 ? (long long)shape[2] : 0LL, nd > 3 ? (long long)shape[3] : 0LL, n, C,
-                    S, S);
+                    LH, LW);
             goto done;
         }
     }
@@ -255,7 +256,7 @@ int ditd_cmd_generate(int argc, char **argv)
     for (long i = 0; i < n; i++) {
         samples[i].seed = (uint64_t)seed;
         samples[i].index = (uint64_t)i;
-        samples[i].class_id = class_id;
+        samples[i].cond.class_id = class_id;
         samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
     }
     if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, NULL,
@@ -268,7 +269,7 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done;
     }
     if (save_path) {
-        int64_t shape[4] = {n, C, S, S};
+        int64_t shape[4] = {n, C, LH, LW};
         if ((err = ditd_npy_write_f32(save_path, 4, shape, out))) {
             fail("--save-latents", err);
             goto done;
@@ -283,12 +284,12 @@ int ditd_cmd_generate(int argc, char **argv)
             snprintf(path, sizeof path, "%.*s-%ld%s", (int)(dot - out_path), out_path, i, dot);
         else
             snprintf(path, sizeof path, "%s-%ld", out_path, i);
-        ditd_pipeline_to_pixels(out + (size_t)i * numel, C, S, S, pix);
+        ditd_pipeline_to_pixels(out + (size_t)i * numel, C, LH, LW, pix);
         if (C != 1 && C != 3 && C != 4) {
             fprintf(stderr, "ditd generate: %d channels cannot be written as PNG\n", C);
             goto done;
         }
-        if ((err = ditd_png_write_file(path, pix, S, S, C))) {
+        if ((err = ditd_png_write_file(path, pix, LW, LH, C))) {
             fail(path, err);
             goto done;
         }

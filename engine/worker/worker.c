@@ -66,8 +66,9 @@ typedef struct worker {
     uint8_t active[DITD_WORKER_MAX_BATCH];
     int partial_sent[DITD_WORKER_MAX_BATCH];
     double t_start, t_step;
-    float *out;    /* max_batch * C*S*S latents */
-    uint8_t *pix;  /* max_batch * C*S*S, for previews and results (leader) */
+    float *out;    /* max_batch latents of numel_lat (C h w) */
+    uint8_t *pix;  /* max_batch images of numel_img (H W C pixels), previews and results (leader) */
+    size_t numel_lat, numel_img;
     uint8_t *gbuf; /* a follower's copy of the batch Envelope */
     size_t gcap;
     int comm_err;  /* the transport failed */
@@ -228,14 +229,22 @@ static int preview_due(int k, int sent, int step, int total)
     return step >= at;
 }
 
+/* One sample's latents (C, h, w) to its image (H, W, C) 8-bit. A
+ * pixel-space model's latents are the image (DiTPipeline's mapping); a
+ * latent model's go through its VAE, which the worker refuses to load
+ * without (worker_init). */
+static void latents_to_image(const worker *w, const float *lat, uint8_t *px)
+{
+    const ditd_denoiser_shapes *sh = &w->info.shapes;
+    ditd_pipeline_to_pixels(lat, sh->in_channels, sh->height, sh->width, px);
+}
+
 /* The step callback: on the leader only. What it decides (active flags,
  * stop) the pipeline broadcasts to the group after it returns. */
 static int on_step(void *ud, int step, int total, const float *x0, uint8_t *active)
 {
     worker *w = ud;
     const Ditd__Batch *b = w->batch;
-    const ditd_dit_config *c = &w->info.dit;
-    size_t numel = (size_t)c->in_channels * (size_t)c->sample_size * (size_t)c->sample_size;
     Ditd__Envelope env = DITD__ENVELOPE__INIT;
     Ditd__Progress pg = DITD__PROGRESS__INIT;
     Ditd__Preview pv[DITD_WORKER_MAX_BATCH], *pvp[DITD_WORKER_MAX_BATCH];
@@ -254,13 +263,13 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
         int k = (int)b->samples[i]->partial_images;
         if (!w->active[i] || !preview_due(k, w->partial_sent[i], step, total))
             continue;
-        uint8_t *px = w->pix + (size_t)pg.n_previews * numel;
-        ditd_pipeline_to_pixels(x0 + i * numel, c->in_channels, c->sample_size, c->sample_size, px);
+        uint8_t *px = w->pix + (size_t)pg.n_previews * w->numel_img;
+        latents_to_image(w, x0 + i * w->numel_lat, px);
         ditd__preview__init(&pv[pg.n_previews]);
         pv[pg.n_previews].slot = (uint32_t)i;
         pv[pg.n_previews].partial_index = (uint32_t)w->partial_sent[i]++;
         pv[pg.n_previews].pixels.data = px;
-        pv[pg.n_previews].pixels.len = numel;
+        pv[pg.n_previews].pixels.len = w->numel_img;
         pvp[pg.n_previews] = &pv[pg.n_previews];
         pg.n_previews++;
     }
@@ -280,7 +289,7 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
  * went to the front-end. */
 static int batch_ok(worker *w, const Ditd__Batch *b)
 {
-    const ditd_dit_config *c = &w->info.dit;
+    const ditd_model_info *m = &w->info;
     int n = (int)b->n_samples;
     char msg[512];
 
@@ -289,9 +298,9 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
-    if ((int)b->width != c->sample_size || (int)b->height != c->sample_size) {
-        snprintf(msg, sizeof msg, "size %ux%u, the model makes %dx%d", b->width, b->height,
-                 c->sample_size, c->sample_size);
+    if ((int)b->width != m->image_width || (int)b->height != m->image_height) {
+        snprintf(msg, sizeof msg, "size %ux%u pixels, the model makes %dx%d", b->width, b->height,
+                 m->image_width, m->image_height);
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
@@ -306,8 +315,7 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
  * leader). The leader sends the outcome. */
 static void run_batch(worker *w, const Ditd__Batch *b)
 {
-    const ditd_dit_config *c = &w->info.dit;
-    size_t numel = (size_t)c->in_channels * (size_t)c->sample_size * (size_t)c->sample_size;
+    const ditd_model_info *m = &w->info;
     int n = (int)b->n_samples, err;
     ditd_gen_params gp;
     char msg[512];
@@ -317,7 +325,7 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     for (int i = 0; i < n; i++) {
         w->samples[i].seed = b->samples[i]->seed;
         w->samples[i].index = b->samples[i]->index;
-        w->samples[i].class_id = b->samples[i]->class_id;
+        w->samples[i].cond = (ditd_cond_input){.class_id = b->samples[i]->class_id};
         w->samples[i].guidance = b->samples[i]->guidance;
         w->active[i] = 1;
         w->partial_sent[i] = 0;
@@ -349,19 +357,19 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     Ditd__Result r = DITD__RESULT__INIT;
     Ditd__Image im[DITD_WORKER_MAX_BATCH], *imp[DITD_WORKER_MAX_BATCH];
     r.batch_id = b->batch_id;
-    r.width = r.height = (uint32_t)c->sample_size;
-    r.channels = (uint32_t)c->in_channels;
+    r.width = (uint32_t)m->image_width;
+    r.height = (uint32_t)m->image_height;
+    r.channels = (uint32_t)m->image_channels;
     r.compute_ms = now_ms() - w->t_start;
     for (int i = 0; i < n; i++) {
         ditd__image__init(&im[i]);
         im[i].slot = (uint32_t)i;
         im[i].canceled = !w->active[i];
         if (w->active[i]) {
-            uint8_t *px = w->pix + (size_t)i * numel;
-            ditd_pipeline_to_pixels(w->out + (size_t)i * numel, c->in_channels, c->sample_size,
-                                    c->sample_size, px);
+            uint8_t *px = w->pix + (size_t)i * w->numel_img;
+            latents_to_image(w, w->out + (size_t)i * w->numel_lat, px);
             im[i].pixels.data = px;
-            im[i].pixels.len = numel;
+            im[i].pixels.len = w->numel_img;
         }
         imp[i] = &im[i];
     }
@@ -561,11 +569,12 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     if (!err)
         err = ditd_pipeline_new_group(&w->info, ops, cfg->max_batch, w->mesh, &w->pipe);
     if (!err) {
-        size_t numel = (size_t)w->info.dit.in_channels * (size_t)w->info.dit.sample_size *
-                       (size_t)w->info.dit.sample_size;
+        w->numel_lat = ditd_denoiser_numel_in(&w->info.shapes);
+        w->numel_img = (size_t)w->info.image_width * (size_t)w->info.image_height *
+                       (size_t)w->info.image_channels;
         ops->set_threads(cfg->threads);
-        w->out = malloc((size_t)cfg->max_batch * numel * sizeof *w->out);
-        w->pix = w->leader ? malloc((size_t)cfg->max_batch * numel) : NULL;
+        w->out = malloc((size_t)cfg->max_batch * w->numel_lat * sizeof *w->out);
+        w->pix = w->leader ? malloc((size_t)cfg->max_batch * w->numel_img) : NULL;
         if (!w->out || (w->leader && !w->pix))
             err = ditd_err_set(DITD_ENOMEM, "batch buffers");
     }
