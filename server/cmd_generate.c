@@ -19,6 +19,8 @@
 
 static void usage(FILE *f)
 {
+    char samplers[256];
+    ditd_sampler_kind_list(" | ", samplers, sizeof samplers);
     fprintf(f,
             "usage: ditd generate [options] -o OUT.png\n"
             "\n"
@@ -28,7 +30,7 @@ static void usage(FILE *f)
             "  --steps K            denoising steps (default: the model's)\n"
             "  --guidance G         classifier-free guidance scale, <= 1 turns it off\n"
             "                       (default: the model's)\n"
-            "  --sampler NAME       ddim | dpmpp-2m | flow-euler (default: the model's)\n"
+            "  --sampler NAME       %s (default: the model's)\n"
             "  -n N                 images (1..64); N > 1 writes OUT-0.png, OUT-1.png, ...\n"
             "  --threads T          CPU threads (default: all)\n"
             "  --device D           cpu (default) | cuda: the GPU of this node-local rank\n"
@@ -46,7 +48,8 @@ static void usage(FILE *f)
             "  --ring-degree R      Ring attention (K/V blocks travel the ring)\n"
             "  --ring-rotate M      allgather (default) | p2p\n"
             "  --tp-degree T        Megatron tensor parallel\n"
-            "  --cfg-degree C       1 or 2: conditional and unconditional halves apart\n");
+            "  --cfg-degree C       1 or 2: conditional and unconditional halves apart\n",
+            samplers);
 }
 
 typedef struct progress {

@@ -208,7 +208,9 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
     if (get_str(root, "sampler", &s, e))
         goto done;
     if (s && ditd_sampler_kind_from_str(s, &r->sampler)) {
-        bad(e, "sampler", "unknown sampler '%s'; supported: 'ddim', 'dpmpp-2m', 'flow-euler'", s);
+        char list[256];
+        bad(e, "sampler", "unknown sampler '%s'; supported: %s", s,
+            ditd_sampler_kind_list(", ", list, sizeof list));
         goto done;
     }
     /* class: class_label wins over the prompt */

@@ -34,6 +34,8 @@ static int load_labels(ditd_model_info *m, json_t *index, const char *path)
     const char *key;
     json_t *val;
 
+    if (m->num_classes == 0) /* not class-conditional: no labels */
+        return 0;
     m->labels = calloc((size_t)m->num_classes, sizeof *m->labels);
     if (!m->labels)
         return ditd_err_set(DITD_ENOMEM, "labels");
@@ -206,7 +208,9 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
         goto fail;
     const void *fam;
     if ((err = ditd_registry_find(DITD_COMPONENT_TRANSFORMER, m->denoiser_class, &fam))) {
-        err = ditd_err_set(err, "%s: %s", cfg, ditd_err_detail());
+        char d[600];
+        snprintf(d, sizeof d, "%s", ditd_err_detail());
+        err = ditd_err_set(err, "%s: %s", cfg, d);
         goto fail;
     }
     m->denoiser = fam;

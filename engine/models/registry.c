@@ -136,7 +136,10 @@ int ditd_registry_find_dir(ditd_component c, const char *dir, const void **out)
         return ditd_err_set(DITD_EINVAL, "path too long: %s", dir);
     if ((err = ditd_registry_config_class(path, cls, sizeof cls)))
         return err;
-    if ((err = ditd_registry_find(c, cls, out)))
-        return ditd_err_set(err, "%s: %s", path, ditd_err_detail());
+    if ((err = ditd_registry_find(c, cls, out))) {
+        char d[600];
+        snprintf(d, sizeof d, "%s", ditd_err_detail());
+        return ditd_err_set(err, "%s: %s", path, d);
+    }
     return 0;
 }
