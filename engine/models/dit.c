@@ -166,8 +166,7 @@ static int dit_alloc(const ditd_dit_config *cfg, const ditd_backend_ops *ops, in
     m->cfg = *cfg;
     m->ops = ops;
     m->max_batch = max_batch;
-    m->base.family = &ditd_dit_family;
-    m->base.max_batch = max_batch;
+    m->base.max_batch = max_batch; /* base.family: set by the family table's load */
     ditd_dit_config_shapes(cfg, &m->base.shapes);
     m->gh = cfg->sample_size / cfg->patch_size;
     m->gw = m->gh;

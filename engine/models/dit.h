@@ -37,7 +37,6 @@
 #include <stdint.h>
 
 #include "engine/backend/backend.h"
-#include "engine/models/denoiser.h"
 #include "engine/models/dit_config.h"
 #include "engine/parallel/cp_attention.h"
 #include "engine/parallel/mesh.h"
@@ -160,11 +159,10 @@ void ditd_dit_free(ditd_dit *m);
 int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
                      void *out);
 
-/* The family table of DiTTransformer2DModel (engine/models/dit_denoiser.c),
- * and the shapes a config gives: latent C x S x S, Co, H heads, N tokens,
- * class conditioning with K classes. */
+/* The family table of DiTTransformer2DModel (engine/models/dit_denoiser.c):
+ * its load makes a ditd_dit whose base is a complete ditd_denoiser (a
+ * ditd_dit made by ditd_dit_new* directly has base.shapes but no family). */
 extern const ditd_denoiser_family ditd_dit_family;
-void ditd_dit_config_shapes(const ditd_dit_config *c, ditd_denoiser_shapes *out);
 
 /* Bytes held by the weight and activation arenas. */
 size_t ditd_dit_weight_bytes(const ditd_dit *m);

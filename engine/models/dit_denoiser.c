@@ -6,21 +6,6 @@
 #include "engine/core/error.h"
 #include "engine/models/dit.h"
 
-void ditd_dit_config_shapes(const ditd_dit_config *c, ditd_denoiser_shapes *out)
-{
-    int g = c->sample_size / c->patch_size;
-    *out = (ditd_denoiser_shapes){
-        .in_channels = c->in_channels,
-        .out_channels = c->out_channels,
-        .height = c->sample_size,
-        .width = c->sample_size,
-        .heads = c->num_heads,
-        .tokens = g * g,
-        .prefix_tokens = 0,
-        .cond = {.kind = DITD_COND_CLASS, .num_classes = c->num_embeds_ada_norm},
-    };
-}
-
 static int config_at(const char *dir, ditd_dit_config *c)
 {
     char path[4200];
@@ -46,6 +31,7 @@ static int dit_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
     int err;
     if ((err = config_at(dir, &c)) || (err = ditd_dit_new_mesh(&c, ops, max_batch, dir, mesh, &m)))
         return err;
+    m->base.family = &ditd_dit_family;
     *out = &m->base;
     return 0;
 }
