@@ -33,20 +33,28 @@ int ditd_cond_init(ditd_cond *c, const ditd_cond_shape *shape, int max_rows)
     c->shape = *shape;
     c->max_rows = max_rows;
     size_t B = (size_t)max_rows;
+    if (!(c->guidance = calloc(B, sizeof *c->guidance)))
+        return ditd_err_set(DITD_ENOMEM, "conditioning rows");
     if (shape->kind == DITD_COND_CLASS) {
         if (shape->num_classes <= 0)
             return ditd_err_set(DITD_EINVAL, "class conditioning with %d classes",
                                 shape->num_classes);
         c->class_ids = malloc(B * sizeof *c->class_ids);
-        if (!c->class_ids)
+        if (!c->class_ids) {
+            ditd_cond_free(c);
             return ditd_err_set(DITD_ENOMEM, "conditioning rows");
+        }
         return 0;
     }
-    if (shape->kind != DITD_COND_TEXT)
+    if (shape->kind != DITD_COND_TEXT) {
+        ditd_cond_free(c);
         return ditd_err_set(DITD_EINVAL, "conditioning kind %d", (int)shape->kind);
-    if (shape->text_len <= 0 || shape->text_dim <= 0 || shape->pooled_dim < 0)
+    }
+    if (shape->text_len <= 0 || shape->text_dim <= 0 || shape->pooled_dim < 0) {
+        ditd_cond_free(c);
         return ditd_err_set(DITD_EINVAL, "text conditioning (%d, %d), pooled %d", shape->text_len,
                             shape->text_dim, shape->pooled_dim);
+    }
     size_t L = (size_t)shape->text_len;
     c->text = malloc(B * L * (size_t)shape->text_dim * sizeof *c->text);
     c->mask = malloc(B * L);
@@ -64,6 +72,7 @@ void ditd_cond_free(ditd_cond *c)
     free(c->text);
     free(c->mask);
     free(c->pooled);
+    free(c->guidance);
     memset(c, 0, sizeof *c);
 }
 
@@ -127,5 +136,7 @@ ditd_cond ditd_cond_view(const ditd_cond *c, int r0)
         v.mask = c->mask + r * L;
     if (c->pooled)
         v.pooled = c->pooled + r * (size_t)c->shape.pooled_dim;
+    if (c->guidance)
+        v.guidance = c->guidance + r;
     return v;
 }

@@ -60,6 +60,7 @@ typedef struct ditd_cond {
     float *text;         /* (B, L, Dt) text */
     uint8_t *mask;       /* (B, L) text */
     float *pooled;       /* (B, Dp) text, when Dp > 0 */
+    float *guidance;     /* (B) guidance_scale per row, for families that embed it */
 } ditd_cond;
 
 /* Plans host buffers for max_rows rows of `shape`. Owned: ditd_cond_free. */

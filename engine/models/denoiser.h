@@ -36,6 +36,9 @@ typedef struct ditd_denoiser_shapes {
     int heads;            /* H attention heads (tp and ulysses split them) */
     int tokens;           /* N image tokens at height x width (ring x ulysses split them) */
     int prefix_tokens;    /* tokens outside that split (FLUX's text tokens); 0 for DiT */
+    int guidance_embed;   /* 1: the model takes guidance_scale as an input (FLUX.1-dev's
+                           * distilled guidance): the pipeline runs no unconditional
+                           * pass and fills cond.guidance; 0: classifier-free guidance */
     ditd_cond_shape cond; /* class ids or text embeddings */
 } ditd_denoiser_shapes;
 

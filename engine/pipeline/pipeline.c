@@ -173,7 +173,9 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
     for (int s = 0; s < steps; s++) {
         /* The forward batch: the active samples with their conditioning,
          * then the unconditional input (null class, negative prompt) for
-         * those with guidance > 1 (DiTPipeline's [x; x]). */
+         * those with guidance > 1 (DiTPipeline's [x; x]). A family that
+         * embeds the guidance (FLUX.1-dev) reads the scale from
+         * cond.guidance and gets no unconditional row. */
         int rows = 0, rows_c;
         for (int i = 0; i < n; i++) {
             p->cond_row[i] = -1;
@@ -182,6 +184,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             p->cond_row[i] = rows;
             if ((err = ditd_cond_set_row(&p->cond, rows, &samples[i].cond, 0)))
                 return err;
+            p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
             ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
                         p->lat + (size_t)i * numel, numel);
@@ -192,11 +195,12 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         rows_c = rows;
         for (int i = 0; i < n; i++) {
             p->uncond_row[i] = -1;
-            if (p->cond_row[i] < 0 || !(samples[i].guidance > 1.0f))
+            if (p->cond_row[i] < 0 || !(samples[i].guidance > 1.0f) || p->shapes.guidance_embed)
                 continue;
             p->uncond_row[i] = rows;
             if ((err = ditd_cond_set_row(&p->cond, rows, &samples[i].cond, 1)))
                 return err;
+            p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
             ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
                         p->lat + (size_t)i * numel, numel);

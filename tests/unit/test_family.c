@@ -59,6 +59,7 @@ static int toy_shapes(const char *dir, ditd_denoiser_shapes *out)
         .tokens = 6,
         .prefix_tokens = 0,
     };
+    out->guidance_embed = json_is_true(json_object_get(r, "guidance_embed"));
     int err = ditd_cond_kind_from_str(json_string_value(json_object_get(r, "conditioning")),
                                       &out->cond.kind);
     out->cond.num_classes = (int)json_integer_value(json_object_get(r, "num_classes"));
@@ -89,9 +90,12 @@ static int toy_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
 
 /* The conditioning's contribution of one row: class c -> 0.1 (c + 1), the
  * null class K -> 0; text -> the masked mean of its sequence's first
- * feature plus the pooled vector's first. */
-static double cond_value(const ditd_cond *c, int row)
+ * feature plus the pooled vector's first; with an embedded guidance, plus
+ * 0.01 x its scale. */
+static double cond_value(const ditd_cond *c, int row, int embed)
 {
+    if (embed)
+        return cond_value(c, row, 0) + 0.01 * c->guidance[row];
     if (c->shape.kind == DITD_COND_CLASS)
         return c->class_ids[row] == c->shape.num_classes ? 0.0 : 0.1 * (double)(c->class_ids[row] + 1);
     int L = c->shape.text_len, Dt = c->shape.text_dim, n = 0;
@@ -122,7 +126,8 @@ static int toy_forward(ditd_denoiser *d, int B, const void *x, const float *t,
     for (int b = 0; b < B; b++) {
         if (cond->shape.kind == DITD_COND_CLASS && cond->class_ids[b] == cond->shape.num_classes)
             m->uncond_rows++;
-        toy_eval((const float *)x + (size_t)b * numel, t[b], cond_value(cond, b), numel,
+        toy_eval((const float *)x + (size_t)b * numel, t[b],
+                 cond_value(cond, b, d->shapes.guidance_embed), numel,
                  (float *)out + (size_t)b * 2 * numel);
     }
     return 0;
@@ -155,7 +160,16 @@ static void write_file(const char *dir, const char *name, const char *text)
     }
 }
 
+static void make_model_g(const char *dir, const char *cls, const char *cond, const char *sched,
+                         int guidance_embed);
+
 static void make_model(const char *dir, const char *cls, const char *cond, const char *sched)
+{
+    make_model_g(dir, cls, cond, sched, 0);
+}
+
+static void make_model_g(const char *dir, const char *cls, const char *cond, const char *sched,
+                         int guidance_embed)
 {
     char sub[4200], cfg[1024];
     snprintf(sub, sizeof sub, "%s/transformer", dir);
@@ -168,8 +182,8 @@ static void make_model(const char *dir, const char *cls, const char *cond, const
     snprintf(cfg, sizeof cfg,
              "{\"_class_name\": \"%s\", \"in_channels\": 2, \"height\": 6, \"width\": 5, "
              "\"conditioning\": \"%s\", \"num_classes\": 3, \"text_len\": 4, \"text_dim\": 3, "
-             "\"pooled_dim\": 2}",
-             cls, cond);
+             "\"pooled_dim\": 2, \"guidance_embed\": %s}",
+             cls, cond, guidance_embed ? "true" : "false");
     write_file(dir, "transformer/config.json", cfg);
     write_file(dir, "scheduler/scheduler_config.json", sched);
 }
@@ -201,7 +215,7 @@ static void reference(const ditd_model_info *info, ditd_sampler_kind kind, int s
         ditd_philox_normal(smp[i].seed, smp[i].index, 0, numel, x);
         for (int k = 0; k < ditd_sampler_num_steps(s); k++) {
             toy_eval(x, ts[k], cv[i], numel, e);
-            if (smp[i].guidance > 1.0f) {
+            if (smp[i].guidance > 1.0f && !info->shapes.guidance_embed) {
                 toy_eval(x, ts[k], cv_unc[i], numel, u);
                 for (size_t j = 0; j < numel; j++)
                     e[j] = u[j] + smp[i].guidance * (e[j] - u[j]);
@@ -470,6 +484,40 @@ done:
     ditd_model_info_free(&info);
 }
 
+/* A family that embeds the guidance scale (FLUX.1-dev's way): no
+ * unconditional pass, the scale reaches the forward in cond.guidance. */
+static void test_guidance_embed(const char *tmp)
+{
+    char dir[4200];
+    ditd_model_info info;
+    ditd_pipeline *p = NULL;
+    snprintf(dir, sizeof dir, "%s/toy-embed", tmp);
+    TU_CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+    make_model_g(dir, TOY_CLASS, "class", sched_flow, 1);
+    TU_OK(ditd_model_info_load(dir, &info));
+    TU_CHECK(info.shapes.guidance_embed == 1, "guidance_embed read");
+    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 2, &p));
+    if (!p)
+        goto done;
+    ditd_gen_sample smp[2] = {
+        {.seed = 1, .index = 0, .cond = {.class_id = 1}, .guidance = 3.5f},
+        {.seed = 2, .index = 0, .cond = {.class_id = 0}, .guidance = 1.0f},
+    };
+    double cv[2] = {0.2 + 0.035, 0.1 + 0.01}, unc[2] = {0, 0};
+    ditd_gen_params gp = {.steps = 4, .sampler = DITD_SAMPLER_FLOW_EULER};
+    size_t numel = ditd_denoiser_numel_in(&info.shapes);
+    float got[2 * 60], want[2 * 60];
+    TU_OK(ditd_pipeline_generate(p, &gp, 2, smp, NULL, got, NULL, NULL, NULL));
+    reference(&info, gp.sampler, gp.steps, 2, smp, cv, unc, want);
+    TU_CLOSE("toy embedded guidance (no unconditional pass)", got, want, 2 * numel, 1e-6);
+    toy *m = (toy *)p->den;
+    TU_CHECK(m->calls == 4 && m->uncond_rows == 0, "embedded guidance: %d calls, %d null rows",
+             m->calls, m->uncond_rows);
+    ditd_pipeline_free(p);
+done:
+    ditd_model_info_free(&info);
+}
+
 int main(void)
 {
     char tmp[512], cmd[600];
@@ -479,6 +527,7 @@ int main(void)
     test_registry(tmp);
     test_class_pipeline(tmp);
     test_text_pipeline(tmp);
+    test_guidance_embed(tmp);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     TU_CHECK(system(cmd) == 0, "cleanup");
     return tu_exit();
