@@ -112,8 +112,6 @@ static int plan_par(ditd_dit *m, const ditd_mesh *mesh)
         return err;
     int T = m->lay.tp, RU = m->lay.ring * m->lay.ulysses;
     m->tp_rank = m->mesh ? mesh->tp_rank : 0;
-    m->uly_rank = m->mesh ? mesh->ulysses_rank : 0;
-    m->ring_rank = m->mesh ? mesh->ring_rank : 0;
     ditd_split(c->num_heads, T, m->tp_rank, &m->h0, &m->hc);
     ditd_split(c->ff_dim, T, m->tp_rank, &m->f0, &m->fc);
     /* the attention over the split sequence, on this tp rank's heads */

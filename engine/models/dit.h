@@ -99,7 +99,7 @@ typedef struct ditd_dit {
      * ff (B, N_loc, F_loc). */
     const ditd_mesh *mesh;  /* borrowed; NULL = one rank */
     ditd_layout lay;
-    int tp_rank, ring_rank, uly_rank;
+    int tp_rank;
     int hc, h0;             /* H_loc heads of this tp rank, from head h0 */
     int fc, f0;             /* F_loc MLP columns of this tp rank */
     int n_loc, tok0;        /* N_loc tokens of this cp rank, from token tok0 */
