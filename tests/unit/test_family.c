@@ -365,6 +365,29 @@ static void test_registry(const char *tmp)
     ditd_model_info info;
     TU_CHECK_ERR(ditd_model_info_load(dir, &info), DITD_EUNSUPPORTED, "FluxTransformer2DModel",
                  "DiTTransformer2DModel, " TOY_CLASS);
+    /* enums round-trip; bad shapes and conditioning refused with their numbers */
+    for (int k = 0; k < DITD_COND_KIND_COUNT; k++) {
+        ditd_cond_kind v;
+        TU_OK(ditd_cond_kind_from_str(ditd_cond_kind_name((ditd_cond_kind)k), &v));
+        TU_CHECK((int)v == k, "cond kind round trip %d", k);
+    }
+    for (int k = 0; k < DITD_COMPONENT_COUNT; k++) {
+        ditd_component v;
+        TU_OK(ditd_component_from_str(ditd_component_name((ditd_component)k), &v));
+        TU_CHECK((int)v == k, "component round trip %d", k);
+    }
+    ditd_cond cd;
+    ditd_cond_shape bad_text = {.kind = DITD_COND_TEXT, .text_len = 0, .text_dim = 8};
+    TU_CHECK_ERR(ditd_cond_init(&cd, &bad_text, 4), DITD_EINVAL, "text conditioning (0, 8)");
+    ditd_cond_shape no_class = {.kind = DITD_COND_CLASS, .num_classes = 0};
+    TU_CHECK_ERR(ditd_cond_init(&cd, &no_class, 4), DITD_EINVAL, "0 classes");
+    ditd_denoiser_shapes bs = {.in_channels = 4, .out_channels = 4, .height = 8, .width = 8,
+                               .heads = 0, .tokens = 16,
+                               .cond = {.kind = DITD_COND_CLASS, .num_classes = 10}};
+    TU_CHECK_ERR(ditd_denoiser_shapes_check(&bs, "toy"), DITD_EINVAL, "toy", "0 heads");
+    bs.heads = 2;
+    bs.out_channels = 3;
+    TU_CHECK_ERR(ditd_denoiser_shapes_check(&bs, "toy"), DITD_EINVAL, "4 input, 3 output");
     ditd_component c;
     TU_OK(ditd_component_from_str("vae", &c));
     TU_CHECK(c == DITD_COMPONENT_VAE && !strcmp(ditd_component_name(c), "vae"), "component names");
