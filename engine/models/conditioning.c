@@ -30,36 +30,30 @@ int ditd_cond_init(ditd_cond *c, const ditd_cond_shape *shape, int max_rows)
     memset(c, 0, sizeof *c);
     if (max_rows <= 0)
         return ditd_err_set(DITD_EINVAL, "conditioning for %d rows", max_rows);
-    c->shape = *shape;
-    c->max_rows = max_rows;
-    size_t B = (size_t)max_rows;
-    if (!(c->guidance = calloc(B, sizeof *c->guidance)))
-        return ditd_err_set(DITD_ENOMEM, "conditioning rows");
-    if (shape->kind == DITD_COND_CLASS) {
-        if (shape->num_classes <= 0)
-            return ditd_err_set(DITD_EINVAL, "class conditioning with %d classes",
-                                shape->num_classes);
-        c->class_ids = malloc(B * sizeof *c->class_ids);
-        if (!c->class_ids) {
-            ditd_cond_free(c);
-            return ditd_err_set(DITD_ENOMEM, "conditioning rows");
-        }
-        return 0;
-    }
-    if (shape->kind != DITD_COND_TEXT) {
-        ditd_cond_free(c);
-        return ditd_err_set(DITD_EINVAL, "conditioning kind %d", (int)shape->kind);
-    }
-    if (shape->text_len <= 0 || shape->text_dim <= 0 || shape->pooled_dim < 0) {
-        ditd_cond_free(c);
+    if (shape->kind == DITD_COND_CLASS && shape->num_classes <= 0)
+        return ditd_err_set(DITD_EINVAL, "class conditioning with %d classes", shape->num_classes);
+    if (shape->kind == DITD_COND_TEXT &&
+        (shape->text_len <= 0 || shape->text_dim <= 0 || shape->pooled_dim < 0))
         return ditd_err_set(DITD_EINVAL, "text conditioning (%d, %d), pooled %d", shape->text_len,
                             shape->text_dim, shape->pooled_dim);
+    if ((unsigned)shape->kind >= DITD_COND_KIND_COUNT)
+        return ditd_err_set(DITD_EINVAL, "conditioning kind %d", (int)shape->kind);
+    c->shape = *shape;
+    c->max_rows = max_rows;
+    size_t B = (size_t)max_rows, L = (size_t)shape->text_len;
+    int ok;
+    c->guidance = calloc(B, sizeof *c->guidance);
+    if (shape->kind == DITD_COND_CLASS) {
+        c->class_ids = malloc(B * sizeof *c->class_ids);
+        ok = c->guidance && c->class_ids;
+    } else {
+        c->text = malloc(B * L * (size_t)shape->text_dim * sizeof *c->text);
+        c->mask = malloc(B * L);
+        if (shape->pooled_dim)
+            c->pooled = malloc(B * (size_t)shape->pooled_dim * sizeof *c->pooled);
+        ok = c->guidance && c->text && c->mask && (!shape->pooled_dim || c->pooled);
     }
-    size_t L = (size_t)shape->text_len;
-    c->text = malloc(B * L * (size_t)shape->text_dim * sizeof *c->text);
-    c->mask = malloc(B * L);
-    c->pooled = shape->pooled_dim ? malloc(B * (size_t)shape->pooled_dim * sizeof *c->pooled) : NULL;
-    if (!c->text || !c->mask || (shape->pooled_dim && !c->pooled)) {
+    if (!ok) {
         ditd_cond_free(c);
         return ditd_err_set(DITD_ENOMEM, "conditioning rows");
     }
