@@ -128,8 +128,11 @@ static int load_vae(ditd_model_info *m)
         if ((err = path_join(m->vae_dir, sizeof m->vae_dir, m->dir, "vae")) ||
             (err = path_join(cfg, sizeof cfg, m->vae_dir, "config.json")))
             return err;
-        if (!is_file(cfg))
-            return ditd_err_set(DITD_ENOENT, "%s: missing (model_index.json names a vae)", cfg);
+        if (!is_file(cfg)) { /* the latents can still be saved; decoding is refused */
+            m->vae_dir[0] = '\0';
+            m->vae_scale = m->image_width = m->image_height = m->image_channels = 0;
+            return 0;
+        }
         if ((err = ditd_registry_config_class(cfg, m->vae_class, sizeof m->vae_class)))
             return err;
         if (!(root = json_load_file(cfg, 0, &jerr)))

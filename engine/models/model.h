@@ -36,11 +36,13 @@ typedef struct ditd_model_info {
     const ditd_denoiser_family *denoiser; /* its family (static table, from the registry) */
     ditd_denoiser_shapes shapes; /* latent shape, heads, tokens, conditioning */
     int needs_vae;               /* model_index.json names a vae component */
-    char vae_dir[DITD_MODEL_PATH_MAX]; /* "" without a vae */
+    char vae_dir[DITD_MODEL_PATH_MAX]; /* "" without a vae (or without vae/config.json) */
     char vae_class[128];         /* vae/config.json's _class_name ("" without) */
     int vae_scale;               /* 2^(len(vae block_out_channels) - 1); 1 without a vae */
     int image_width, image_height; /* pixels: latent size x vae_scale */
-    int image_channels;          /* vae out_channels (3); C without a vae */
+    int image_channels;          /* vae out_channels (3); C without a vae. vae_scale and
+                                  * the image are 0 for a latent model without vae/ (its
+                                  * latents can be saved; decoding is refused) */
     int num_classes;             /* K for class conditioning, else 0 */
     char **labels;               /* K entries (id2label; "class N" when absent), owned */
     /* defaults for requests that give none (ditd.json, else built-in) */

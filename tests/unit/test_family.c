@@ -467,6 +467,21 @@ static void test_text_pipeline(const char *tmp)
                  info.image_channels == 3 && info.shapes.width == 5 && info.shapes.height == 6,
              "latent 5x6 -> image %dx%d x%d (scale %d)", info.image_width, info.image_height,
              info.image_channels, info.vae_scale);
+    {   /* the same model_index without vae/: loads (latents can be saved), no image size */
+        char ndir[4300];
+        ditd_model_info ni;
+        snprintf(ndir, sizeof ndir, "%s/toy-novae", tmp);
+        TU_CHECK(mkdir(ndir, 0700) == 0, "mkdir %s", ndir);
+        make_model(ndir, TOY_CLASS, "text", sched_flow);
+        write_file(ndir, "model_index.json",
+                   "{\"_class_name\": \"ToyPipeline\", \"transformer\": [\"test\", \"x\"], "
+                   "\"vae\": [\"diffusers\", \"AutoencoderKL\"], \"scheduler\": [\"diffusers\", \"x\"]}");
+        TU_OK(ditd_model_info_load(ndir, &ni));
+        TU_CHECK(ni.needs_vae && ni.vae_scale == 0 && ni.image_width == 0 && ni.image_height == 0 &&
+                     ni.vae_dir[0] == '\0' && ni.shapes.width == 5,
+                 "no vae/: scale %d, image %dx%d", ni.vae_scale, ni.image_width, ni.image_height);
+        ditd_model_info_free(&ni);
+    }
     TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 2, &p));
     if (!p)
         goto done;
