@@ -120,6 +120,18 @@ static void analytic_bytes(const ditd_dit_config *c, const ditd_layout *l, int B
         B * (double)c->out_channels * c->sample_size * c->sample_size * es * (C - 1);
 }
 
+/* The DiT config of a model folder: `ditd bench` measures the
+ * DiTTransformer2DModel (its FLOP and byte formulas are the DiT's). */
+static int dit_config_of(const ditd_model_info *info, ditd_dit_config *cfg)
+{
+    char path[DITD_MODEL_PATH_MAX + 16];
+    if (info->denoiser != &ditd_dit_family)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s is a %s; ditd bench measures %s", info->dir,
+                            info->denoiser_class, ditd_dit_family.class_name);
+    snprintf(path, sizeof path, "%s/config.json", info->transformer_dir);
+    return ditd_dit_config_load(path, cfg);
+}
+
 static int bench_group(const ditd_layout *layout, const char *model_dir, const char *config,
                        long tokens, long batch, long threads, long iters, long warmup)
 {
@@ -166,8 +178,8 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
             goto done;
         }
         have_info = 1;
-        cfg = info.dit;
-        err = ditd_dit_new_mesh(&cfg, ops, B, info.transformer_dir, mesh, &m);
+        if (!(err = dit_config_of(&info, &cfg)))
+            err = ditd_dit_new_mesh(&cfg, ops, B, info.transformer_dir, mesh, &m);
     } else {
         if ((err = ditd_dit_config_named(config, 2 * (int)side, &cfg))) {
             fail("--config", err);
@@ -344,7 +356,10 @@ int ditd_cmd_bench(int argc, char **argv)
         if ((err = ditd_model_info_load(model_dir, &info)))
             return fail(model_dir, err);
         have_info = 1;
-        cfg = info.dit;
+        if ((err = dit_config_of(&info, &cfg))) {
+            ditd_model_info_free(&info);
+            return fail(model_dir, err);
+        }
         if (side * cfg.patch_size != cfg.sample_size) {
             fprintf(stderr, "ditd bench: %s runs at %d tokens (sample_size %d, patch %d); --tokens %ld differs\n",
                     model_dir, (cfg.sample_size / cfg.patch_size) * (cfg.sample_size / cfg.patch_size),

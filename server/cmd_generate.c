@@ -20,6 +20,8 @@
 
 static void usage(FILE *f)
 {
+    char samplers[256];
+    ditd_sampler_kind_list(" | ", samplers, sizeof samplers);
     fprintf(f,
             "usage: ditd generate [options] -o OUT.png\n"
             "\n"
@@ -29,15 +31,16 @@ static void usage(FILE *f)
             "  --steps K            denoising steps (default: the model's)\n"
             "  --guidance G         classifier-free guidance scale, <= 1 turns it off\n"
             "                       (default: the model's)\n"
-            "  --sampler NAME       ddim | dpmpp-2m | flow-euler (default: the model's)\n"
+            "  --sampler NAME       %s (default: the model's)\n"
             "  -n N                 images (1..64); N > 1 writes OUT-0.png, OUT-1.png, ...\n"
             "  --threads T          CPU threads (default: all)\n"
             "  --device D           cpu (default) | cuda: the GPU of this node-local rank\n"
             "                       (OMPI_COMM_WORLD_LOCAL_RANK, else 0)\n"
             "  --comm-timeout-ms MS cuda groups: a NCCL collective not done in MS aborts\n"
             "                       its communicator and fails the run (default 60000)\n"
-            "  --latents FILE.npy   initial noise (N, C, S, S) float, instead of the generator\n"
-            "  --save-latents FILE.npy  write the final latents (N, C, S, S) float32\n"
+            "  --latents FILE.npy   initial noise (N, C, h, w) float (latent shape), instead\n"
+            "                       of the generator\n"
+            "  --save-latents FILE.npy  write the final latents (N, C, h, w) float32\n"
             "  -o, --output OUT.png output file\n"
             "  -q, --quiet          no progress on stderr\n"
             "\n"
@@ -47,7 +50,8 @@ static void usage(FILE *f)
             "  --ring-degree R      Ring attention (K/V blocks travel the ring)\n"
             "  --ring-rotate M      allgather (default) | p2p\n"
             "  --tp-degree T        Megatron tensor parallel\n"
-            "  --cfg-degree C       1 or 2: conditional and unconditional halves apart\n");
+            "  --cfg-degree C       1 or 2: conditional and unconditional halves apart\n",
+            samplers);
 }
 
 typedef struct progress {
@@ -227,8 +231,9 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     ops->set_threads((int)threads);
 
-    int C = info.dit.in_channels, S = info.dit.sample_size;
-    size_t numel = (size_t)C * (size_t)S * (size_t)S;
+    /* latents (n, C, h, w); for a pixel-space model they are the image */
+    int C = info.shapes.in_channels, LH = info.shapes.height, LW = info.shapes.width;
+    size_t numel = ditd_denoiser_numel_in(&info.shapes);
     if (latents_path) {
         int nd;
         int64_t shape[8];
@@ -236,13 +241,13 @@ int ditd_cmd_generate(int argc, char **argv)
             fail("--latents", err);
             goto done;
         }
-        if (nd != 4 || shape[0] != n || shape[1] != C || shape[2] != S || shape[3] != S) {
+        if (nd != 4 || shape[0] != n || shape[1] != C || shape[2] != LH || shape[3] != LW) {
             fprintf(stderr,
                     "ditd generate: --latents: %s has %d dims (%lld, %lld, %lld, %lld), expected "
                     "(%ld, %d, %d, %d)\n",
                     latents_path, nd, (long long)shape[0], nd > 1 ? (long long)shape[1] : 0LL,
                     nd > 2 ? (long long)shape[2] : 0LL, nd > 3 ? (long long)shape[3] : 0LL, n, C,
-                    S, S);
+                    LH, LW);
             goto done;
         }
     }
@@ -256,7 +261,7 @@ int ditd_cmd_generate(int argc, char **argv)
     for (long i = 0; i < n; i++) {
         samples[i].seed = (uint64_t)seed;
         samples[i].index = (uint64_t)i;
-        samples[i].class_id = class_id;
+        samples[i].cond.class_id = class_id;
         samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
     }
     if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, NULL,
@@ -269,7 +274,7 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done;
     }
     if (save_path) {
-        int64_t shape[4] = {n, C, S, S};
+        int64_t shape[4] = {n, C, LH, LW};
         if ((err = ditd_npy_write_f32(save_path, 4, shape, out))) {
             fail("--save-latents", err);
             goto done;
@@ -284,12 +289,12 @@ int ditd_cmd_generate(int argc, char **argv)
             snprintf(path, sizeof path, "%.*s-%ld%s", (int)(dot - out_path), out_path, i, dot);
         else
             snprintf(path, sizeof path, "%s-%ld", out_path, i);
-        ditd_pipeline_to_pixels(out + (size_t)i * numel, C, S, S, pix);
+        ditd_pipeline_to_pixels(out + (size_t)i * numel, C, LH, LW, pix);
         if (C != 1 && C != 3 && C != 4) {
             fprintf(stderr, "ditd generate: %d channels cannot be written as PNG\n", C);
             goto done;
         }
-        if ((err = ditd_png_write_file(path, pix, S, S, C))) {
+        if ((err = ditd_png_write_file(path, pix, LW, LH, C))) {
             fail(path, err);
             goto done;
         }

@@ -269,12 +269,12 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
     if (!(err = ditd_sched_config_load(info.scheduler_config, &sc)) && info.needs_vae)
         err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
                            model_dir);
-    int tok = info.dit.sample_size / info.dit.patch_size;
-    if (!err && g > 1 && (err = ditd_layout_check_model(l, &info.dit, tok * tok))) {
+    if (!err && g > 1 &&
+        (err = ditd_layout_check_attention(l, info.shapes.heads, info.shapes.tokens))) {
         char d[512];
         snprintf(d, sizeof d, "%s", ditd_err_detail());
         err = ditd_err_set(err, "the layout cannot run %s (%d heads, %d tokens): %s", info.name,
-                           info.dit.num_heads, tok * tok, d);
+                           info.shapes.heads, info.shapes.tokens, d);
     }
     ditd_model_info_free(&info);
     return err;
@@ -298,8 +298,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         fprintf(stderr, "ditd serve: %s: %s\n", model_dir, ditd_err_detail());
         return -1;
     }
-    s->numel = (size_t)s->info.dit.in_channels * (size_t)s->info.dit.sample_size *
-               (size_t)s->info.dit.sample_size;
+    s->numel = (size_t)s->info.image_channels * (size_t)s->info.image_width *
+               (size_t)s->info.image_height;
     {
         ditd_sched_config sc;
         if ((err = ditd_sched_config_load(s->info.scheduler_config, &sc))) {

@@ -129,20 +129,21 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
         goto done;
     if (given)
         r->n = (int)l;
-    /* size: "WxH" the model makes, or "auto" */
-    r->width = r->height = m->dit.sample_size;
+    /* size: "WxH" in pixels (the image, not the latents), or "auto" */
+    r->width = m->image_width;
+    r->height = m->image_height;
     if (get_str(root, "size", &s, e))
         goto done;
     if (s && strcmp(s, "auto") != 0) {
         int w = 0, h = 0, used = 0;
         if (sscanf(s, "%dx%d%n", &w, &h, &used) != 2 || s[used] != '\0' || w <= 0 || h <= 0) {
             bad(e, "size", "'size' must be \"WIDTHxHEIGHT\" (this model: \"%dx%d\"), got \"%s\"",
-                m->dit.sample_size, m->dit.sample_size, s);
+                m->image_width, m->image_height, s);
             goto done;
         }
-        if (w != m->dit.sample_size || h != m->dit.sample_size) {
+        if (w != m->image_width || h != m->image_height) {
             bad(e, "size", "size \"%s\" is not supported by '%s'; supported: \"%dx%d\"", s, m->name,
-                m->dit.sample_size, m->dit.sample_size);
+                m->image_width, m->image_height);
             goto done;
         }
     }
@@ -207,7 +208,9 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
     if (get_str(root, "sampler", &s, e))
         goto done;
     if (s && ditd_sampler_kind_from_str(s, &r->sampler)) {
-        bad(e, "sampler", "unknown sampler '%s'; supported: 'ddim', 'dpmpp-2m', 'flow-euler'", s);
+        char list[256];
+        bad(e, "sampler", "unknown sampler '%s'; supported: %s", s,
+            ditd_sampler_kind_list(", ", list, sizeof list));
         goto done;
     }
     /* class: class_label wins over the prompt */

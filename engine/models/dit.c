@@ -70,7 +70,7 @@ static int carve_acts(ditd_dit *m)
     size_t B = (size_t)m->max_batch, N = (size_t)m->N, D = (size_t)c->inner_dim;
     size_t p = (size_t)c->patch_size, po = p * p * (size_t)c->out_channels;
     size_t Nl = (size_t)m->n_loc, Dh = (size_t)c->head_dim;
-    size_t hcD = (size_t)m->hc * Dh, huD = (size_t)m->hu * Dh, nr = (size_t)m->nr;
+    size_t hcD = (size_t)m->hc * Dh;
     int U = m->lay.ulysses, R = m->lay.ring;
     ditd_dtype at = m->ops->act_dtype;
     ditd_arena *a = &m->acts;
@@ -88,29 +88,8 @@ static int carve_acts(ditd_dit *m)
     err |= carve(a, &m->mod, at, B * 6 * D);
     err |= carve(a, &m->scratch, at, B * N * (size_t)c->in_channels * p * p);
     err |= carve(a, &m->tok_out, at, B * N * po);
-    if (R * U > 1) {
-        size_t mr = (size_t)m->max_ring;
-        size_t send = B * Nl * 3 * hcD > B * nr * huD ? B * Nl * 3 * hcD : B * nr * huD;
-        size_t recv = 3 * B * nr * huD > B * Nl * hcD ? 3 * B * nr * huD : B * Nl * hcD;
+    if (R * U > 1) { /* the split and gather around the token-wise layers */
         err |= carve(a, &m->embed, at, B * N * D);
-        if (U > 1) {
-            err |= carve(a, &m->a2a_send, at, send);
-            err |= carve(a, &m->a2a_recv, at, recv);
-            err |= carve(a, &m->o_acc, at, B * nr * huD);
-        }
-        err |= carve(a, &m->q, at, B * nr * huD);
-        if (R > 1 && m->lay.rotate == DITD_RING_ALLGATHER) {
-            err |= carve(a, &m->kv, at, B * N * 2 * huD);
-        } else {
-            err |= carve(a, &m->kv, at, B * mr * 2 * huD);
-            if (R > 1)
-                err |= carve(a, &m->kv2, at, B * mr * 2 * huD);
-        }
-        if (R > 1) {
-            err |= carve(a, &m->o_blk, at, B * nr * huD);
-            err |= carve(a, (void **)&m->lse_acc, DITD_DTYPE_F32, B * (size_t)m->hu * nr);
-            err |= carve(a, (void **)&m->lse_blk, DITD_DTYPE_F32, B * (size_t)m->hu * nr);
-        }
         err |= carve(a, &m->tok_loc, at, B * Nl * po);
         err |= carve(a, &m->tok_gath, at, B * N * po);
     }
@@ -129,47 +108,23 @@ static int plan_par(ditd_dit *m, const ditd_mesh *mesh)
     int err;
     m->mesh = mesh && mesh->size > 1 ? mesh : NULL;
     m->lay = m->mesh ? mesh->layout : DITD_LAYOUT_SINGLE;
-    if (m->mesh && (err = ditd_layout_check_model(&m->lay, c, m->N)))
+    if (m->mesh && (err = ditd_layout_check_attention(&m->lay, c->num_heads, m->N)))
         return err;
-    int T = m->lay.tp, U = m->lay.ulysses, R = m->lay.ring, RU = R * U;
+    int T = m->lay.tp, RU = m->lay.ring * m->lay.ulysses;
     m->tp_rank = m->mesh ? mesh->tp_rank : 0;
-    m->uly_rank = m->mesh ? mesh->ulysses_rank : 0;
-    m->ring_rank = m->mesh ? mesh->ring_rank : 0;
     ditd_split(c->num_heads, T, m->tp_rank, &m->h0, &m->hc);
     ditd_split(c->ff_dim, T, m->tp_rank, &m->f0, &m->fc);
-    int *ints = calloc((size_t)(6 * RU + 2 * R + 2 * U + 8), sizeof(int));
-    if (!ints)
+    /* the attention over the split sequence, on this tp rank's heads */
+    if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, 0, m->hc, c->head_dim,
+                                     &m->cpa)))
+        return err;
+    m->n_loc = m->cpa->n_loc;
+    m->tok0 = m->cpa->tok0;
+    m->tok_cnt = m->cpa->tok_cnt;
+    m->tok_off = m->cpa->tok_off;
+    if (!(m->cnt_a = calloc(2 * (size_t)RU, sizeof(int))))
         return ditd_err_set(DITD_ENOMEM, "parallel plan");
-    m->tok_cnt = ints;
-    m->tok_off = m->tok_cnt + RU;
-    m->cnt_a = m->tok_off + RU;
     m->dsp_a = m->cnt_a + RU;
-    m->cnt_b = m->dsp_a + RU;
-    m->dsp_b = m->cnt_b + RU;
-    m->ring_cnt = m->dsp_b + RU;
-    m->ring_off = m->ring_cnt + R;
-    m->uh_cnt = m->ring_off + R;
-    m->uh_off = m->uh_cnt + U;
-    for (int s = 0; s < RU; s++)
-        ditd_split(m->N, RU, s, &m->tok_off[s], &m->tok_cnt[s]);
-    m->max_ring = 0;
-    for (int j = 0; j < R; j++) {
-        m->ring_off[j] = m->tok_off[j * U];
-        m->ring_cnt[j] = 0;
-        for (int v = 0; v < U; v++)
-            m->ring_cnt[j] += m->tok_cnt[j * U + v];
-        if (m->ring_cnt[j] > m->max_ring)
-            m->max_ring = m->ring_cnt[j];
-    }
-    for (int v = 0; v < U; v++)
-        ditd_split(m->hc, U, v, &m->uh_off[v], &m->uh_cnt[v]);
-    int s = m->ring_rank * U + m->uly_rank;
-    m->n_loc = m->tok_cnt[s];
-    m->tok0 = m->tok_off[s];
-    m->nr = m->ring_cnt[m->ring_rank];
-    m->ring0 = m->ring_off[m->ring_rank];
-    m->hu = m->uh_cnt[m->uly_rank];
-    m->hu0 = m->uh_off[m->uly_rank];
     return 0;
 }
 
@@ -209,6 +164,8 @@ static int dit_alloc(const ditd_dit_config *cfg, const ditd_backend_ops *ops, in
     m->cfg = *cfg;
     m->ops = ops;
     m->max_batch = max_batch;
+    m->base.max_batch = max_batch; /* base.family: set by the family table's load */
+    ditd_dit_config_shapes(cfg, &m->base.shapes);
     m->gh = cfg->sample_size / cfg->patch_size;
     m->gw = m->gh;
     m->N = m->gh * m->gw;
@@ -247,7 +204,8 @@ void ditd_dit_free(ditd_dit *m)
     ditd_arena_free(&m->weights);
     ditd_arena_free(&m->acts);
     free(m->blocks);
-    free(m->tok_cnt);
+    ditd_cp_attention_free(m->cpa);
+    free(m->cnt_a);
     free(m);
 }
 
@@ -258,7 +216,7 @@ size_t ditd_dit_weight_bytes(const ditd_dit *m)
 
 size_t ditd_dit_act_bytes(const ditd_dit *m)
 {
-    return m->acts.size;
+    return m->acts.size + (m->cpa ? ditd_cp_attention_bytes(m->cpa) : 0);
 }
 
 /* ---- loading ---- */
@@ -537,164 +495,24 @@ static void copy2d(const ditd_backend_ops *ops, void *dst, size_t ldd, const voi
     ops->copy2d(dst, ldd, src, lds, rows, cols);
 }
 
-/* Context-parallel attention of this rank's heads over the whole sequence.
- *   in:  qkv (B, N_loc, 3 H_loc Dh)      this rank's tokens, its tp heads
- *   out: att (B, N_loc, H_loc Dh)
- * Ulysses turns (N_loc tokens, H_loc heads) into (N_ring tokens, H_u heads)
- * and back; the ring then brings the other chunks' K/V to each rank. */
-static int cp_attention(ditd_dit *m, int B)
-{
-    const ditd_backend_ops *ops = m->ops;
-    const ditd_dit_config *c = &m->cfg;
-    const ditd_mesh *mesh = m->mesh;
-    ditd_dtype at = ops->act_dtype;
-    int U = m->lay.ulysses, R = m->lay.ring, r = m->ring_rank, Dh = c->head_dim;
-    size_t Bz = (size_t)B, nl = (size_t)m->n_loc, nr = (size_t)m->nr;
-    size_t hcD = (size_t)m->hc * Dh, huD = (size_t)m->hu * Dh;
-    float scale = 1.0f / sqrtf((float)Dh);
-    int p2p = R > 1 && m->lay.rotate == DITD_RING_P2P;
-    const void *q;
-    size_t ldq;
-    void *o = U > 1 ? m->o_acc : m->att; /* (B, N_ring, H_u Dh) */
-    void *kv_own = R > 1 && !p2p ? ditd_ptr_act(ops, m->kv, Bz * (size_t)m->ring0 * 2 * huD)
-                                 : m->kv;
-    int err;
-
-    if (U > 1) {
-        /* to ulysses rank v: (B, 3, N_loc, H_v Dh), its heads of q, k, v */
-        size_t sd = 0, rd = 0;
-        for (int v = 0; v < U; v++) {
-            size_t vD = (size_t)m->uh_cnt[v] * Dh, nv = (size_t)m->tok_cnt[r * U + v];
-            for (size_t b = 0; b < Bz; b++)
-                for (size_t j = 0; j < 3; j++)
-                    copy2d(ops, ditd_ptr_act(ops, m->a2a_send, sd + (b * 3 + j) * nl * vD), vD,
-                           ditd_ptr_act(ops, m->qkv, b * nl * 3 * hcD + j * hcD + (size_t)m->uh_off[v] * Dh),
-                           3 * hcD, nl, vD);
-            m->cnt_a[v] = (int)(Bz * 3 * nl * vD);
-            m->dsp_a[v] = (int)sd;
-            sd += Bz * 3 * nl * vD;
-            m->cnt_b[v] = (int)(Bz * 3 * nv * huD);
-            m->dsp_b[v] = (int)rd;
-            rd += Bz * 3 * nv * huD;
-        }
-        if ((err = ditd_comm_alltoallv(mesh->ulysses_comm, at, m->a2a_send, m->cnt_a, m->dsp_a,
-                                       m->a2a_recv, m->cnt_b, m->dsp_b)))
-            return err;
-        /* from v: (B, 3, N_v, H_u Dh), v's tokens of this ring chunk */
-        for (int v = 0; v < U; v++) {
-            size_t nv = (size_t)m->tok_cnt[r * U + v];
-            size_t off = (size_t)(m->tok_off[r * U + v] - m->ring0);
-            for (size_t b = 0; b < Bz; b++) {
-                const void *src = ditd_ptr_act(ops, m->a2a_recv, (size_t)m->dsp_b[v] + b * 3 * nv * huD);
-                copy2d(ops, ditd_ptr_act(ops, m->q, (b * nr + off) * huD), huD, src, huD, nv, huD);
-                for (size_t j = 1; j < 3; j++)
-                    copy2d(ops, ditd_ptr_act(ops, kv_own, (b * nr + off) * 2 * huD + (j - 1) * huD),
-                           2 * huD, ditd_ptr_act(ops, src, j * nv * huD), huD, nv, huD);
-            }
-        }
-        q = m->q;
-        ldq = huD;
-    } else {
-        /* ring only: q stays in place; this rank's K/V block, contiguous */
-        for (size_t b = 0; b < Bz; b++)
-            copy2d(ops, ditd_ptr_act(ops, kv_own, b * nr * 2 * huD), 2 * huD,
-                   ditd_ptr_act(ops, m->qkv, b * nl * 3 * hcD + hcD), 3 * hcD, nl, 2 * hcD);
-        q = m->qkv;
-        ldq = 3 * hcD;
-    }
-
-    if (R == 1) {
-        ops->attention(q, ldq, kv_own, 2 * huD, ditd_ptr_act(ops, kv_own, huD), 2 * huD, o, huD,
-                       NULL, B, (int)nr, (int)nr, m->hu, Dh, scale);
-    } else {
-        /* block j holds ring chunk j's K/V: (B, ring_cnt[j], 2 H_u Dh) */
-        void *cur = kv_own, *nxt = m->kv2;
-        ditd_comm_req req;
-        if (!p2p) {
-            for (int j = 0; j < R; j++) {
-                m->cnt_a[j] = (int)(Bz * (size_t)m->ring_cnt[j] * 2 * huD);
-                m->dsp_a[j] = (int)(Bz * (size_t)m->ring_off[j] * 2 * huD);
-            }
-            if ((err = ditd_comm_allgatherv(mesh->ring_comm, at, NULL, m->kv, m->cnt_a, m->dsp_a)))
-                return err;
-        }
-        for (int i = 0; i < R; i++) {
-            int j = (r + R - i) % R, jn = (j + R - 1) % R;
-            const void *blk = p2p ? cur : ditd_ptr_act(ops, m->kv, (size_t)m->dsp_a[j]);
-            if (p2p && i + 1 < R &&
-                (err = ditd_comm_sendrecv_start(
-                     mesh->ring_comm, at, cur, (int)(Bz * (size_t)m->ring_cnt[j] * 2 * huD),
-                     (r + 1) % R, nxt, (int)(Bz * (size_t)m->ring_cnt[jn] * 2 * huD),
-                     (r + R - 1) % R, &req)))
-                return err;
-            /* the block in hand, while the next one travels */
-            ops->attention(q, ldq, blk, 2 * huD, ditd_ptr_act(ops, blk, huD), 2 * huD,
-                           i ? m->o_blk : o, huD, i ? m->lse_blk : m->lse_acc, B, (int)nr,
-                           m->ring_cnt[j], m->hu, Dh, scale);
-            if (i)
-                ops->attention_merge(o, huD, m->lse_acc, m->o_blk, huD, m->lse_blk, B, (int)nr,
-                                     m->hu, Dh);
-            if (p2p && i + 1 < R) {
-                if ((err = ditd_comm_wait(mesh->ring_comm, &req)))
-                    return err;
-                void *t = cur;
-                cur = nxt;
-                nxt = t;
-            }
-        }
-    }
-
-    if (U > 1) {
-        /* back: to v its tokens for this rank's heads, (B, N_v, H_u Dh) */
-        size_t sd = 0, rd = 0;
-        for (int v = 0; v < U; v++) {
-            size_t vD = (size_t)m->uh_cnt[v] * Dh, nv = (size_t)m->tok_cnt[r * U + v];
-            size_t off = (size_t)(m->tok_off[r * U + v] - m->ring0);
-            for (size_t b = 0; b < Bz; b++)
-                copy2d(ops, ditd_ptr_act(ops, m->a2a_send, sd + b * nv * huD), huD,
-                       ditd_ptr_act(ops, o, (b * nr + off) * huD), huD, nv, huD);
-            m->cnt_a[v] = (int)(Bz * nv * huD);
-            m->dsp_a[v] = (int)sd;
-            sd += Bz * nv * huD;
-            m->cnt_b[v] = (int)(Bz * nl * vD);
-            m->dsp_b[v] = (int)rd;
-            rd += Bz * nl * vD;
-        }
-        if ((err = ditd_comm_alltoallv(mesh->ulysses_comm, at, m->a2a_send, m->cnt_a, m->dsp_a,
-                                       m->a2a_recv, m->cnt_b, m->dsp_b)))
-            return err;
-        for (int v = 0; v < U; v++) {
-            size_t vD = (size_t)m->uh_cnt[v] * Dh;
-            for (size_t b = 0; b < Bz; b++)
-                copy2d(ops, ditd_ptr_act(ops, m->att, b * nl * hcD + (size_t)m->uh_off[v] * Dh),
-                       hcD, ditd_ptr_act(ops, m->a2a_recv, (size_t)m->dsp_b[v] + b * nl * vD), vD,
-                       nl, vD);
-        }
-    }
-    return 0;
-}
-
 /* Multi-head self-attention on the modulated tokens xn (B, N_loc, D) into
  * xn: this rank's heads (tp), over the whole sequence (cp). */
 static int self_attention(ditd_dit *m, const ditd_dit_block *b, int B)
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_dit_config *c = &m->cfg;
-    int D = c->inner_dim, N = m->N, M = B * m->n_loc, hcD = m->hc * c->head_dim;
+    int D = c->inner_dim, M = B * m->n_loc, hcD = m->hc * c->head_dim;
     size_t ld3 = 3 * (size_t)hcD;
     int err;
 
     /* qkv (B, N_loc, 3 H_loc Dh) = xn @ [Wq; Wk; Wv]^T (this rank's rows):
      * q, k, v are (B, N_loc, H_loc, Dh) views of stride 3 H_loc Dh */
     ops->linear(m->xn, (size_t)D, b->qkv_w, b->qkv_b, m->qkv, ld3, M, 3 * hcD, D, DITD_ACT_NONE);
-    if (m->lay.ring * m->lay.ulysses > 1) {
-        if ((err = cp_attention(m, B)))
-            return err;
-    } else {
-        ops->attention(m->qkv, ld3, ditd_ptr_act(ops, m->qkv, (size_t)hcD), ld3,
-                       ditd_ptr_act(ops, m->qkv, 2 * (size_t)hcD), ld3, m->att, (size_t)hcD,
-                       NULL, B, N, N, m->hc, c->head_dim, 1.0f / sqrtf((float)c->head_dim));
-    }
+    /* attention over the whole sequence (context parallel: engine/parallel) */
+    if ((err = ditd_cp_attention_run(m->cpa, B, m->qkv, ditd_ptr_act(ops, m->qkv, (size_t)hcD),
+                                     ditd_ptr_act(ops, m->qkv, 2 * (size_t)hcD), ld3, m->att,
+                                     (size_t)hcD, NULL, NULL, NULL, 0, NULL, 0)))
+        return err;
     /* to_out.0: (B, N_loc, H_loc Dh) -> (B, N_loc, D) into xn (free again);
      * row-parallel under tp: partial sums, the bias once, then all-reduce */
     ops->linear(m->att, (size_t)hcD, b->o_w, m->tp_rank == 0 ? b->o_b : NULL, m->xn, (size_t)D, M,

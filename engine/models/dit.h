@@ -25,12 +25,9 @@
  *     tokens ditd_split(N, R*U, s)), every token-wise layer runs on local
  *     tokens, and the final layer's tokens are all-gathered before
  *     unpatchify (p*p*Co numbers per token rather than D).
- *     Ulysses: all-to-all from (local tokens, all local heads) to (the ring
- *     chunk's tokens, heads ditd_split(H_loc, U, u)), attention, all-to-all
- *     back. Ring: K/V blocks of the R ring chunks visit every ring rank
- *     (allgather, or p2p: send/recv double-buffered, the next block in
- *     flight while this one's attention runs); partial outputs merge by
- *     their log-sum-exp in fp32.
+ *     The attention itself (Ulysses, Ring allgather/p2p, USP) is the
+ *     shared module engine/parallel/cp_attention.h, on this rank's H_loc
+ *     heads.
  *   - with no mesh (or a mesh of one) the forward is exactly the
  *     single-rank one, op for op.
  */
@@ -41,6 +38,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/models/dit_config.h"
+#include "engine/parallel/cp_attention.h"
 #include "engine/parallel/mesh.h"
 #include "engine/core/tensor.h"
 
@@ -66,6 +64,7 @@ typedef struct ditd_dit_graph {
 } ditd_dit_graph;
 
 typedef struct ditd_dit {
+    ditd_denoiser base;     /* first: a ditd_dit is a denoiser (dit_denoiser.c) */
     ditd_dit_config cfg;
     const ditd_backend_ops *ops;
     int max_batch;
@@ -100,24 +99,15 @@ typedef struct ditd_dit {
      * ff (B, N_loc, F_loc). */
     const ditd_mesh *mesh;  /* borrowed; NULL = one rank */
     ditd_layout lay;
-    int tp_rank, ring_rank, uly_rank;
+    int tp_rank;
     int hc, h0;             /* H_loc heads of this tp rank, from head h0 */
     int fc, f0;             /* F_loc MLP columns of this tp rank */
     int n_loc, tok0;        /* N_loc tokens of this cp rank, from token tok0 */
-    int nr, ring0;          /* tokens of this rank's ring chunk */
-    int hu, hu0;            /* heads (of the hc) after the ulysses exchange */
-    int max_ring;           /* largest ring chunk */
-    int *tok_cnt, *tok_off;   /* (R*U) tokens per cp rank */
-    int *ring_cnt, *ring_off; /* (R) tokens per ring chunk */
-    int *uh_cnt, *uh_off;     /* (U) heads per ulysses rank */
-    int *cnt_a, *dsp_a, *cnt_b, *dsp_b; /* (R*U) collective counts */
+    ditd_cp_attention *cpa; /* the attention over the split sequence (engine/parallel) */
+    const int *tok_cnt, *tok_off; /* (R*U) tokens per cp rank (cpa's) */
+    int *cnt_a, *dsp_a;     /* (R*U) counts of the final gather */
     /* context-parallel buffers (empty without cp) */
     void *embed;            /* (B, N, D) patch embedding of the whole image */
-    void *a2a_send, *a2a_recv;
-    void *q;                /* (B, N_ring, H_u Dh) */
-    void *kv, *kv2;         /* K/V blocks (B, n, 2 H_u Dh): all R (allgather) or 2 (p2p) */
-    void *o_acc, *o_blk;    /* (B, N_ring, H_u Dh) */
-    float *lse_acc, *lse_blk; /* (B, H_u, N_ring) fp32 */
     void *tok_loc;          /* (B, N_loc, p*p*Co) */
     void *tok_gath;         /* (B*N, p*p*Co) rank blocks before reordering */
 
@@ -143,7 +133,7 @@ int ditd_dit_new_random(const ditd_dit_config *cfg, const ditd_backend_ops *ops,
 
 /* As ditd_dit_new / ditd_dit_new_random, one rank of a mesh (borrowed;
  * must outlive the model; NULL = one rank). The layout is checked against
- * the model first (ditd_layout_check_model: every rank refuses the same
+ * the model first (ditd_layout_check_attention: every rank refuses the same
  * layout, before any collective); under tp each rank reads, or draws, only
  * its own slices (random weights are slices of the single-rank streams, so
  * every layout runs the same model). Not collective. */
@@ -168,6 +158,11 @@ void ditd_dit_free(ditd_dit *m);
  * are uploaded to device buffers first, so replays see each step's. */
 int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
                      void *out);
+
+/* The family table of DiTTransformer2DModel (engine/models/dit_denoiser.c):
+ * its load makes a ditd_dit whose base is a complete ditd_denoiser (a
+ * ditd_dit made by ditd_dit_new* directly has base.shapes but no family). */
+extern const ditd_denoiser_family ditd_dit_family;
 
 /* Bytes held by the weight and activation arenas. */
 size_t ditd_dit_weight_bytes(const ditd_dit *m);

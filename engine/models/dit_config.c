@@ -236,3 +236,18 @@ double ditd_dit_config_flops(const ditd_dit_config *c, int B, int N)
     return c->num_layers * per_block + 2.0 * T * D * c->in_channels * p * p +
            2.0 * B * 2 * D * D + 2.0 * T * p * p * c->out_channels * D;
 }
+
+void ditd_dit_config_shapes(const ditd_dit_config *c, ditd_denoiser_shapes *out)
+{
+    int g = c->sample_size / c->patch_size;
+    *out = (ditd_denoiser_shapes){
+        .in_channels = c->in_channels,
+        .out_channels = c->out_channels,
+        .height = c->sample_size,
+        .width = c->sample_size,
+        .heads = c->num_heads,
+        .tokens = g * g,
+        .prefix_tokens = 0,
+        .cond = {.kind = DITD_COND_CLASS, .num_classes = c->num_embeds_ada_norm},
+    };
+}

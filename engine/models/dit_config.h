@@ -9,6 +9,7 @@
 #define DITD_ENGINE_DIT_CONFIG_H
 
 #include "engine/backend/backend.h"
+#include "engine/models/denoiser.h"
 
 typedef struct ditd_dit_config {
     int in_channels;          /* C */
@@ -43,6 +44,10 @@ int ditd_dit_config_finish(ditd_dit_config *c, const char *what);
  * variants), with 1000 classes, learned sigma, 4 latent channels and the
  * given latent side. Name is case-insensitive, e.g. "DiT-XL/2". */
 int ditd_dit_config_named(const char *name, int sample_size, ditd_dit_config *out);
+
+/* The shapes the config gives the denoiser interface: latent C x S x S,
+ * Co, H heads, N = (S/p)^2 tokens, class conditioning with K classes. */
+void ditd_dit_config_shapes(const ditd_dit_config *c, ditd_denoiser_shapes *out);
 
 /* Parameter count of the transformer. */
 long long ditd_dit_config_params(const ditd_dit_config *c);

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "engine/core/error.h"
+#include "engine/models/registry.h"
 
 static int path_join(char *dst, size_t len, const char *a, const char *b)
 {
@@ -33,6 +34,8 @@ static int load_labels(ditd_model_info *m, json_t *index, const char *path)
     const char *key;
     json_t *val;
 
+    if (m->num_classes == 0) /* not class-conditional: no labels */
+        return 0;
     m->labels = calloc((size_t)m->num_classes, sizeof *m->labels);
     if (!m->labels)
         return ditd_err_set(DITD_ENOMEM, "labels");
@@ -109,6 +112,52 @@ done:
     return err;
 }
 
+/* vae/config.json: the scale factor 2^(len(block_out_channels) - 1), as
+ * Diffusers' pipelines compute vae_scale_factor, and the image channels.
+ * Loading the VAE itself is the VAE family's business. */
+static int load_vae(ditd_model_info *m)
+{
+    char cfg[DITD_MODEL_PATH_MAX];
+    json_error_t jerr;
+    json_t *root, *v;
+    int err = 0;
+
+    m->vae_scale = 1;
+    m->image_channels = m->shapes.in_channels;
+    if (m->needs_vae) {
+        if ((err = path_join(m->vae_dir, sizeof m->vae_dir, m->dir, "vae")) ||
+            (err = path_join(cfg, sizeof cfg, m->vae_dir, "config.json")))
+            return err;
+        if (!is_file(cfg)) { /* the latents can still be saved; decoding is refused */
+            m->vae_dir[0] = '\0';
+            m->vae_scale = m->image_width = m->image_height = m->image_channels = 0;
+            return 0;
+        }
+        if ((err = ditd_registry_config_class(cfg, m->vae_class, sizeof m->vae_class)))
+            return err;
+        if (!(root = json_load_file(cfg, 0, &jerr)))
+            return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", cfg, jerr.line, jerr.text);
+        /* AutoencoderKL's defaults: block_out_channels (64,), out_channels 3 */
+        v = json_object_get(root, "block_out_channels");
+        size_t n = v ? json_array_size(v) : 1;
+        if (v && (!json_is_array(v) || n < 1 || n > 8))
+            err = ditd_err_set(DITD_EFORMAT, "%s: block_out_channels must be a list of 1..8 numbers", cfg);
+        m->vae_scale = 1 << (n - 1);
+        v = json_object_get(root, "out_channels");
+        m->image_channels = 3;
+        if (!err && v && (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4))
+            err = ditd_err_set(DITD_EUNSUPPORTED, "%s: out_channels must be 1..4 (image channels)", cfg);
+        else if (v)
+            m->image_channels = (int)json_integer_value(v);
+        json_decref(root);
+        if (err)
+            return err;
+    }
+    m->image_width = m->shapes.width * m->vae_scale;
+    m->image_height = m->shapes.height * m->vae_scale;
+    return 0;
+}
+
 int ditd_model_info_load(const char *dir, ditd_model_info *out)
 {
     ditd_model_info *m = out;
@@ -158,9 +207,20 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
         err = ditd_err_set(DITD_ENOENT, "%s: missing", m->scheduler_config);
         goto fail;
     }
-    if ((err = ditd_dit_config_load(cfg, &m->dit)))
+    if ((err = ditd_registry_config_class(cfg, m->denoiser_class, sizeof m->denoiser_class)))
         goto fail;
-    m->num_classes = m->dit.num_embeds_ada_norm;
+    const void *fam;
+    if ((err = ditd_registry_find(DITD_COMPONENT_TRANSFORMER, m->denoiser_class, &fam))) {
+        char d[600];
+        snprintf(d, sizeof d, "%s", ditd_err_detail());
+        err = ditd_err_set(err, "%s: %s", cfg, d);
+        goto fail;
+    }
+    m->denoiser = fam;
+    if ((err = m->denoiser->shapes(m->transformer_dir, &m->shapes)) ||
+        (err = ditd_denoiser_shapes_check(&m->shapes, cfg)) || (err = load_vae(m)))
+        goto fail;
+    m->num_classes = m->shapes.cond.kind == DITD_COND_CLASS ? m->shapes.cond.num_classes : 0;
     if ((err = load_labels(m, index, path)) || (err = load_defaults(m)))
         goto fail;
     json_decref(index);

@@ -1,20 +1,29 @@
 /* A model folder in Diffusers layout, as users have it on disk:
  *   model_index.json            pipeline class, components, id2label
- *   transformer/config.json     + *.safetensors (single or sharded)
+ *   transformer/config.json     + *.safetensors (single or sharded); its
+ *                               _class_name picks the denoiser family
+ *                               (engine/models/registry.h)
  *   scheduler/scheduler_config.json
- *   vae/                        latent models only
+ *   vae/config.json             latent models only: block_out_channels
+ *                               gives the VAE scale factor
  *   ditd.json                   optional: ditd's default generation settings
  *                               {"num_inference_steps", "guidance_scale", "sampler"}
  *
  * This module reads the folder's small JSON files into typed fields; it
- * does not load weights (engine/models/dit.h) or build samplers (engine/pipeline/sampler.h).
+ * does not load weights (the family's table does) or build samplers
+ * (engine/pipeline/sampler.h).
+ *
+ * Latent and image are different shapes: the denoiser works on latents
+ * (shapes: C x h x w); the image is (h x vae_scale) x (w x vae_scale)
+ * pixels of image_channels. A pixel-space model (no vae) has vae_scale 1
+ * and image_channels C: the two are equal.
  */
 #ifndef DITD_ENGINE_MODEL_H
 #define DITD_ENGINE_MODEL_H
 
 #include <stdint.h>
 
-#include "engine/models/dit_config.h"
+#include "engine/models/denoiser.h"
 
 #define DITD_MODEL_PATH_MAX 4096
 
@@ -23,9 +32,18 @@ typedef struct ditd_model_info {
     char name[256];              /* the folder's base name: the API's model id */
     char transformer_dir[DITD_MODEL_PATH_MAX];
     char scheduler_config[DITD_MODEL_PATH_MAX];
-    ditd_dit_config dit;
+    char denoiser_class[128];    /* transformer/config.json's _class_name */
+    const ditd_denoiser_family *denoiser; /* its family (static table, from the registry) */
+    ditd_denoiser_shapes shapes; /* latent shape, heads, tokens, conditioning */
     int needs_vae;               /* model_index.json names a vae component */
-    int num_classes;             /* K = dit.num_embeds_ada_norm */
+    char vae_dir[DITD_MODEL_PATH_MAX]; /* "" without a vae (or without vae/config.json) */
+    char vae_class[128];         /* vae/config.json's _class_name ("" without) */
+    int vae_scale;               /* 2^(len(vae block_out_channels) - 1); 1 without a vae */
+    int image_width, image_height; /* pixels: latent size x vae_scale */
+    int image_channels;          /* vae out_channels (3); C without a vae. vae_scale and
+                                  * the image are 0 for a latent model without vae/ (its
+                                  * latents can be saved; decoding is refused) */
+    int num_classes;             /* K for class conditioning, else 0 */
     char **labels;               /* K entries (id2label; "class N" when absent), owned */
     /* defaults for requests that give none (ditd.json, else built-in) */
     int default_steps;

@@ -76,9 +76,9 @@ int ditd_layout_check(const ditd_layout *l, int group_size)
     return 0;
 }
 
-int ditd_layout_check_model(const ditd_layout *l, const ditd_dit_config *c, int N)
+int ditd_layout_check_attention(const ditd_layout *l, int heads, int N)
 {
-    int H = c->num_heads;
+    int H = heads;
     if (l->tp > H)
         return ditd_err_set(DITD_EINVAL, "tp degree %d > %d attention heads: a rank would hold no head",
                             l->tp, H);
@@ -93,8 +93,6 @@ int ditd_layout_check_model(const ditd_layout *l, const ditd_dit_config *c, int 
         return ditd_err_set(DITD_EINVAL,
                             "ring %d x ulysses %d = %d sequence shards > %d tokens", l->ring,
                             l->ulysses, l->ring * l->ulysses, N);
-    if (l->tp > c->ff_dim)
-        return ditd_err_set(DITD_EINVAL, "tp degree %d > ff width %d", l->tp, c->ff_dim);
     return 0;
 }
 

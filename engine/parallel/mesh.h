@@ -10,8 +10,9 @@
  * rank 0) makes every control decision and broadcasts it
  * (ditd_mesh_bcast*), so all ranks run the same collectives.
  *
- * What it is not: it knows no model. Whether a layout fits a model (heads,
- * tokens) is ditd_layout_check_model(), called when the model loads.
+ * What it is not: it knows no model. Whether a layout fits a model's
+ * attention (heads, tokens) is ditd_layout_check_attention(), called when
+ * the model loads.
  *
  * Worker-loop use (world = rank 0 front-end + D groups of G ranks):
  *     ditd_comm_mpi_init(&argc, &argv);
@@ -32,7 +33,6 @@
 #include <stddef.h>
 
 #include "engine/parallel/comm.h"
-#include "engine/models/dit_config.h"
 
 typedef enum ditd_ring_rotate {
     DITD_RING_ALLGATHER = 0, /* gather every K/V block, then loop (as Diffusers) */
@@ -63,12 +63,13 @@ int ditd_layout_size(const ditd_layout *l);
  * naming the numbers. Collective-free: every rank decides the same. */
 int ditd_layout_check(const ditd_layout *l, int group_size);
 
-/* The layout against a model at N tokens: tp <= heads; ulysses <= the
- * smallest local head count (heads split over tp); ring * ulysses <=
- * tokens. Uneven splits are fine (heads and tokens are split as evenly as
- * they go); these are the only sizes that cannot work (a rank with no
- * head or no token). DITD_EINVAL naming the numbers. */
-int ditd_layout_check_model(const ditd_layout *l, const ditd_dit_config *c, int N);
+/* The layout against an attention of `heads` heads over `tokens` split
+ * tokens (any family; a prefix outside the split does not count): tp <=
+ * heads; ulysses <= the smallest local head count (heads split over tp);
+ * ring * ulysses <= tokens. Uneven splits are fine (heads and tokens are
+ * split as evenly as they go); these are the only sizes that cannot work
+ * (a rank with no head or no token). DITD_EINVAL naming the numbers. */
+int ditd_layout_check_attention(const ditd_layout *l, int heads, int tokens);
 
 typedef struct ditd_mesh {
     ditd_layout layout;

@@ -1,4 +1,4 @@
-/* The DiTPipeline denoising loop: noise, forward, guidance, sampler step. */
+/* The denoising loop: noise, forward, guidance, sampler step; any family. */
 #include "engine/pipeline/pipeline.h"
 
 #include <math.h>
@@ -18,8 +18,6 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
                             int max_samples, const ditd_mesh *mesh, ditd_pipeline **out)
 {
     ditd_pipeline *p;
-    const ditd_dit_config *c = &info->dit;
-    size_t S2 = (size_t)c->sample_size * (size_t)c->sample_size;
     size_t n2;
     int err;
 
@@ -32,14 +30,22 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     p->info = *info;
     p->mesh = mesh && mesh->size > 1 ? mesh : NULL;
     p->max_samples = max_samples;
-    p->numel = (size_t)c->in_channels * S2;
-    p->numel_out = (size_t)c->out_channels * S2;
     n2 = 2 * (size_t)max_samples;
     if ((err = ditd_sched_config_load(info->scheduler_config, &p->sched_base)))
         goto fail;
+    if (!info->denoiser) {
+        err = ditd_err_set(DITD_EINVAL, "%s: no denoiser family", info->dir);
+        goto fail;
+    }
     /* under cfg parallel each half runs at most max_samples rows */
-    if ((err = ditd_dit_new_mesh(c, ops, p->mesh && p->mesh->layout.cfg == 2 ? max_samples : (int)n2,
-                                 info->transformer_dir, p->mesh, &p->dit)))
+    if ((err = ditd_denoiser_load(info->denoiser, info->transformer_dir, ops,
+                                  p->mesh && p->mesh->layout.cfg == 2 ? max_samples : (int)n2,
+                                  p->mesh, &p->den)))
+        goto fail;
+    p->shapes = p->den->shapes;
+    p->numel = ditd_denoiser_numel_in(&p->shapes);
+    p->numel_out = ditd_denoiser_numel_out(&p->shapes);
+    if ((err = ditd_cond_init(&p->cond, &p->shapes.cond, (int)n2)))
         goto fail;
     /* Backend buffers for the model's input and output live in host memory
      * on the CPU; the CUDA backend will carve them from its device arena. */
@@ -56,11 +62,10 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     }
     p->h_out = malloc(n2 * p->numel_out * sizeof(float));
     p->h_t = malloc(n2 * sizeof(float));
-    p->h_y = malloc(n2 * sizeof(int64_t));
     p->cond_row = malloc((size_t)max_samples * sizeof(int));
     p->uncond_row = malloc((size_t)max_samples * sizeof(int));
     p->ctl = malloc(1 + (size_t)max_samples);
-    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t || !p->h_y) {
+    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
         goto fail;
     }
@@ -76,7 +81,8 @@ void ditd_pipeline_free(ditd_pipeline *p)
     if (!p)
         return;
     ditd_sampler_free(p->sampler);
-    ditd_dit_free(p->dit);
+    ditd_denoiser_free(p->den);
+    ditd_cond_free(&p->cond);
     free(p->lat);
     free(p->x0);
     if (p->ops->mem_free) {
@@ -90,7 +96,6 @@ void ditd_pipeline_free(ditd_pipeline *p)
     }
     free(p->h_out);
     free(p->h_t);
-    free(p->h_y);
     free(p->cond_row);
     free(p->uncond_row);
     free(p->ctl);
@@ -120,7 +125,6 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            uint8_t *active, ditd_step_fn cb, void *ud)
 {
     const ditd_backend_ops *ops = p->ops;
-    const ditd_dit_config *c = &p->info.dit;
     size_t numel = p->numel; /* the epsilon channels: the first C of Co */
     int err, steps;
     const float *ts;
@@ -130,9 +134,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
     if (gp->steps < 1 || gp->steps > 1000)
         return ditd_err_set(DITD_EINVAL, "num_inference_steps %d (1..1000)", gp->steps);
     for (int i = 0; i < n; i++) {
-        if (samples[i].class_id < 0 || samples[i].class_id >= c->num_embeds_ada_norm)
-            return ditd_err_set(DITD_EINVAL, "class %lld outside 0..%d",
-                                (long long)samples[i].class_id, c->num_embeds_ada_norm - 1);
+        if ((err = ditd_cond_check(&p->shapes.cond, &samples[i].cond)))
+            return err;
         if (!isfinite(samples[i].guidance) || samples[i].guidance < 0)
             return ditd_err_set(DITD_EINVAL, "guidance_scale %g", (double)samples[i].guidance);
     }
@@ -157,7 +160,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         act = active;
     }
 
-    /* initial noise (n, C, S, S); every sampler here has init_noise_sigma 1 */
+    /* initial noise (n, C, h, w); every sampler here has init_noise_sigma 1 */
     for (int i = 0; i < n; i++) {
         float *x = p->lat + (size_t)i * numel;
         if (init_noise)
@@ -168,15 +171,20 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
 
     int cfg_par = p->mesh && p->mesh->layout.cfg == 2;
     for (int s = 0; s < steps; s++) {
-        /* The forward batch: the active samples with their class, then the
-         * null class for those with guidance > 1 (DiTPipeline's [x; x]). */
+        /* The forward batch: the active samples with their conditioning,
+         * then the unconditional input (null class, negative prompt) for
+         * those with guidance > 1 (DiTPipeline's [x; x]). A family that
+         * embeds the guidance (FLUX.1-dev) reads the scale from
+         * cond.guidance and gets no unconditional row. */
         int rows = 0, rows_c;
         for (int i = 0; i < n; i++) {
             p->cond_row[i] = -1;
             if (act && !act[i])
                 continue;
             p->cond_row[i] = rows;
-            p->h_y[rows] = samples[i].class_id;
+            if ((err = ditd_cond_set_row(&p->cond, rows, &samples[i].cond, 0)))
+                return err;
+            p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
             ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
                         p->lat + (size_t)i * numel, numel);
@@ -187,17 +195,20 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         rows_c = rows;
         for (int i = 0; i < n; i++) {
             p->uncond_row[i] = -1;
-            if (p->cond_row[i] < 0 || !(samples[i].guidance > 1.0f))
+            if (p->cond_row[i] < 0 || !(samples[i].guidance > 1.0f) || p->shapes.guidance_embed)
                 continue;
             p->uncond_row[i] = rows;
-            p->h_y[rows] = c->num_embeds_ada_norm;
+            if ((err = ditd_cond_set_row(&p->cond, rows, &samples[i].cond, 1)))
+                return err;
+            p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
             ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
                         p->lat + (size_t)i * numel, numel);
             rows++;
         }
         if (!cfg_par) {
-            if ((err = ditd_dit_forward(p->dit, rows, p->model_in, p->h_t, p->h_y, p->model_out)))
+            if ((err = ditd_denoiser_forward(p->den, rows, p->model_in, p->h_t, &p->cond,
+                                             p->model_out)))
                 return err;
         } else {
             /* cfg parallel: rows [0, rows_c) on cfg rank 0, the rest on 1;
@@ -207,10 +218,12 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             int counts[2] = {(int)((size_t)rows_c * p->numel_out),
                              (int)((size_t)(rows - rows_c) * p->numel_out)};
             int displs[2] = {0, counts[0]};
+            ditd_cond half_cond = ditd_cond_view(&p->cond, r0);
             if (nr > 0 &&
-                (err = ditd_dit_forward(p->dit, nr, ditd_ptr_act(ops, p->model_in, (size_t)r0 * numel),
-                                        p->h_t + r0, p->h_y + r0,
-                                        ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out))))
+                (err = ditd_denoiser_forward(p->den, nr,
+                                             ditd_ptr_act(ops, p->model_in, (size_t)r0 * numel),
+                                             p->h_t + r0, &half_cond,
+                                             ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out))))
                 return err;
             if ((err = ditd_comm_allgatherv(p->mesh->cfg_comm, ops->act_dtype, NULL, p->model_out,
                                             counts, displs)))

@@ -1,12 +1,16 @@
-/* The denoising loop of a class-conditional DiT, as Diffusers' DiTPipeline:
- * initial noise, then per step: DiT forward on the doubled batch when
- * classifier-free guidance is on, guidance on the epsilon half, the learned
- * sigma dropped, the sampler step. The output is the final latents; for a
- * pixel-space model (no VAE) ditd_pipeline_to_pixels() maps them to 8-bit
- * pixels as DiTPipeline does ((x / 2 + 0.5) clamped, x 255, rounded).
+/* The denoising loop, as Diffusers' DiTPipeline: initial noise, then per
+ * step: the denoiser's forward on the doubled batch when classifier-free
+ * guidance is on, guidance on the epsilon half, a learned sigma dropped,
+ * the sampler step. The output is the final latents; for a pixel-space
+ * model (no VAE) ditd_pipeline_to_pixels() maps them to 8-bit pixels as
+ * DiTPipeline does ((x / 2 + 0.5) clamped, x 255, rounded).
  *
- * The null class for guidance is num_embeds_ada_norm (DiTPipeline hardcodes
- * 1000, which is the same number for the ImageNet checkpoints).
+ * The loop never names a family: the model is a ditd_denoiser
+ * (engine/models/denoiser.h) found by the model folder's registry lookup,
+ * and each sample's conditioning is a ditd_cond_input; the unconditional
+ * rows of guidance get what ditd_cond_set_row() gives (the null class K
+ * for a class model, as DiTPipeline's hardcoded 1000 for ImageNet; the
+ * negative prompt's embedding for a text model).
  *
  * Memory: model, sampler state and every buffer are planned in _new() for
  * max_samples; the step loop allocates nothing. A sampler is rebuilt only
@@ -29,7 +33,7 @@
 #include <stdint.h>
 
 #include "engine/backend/backend.h"
-#include "engine/models/dit.h"
+#include "engine/models/denoiser.h"
 #include "engine/parallel/mesh.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/sampler.h"
@@ -44,12 +48,12 @@ typedef struct ditd_gen_params {
 typedef struct ditd_gen_sample {
     uint64_t seed;              /* the request's seed */
     uint64_t index;             /* which image of the request: its noise stream */
-    int64_t class_id;           /* 0..K-1 */
+    ditd_cond_input cond;       /* class id (0..K-1), or the prompt's embeddings */
     float guidance;             /* guidance_scale; <= 1 runs no unconditional pass */
 } ditd_gen_sample;
 
 /* Called after every step on the calling thread: step is 1-based. x0 is
- * the current prediction of the clean latents (n, C, S, S), host f32, for
+ * the current prediction of the clean latents (n, C, h, w), host f32, for
  * previews (rows of inactive samples are stale); borrowed for the call.
  * active (n flags, or NULL when the caller passed none) may be cleared
  * here to drop a sample: it leaves the batch from the next step on and its
@@ -60,21 +64,22 @@ typedef int (*ditd_step_fn)(void *ud, int step, int total, const float *x0, uint
 typedef struct ditd_pipeline {
     const ditd_backend_ops *ops;
     ditd_model_info info;        /* copied; labels borrowed from the caller's info */
-    ditd_dit *dit;
+    ditd_denoiser *den;
+    ditd_denoiser_shapes shapes; /* the denoiser's (latent) */
     ditd_sched_config sched_base;
     ditd_sampler *sampler;       /* for (sampler_kind, sampler_steps) */
     ditd_sampler_kind sampler_kind;
     int sampler_steps;
     int max_samples;
-    size_t numel;                /* C*S*S per sample */
-    size_t numel_out;            /* Co*S*S per sample */
-    float *lat;                  /* (n, C, S, S) host */
-    float *x0;                   /* (n, C, S, S) host */
-    void *model_in;              /* (2n, C, S, S) backend */
-    void *model_out;             /* (2n, Co, S, S) backend */
-    float *h_out;                /* (2n, Co, S, S) host */
+    size_t numel;                /* C*h*w per sample (latent) */
+    size_t numel_out;            /* Co*h*w per sample */
+    float *lat;                  /* (n, C, h, w) host */
+    float *x0;                   /* (n, C, h, w) host */
+    void *model_in;              /* (2n, C, h, w) backend */
+    void *model_out;             /* (2n, Co, h, w) backend */
+    float *h_out;                /* (2n, Co, h, w) host */
     float *h_t;                  /* (2n) */
-    int64_t *h_y;                /* (2n) */
+    ditd_cond cond;              /* (2n) rows: conditional, then unconditional */
     int *cond_row, *uncond_row;  /* (n) forward row of each sample, -1 = none */
     const ditd_mesh *mesh;       /* borrowed; NULL = one rank */
     uint8_t *ctl;                /* (1 + max_samples) leader's stop flag + active flags */
@@ -89,16 +94,16 @@ int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, 
 /* The same for one rank of a worker group: mesh (engine/parallel/mesh.h) is
  * borrowed and must outlive the pipeline; NULL or a mesh of one is the
  * single-rank pipeline. A layout that cannot run this model (heads, tokens:
- * ditd_layout_check_model) is refused with DITD_EINVAL on every rank alike,
+ * ditd_layout_check_attention) is refused with DITD_EINVAL on every rank alike,
  * before any collective. Not collective itself. */
 int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
                             int max_samples, const ditd_mesh *mesh, ditd_pipeline **out);
 void ditd_pipeline_free(ditd_pipeline *p);
 
 /* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
- * (n, C, S, S) host f32 and replaces the generator (Diffusers' latents=);
+ * (n, C, h, w) host f32 and replaces the generator (Diffusers' latents=);
  * otherwise sample i's noise is ditd_philox_normal(seed_i, index_i, ...).
- * out: (n, C, S, S) host f32, the final latents. active: n flags, 1 = run
+ * out: (n, C, h, w) host f32, the final latents. active: n flags, 1 = run
  * (NULL = all); samples whose flag is 0 at a step boundary are skipped from
  * then on (cancellation). A sample's result does not depend on the others
  * in the batch. cb may be NULL.

@@ -36,9 +36,12 @@
 
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static const char *const kind_names[] = {"ddim", "dpmpp-2m", "flow-euler"};
-static const char *const kind_classes[] = {"DDIMScheduler", "DPMSolverMultistepScheduler",
-                                           "FlowMatchEulerDiscreteScheduler"};
+#define KIND_NAME(id, name, cls) name,
+#define KIND_CLASS(id, name, cls) cls,
+static const char *const kind_names[] = {DITD_SAMPLER_KIND_MAP(KIND_NAME)};
+static const char *const kind_classes[] = {DITD_SAMPLER_KIND_MAP(KIND_CLASS)};
+#undef KIND_NAME
+#undef KIND_CLASS
 static const char *const beta_names[] = {"linear", "scaled_linear", "squaredcos_cap_v2"};
 static const char *const pred_names[] = {"epsilon", "sample", "v_prediction"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
@@ -104,6 +107,17 @@ const char *ditd_sampler_kind_name(ditd_sampler_kind k)
     return enum_name(kind_names, COUNT_OF(kind_names), (int)k);
 }
 
+const char *ditd_sampler_kind_list(const char *sep, char *buf, size_t cap)
+{
+    size_t used = 0;
+    if (!cap)
+        return buf;
+    buf[0] = '\0';
+    for (int i = 0; i < COUNT_OF(kind_names) && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? sep : "", kind_names[i]);
+    return buf;
+}
+
 const char *ditd_sampler_kind_class(ditd_sampler_kind k)
 {
     return enum_name(kind_classes, COUNT_OF(kind_classes), (int)k);
@@ -125,11 +139,13 @@ int ditd_sampler_kind_from_str(const char *s, ditd_sampler_kind *out)
     for (int i = 0; v < 0 && s && i < COUNT_OF(aliases); i++)
         if (strcmp(aliases[i].name, s) == 0)
             v = (int)aliases[i].kind;
-    if (v < 0)
+    if (v < 0) {
+        char list[256];
         return ditd_err_set(DITD_EINVAL,
-                            "sampler \"%.64s\" is not one of ddim, dpmpp-2m (dpm++2m, "
-                            "dpmsolver++), flow-euler (euler-flow)",
-                            s ? s : "(null)");
+                            "sampler \"%.64s\" is not one of %s (or the aliases dpm++2m, "
+                            "dpmsolver++, euler-flow, or a Diffusers class name)",
+                            s ? s : "(null)", ditd_sampler_kind_list(", ", list, sizeof list));
+    }
     *out = (ditd_sampler_kind)v;
     return 0;
 }

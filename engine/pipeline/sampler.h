@@ -29,14 +29,27 @@
 /* ---- enums: each has _name() (static string, "?" if out of range) and
  * _from_str() (0, or DITD_EINVAL naming the string and the choices) ---- */
 
+/* The samplers, listed once: enum id, name, Diffusers class. The enum,
+ * _name, _class, _from_str, ditd_sampler_kind_list (CLI usage, the
+ * server's messages and /v1/models) all come from this table; the unit
+ * test checks proto/openapi.json's enum against it. DDIM runs eta = 0. */
+#define DITD_SAMPLER_KIND_MAP(X)                                    \
+    X(DDIM, "ddim", "DDIMScheduler")                                \
+    X(DPMPP_2M, "dpmpp-2m", "DPMSolverMultistepScheduler")          \
+    X(FLOW_EULER, "flow-euler", "FlowMatchEulerDiscreteScheduler")
+
 typedef enum ditd_sampler_kind {
-    DITD_SAMPLER_DDIM = 0,   /* "ddim"        DDIMScheduler (eta = 0) */
-    DITD_SAMPLER_DPMPP_2M,   /* "dpmpp-2m"    DPMSolverMultistepScheduler */
-    DITD_SAMPLER_FLOW_EULER, /* "flow-euler"  FlowMatchEulerDiscreteScheduler */
+#define DITD__SAMPLER_ENUM(id, name, cls) DITD_SAMPLER_##id,
+    DITD_SAMPLER_KIND_MAP(DITD__SAMPLER_ENUM)
+#undef DITD__SAMPLER_ENUM
 } ditd_sampler_kind;
-#define DITD_SAMPLER_KIND_COUNT 3
+#define DITD__SAMPLER_ONE(id, name, cls) +1
+#define DITD_SAMPLER_KIND_COUNT (0 DITD_SAMPLER_KIND_MAP(DITD__SAMPLER_ONE))
 
 const char *ditd_sampler_kind_name(ditd_sampler_kind k);
+/* The names joined by sep ("ddim | dpmpp-2m | flow-euler" for " | "), into
+ * buf (cap bytes); returns buf. */
+const char *ditd_sampler_kind_list(const char *sep, char *buf, size_t cap);
 /* Accepts the names, the aliases "dpm++2m", "dpmsolver++" and "euler-flow",
  * and the Diffusers class names ("DDIMScheduler", ...). */
 int ditd_sampler_kind_from_str(const char *s, ditd_sampler_kind *out);

@@ -1,8 +1,6 @@
-/* The worker loop and its two transports (in-process hub, MPI). */
+/* The worker loop of a replica (its transports: engine/worker/hub.c). */
 #include "engine/worker/worker.h"
 
-#include <errno.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,12 +13,6 @@
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
 #include "proto/ditd.pb-c.h"
-
-#if DITD_HAVE_MPI
-#include <mpi.h>
-#endif
-
-#define DITD_TAG 7701
 
 static double now_ms(void)
 {
@@ -66,8 +58,9 @@ typedef struct worker {
     uint8_t active[DITD_WORKER_MAX_BATCH];
     int partial_sent[DITD_WORKER_MAX_BATCH];
     double t_start, t_step;
-    float *out;    /* max_batch * C*S*S latents */
-    uint8_t *pix;  /* max_batch * C*S*S, for previews and results (leader) */
+    float *out;    /* max_batch latents of numel_lat (C h w) */
+    uint8_t *pix;  /* max_batch images of numel_img (H W C pixels), previews and results (leader) */
+    size_t numel_lat, numel_img;
     uint8_t *gbuf; /* a follower's copy of the batch Envelope */
     size_t gcap;
     int comm_err;  /* the transport failed */
@@ -228,14 +221,22 @@ static int preview_due(int k, int sent, int step, int total)
     return step >= at;
 }
 
+/* One sample's latents (C, h, w) to its image (H, W, C) 8-bit. A
+ * pixel-space model's latents are the image (DiTPipeline's mapping); a
+ * latent model's go through its VAE, which the worker refuses to load
+ * without (worker_init). */
+static void latents_to_image(const worker *w, const float *lat, uint8_t *px)
+{
+    const ditd_denoiser_shapes *sh = &w->info.shapes;
+    ditd_pipeline_to_pixels(lat, sh->in_channels, sh->height, sh->width, px);
+}
+
 /* The step callback: on the leader only. What it decides (active flags,
  * stop) the pipeline broadcasts to the group after it returns. */
 static int on_step(void *ud, int step, int total, const float *x0, uint8_t *active)
 {
     worker *w = ud;
     const Ditd__Batch *b = w->batch;
-    const ditd_dit_config *c = &w->info.dit;
-    size_t numel = (size_t)c->in_channels * (size_t)c->sample_size * (size_t)c->sample_size;
     Ditd__Envelope env = DITD__ENVELOPE__INIT;
     Ditd__Progress pg = DITD__PROGRESS__INIT;
     Ditd__Preview pv[DITD_WORKER_MAX_BATCH], *pvp[DITD_WORKER_MAX_BATCH];
@@ -254,13 +255,13 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
         int k = (int)b->samples[i]->partial_images;
         if (!w->active[i] || !preview_due(k, w->partial_sent[i], step, total))
             continue;
-        uint8_t *px = w->pix + (size_t)pg.n_previews * numel;
-        ditd_pipeline_to_pixels(x0 + i * numel, c->in_channels, c->sample_size, c->sample_size, px);
+        uint8_t *px = w->pix + (size_t)pg.n_previews * w->numel_img;
+        latents_to_image(w, x0 + i * w->numel_lat, px);
         ditd__preview__init(&pv[pg.n_previews]);
         pv[pg.n_previews].slot = (uint32_t)i;
         pv[pg.n_previews].partial_index = (uint32_t)w->partial_sent[i]++;
         pv[pg.n_previews].pixels.data = px;
-        pv[pg.n_previews].pixels.len = numel;
+        pv[pg.n_previews].pixels.len = w->numel_img;
         pvp[pg.n_previews] = &pv[pg.n_previews];
         pg.n_previews++;
     }
@@ -280,7 +281,7 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
  * went to the front-end. */
 static int batch_ok(worker *w, const Ditd__Batch *b)
 {
-    const ditd_dit_config *c = &w->info.dit;
+    const ditd_model_info *m = &w->info;
     int n = (int)b->n_samples;
     char msg[512];
 
@@ -289,9 +290,9 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
-    if ((int)b->width != c->sample_size || (int)b->height != c->sample_size) {
-        snprintf(msg, sizeof msg, "size %ux%u, the model makes %dx%d", b->width, b->height,
-                 c->sample_size, c->sample_size);
+    if ((int)b->width != m->image_width || (int)b->height != m->image_height) {
+        snprintf(msg, sizeof msg, "size %ux%u pixels, the model makes %dx%d", b->width, b->height,
+                 m->image_width, m->image_height);
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
@@ -306,8 +307,7 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
  * leader). The leader sends the outcome. */
 static void run_batch(worker *w, const Ditd__Batch *b)
 {
-    const ditd_dit_config *c = &w->info.dit;
-    size_t numel = (size_t)c->in_channels * (size_t)c->sample_size * (size_t)c->sample_size;
+    const ditd_model_info *m = &w->info;
     int n = (int)b->n_samples, err;
     ditd_gen_params gp;
     char msg[512];
@@ -317,7 +317,7 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     for (int i = 0; i < n; i++) {
         w->samples[i].seed = b->samples[i]->seed;
         w->samples[i].index = b->samples[i]->index;
-        w->samples[i].class_id = b->samples[i]->class_id;
+        w->samples[i].cond = (ditd_cond_input){.class_id = b->samples[i]->class_id};
         w->samples[i].guidance = b->samples[i]->guidance;
         w->active[i] = 1;
         w->partial_sent[i] = 0;
@@ -349,19 +349,19 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     Ditd__Result r = DITD__RESULT__INIT;
     Ditd__Image im[DITD_WORKER_MAX_BATCH], *imp[DITD_WORKER_MAX_BATCH];
     r.batch_id = b->batch_id;
-    r.width = r.height = (uint32_t)c->sample_size;
-    r.channels = (uint32_t)c->in_channels;
+    r.width = (uint32_t)m->image_width;
+    r.height = (uint32_t)m->image_height;
+    r.channels = (uint32_t)m->image_channels;
     r.compute_ms = now_ms() - w->t_start;
     for (int i = 0; i < n; i++) {
         ditd__image__init(&im[i]);
         im[i].slot = (uint32_t)i;
         im[i].canceled = !w->active[i];
         if (w->active[i]) {
-            uint8_t *px = w->pix + (size_t)i * numel;
-            ditd_pipeline_to_pixels(w->out + (size_t)i * numel, c->in_channels, c->sample_size,
-                                    c->sample_size, px);
+            uint8_t *px = w->pix + (size_t)i * w->numel_img;
+            latents_to_image(w, w->out + (size_t)i * w->numel_lat, px);
             im[i].pixels.data = px;
-            im[i].pixels.len = numel;
+            im[i].pixels.len = w->numel_img;
         }
         imp[i] = &im[i];
     }
@@ -561,11 +561,12 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     if (!err)
         err = ditd_pipeline_new_group(&w->info, ops, cfg->max_batch, w->mesh, &w->pipe);
     if (!err) {
-        size_t numel = (size_t)w->info.dit.in_channels * (size_t)w->info.dit.sample_size *
-                       (size_t)w->info.dit.sample_size;
+        w->numel_lat = ditd_denoiser_numel_in(&w->info.shapes);
+        w->numel_img = (size_t)w->info.image_width * (size_t)w->info.image_height *
+                       (size_t)w->info.image_channels;
         ops->set_threads(cfg->threads);
-        w->out = malloc((size_t)cfg->max_batch * numel * sizeof *w->out);
-        w->pix = w->leader ? malloc((size_t)cfg->max_batch * numel) : NULL;
+        w->out = malloc((size_t)cfg->max_batch * w->numel_lat * sizeof *w->out);
+        w->pix = w->leader ? malloc((size_t)cfg->max_batch * w->numel_img) : NULL;
         if (!w->out || (w->leader && !w->pix))
             err = ditd_err_set(DITD_ENOMEM, "batch buffers");
     }
@@ -602,455 +603,4 @@ done:
         ditd_model_info_free(&w->info);
     free(w);
     return err;
-}
-
-/* ------------------------------------------------------------------ */
-/* hubs                                                                */
-
-typedef struct msgq {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    ditd_hub_msg *head, **tail;
-} msgq;
-
-static void msgq_init(msgq *q)
-{
-    pthread_condattr_t ca;
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&q->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    q->head = NULL;
-    q->tail = &q->head;
-}
-
-static void msgq_destroy(msgq *q)
-{
-    ditd_hub_msg_free(q->head);
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->cv);
-}
-
-static ditd_hub_msg *msg_new(int replica, const uint8_t *buf, size_t len)
-{
-    ditd_hub_msg *m = malloc(sizeof *m + len);
-    if (!m)
-        return NULL;
-    m->next = NULL;
-    m->replica = replica;
-    m->len = len;
-    memcpy(m->buf, buf, len);
-    return m;
-}
-
-static void msgq_push(msgq *q, ditd_hub_msg *m)
-{
-    pthread_mutex_lock(&q->mu);
-    *q->tail = m;
-    q->tail = &m->next;
-    pthread_cond_signal(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-}
-
-static ditd_hub_msg *msgq_take_all(msgq *q)
-{
-    ditd_hub_msg *m;
-    pthread_mutex_lock(&q->mu);
-    m = q->head;
-    q->head = NULL;
-    q->tail = &q->head;
-    pthread_mutex_unlock(&q->mu);
-    return m;
-}
-
-/* Pops one, waiting up to timeout_ms. */
-static ditd_hub_msg *msgq_pop(msgq *q, int timeout_ms)
-{
-    ditd_hub_msg *m;
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&q->mu);
-    while (!q->head && timeout_ms > 0) {
-        if (pthread_cond_timedwait(&q->cv, &q->mu, &dl) == ETIMEDOUT)
-            break;
-    }
-    m = q->head;
-    if (m && !(q->head = m->next))
-        q->tail = &q->head;
-    pthread_mutex_unlock(&q->mu);
-    if (m)
-        m->next = NULL;
-    return m;
-}
-
-typedef struct inproc_end {
-    ditd_transport base;
-    ditd_hub *hub;
-    int replica;
-} inproc_end;
-
-struct ditd_hub {
-    int replicas;
-    int mpi;
-    ditd_hub_wake_fn wake;
-    void *wake_ud;
-    msgq in;          /* replicas -> front-end */
-    msgq *out;        /* front-end -> replica r (in-process: one per replica) */
-    inproc_end *ends; /* in-process */
-    pthread_t thread; /* MPI */
-    int group;        /* MPI: ranks per replica */
-    uint8_t *bye;     /* MPI, the hub's thread only: replica r said bye */
-    int nout;
-    int stop;         /* MPI: guarded by out[0].mu */
-};
-
-void ditd_hub_msg_free(ditd_hub_msg *m)
-{
-    while (m) {
-        ditd_hub_msg *n = m->next;
-        free(m);
-        m = n;
-    }
-}
-
-static int inproc_send(ditd_transport *t, const uint8_t *buf, size_t len)
-{
-    inproc_end *e = (inproc_end *)t;
-    ditd_hub_msg *m = msg_new(e->replica, buf, len);
-    if (!m)
-        return ditd_err_set(DITD_ENOMEM, "message");
-    msgq_push(&e->hub->in, m);
-    e->hub->wake(e->hub->wake_ud);
-    return 0;
-}
-
-static int inproc_recv(ditd_transport *t, uint8_t **buf, size_t *len, int timeout_ms)
-{
-    inproc_end *e = (inproc_end *)t;
-    ditd_hub_msg *m = msgq_pop(&e->hub->out[e->replica], timeout_ms);
-    if (!m)
-        return DITD_ETIMEDOUT;
-    if (!(*buf = malloc(m->len ? m->len : 1))) {
-        free(m);
-        return ditd_err_set(DITD_ENOMEM, "message");
-    }
-    memcpy(*buf, m->buf, m->len);
-    *len = m->len;
-    free(m);
-    return 0;
-}
-
-static int hub_alloc(int replicas, ditd_hub_wake_fn wake, void *ud, int nout, ditd_hub **out)
-{
-    ditd_hub *h = NULL;
-    if (replicas < 1 || replicas > 4096)
-        return ditd_err_set(DITD_EINVAL, "%d replicas", replicas);
-    if (!(h = calloc(1, sizeof *h)))
-        return ditd_err_set(DITD_ENOMEM, "hub");
-    h->replicas = replicas;
-    h->wake = wake;
-    h->wake_ud = ud;
-    msgq_init(&h->in);
-    h->out = calloc((size_t)nout, sizeof *h->out);
-    if (!h->out) {
-        msgq_destroy(&h->in);
-        free(h);
-        return ditd_err_set(DITD_ENOMEM, "hub");
-    }
-    h->nout = nout;
-    for (int i = 0; i < nout; i++)
-        msgq_init(&h->out[i]);
-    *out = h;
-    return 0;
-}
-
-int ditd_hub_new_inproc(int replicas, ditd_hub_wake_fn wake, void *ud, ditd_hub **out)
-{
-    ditd_hub *h = NULL;
-    int err;
-    if ((err = hub_alloc(replicas, wake, ud, replicas, &h)))
-        return err;
-    if (!(h->ends = calloc((size_t)replicas, sizeof *h->ends))) {
-        ditd_hub_free(h);
-        return ditd_err_set(DITD_ENOMEM, "hub");
-    }
-    for (int r = 0; r < replicas; r++) {
-        h->ends[r].base.send = inproc_send;
-        h->ends[r].base.recv = inproc_recv;
-        h->ends[r].hub = h;
-        h->ends[r].replica = r;
-    }
-    *out = h;
-    return 0;
-}
-
-ditd_transport *ditd_hub_transport(ditd_hub *h, int r)
-{
-    if (!h->ends || r < 0 || r >= h->replicas)
-        return NULL;
-    return &h->ends[r].base;
-}
-
-int ditd_hub_send(ditd_hub *h, int r, const uint8_t *buf, size_t len)
-{
-    ditd_hub_msg *m;
-    if (r < 0 || r >= h->replicas)
-        return ditd_err_set(DITD_EINVAL, "replica %d of %d", r, h->replicas);
-    if (!(m = msg_new(r, buf, len)))
-        return ditd_err_set(DITD_ENOMEM, "message");
-    msgq_push(&h->out[h->mpi ? 0 : r], m);
-    return 0;
-}
-
-ditd_hub_msg *ditd_hub_drain(ditd_hub *h)
-{
-    return msgq_take_all(&h->in);
-}
-
-/* ------------------------------------------------------------------ */
-/* MPI                                                                 */
-
-#if DITD_HAVE_MPI
-
-static void sleep_us(long us)
-{
-    struct timespec ts = {0, us * 1000L};
-    nanosleep(&ts, NULL);
-}
-
-static int mpi_send(ditd_transport *t, const uint8_t *buf, size_t len)
-{
-    (void)t;
-    if (len > (size_t)0x7fffffff)
-        return ditd_err_set(DITD_ECOMM, "message of %zu bytes", len);
-    /* blocking is fine here: the hub on rank 0 always receives */
-    if (MPI_Send(buf, (int)len, MPI_BYTE, 0, DITD_TAG, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return ditd_err_set(DITD_ECOMM, "MPI_Send to rank 0");
-    return 0;
-}
-
-static int mpi_probe_recv(int src, uint8_t **buf, size_t *len, int *from)
-{
-    MPI_Status st;
-    int flag = 0, count = 0;
-    if (MPI_Iprobe(src, DITD_TAG, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS)
-        return ditd_err_set(DITD_ECOMM, "MPI_Iprobe");
-    if (!flag)
-        return DITD_ETIMEDOUT;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    if (!(*buf = malloc(count > 0 ? (size_t)count : 1)))
-        return ditd_err_set(DITD_ENOMEM, "message");
-    if (MPI_Recv(*buf, count, MPI_BYTE, st.MPI_SOURCE, DITD_TAG, MPI_COMM_WORLD,
-                 MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-        free(*buf);
-        return ditd_err_set(DITD_ECOMM, "MPI_Recv from rank %d", st.MPI_SOURCE);
-    }
-    *len = (size_t)count;
-    if (from)
-        *from = st.MPI_SOURCE;
-    return 0;
-}
-
-static int mpi_recv(ditd_transport *t, uint8_t **buf, size_t *len, int timeout_ms)
-{
-    double dl = now_ms() + timeout_ms;
-    (void)t;
-    for (;;) {
-        int err = mpi_probe_recv(0, buf, len, NULL);
-        if (err != DITD_ETIMEDOUT || now_ms() >= dl)
-            return err;
-        sleep_us(500);
-    }
-}
-
-int ditd_mpi_transport_new(ditd_transport **out)
-{
-    ditd_transport *t = calloc(1, sizeof *t);
-    if (!t)
-        return ditd_err_set(DITD_ENOMEM, "transport");
-    t->send = mpi_send;
-    t->recv = mpi_recv;
-    *out = t;
-    return 0;
-}
-
-/* A worker's last message: a Heartbeat with ready = false. */
-static int is_bye(const uint8_t *buf, size_t len)
-{
-    int bye = 0;
-    if (len > 64) /* a heartbeat is a few bytes; a result is not read here */
-        return 0;
-    Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, buf);
-    if (env) {
-        bye = env->msg_case == DITD__ENVELOPE__MSG_HEARTBEAT && !env->heartbeat->ready;
-        ditd__envelope__free_unpacked(env, NULL);
-    }
-    return bye;
-}
-
-/* The hub's thread: the only caller of MPI on rank 0 while the hub lives.
- * Starts sends of what the loop queued (MPI_Isend: it never blocks, so a
- * replica blocked sending it a large result is always received), receives
- * what the replicas sent, and naps 0.5 ms when there was nothing to do.
- * After stop: goes on until its sends are done and every replica said bye
- * (or 30 s). */
-static void *hub_thread(void *arg)
-{
-    ditd_hub *h = arg;
-    ditd_hub_msg **sent = NULL; /* in flight, with their requests */
-    MPI_Request *req = NULL;
-    int nsent = 0, cap = 0, byes = 0;
-    double stop_at = 0;
-    for (;;) {
-        int stop, busy = 0;
-        ditd_hub_msg *m;
-        pthread_mutex_lock(&h->out[0].mu);
-        stop = h->stop;
-        m = h->out[0].head;
-        h->out[0].head = NULL;
-        h->out[0].tail = &h->out[0].head;
-        pthread_mutex_unlock(&h->out[0].mu);
-        while (m) {
-            ditd_hub_msg *n = m->next;
-            if (nsent == cap) {
-                int nc = cap ? 2 * cap : 16;
-                ditd_hub_msg **ns = realloc(sent, (size_t)nc * sizeof *ns);
-                MPI_Request *nr = ns ? realloc(req, (size_t)nc * sizeof *nr) : NULL;
-                if (ns)
-                    sent = ns;
-                if (nr)
-                    req = nr;
-                if (!ns || !nr) { /* no memory to track it: send it blocking */
-                    MPI_Send(m->buf, (int)m->len, MPI_BYTE, 1 + m->replica * h->group, DITD_TAG,
-                             MPI_COMM_WORLD);
-                    free(m);
-                    m = n;
-                    continue;
-                }
-                cap = nc;
-            }
-            MPI_Isend(m->buf, (int)m->len, MPI_BYTE, 1 + m->replica * h->group, DITD_TAG,
-                      MPI_COMM_WORLD, &req[nsent]);
-            sent[nsent++] = m;
-            m = n;
-            busy = 1;
-        }
-        for (int i = 0; i < nsent;) {
-            int done = 0;
-            MPI_Test(&req[i], &done, MPI_STATUS_IGNORE);
-            if (!done) {
-                i++;
-                continue;
-            }
-            free(sent[i]);
-            sent[i] = sent[--nsent];
-            req[i] = req[nsent];
-        }
-        for (int k = 0; k < 64; k++) {
-            uint8_t *buf = NULL;
-            size_t len = 0;
-            int from = 0, r;
-            if (mpi_probe_recv(MPI_ANY_SOURCE, &buf, &len, &from))
-                break;
-            r = (from - 1) / h->group;
-            if (r >= 0 && r < h->replicas && !h->bye[r] && is_bye(buf, len)) {
-                h->bye[r] = 1;
-                byes++;
-            }
-            ditd_hub_msg *im = msg_new(r, buf, len);
-            free(buf);
-            if (im)
-                msgq_push(&h->in, im);
-            busy = 1;
-        }
-        if (stop) {
-            if (stop_at == 0)
-                stop_at = now_ms();
-            if (nsent == 0 && byes == h->replicas)
-                break;
-            if (now_ms() - stop_at > 30e3) {
-                fprintf(stderr, "ditd hub: %d of %d replica(s) did not say bye, %d send(s) "
-                        "pending; stopping anyway\n", h->replicas - byes, h->replicas, nsent);
-                break; /* what is still in flight is left to MPI_Finalize / the exit */
-            }
-        }
-        if (busy)
-            h->wake(h->wake_ud);
-        else
-            sleep_us(500);
-    }
-    if (nsent == 0) {
-        free(sent);
-        free(req);
-    }
-    return NULL;
-}
-
-int ditd_hub_new_mpi(int replicas, int group_size, ditd_hub_wake_fn wake, void *ud,
-                     ditd_hub **out)
-{
-    ditd_hub *h = NULL;
-    int err;
-    if (group_size < 1 || (long)replicas * group_size + 1 > 1L << 24)
-        return ditd_err_set(DITD_EINVAL, "%d replicas of %d ranks", replicas, group_size);
-    if ((err = hub_alloc(replicas, wake, ud, 1, &h)))
-        return err;
-    h->group = group_size;
-    if (!(h->bye = calloc((size_t)replicas, sizeof *h->bye))) {
-        ditd_hub_free(h);
-        return ditd_err_set(DITD_ENOMEM, "hub");
-    }
-    h->mpi = 1;
-    if (pthread_create(&h->thread, NULL, hub_thread, h)) {
-        h->mpi = 0; /* no thread to join */
-        ditd_hub_free(h);
-        return ditd_err_set(DITD_EINTERNAL, "hub thread");
-    }
-    *out = h;
-    return 0;
-}
-
-#else
-
-int ditd_mpi_transport_new(ditd_transport **out)
-{
-    *out = NULL;
-    return ditd_err_set(DITD_EUNSUPPORTED, "ditd was built without MPI");
-}
-int ditd_hub_new_mpi(int replicas, int group_size, ditd_hub_wake_fn wake, void *ud,
-                     ditd_hub **out)
-{
-    (void)replicas, (void)group_size, (void)wake, (void)ud;
-    *out = NULL;
-    return ditd_err_set(DITD_EUNSUPPORTED, "ditd was built without MPI");
-}
-
-#endif
-
-void ditd_hub_free(ditd_hub *h)
-{
-    if (!h)
-        return;
-#if DITD_HAVE_MPI
-    if (h->mpi) {
-        pthread_mutex_lock(&h->out[0].mu);
-        h->stop = 1;
-        pthread_mutex_unlock(&h->out[0].mu);
-        pthread_join(h->thread, NULL);
-    }
-#endif
-    msgq_destroy(&h->in);
-    for (int i = 0; i < h->nout; i++)
-        msgq_destroy(&h->out[i]);
-    free(h->out);
-    free(h->ends);
-    free(h->bye);
-    free(h);
 }

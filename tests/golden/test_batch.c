@@ -46,9 +46,9 @@ int main(void)
         size_t numel = p->numel;
         ditd_gen_params gp = {.steps = 6, .sampler = kinds[mi]};
         ditd_gen_sample s[3] = {
-            {.seed = 11, .index = 0, .class_id = 1, .guidance = 4.0f},
-            {.seed = 12, .index = 0, .class_id = 2, .guidance = 1.0f},
-            {.seed = 11, .index = 1, .class_id = 3, .guidance = 2.5f},
+            {.seed = 11, .index = 0, .cond.class_id = 1, .guidance = 4.0f},
+            {.seed = 12, .index = 0, .cond.class_id = 2, .guidance = 1.0f},
+            {.seed = 11, .index = 1, .cond.class_id = 3, .guidance = 2.5f},
         };
         float *together = calloc(3 * numel, sizeof(float));
         float *alone = calloc(3 * numel, sizeof(float));
@@ -77,7 +77,7 @@ int main(void)
         TU_CHECK(err == DITD_ECANCELED, "stop: %s", ditd_err_name(err));
         /* bad input is refused, not run */
         ditd_gen_sample bad = s[0];
-        bad.class_id = info.num_classes;
+        bad.cond.class_id = info.num_classes;
         TU_CHECK(ditd_pipeline_generate(p, &gp, 1, &bad, NULL, dropped, NULL, NULL, NULL) == DITD_EINVAL,
                  "class K (the null class) is not a request class");
         bad = s[0];

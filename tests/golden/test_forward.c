@@ -2,6 +2,7 @@
  * reference made by tools/make_fixtures.py). Bound: relative error
  * max|ours - ref| / max|ref| <= 1e-5 on every output tensor. */
 #include <jansson.h>
+#include <string.h>
 
 #include "engine/backend/backend.h"
 #include "engine/models/dit.h"
@@ -48,19 +49,27 @@ static void run_model(const char *dir, void *ud)
         if (!x || !t || !want || !y)
             goto next;
         int B = (int)sx[0];
-        ditd_dit *m = NULL;
-        TU_OK(ditd_dit_new(&info.dit, &ditd_backend_cpu, B, info.transformer_dir, &m));
-        if (m) {
-            TU_CHECK(ndo == 4 && so[0] == B && so[1] == info.dit.out_channels, "out shape");
+        /* through the family seam: the registry's table, class ids as
+         * conditioning rows */
+        ditd_denoiser *m = NULL;
+        ditd_cond cond;
+        TU_CHECK(info.denoiser == &ditd_dit_family, "%s: registry gives %s", info.name,
+                 info.denoiser ? info.denoiser->class_name : "none");
+        TU_OK(ditd_denoiser_load(info.denoiser, info.transformer_dir, &ditd_backend_cpu, B, NULL, &m));
+        TU_OK(ditd_cond_init(&cond, &info.shapes.cond, B));
+        if (m && cond.class_ids) {
+            TU_CHECK(ndo == 4 && so[0] == B && so[1] == m->shapes.out_channels, "out shape");
             size_t n = (size_t)(so[0] * so[1] * so[2] * so[3]);
             float *got = calloc(n, sizeof *got);
-            TU_OK(ditd_dit_forward(m, B, x, t, y, got));
+            memcpy(cond.class_ids, y, (size_t)B * sizeof *y);
+            TU_OK(ditd_denoiser_forward(m, B, x, t, &cond, got));
             char what[512];
             snprintf(what, sizeof what, "%s forward[%zu] B=%d", info.name, i, B);
             TU_CLOSE(what, got, want, n, TOL);
             free(got);
-            ditd_dit_free(m);
         }
+        ditd_denoiser_free(m);
+        ditd_cond_free(&cond);
     next:
         free(x);
         free(t);

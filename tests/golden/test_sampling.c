@@ -67,7 +67,7 @@ static void run_model(const char *dir, void *ud)
         for (int k = 0; k < n; k++) {
             samples[k].seed = 0;
             samples[k].index = (uint64_t)k;
-            samples[k].class_id = json_integer_value(json_array_get(labels, (size_t)k));
+            samples[k].cond.class_id = json_integer_value(json_array_get(labels, (size_t)k));
             samples[k].guidance = guidance;
         }
         size_t numel = (size_t)(sn[1] * sn[2] * sn[3]);

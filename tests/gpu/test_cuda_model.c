@@ -92,7 +92,10 @@ static void forward_cases(const char *dir, const ditd_model_info *info, json_t *
         int B = (int)sx[0];
         size_t nin = (size_t)(sx[0] * sx[1] * sx[2] * sx[3]);
         size_t nout = (size_t)(so[0] * so[1] * so[2] * so[3]);
-        TU_OK(ditd_dit_new(&info->dit, G, B, info->transformer_dir, &m));
+        ditd_dit_config dcfg;
+        snprintf(path, sizeof path, "%s/config.json", info->transformer_dir);
+        TU_OK(ditd_dit_config_load(path, &dcfg));
+        TU_OK(ditd_dit_new(&dcfg, G, B, info->transformer_dir, &m));
         if (!m)
             goto next;
         if (!ditd_backend_cuda_is_device_ptr(m->h)) {
@@ -159,7 +162,7 @@ static void sampling_cases(const char *dir, const ditd_model_info *info, json_t 
         for (int k = 0; k < n; k++) {
             samples[k].seed = 0;
             samples[k].index = (uint64_t)k;
-            samples[k].class_id = json_integer_value(json_array_get(labels, (size_t)k));
+            samples[k].cond.class_id = json_integer_value(json_array_get(labels, (size_t)k));
             samples[k].guidance = guidance;
         }
         size_t numel = (size_t)(sn[1] * sn[2] * sn[3]);

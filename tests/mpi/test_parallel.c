@@ -64,8 +64,7 @@ static void run_model(ditd_mesh *mesh, const char *model, ditd_sampler_kind kind
              ditd_ring_rotate_name(l->rotate), l->ulysses, l->tp);
     snprintf(dir, sizeof dir, "%s/models/%s", tu_fixtures(), model);
     TU_OK(ditd_model_info_load(dir, &info));
-    int N = (info.dit.sample_size / info.dit.patch_size) * (info.dit.sample_size / info.dit.patch_size);
-    if (ditd_layout_check_model(l, &info.dit, N)) {
+    if (ditd_layout_check_attention(l, info.shapes.heads, info.shapes.tokens)) {
         snprintf(what, sizeof what, "%s", ditd_err_detail());
         say("skip %s: %s\n", model, what);
         ditd_model_info_free(&info);
@@ -79,9 +78,9 @@ static void run_model(ditd_mesh *mesh, const char *model, ditd_sampler_kind kind
     size_t numel = ref->numel;
     ditd_gen_params gp = {.steps = STEPS, .sampler = kind};
     ditd_gen_sample s[3] = {
-        {.seed = 21, .index = 0, .class_id = 1, .guidance = 4.0f},
-        {.seed = 22, .index = 0, .class_id = 2, .guidance = 1.0f},
-        {.seed = 21, .index = 1, .class_id = 3, .guidance = 2.5f},
+        {.seed = 21, .index = 0, .cond.class_id = 1, .guidance = 4.0f},
+        {.seed = 22, .index = 0, .cond.class_id = 2, .guidance = 1.0f},
+        {.seed = 21, .index = 1, .cond.class_id = 3, .guidance = 2.5f},
     };
     float *want = calloc(3 * numel, sizeof(float)), *got = calloc(3 * numel, sizeof(float));
 

@@ -388,6 +388,39 @@ static void test_enums(void)
 #undef ROUND_TRIP
 }
 
+/* The sampler names are listed once (DITD_SAMPLER_KIND_MAP): the HTTP API's
+ * document must list the same, in the same order, and the joined list
+ * must hold every name. */
+static void test_names_listed_once(void)
+{
+    char path[4096], list[256];
+    json_error_t jerr;
+    snprintf(path, sizeof path, "%s/proto/openapi.json", DITD_SOURCE_ROOT);
+    json_t *root = json_load_file(path, 0, &jerr);
+    TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
+    json_t *en = json_object_get(
+        json_object_get(json_object_get(json_object_get(json_object_get(json_object_get(
+                                                            root, "components"),
+                                                        "schemas"),
+                                        "CreateImageRequest"),
+                        "properties"),
+                        "sampler"),
+        "enum");
+    TU_CHECK(json_is_array(en) && json_array_size(en) == DITD_SAMPLER_KIND_COUNT,
+             "openapi.json sampler enum has %zu names, the table %d", json_array_size(en),
+             DITD_SAMPLER_KIND_COUNT);
+    ditd_sampler_kind_list(" | ", list, sizeof list);
+    for (int i = 0; i < DITD_SAMPLER_KIND_COUNT; i++) {
+        const char *name = ditd_sampler_kind_name((ditd_sampler_kind)i);
+        const char *doc = json_string_value(json_array_get(en, (size_t)i));
+        TU_CHECK(doc && !strcmp(doc, name), "openapi.json sampler %d: %s, table: %s", i,
+                 doc ? doc : "(none)", name);
+        TU_CHECK(strstr(list, name) != NULL, "list \"%s\" lacks %s", list, name);
+    }
+    TU_CHECK(!strcmp(list, "ddim | dpmpp-2m | flow-euler"), "list: %s", list);
+    json_decref(root);
+}
+
 static void test_sampler_args(void)
 {
     ditd_sched_config c;
@@ -428,6 +461,7 @@ int main(void)
     test_config_errors();
     test_convert();
     test_enums();
+    test_names_listed_once();
     test_sampler_args();
     return tu_exit();
 }

@@ -1,0 +1,80 @@
+/* The checks every denoiser family shares, around its table. */
+#include "engine/models/denoiser.h"
+
+#include <math.h>
+
+#include "engine/core/error.h"
+
+int ditd_denoiser_shapes_check(const ditd_denoiser_shapes *s, const char *what)
+{
+    if (s->in_channels <= 0 || s->out_channels < s->in_channels)
+        return ditd_err_set(DITD_EINVAL, "%s: %d input, %d output channels", what,
+                            s->in_channels, s->out_channels);
+    if (s->height <= 0 || s->width <= 0 || s->height > 16384 || s->width > 16384)
+        return ditd_err_set(DITD_EINVAL, "%s: latent size %dx%d", what, s->width, s->height);
+    if (s->heads <= 0 || s->tokens <= 0 || s->prefix_tokens < 0)
+        return ditd_err_set(DITD_EINVAL, "%s: %d heads, %d tokens, %d prefix tokens", what,
+                            s->heads, s->tokens, s->prefix_tokens);
+    if (s->cond.kind == DITD_COND_CLASS && s->cond.num_classes <= 0)
+        return ditd_err_set(DITD_EINVAL, "%s: class-conditional with %d classes", what,
+                            s->cond.num_classes);
+    if (s->cond.kind == DITD_COND_TEXT && (s->cond.text_len <= 0 || s->cond.text_dim <= 0))
+        return ditd_err_set(DITD_EINVAL, "%s: text conditioning (%d, %d)", what, s->cond.text_len,
+                            s->cond.text_dim);
+    if ((unsigned)s->cond.kind >= DITD_COND_KIND_COUNT)
+        return ditd_err_set(DITD_EINVAL, "%s: conditioning kind %d", what, (int)s->cond.kind);
+    return 0;
+}
+
+int ditd_denoiser_load(const ditd_denoiser_family *f, const char *dir,
+                       const ditd_backend_ops *ops, int max_batch, const ditd_mesh *mesh,
+                       ditd_denoiser **out)
+{
+    ditd_denoiser *d = NULL;
+    int err;
+    *out = NULL;
+    if (max_batch <= 0 || max_batch > 4096)
+        return ditd_err_set(DITD_EINVAL, "max batch %d (1..4096)", max_batch);
+    if ((err = f->load(dir, ops, max_batch, mesh, &d)))
+        return err;
+    d->family = f;
+    d->max_batch = max_batch;
+    if ((err = ditd_denoiser_shapes_check(&d->shapes, f->class_name))) {
+        f->free(d);
+        return err;
+    }
+    *out = d;
+    return 0;
+}
+
+int ditd_denoiser_forward(ditd_denoiser *d, int B, const void *x, const float *t,
+                          const ditd_cond *cond, void *out)
+{
+    if (B <= 0 || B > d->max_batch || B > cond->max_rows)
+        return ditd_err_set(DITD_EINVAL, "batch %d outside 1..%d", B,
+                            d->max_batch < cond->max_rows ? d->max_batch : cond->max_rows);
+    if (cond->shape.kind != d->shapes.cond.kind)
+        return ditd_err_set(DITD_EINVAL, "%s takes %s conditioning, not %s", d->family->class_name,
+                            ditd_cond_kind_name(d->shapes.cond.kind),
+                            ditd_cond_kind_name(cond->shape.kind));
+    for (int i = 0; i < B; i++)
+        if (!isfinite(t[i]))
+            return ditd_err_set(DITD_EINVAL, "timestep of sample %d is not finite", i);
+    return d->family->forward(d, B, x, t, cond, out);
+}
+
+void ditd_denoiser_free(ditd_denoiser *d)
+{
+    if (d)
+        d->family->free(d);
+}
+
+size_t ditd_denoiser_numel_in(const ditd_denoiser_shapes *s)
+{
+    return (size_t)s->in_channels * (size_t)s->height * (size_t)s->width;
+}
+
+size_t ditd_denoiser_numel_out(const ditd_denoiser_shapes *s)
+{
+    return (size_t)s->out_channels * (size_t)s->height * (size_t)s->width;
+}

@@ -1,0 +1,91 @@
+/* The denoiser interface: what the pipeline, the worker and the server see
+ * of a model family (the ggml_backend_i / stable-diffusion.cpp
+ * DiffusionModel idea). Each family is one `static const
+ * ditd_denoiser_family` table of function pointers, found by its Diffusers
+ * `_class_name` in the registry (engine/models/registry.h):
+ *
+ *     DiTTransformer2DModel   engine/models/dit_denoiser.c (class ids)
+ *     FluxTransformer2DModel  later (text: joint attention over a text prefix,
+ *                             RoPE, pooled vector, guidance embedding)
+ *
+ * A loaded model is a ditd_denoiser: the family's own struct, whose first
+ * member is this base, so the pipeline holds a `ditd_denoiser *` and never
+ * names a family. Latents only: a denoiser knows its latent shape, not the
+ * image (the VAE's scale factor is the model folder's business,
+ * engine/models/model.h).
+ *
+ * What it is not: no sampler, no guidance (engine/pipeline), no parallel
+ * layout policy (the family takes a mesh and splits heads and tokens
+ * through engine/parallel/cp_attention.h).
+ */
+#ifndef DITD_ENGINE_DENOISER_H
+#define DITD_ENGINE_DENOISER_H
+
+#include <stddef.h>
+
+#include "engine/backend/backend.h"
+#include "engine/models/conditioning.h"
+#include "engine/parallel/mesh.h"
+
+/* What a family reads from its config: enough to plan buffers, check a
+ * parallel layout and validate requests, without loading weights. */
+typedef struct ditd_denoiser_shapes {
+    int in_channels;      /* C: latent channels of x */
+    int out_channels;     /* Co: C, or 2C with a learned sigma (the pipeline keeps the first C) */
+    int height, width;    /* latent size the model runs at (pixel-space model: the image) */
+    int heads;            /* H attention heads (tp and ulysses split them) */
+    int tokens;           /* N image tokens at height x width (ring x ulysses split them) */
+    int prefix_tokens;    /* tokens outside that split (FLUX's text tokens); 0 for DiT */
+    int guidance_embed;   /* 1: the model takes guidance_scale as an input (FLUX.1-dev's
+                           * distilled guidance): the pipeline runs no unconditional
+                           * pass and fills cond.guidance; 0: classifier-free guidance */
+    ditd_cond_shape cond; /* class ids or text embeddings */
+} ditd_denoiser_shapes;
+
+typedef struct ditd_denoiser ditd_denoiser;
+
+typedef struct ditd_denoiser_family {
+    const char *class_name; /* Diffusers _class_name of the component's config.json */
+    /* Reads <dir>/config.json (dir: the component folder, e.g. transformer/)
+     * into *out. Errors name the file, key and value. */
+    int (*shapes)(const char *dir, ditd_denoiser_shapes *out);
+    /* Loads the weights in dir for batches of up to max_batch rows, as one
+     * rank of `mesh` (borrowed, outlives the model; NULL = one rank). A
+     * layout the model cannot run is DITD_EINVAL on every rank alike,
+     * before any collective. *out owned: ->free. */
+    int (*load)(const char *dir, const ditd_backend_ops *ops, int max_batch,
+                const ditd_mesh *mesh, ditd_denoiser **out);
+    /* out (B, Co, h, w) = model(x (B, C, h, w), t (B), cond rows 0..B-1).
+     * x and out are backend buffers; t and cond host memory. Allocates
+     * nothing. Under a mesh: collective over the model's ranks, which pass
+     * the same arguments and all get the whole out. Input errors are found
+     * before any collective. */
+    int (*forward)(ditd_denoiser *d, int B, const void *x, const float *t, const ditd_cond *cond,
+                   void *out);
+    void (*free)(ditd_denoiser *d);
+} ditd_denoiser_family;
+
+/* The base every family's model struct starts with. */
+struct ditd_denoiser {
+    const ditd_denoiser_family *family;
+    ditd_denoiser_shapes shapes;
+    int max_batch;
+};
+
+/* The checks every family's shapes get (positive sizes, conditioning
+ * consistent); `what` names the config in messages. DITD_EINVAL. */
+int ditd_denoiser_shapes_check(const ditd_denoiser_shapes *s, const char *what);
+
+/* Wrappers over the table, with the checks every family shares. */
+int ditd_denoiser_load(const ditd_denoiser_family *f, const char *dir,
+                       const ditd_backend_ops *ops, int max_batch, const ditd_mesh *mesh,
+                       ditd_denoiser **out);
+int ditd_denoiser_forward(ditd_denoiser *d, int B, const void *x, const float *t,
+                          const ditd_cond *cond, void *out);
+void ditd_denoiser_free(ditd_denoiser *d);
+
+/* Elements of one sample's input (C h w) and output (Co h w). */
+size_t ditd_denoiser_numel_in(const ditd_denoiser_shapes *s);
+size_t ditd_denoiser_numel_out(const ditd_denoiser_shapes *s);
+
+#endif

@@ -1,0 +1,56 @@
+/* DiTTransformer2DModel as a denoiser family: the table the registry hands
+ * out. It maps the interface onto engine/models/dit.h (class ids from the
+ * conditioning rows); the model itself lives in dit.c. */
+#include <stdio.h>
+
+#include "engine/core/error.h"
+#include "engine/models/dit.h"
+
+static int config_at(const char *dir, ditd_dit_config *c)
+{
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path)
+        return ditd_err_set(DITD_EINVAL, "path too long: %s", dir);
+    return ditd_dit_config_load(path, c);
+}
+
+static int dit_shapes(const char *dir, ditd_denoiser_shapes *out)
+{
+    ditd_dit_config c;
+    int err = config_at(dir, &c);
+    if (!err)
+        ditd_dit_config_shapes(&c, out);
+    return err;
+}
+
+static int dit_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
+                    const ditd_mesh *mesh, ditd_denoiser **out)
+{
+    ditd_dit_config c;
+    ditd_dit *m;
+    int err;
+    if ((err = config_at(dir, &c)) || (err = ditd_dit_new_mesh(&c, ops, max_batch, dir, mesh, &m)))
+        return err;
+    m->base.family = &ditd_dit_family;
+    *out = &m->base;
+    return 0;
+}
+
+static int dit_forward(ditd_denoiser *d, int B, const void *x, const float *t,
+                       const ditd_cond *cond, void *out)
+{
+    return ditd_dit_forward((ditd_dit *)d, B, x, t, cond->class_ids, out);
+}
+
+static void dit_free(ditd_denoiser *d)
+{
+    ditd_dit_free((ditd_dit *)d);
+}
+
+const ditd_denoiser_family ditd_dit_family = {
+    .class_name = "DiTTransformer2DModel",
+    .shapes = dit_shapes,
+    .load = dit_load,
+    .forward = dit_forward,
+    .free = dit_free,
+};
