@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/text/tokenizer.h"
@@ -107,6 +108,58 @@ static json_t **read_expected(size_t *n, json_t **header)
     free(line);
     fclose(f);
     return recs;
+}
+
+/* --- time linear in the input: one word of n and 8n bytes (BPE and
+ * Viterbi run over the whole word), best of three each */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts); /* CPU time: the machine is shared */
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double time_encode(const ditd_tokenizer *t, const char *text, size_t n)
+{
+    int32_t ids[512], mask[512];
+    double best = 1e9;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        int err = ditd_tokenizer_encode(t, text, n, 512, ids, mask, NULL);
+        double dt = now_s() - t0;
+        TU_CHECK(err == 0, "encode of %zu bytes: %s", n, ditd_err_detail());
+        if (dt < best)
+            best = dt;
+    }
+    return best;
+}
+
+static void linear(const char *folder)
+{
+    char dir[1024];
+    ditd_tokenizer *t = NULL;
+    snprintf(dir, sizeof(dir), "%s/%s", root, folder);
+    TU_OK(ditd_tokenizer_load(dir, &t));
+    if (!t)
+        return;
+    size_t n = 32 * 1024;
+    char *text = malloc(8 * n);
+    static const char *pat[] = {"a", "ab", "\xe6\x97\xa5", "!?", "\xc3\xa9"};
+    for (size_t p = 0; p < sizeof(pat) / sizeof(*pat); p++) {
+        size_t k = strlen(pat[p]);
+        for (size_t i = 0; i + k <= 8 * n; i += k)
+            memcpy(text + i, pat[p], k);
+        size_t n1 = n / k * k, n4 = 8 * n / k * k;
+        double t1 = time_encode(t, text, n1), t4 = time_encode(t, text, n4);
+        printf("%s one word of \"%s\": %zu bytes %.2f ms, %zu bytes %.2f ms (x%.1f)\n", folder, pat[p], n1,
+               t1 * 1e3, n4, t4 * 1e3, t4 / t1);
+        /* x8 the data: linear x8, n log n (the BPE heap) about x10 with the
+         * caches outgrown; quadratic would be x64 */
+        TU_CHECK(t4 < 24.0 * t1 + 0.002, "%s: %zu -> %zu bytes took %.3f -> %.3f s: not linear", folder, n1, n4,
+                 t1, t4);
+    }
+    free(text);
+    ditd_tokenizer_free(t);
 }
 
 /* --- errors */
@@ -222,6 +275,8 @@ static void errors(void)
     TU_CHECK(ditd_tok_kind_from_str("T5TokenizerFast", &k) == 0 && k == DITD_TOK_T5, "from_str");
     TU_CHECK(strcmp(ditd_tok_kind_name(DITD_TOK_CLIP), "clip") == 0, "name");
     TU_CHECK_ERR(ditd_tok_kind_from_str("gpt2", &k), DITD_EUNSUPPORTED, "gpt2");
+    linear("clip_hub");
+    linear("t5_tf5");
 }
 
 int main(int argc, char **argv)
