@@ -403,6 +403,41 @@ fail:
     return err;
 }
 
+int ditd_tokenizer_load_component(const char *model_dir, const char *component, ditd_tokenizer **out)
+{
+    json_t *idx = NULL;
+    char dir[PATH_MAX];
+    *out = NULL;
+    int err = load_json(model_dir, "model_index.json", &idx);
+    if (err)
+        return err;
+    if (!idx)
+        return ditd_err_set(DITD_ENOENT, "%s: no model_index.json", model_dir);
+    const json_t *e = json_object_get(idx, component);
+    const char *cls = json_string_value(json_array_get(e, 1));
+    ditd_tok_kind want;
+    if (!e || json_is_null(json_array_get(e, 1))) {
+        err = ditd_err_set(DITD_ENOENT, "%s/model_index.json: no component \"%s\"", model_dir, component);
+    } else if (!json_is_array(e) || json_array_size(e) != 2 || !cls) {
+        err = ditd_err_set(DITD_EFORMAT, "%s/model_index.json: \"%s\" is not [library, class]", model_dir,
+                           component);
+    } else if (ditd_tok_kind_from_str(cls, &want) != 0) {
+        err = ditd_err_set(DITD_EUNSUPPORTED, "%s/model_index.json: %s is a %s; supported tokenizers: "
+                           "CLIPTokenizer(Fast), T5Tokenizer(Fast)", model_dir, component, cls);
+    } else if (strchr(component, '/') || strcmp(component, "..") == 0 || strcmp(component, ".") == 0) {
+        err = ditd_err_set(DITD_EINVAL, "component \"%s\" is not a folder name", component);
+    } else if (snprintf(dir, sizeof(dir), "%s/%s", model_dir, component) >= (int)sizeof(dir)) {
+        err = ditd_err_set(DITD_EINVAL, "%s: path too long", model_dir);
+    } else if (!(err = ditd_tokenizer_load(dir, out)) && ditd_tokenizer_kind(*out) != want) {
+        err = ditd_err_set(DITD_EFORMAT, "%s: model_index.json says %s, the folder holds a %s tokenizer", dir,
+                           cls, ditd_tok_kind_name(ditd_tokenizer_kind(*out)));
+        ditd_tokenizer_free(*out);
+        *out = NULL;
+    }
+    json_decref(idx);
+    return err;
+}
+
 void ditd_tokenizer_free(ditd_tokenizer *t)
 {
     if (!t)

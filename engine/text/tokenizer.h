@@ -36,6 +36,12 @@ typedef struct ditd_tokenizer ditd_tokenizer;
  * what is wrong. */
 int ditd_tokenizer_load(const char *dir, ditd_tokenizer **out);
 
+/* Loads the tokenizer a Diffusers model folder names: model_index.json's
+ * entry `component` (e.g. "tokenizer_2": ["transformers", "T5TokenizerFast"])
+ * must name a supported class; the folder model_dir/component is loaded and
+ * must be of that kind. */
+int ditd_tokenizer_load_component(const char *model_dir, const char *component, ditd_tokenizer **out);
+
 /* Encodes `len` bytes of UTF-8 text (NUL bytes are text too) as the pipelines
  * do: special tokens in the text are recognised, the content is truncated to
  * max_length minus the special tokens, bos (CLIP) and eos are added, then

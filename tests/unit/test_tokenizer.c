@@ -142,7 +142,7 @@ static void linear(const char *folder)
     TU_OK(ditd_tokenizer_load(dir, &t));
     if (!t)
         return;
-    size_t n = 32 * 1024;
+    size_t n = 16 * 1024;
     char *text = malloc(8 * n);
     static const char *pat[] = {"a", "ab", "\xe6\x97\xa5", "!?", "\xc3\xa9"};
     for (size_t p = 0; p < sizeof(pat) / sizeof(*pat); p++) {
@@ -270,6 +270,22 @@ static void errors(void)
         unlink(p);
     }
     rmdir(tmp);
+
+    /* through model_index.json */
+    static const struct { const char *comp; ditd_tok_kind kind; } comps[] = {
+        {"clip_hub", DITD_TOK_CLIP}, {"clip_tf5", DITD_TOK_CLIP}, {"t5_hub", DITD_TOK_T5}, {"t5_spm", DITD_TOK_T5}};
+    for (int i = 0; i < 4; i++) {
+        t = NULL;
+        TU_OK(ditd_tokenizer_load_component(root, comps[i].comp, &t));
+        TU_CHECK(t && ditd_tokenizer_kind(t) == comps[i].kind, "%s kind", comps[i].comp);
+        ditd_tokenizer_free(t);
+    }
+    TU_CHECK_ERR(ditd_tokenizer_load_component(root, "clip_pad_excl", &t), DITD_EFORMAT, "T5TokenizerFast",
+                 "clip tokenizer");
+    TU_CHECK_ERR(ditd_tokenizer_load_component(root, "t5_tf5", &t), DITD_EUNSUPPORTED, "GPT2Tokenizer");
+    TU_CHECK_ERR(ditd_tokenizer_load_component(root, "scheduler", &t), DITD_EUNSUPPORTED, "scheduler");
+    TU_CHECK_ERR(ditd_tokenizer_load_component(root, "tokenizer_3", &t), DITD_ENOENT, "tokenizer_3");
+    TU_CHECK_ERR(ditd_tokenizer_load_component("/nonexistent", "tokenizer", &t), DITD_ENOENT, "model_index.json");
 
     ditd_tok_kind k;
     TU_CHECK(ditd_tok_kind_from_str("T5TokenizerFast", &k) == 0 && k == DITD_TOK_T5, "from_str");
