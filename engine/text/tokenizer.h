@@ -45,9 +45,9 @@ int ditd_tokenizer_load_component(const char *model_dir, const char *component, 
 /* Encodes `len` bytes of UTF-8 text (NUL bytes are text too) as the pipelines
  * do: special tokens in the text are recognised, the content is truncated to
  * max_length minus the special tokens, bos (CLIP) and eos are added, then
- * padded to max_length with the pad id. Writes max_length ids and mask
- * values (1 for real tokens, 0 for padding) and the count of real tokens in
- * *n_tokens (may be NULL). Invalid UTF-8 is refused (DITD_EINVAL naming the
+ * padded to max_length with the pad id. Writes max_length ids and (when mask
+ * is not NULL) max_length mask values (1 for real tokens, 0 for padding), and
+ * the count of real tokens in *n_tokens (may be NULL). Invalid UTF-8 is refused (DITD_EINVAL naming the
  * byte offset). Work is linear in the text up to the point where max_length
  * tokens are filled. Thread-safe: any number of threads may encode with one
  * tokenizer at once (it is read-only after load). */

@@ -30,7 +30,7 @@ static int32_t byte_cp(int b)
     return 256 + n;
 }
 
-static int clip_new(const char *unk, ditd__clip **out)
+static int clip_new(ditd__clip **out)
 {
     ditd__clip *m = calloc(1, sizeof(*m));
     if (!m)
@@ -42,7 +42,6 @@ static int clip_new(const char *unk, ditd__clip **out)
         ditd__clip_free(m);
         return err;
     }
-    (void)unk;
     *out = m;
     return 0;
 }
@@ -110,7 +109,7 @@ int ditd__clip_load_files(const char *vocab_path, const char *merges_path, const
     char *text = NULL;
     size_t len;
     json_t *vj = NULL;
-    int err = clip_new(unk, &m);
+    int err = clip_new(&m);
     if (err)
         return err;
     json_error_t je;
@@ -168,22 +167,20 @@ fail:
 int ditd__clip_load_json(const json_t *model, const char *name, const char *unk, ditd__clip **out)
 {
     ditd__clip *m = NULL;
-    int err = clip_new(unk, &m);
+    int err = clip_new(&m);
     if (err)
         return err;
     const json_t *eow = json_object_get(model, "end_of_word_suffix");
     const json_t *pre = json_object_get(model, "continuing_subword_prefix");
-    if (!json_is_string(eow) || strcmp(json_string_value(eow), EOW) != 0) {
+    /* transformers 5's CLIPTokenizer rebuilds the BPE with "</w>", no prefix
+     * and no dropout whatever the file says; a file that names another
+     * suffix or a prefix does not belong to this vocabulary: refused. */
+    if (eow && !json_is_null(eow) && (!json_is_string(eow) || strcmp(json_string_value(eow), EOW) != 0)) {
         err = ditd_err_set(DITD_EUNSUPPORTED, "%s: model.end_of_word_suffix must be \"</w>\" (CLIP)", name);
         goto fail;
     }
     if (pre && !json_is_null(pre) && (!json_is_string(pre) || json_string_value(pre)[0])) {
         err = ditd_err_set(DITD_EUNSUPPORTED, "%s: model.continuing_subword_prefix must be empty (CLIP)", name);
-        goto fail;
-    }
-    const json_t *drop = json_object_get(model, "dropout");
-    if (drop && !json_is_null(drop)) {
-        err = ditd_err_set(DITD_EUNSUPPORTED, "%s: BPE dropout is not supported", name);
         goto fail;
     }
     if ((err = vocab_from_json(m, json_object_get(model, "vocab"), name)))

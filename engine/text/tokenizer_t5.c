@@ -221,17 +221,18 @@ static int t5_finish(ditd__t5 *m, int64_t unk_id, const char *name)
     return ditd__vocab_index(&m->vocab);
 }
 
+static int b64_value(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
 static size_t b64_decode(const char *s, size_t n, unsigned char *out, int *ok)
 {
-    static signed char tab[256];
-    static int init;
-    if (!init) { /* idempotent: every thread writes the same table */
-        memset(tab, -1, sizeof(tab));
-        const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        for (int i = 0; i < 64; i++)
-            tab[(unsigned char)a[i]] = (signed char)i;
-        init = 1;
-    }
     size_t o = 0;
     uint32_t acc = 0;
     int bits = 0;
@@ -239,7 +240,7 @@ static size_t b64_decode(const char *s, size_t n, unsigned char *out, int *ok)
     for (size_t i = 0; i < n; i++) {
         if (s[i] == '=')
             break;
-        int v = tab[(unsigned char)s[i]];
+        int v = b64_value((unsigned char)s[i]);
         if (v < 0) {
             *ok = 0;
             return 0;
