@@ -50,6 +50,10 @@ int main(int argc, char **argv)
         }
         json_t *j = json_loads(line, JSON_ALLOW_NUL, NULL);
         json_t *p = json_object_get(j, "prompt");
+        if (!json_object_get(j, "t5_max_length")) { /* the long-prompt records */
+            json_decref(j);
+            continue;
+        }
         len[n] = json_string_length(p);
         text[n] = malloc(len[n] + 1);
         memcpy(text[n], json_string_value(p), len[n] + 1);

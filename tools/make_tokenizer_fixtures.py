@@ -251,6 +251,30 @@ def prompts(n):
     return out[:n]
 
 
+LONG_MAX_LENGTH = 4096
+N_LONG = 120
+
+
+def long_prompts(ps):
+    """Prompts past 1 KB, encoded at max_length 4096 so that ditd's chunked
+    normalization (cut before an ASCII space every ~1 KB) is crossed many
+    times: 80 of the long generated prompts, and 40 made to put awkward
+    things at the spaces (a Prepend before a space, marks after one, CR LF,
+    ZWJ, regional indicators, special tokens, runs of mixed whitespace)."""
+    rng = random.Random(4096)
+    out = [p for p in ps if len(p.encode("utf-8")) > 1100][:80]
+    tricky = ["\u0600 ", " \u0301", "\r\n", "\u200d ", "\U0001f1eb \U0001f1f7", "\u3000 ", " <|endoftext|> ",
+              " </s> ", "\u0915\u094d ", " \u200d", "e \u0301", "\u0e40 ", " \u3099", "\x85 ", "  \t\n  "]
+    while len(out) < N_LONG:
+        words = []
+        while sum(len(w) + 1 for w in words) < rng.randint(1500, 4000):
+            r = rng.random()
+            words.append(rng.choice(tricky) if r < 0.3 else (mixed_prompt(rng)[:40] if r < 0.5
+                         else rng.choice(WORDS)))
+        out.append(" ".join(words))
+    return out
+
+
 def t5_max_length(rng):
     return rng.choice([77, 77, 128, 128, 256, 512])
 
@@ -284,11 +308,21 @@ def reference(tmp, ps):
             assert all(i == t.pad_token_id for i in ids[n:]), (f, p)
             rec["ids"][f] = ids[:n]
         lines.append(json.dumps(rec, ensure_ascii=False))
+    for p in long_prompts(ps):
+        rec = {"prompt": p, "long_max_length": LONG_MAX_LENGTH, "long_ids": {}}
+        for f in ("clip_hub", "t5_hub"):
+            t = toks[f]
+            enc = t(p, padding="max_length", max_length=LONG_MAX_LENGTH, truncation=True)
+            n = sum(enc.attention_mask)
+            assert all(i == t.pad_token_id for i in enc.input_ids[n:]), (f, p)
+            rec["long_ids"][f] = enc.input_ids[:n]
+        lines.append(json.dumps(rec, ensure_ascii=False))
+    header["long_count"] = N_LONG
     # transformers 4.x's T5TokenizerFast used tokenizer.json as written
     # (Precompiled + Replace(" {2,}") + Metaspace); count where it differs.
     from tokenizers import Tokenizer
     old = Tokenizer.from_file(os.path.join(tmp, "t5_hub", "tokenizer.json"))
-    diff = sum(old.encode(p).ids != json.loads(l)["ids"]["t5_hub"] for p, l in zip(ps, lines)
+    diff = sum(old.encode(p).ids != json.loads(l)["ids"]["t5_hub"] for p, l in zip(ps, lines[:len(ps)])
                if len(json.loads(l)["ids"]["t5_hub"]) < json.loads(l)["t5_max_length"])
     header["t5_tokenizer_json_literal_differs"] = diff
     print(f"T5: the literal tokenizer.json pipeline (transformers 4.x) differs on {diff} prompts")

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <utf8proc.h>
 
 #include "engine/core/error.h"
 #include "engine/text/tokenizer_clip.h"
@@ -19,6 +20,10 @@
 
 #define MAX_ADDED 4096
 #define MAX_LENGTH_CAP (1 << 20)
+/* Text is normalized and encoded in chunks of about this many bytes, cut
+ * before an ASCII space, so an encode that fills max_length stops early
+ * (see chunk_end). */
+#define CHUNK 1024
 
 typedef struct added_tok {
     char *content;  /* as matched: normalized by the model's normalizer when `normalized` */
@@ -35,6 +40,7 @@ struct ditd_tokenizer {
     size_t n_added;
     unsigned char first_raw[256], first_norm[256]; /* first bytes of added tokens */
     int32_t bos_id, eos_id, pad_id;
+    int chunked;        /* cutting before ASCII spaces gives the same ids */
     int model_max_length;
     int32_t vocab_size;
 };
@@ -283,6 +289,56 @@ static int read_added(ditd_tokenizer *t, const json_t *cfg, const json_t *stm, c
     return 0;
 }
 
+/* Whether normalizing and encoding the text in pieces cut just before an
+ * ASCII space gives the ids of the whole. It does when (1) the normalizer
+ * leaves " " alone and never joins across it: NFC cannot (U+0020 is a
+ * starter that composes with nothing), lowercase and the whitespace rule are
+ * per character or per run (the run's remainder still separates), and the
+ * charsmap works per grapheme cluster, which ends before a space unless the
+ * character before is a Prepend (chunk_end avoids that); (2) the pre-
+ * tokenizers split at whitespace (both do); (3) no added token matched on
+ * normalized text contains whitespace. */
+static int set_chunked(ditd_tokenizer *t)
+{
+    ditd__buf b = {0};
+    int err = normalize(t, " ", 1, &b);
+    if (err)
+        return err;
+    t->chunked = b.n == 1 && b.p[0] == ' ';
+    ditd__buf_free(&b);
+    for (size_t i = 0; i < t->n_added && t->chunked; i++) {
+        const added_tok *a = &t->added[i];
+        for (size_t k = 0; a->normalized && k < a->len;) {
+            int32_t cp;
+            k += (size_t)ditd__utf8_next(a->content + k, a->len - k, &cp);
+            if (ditd__uc_is_space(cp))
+                t->chunked = 0;
+        }
+    }
+    return 0;
+}
+
+/* The end of the chunk that starts at `from`: the first ASCII space at or
+ * after from + CHUNK whose preceding code point is not a grapheme Prepend,
+ * else n. */
+static size_t chunk_end(const ditd_tokenizer *t, const char *s, size_t from, size_t n)
+{
+    if (!t->chunked || n - from <= CHUNK)
+        return n;
+    for (size_t i = from + CHUNK; i < n; i++) {
+        if (s[i] != ' ')
+            continue;
+        size_t j = i - 1;
+        while (j > from && ((unsigned char)s[j] & 0xC0) == 0x80)
+            j--;
+        int32_t cp;
+        ditd__utf8_next(s + j, i - j, &cp);
+        if (utf8proc_get_property(cp)->boundclass != UTF8PROC_BOUNDCLASS_PREPEND)
+            return i;
+    }
+    return n;
+}
+
 static int pick_kind(const char *dir, const json_t *cfg, const json_t *tj, ditd_tok_kind *kind)
 {
     const json_t *cls = cfg ? json_object_get(cfg, "tokenizer_class") : NULL;
@@ -384,6 +440,8 @@ int ditd_tokenizer_load(const char *dir, ditd_tokenizer **out)
     }
     if ((err = read_added(t, cfg, stm, tj, dir)))
         goto fail;
+    if ((err = set_chunked(t)))
+        goto fail;
     if ((t->kind == DITD_TOK_CLIP && t->bos_id < 0) || t->eos_id < 0 || t->pad_id < 0) {
         err = ditd_err_set(DITD_EFORMAT, "%s: missing bos, eos or pad token", dir);
         goto fail;
@@ -483,24 +541,29 @@ static int model_encode(const ditd_tokenizer *t, const char *s, size_t n, ditd__
     return t->kind == DITD_TOK_CLIP ? ditd__clip_encode(t->clip, s, n, ids) : ditd__t5_encode(t->t5, s, n, ids);
 }
 
-/* One stretch of raw text between non-normalized added tokens: normalize,
- * split on the normalized added tokens, encode the rest with the model. */
+/* One stretch of raw text between non-normalized added tokens, chunk by
+ * chunk: normalize, split on the normalized added tokens, encode the rest
+ * with the model; stop once ids is full. */
 static int encode_segment(const ditd_tokenizer *t, const char *s, size_t n, ditd__buf *norm, ditd__ids *ids)
 {
-    norm->n = 0;
-    int err = normalize(t, s, n, norm);
-    if (err)
-        return err;
-    size_t i = 0;
-    while (i < norm->n && !ditd__ids_full(ids)) {
-        size_t at = norm->n, len = 0;
-        int32_t id = -1;
-        int found = next_added(t, 1, norm->p, i, norm->n, &at, &len, &id);
-        if ((err = model_encode(t, norm->p + i, at - i, ids)))
+    for (size_t c0 = 0; c0 < n && !ditd__ids_full(ids);) {
+        size_t c1 = chunk_end(t, s, c0, n);
+        norm->n = 0;
+        int err = normalize(t, s + c0, c1 - c0, norm);
+        if (err)
             return err;
-        if (found)
-            ditd__ids_push(ids, id);
-        i = at + len;
+        size_t i = 0;
+        while (i < norm->n && !ditd__ids_full(ids)) {
+            size_t at = norm->n, len = 0;
+            int32_t id = -1;
+            int found = next_added(t, 1, norm->p, i, norm->n, &at, &len, &id);
+            if ((err = model_encode(t, norm->p + i, at - i, ids)))
+                return err;
+            if (found)
+                ditd__ids_push(ids, id);
+            i = at + len;
+        }
+        c0 = c1;
     }
     return 0;
 }
