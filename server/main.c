@@ -1,71 +1,10 @@
 /* ditd: one binary, subcommands serve, generate, bench. This file only
  * dispatches; each command lives in its own file. */
-#include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "ditd_build_config.h"
-#include "engine/core/error.h"
-#include "engine/parallel/mesh.h"
 #include "server/cmd.h"
-
-int ditd_parse_long(const char *s, long lo, long hi, const char *what, long *out)
-{
-    char *end;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not an integer in %ld..%ld", what, s, lo, hi);
-    *out = v;
-    return 0;
-}
-
-int ditd_parse_double(const char *s, double lo, double hi, const char *what, double *out)
-{
-    char *end;
-    double v;
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi))
-        return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not a number in %g..%g", what, s, lo, hi);
-    *out = v;
-    return 0;
-}
-
-int ditd_layout_option(int c, const char *arg, ditd_layout *l, int *err)
-{
-    static const char *const flags[] = {"--ulysses-degree", "--ring-degree", NULL, "--tp-degree",
-                                        "--cfg-degree"};
-    int *deg[] = {&l->ulysses, &l->ring, NULL, &l->tp, &l->cfg};
-    int k = c - DITD_OPT_LAYOUT;
-    long v = 1;
-    *err = 0;
-    if (k < 0 || k > 4)
-        return 0;
-    if (k == 2) {
-        *err = ditd_ring_rotate_from_str(arg, &l->rotate);
-        return 1;
-    }
-    if (!(*err = ditd_parse_long(arg, 1, k == 4 ? 2 : 4096, flags[k], &v)))
-        *deg[k] = (int)v;
-    return 1;
-}
-
-const char *ditd_default_model_dir(void)
-{
-    static char path[4096];
-    const char *env = getenv("DITD_MODEL");
-    struct stat sb;
-    if (env && *env)
-        return env;
-    snprintf(path, sizeof path, "%s/models/fashion-dit", DITD_SOURCE_ROOT);
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return path;
-    return NULL;
-}
 
 static void usage(FILE *f)
 {

@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""`ditd serve` under hostile and careless clients (issue 12): one case per
+defect found, each a real daemon on 127.0.0.1 and raw sockets or real
+clients, each bounded in time. Exit 0 pass, 1 fail, 77 skip.
+
+Loopback is all of 127.0.0.0/8: a test that needs "another client address"
+binds its socket to 127.0.0.2.. and still talks to 127.0.0.1 only.
+
+usage: test_abuse.py --ditd BUILD/ditd CASE
+"""
+import argparse
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_http as th  # noqa: E402
+from test_http import GEN, MODEL, MODEL_ID, Daemon, check  # noqa: E402
+
+
+# ---------------------------------------------------------------- helpers
+
+def conn(port, src="127.0.0.1", timeout=5.0):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    if src != "127.0.0.1":
+        s.bind((src, 0))
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+_pending = {}
+
+
+def read_response(s, timeout=5.0):
+    """One whole HTTP/1.1 response from s (skipping 1xx): (status, headers, body),
+    or (None, {}, b"") when the peer closed or nothing came in time. Bytes
+    past the response (pipelining) are kept for the next call."""
+    s.settimeout(timeout)
+    buf = _pending.pop(s.fileno(), b"")
+    deadline = time.time() + timeout
+
+    def more():
+        if time.time() > deadline:
+            return False
+        try:
+            chunk = s.recv(65536)
+        except (socket.timeout, OSError):
+            return False
+        return chunk
+
+    while True:
+        while b"\r\n\r\n" not in buf:
+            chunk = more()
+            if not chunk:
+                return None, {}, buf
+            buf += chunk
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        hdrs = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        if 100 <= status < 200:
+            continue
+        n = int(hdrs.get("content-length", "0"))
+        while len(buf) < n:
+            chunk = more()
+            if not chunk:
+                break
+            buf += chunk
+        if len(buf) > n:
+            _pending[s.fileno()] = buf[n:]
+        return status, hdrs, buf[:n]
+
+
+def raw_get(path, rid=None):
+    extra = f"X-Request-Id: {rid}\r\n" if rid else ""
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+
+
+def raw_post(path, body, ctype="application/json", extra=""):
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    if isinstance(body, str):
+        body = body.encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n{extra}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def timed_health(port, src="127.0.0.2", timeout=5.0):
+    """(status, seconds) of GET /healthz on a fresh connection from src."""
+    t0 = time.time()
+    try:
+        s = conn(port, src, timeout)
+        s.sendall(raw_get("/healthz"))
+        st, _, _ = read_response(s, timeout)
+        s.close()
+    except OSError:
+        st = None
+    return st, time.time() - t0
+
+
+def counter(m, route, status):
+    return m.get('ditd_http_requests_total{route="%s",status="%d"}' % (route, status), 0)
+
+
+# ---------------------------------------------------------------- cases
+
+def case_conn_limit(ditd):
+    """Defect 1: past --max-connections a client gets a 503 at once, and when
+    connections close again new ones are served at once (8 of 8 tries)."""
+    d = Daemon(ditd, "--max-connections", "8", "--header-timeout", "60")
+    try:
+        served = 0
+        for attempt in range(8):
+            hold = [conn(d.port) for _ in range(8)]
+            time.sleep(0.2)
+            t0 = time.time()
+            s = conn(d.port)
+            s.sendall(raw_get("/healthz"))
+            st, h, body = read_response(s, 3)
+            dt = time.time() - t0
+            s.close()
+            if attempt == 0:
+                check(st == 503 and dt < 2.0, f"over the limit: 503 at once ({dt:.2f} s)", st, 503)
+                check(b"max-connections" in body and h.get("connection") == "close",
+                      "the 503 names --max-connections and closes", body[:120])
+            for x in hold:
+                x.close()
+            deadline = time.time() + 2.0
+            while time.time() < deadline:
+                st, dt = timed_health(d.port, "127.0.0.1", 2.0)
+                if st == 200:
+                    served += 1
+                    break
+                time.sleep(0.05)
+        check(served == 8, "after the burst closes, a new connection is served within 2 s (8 tries)",
+              served, 8)
+        m = d.metrics()
+        check(m.get('ditd_http_connections_refused_total{reason="capacity"}', 0) >= 8,
+              "metrics: refused connections counted",
+              m.get('ditd_http_connections_refused_total{reason="capacity"}'))
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_slow_clients(ditd, n_slow=1000):
+    """Defect 2: 1,000 clients trickling a byte at a time: the header deadline
+    is total (bytes do not reset it), one address gets at most its cap, and
+    /healthz from elsewhere answers at once all along."""
+    d = Daemon(ditd, "--max-connections", "2000", "--max-connections-per-client", "300",
+               "--header-timeout", "2", "--body-timeout", "2")
+    socks = []
+    try:
+        # 300 from 127.0.0.1 are allowed, the 301st is refused at once
+        for i in range(n_slow):
+            src = "127.0.0.1" if i < 301 else f"127.0.1.{1 + i % 200}"
+            try:
+                s = conn(d.port, src, 5)
+                s.setblocking(False)
+                socks.append(s)
+            except OSError as e:
+                print(f"note: connection {i} failed: {e}")
+        time.sleep(0.3)
+        refused = 0
+        for s in socks[:301]:
+            try:
+                if s.recv(4096).startswith(b"HTTP/1.1 503"):
+                    refused += 1
+            except (BlockingIOError, OSError):
+                pass
+        check(refused == 1, "a client address gets at most --max-connections-per-client", refused, 1)
+        # trickle a byte every 0.25 s (a request that never ends) and probe
+        # /healthz from another address meanwhile
+        lat, bad, t0, closed = [], [], time.time(), 0
+        line = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 10000
+        pos = 0
+        while time.time() - t0 < 4.0:
+            for s in socks:
+                try:
+                    s.send(line[pos:pos + 1])
+                except OSError:
+                    pass
+            pos += 1
+            st, dt = timed_health(d.port, "127.0.0.2", 5)
+            lat.append(dt)
+            if st != 200:
+                bad.append(st)
+            time.sleep(0.25)
+        check(not bad, f"/healthz answers 200 while {len(socks)} clients trickle", bad)
+        lat.sort()
+        check(lat[len(lat) // 2] < 0.5 and lat[-1] < 2.0,
+              f"/healthz from another address stays fast (p50 {lat[len(lat)//2]*1e3:.0f} ms, "
+              f"max {lat[-1]*1e3:.0f} ms, {len(lat)} probes)")
+        # by now (4 s > --header-timeout 2 s) every trickler is closed,
+        # although it sent a byte every 0.25 s
+        for s in socks:
+            try:
+                data = s.recv(65536)
+                if data == b"" or data.startswith(b"HTTP/1.1 408") or data.startswith(b"HTTP/1.1 503"):
+                    closed += 1
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed += 1
+        check(closed >= len(socks) - 5, "the header deadline is total: the tricklers were closed",
+              closed, len(socks))
+        m = d.metrics()
+        check(m.get("ditd_http_read_timeouts_total", 0) >= len(socks) - 301,
+              "metrics: read timeouts counted", m.get("ditd_http_read_timeouts_total"))
+    finally:
+        for s in socks:
+            s.close()
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_utf8(ditd):
+    """Defect 3: an error message that quotes the client's bytes is still valid
+    JSON: a prompt of 300 euro signs, a path of %ff; and /metrics counts them."""
+    d = Daemon(ditd)
+    try:
+        st, h, body = d.generate(dict(GEN, prompt="\u20ac" * 300))
+        ok = False
+        try:
+            ok = json.loads(body)["error"]["param"] == "prompt"
+        except ValueError:
+            pass
+        check(st == 400 and ok, "a 300-character prompt of '\u20ac': 400 with a JSON body", (st, body[:80]))
+        st, h, body = d.request("POST", "/v1/models/%ff")
+        check(st == 405 and json.loads(body)["error"]["code"] == "method_not_allowed",
+              "POST /v1/models/%ff: 405 with a JSON body", (st, body[:80]))
+        st, h, body = d.request("GET", "/v1/models/%ff")
+        check(st == 404 and "error" in json.loads(body), "GET /v1/models/%ff: 404 with a JSON body",
+              (st, body[:80]))
+        st, h, body = d.request("GET", "/nowhere/%e2%82%ac%e2%82")
+        check(st == 404 and "error" in json.loads(body), "a cut UTF-8 path: 404 with a JSON body", st)
+        m = d.metrics()
+        check(counter(m, "/v1/images/generations", 400) == 1, "metrics count the 400",
+              counter(m, "/v1/images/generations", 400))
+        check(counter(m, "/v1/models", 405) == 1 and counter(m, "/v1/models", 404) == 1,
+              "metrics count the 405 and the 404")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_chunked(ditd):
+    """Defect 4: a chunked body over --max-body-bytes gets 413, not a drop."""
+    d = Daemon(ditd, "--max-body-bytes", "1024")
+    try:
+        s = conn(d.port)
+        s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b" " * 512
+        for _ in range(8):
+            s.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+        s.sendall(b"0\r\n\r\n")
+        st, h, body = read_response(s, 5)
+        s.close()
+        check(st == 413 and json.loads(body)["error"]["code"] == "body_too_large",
+              "a chunked body over the limit: 413 with the error envelope", (st, body[:100]))
+        # a chunked body under the limit still works
+        s = conn(d.port, timeout=60)
+        raw = json.dumps(GEN).encode()
+        s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(raw) + raw + b"\r\n0\r\n\r\n")
+        st, _, _ = read_response(s, 60)
+        s.close()
+        check(st == 200, "a chunked body under the limit: 200", st)
+        # a declared Content-Length over the limit: 413 before reading
+        s = conn(d.port)
+        s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000\r\n\r\n")
+        st, h, _ = read_response(s, 5)
+        s.close()
+        check(st == 413 and h.get("connection") == "close", "Content-Length over the limit: 413 unread", st)
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_signals(ditd):
+    """Defect 5: SIGHUP reopens the log, SIGUSR1/SIGUSR2 are harmless, SIGQUIT
+    drains: the request in flight is answered 200 and the exit is 0."""
+    tmp = tempfile.mkdtemp(prefix="ditd-sig-")
+    logf = os.path.join(tmp, "ditd.log")
+    d = Daemon(ditd, "--log-file", logf)
+    try:
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            os.kill(d.front_pid, sig)
+            time.sleep(0.2)
+            st, _, _ = d.request("GET", "/healthz")
+            check(d.proc.poll() is None and st == 200, f"{sig.name}: still serving", st)
+        check("SIGUSR1: status" in open(logf).read(), "SIGUSR1 logs a status line")
+        os.rename(logf, logf + ".1")
+        os.kill(d.front_pid, signal.SIGHUP)
+        time.sleep(0.3)
+        st, _, _ = d.request("GET", "/healthz", headers={"X-Request-Id": "after-hup"})
+        check(d.proc.poll() is None and st == 200, "SIGHUP: still serving", st)
+        check(os.path.exists(logf) and "after-hup" in open(logf).read(),
+              "SIGHUP reopened --log-file: the new file gets the lines")
+        # SIGQUIT while a generation runs: it finishes, then the exit is 0
+        res = {}
+        long_body = dict(GEN, num_inference_steps=300)
+        t = threading.Thread(target=lambda: res.update(r=d.generate(long_body, timeout=60)))
+        t.start()
+        time.sleep(0.5)
+        os.kill(d.front_pid, signal.SIGQUIT)
+        t.join(60)
+        check(res.get("r", (None,))[0] == 200, "SIGQUIT drains: the request in flight gets 200",
+              res.get("r", (None,))[0])
+        d.proc.wait(30)
+        check(d.proc.returncode == 0, "SIGQUIT: exit 0", d.proc.returncode)
+    finally:
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def case_keepalive(ditd):
+    """Defect 6: answers keep the connection (GET, 404, 405, 415, 400), and
+    pipelined requests are all answered."""
+    d = Daemon(ditd)
+    try:
+        s = conn(d.port, timeout=30)
+        for what, req, want in [
+                ("GET /healthz", raw_get("/healthz"), 200),
+                ("GET /metrics", raw_get("/metrics"), 200),
+                ("404", raw_get("/nowhere"), 404),
+                ("405", raw_post("/healthz", "{}"), 405),
+                ("415", raw_post("/v1/images/generations", "x", ctype="text/plain"), 415),
+                ("400", raw_post("/v1/images/generations", "{"), 400),
+                ("200 generation", raw_post("/v1/images/generations", GEN), 200)]:
+            s.sendall(req)
+            st, h, _ = read_response(s, 30)
+            check(st == want and h.get("connection", "") != "close",
+                  f"{what}: {want} on a kept-alive connection", (st, h.get("connection")))
+        # three GETs in one write
+        s.sendall(raw_get("/healthz") + raw_get("/readyz") + raw_get("/v1/models"))
+        got = [read_response(s, 10)[0] for _ in range(3)]
+        check(got == [200, 200, 200], "three pipelined requests: three answers", got)
+        s.close()
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_quote_model(ditd):
+    """Defect 7: a model folder named with a quote serves: the name is escaped
+    in the response JSON and in the metrics labels."""
+    tmp = tempfile.mkdtemp(prefix="ditd-q-")
+    name = 'tiny"q\\x'
+    shutil.copytree(MODEL, os.path.join(tmp, name))
+    d = None
+    try:
+        d = Daemon(ditd, "--model", os.path.join(tmp, name))
+        st, _, body = d.generate(dict(GEN, model=name))
+        ok = st == 200 and json.loads(body)["model"] == name
+        check(ok, "a generation with a quote in the model's name: 200, the name intact", (st, body[:100]))
+        _, _, text = d.request("GET", "/metrics")
+        labels = [ln for ln in text.decode().splitlines() if ln.startswith("ditd_images_total{")]
+        check(labels == ['ditd_images_total{model="tiny\\"q\\\\x"} 1'],
+              "metrics: the label is escaped (Prometheus text format)", labels)
+    finally:
+        if d:
+            d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def case_size(ditd):
+    """Defect 8: sizes that wrap or carry blanks are refused."""
+    d = Daemon(ditd)
+    try:
+        for size in ["4294967324x4294967324", " 28x28", "28x28 ", "+28x28", "028x28", "28x-28",
+                     "28x", "x28", "0x0", "28X28", "28x28x28", "99999999999x28"]:
+            st, _, body = d.generate(dict(GEN, size=size))
+            check(st == 400 and json.loads(body)["error"]["param"] == "size", f"size {size!r}: 400", st)
+        st, _, _ = d.generate(dict(GEN, size="28x28"))
+        check(st == 200, "size '28x28': 200", st)
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_half_close(ditd):
+    """Defect 9: a client that half-closes after its request still gets the
+    answer; one that closes for good is canceled."""
+    d = Daemon(ditd)
+    try:
+        s = conn(d.port, timeout=60)
+        s.sendall(raw_post("/v1/images/generations", dict(GEN, num_inference_steps=60)))
+        s.shutdown(socket.SHUT_WR)
+        st, h, body = read_response(s, 60)
+        s.close()
+        check(st == 200 and json.loads(body)["data"][0]["b64_json"],
+              "half-closed after the request: 200 with the image", st)
+        m = d.metrics()
+        check(m.get('ditd_canceled_samples_total{model="%s"}' % MODEL_ID, 0) == 0,
+              "nothing was canceled", m.get('ditd_canceled_samples_total{model="%s"}' % MODEL_ID))
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_stalled(ditd):
+    """Defect 10: with two replicas, one stalled (SIGSTOP) leaves /healthz 200
+    ("degraded", the stalled one not alive) and generations served by the other."""
+    if not shutil.which("mpirun"):
+        print("skip: no mpirun")
+        return 77
+    d = Daemon(ditd, "--dp", "2", "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1000",
+               mpi_np=3, env={"DITD_LOG_RANKS": "1"})
+    stopped = None
+    try:
+        pids = dict((int(r), int(p)) for r, p in re.findall(r"rank (\d+) \(pid (\d+)\)", d.logtext()))
+        check(2 in pids, "rank 2 (replica 1) logged its pid", pids)
+        stopped = pids[2]
+        os.kill(stopped, signal.SIGSTOP)
+        time.sleep(1.6)
+        st, _, body = d.request("GET", "/healthz")
+        h = json.loads(body)
+        check(st == 200 and h["status"] == "degraded" and [r["alive"] for r in h["replicas"]] == [True, False],
+              "one replica stalled: /healthz 200, degraded, the stalled one not alive", (st, h))
+        t0 = time.time()
+        rs = [d.generate(dict(GEN, seed=i), timeout=30)[0] for i in range(4)]
+        check(rs == [200] * 4, f"generations served by the live replica ({time.time() - t0:.1f} s)", rs)
+        os.kill(stopped, signal.SIGCONT)
+        stopped = None
+        time.sleep(0.5)
+        st, _, body = d.request("GET", "/healthz")
+        check(st == 200 and json.loads(body)["status"] == "ok", "resumed: ok again", body[:80])
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+def case_logs(ditd):
+    """Defect 11: every request is logged once with its real status (400, 404,
+    405, 415 too), the client's X-Request-Id is kept and echoed; --log-format
+    json writes one JSON object a line."""
+    for fmt in ["text", "json"]:
+        d = Daemon(ditd, "--log-format", fmt)
+        try:
+            cases = [("GET", "/healthz", None, {}, 200), ("GET", "/nowhere", None, {}, 404),
+                     ("PUT", "/healthz", "{}", {}, 405),
+                     ("POST", "/v1/images/generations", "x", {"Content-Type": "text/plain"}, 415),
+                     ("POST", "/v1/images/generations", {"n": 99}, {}, 400),
+                     ("POST", "/v1/images/generations", GEN, {}, 200)]
+            for i, (method, path, body, hdrs, want) in enumerate(cases):
+                rid = f"client-{fmt}-{i}"
+                st, h, _ = d.request(method, path, body, dict(hdrs, **{"X-Request-Id": rid}))
+                check(st == want and h.get("x-request-id") == rid,
+                      f"{fmt}: {method} {path}: {want}, X-Request-Id echoed", (st, h.get("x-request-id")))
+            time.sleep(0.2)
+            text = d.logtext()
+            for i, (method, path, body, hdrs, want) in enumerate(cases):
+                rid = f"client-{fmt}-{i}"
+                if fmt == "json":
+                    recs = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{") and rid in ln]
+                    ok = (len(recs) == 1 and recs[0]["status"] == want and recs[0]["method"] == method
+                          and recs[0]["request_id"] == rid and recs[0]["bytes"] > 0
+                          and recs[0]["latency_ms"] >= 0)
+                else:
+                    recs = [ln for ln in text.splitlines() if f"id={rid} " in ln]
+                    ok = len(recs) == 1 and f" status={want} " in recs[0] and f"request {method} " in recs[0]
+                check(ok, f"{fmt}: one access line for {method} {path} with status {want}", recs)
+            if fmt == "json":
+                bad = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("{")]
+                check(not bad, "json: every line of the log is JSON", bad[:3])
+            # an id a client cannot smuggle into the log
+            st, h, _ = d.request("GET", "/healthz", headers={"X-Request-Id": "a b\"c"})
+            check(h.get("x-request-id", "").startswith("req-"), "an id with blanks or quotes is replaced",
+                  h.get("x-request-id"))
+        finally:
+            rc = d.stop()
+        check(rc == 0, f"{fmt}: exit 0", rc)
+
+
+CASES = {"conn_limit": case_conn_limit, "slow_clients": case_slow_clients, "utf8": case_utf8,
+         "chunked": case_chunked, "signals": case_signals, "keepalive": case_keepalive,
+         "quote_model": case_quote_model, "size": case_size, "half_close": case_half_close,
+         "stalled": case_stalled, "logs": case_logs}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ditd", required=True)
+    ap.add_argument("case", choices=sorted(CASES))
+    a = ap.parse_args()
+    t0 = time.time()
+    rc = CASES[a.case](os.path.abspath(a.ditd))
+    print(f"{a.case}: {time.time() - t0:.1f} s, {len(th.failures)} failure(s)")
+    if rc == 77:
+        return 77
+    return 1 if th.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
