@@ -186,6 +186,11 @@ static void raw_answer(int fd, int status, const char *reason, const char *code,
 
 static void refuse(ditd_http *h, int fd, const char *code, const char *msg)
 {
+    /* over TLS no plain text can be written before a handshake: close */
+    if (h->cfg.tls_cert_pem) {
+        close(fd);
+        return;
+    }
     raw_answer(fd, 503, "Service Unavailable", code, msg);
     linger_add(h, fd);
 }
@@ -216,8 +221,9 @@ static void on_listen(uv_poll_t *p, int status, int events)
                     h->reserve_fd = -1;
                     fd = accept4(h->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
                     if (fd >= 0) {
-                        raw_answer(fd, 503, "Service Unavailable", "at_capacity",
-                                   "the server is out of file descriptors; retry later");
+                        if (!h->cfg.tls_cert_pem)
+                            raw_answer(fd, 503, "Service Unavailable", "at_capacity",
+                                       "the server is out of file descriptors; retry later");
                         close(fd);
                         h->refused_capacity++;
                     }

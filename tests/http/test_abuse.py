@@ -120,7 +120,7 @@ def counter(m, route, status):
 def case_conn_limit(ditd):
     """Defect 1: past --max-connections a client gets a 503 at once, and when
     connections close again new ones are served at once (8 of 8 tries)."""
-    d = Daemon(ditd, "--max-connections", "8", "--header-timeout", "60")
+    d = Daemon(ditd, "--max-connections", "8")
     try:
         served = 0
         for attempt in range(8):
@@ -453,7 +453,7 @@ def case_logs(ditd):
     405, 415 too), the client's X-Request-Id is kept and echoed; --log-format
     json writes one JSON object a line."""
     for fmt in ["text", "json"]:
-        d = Daemon(ditd, "--log-format", fmt)
+        d = Daemon(ditd, "--log-requests", *(["--log-format", fmt] if fmt == "json" else []))
         try:
             cases = [("GET", "/healthz", None, {}, 200), ("GET", "/nowhere", None, {}, 404),
                      ("PUT", "/healthz", "{}", {}, 405),
@@ -490,10 +490,114 @@ def case_logs(ditd):
         check(rc == 0, f"{fmt}: exit 0", rc)
 
 
+def case_auth(ditd):
+    """API keys: several from DITD_API_KEY and a file, checked as the OpenAI
+    clients send them (Authorization: Bearer), 401 in the OpenAI envelope;
+    /healthz, /readyz, /openapi.json open, /metrics as --metrics-auth says."""
+    tmp = tempfile.mkdtemp(prefix="ditd-auth-")
+    kf = os.path.join(tmp, "keys")
+    with open(kf, "w") as f:
+        f.write("# team keys\n\nk3-from-file\n")
+    for metrics_auth in [False, True]:
+        args = ["--api-key-file", kf] + (["--metrics-auth"] if metrics_auth else [])
+        d = Daemon(ditd, *args, env={"DITD_API_KEY": "k1-env,k2-env"})
+        try:
+            for hdr, want in [(None, 401), ("Bearer wrong", 401), ("k1-env", 401), ("Basic k1-env", 401),
+                              ("Bearer k1-env", 200), ("Bearer k2-env", 200), ("bearer  k3-from-file", 200)]:
+                st, h, body = d.generate(GEN, headers={"Authorization": hdr} if hdr else {})
+                ok = st == want
+                if want == 401:
+                    e = json.loads(body).get("error", {})
+                    ok = ok and e.get("code") == "invalid_api_key" and e.get("type") == "invalid_request_error" \
+                        and h.get("www-authenticate") == "Bearer"
+                check(ok, f"generation with Authorization {hdr!r}: {want}", (st, body[:100]))
+            for path in ["/healthz", "/readyz", "/openapi.json"]:
+                st, _, _ = d.request("GET", path)
+                check(st == 200, f"{path} is open without a key", st)
+            st, _, _ = d.request("GET", "/v1/models")
+            check(st == 401, "/v1/models needs a key", st)
+            st, _, _ = d.request("GET", "/metrics")
+            check(st == (401 if metrics_auth else 200),
+                  f"/metrics {'needs a key' if metrics_auth else 'is open'} (--metrics-auth {metrics_auth})", st)
+            if not metrics_auth:
+                import openai
+                good = openai.OpenAI(base_url=d.url("/v1"), api_key="k2-env")
+                res = good.images.generate(model=MODEL_ID, prompt="dress", size="28x28",
+                                           response_format="b64_json", extra_body={"num_inference_steps": 2})
+                check(len(res.data) == 1 and res.data[0].b64_json, "openai client with a key: an image")
+                try:
+                    openai.OpenAI(base_url=d.url("/v1"), api_key="nope", max_retries=0).images.generate(
+                        model=MODEL_ID, prompt="dress", size="28x28", response_format="b64_json")
+                    check(False, "openai client with a wrong key raises AuthenticationError")
+                except openai.AuthenticationError as e:
+                    check(e.status_code == 401 and "API key" in str(e),
+                          "openai client with a wrong key: AuthenticationError (401)", str(e)[:100])
+                out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+                                      "Authorization: Bearer k3-from-file", d.url("/v1/models")],
+                                     capture_output=True, text=True, timeout=30).stdout
+                check(out == "200", "curl with a key from the file: 200", out)
+        finally:
+            rc = d.stop()
+        check(rc == 0, "exit 0", rc)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def case_tls(ditd):
+    """TLS through libmicrohttpd's GnuTLS: a certificate made here, curl and
+    the openai client trust it and get images; a plain-HTTP client on the
+    TLS port does not take the server down."""
+    if not shutil.which("openssl"):
+        print("skip: no openssl")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="ditd-tls-")
+    cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, "openssl made a certificate", r.stderr[-300:])
+    d = Daemon(ditd, "--tls-cert", cert, "--tls-key", key, "--api-key", "tls-key-1", tls_ca=cert,
+               api_key="tls-key-1")
+    try:
+        out = subprocess.run(["curl", "-s", "--cacert", cert, "-H", "Authorization: Bearer tls-key-1",
+                              "-H", "Content-Type: application/json", "-d", json.dumps(GEN),
+                              d.url("/v1/images/generations")],
+                             capture_output=True, text=True, timeout=60)
+        ok = False
+        try:
+            ok = len(json.loads(out.stdout)["data"]) == 1
+        except (ValueError, KeyError):
+            pass
+        check(ok, "curl over HTTPS (the test's CA): an image", out.stdout[:100] + out.stderr[-200:])
+        out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", d.url("/healthz")],
+                             capture_output=True, text=True, timeout=30)
+        check(out.returncode != 0, "curl without the CA refuses the certificate", out.returncode)
+        import openai
+        client = openai.OpenAI(base_url=d.url("/v1"), api_key="tls-key-1",
+                               http_client=openai.DefaultHttpxClient(verify=cert))
+        res = client.images.generate(model=MODEL_ID, prompt="dress", size="28x28", response_format="b64_json",
+                                     extra_body={"num_inference_steps": 2, "seed": 3})
+        check(len(res.data) == 1 and res.data[0].b64_json, "openai client over HTTPS: an image")
+        # plain HTTP on the TLS port: refused or dropped, and the server goes on
+        try:
+            s = conn(d.port, timeout=3)
+            s.sendall(raw_get("/healthz"))
+            s.recv(100)
+            s.close()
+        except OSError:
+            pass
+        st, _, _ = d.request("GET", "/healthz")
+        check(st == 200, "after a plain-HTTP client, HTTPS still serves", st)
+    finally:
+        rc = d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    check(rc == 0, "exit 0", rc)
+
+
 CASES = {"conn_limit": case_conn_limit, "slow_clients": case_slow_clients, "utf8": case_utf8,
          "chunked": case_chunked, "signals": case_signals, "keepalive": case_keepalive,
          "quote_model": case_quote_model, "size": case_size, "half_close": case_half_close,
-         "stalled": case_stalled, "logs": case_logs}
+         "stalled": case_stalled, "logs": case_logs, "auth": case_auth, "tls": case_tls}
 
 
 def main():
