@@ -408,6 +408,13 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     ditd_log(DITD_LOG_INFO, "listening on %s://%s:%d (model %s, %d replica%s%s, max batch %d, pid %d)",
               tls_cert ? "https" : "http", s->cfg.host, s->http.port, s->info.name, s->nrep, s->nrep == 1 ? "" : "s",
               s->mpi ? " over MPI" : "", s->cfg.max_batch, (int)getpid());
+    if (s->cfg.pid_file[0]) {
+        FILE *pf = fopen(s->cfg.pid_file, "w");
+        if (!pf || fprintf(pf, "%d\n", (int)getpid()) < 0)
+            ditd_log(DITD_LOG_WARN, "--pid-file %s: %s", s->cfg.pid_file, strerror(errno));
+        if (pf)
+            fclose(pf);
+    }
     if (s->cfg.log_file[0]) /* where a supervisor looks first */
         fprintf(stderr, "ditd serve: listening on %s://%s:%d (log in %s, pid %d)\n",
                 tls_cert ? "https" : "http", s->cfg.host, s->http.port, s->cfg.log_file, (int)getpid());
@@ -435,6 +442,8 @@ join:
     ditd_auth_free(&s->auth);
     free(tls_cert);
     free(tls_key);
+    if (s->cfg.pid_file[0])
+        unlink(s->cfg.pid_file);
     ditd_log(DITD_LOG_INFO, "stopped");
     ditd_log_close();
     return s->exit_code;

@@ -61,6 +61,8 @@ static const opt opts[] = {
     {"api-key-file", "DITD_API_KEY_FILE", T_STR, OFF(api_key_file), 0, 0, "", "a file of API keys, one a line ('#' comments)"},
     {"metrics-auth", "DITD_METRICS_AUTH", T_BOOL, OFF(metrics_auth), 0, 1, "0", "with API keys, /metrics needs one too (/healthz, /readyz, /openapi.json stay open)"},
     {"tls-cert", "DITD_TLS_CERT", T_STR, OFF(tls_cert), 0, 0, "", "serve HTTPS: the certificate chain (PEM); with --tls-key"},
+    {"pid-file", "DITD_PID_FILE", T_STR, OFF(pid_file), 0, 0, "", "the front-end (rank 0) writes its pid here: server/ditd-mpirun sends it the signals mpirun gets"},
+    {"max-cost", "DITD_MAX_COST", T_LONG, OFF(max_cost), 0, 1e15, "0", "ceiling on a request's cost, images x steps x tokens (0: none); over it, 400"},
     {"tls-key", "DITD_TLS_KEY", T_STR, OFF(tls_key), 0, 0, "", "the private key (PEM) of --tls-cert"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])

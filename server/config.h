@@ -43,6 +43,8 @@ typedef struct ditd_serve_config {
     char tls_key[4096];
     int log_format;             /* ditd_log_format */
     int log_level;              /* ditd_log_level */
+    long max_cost;              /* n x steps x tokens per request; 0 = no ceiling */
+    char pid_file[4096];        /* the front-end writes its pid here ("" none) */
     char log_file[4096];        /* "" = stderr */
 } ditd_serve_config;
 

@@ -136,7 +136,7 @@ int ditd_job_accept(ditd_job *j, const ditd_genreq *rq, size_t numel)
 
 void ditd_job_refuse(ditd_job *j)
 {
-    assert(j->state == DITD_JOB_BODY);
+    assert(j->state == DITD_JOB_BODY || (j->state == DITD_JOB_WAITING && !ditd_job_terminal(j)));
     j->state = DITD_JOB_ANSWERED;
     if (!ditd_job_terminal(j))
         j->outcome = DITD_JOB_ERROR;

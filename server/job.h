@@ -88,6 +88,8 @@ struct ditd_job {
     int channels;
 
     /* the scheduler's (sched.c) */
+    uint64_t cost;                /* n x steps x tokens */
+    double deadline;              /* the queue's order: arrival + cost x seconds per unit */
     int in_queue;
     ditd_job *q_prev, *q_next;
     int dispatched;               /* samples handed to batches */
@@ -135,8 +137,9 @@ void ditd_job_unref(ditd_job *j);
 /* BODY -> WAITING with the validated request; allocates the images'
  * buffer (numel values each). 0 or DITD_ENOMEM. */
 int ditd_job_accept(ditd_job *j, const ditd_genreq *rq, size_t numel);
-/* BODY -> ANSWERED with outcome ERROR: refused before acceptance (the
- * caller answers). */
+/* -> ANSWERED with outcome ERROR, the sink not told (the caller answers):
+ * refused before acceptance, or by the scheduler right after it (nothing
+ * of it is out). */
 void ditd_job_refuse(ditd_job *j);
 /* The final answer is out (or given to the connection). */
 void ditd_job_answered(ditd_job *j);

@@ -242,8 +242,7 @@ static enum MHD_Result start_generation(ditd_srv *s, struct MHD_Connection *c, d
         return answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid, 0, 0);
     }
     if ((st = ditd__sched_submit(s, j, &e))) {
-        ditd_job_fail(j, &e); /* nothing is out: the sink is told, we answer */
-        ditd_job_answered(j);
+        ditd_job_refuse(j); /* nothing of it is out */
         return answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid,
                           st == 429 ? ditd__sched_retry_after(s) : st == 503 ? 5 : 0, 0);
     }

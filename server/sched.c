@@ -89,8 +89,24 @@ static void q_remove(ditd_srv *s, ditd_job *j)
     ditd_job_unref(j);
 }
 
+uint64_t ditd__sched_cost(const ditd_srv *s, const ditd_genreq *rq)
+{
+    uint64_t p = (uint64_t)(s->info.dit.patch_size > 0 ? s->info.dit.patch_size : 1);
+    uint64_t tokens = ((uint64_t)s->info.dit.sample_size / p) * ((uint64_t)s->info.dit.sample_size / p);
+    return (uint64_t)rq->n * (uint64_t)rq->steps * (tokens ? tokens : 1);
+}
+
 int ditd__sched_submit(ditd_srv *s, ditd_job *j, ditd_api_error *e)
 {
+    j->cost = ditd__sched_cost(s, &j->rq);
+    if (s->cfg.max_cost > 0 && j->cost > (uint64_t)s->cfg.max_cost)
+        return ditd_api_error_set(e, 400, "invalid_request_error", "cost_too_high", "n",
+                                  "the request costs %llu (n %d x num_inference_steps %d x %llu "
+                                  "tokens) and this server takes at most %ld (--max-cost): ask "
+                                  "for fewer images or steps",
+                                  (unsigned long long)j->cost, j->rq.n, j->rq.steps,
+                                  (unsigned long long)(j->cost / ((uint64_t)j->rq.n * (uint64_t)j->rq.steps)),
+                                  s->cfg.max_cost);
     if (s->draining)
         return ditd_api_error_set(e, 503, "server_error", "draining", NULL,
                                   "the server is shutting down; retry on another instance");
@@ -105,13 +121,21 @@ int ditd__sched_submit(ditd_srv *s, ditd_job *j, ditd_api_error *e)
     }
     ditd_job_ref(j);
     j->in_queue = 1;
-    j->q_prev = s->q_tail;
-    j->q_next = NULL;
-    if (s->q_tail)
-        s->q_tail->q_next = j;
+    j->deadline = j->t_arrive + (double)j->cost * s->sec_per_cost;
+    /* in deadline order; equal deadlines keep arrival order */
+    ditd_job *after = s->q_tail;
+    while (after && after->deadline > j->deadline)
+        after = after->q_prev;
+    j->q_prev = after;
+    j->q_next = after ? after->q_next : s->q_head;
+    if (j->q_next)
+        j->q_next->q_prev = j;
+    else
+        s->q_tail = j;
+    if (after)
+        after->q_next = j;
     else
         s->q_head = j;
-    s->q_tail = j;
     s->q_len++;
     ditd__sched_kick(s);
     return 0;
@@ -184,6 +208,7 @@ void ditd__sched_kick(ditd_srv *s)
             }
             while (j->dispatched < j->rq.n && b->n < s->cfg.max_batch) {
                 int i = b->n++;
+                b->cost += j->cost / (uint64_t)j->rq.n;
                 ditd__sample__init(&smp[i]);
                 smp[i].request_id = j->id;
                 smp[i].seed = j->rq.seed;
@@ -289,6 +314,10 @@ static void batch_done(ditd_srv *s, ditd_fbatch *b)
 {
     double dt = ditd__now() - b->t_start;
     s->avg_batch_s = s->avg_batch_s > 0 ? 0.8 * s->avg_batch_s + 0.2 * dt : dt;
+    if (b->n > 0 && b->cost > 0) {
+        double spc = dt / (double)b->cost;
+        s->sec_per_cost = s->sec_per_cost > 0 ? 0.8 * s->sec_per_cost + 0.2 * spc : spc;
+    }
     for (int i = 0; i < b->n; i++)
         ditd_job_unref(b->job[i]);
     if (s->rep[b->replica].running == b)

@@ -14,8 +14,18 @@
 #include "server/genreq.h"
 #include "server/job.h"
 
-/* 0, or an HTTP status (429 queue full, 503 no replica / draining) with *e.
- * On 0 the queue holds a reference to the job. */
+/* A request's cost: images x steps x tokens (the model's latent tokens per
+ * image). What --max-cost bounds and what orders the queue. */
+uint64_t ditd__sched_cost(const ditd_srv *s, const ditd_genreq *rq);
+/* 0, or an HTTP status (400 over --max-cost, 429 queue full, 503 no replica
+ * / draining) with *e. On 0 the queue holds a reference to the job.
+ *
+ * The queue's order (the fairness policy, docs/serving.md): earliest
+ * deadline first, a job's deadline being its arrival plus its cost times
+ * the measured seconds per unit of cost, i.e. roughly when it would finish
+ * if it ran alone at once. A light request overtakes heavy ones that wait,
+ * and a heavy one is never starved: lights that arrive after its deadline
+ * queue behind it. Until the first batch is timed the order is arrival. */
 int ditd__sched_submit(ditd_srv *s, ditd_job *j, ditd_api_error *e);
 /* Forms and sends the batches that can go now. */
 void ditd__sched_kick(ditd_srv *s);

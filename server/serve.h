@@ -40,6 +40,7 @@ typedef struct ditd_fbatch {
     int replica;
     int n;
     int steps;
+    uint64_t cost;      /* the samples' cost */
     double t_start;
     ditd_job *job[DITD_WORKER_MAX_BATCH];  /* a ref each */
     int idx[DITD_WORKER_MAX_BATCH];        /* the image of the job */
@@ -77,6 +78,7 @@ struct ditd_srv {
     int q_len;           /* jobs in the queue */
     uint64_t next_batch;
     double avg_batch_s;
+    double sec_per_cost;  /* measured: batch seconds per unit of cost (0: not yet) */
     ditd_metrics m;
     int draining;
     double drain_deadline;

@@ -594,10 +594,105 @@ def case_tls(ditd):
     check(rc == 0, "exit 0", rc)
 
 
+
+def case_fairness(ditd):
+    """Fairness and cost: a light request that arrives behind three heavy
+    ones waits for the one running, not for all three (the queue is earliest
+    deadline first, deadline = arrival + cost x measured seconds per unit),
+    the heavy ones all finish, and --max-cost refuses a request over it."""
+    heavy = dict(GEN, n=8, num_inference_steps=150)
+    light = dict(GEN, n=1, num_inference_steps=3)
+    tokens = 49  # (28 / 4)^2 for the fixture model
+    d = Daemon(ditd, "--max-batch", "8", "--max-cost", str(8 * 150 * tokens))
+    try:
+        d.generate(light)  # the first batch times the rate
+        t0 = time.time()
+        st = d.generate(heavy)[0]
+        t_heavy = time.time() - t0
+        check(st == 200, f"a heavy request alone takes {t_heavy:.2f} s", st)
+        res, lock = {}, threading.Lock()
+
+        def run(key, body):
+            t1 = time.time()
+            st = d.generate(body, timeout=120)[0]
+            with lock:
+                res[key] = (st, time.time() - t1)
+        ths = [threading.Thread(target=run, args=(f"heavy{i}", dict(heavy, seed=10 + i))) for i in range(3)]
+        for th_ in ths:
+            th_.start()
+            time.sleep(0.05)
+        time.sleep(0.2)
+        lt = threading.Thread(target=run, args=("light", light))
+        lt.start()
+        for th_ in ths + [lt]:
+            th_.join(120)
+        st_l, t_light = res.get("light", (None, 0))
+        print(f"note: light request behind 3 heavy: {t_light:.2f} s; a heavy alone {t_heavy:.2f} s; "
+              f"FIFO would wait about {3 * t_heavy:.2f} s")
+        check(st_l == 200 and t_light < 1.6 * t_heavy,
+              f"the light request overtakes the waiting heavy ones ({t_light:.2f} s < 1.6 x {t_heavy:.2f} s)")
+        check(all(res.get(f"heavy{i}", (None,))[0] == 200 for i in range(3)),
+              "every heavy request finishes (no starvation)", res)
+        st, _, body = d.generate(dict(heavy, num_inference_steps=151))
+        e = json.loads(body).get("error", {})
+        check(st == 400 and e.get("code") == "cost_too_high" and "--max-cost" in e.get("message", ""),
+              "over --max-cost: 400 cost_too_high naming the flag", (st, body[:160]))
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+
+def case_mpirun_term(ditd):
+    """A SIGTERM to the launcher (server/ditd-mpirun, not rank 0) drains: the
+    request in flight is answered 200 and the launcher exits 0."""
+    if not shutil.which("mpirun"):
+        print("skip: no mpirun")
+        return 77
+    wrapper = os.path.join(th.ROOT, "server", "ditd-mpirun")
+    log = tempfile.NamedTemporaryFile("w+", prefix="ditd-mpirun-", suffix=".log", delete=False)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
+    p = subprocess.Popen([wrapper, "-np", "2", "--oversubscribe", "--bind-to", "none", ditd, "serve",
+                          "--model", MODEL, "--host", "127.0.0.1", "--port", "0", "--threads", "1"],
+                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        port, deadline = None, time.time() + 60
+        while time.time() < deadline and port is None:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log.name).read())
+            port = int(m.group(1)) if m else None
+            time.sleep(0.1)
+        check(port is not None, "the front-end listens under ditd-mpirun")
+        d = Daemon.__new__(Daemon)
+        d.port, d.tls_ca, d.api_key = port, None, None
+        while time.time() < deadline and not d.ready():
+            time.sleep(0.1)
+        res = {}
+        t = threading.Thread(target=lambda: res.update(r=d.generate(dict(GEN, num_inference_steps=400), timeout=60)))
+        t.start()
+        time.sleep(0.5)
+        os.kill(p.pid, signal.SIGTERM)
+        t.join(60)
+        check(res.get("r", (None,))[0] == 200, "SIGTERM to the launcher: the request in flight gets 200",
+              res.get("r", (None,))[0])
+        rc = p.wait(60)
+        check(rc == 0, "the launcher exits 0 after the drain", rc)
+        check("SIGTERM: draining" in open(log.name).read(), "rank 0 logged the drain")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        if not th.failures:
+            os.unlink(log.name)
+        else:
+            print(open(log.name).read()[-2000:])
+
+
 CASES = {"conn_limit": case_conn_limit, "slow_clients": case_slow_clients, "utf8": case_utf8,
          "chunked": case_chunked, "signals": case_signals, "keepalive": case_keepalive,
          "quote_model": case_quote_model, "size": case_size, "half_close": case_half_close,
-         "stalled": case_stalled, "logs": case_logs, "auth": case_auth, "tls": case_tls}
+         "stalled": case_stalled, "logs": case_logs, "auth": case_auth, "tls": case_tls,
+         "fairness": case_fairness, "mpirun_term": case_mpirun_term}
 
 
 def main():
