@@ -1,7 +1,6 @@
-/* What the subcommands share on their command lines: bounded number
- * parsing, the layout flags, the embedded default model's folder
- * (server/cmd.h). Called by the cmd_*.c files and config.c; calls none of
- * them. */
+/* Command-line helpers the subcommands share: bounded number parsing, the
+ * parallel-layout flags, the embedded default model's folder. No command
+ * lives here; main.c dispatches, each command has its own file. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +10,7 @@
 #include "ditd_build_config.h"
 #include "engine/core/error.h"
 #include "engine/parallel/mesh.h"
-#include "server/cmd.h"
+#include "server/cli.h"
 
 int ditd_parse_long(const char *s, long lo, long hi, const char *what, long *out)
 {

@@ -16,6 +16,7 @@
 #include "engine/core/error.h"
 #include "engine/models/model.h"
 #include "engine/core/philox.h"
+#include "server/cli.h"
 #include "server/cmd.h"
 
 static void usage(FILE *f)

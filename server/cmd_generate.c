@@ -14,6 +14,7 @@
 #include "engine/models/model.h"
 #include "engine/io/npy.h"
 #include "engine/pipeline/pipeline.h"
+#include "server/cli.h"
 #include "server/cmd.h"
 #include "server/image.h"
 

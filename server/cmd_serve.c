@@ -27,6 +27,7 @@
 #include "engine/core/error.h"
 #include "engine/parallel/mesh.h"
 #include "engine/pipeline/pipeline.h"
+#include "server/cli.h"
 #include "server/cmd.h"
 #include "server/log.h"
 #include "server/routes.h"

@@ -9,7 +9,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/parallel/mesh.h"
-#include "server/cmd.h"
+#include "server/cli.h"
 #include "server/log.h"
 
 typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE, T_LOGFMT, T_LOGLVL } opt_type;
