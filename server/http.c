@@ -148,7 +148,7 @@ static void linger_sweep(ditd_http *h, int all)
     char buf[4096];
     for (ditd_http_linger **pp = &h->linger; *pp;) {
         ditd_http_linger *l = *pp;
-        ssize_t n;
+        ssize_t n = 1;
         int done = all || now >= l->until;
         while (!done && (n = recv(l->fd, buf, sizeof buf, MSG_DONTWAIT)) > 0)
             ;
