@@ -272,8 +272,9 @@ static void on_listen(uv_poll_t *p, int status, int events)
         h->n_conns++;
         h->pending = c;
         if (MHD_add_connection(h->mhd, fd, (const struct sockaddr *)&sa, sl) != MHD_YES) {
-            /* libmicrohttpd closed the socket; STARTED may not have come */
-            if (h->pending == c || !c->mc) {
+            /* libmicrohttpd closed the socket. Without STARTED the record
+             * is ours to free; after it, CLOSED frees it (or has) */
+            if (h->pending == c) {
                 h->pending = NULL;
                 if (c->prev)
                     c->prev->next = c->next;

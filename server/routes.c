@@ -184,10 +184,16 @@ static enum MHD_Result get_route(ditd_srv *s, struct MHD_Connection *c, ditd_rou
         return answer_json(s, c, route, why ? 503 : 200, root, rid);
     }
     case DITD_ROUTE_METRICS: {
-        ditd_metrics_gauges g = {s->info.name, s->q_len, ditd__sched_running(s), s->nrep,
-                                 ditd__sched_replicas_up(s), 0, s->draining,
-                                 s->http.n_conns, s->http.refused_capacity,
-                                 s->http.refused_per_client, s->http.read_timeouts};
+        ditd_metrics_gauges g = {.model = s->info.name,
+                                 .queue_depth = s->q_len,
+                                 .running_batches = ditd__sched_running(s),
+                                 .replicas = s->nrep,
+                                 .replicas_up = ditd__sched_replicas_up(s),
+                                 .draining = s->draining,
+                                 .connections = s->http.n_conns,
+                                 .refused_capacity = s->http.refused_capacity,
+                                 .refused_per_client = s->http.refused_per_client,
+                                 .read_timeouts = s->http.read_timeouts};
         for (ditd_job *j = s->jobs.head; j; j = j->all_next)
             g.inflight_requests += j->state == DITD_JOB_WAITING;
         size_t len = 0;
