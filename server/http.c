@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,16 @@ static void mhd_run(ditd_http *h)
         uv_timer_stop(&h->mhd_timer);
 }
 
+/* libmicrohttpd's own messages (mostly a client gone mid-answer) join our
+ * log, in its format, at debug level: our errors say what matters. */
+static void mhd_logger(void *cls, const char *fmt, va_list ap)
+{
+    char msg[1024];
+    (void)cls;
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    ditd_log(DITD_LOG_DEBUG, "libmicrohttpd: %s", msg);
+}
+
 /* ---------------------------------------------------------------- connections */
 
 static void notify_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
@@ -109,6 +120,7 @@ static void notify_connection(void *cls, struct MHD_Connection *mc, void **socke
     if (c->next)
         c->next->prev = c->prev;
     h->n_conns--;
+    h->n_closing -= c->closing;
     free(c);
 }
 
@@ -195,6 +207,31 @@ static void refuse(ditd_http *h, int fd, const char *code, const char *msg)
     linger_add(h, fd);
 }
 
+/* Shuts a connection that has not begun an answer: a 408 when it began a
+ * request (over TLS none: no plain text), then shutdown(2), which
+ * libmicrohttpd sees and closes. */
+static void shut_reader(ditd_http *h, ditd_http_conn *c, const char *why)
+{
+    c->closing = 1;
+    h->n_closing++;
+    if (!h->cfg.tls_cert_pem && (c->phase == DITD_HTTP_BODY || c->requests == 0))
+        raw_answer(c->fd, 408, "Request Timeout", "request_timeout", why);
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+/* At the limit: the connection that has waited longest for a request's
+ * headers (over a second: fresh ones are legitimate clients mid-send), or
+ * NULL. */
+static ditd_http_conn *oldest_reader(ditd_http *h, double now)
+{
+    ditd_http_conn *best = NULL;
+    for (ditd_http_conn *c = h->conns; c; c = c->next)
+        if (!c->closing && c->phase == DITD_HTTP_HEADERS && now - c->t_phase > 1.0 &&
+            (!best || c->t_phase < best->t_phase))
+            best = c;
+    return best;
+}
+
 static int per_client(const ditd_http *h, uint32_t ip)
 {
     int n = 0;
@@ -240,7 +277,16 @@ static void on_listen(uv_poll_t *p, int status, int events)
             close(fd);
             continue;
         }
-        if (h->n_conns >= h->cfg.max_connections) {
+        ditd_http_conn *old;
+        if (h->n_conns - h->n_closing >= h->cfg.max_connections &&
+            (old = oldest_reader(h, ditd__now()))) {
+            h->evicted++;
+            ditd_log(DITD_LOG_DEBUG, "connection %s: waited %.1f s for headers at the limit; "
+                     "closed for a newcomer", old->peer, ditd__now() - old->t_phase);
+            shut_reader(h, old, "the server is at its connection limit and this connection "
+                                "sent no request in time");
+        }
+        if (h->n_conns - h->n_closing >= h->cfg.max_connections) {
             h->refused_capacity++;
             refuse(h, fd, "at_capacity",
                    "the server is at its connection limit (--max-connections); retry later");
@@ -303,18 +349,14 @@ static void on_sweep(uv_timer_t *t)
                                                       : 0;
         if (c->closing || limit <= 0 || now - c->t_phase < limit)
             continue;
-        c->closing = 1;
         h->read_timeouts++;
         /* a connection idle between requests just closes; one that began a
-         * request hears why (over TLS no plain text can be written) */
-        if (!h->cfg.tls_cert_pem && (c->phase == DITD_HTTP_BODY || c->requests == 0))
-            raw_answer(c->fd, 408, "Request Timeout", "request_timeout",
-                       c->phase == DITD_HTTP_BODY
-                           ? "the request body was not received in time (--body-timeout)"
-                           : "the request headers were not received in time (--header-timeout)");
+         * request hears why */
+        shut_reader(h, c, c->phase == DITD_HTTP_BODY
+                              ? "the request body was not received in time (--body-timeout)"
+                              : "the request headers were not received in time (--header-timeout)");
         ditd_log(DITD_LOG_DEBUG, "connection %s: %s deadline passed; closing", c->peer,
                  ditd_http_phase_name(c->phase));
-        shutdown(c->fd, SHUT_RDWR);
         shut = 1;
     }
     linger_sweep(h, 0);
@@ -365,6 +407,7 @@ int ditd_http_start(ditd_http *h, uv_loop_t *loop, const ditd_http_config *c)
     /* libmicrohttpd's own limit is above ours: ours answers first */
     h->mhd = c->tls_cert_pem
         ? MHD_start_daemon(flags, 0, NULL, NULL, c->on_request, c->cls,
+                           MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, NULL,
                            MHD_OPTION_NOTIFY_COMPLETED, c->on_completed, c->cls,
                            MHD_OPTION_NOTIFY_CONNECTION, notify_connection, h,
                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)c->max_connections + 16,
@@ -372,6 +415,7 @@ int ditd_http_start(ditd_http *h, uv_loop_t *loop, const ditd_http_config *c)
                            MHD_OPTION_HTTPS_MEM_CERT, c->tls_cert_pem,
                            MHD_OPTION_HTTPS_MEM_KEY, c->tls_key_pem, MHD_OPTION_END)
         : MHD_start_daemon(flags, 0, NULL, NULL, c->on_request, c->cls,
+                           MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, NULL,
                            MHD_OPTION_NOTIFY_COMPLETED, c->on_completed, c->cls,
                            MHD_OPTION_NOTIFY_CONNECTION, notify_connection, h,
                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)c->max_connections + 16,

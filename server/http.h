@@ -6,6 +6,9 @@
  *   - the listen socket is always armed: a connection over the limits is
  *     accepted and answered at once with a short 503 and closed, never left
  *     in the backlog, and the next one is served as soon as a slot frees;
+ *   - at --max-connections, a newcomer first takes the place of the
+ *     connection that has waited longest (over a second) for a request's
+ *     headers, idle or trickling: slow clients cannot hold every slot;
  *   - a client address holds at most --max-connections-per-client sockets;
  *   - reading a request has total deadlines: the headers (counted from the
  *     accept, or from the end of the previous request on a kept-alive
@@ -87,11 +90,12 @@ typedef struct ditd_http {
     int reserve_fd;               /* kept for accept(2) under EMFILE */
     ditd_http_conn *conns;
     int n_conns;
+    int n_closing;                /* of them, shut and waiting for libmicrohttpd */
     ditd_http_conn *pending;      /* the one MHD_add_connection is adding */
     struct ditd_http_linger *linger;
     int n_linger;
     /* counters for /metrics */
-    uint64_t refused_capacity, refused_per_client, read_timeouts;
+    uint64_t refused_capacity, refused_per_client, read_timeouts, evicted;
 } ditd_http;
 
 /* Binds, listens and starts libmicrohttpd in the loop. 0, or DITD_EIO /

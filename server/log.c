@@ -182,14 +182,22 @@ static void emit(char *line, size_t n)
 
 void ditd_log(ditd_log_level l, const char *fmt, ...)
 {
-    char msg[2048], line[4608], ts[40];
     va_list ap;
+    va_start(ap, fmt);
+    ditd_logv(l, fmt, ap);
+    va_end(ap);
+}
+
+void ditd_logv(ditd_log_level l, const char *fmt, va_list ap)
+{
+    char msg[2048], line[4608], ts[40];
     size_t n;
     if (l < L.min)
         return;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
+    n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
     stamp(ts, sizeof ts);
     if (L.fmt == DITD_LOG_JSON) {
         n = (size_t)snprintf(line, sizeof line, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", ts,

@@ -12,6 +12,7 @@
 #ifndef DITD_SERVER_LOG_H
 #define DITD_SERVER_LOG_H
 
+#include <stdarg.h>
 #include <stdint.h>
 
 typedef enum ditd_log_level {
@@ -41,6 +42,7 @@ int ditd_log_reopen(void);
 void ditd_log_close(void);
 
 void ditd_log(ditd_log_level l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ditd_logv(ditd_log_level l, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 /* One HTTP request, as it ended. Strings are borrowed; any may be NULL. */
 typedef struct ditd_log_access {

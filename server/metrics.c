@@ -175,6 +175,9 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     put(&b, "# HELP ditd_http_read_timeouts_total Connections closed for a header or body deadline.\n"
             "# TYPE ditd_http_read_timeouts_total counter\nditd_http_read_timeouts_total %llu\n",
         (unsigned long long)g->read_timeouts);
+    put(&b, "# HELP ditd_http_evicted_total Connections waiting for headers closed at the limit for a newcomer.\n"
+            "# TYPE ditd_http_evicted_total counter\nditd_http_evicted_total %llu\n",
+        (unsigned long long)g->evicted);
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -65,7 +65,7 @@ typedef struct ditd_metrics_gauges {
     int draining;
     /* the HTTP edge (server/http.h) */
     int connections;
-    uint64_t refused_capacity, refused_per_client, read_timeouts;
+    uint64_t refused_capacity, refused_per_client, read_timeouts, evicted;
 } ditd_metrics_gauges;
 
 /* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM. */

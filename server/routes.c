@@ -193,7 +193,8 @@ static enum MHD_Result get_route(ditd_srv *s, struct MHD_Connection *c, ditd_rou
                                  .connections = s->http.n_conns,
                                  .refused_capacity = s->http.refused_capacity,
                                  .refused_per_client = s->http.refused_per_client,
-                                 .read_timeouts = s->http.read_timeouts};
+                                 .read_timeouts = s->http.read_timeouts,
+                                 .evicted = s->http.evicted};
         for (ditd_job *j = s->jobs.head; j; j = j->all_next)
             g.inflight_requests += j->state == DITD_JOB_WAITING;
         size_t len = 0;

@@ -119,7 +119,9 @@ def counter(m, route, status):
 
 def case_conn_limit(ditd):
     """Defect 1: past --max-connections a client gets a 503 at once, and when
-    connections close again new ones are served at once (8 of 8 tries)."""
+    connections close again new ones are served at once (8 of 8 tries); at
+    the limit, a connection idle (or trickling) for over a second gives its
+    place to a newcomer."""
     d = Daemon(ditd, "--max-connections", "8")
     try:
         served = 0
@@ -151,6 +153,18 @@ def case_conn_limit(ditd):
         check(m.get('ditd_http_connections_refused_total{reason="capacity"}', 0) >= 8,
               "metrics: refused connections counted",
               m.get('ditd_http_connections_refused_total{reason="capacity"}'))
+        # connections that sit for over a second without a request give
+        # their place to a newcomer: idle sockets cannot hold every slot
+        hold = [conn(d.port) for _ in range(8)]
+        hold[3].sendall(b"GET /heal")  # one trickles
+        time.sleep(1.3)
+        served = sum(timed_health(d.port, "127.0.0.1", 3)[0] == 200 for _ in range(4))
+        check(served == 4, "at the limit, connections idle over 1 s make room: 4 of 4 served", served, 4)
+        m = d.metrics()
+        check(m.get("ditd_http_evicted_total", 0) >= 1, "metrics: the eviction counted",
+              m.get("ditd_http_evicted_total"))
+        for x in hold:
+            x.close()
     finally:
         rc = d.stop()
     check(rc == 0, "exit 0", rc)
