@@ -67,6 +67,16 @@ class Daemon:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e,
                                      start_new_session=True)
         self.port = None
+        try:
+            self._wait_ready()
+        except BaseException:
+            # never leave a daemon behind a failed start
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            raise
+
+    def _wait_ready(self):
         deadline = time.time() + 60
         while time.time() < deadline:
             text = open(self.log.name).read()
