@@ -29,16 +29,16 @@ from test_http import GEN, MODEL, MODEL_ID, Daemon, check  # noqa: E402
 
 # ---------------------------------------------------------------- helpers
 
+_pending = {}  # bytes read past a response, by socket (pipelining)
+
 def conn(port, src="127.0.0.1", timeout=5.0):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.settimeout(timeout)
     if src != "127.0.0.1":
         s.bind((src, 0))
     s.connect(("127.0.0.1", port))
+    _pending.pop(s.fileno(), None)  # a closed socket's leftovers are not this one's
     return s
-
-
-_pending = {}
 
 
 def read_response(s, timeout=5.0):
@@ -66,7 +66,10 @@ def read_response(s, timeout=5.0):
             buf += chunk
         head, buf = buf.split(b"\r\n\r\n", 1)
         lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
+        parts = lines[0].split()
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            return "bad status line: " + lines[0][:40], {}, b""
+        status = int(parts[1])
         hdrs = {}
         for ln in lines[1:]:
             k, _, v = ln.partition(":")
@@ -744,12 +747,77 @@ def case_schema(ditd):
     check(rc == 0, "exit 0", rc)
 
 
+
+def case_garbage(ditd, n=150):
+    """Mutated HTTP requests (bit flips, cuts, repeats, splices of valid
+    ones; a fixed seed) against a live daemon: each gets an answer that is
+    HTTP with a status ditd sends, or a close; the daemon survives, still
+    answers, and every JSON error body it sent parses. The end-to-end
+    complement of fuzz_genreq (libmicrohttpd's parser and our routes)."""
+    import random
+    rnd = random.Random(12)
+    seeds = [raw_get("/healthz"), raw_get("/v1/models"), raw_get("/metrics"),
+             raw_post("/v1/images/generations", dict(GEN, num_inference_steps=1)),
+             raw_post("/v1/images/generations", dict(GEN, stream=True, num_inference_steps=1)),
+             b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"n\":\r\n2\r\n1}\r\n0\r\n\r\n",
+             raw_get("/v1/models/%ff", rid="x" * 100)]
+    d = Daemon(ditd, "--header-timeout", "0.3", "--body-timeout", "0.3", "--log-requests=0")
+    statuses, bad_json = {}, []
+    try:
+        for i in range(n):
+            m = bytearray(rnd.choice(seeds))
+            for _ in range(rnd.randint(1, 4)):
+                k = rnd.random()
+                at = rnd.randrange(len(m))
+                if k < 0.4:
+                    m[at] ^= 1 << rnd.randrange(8)
+                elif k < 0.55:
+                    del m[at:]
+                    m = m or bytearray(b"G")
+                elif k < 0.7:
+                    m[at:at] = bytes(m[at:at + rnd.randint(1, 40)]) * rnd.randint(1, 20)
+                elif k < 0.85:
+                    m[at:at] = rnd.choice(seeds)
+                else:
+                    m[at] = rnd.choice(b"\r\n\x00\xff :%")
+            try:
+                s = conn(d.port, timeout=3)
+                s.sendall(bytes(m))
+                st, h, body = read_response(s, 2.5)
+                s.close()
+            except OSError:
+                st, h, body = "reset", {}, b""
+            statuses[st] = statuses.get(st, 0) + 1
+            if isinstance(st, int) and st >= 400 and h.get("content-type", "").startswith("application/json"):
+                try:
+                    json.loads(body)
+                except ValueError:
+                    bad_json.append((st, body[:80]))
+        print(f"note: {n} mutated requests: {dict(sorted(statuses.items(), key=str))}")
+        check(d.proc.poll() is None, "the daemon survived every mutated request")
+        check(not bad_json, "every JSON error body parses", bad_json[:3])
+        allowed = {200, 400, 401, 404, 405, 408, 413, 415, 429, 503, None, "reset"}
+        odd = {k: v for k, v in statuses.items() if k not in allowed and not (isinstance(k, int) and k in
+               (411, 414, 417, 431, 501, 505))}
+        check(not odd, "only statuses ditd (or libmicrohttpd's parser) sends", odd)
+        check(statuses.get(200, 0) >= 10 and sum(v for k, v in statuses.items() if isinstance(k, int)) >= n // 3,
+              "many mutated requests were still answered", statuses)
+        st, _, _ = d.request("GET", "/healthz")
+        check(st == 200, "after the garbage, /healthz is 200", st)
+        st, _, _ = d.generate(GEN)
+        check(st == 200, "and a generation is 200", st)
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
 CASES = {"conn_limit": case_conn_limit, "slow_clients": case_slow_clients, "utf8": case_utf8,
          "chunked": case_chunked, "signals": case_signals, "keepalive": case_keepalive,
          "quote_model": case_quote_model, "size": case_size, "half_close": case_half_close,
          "stalled": case_stalled, "logs": case_logs, "auth": case_auth, "tls": case_tls,
          "fairness": case_fairness, "mpirun_term": case_mpirun_term,
-         "schema": case_schema}
+         "schema": case_schema, "garbage": case_garbage}
 
 
 def main():
