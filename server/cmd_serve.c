@@ -416,9 +416,11 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         if (pf)
             fclose(pf);
     }
-    if (s->cfg.log_file[0]) /* where a supervisor looks first */
+    /* where a supervisor looks first, whatever the log's file or level */
+    if (s->cfg.log_file[0] || s->cfg.log_level > DITD_LOG_INFO)
         fprintf(stderr, "ditd serve: listening on %s://%s:%d (log in %s, pid %d)\n",
-                tls_cert ? "https" : "http", s->cfg.host, s->http.port, s->cfg.log_file, (int)getpid());
+                tls_cert ? "https" : "http", s->cfg.host, s->http.port,
+                s->cfg.log_file[0] ? s->cfg.log_file : "stderr", (int)getpid());
     uv_run(loop, UV_RUN_DEFAULT);
 
 join:

@@ -514,6 +514,18 @@ def case_logs(ditd):
         finally:
             rc = d.stop()
         check(rc == 0, f"{fmt}: exit 0", rc)
+    # --log-level warn: the access lines (info) are not written, warnings are
+    d = Daemon(ditd, "--log-level", "warn", "--log-requests")
+    try:
+        d.request("GET", "/healthz", headers={"X-Request-Id": "quiet-1"})
+        os.kill(d.front_pid, signal.SIGUSR1)  # an info line: not written either
+        time.sleep(0.3)
+        text = d.logtext()
+        check("quiet-1" not in text and "SIGUSR1" not in text,
+              "--log-level warn drops info lines (access lines, the status line)", text[-300:])
+    finally:
+        rc = d.stop()
+    check(rc == 0, "warn: exit 0", rc)
 
 
 def case_auth(ditd):
@@ -582,8 +594,8 @@ def case_tls(ditd):
                         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 0, "openssl made a certificate", r.stderr[-300:])
-    d = Daemon(ditd, "--tls-cert", cert, "--tls-key", key, "--api-key", "tls-key-1", tls_ca=cert,
-               api_key="tls-key-1")
+    d = Daemon(ditd, "--tls-cert", cert, "--tls-key", key, "--api-key", "tls-key-1",
+               "--header-timeout", "2", tls_ca=cert, api_key="tls-key-1")
     try:
         out = subprocess.run(["curl", "-s", "--cacert", cert, "-H", "Authorization: Bearer tls-key-1",
                               "-H", "Content-Type: application/json", "-d", json.dumps(GEN),
@@ -614,6 +626,17 @@ def case_tls(ditd):
             pass
         st, _, _ = d.request("GET", "/healthz")
         check(st == 200, "after a plain-HTTP client, HTTPS still serves", st)
+        # a client that connects and never says hello is closed at the
+        # header deadline (it counts from the accept, handshake included)
+        s = conn(d.port, timeout=5)
+        t0 = time.time()
+        try:
+            gone = s.recv(100) == b""
+        except OSError:
+            gone = True
+        s.close()
+        check(gone and time.time() - t0 < 3.5,
+              f"a silent TLS client is closed at --header-timeout ({time.time() - t0:.1f} s)")
     finally:
         rc = d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
