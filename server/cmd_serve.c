@@ -1,12 +1,16 @@
-/* `ditd serve`: start-up, the libuv loop with libmicrohttpd inside it,
- * signals and drain; under mpirun, the worker ranks too: rank 0 is the
- * front-end, ranks 1.. form dp groups of G = cfg x ring x ulysses x tp
- * contiguous ranks (engine/worker/worker.h runs them).
+/* `ditd serve`: start-up, the libuv loop, signals and drain; under mpirun,
+ * the worker ranks too: rank 0 is the front-end, ranks 1.. form dp groups
+ * of G = cfg x ring x ulysses x tp contiguous ranks (engine/worker/worker.h
+ * runs them).
  *
- * libmicrohttpd runs without threads of its own (MHD_USE_EPOLL, external
- * polling): its epoll fd sits in a uv_poll, its timeout in a uv_timer, so
- * every HTTP callback runs on the loop thread. Replica messages arrive
- * through the hub and a uv_async. */
+ * The HTTP edge (server/http.h) runs inside the loop, so every HTTP
+ * callback runs on the loop thread. Replica messages arrive through the
+ * hub and a uv_async.
+ *
+ * Signals (docs/serving.md): SIGTERM, SIGINT and SIGQUIT drain (a second
+ * one stops at once); SIGHUP reopens --log-file; SIGUSR1 logs a status
+ * line; SIGUSR2 is logged and ignored. Only SIGKILL loses work. */
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "engine/parallel/comm.h"
@@ -24,72 +29,10 @@
 #include "engine/pipeline/pipeline.h"
 #include "server/cli.h"
 #include "server/cmd.h"
+#include "server/log.h"
+#include "server/routes.h"
+#include "server/sched.h"
 #include "server/serve.h"
-
-double ditd__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-void ditd__log(ditd_srv *s, const char *fmt, ...)
-{
-    char line[2048];
-    time_t t = time(NULL);
-    struct tm tm;
-    va_list ap;
-    size_t n;
-    (void)s;
-    gmtime_r(&t, &tm);
-    n = strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%SZ ditd serve: ", &tm);
-    va_start(ap, fmt);
-    vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
-    va_end(ap);
-    n = strlen(line);
-    line[n++] = '\n';
-    /* one write: under mpirun the ranks' lines must not interleave */
-    fwrite(line, 1, n, stderr);
-}
-
-/* ---- libmicrohttpd in the loop ---- */
-
-static void mhd_run(ditd_srv *s);
-
-static void on_mhd_timer(uv_timer_t *t)
-{
-    mhd_run(t->data);
-}
-
-static void on_mhd_poll(uv_poll_t *p, int status, int events)
-{
-    (void)status;
-    (void)events;
-    mhd_run(p->data);
-}
-
-void ditd__mhd_kick(ditd_srv *s)
-{
-    if (!s->mhd)
-        return;
-    s->mhd_kick = 1;
-    uv_timer_start(&s->mhd_timer, on_mhd_timer, 0, 0);
-}
-
-static void mhd_run(ditd_srv *s)
-{
-    MHD_UNSIGNED_LONG_LONG to;
-    if (!s->mhd)
-        return;
-    s->mhd_kick = 0;
-    MHD_run(s->mhd);
-    if (s->mhd_kick)
-        uv_timer_start(&s->mhd_timer, on_mhd_timer, 0, 0);
-    else if (MHD_get_timeout(s->mhd, &to) == MHD_YES)
-        uv_timer_start(&s->mhd_timer, on_mhd_timer, to, 0);
-    else
-        uv_timer_stop(&s->mhd_timer);
-}
 
 /* ---- replicas ---- */
 
@@ -130,7 +73,7 @@ static void stop_now(ditd_srv *s)
     if (s->stopping)
         return;
     s->stopping = 1;
-    ditd__log(s, "stopping the replicas");
+    ditd_log(DITD_LOG_INFO, "stopping the replicas");
     ditd__sched_shutdown(s, 1);
     close_all(s);
     uv_stop(s->loop); /* serve_front() joins the replicas, then closes the wake handle */
@@ -141,77 +84,146 @@ static void on_watch(uv_timer_t *t)
     ditd_srv *s = t->data;
     double now = ditd__now();
     ditd__jobs_watch(s);
+    ditd__sched_watch(s);
     /* fail-stop: every replica failed */
     int alive = 0;
     for (int r = 0; r < s->nrep; r++)
         alive += !s->rep[r].failed;
     if (!alive && !s->stopping) {
-        ditd__log(s, "no replica left; exiting");
+        ditd_log(DITD_LOG_INFO, "no replica left; exiting");
         s->exit_code = 1;
-        for (ditd_job *j = s->all; j; j = j->all_next)
-            ditd__job_fail(j, 503, "server_error", "no_replica", "no replica is left");
+        for (ditd_job *j = s->jobs.head; j; j = j->all_next)
+            ditd__sched_fail(s, j, 503, "server_error", "no_replica", "no replica is left");
         s->draining = 1;
         s->drain_deadline = now;
     }
     if (!s->draining || s->stopping)
         return;
     int open = 0;
-    for (ditd_job *j = s->all; j; j = j->all_next)
-        open += !j->terminal;
+    for (ditd_job *j = s->jobs.head; j; j = j->all_next)
+        open += j->state != DITD_JOB_BODY && !ditd_job_terminal(j);
     if (open && now >= s->drain_deadline && !s->aborted_left) {
-        ditd__log(s, "drain deadline: %d request(s) get an error", open);
+        ditd_log(DITD_LOG_INFO, "drain deadline: %d request(s) get an error", open);
         s->aborted_left = 1;
         ditd_job *next;
-        for (ditd_job *j = s->all; j; j = next) {
+        for (ditd_job *j = s->jobs.head; j; j = next) {
             next = j->all_next;
-            ditd__job_fail(j, 503, "server_error", "draining",
-                           "the server shut down before the request finished (--drain-timeout)");
+            if (j->state != DITD_JOB_BODY)
+                ditd__sched_fail(s, j, 503, "server_error", "draining",
+                                 "the server shut down before the request finished (--drain-timeout)");
         }
         return;
     }
     /* done when every answer is out (jobs freed), or 5 s after the deadline */
-    if (s->jobs_live == 0 || now >= s->drain_deadline + 5.0)
+    if (s->jobs.live == 0 || now >= s->drain_deadline + 5.0)
         stop_now(s);
+}
+
+static const char *sig_name(int signum)
+{
+    switch (signum) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    default: return "signal";
+    }
 }
 
 static void on_signal(uv_signal_t *sig, int signum)
 {
     ditd_srv *s = sig->data;
+    if (signum == SIGHUP) {
+        if (ditd_log_reopen())
+            ditd_log(DITD_LOG_ERROR, "SIGHUP: %s", ditd_err_detail());
+        else
+            ditd_log(DITD_LOG_INFO, "SIGHUP: log reopened%s",
+                     s->cfg.log_file[0] ? "" : " (stderr: nothing to do)");
+        return;
+    }
+    if (signum == SIGUSR1) {
+        int waiting = 0;
+        for (ditd_job *j = s->jobs.head; j; j = j->all_next)
+            waiting += j->state == DITD_JOB_WAITING;
+        ditd_log(DITD_LOG_INFO,
+                 "SIGUSR1: status: %d request(s) in flight, %d queued, %d batch(es) running, "
+                 "%d/%d replica(s) up, %d connection(s)%s",
+                 waiting, s->q_len, ditd__sched_running(s), ditd__sched_replicas_up(s), s->nrep,
+                 s->http.n_conns, s->draining ? ", draining" : "");
+        return;
+    }
+    if (signum == SIGUSR2) {
+        ditd_log(DITD_LOG_INFO, "SIGUSR2: ignored");
+        return;
+    }
     if (s->draining) {
-        ditd__log(s, "%s again: stopping now", signum == SIGINT ? "SIGINT" : "SIGTERM");
+        ditd_log(DITD_LOG_WARN, "%s again: stopping now", sig_name(signum));
         s->drain_deadline = ditd__now();
         return;
     }
     s->draining = 1;
     s->drain_deadline = ditd__now() + s->cfg.drain_timeout_s;
-    ditd__log(s, "%s: draining (readiness fails, new work gets 503, %g s for work in flight)",
-              signum == SIGINT ? "SIGINT" : "SIGTERM", s->cfg.drain_timeout_s);
+    ditd_log(DITD_LOG_INFO, "%s: draining (readiness fails, new work gets 503, %g s for work in flight)",
+             sig_name(signum), s->cfg.drain_timeout_s);
     ditd__sched_kick(s); /* the batcher stops waiting for fuller batches */
 }
 
 static void close_all(ditd_srv *s)
 {
-    /* every suspended connection must be resumed before MHD_stop_daemon */
-    for (ditd_job *j = s->all; j; j = j->all_next) {
+    /* every suspended connection must be resumed before the HTTP edge stops */
+    for (ditd_job *j = s->jobs.head; j; j = j->all_next) {
         if (j->conn && j->suspended) {
             j->suspended = 0;
             MHD_resume_connection(j->conn);
         }
     }
-    if (s->mhd) {
-        uv_poll_stop(&s->mhd_poll);
-        MHD_run(s->mhd);
-        MHD_stop_daemon(s->mhd);
-        s->mhd = NULL;
-    }
-    uv_close((uv_handle_t *)&s->mhd_poll, NULL);
-    uv_close((uv_handle_t *)&s->mhd_timer, NULL);
+    ditd_http_stop(&s->http);
     uv_close((uv_handle_t *)&s->watch, NULL);
     uv_close((uv_handle_t *)&s->window, NULL);
-    uv_close((uv_handle_t *)&s->sigterm, NULL);
-    uv_close((uv_handle_t *)&s->sigint, NULL);
+    for (int i = 0; i < s->nsig; i++)
+        uv_close((uv_handle_t *)&s->sig[i], NULL);
     /* the wake handle stays open until the replicas have stopped: see
      * serve_front() */
+}
+
+/* Reads a whole PEM file for libmicrohttpd. */
+static char *read_pem(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n = 0;
+    if (!f) {
+        ditd_err_set(DITD_EIO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && n < (1 << 22) &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+        fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = '\0';
+    } else {
+        free(buf);
+        buf = NULL;
+        ditd_err_set(DITD_EIO, "%s: cannot read it (empty, over 4 MiB, or unreadable)", path);
+    }
+    fclose(f);
+    return buf;
+}
+
+/* As many descriptors as the hard limit allows: each connection is one. */
+static void raise_nofile(const ditd_serve_config *c)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < (rlim_t)c->max_connections + 64)
+        ditd_log(DITD_LOG_WARN,
+                 "--max-connections %d is near the descriptor limit %llu (ulimit -n): past it, "
+                 "clients get 503", c->max_connections, (unsigned long long)rl.rlim_cur);
 }
 
 /* ---- start-up ---- */
@@ -288,15 +300,31 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     int err;
     uv_loop_t *loop = uv_default_loop();
     thread_arg *targs = NULL;
-    struct sockaddr_in sa;
+    char *tls_cert = NULL, *tls_key = NULL;
 
     s->loop = loop;
     s->t_start = ditd__now();
     s->t_wall = (long long)time(NULL);
+    s->jobs.epoch = (uint64_t)s->t_wall;
     ditd_metrics_init(&s->m);
-    if ((err = ditd_model_info_load(model_dir, &s->info))) {
-        fprintf(stderr, "ditd serve: %s: %s\n", model_dir, ditd_err_detail());
+    if ((err = ditd_log_open((ditd_log_level)s->cfg.log_level, (ditd_log_format)s->cfg.log_format,
+                             s->cfg.log_file))) {
+        fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
         return -1;
+    }
+    if ((err = ditd_auth_load(&s->auth, s->cfg.api_key, s->cfg.api_key_file))) {
+        ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
+        goto fail_log;
+    }
+    if (s->cfg.tls_cert[0] &&
+        (!(tls_cert = read_pem(s->cfg.tls_cert)) || !(tls_key = read_pem(s->cfg.tls_key)))) {
+        ditd_log(DITD_LOG_ERROR, "--tls-cert/--tls-key: %s", ditd_err_detail());
+        goto fail_log;
+    }
+    raise_nofile(&s->cfg);
+    if ((err = ditd_model_info_load(model_dir, &s->info))) {
+        ditd_log(DITD_LOG_ERROR, "%s: %s", model_dir, ditd_err_detail());
+        goto fail_log;
     }
     s->numel = (size_t)s->info.image_channels * (size_t)s->info.image_width *
                (size_t)s->info.image_height;
@@ -317,14 +345,6 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     s->nrep = s->cfg.dp;
     if (!(s->rep = calloc((size_t)s->nrep, sizeof *s->rep)))
         goto fail_info;
-
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)s->cfg.port);
-    if (inet_pton(AF_INET, s->cfg.host, &sa.sin_addr) != 1) {
-        fprintf(stderr, "ditd serve: --host %s is not an IPv4 address\n", s->cfg.host);
-        goto fail_rep;
-    }
 
     uv_async_init(loop, &s->wake, on_wake);
     s->wake.data = s;
@@ -358,45 +378,49 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         }
     }
 
-    s->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0, NULL,
-                              NULL, ditd__on_request, s, MHD_OPTION_SOCK_ADDR, &sa,
-                              MHD_OPTION_NOTIFY_COMPLETED, ditd__on_completed, s,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-                              MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
-                              MHD_OPTION_END);
-    if (!s->mhd) {
-        fprintf(stderr, "ditd serve: cannot listen on %s:%d (in use, or not allowed)\n", s->cfg.host,
-                s->cfg.port);
-        s->exit_code = 1;
-        ditd__sched_shutdown(s, 1);
-        goto join;
+    {
+        ditd_http_config hc = {s->cfg.host, s->cfg.port, s->cfg.max_connections,
+                               s->cfg.max_per_client, s->cfg.header_timeout_s,
+                               s->cfg.body_timeout_s, (unsigned)s->cfg.idle_timeout_s, tls_cert,
+                               tls_key, ditd__on_request, ditd__on_completed, s};
+        if ((err = ditd_http_start(&s->http, loop, &hc))) {
+            ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
+            s->exit_code = 1;
+            ditd__sched_shutdown(s, 1);
+            goto join;
+        }
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
-    const union MHD_DaemonInfo *pi = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = pi ? pi->port : s->cfg.port;
-    uv_poll_init(loop, &s->mhd_poll, di->epoll_fd);
-    s->mhd_poll.data = s;
-    uv_poll_start(&s->mhd_poll, UV_READABLE, on_mhd_poll);
-    uv_timer_init(loop, &s->mhd_timer);
-    s->mhd_timer.data = s;
     uv_timer_init(loop, &s->watch);
     s->watch.data = s;
     uv_timer_start(&s->watch, on_watch, 100, 100);
     uv_timer_init(loop, &s->window);
     s->window.data = s;
-    uv_signal_init(loop, &s->sigterm);
-    s->sigterm.data = s;
-    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    uv_signal_init(loop, &s->sigint);
-    s->sigint.data = s;
-    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    {
+        static const int sigs[] = {SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2};
+        for (int i = 0; i < 6; i++) {
+            uv_signal_init(loop, &s->sig[i]);
+            s->sig[i].data = s;
+            uv_signal_start(&s->sig[i], on_signal, sigs[i]);
+        }
+        s->nsig = 6;
+    }
     signal(SIGPIPE, SIG_IGN);
 
-    ditd__log(s, "listening on http://%s:%d (model %s, %d replica%s%s, max batch %d, pid %d)",
-              s->cfg.host, s->port, s->info.name, s->nrep, s->nrep == 1 ? "" : "s",
+    ditd_log(DITD_LOG_INFO, "listening on %s://%s:%d (model %s, %d replica%s%s, max batch %d, pid %d)",
+              tls_cert ? "https" : "http", s->cfg.host, s->http.port, s->info.name, s->nrep, s->nrep == 1 ? "" : "s",
               s->mpi ? " over MPI" : "", s->cfg.max_batch, (int)getpid());
-    mhd_run(s);
+    if (s->cfg.pid_file[0]) {
+        FILE *pf = fopen(s->cfg.pid_file, "w");
+        if (!pf || fprintf(pf, "%d\n", (int)getpid()) < 0)
+            ditd_log(DITD_LOG_WARN, "--pid-file %s: %s", s->cfg.pid_file, strerror(errno));
+        if (pf)
+            fclose(pf);
+    }
+    /* where a supervisor looks first, whatever the log's file or level */
+    if (s->cfg.log_file[0] || s->cfg.log_level > DITD_LOG_INFO)
+        fprintf(stderr, "ditd serve: listening on %s://%s:%d (log in %s, pid %d)\n",
+                tls_cert ? "https" : "http", s->cfg.host, s->http.port,
+                s->cfg.log_file[0] ? s->cfg.log_file : "stderr", (int)getpid());
     uv_run(loop, UV_RUN_DEFAULT);
 
 join:
@@ -418,7 +442,13 @@ join:
     free(s->rep);
     uv_loop_close(loop);
     ditd_model_info_free(&s->info);
-    ditd__log(s, "stopped");
+    ditd_auth_free(&s->auth);
+    free(tls_cert);
+    free(tls_key);
+    if (s->cfg.pid_file[0])
+        unlink(s->cfg.pid_file);
+    ditd_log(DITD_LOG_INFO, "stopped");
+    ditd_log_close();
     return s->exit_code;
 
 fail_hub:
@@ -432,12 +462,16 @@ fail_hub:
 fail_async:
     uv_close((uv_handle_t *)&s->wake, NULL);
     uv_run(loop, UV_RUN_DEFAULT);
-fail_rep:
     free(targs);
     free(s->threads);
     free(s->rep);
 fail_info:
     ditd_model_info_free(&s->info);
+fail_log:
+    ditd_auth_free(&s->auth);
+    free(tls_cert);
+    free(tls_key);
+    ditd_log_close();
     return -1;
 }
 
@@ -455,6 +489,10 @@ static int serve_worker(ditd_srv *s, const char *model_dir, const ditd_layout *l
      * that mpirun forwards to every rank must not end it first. */
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
+    signal(SIGQUIT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGUSR1, SIG_IGN); /* mpirun forwards SIGUSR1/2 to every rank */
+    signal(SIGUSR2, SIG_IGN);
     ditd_worker_config wc = {model_dir, NULL, (rank - 1) / G, s->cfg.max_batch, s->cfg.threads,
                              s->cfg.heartbeat_ms, s->cfg.device, s->cfg.comm_timeout_ms};
     /* the mesh refuses a bad layout on every rank alike, before any split */

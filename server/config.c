@@ -10,8 +10,9 @@
 #include "engine/core/error.h"
 #include "engine/parallel/mesh.h"
 #include "server/cli.h"
+#include "server/log.h"
 
-typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE } opt_type;
+typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE, T_LOGFMT, T_LOGLVL } opt_type;
 
 typedef struct opt {
     const char *flag;   /* without "--" */
@@ -48,7 +49,21 @@ static const opt opts[] = {
     {"heartbeat-timeout-ms", "DITD_HEARTBEAT_TIMEOUT_MS", T_INT, OFF(heartbeat_timeout_ms), 100, 3600000, "30000", "a replica silent this long fails /healthz"},
     {"device", "DITD_DEVICE", T_DEVICE, OFF(device), 0, 0, "cpu", "where replicas run: cpu or cuda (a GPU per rank: the node-local rank's)"},
     {"comm-timeout-ms", "DITD_COMM_TIMEOUT_MS", T_INT, OFF(comm_timeout_ms), 100, 86400000, "60000", "cuda groups: a NCCL collective not done in this long aborts its communicator (the replica fails instead of hanging)"},
-    {"log-requests", "DITD_LOG_REQUESTS", T_BOOL, OFF(log_requests), 0, 1, "0", "one log line per request on stderr"},
+    {"log-requests", "DITD_LOG_REQUESTS", T_BOOL, OFF(log_requests), 0, 1, "1", "one access line per request (method, path, route, status, bytes, ms, request id, client)"},
+    {"log-format", "DITD_LOG_FORMAT", T_LOGFMT, OFF(log_format), 0, 0, "text", "log lines as text or json (one object a line)"},
+    {"log-level", "DITD_LOG_LEVEL", T_LOGLVL, OFF(log_level), 0, 0, "info", "least level logged: debug, info, warn, error"},
+    {"log-file", "DITD_LOG_FILE", T_STR, OFF(log_file), 0, 0, "", "append the log to this file (SIGHUP reopens it) instead of stderr"},
+    {"max-connections-per-client", "DITD_MAX_CONNECTIONS_PER_CLIENT", T_INT, OFF(max_per_client), 1, 100000, "256", "open HTTP connections per client address; more get 503 at once"},
+    {"header-timeout", "DITD_HEADER_TIMEOUT", T_SECS, OFF(header_timeout_s), 0.1, 3600, "10", "seconds to receive a request's headers, in all (from the accept or the previous answer): then 408 and close"},
+    {"body-timeout", "DITD_BODY_TIMEOUT", T_SECS, OFF(body_timeout_s), 0.1, 3600, "30", "seconds to receive a request's body, in all: then 408 and close"},
+    {"idle-timeout", "DITD_IDLE_TIMEOUT", T_INT, OFF(idle_timeout_s), 1, 86400, "120", "seconds a connection may make no progress while answering (a client not reading)"},
+    {"api-key", "DITD_API_KEY", T_STR, OFF(api_key), 0, 0, "", "API keys, comma-separated: requests must send Authorization: Bearer KEY (prefer the variable or a file: flags show in ps)"},
+    {"api-key-file", "DITD_API_KEY_FILE", T_STR, OFF(api_key_file), 0, 0, "", "a file of API keys, one a line ('#' comments)"},
+    {"metrics-auth", "DITD_METRICS_AUTH", T_BOOL, OFF(metrics_auth), 0, 1, "0", "with API keys, /metrics needs one too (/healthz, /readyz, /openapi.json stay open)"},
+    {"tls-cert", "DITD_TLS_CERT", T_STR, OFF(tls_cert), 0, 0, "", "serve HTTPS: the certificate chain (PEM); with --tls-key"},
+    {"pid-file", "DITD_PID_FILE", T_STR, OFF(pid_file), 0, 0, "", "the front-end (rank 0) writes its pid here: server/ditd-mpirun sends it the signals mpirun gets"},
+    {"max-cost", "DITD_MAX_COST", T_LONG, OFF(max_cost), 0, 1e15, "0", "ceiling on a request's cost, images x steps x tokens (0: none); over it, 400"},
+    {"tls-key", "DITD_TLS_KEY", T_STR, OFF(tls_key), 0, 0, "", "the private key (PEM) of --tls-cert"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -90,6 +105,20 @@ static int set(ditd_serve_config *c, const opt *o, const char *val, const char *
         if (ditd_device_from_str(val, &d))
             return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not cpu or cuda", who, val);
         *(int *)dst = (int)d;
+        return 0;
+    }
+    case T_LOGFMT: {
+        ditd_log_format f;
+        if (ditd_log_format_from_str(val, &f))
+            return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not text or json", who, val);
+        *(int *)dst = (int)f;
+        return 0;
+    }
+    case T_LOGLVL: {
+        ditd_log_level l;
+        if (ditd_log_level_from_str(val, &l))
+            return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not debug, info, warn or error", who, val);
+        *(int *)dst = (int)l;
         return 0;
     }
     case T_BOOL:
@@ -162,5 +191,8 @@ int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv)
     }
     if (optind < argc)
         return ditd_err_set(DITD_EINVAL, "unexpected argument \"%s\"", argv[optind]);
+    if (!c->tls_cert[0] != !c->tls_key[0])
+        return ditd_err_set(DITD_EINVAL, "--tls-cert and --tls-key go together (got only %s)",
+                            c->tls_cert[0] ? "--tls-cert" : "--tls-key");
     return 0;
 }

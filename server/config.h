@@ -31,6 +31,21 @@ typedef struct ditd_serve_config {
     int log_requests;
     int device;                 /* ditd_device: where the replicas run */
     int comm_timeout_ms;        /* NCCL watchdog: a collective's deadline */
+    /* the HTTP edge (server/http.h) */
+    int max_per_client;         /* open connections per client address */
+    double header_timeout_s;    /* total, from accept or the previous answer */
+    double body_timeout_s;      /* total, from the end of the headers */
+    int idle_timeout_s;         /* libmicrohttpd's inactivity timeout */
+    char api_key[4096];         /* comma-separated keys ("" none) */
+    char api_key_file[4096];
+    int metrics_auth;           /* /metrics needs a key too */
+    char tls_cert[4096];        /* PEM files; both or neither */
+    char tls_key[4096];
+    int log_format;             /* ditd_log_format */
+    int log_level;              /* ditd_log_level */
+    long max_cost;              /* n x steps x tokens per request; 0 = no ceiling */
+    char pid_file[4096];        /* the front-end writes its pid here ("" none) */
+    char log_file[4096];        /* "" = stderr */
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after

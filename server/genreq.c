@@ -24,11 +24,59 @@ int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const ch
     return status;
 }
 
+size_t ditd_utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    size_t len;
+    unsigned min;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4, min = 0x10000;
+    else
+        return 0;
+    if (len > n)
+        return 0;
+    unsigned cp = c & (0xff >> (len + 1));
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+void ditd_utf8_clean(char *s)
+{
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        size_t k = ditd_utf8_seq((const unsigned char *)s + i, n - i);
+        if (k) {
+            i += k;
+        } else {
+            s[i++] = '?';
+        }
+    }
+}
+
 char *ditd_api_error_json(const ditd_api_error *e)
 {
-    json_t *root = json_pack("{s:{s:s,s:s,s:o,s:s}}", "error", "message", e->message, "type",
+    /* a message may quote the client's bytes, cut anywhere: JSON takes
+     * UTF-8 only */
+    char msg[sizeof e->message], param[sizeof e->param];
+    snprintf(msg, sizeof msg, "%s", e->message);
+    snprintf(param, sizeof param, "%s", e->param);
+    ditd_utf8_clean(msg);
+    ditd_utf8_clean(param);
+    json_t *root = json_pack("{s:{s:s,s:s,s:o,s:s}}", "error", "message", msg, "type",
                              e->type ? e->type : "server_error", "param",
-                             e->param[0] ? json_string(e->param) : json_null(), "code",
+                             param[0] ? json_string(param) : json_null(), "code",
                              e->code ? e->code : "internal_error");
     char *s;
     if (!root)
@@ -80,6 +128,22 @@ static int get_int(json_t *root, const char *key, long lo, long hi, long *out, i
     *out = (long)json_integer_value(v);
     *given = 1;
     return 0;
+}
+
+/* A dimension of "WxH": 1..65535 in plain decimal digits (no sign, blank
+ * or leading zero), ended by `end`; -1 otherwise. */
+static int parse_dim(const char *p, char end)
+{
+    long v = 0;
+    int n = 0;
+    if (*p == '0')
+        return -1;
+    for (; *p >= '0' && *p <= '9'; p++, n++) {
+        if (n >= 5)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return n && *p == end && v <= 65535 ? (int)v : -1;
 }
 
 static int get_str(json_t *root, const char *key, const char **out, ditd_api_error *e)
@@ -135,8 +199,8 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
     if (get_str(root, "size", &s, e))
         goto done;
     if (s && strcmp(s, "auto") != 0) {
-        int w = 0, h = 0, used = 0;
-        if (sscanf(s, "%dx%d%n", &w, &h, &used) != 2 || s[used] != '\0' || w <= 0 || h <= 0) {
+        int w = parse_dim(&s[0], 'x'), h = w > 0 ? parse_dim(strchr(s, 'x') + 1, '\0') : -1;
+        if (w <= 0 || h <= 0) {
             bad(e, "size", "'size' must be \"WIDTHxHEIGHT\" (this model: \"%dx%d\"), got \"%s\"",
                 m->image_width, m->image_height, s);
             goto done;

@@ -47,6 +47,12 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
  * string (NULL on out of memory). */
 char *ditd_api_error_json(const ditd_api_error *e);
 
+/* The length of the valid UTF-8 sequence at p (n bytes left), 0 if none
+ * starts there. */
+size_t ditd_utf8_seq(const unsigned char *p, size_t n);
+/* Replaces each byte of s that starts no valid UTF-8 sequence with '?'. */
+void ditd_utf8_clean(char *s);
+
 /* Fills *e; returns status. param may be NULL. */
 int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
                        const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));

@@ -108,7 +108,16 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
 {
     sbuf b = {0};
     char ml[300];
-    snprintf(ml, sizeof ml, "model=\"%s\"", g->model);
+    /* a label value escapes \\, \" and newlines (the model's name is its
+     * folder's and may hold them) */
+    size_t at = (size_t)snprintf(ml, sizeof ml, "model=\"");
+    for (const char *c = g->model; *c && at + 4 < sizeof ml; c++) {
+        if (*c == '\\' || *c == '"' || *c == '\n')
+            ml[at++] = '\\';
+        ml[at++] = *c == '\n' ? 'n' : *c;
+    }
+    ml[at++] = '"';
+    ml[at] = '\0';
 
     put(&b, "# HELP ditd_http_requests_total HTTP requests answered, by route and status.\n"
             "# TYPE ditd_http_requests_total counter\n");
@@ -156,6 +165,19 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     for (int r = 0; r < g->replicas && r < DITD_METRICS_MAX_REPLICAS; r++)
         put(&b, "ditd_replica_samples_total{replica=\"%d\"} %llu\n", r,
             (unsigned long long)m->replica_samples[r]);
+    put(&b, "# HELP ditd_http_connections Open client connections.\n"
+            "# TYPE ditd_http_connections gauge\nditd_http_connections %d\n", g->connections);
+    put(&b, "# HELP ditd_http_connections_refused_total Connections answered 503 at once, by reason.\n"
+            "# TYPE ditd_http_connections_refused_total counter\n"
+            "ditd_http_connections_refused_total{reason=\"capacity\"} %llu\n"
+            "ditd_http_connections_refused_total{reason=\"per_client\"} %llu\n",
+        (unsigned long long)g->refused_capacity, (unsigned long long)g->refused_per_client);
+    put(&b, "# HELP ditd_http_read_timeouts_total Connections closed for a header or body deadline.\n"
+            "# TYPE ditd_http_read_timeouts_total counter\nditd_http_read_timeouts_total %llu\n",
+        (unsigned long long)g->read_timeouts);
+    put(&b, "# HELP ditd_http_evicted_total Connections waiting for headers closed at the limit for a newcomer.\n"
+            "# TYPE ditd_http_evicted_total counter\nditd_http_evicted_total %llu\n",
+        (unsigned long long)g->evicted);
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -63,6 +63,9 @@ typedef struct ditd_metrics_gauges {
     int replicas_up;
     int inflight_requests;
     int draining;
+    /* the HTTP edge (server/http.h) */
+    int connections;
+    uint64_t refused_capacity, refused_per_client, read_timeouts, evicted;
 } ditd_metrics_gauges;
 
 /* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM. */

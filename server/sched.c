@@ -1,10 +1,15 @@
-/* The bounded queue, the batcher, replica routing and the worker messages.
- * Loop thread only. */
+/* The bounded queue, the batcher, replica routing and the worker messages
+ * (server/sched.h). Loop thread only. */
+#include "server/sched.h"
+
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/core/error.h"
 #include "proto/ditd.pb-c.h"
+#include "server/log.h"
 #include "server/serve.h"
 
 static int replica_alive(const ditd_srv *s, int r)
@@ -12,6 +17,18 @@ static int replica_alive(const ditd_srv *s, int r)
     const ditd_replica *p = &s->rep[r];
     return p->ready && !p->failed &&
            ditd__now() - p->last_hb < s->cfg.heartbeat_timeout_ms / 1000.0;
+}
+
+int ditd__sched_replica_alive(const ditd_srv *s, int r)
+{
+    const ditd_replica *p = &s->rep[r];
+    double now = ditd__now();
+    if (p->failed)
+        return 0;
+    /* one still loading its model is alive while it is young */
+    if (!p->ready)
+        return now - s->t_start < s->cfg.heartbeat_timeout_ms / 1000.0;
+    return now - p->last_hb < s->cfg.heartbeat_timeout_ms / 1000.0;
 }
 
 int ditd__sched_replicas_up(const ditd_srv *s)
@@ -45,12 +62,12 @@ static void send_env(ditd_srv *s, int r, Ditd__Envelope *env)
     size_t len = ditd__envelope__get_packed_size(env);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) {
-        ditd__log(s, "out of memory sending to replica %d", r);
+        ditd_log(DITD_LOG_INFO, "out of memory sending to replica %d", r);
         return;
     }
     ditd__envelope__pack(env, buf);
     if (ditd_hub_send(s->hub, r, buf, len))
-        ditd__log(s, "sending to replica %d: %s", r, ditd_err_detail());
+        ditd_log(DITD_LOG_INFO, "sending to replica %d: %s", r, ditd_err_detail());
     free(buf);
 }
 
@@ -69,11 +86,26 @@ static void q_remove(ditd_srv *s, ditd_job *j)
     j->q_prev = j->q_next = NULL;
     j->in_queue = 0;
     s->q_len--;
-    ditd__job_unref(j);
+    ditd_job_unref(j);
+}
+
+uint64_t ditd__sched_cost(const ditd_srv *s, const ditd_genreq *rq)
+{
+    uint64_t tokens = (uint64_t)(s->info.shapes.tokens > 0 ? s->info.shapes.tokens : 1);
+    return (uint64_t)rq->n * (uint64_t)rq->steps * (tokens ? tokens : 1);
 }
 
 int ditd__sched_submit(ditd_srv *s, ditd_job *j, ditd_api_error *e)
 {
+    j->cost = ditd__sched_cost(s, &j->rq);
+    if (s->cfg.max_cost > 0 && j->cost > (uint64_t)s->cfg.max_cost)
+        return ditd_api_error_set(e, 400, "invalid_request_error", "cost_too_high", "n",
+                                  "the request costs %llu (n %d x num_inference_steps %d x %llu "
+                                  "tokens) and this server takes at most %ld (--max-cost): ask "
+                                  "for fewer images or steps",
+                                  (unsigned long long)j->cost, j->rq.n, j->rq.steps,
+                                  (unsigned long long)(j->cost / ((uint64_t)j->rq.n * (uint64_t)j->rq.steps)),
+                                  s->cfg.max_cost);
     if (s->draining)
         return ditd_api_error_set(e, 503, "server_error", "draining", NULL,
                                   "the server is shutting down; retry on another instance");
@@ -86,15 +118,23 @@ int ditd__sched_submit(ditd_srv *s, ditd_job *j, ditd_api_error *e)
                                   "the queue of '%s' is full (%d requests waiting); retry later",
                                   s->info.name, s->q_len);
     }
-    ditd__job_ref(j);
+    ditd_job_ref(j);
     j->in_queue = 1;
-    j->q_prev = s->q_tail;
-    j->q_next = NULL;
-    if (s->q_tail)
-        s->q_tail->q_next = j;
+    j->deadline = j->t_arrive + (double)j->cost * s->sec_per_cost;
+    /* in deadline order; equal deadlines keep arrival order */
+    ditd_job *after = s->q_tail;
+    while (after && after->deadline > j->deadline)
+        after = after->q_prev;
+    j->q_prev = after;
+    j->q_next = after ? after->q_next : s->q_head;
+    if (j->q_next)
+        j->q_next->q_prev = j;
+    else
+        s->q_tail = j;
+    if (after)
+        after->q_next = j;
     else
         s->q_head = j;
-    s->q_tail = j;
     s->q_len++;
     ditd__sched_kick(s);
     return 0;
@@ -147,7 +187,7 @@ void ditd__sched_kick(ditd_srv *s)
         ditd_fbatch *b = calloc(1, sizeof *b);
         Ditd__Sample smp[DITD_WORKER_MAX_BATCH], *smpp[DITD_WORKER_MAX_BATCH];
         if (!b) {
-            ditd__log(s, "out of memory building a batch");
+            ditd_log(DITD_LOG_INFO, "out of memory building a batch");
             return;
         }
         b->id = ++s->next_batch;
@@ -167,6 +207,7 @@ void ditd__sched_kick(ditd_srv *s)
             }
             while (j->dispatched < j->rq.n && b->n < s->cfg.max_batch) {
                 int i = b->n++;
+                b->cost += j->cost / (uint64_t)j->rq.n;
                 ditd__sample__init(&smp[i]);
                 smp[i].request_id = j->id;
                 smp[i].seed = j->rq.seed;
@@ -180,7 +221,7 @@ void ditd__sched_kick(ditd_srv *s)
                 j->loc[j->dispatched].batch = b->id;
                 j->loc[j->dispatched].replica = r;
                 j->loc[j->dispatched].slot = i;
-                ditd__job_ref(j);
+                ditd_job_ref(j);
                 j->dispatched++;
             }
             if (j->dispatched == j->rq.n)
@@ -238,6 +279,24 @@ void ditd__sched_withdraw(ditd_srv *s, ditd_job *j)
     }
 }
 
+void ditd__sched_fail(ditd_srv *s, ditd_job *j, int status, const char *type, const char *code,
+                      const char *fmt, ...)
+{
+    ditd_api_error e;
+    va_list ap;
+    if (ditd_job_terminal(j))
+        return;
+    e.status = status;
+    e.type = type;
+    e.code = code;
+    e.param[0] = '\0';
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    ditd__sched_withdraw(s, j);
+    ditd_job_fail(j, &e);
+}
+
 void ditd__sched_shutdown(ditd_srv *s, int now)
 {
     for (int r = 0; r < s->nrep; r++) {
@@ -254,8 +313,12 @@ static void batch_done(ditd_srv *s, ditd_fbatch *b)
 {
     double dt = ditd__now() - b->t_start;
     s->avg_batch_s = s->avg_batch_s > 0 ? 0.8 * s->avg_batch_s + 0.2 * dt : dt;
+    if (b->n > 0 && b->cost > 0) {
+        double spc = dt / (double)b->cost;
+        s->sec_per_cost = s->sec_per_cost > 0 ? 0.8 * s->sec_per_cost + 0.2 * spc : spc;
+    }
     for (int i = 0; i < b->n; i++)
-        ditd__job_unref(b->job[i]);
+        ditd_job_unref(b->job[i]);
     if (s->rep[b->replica].running == b)
         s->rep[b->replica].running = NULL;
     free(b);
@@ -275,15 +338,15 @@ static void fail_batch(ditd_srv *s, ditd_fbatch *b, int code, const char *msg)
         status = 500;
     for (int i = 0; i < b->n; i++) {
         ditd_job *j = b->job[i];
-        if (!j->terminal) {
+        if (!ditd_job_terminal(j)) {
             if (status == 503)
-                ditd__job_fail(j, 503, "server_error", "unavailable", "%s", msg);
+                ditd__sched_fail(s, j, 503, "server_error", "unavailable", "%s", msg);
             else
-                ditd__job_fail(j, status, status == 400 ? "invalid_request_error" : "server_error",
-                               status == 400 ? "invalid_value" : "internal_error",
-                               "generation failed (request %s): %s", j->rid, msg);
+                ditd__sched_fail(s, j, status, status == 400 ? "invalid_request_error" : "server_error",
+                                 status == 400 ? "invalid_value" : "internal_error",
+                                 "generation failed (request %s): %s", j->rid, msg);
             if (status >= 500)
-                ditd__log(s, "request %s: batch %llu on replica %d failed: %s", j->rid,
+                ditd_log(DITD_LOG_INFO, "request %s: batch %llu on replica %d failed: %s", j->rid,
                           (unsigned long long)b->id, b->replica, msg);
         }
     }
@@ -298,7 +361,7 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
         char hex[64] = "";
         for (size_t i = 0; i < len && i < 16; i++)
             snprintf(hex + 3 * i, 4, "%02x ", buf[i]);
-        ditd__log(s, "replica %d sent a message that does not unpack (%zu bytes: %s)", r, len, hex);
+        ditd_log(DITD_LOG_INFO, "replica %d sent a message that does not unpack (%zu bytes: %s)", r, len, hex);
         return;
     }
     if (r < 0 || r >= s->nrep) {
@@ -310,7 +373,7 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
     case DITD__ENVELOPE__MSG_HEARTBEAT:
         if (env->heartbeat->ready && !s->rep[r].ready) {
             s->rep[r].ready = 1;
-            ditd__log(s, "replica %d ready (max batch %u, %u rank%s)", r, env->heartbeat->max_batch,
+            ditd_log(DITD_LOG_INFO, "replica %d ready (max batch %u, %u rank%s)", r, env->heartbeat->max_batch,
                       env->heartbeat->ranks, env->heartbeat->ranks == 1 ? "" : "s");
         }
         break;
@@ -322,18 +385,17 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
         ditd_job *last = NULL;
         for (int i = 0; i < b->n; i++) {
             ditd_job *j = b->job[i];
-            if (j == last || j->terminal || !j->rq.stream)
+            if (j == last)
                 continue;
             last = j;
-            ditd__job_progress(j, (int)p->step, (int)p->total, (ditd__now() - j->t_arrive) * 1e3);
+            ditd_job_progress(j, (int)p->step, (int)p->total);
         }
         for (size_t k = 0; k < p->n_previews; k++) {
             Ditd__Preview *pv = p->previews[k];
             if (pv->slot >= (uint32_t)b->n || pv->pixels.len != s->numel)
                 continue;
-            ditd_job *j = b->job[pv->slot];
-            if (!j->terminal && j->rq.stream)
-                ditd__job_partial(j, b->idx[pv->slot], (int)pv->partial_index, pv->pixels.data);
+            ditd_job_partial(b->job[pv->slot], b->idx[pv->slot], (int)pv->partial_index,
+                             pv->pixels.data);
         }
         break;
     }
@@ -346,19 +408,16 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
             if (im->slot >= (uint32_t)b->n)
                 continue;
             ditd_job *j = b->job[im->slot];
-            j->finished++;
-            if (j->terminal)
-                continue;
-            if (im->canceled || im->pixels.len != s->numel) {
-                ditd__job_fail(j, 500, "server_error", "internal_error",
-                               "image %d was dropped by the replica (request %s)", b->idx[im->slot], j->rid);
-                continue;
-            }
-            j->channels = (int)res->channels;
-            memcpy(j->pixels + (size_t)b->idx[im->slot] * s->numel, im->pixels.data, s->numel);
-            s->m.images_total++;
-            if (j->finished == j->rq.n)
-                ditd__job_complete(j);
+            int dropped = im->canceled || im->pixels.len != s->numel;
+            int was = ditd_job_terminal(j);
+            if (!dropped && !was)
+                s->m.images_total++;
+            ditd_job_sample_back(j, b->idx[im->slot], dropped ? NULL : im->pixels.data,
+                                 (int)res->channels);
+            if (dropped && !was)
+                ditd__sched_fail(s, j, 500, "server_error", "internal_error",
+                                 "image %d was dropped by the replica (request %s)",
+                                 b->idx[im->slot], j->rid);
         }
         batch_done(s, b);
         break;
@@ -366,7 +425,7 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
     case DITD__ENVELOPE__MSG_ERROR: {
         Ditd__Error *e = env->error;
         if (e->batch_id == 0) {
-            ditd__log(s, "replica %d failed: %s", r, e->message);
+            ditd_log(DITD_LOG_ERROR, "replica %d failed: %s", r, e->message);
             s->rep[r].failed = 1;
             if (s->rep[r].running)
                 fail_batch(s, s->rep[r].running, DITD_EUNAVAIL, "the replica failed");
@@ -381,4 +440,28 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
     }
     ditd__envelope__free_unpacked(env, NULL);
     ditd__sched_kick(s);
+}
+
+void ditd__sched_watch(ditd_srv *s)
+{
+    double now = ditd__now();
+    for (int r = 0; r < s->nrep; r++) {
+        ditd_replica *p = &s->rep[r];
+        ditd_fbatch *b = p->running;
+        if (!b || p->failed || now - p->last_hb < s->cfg.heartbeat_timeout_ms / 1000.0)
+            continue;
+        /* stalled: its jobs end now; the batch stays with the replica
+         * (and the replica is not routed to) until it answers or fails */
+        int open = 0;
+        for (int i = 0; i < b->n; i++)
+            open += !ditd_job_terminal(b->job[i]);
+        if (!open)
+            continue;
+        ditd_log(DITD_LOG_WARN, "replica %d: no heartbeat for %.1f s with batch %llu running; "
+                 "its requests get 503", r, now - p->last_hb, (unsigned long long)b->id);
+        for (int i = 0; i < b->n; i++)
+            ditd__sched_fail(s, b->job[i], 503, "server_error", "replica_stalled",
+                             "replica %d stopped answering (no heartbeat for %.1f s); retry", r,
+                             now - p->last_hb);
+    }
 }

@@ -50,7 +50,9 @@ def check(cond, what, got=None, want=None):
 class Daemon:
     """ditd serve on a free port; the log goes to a file we can read."""
 
-    def __init__(self, ditd, *args, mpi_np=0, env=None):
+    def __init__(self, ditd, *args, mpi_np=0, env=None, tls_ca=None, api_key=None):
+        self.tls_ca = tls_ca    # the CA file to trust: the daemon speaks HTTPS
+        self.api_key = api_key  # sent as Authorization: Bearer by request()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="ditd-serve-", suffix=".log", delete=False)
         cmd = [ditd, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
                "--threads", "1", *args]
@@ -65,10 +67,20 @@ class Daemon:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e,
                                      start_new_session=True)
         self.port = None
+        try:
+            self._wait_ready()
+        except BaseException:
+            # never leave a daemon behind a failed start
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            raise
+
+    def _wait_ready(self):
         deadline = time.time() + 60
         while time.time() < deadline:
             text = open(self.log.name).read()
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
+            m = re.search(r"listening on https?://127\.0\.0\.1:(\d+)", text)
             if m and self.port is None:
                 self.port = int(m.group(1))
                 # the front-end's pid: under mpirun, rank 0 (SIGTERM goes to
@@ -89,11 +101,18 @@ class Daemon:
             return False
 
     def url(self, path=""):
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{'https' if self.tls_ca else 'http'}://127.0.0.1:{self.port}{path}"
 
     def request(self, method, path, body=None, headers=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        if self.tls_ca:
+            import ssl
+            ctx = ssl.create_default_context(cafile=self.tls_ca)
+            c = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=ctx)
+        else:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         h = dict(headers or {})
+        if self.api_key:
+            h.setdefault("Authorization", f"Bearer {self.api_key}")
         if isinstance(body, (dict, list)):
             body = json.dumps(body)
             h.setdefault("Content-Type", "application/json")

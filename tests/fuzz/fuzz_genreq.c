@@ -1,0 +1,90 @@
+/* libFuzzer target: what the HTTP edge validates of a request, the bytes a
+ * client controls: the JSON body of POST /v1/images/generations
+ * (ditd_genreq_parse against a fixed model), the error envelope every
+ * refusal is written in (it must stay valid JSON whatever the message
+ * quotes), and an Authorization header (ditd_auth_check). Any input gives a
+ * typed request within its bounds or a 4xx naming the problem; never a
+ * crash, a leak, or an envelope that is not JSON. The HTTP framing itself
+ * is libmicrohttpd's; the abuse suite (tests/http/test_abuse.py) drives it
+ * with hostile sockets. */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "engine/models/model.h"
+#include "server/auth.h"
+#include "server/genreq.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static char *labels[] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat, jacket",
+                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+
+static void envelope_is_json(const ditd_api_error *e)
+{
+    char *js = ditd_api_error_json(e);
+    json_error_t je;
+    json_t *root;
+    if (!js)
+        abort();
+    root = json_loads(js, 0, &je);
+    if (!root || !json_is_string(json_object_get(json_object_get(root, "error"), "message")))
+        abort();
+    json_decref(root);
+    free(js);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static ditd_model_info m;
+    static char *keys[] = {"k1", "a-longer-key-0123456789"};
+    static ditd_auth auth = {keys, 2};
+    ditd_genreq rq;
+    ditd_api_error e;
+    char *s;
+
+    if (!m.num_classes) {
+        strcpy(m.name, "fashion \"q\" \xe2\x82\xac");
+        m.shapes.height = m.shapes.width = 28; /* latents = pixels: no vae */
+        m.shapes.in_channels = 1;
+        m.shapes.tokens = 49;
+        m.image_width = m.image_height = 28;
+        m.image_channels = 1;
+        m.num_classes = 10;
+        m.labels = labels;
+        m.default_steps = 4;
+        m.default_guidance = 4.0f;
+    }
+    if (ditd_genreq_parse((const char *)data, size, &m, DITD_SAMPLER_DDIM, &rq, &e) == 0) {
+        if (rq.n < 1 || rq.n > DITD_GENREQ_MAX_N || rq.width != 28 || rq.height != 28 ||
+            rq.steps < 1 || rq.steps > 1000 || !(rq.guidance >= 0 && rq.guidance <= 100) ||
+            rq.class_id < 0 || rq.class_id >= m.num_classes || rq.partial_images < 0 ||
+            rq.partial_images > 3 || (unsigned)rq.sampler >= DITD_SAMPLER_KIND_COUNT ||
+            rq.seed > (uint64_t)INT64_MAX)
+            abort();
+    } else {
+        if (e.status != 400 && e.status != 404)
+            abort();
+        envelope_is_json(&e);
+    }
+    /* the same bytes as a message (cut anywhere) and as a header */
+    if (!(s = malloc(size + 1)))
+        return 0;
+    memcpy(s, data, size);
+    s[size] = '\0';
+    ditd_api_error_set(&e, 400, "invalid_request_error", "invalid_value", s, "%s", s);
+    envelope_is_json(&e);
+    int ok = ditd_auth_check(&auth, s);
+    if (ok && !strstr(s, "k1") && !strstr(s, keys[1]))
+        abort();
+    ditd_utf8_clean(s);
+    json_t *str = json_string(s);
+    if (!str)
+        abort(); /* clean text is UTF-8 */
+    json_decref(str);
+    free(s);
+    ditd_err_clear();
+    return 0;
+}

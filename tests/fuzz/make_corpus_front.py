@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Writes the hand-made seeds of the front-end's fuzz targets (stdlib only):
+corpus/genreq/ (request bodies and header-like strings) and corpus/proto/
+(packed Envelopes of every message kind, written here in protobuf's wire
+format by hand from proto/ditd.proto). Leaves found-* and crash-* files
+alone. usage: make_corpus_front.py [CORPUS_DIR]"""
+import json
+import os
+import struct
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "corpus")
+
+
+def write(sub, name, data):
+    d = os.path.join(root, sub)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- genreq: bodies of POST /v1/images/generations
+base = {"model": "fashion \"q\" \u20ac", "prompt": "dress", "n": 1, "size": "28x28",
+        "response_format": "b64_json", "seed": 1, "num_inference_steps": 4}
+bodies = {
+    "valid": base,
+    "class-label": dict(base, prompt=None, class_label="Coat"),
+    "class-number": dict(base, class_label=3),
+    "stream": dict(base, stream=True, partial_images=2),
+    "sampler": dict(base, sampler="dpm++2m", guidance_scale=1.5),
+    "size-wrap": dict(base, size="4294967324x4294967324"),
+    "size-blank": dict(base, size=" 28x28"),
+    "size-zero": dict(base, size="0x0"),
+    "size-auto": dict(base, size="auto"),
+    "euro-prompt": dict(base, prompt="\u20ac" * 300),
+    "n-big": dict(base, n=99),
+    "seed-big": dict(base, seed=2 ** 64),
+    "wrong-model": dict(base, model="nope"),
+    "url": dict(base, response_format="url"),
+}
+for name, b in bodies.items():
+    write("genreq", name, json.dumps({k: v for k, v in b.items() if v is not None}))
+write("genreq", "not-object", "[1,2,3]")
+write("genreq", "truncated", '{"prompt": "dre')
+write("genreq", "dup-keys", '{"n": 1, "n": 2, "prompt": "dress"}')
+write("genreq", "bearer", "Bearer k1")
+write("genreq", "bearer-cut", b"Bearer \xe2\x82")
+
+
+# ---- proto: wire format by hand
+def varint(v):
+    out = b""
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def key(field, wt):
+    return varint(field << 3 | wt)
+
+
+def vi(field, v):
+    return key(field, 0) + varint(v & 0xFFFFFFFFFFFFFFFF)
+
+
+def ld(field, data):
+    if isinstance(data, str):
+        data = data.encode()
+    return key(field, 2) + varint(len(data)) + data
+
+
+def f32(field, v):
+    return key(field, 5) + struct.pack("<f", v)
+
+
+def f64(field, v):
+    return key(field, 1) + struct.pack("<d", v)
+
+
+sample = vi(1, 7) + vi(2, 42) + vi(3, 0) + vi(4, 3) + f32(5, 4.0) + vi(6, 1)
+batch = vi(1, 5) + ld(2, "tiny") + vi(3, 28) + vi(4, 28) + vi(5, 4) + vi(6, 1) + ld(7, sample) + ld(7, sample)
+pixels = bytes(range(256)) * 3 + bytes(16)  # 784 = 28 x 28 x 1
+progress = vi(1, 5) + vi(2, 2) + vi(3, 4) + f64(4, 12.5) + f64(5, 3.0) + \
+    ld(6, vi(1, 1) + vi(2, 0) + ld(3, pixels))
+result = vi(1, 5) + vi(2, 28) + vi(3, 28) + vi(4, 1) + f64(5, 40.0) + \
+    ld(6, vi(1, 0) + ld(3, pixels)) + ld(6, vi(1, 1) + vi(2, 1))
+cancel = vi(1, 5) + key(2, 2) + varint(2) + varint(0) + varint(1)  # packed slots
+error = vi(1, 5) + vi(2, (-1000 + 3) & 0xFFFFFFFFFFFFFFFF) + ld(3, "model load failed: \u20ac")
+heartbeat = vi(1, 1) + vi(2, 99) + vi(3, 1) + vi(4, 0) + vi(5, 8) + vi(6, 2)
+shutdown = vi(1, 1)
+for name, field, msg in [("batch", 2, batch), ("progress", 3, progress), ("result", 4, result),
+                         ("cancel", 5, cancel), ("error", 6, error), ("heartbeat", 7, heartbeat),
+                         ("shutdown", 8, shutdown)]:
+    write("proto", "env-" + name, vi(1, 1) + ld(field, msg))
+    write("proto", "msg-" + name, msg)
+write("proto", "env-two-oneofs", vi(1, 0) + ld(7, heartbeat) + ld(2, batch))
+write("proto", "truncated", (vi(1, 1) + ld(4, result))[:-7])
+write("proto", "bad-length", key(4, 2) + varint(1 << 40))
+print("wrote seeds under", root)

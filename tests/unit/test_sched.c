@@ -1,0 +1,524 @@
+/* The front-end's scheduler (server/sched.h) and job lifecycle
+ * (server/job.h) without HTTP: a ditd_srv with an in-process hub whose
+ * replica ends this test reads, and a job sink that records what the HTTP
+ * side would hear. Covers the batcher (compatibility, the window, the
+ * queue's cost order, --max-cost), the replica router (least loaded, busy,
+ * a stalled replica), results and drops, and mutated replica messages
+ * (each job still ends in at most one outcome, nothing crashes; ASan and
+ * UBSan run this in CI). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "proto/ditd.pb-c.h"
+#include "server/job.h"
+#include "server/log.h"
+#include "server/sched.h"
+#include "server/serve.h"
+
+static int failures, checks;
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        checks++;                                                                          \
+        if (!(cond)) {                                                                     \
+            failures++;                                                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
+            printf(__VA_ARGS__);                                                           \
+            printf("\n");                                                                  \
+        }                                                                                  \
+    } while (0)
+
+/* ---- what the HTTP side would hear */
+
+typedef struct heard {
+    int complete, failed, progress, partial;
+    int last_status;
+    char last_code[64];
+} heard;
+
+static heard H[64];
+
+static heard *heard_of(ditd_job *j)
+{
+    return &H[j->id % 64];
+}
+
+static void on_progress(ditd_job *j, int step, int total)
+{
+    (void)step;
+    (void)total;
+    heard_of(j)->progress++;
+}
+
+static void on_partial(ditd_job *j, int image, int pi, const uint8_t *px)
+{
+    (void)image;
+    (void)pi;
+    (void)px;
+    heard_of(j)->partial++;
+}
+
+static void on_complete(ditd_job *j)
+{
+    heard_of(j)->complete++;
+    ditd_job_answered(j);
+}
+
+static void on_failed(ditd_job *j, const ditd_api_error *e)
+{
+    heard *h = heard_of(j);
+    h->failed++;
+    h->last_status = e->status;
+    snprintf(h->last_code, sizeof h->last_code, "%s", e->code ? e->code : "");
+    ditd_job_answered(j);
+}
+
+static const ditd_job_sink sink = {on_progress, on_partial, on_complete, on_failed};
+
+/* ---- the harness */
+
+static ditd_srv S;
+static uv_loop_t loop;
+static const char *cur; /* the case running */
+
+static void wake_noop(void *ud)
+{
+    (void)ud;
+}
+
+static void srv_init(const char *name, int nrep, int max_batch, int window_ms)
+{
+    cur = name;
+    memset(&S, 0, sizeof S);
+    memset(H, 0, sizeof H);
+    uv_loop_init(&loop);
+    S.loop = &loop;
+    uv_timer_init(&loop, &S.window);
+    S.window.data = &S;
+    S.cfg.max_batch = max_batch;
+    S.cfg.batch_window_ms = window_ms;
+    S.cfg.max_queue = 64;
+    S.cfg.heartbeat_timeout_ms = 1000;
+    strcpy(S.info.name, "m");
+    S.info.shapes.height = S.info.shapes.width = 28; /* latents = pixels: no vae */
+    S.info.shapes.in_channels = 1;
+    S.info.shapes.tokens = 49;                          /* patch 4 */
+    S.info.image_width = S.info.image_height = 28;
+    S.info.image_channels = 1;
+    S.numel = 28 * 28;
+    S.nrep = nrep;
+    S.rep = calloc((size_t)nrep, sizeof *S.rep);
+    S.t_start = ditd__now();
+    ditd_metrics_init(&S.m);
+    if (ditd_hub_new_inproc(nrep, wake_noop, NULL, &S.hub)) {
+        printf("FAIL: no hub\n");
+        exit(1);
+    }
+    for (int r = 0; r < nrep; r++) {
+        S.rep[r].ready = 1;
+        S.rep[r].last_hb = ditd__now();
+    }
+}
+
+static void answer(int r, const Ditd__Batch *b, int drop_slot);
+static Ditd__Envelope *batch_to(int r);
+
+/* Answers every batch sent until none is left (so every job lets go). */
+static void drain_all(void)
+{
+    for (int again = 1; again;) {
+        again = 0;
+        for (int r = 0; r < S.nrep; r++) {
+            Ditd__Envelope *env = batch_to(r);
+            if (env) {
+                S.rep[r].last_hb = ditd__now();
+                answer(r, env->batch, -1);
+                ditd__envelope__free_unpacked(env, NULL);
+                again = 1;
+            }
+        }
+    }
+}
+
+static void srv_free(void)
+{
+    drain_all();
+    CHECK(S.jobs.live == 0 && S.q_len == 0, "%s: every job was freed (%d live, %d queued)", cur,
+          S.jobs.live, S.q_len);
+    /* drop what the replicas were sent */
+    for (int r = 0; r < S.nrep; r++) {
+        ditd_transport *t = ditd_hub_transport(S.hub, r);
+        uint8_t *buf;
+        size_t len;
+        while (t->recv(t, &buf, &len, 0) == 0)
+            free(buf);
+    }
+    ditd_hub_free(S.hub);
+    uv_close((uv_handle_t *)&S.window, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    free(S.rep);
+}
+
+static ditd_job *submit_ex(int n, int steps, int sampler, int *status)
+{
+    ditd_job *j = ditd_job_new(&S.jobs, &S, &sink, NULL);
+    ditd_genreq rq = {0};
+    ditd_api_error e;
+    rq.n = n;
+    rq.width = rq.height = 28;
+    rq.steps = steps;
+    rq.sampler = (ditd_sampler_kind)sampler;
+    rq.guidance = 1.0f;
+    rq.seed = 1;
+    ditd_job_accept(j, &rq, S.numel);
+    *status = ditd__sched_submit(&S, j, &e);
+    if (*status)
+        ditd_job_refuse(j);
+    return j;
+}
+
+static ditd_job *submit(int n, int steps)
+{
+    int st;
+    ditd_job *j = submit_ex(n, steps, 0, &st);
+    CHECK(st == 0, "submit n=%d steps=%d: status %d", n, steps, st);
+    return j;
+}
+
+/* The next message replica r was sent, unpacked (NULL: none). */
+static Ditd__Envelope *sent_to(int r)
+{
+    ditd_transport *t = ditd_hub_transport(S.hub, r);
+    uint8_t *buf;
+    size_t len;
+    if (t->recv(t, &buf, &len, 0))
+        return NULL;
+    Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, buf);
+    free(buf);
+    return env;
+}
+
+/* The next Batch sent to r, skipping other messages (NULL: none). */
+static Ditd__Envelope *batch_to(int r)
+{
+    Ditd__Envelope *env;
+    while ((env = sent_to(r))) {
+        if (env->msg_case == DITD__ENVELOPE__MSG_BATCH)
+            return env;
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    return NULL;
+}
+
+static void deliver(int r, Ditd__Envelope *env)
+{
+    size_t len = ditd__envelope__get_packed_size(env);
+    uint8_t *buf = malloc(len ? len : 1);
+    ditd__envelope__pack(env, buf);
+    ditd__sched_on_message(&S, r, buf, len);
+    free(buf);
+}
+
+/* Replica r answers batch b: every slot with pixels, or dropped when
+ * `drop_slot` names it. */
+static void answer(int r, const Ditd__Batch *b, int drop_slot)
+{
+    static uint8_t px[28 * 28];
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__Result res = DITD__RESULT__INIT;
+    Ditd__Image im[DITD_WORKER_MAX_BATCH], *imp[DITD_WORKER_MAX_BATCH];
+    for (size_t i = 0; i < b->n_samples; i++) {
+        ditd__image__init(&im[i]);
+        im[i].slot = (uint32_t)i;
+        if ((int)i == drop_slot) {
+            im[i].canceled = 1;
+        } else {
+            im[i].pixels.data = px;
+            im[i].pixels.len = sizeof px;
+        }
+        imp[i] = &im[i];
+    }
+    res.batch_id = b->batch_id;
+    res.width = res.height = 28;
+    res.channels = 1;
+    res.n_images = b->n_samples;
+    res.images = imp;
+    env.msg_case = DITD__ENVELOPE__MSG_RESULT;
+    env.result = &res;
+    deliver(r, &env);
+}
+
+/* Lets go of the test's reference (the connection's, in the server). */
+static void release(ditd_job **jobs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!ditd_job_terminal(jobs[i]))
+            ditd__sched_fail(&S, jobs[i], 503, "server_error", "test_end", "test end");
+        ditd_job_unref(jobs[i]);
+    }
+}
+
+/* ---- cases */
+
+static void test_compatibility(void)
+{
+    srv_init("compatibility", 1, 4, 0);
+    /* the replica is busy: all three queue */
+    ditd_fbatch busy = {0};
+    S.rep[0].running = &busy;
+    ditd_job *j[3] = {submit(1, 4), submit(1, 8), submit(1, 4)};
+    CHECK(batch_to(0) == NULL, "a busy replica gets no batch");
+    S.rep[0].running = NULL;
+    ditd__sched_kick(&S);
+    Ditd__Envelope *env = batch_to(0);
+    CHECK(env && env->batch->n_samples == 2 && env->batch->steps == 4,
+          "compatible requests (same steps) share a batch: %zu samples, steps %u",
+          env ? env->batch->n_samples : 0, env ? env->batch->steps : 0);
+    if (env) {
+        CHECK(env->batch->samples[0]->request_id == j[0]->id &&
+                  env->batch->samples[1]->request_id == j[2]->id,
+              "the batch holds the first and third requests");
+        answer(0, env->batch, -1);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    CHECK(heard_of(j[0])->complete == 1 && heard_of(j[2])->complete == 1, "both completed");
+    env = batch_to(0);
+    CHECK(env && env->batch->n_samples == 1 && env->batch->steps == 8,
+          "the incompatible one goes next, alone");
+    if (env) {
+        answer(0, env->batch, 0);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    CHECK(heard_of(j[1])->failed == 1 && heard_of(j[1])->last_status == 500,
+          "a dropped image fails its request with 500 (got %d)", heard_of(j[1])->last_status);
+    release(j, 3);
+    srv_free();
+}
+
+static void test_window(void)
+{
+    srv_init("window", 1, 4, 150);
+    ditd_job *j[3];
+    j[0] = submit(1, 4);
+    CHECK(batch_to(0) == NULL, "a lone small request waits for the window");
+    double t0 = ditd__now();
+    uv_run(&loop, UV_RUN_DEFAULT); /* the window timer */
+    double dt = ditd__now() - t0;
+    Ditd__Envelope *env = batch_to(0);
+    CHECK(env && env->batch->n_samples == 1 && dt > 0.1 && dt < 1.0,
+          "after the window (%.3f s) it goes alone", dt);
+    if (env) {
+        answer(0, env->batch, -1);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    /* a full batch does not wait */
+    j[1] = submit(2, 4);
+    j[2] = submit(2, 4);
+    env = batch_to(0);
+    CHECK(env && env->batch->n_samples == 4, "a full batch (max 4) leaves at once");
+    if (env) {
+        answer(0, env->batch, -1);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    CHECK(heard_of(j[1])->complete == 1 && heard_of(j[2])->complete == 1, "both completed");
+    release(j, 3);
+    srv_free();
+}
+
+static void test_least_loaded(void)
+{
+    srv_init("least loaded", 3, 2, 0);
+    S.rep[0].samples = 5;
+    S.rep[1].samples = 2;
+    S.rep[2].samples = 9;
+    ditd_job *j[3] = {submit(2, 4), submit(2, 5), submit(2, 6)};
+    Ditd__Envelope *e1 = batch_to(1), *e0 = batch_to(0), *e2 = batch_to(2);
+    CHECK(e1 && e1->batch->steps == 4, "the first batch goes to the least loaded replica (1)");
+    CHECK(e0 && e0->batch->steps == 5, "the second to the next least loaded idle one (0)");
+    CHECK(e2 && e2->batch->steps == 6, "the third to the last idle one (2)");
+    if (e0 && e1 && e2) {
+        answer(0, e0->batch, -1);
+        answer(1, e1->batch, -1);
+        answer(2, e2->batch, -1);
+    }
+    for (int i = 0; i < 3; i++)
+        CHECK(heard_of(j[i])->complete == 1, "request %d completed", i);
+    ditd__envelope__free_unpacked(e0, NULL);
+    ditd__envelope__free_unpacked(e1, NULL);
+    ditd__envelope__free_unpacked(e2, NULL);
+    release(j, 3);
+    srv_free();
+}
+
+static void test_stalled(void)
+{
+    srv_init("stalled", 2, 2, 0);
+    S.rep[0].samples = 0;
+    S.rep[1].samples = 10;
+    ditd_job *j[2];
+    j[0] = submit(2, 4); /* to replica 0 */
+    Ditd__Envelope *e0 = batch_to(0);
+    CHECK(e0 != NULL, "replica 0 got the first batch");
+    /* replica 0 goes silent past the heartbeat timeout */
+    S.rep[0].last_hb = ditd__now() - 2.0;
+    CHECK(ditd__sched_replica_alive(&S, 0) == 0 && ditd__sched_replica_alive(&S, 1) == 1,
+          "the silent replica is not alive, the other is");
+    ditd__sched_watch(&S);
+    CHECK(heard_of(j[0])->failed == 1 && heard_of(j[0])->last_status == 503 &&
+              !strcmp(heard_of(j[0])->last_code, "replica_stalled"),
+          "its running request fails with 503 replica_stalled (got %d %s)",
+          heard_of(j[0])->last_status, heard_of(j[0])->last_code);
+    j[1] = submit(2, 4);
+    Ditd__Envelope *e1 = batch_to(1);
+    CHECK(e1 != NULL && batch_to(0) == NULL, "new work goes around the stalled replica");
+    if (e1)
+        answer(1, e1->batch, -1);
+    CHECK(heard_of(j[1])->complete == 1, "and completes there");
+    /* the stalled one answers late: ignored, no second outcome */
+    if (e0)
+        answer(0, e0->batch, -1);
+    CHECK(heard_of(j[0])->complete == 0 && heard_of(j[0])->failed == 1,
+          "a late answer of the stalled replica changes nothing");
+    ditd__envelope__free_unpacked(e0, NULL);
+    ditd__envelope__free_unpacked(e1, NULL);
+    release(j, 2);
+    srv_free();
+}
+
+static void test_cost_order(void)
+{
+    srv_init("cost order", 1, 8, 0);
+    ditd_fbatch busy = {0};
+    S.rep[0].running = &busy;
+    S.sec_per_cost = 1e-4; /* measured: 0.1 ms per unit */
+    ditd_job *j[3];
+    j[0] = submit(8, 100); /* cost 8 x 100 x 49 */
+    j[1] = submit(8, 100);
+    j[2] = submit(1, 3);   /* cost 147: arrives last, deadline first */
+    CHECK(S.q_head == j[2] && S.q_tail == j[1], "the light request heads the queue");
+    S.rep[0].running = NULL;
+    ditd__sched_kick(&S);
+    Ditd__Envelope *env = batch_to(0);
+    CHECK(env && env->batch->steps == 3, "it runs first");
+    if (env) {
+        answer(0, env->batch, -1);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    env = batch_to(0);
+    CHECK(env && env->batch->samples[0]->request_id == j[0]->id, "then the heavy ones, in arrival order");
+    if (env)
+        answer(0, env->batch, -1);
+    ditd__envelope__free_unpacked(env, NULL);
+    CHECK(ditd__sched_cost(&S, &j[0]->rq) == 8ull * 100 * 49, "cost = n x steps x tokens");
+    release(j, 3);
+    /* a ceiling */
+    S.cfg.max_cost = 1000;
+    int st;
+    ditd_job *k = submit_ex(1, 30, 0, &st); /* 1470 */
+    CHECK(st == 400, "over --max-cost: 400 (got %d)", st);
+    release(&k, 1);
+    srv_free();
+}
+
+/* Mutated replica messages: nothing crashes, no job hears two outcomes. */
+static void test_mutated_messages(void)
+{
+    srv_init("mutated messages", 1, 4, 0);
+    ditd_job *j[4];
+    ditd_fbatch busy = {0};
+    S.rep[0].running = &busy; /* they queue, then leave as one batch */
+    for (int i = 0; i < 4; i++)
+        j[i] = submit(1, 4);
+    S.rep[0].running = NULL;
+    ditd__sched_kick(&S);
+    Ditd__Envelope *env = batch_to(0);
+    CHECK(env && env->batch->n_samples == 4, "one batch of four");
+    uint64_t bid = env ? env->batch->batch_id : 0;
+    ditd__envelope__free_unpacked(env, NULL);
+    /* a valid Progress with a preview and a Result, packed, then mutated */
+    static uint8_t px[28 * 28];
+    Ditd__Envelope pe = DITD__ENVELOPE__INIT, re = DITD__ENVELOPE__INIT;
+    Ditd__Progress pr = DITD__PROGRESS__INIT;
+    Ditd__Preview pv = DITD__PREVIEW__INIT, *pvp = &pv;
+    Ditd__Result res = DITD__RESULT__INIT;
+    Ditd__Image im[4], *imp[4];
+    pv.slot = 1;
+    pv.pixels.data = px;
+    pv.pixels.len = sizeof px;
+    pr.batch_id = bid;
+    pr.step = 1;
+    pr.total = 4;
+    pr.n_previews = 1;
+    pr.previews = &pvp;
+    pe.msg_case = DITD__ENVELOPE__MSG_PROGRESS;
+    pe.progress = &pr;
+    for (int i = 0; i < 4; i++) {
+        ditd__image__init(&im[i]);
+        im[i].slot = (uint32_t)i;
+        im[i].pixels.data = px;
+        im[i].pixels.len = sizeof px;
+        imp[i] = &im[i];
+    }
+    res.batch_id = bid;
+    res.channels = 1;
+    res.n_images = 4;
+    res.images = imp;
+    re.msg_case = DITD__ENVELOPE__MSG_RESULT;
+    re.result = &res;
+    uint8_t pbuf[2048], rbuf[8192], m[8192];
+    size_t pl = ditd__envelope__pack(&pe, pbuf), rl = ditd__envelope__pack(&re, rbuf);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    int n = 0;
+    for (int it = 0; it < 3000; it++) {
+        const uint8_t *src = it & 1 ? rbuf : pbuf;
+        size_t len = it & 1 ? rl : pl;
+        memcpy(m, src, len);
+        for (int k = 0; k < 1 + it % 4; k++) { /* xorshift: flip, cut or grow */
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            size_t at = (size_t)(x % len);
+            switch ((x >> 32) % 3) {
+            case 0: m[at] ^= (uint8_t)(1u << ((x >> 40) % 8)); break;
+            case 1: len = at + 1; break;
+            default: m[at] = (uint8_t)(x >> 48); break;
+            }
+        }
+        ditd__sched_on_message(&S, 0, m, len);
+        n++;
+    }
+    for (int i = 0; i < 4; i++) {
+        heard *h = heard_of(j[i]);
+        CHECK(h->complete + h->failed <= 1, "request %d heard %d results and %d errors", i, h->complete,
+              h->failed);
+    }
+    CHECK(n == 3000, "3000 mutated messages handled");
+    /* the real result still lands where nothing was decided */
+    ditd__sched_on_message(&S, 0, rbuf, rl);
+    int decided = 0;
+    for (int i = 0; i < 4; i++)
+        decided += ditd_job_terminal(j[i]);
+    CHECK(decided == 4, "after the real result every request has its outcome (%d)", decided);
+    release(j, 4);
+    srv_free();
+}
+
+int main(void)
+{
+    ditd_log_open(DITD_LOG_ERROR, DITD_LOG_TEXT, NULL); /* quiet */
+    test_compatibility();
+    test_window();
+    test_least_loaded();
+    test_stalled();
+    test_cost_order();
+    test_mutated_messages();
+    printf("%d checks, %d failed\n", checks, failures);
+    if (checks < 30) {
+        printf("FAIL: only %d checks ran\n", checks);
+        return 1;
+    }
+    return failures ? 1 : 0;
+}
