@@ -11,6 +11,7 @@ pkgs=(
   libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev
   curl python3 python3-venv ca-certificates
+  chromium
 )
 
 missing=()

@@ -293,6 +293,7 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     s->t_start = ditd__now();
     s->t_wall = (long long)time(NULL);
     ditd_metrics_init(&s->m);
+    ditd_metrics_set_backend(&s->m, ditd_device_name((ditd_device)s->cfg.device));
     if ((err = ditd_model_info_load(model_dir, &s->info))) {
         fprintf(stderr, "ditd serve: %s: %s\n", model_dir, ditd_err_detail());
         return -1;

@@ -13,6 +13,7 @@
 
 #include "engine/core/error.h"
 #include "proto/openapi.h"
+#include "server/page.h"
 #include "server/image.h"
 #include "server/serve.h"
 
@@ -543,6 +544,8 @@ static ditd_route route_of(const char *url)
         return DITD_ROUTE_METRICS;
     if (!strcmp(url, "/openapi.json"))
         return DITD_ROUTE_OPENAPI;
+    if (!strcmp(url, "/"))
+        return DITD_ROUTE_PAGE;
     return DITD_ROUTE_OTHER;
 }
 
@@ -625,6 +628,8 @@ static enum MHD_Result get_route(ditd_srv *s, struct MHD_Connection *c, ditd_rou
         }
         return queue(s, c, route, 200, r);
     }
+    case DITD_ROUTE_PAGE:
+        return queue(s, c, route, 200, ditd_page_response());
     default:
         return answer_error(s, c, route, NULL, 404, "invalid_request_error", "not_found", NULL,
                             "no such route");
