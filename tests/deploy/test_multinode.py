@@ -142,9 +142,11 @@ def main():
                OMPI_MCA_oob_tcp_if_include="lo", OMPI_MCA_rtc_hwloc_vmhole="none")
     procs = []
 
-    def spawn(cmd, log):
-        p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True)
+    def spawn(cmd, log, tmpdir=tmp):
+        # each "pod" has its own /tmp (Open MPI's session directories)
+        os.makedirs(tmpdir, exist_ok=True)
+        p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                             env=dict(env, TMPDIR=tmpdir), start_new_session=True)
         procs.append(p)
         return p
 
@@ -156,7 +158,8 @@ def main():
         check(out == "ditd-0.ditd.ml slots=3\nditd-0-1.ditd.ml slots=2\nditd-0-2.ditd.ml slots=2\n",
               "LWS hostfile: leader S+1 slots, workers <group>-<i> with S", out)
 
-        agents = [spawn([args.launch, "agent", "--listen", h], os.path.join(tmp, f"agent-{h}.log"))
+        agents = [spawn([args.launch, "agent", "--listen", h], os.path.join(tmp, f"agent-{h}.log"),
+                        os.path.join(tmp, f"pod-{h}"))
                   for h in ("127.0.0.2", "127.0.0.3")]
         time.sleep(0.3)
         bad = os.path.join(tmp, "bad-token")
@@ -177,7 +180,7 @@ def main():
         leader = spawn([args.launch, "run", "--", "mpirun", "--hostfile", hostfile, "-np", "4",
                         "--bind-to", "none", args.ditd, "serve", "--model", MODEL, "--host", "127.0.0.1",
                         "--port", "0", "--threads", "1", "--ulysses-degree", "3",
-                        "--drain-timeout", "60"], leader_log)
+                        "--drain-timeout", "60"], leader_log, os.path.join(tmp, "pod-leader"))
         hport = wait_listening(leader_log, leader)
         print(f"     group up on port {hport}")
         check(ranks_under(leader.pid) == {0, 1}, "ranks 0, 1 in the leader's tree", ranks_under(leader.pid))
@@ -224,13 +227,17 @@ def main():
             a = [d["b64_json"] for d in json.loads(res["data"])["data"]]
             b = [d["b64_json"] for d in json.loads(data)["data"]]
             check(len(a) == 2 and a == b, "3-pod Ulysses group == single process, byte for byte")
-        if failures:
-            print(open(leader_log).read()[-3000:])
-            for h in ("127.0.0.2", "127.0.0.3"):
-                print(open(os.path.join(tmp, f"agent-{h}.log")).read()[-1500:])
     except Exception as e:
         check(False, f"test ran to the end ({type(e).__name__}: {e})")
     finally:
+        if failures:
+            for f in sorted(os.listdir(tmp)):
+                if f.endswith(".log"):
+                    print(f"--- {f}\n" + open(os.path.join(tmp, f)).read()[-3000:])
+                    if f == "leader.log":
+                        for p in procs:  # each started in its own session
+                            print(subprocess.run(["ps", "--forest", "-o", "pid,stat,args", "-s",
+                                                  str(p.pid)], capture_output=True, text=True).stdout[-1500:])
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
