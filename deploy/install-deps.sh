@@ -12,6 +12,7 @@ pkgs=(
   clang libclang-rt-14-dev
   curl python3 python3-venv ca-certificates
   chromium
+  podman runc mmdebstrap
 )
 
 missing=()
