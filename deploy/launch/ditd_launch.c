@@ -157,38 +157,77 @@ static int lws_hostfile(FILE *out, int slots)
 /* ------------------------------------------------------------------ */
 /* run                                                                 */
 
-/* The pid of MPI rank 0 in this container (Open MPI puts
- * OMPI_COMM_WORLD_RANK in every rank's environment), or 0. */
-static pid_t find_rank0(void)
+/* Whether pid's environment holds OMPI_COMM_WORLD_RANK=0 (Open MPI puts
+ * the rank in every rank's environment). */
+static int is_rank0(pid_t pid)
 {
+    static char buf[1 << 16];
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    for (ssize_t i = 0; n > 0 && i < n;) {
+        const char *v = buf + i;
+        size_t len = strnlen(v, (size_t)(n - i));
+        if (len == 22 && !memcmp(v, "OMPI_COMM_WORLD_RANK=0", 22))
+            return 1;
+        i += (ssize_t)len + 1;
+    }
+    return 0;
+}
+
+/* The pid of MPI rank 0 among the descendants of root (mpirun), or 0.
+ * Only descendants: another job's rank 0 on the same machine is not ours. */
+static pid_t find_rank0(pid_t root)
+{
+    enum { MAXP = 1 << 16 };
+    static pid_t pid[MAXP], ppid[MAXP];
+    static unsigned char mine[MAXP];
+    int n = 0;
     DIR *d = opendir("/proc");
     struct dirent *e;
-    pid_t found = 0, self = getpid();
-    static char buf[1 << 16];
-    while (d && !found && (e = readdir(d))) {
-        char path[64];
-        pid_t pid = (pid_t)atoi(e->d_name);
-        if (pid <= 0 || pid == self)
+    while (d && n < MAXP && (e = readdir(d))) {
+        char path[64], line[512];
+        pid_t p = (pid_t)atoi(e->d_name);
+        if (p <= 0)
             continue;
-        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0)
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
+        FILE *f = fopen(path, "r");
+        if (!f)
             continue;
-        ssize_t n = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        for (ssize_t i = 0; n > 0 && i < n;) {
-            const char *v = buf + i;
-            size_t len = strnlen(v, (size_t)(n - i));
-            if (len == 22 && !memcmp(v, "OMPI_COMM_WORLD_RANK=0", 22)) {
-                found = pid;
-                break;
-            }
-            i += (ssize_t)len + 1;
-        }
+        char *close_paren = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;
+        fclose(f);
+        int pp;
+        if (!close_paren || sscanf(close_paren + 1, " %*c %d", &pp) != 1)
+            continue;
+        pid[n] = p;
+        ppid[n] = (pid_t)pp;
+        mine[n] = p == root;
+        n++;
     }
     if (d)
         closedir(d);
-    return found;
+    for (int changed = 1; changed;) { /* mark descendants until nothing changes */
+        changed = 0;
+        for (int i = 0; i < n; i++) {
+            if (mine[i])
+                continue;
+            for (int j = 0; j < n; j++) {
+                if (mine[j] && pid[j] == ppid[i]) {
+                    mine[i] = 1;
+                    changed = 1;
+                    break;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (mine[i] && is_rank0(pid[i]))
+            return pid[i];
+    return 0;
 }
 
 static int cmd_run(int argc, char **argv)
@@ -250,7 +289,7 @@ static int cmd_run(int argc, char **argv)
         while (forwarded < got_term) {
             /* the front-end drains on SIGTERM; mpirun would abort the job.
              * Without MPI (or before rank 0 exists) the child gets it. */
-            pid_t r0 = find_rank0();
+            pid_t r0 = find_rank0(child);
             pid_t to = r0 ? r0 : child;
             fprintf(stderr, "ditd-launch: SIGTERM -> %s (pid %d)\n", r0 ? "MPI rank 0" : cmd[0], (int)to);
             kill(to, SIGTERM);
@@ -286,6 +325,16 @@ static int read_line(int fd, char *out, size_t cap)
     return -1;
 }
 
+/* Token comparison in time independent of where the strings differ. */
+static int same_token(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char d = (unsigned char)(na != nb);
+    for (size_t i = 0; i < na && i < nb; i++)
+        d |= (unsigned char)(a[i] ^ b[i]);
+    return d == 0;
+}
+
 /* One connection, in its own process: check the token, run the command
  * under /bin/sh (as sshd would), relay its output, send its status. A
  * client that goes away takes the command's process group with it. */
@@ -296,7 +345,7 @@ static void serve_conn(int fd, const char *token)
     int pipefd[2];
     struct timeval tv = {10, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (read_line(fd, tok, sizeof tok) || strcmp(tok, token) != 0) {
+    if (read_line(fd, tok, sizeof tok) || !same_token(tok, token)) {
         fprintf(stderr, "ditd-launch agent: a client with a wrong token\n");
         send_frame(fd, 'x', "126", 3);
         return;

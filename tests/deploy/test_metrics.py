@@ -66,11 +66,14 @@ def main():
         labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', info[0])) if info else {}
         check(labels.get("version") == args.version, "build_info version is meson's",
               labels.get("version"), args.version)
-        git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True)
-        if git.returncode == 0:
-            check(labels.get("commit", "").startswith(git.stdout.strip()[:7]),
-                  "build_info commit is the checkout's", labels.get("commit"), git.stdout.strip())
+        # a commit of this checkout (HEAD when built; the tree may have moved
+        # on since the binary was built, so any commit git knows)
+        if subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True).returncode == 0:
+            commit = labels.get("commit", "").removesuffix("-dirty")
+            known = subprocess.run(["git", "-C", ROOT, "rev-parse", "--verify", "-q", commit + "^{commit}"],
+                                   capture_output=True).returncode == 0
+            check(len(commit) >= 7 and known, "build_info commit is a commit of this checkout",
+                  labels.get("commit"))
         check(labels.get("backend") == "cpu", "build_info backend", labels.get("backend"), "cpu")
         cpu_model = ""
         for line in open("/proc/cpuinfo"):

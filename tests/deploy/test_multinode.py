@@ -207,7 +207,11 @@ def main():
         rc = leader.wait(timeout=120)
         log = open(leader_log).read()
         check(rc == 0, "the leader drained and exited 0", rc, 0)
-        check("SIGTERM -> MPI rank 0" in log, "SIGTERM went to rank 0, not mpirun")
+        sent = re.search(r"SIGTERM -> MPI rank 0 \(pid (\d+)\)", log)
+        front = re.search(r"listening on .* pid (\d+)\)", log)
+        check(sent and front and sent.group(1) == front.group(1),
+              "SIGTERM went to this job's rank 0 (the front-end's pid), not mpirun",
+              sent and sent.group(1), front and front.group(1))
         check("draining" in log, "rank 0 drained")
         time.sleep(0.5)
         check(all(p.poll() is None for p in agents), "the agents outlived the job (they wait for it)")
