@@ -29,6 +29,9 @@ command -v podman >/dev/null || skip "no podman (Debian: apt-get install podman)
 command -v curl >/dev/null || skip "no curl"
 
 mkdir -p "$cache" || skip "cannot create $cache"
+info=$(podman info --format '{{.Version.Version}} storage {{.Store.GraphDriverName}}, cgroups {{.Host.CgroupsVersion}} ({{.Host.CgroupManager}}), network {{.Host.NetworkBackend}}, rootless {{.Host.Security.Rootless}}' 2>&1) \
+  || skip "podman info failed: $info"
+echo "     podman $info"
 # --- the base image
 if ! podman image exists "$base"; then
   tar="$cache/debian-bookworm-minbase.tar"
