@@ -39,8 +39,8 @@ if ! podman image exists "$base"; then
     command -v mmdebstrap >/dev/null || skip "no $base image and no mmdebstrap to make one (apt-get install mmdebstrap)"
     mkdir -p "$cache" || skip "cannot create $cache"
     t0=$(date +%s)
-    if ! mmdebstrap --quiet --variant=minbase --mode=root bookworm "$tar.tmp" >"$cache/mmdebstrap.log" 2>&1; then
-      rm -f "$tar.tmp"
+    if ! mmdebstrap --quiet --variant=minbase --mode=root --format=tar bookworm "$tar.tmp" >"$cache/mmdebstrap.log" 2>&1; then
+      rm -rf "$tar.tmp"
       skip "mmdebstrap could not make the Debian base (no Debian mirror?): $(tail -2 "$cache/mmdebstrap.log" | tr '\n' ' ')"
     fi
     mv "$tar.tmp" "$tar"
