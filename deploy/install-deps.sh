@@ -12,6 +12,8 @@ pkgs=(
   libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev
   curl python3 python3-venv ca-certificates
+  chromium
+  podman runc mmdebstrap
 )
 
 missing=()

@@ -307,6 +307,7 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     s->t_wall = (long long)time(NULL);
     s->jobs.epoch = (uint64_t)s->t_wall;
     ditd_metrics_init(&s->m);
+    ditd_metrics_set_backend(&s->m, ditd_device_name((ditd_device)s->cfg.device));
     if ((err = ditd_log_open((ditd_log_level)s->cfg.log_level, (ditd_log_format)s->cfg.log_format,
                              s->cfg.log_file))) {
         fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());

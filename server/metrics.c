@@ -1,10 +1,20 @@
-/* Front-end metrics in Prometheus text format. */
+/* Front-end metrics in Prometheus text format, plus the operator series
+ * (ditd_build_info, ditd_model_load_seconds, process_*). Not a metrics
+ * library: the series are the ones docs/serving.md lists. */
 #include "server/metrics.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ditd_build_config.h"
+
+extern const char ditd_build_commit[]; /* build_commit.c, made by meson's vcs_tag */
 
 static const double lat_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
 static const double step_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -13,7 +23,7 @@ static const double size_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 const char *ditd_route_name(ditd_route r)
 {
     static const char *names[] = {"/v1/images/generations", "/v1/models", "/healthz", "/readyz",
-                                  "/metrics", "/openapi.json", "other"};
+                                  "/metrics", "/openapi.json", "other", "/"};
     return (unsigned)r < DITD_ROUTE_COUNT ? names[r] : "?";
 }
 
@@ -39,6 +49,57 @@ void ditd_hist_observe(ditd_hist *h, double v)
     h->counts[i]++;
     h->sum += v;
     h->count++;
+}
+
+/* The first line of `path` that starts with `key`, its value after the
+ * colon, trimmed, into out (left alone when there is none). */
+static void proc_field(const char *path, const char *key, char *out, size_t cap)
+{
+    char line[512];
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, key, strlen(key)) != 0 || !colon)
+            continue;
+        colon++;
+        while (*colon == ' ' || *colon == '\t')
+            colon++;
+        colon[strcspn(colon, "\n")] = 0;
+        snprintf(out, cap, "%s", colon);
+        break;
+    }
+    fclose(f);
+}
+
+void ditd_metrics_set_backend(ditd_metrics *m, const char *backend)
+{
+    snprintf(m->backend, sizeof m->backend, "%s", backend);
+    snprintf(m->device, sizeof m->device, "unknown");
+    if (!strcmp(backend, "cpu")) {
+        proc_field("/proc/cpuinfo", "model name", m->device, sizeof m->device);
+        return;
+    }
+    /* the first GPU the driver lists (rank 0 under mpirun never opens one) */
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[512];
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/driver/nvidia/gpus/%s/information", e->d_name);
+        proc_field(path, "Model", m->device, sizeof m->device);
+        break;
+    }
+    if (d)
+        closedir(d);
+}
+
+void ditd_metrics_replica_ready(ditd_metrics *m, int replica, double seconds)
+{
+    if (replica >= 0 && replica < DITD_METRICS_MAX_REPLICAS && m->load_s[replica] == 0)
+        m->load_s[replica] = seconds > 0 ? seconds : 1e-9;
 }
 
 void ditd_metrics_count_request(ditd_metrics *m, ditd_route route, int status)
@@ -102,6 +163,79 @@ static void hist(sbuf *b, const char *name, const char *help, const char *labels
     put(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, *labels ? "," : "", (unsigned long long)cum);
     put(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, labels, h->sum, name, labels,
         (unsigned long long)h->count);
+}
+
+/* A label value as Prometheus text wants it: backslash, quote, newline escaped. */
+static void label_value(char *out, size_t cap, const char *v)
+{
+    size_t k = 0;
+    for (; *v && k + 3 < cap; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n')
+            out[k++] = '\\';
+        out[k++] = *v == '\n' ? 'n' : *v;
+    }
+    out[k] = 0;
+}
+
+/* process_* as the Prometheus client libraries name them, from /proc/self. */
+static void process_metrics(sbuf *b)
+{
+    long page = sysconf(_SC_PAGESIZE), tick = sysconf(_SC_CLK_TCK);
+    unsigned long long vm_pages = 0, rss_pages = 0, start_ticks = 0;
+    struct rusage ru;
+    struct rlimit rl;
+    FILE *f;
+    char line[1024];
+
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        put(b, "# HELP process_cpu_seconds_total User and system CPU time, all threads.\n"
+               "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.6f\n",
+            (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+                ru.ru_stime.tv_usec / 1e6);
+    if ((f = fopen("/proc/self/statm", "r"))) {
+        if (fscanf(f, "%llu %llu", &vm_pages, &rss_pages) == 2)
+            put(b, "# HELP process_resident_memory_bytes Resident set size.\n"
+                   "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %llu\n"
+                   "# HELP process_virtual_memory_bytes Virtual memory size.\n"
+                   "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n",
+                rss_pages * (unsigned long long)page, vm_pages * (unsigned long long)page);
+        fclose(f);
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        int n = -1; /* the DIR's own fd is listed too */
+        struct dirent *e;
+        while ((e = readdir(d)))
+            n += e->d_name[0] != '.';
+        closedir(d);
+        put(b, "# HELP process_open_fds Open file descriptors.\n# TYPE process_open_fds gauge\n"
+               "process_open_fds %d\n", n);
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        put(b, "# HELP process_max_fds The file descriptor limit.\n# TYPE process_max_fds gauge\n"
+               "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+    /* start time: field 22 of /proc/self/stat (ticks since boot) + btime */
+    if ((f = fopen("/proc/self/stat", "r"))) {
+        if (fgets(line, sizeof line, f)) {
+            char *p = strrchr(line, ')'); /* the command name may hold spaces */
+            for (int field = 2; p && field < 22; field++)
+                p = strchr(p + 1, ' ');
+            if (p)
+                start_ticks = strtoull(p + 1, NULL, 10);
+        }
+        fclose(f);
+    }
+    unsigned long long btime = 0;
+    if (start_ticks && (f = fopen("/proc/stat", "r"))) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "btime %llu", &btime) == 1)
+                break;
+        fclose(f);
+    }
+    if (btime && tick > 0)
+        put(b, "# HELP process_start_time_seconds Start time, Unix seconds.\n"
+               "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.2f\n",
+            (double)btime + (double)start_ticks / (double)tick);
 }
 
 char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, size_t *len)
@@ -178,6 +312,19 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     put(&b, "# HELP ditd_http_evicted_total Connections waiting for headers closed at the limit for a newcomer.\n"
             "# TYPE ditd_http_evicted_total counter\nditd_http_evicted_total %llu\n",
         (unsigned long long)g->evicted);
+    char dev[2 * sizeof m->device], com[128];
+    label_value(dev, sizeof dev, m->device[0] ? m->device : "unknown");
+    label_value(com, sizeof com, ditd_build_commit);
+    put(&b, "# HELP ditd_build_info The build and what it serves on; the value is 1.\n"
+            "# TYPE ditd_build_info gauge\n"
+            "ditd_build_info{version=\"%s\",commit=\"%s\",backend=\"%s\",device=\"%s\"} 1\n",
+        DITD_VERSION, com, m->backend[0] ? m->backend : "cpu", dev);
+    put(&b, "# HELP ditd_model_load_seconds Seconds from start until the replica reported its model "
+            "loaded.\n# TYPE ditd_model_load_seconds gauge\n");
+    for (int r = 0; r < g->replicas && r < DITD_METRICS_MAX_REPLICAS; r++)
+        if (m->load_s[r] > 0)
+            put(&b, "ditd_model_load_seconds{%s,replica=\"%d\"} %.6f\n", ml, r, m->load_s[r]);
+    process_metrics(&b);
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -29,8 +29,9 @@ typedef enum ditd_route {
     DITD_ROUTE_METRICS,
     DITD_ROUTE_OPENAPI,
     DITD_ROUTE_OTHER,
+    DITD_ROUTE_PAGE,
 } ditd_route;
-#define DITD_ROUTE_COUNT 7
+#define DITD_ROUTE_COUNT 8
 const char *ditd_route_name(ditd_route r);
 
 #define DITD_METRICS_MAX_REPLICAS 64
@@ -48,11 +49,23 @@ typedef struct ditd_metrics {
     uint64_t timeouts_total;
     uint64_t replica_batches[DITD_METRICS_MAX_REPLICAS];
     uint64_t replica_samples[DITD_METRICS_MAX_REPLICAS];
+    /* operator series: ditd_build_info, ditd_model_load_seconds */
+    char backend[16];         /* "cpu", "cuda" */
+    char device[128];         /* what it runs on: the CPU or GPU model */
+    double load_s[DITD_METRICS_MAX_REPLICAS]; /* start to first "ready"; 0: not yet */
 } ditd_metrics;
 
 void ditd_metrics_init(ditd_metrics *m);
 void ditd_hist_observe(ditd_hist *h, double v);
 void ditd_metrics_count_request(ditd_metrics *m, ditd_route route, int status);
+/* The serving backend for ditd_build_info (ditd_device_name: "cpu",
+ * "cuda"); the device label is looked up here, once: the CPU model from
+ * /proc/cpuinfo, the GPU model from the NVIDIA driver's /proc entries,
+ * "unknown" when neither says. Call after ditd_metrics_init. */
+void ditd_metrics_set_backend(ditd_metrics *m, const char *backend);
+/* A replica said ready for the first time, `seconds` after the front-end
+ * started: its model load time as an operator sees it (start-up included). */
+void ditd_metrics_replica_ready(ditd_metrics *m, int replica, double seconds);
 
 /* The live gauges the scheduler knows. */
 typedef struct ditd_metrics_gauges {
@@ -68,7 +81,9 @@ typedef struct ditd_metrics_gauges {
     uint64_t refused_capacity, refused_per_client, read_timeouts, evicted;
 } ditd_metrics_gauges;
 
-/* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM. */
+/* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM.
+ * Also renders the process_* series of this process (RSS, fds, CPU time),
+ * read from /proc/self at each call. */
 char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, size_t *len);
 
 #endif

@@ -22,6 +22,7 @@
 #include "engine/core/error.h"
 #include "proto/openapi.h"
 #include "server/log.h"
+#include "server/page.h"
 #include "server/reply.h"
 #include "server/sched.h"
 #include "server/serve.h"
@@ -111,13 +112,17 @@ static ditd_route route_of(const char *url)
         return DITD_ROUTE_METRICS;
     if (!strcmp(url, "/openapi.json"))
         return DITD_ROUTE_OPENAPI;
+    if (!strcmp(url, "/"))
+        return DITD_ROUTE_PAGE;
     return DITD_ROUTE_OTHER;
 }
 
-/* Routes open without a key: probes, and the API's description. */
+/* Routes open without a key: probes, the API's description, and the page
+ * (static; the calls it makes carry the key its user types in). */
 static int route_open(const ditd_srv *s, ditd_route r)
 {
     return r == DITD_ROUTE_HEALTHZ || r == DITD_ROUTE_READYZ || r == DITD_ROUTE_OPENAPI ||
+           r == DITD_ROUTE_PAGE ||
            (r == DITD_ROUTE_METRICS && !s->cfg.metrics_auth);
 }
 
@@ -215,6 +220,12 @@ static enum MHD_Result get_route(ditd_srv *s, struct MHD_Connection *c, ditd_rou
             ditd_reply_headers(r, rid);
         }
         return answer(s, c, route, 200, r, ditd_openapi_json_len);
+    }
+    case DITD_ROUTE_PAGE: {
+        struct MHD_Response *r = ditd_page_response();
+        if (r)
+            ditd_reply_headers(r, rid);
+        return answer(s, c, route, 200, r, ditd_page_html_len);
     }
     default:
         ditd_api_error_set(&e, 404, "invalid_request_error", "not_found", NULL, "no route %.200s", url);

@@ -373,6 +373,7 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
     case DITD__ENVELOPE__MSG_HEARTBEAT:
         if (env->heartbeat->ready && !s->rep[r].ready) {
             s->rep[r].ready = 1;
+            ditd_metrics_replica_ready(&s->m, r, ditd__now() - s->t_start);
             ditd_log(DITD_LOG_INFO, "replica %d ready (max batch %u, %u rank%s)", r, env->heartbeat->max_batch,
                       env->heartbeat->ranks, env->heartbeat->ranks == 1 ? "" : "s");
         }

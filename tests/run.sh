@@ -39,6 +39,7 @@ fi
 # The http suite's Python clients (openai, jsonschema) live in a virtualenv
 # cached in the build folder; made here once so the suite's time is its own.
 tests/http/venv.sh "$build/http-venv" >/dev/null || echo "http tests: no virtualenv (they will skip)"
+tests/deploy/venv.sh "$build/deploy-venv" >/dev/null || echo "deploy_k8s: no virtualenv (it will skip)"
 meson test -C "$build" --num-processes 1 --print-errorlogs "$@"
 rc1=$?
 

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""The web page at GET /, driven in headless Chromium as a person would use
+it: a real `ditd serve` on 127.0.0.1, Chromium spoken to over the DevTools
+protocol on a pipe (--remote-debugging-pipe: no websocket library needed).
+The test fills the form, presses Generate, waits for the grid, then decodes
+every result image's data: URL and compares it byte for byte with the same
+request made with curl (same seed: ditd is deterministic). It also checks
+the progress bar and previews the SSE stream fed, and that an error the
+server returns is shown on the page as the server worded it.
+
+usage: test_page.py --ditd BUILD/ditd [--model DIR] [--screenshot OUT.png]
+exit 0 pass, 1 fail, 77 skip (no Chromium)."""
+import argparse
+import base64
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+FIXTURES = os.environ.get("DITD_FIXTURES", os.path.join(ROOT, "tests", "fixtures"))
+
+failures = []
+
+
+def check(cond, what, got=None, want=None):
+    if cond:
+        print(f"ok   {what}")
+    else:
+        msg = f"FAIL {what}"
+        if got is not None or want is not None:
+            msg += f": got {got!r}, want {want!r}"
+        print(msg)
+        failures.append(what)
+
+
+class Browser:
+    """Chromium with the DevTools protocol on fds 3 (in) and 4 (out):
+    NUL-separated JSON messages, one flat session per page."""
+
+    def __init__(self, exe):
+        self.profile = tempfile.mkdtemp(prefix="ditd-chromium-")
+        to_r, self.to_w = os.pipe()
+        self.from_r, from_w = os.pipe()
+
+        def fds():  # in the child: the protocol wants exactly fds 3 and 4
+            os.dup2(to_r, 100)  # by way of fds that cannot collide with 3 and 4
+            os.dup2(from_w, 101)
+            os.dup2(100, 3)
+            os.dup2(101, 4)
+
+        self.proc = subprocess.Popen(
+            [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--no-first-run", "--no-default-browser-check", "--disable-extensions",
+             "--disable-background-networking", "--disable-sync", "--mute-audio",
+             "--remote-debugging-pipe", f"--user-data-dir={self.profile}",
+             "--window-size=1100,760", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=fds, pass_fds=(3, 4), start_new_session=True)
+        os.close(to_r)
+        os.close(from_w)
+        self.buf = b""
+        self.next_id = 0
+        self.session = None
+
+    def send(self, method, params=None, session=True, timeout=30):
+        self.next_id += 1
+        msg = {"id": self.next_id, "method": method, "params": params or {}}
+        if session and self.session:
+            msg["sessionId"] = self.session
+        os.write(self.to_w, json.dumps(msg).encode() + b"\0")
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            while b"\0" not in self.buf:
+                chunk = os.read(self.from_r, 1 << 20)
+                if not chunk:
+                    raise RuntimeError("Chromium closed the DevTools pipe: " +
+                                       self.proc.stderr.read().decode(errors="replace")[-2000:])
+                self.buf += chunk
+            raw, self.buf = self.buf.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self.next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+        raise TimeoutError(method)
+
+    def open(self, url):
+        target = self.send("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True},
+                                 session=False)["sessionId"]
+        self.send("Page.enable")
+        self.send("Page.navigate", {"url": url})
+
+    def js(self, expr):
+        r = self.send("Runtime.evaluate", {"expression": expr, "returnByValue": True,
+                                           "awaitPromise": True})
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"page script failed: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def wait(self, expr, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                v = self.js(expr)
+                if v:
+                    return v
+            except RuntimeError:
+                pass  # the document may still be loading
+            time.sleep(0.05)
+        return None
+
+    def screenshot(self, path):
+        data = self.send("Page.captureScreenshot", {"format": "png"})["data"]
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+
+    def close(self):
+        try:
+            self.send("Browser.close", session=False, timeout=5)
+        except Exception:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def curl_json(url, body=None):
+    cmd = ["curl", "-sS", "--max-time", "120", url]
+    if body is not None:
+        cmd += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True).stdout)
+
+
+def png_size(data):
+    check(data[:8] == b"\x89PNG\r\n\x1a\n", "result is a PNG")
+    return struct.unpack(">II", data[16:24])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ditd", required=True)
+    ap.add_argument("--model", default=os.path.join(FIXTURES, "models", "tiny-p4-c1-h3"))
+    ap.add_argument("--screenshot")
+    ap.add_argument("--class-label", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--n", type=int, default=4)
+    args = ap.parse_args()
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not exe:
+        print("skip: no chromium (Debian: apt-get install chromium)")
+        return 77
+
+    log = tempfile.NamedTemporaryFile("w+", prefix="ditd-page-", suffix=".log", delete=False)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    daemon = subprocess.Popen([args.ditd, "serve", "--model", args.model, "--host", "127.0.0.1",
+                               "--port", "0", "--threads", "1", "--max-batch", "8"],
+                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    browser = None
+    try:
+        port = None
+        deadline = time.time() + 60
+        while time.time() < deadline and port is None:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log.name).read())
+            port = int(m.group(1)) if m else None
+            if daemon.poll() is not None:
+                raise RuntimeError("ditd serve exited:\n" + open(log.name).read())
+            time.sleep(0.05)
+        base = f"http://127.0.0.1:{port}"
+        model = curl_json(base + "/v1/models")["data"][0]
+        classes = model["classes"]
+        check(len(classes) >= 2, "the test model is class-conditional", len(classes), ">= 2")
+
+        browser = Browser(exe)
+        browser.open(base + "/")
+        state = browser.wait("document.getElementById('status')?.dataset.state === 'idle' && "
+                             "document.getElementById('class').options.length")
+        check(state == len(classes), "the class list comes from /v1/models", state, len(classes))
+        labels = browser.js("[...document.getElementById('class').options].map(o => o.text)")
+        check(labels == [f"{c['id']}: {c['label']}" for c in classes], "class labels as served")
+        check(browser.js("document.getElementById('steps').value") ==
+              str(model["defaults"]["num_inference_steps"]), "steps default from the model")
+
+        # --- one generation through the form
+        seed, k = 20261201, 2
+        browser.js(f"""(() => {{
+            const set = (id, v) => {{ document.getElementById(id).value = v; }};
+            set('class', '{args.class_label}'); set('steps', '{args.steps}'); set('guidance', '3');
+            set('seed', '{seed}'); set('n', '{args.n}'); set('partials', '{k}');
+            document.getElementById('go').click();
+            return true; }})()""")
+        t0 = time.time()
+        final = browser.wait("['done', 'error'].includes(document.getElementById('status').dataset.state)"
+                             " && document.getElementById('status').dataset.state", timeout=120)
+        print(f"     page finished in {time.time() - t0:.2f} s: {final}")
+        check(final == "done", "the page reports done", final, "done",)
+        if final != "done":
+            print("     page error:", browser.js("document.getElementById('error').textContent"))
+        srcs = browser.js("[...document.querySelectorAll('#grid figure.done img')].map(i => i.src)")
+        idx = browser.js("[...document.querySelectorAll('#grid figure.done')].map(f => Number(f.dataset.index))")
+        check(len(srcs) == args.n, "one image per n in the grid", len(srcs), args.n)
+        check(sorted(idx) == list(range(args.n)), "grid cells are indexes 0..n-1", idx)
+        trace = browser.js("window.ditdTrace")
+        check(browser.js("[document.getElementById('progress').value, document.getElementById('progress').max]")
+              == [args.steps, args.steps], "progress bar full at the end")
+        steps_seen = [t for t in trace if isinstance(t, int)]
+        check(steps_seen == list(range(1, args.steps + 1)),
+              "the page handled one progress event per step, in order", steps_seen)
+        check(trace[-args.n:] == ["completed"] * args.n, "the stream ends with n completed events",
+              trace[-args.n:])
+        partials = int(browser.js("document.getElementById('grid').dataset.partials") or 0)
+        check(partials == k * args.n, "previews shown (partial_images per image)", partials, k * args.n)
+
+        # --- the same request over curl: the page's images must be its bytes
+        ref = curl_json(base + "/v1/images/generations",
+                        {"model": model["id"], "class_label": args.class_label, "n": args.n, "seed": seed,
+                         "num_inference_steps": args.steps, "guidance_scale": 3,
+                         "sampler": model["defaults"]["sampler"]})
+        want = [base64.b64decode(d["b64_json"]) for d in sorted(ref["data"], key=lambda d: d["index"])]
+        got = {}
+        for i, s in zip(idx, srcs):
+            check(s.startswith("data:image/png;base64,"), f"image {i} is a PNG data URL")
+            got[i] = base64.b64decode(s.split(",", 1)[1])
+        checked = 0
+        size = [int(x) for x in model["sizes"][0].split("x")]
+        for i in range(args.n):
+            if i in got:
+                check(png_size(got[i]) == tuple(size), f"image {i} is {size[0]}x{size[1]}")
+                check(got[i] == want[i], f"image {i}: page bytes == curl bytes",
+                      f"{len(got[i])} bytes", f"{len(want[i])} bytes")
+                checked += 1
+        check(checked >= 2, "compared at least 2 images", checked)
+        check(len(set(got.values())) == len(got), "images of one request differ (noise per index)")
+        caption = browser.js("document.querySelector('#grid figure.done figcaption').textContent")
+        check(f"seed {seed}" in caption, "caption names the seed", caption)
+        if args.screenshot:
+            browser.screenshot(args.screenshot)
+            print(f"     screenshot: {args.screenshot}")
+
+        # --- an error from the server is shown as the server wrote it
+        bad = {"model": model["id"], "class_label": args.class_label, "n": 1, "seed": "not-a-seed"}
+        st = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+                             "Content-Type: application/json", "-d", json.dumps(bad),
+                             base + "/v1/images/generations"], capture_output=True, text=True).stdout
+        msg = curl_json(base + "/v1/images/generations", bad)["error"]["message"]
+        browser.js("document.getElementById('seed').value = 'not-a-seed'; "
+                   "document.getElementById('n').value = '1'; document.getElementById('go').click(); true")
+        final = browser.wait("document.getElementById('status').dataset.state === 'error'", timeout=30)
+        shown = browser.js("document.getElementById('error').textContent")
+        visible = browser.js("!document.getElementById('error').classList.contains('hidden')")
+        check(final and visible, "a bad seed puts the page in its error state")
+        check(msg in shown and st in shown, "the error shows the server's message and status",
+              shown, f"{msg} ({st} ...)")
+        check(browser.js("document.querySelectorAll('#grid figure').length") == 0,
+              "no stale images after an error")
+    except Exception as e:  # a crash is a failure with its reason, not a traceback lost in a log
+        check(False, f"test ran to the end ({type(e).__name__}: {e})")
+    finally:
+        if browser:
+            browser.close()
+        daemon.terminate()
+        try:
+            rc = daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, 9)
+            rc = daemon.wait()
+        check(rc == 0, "ditd serve drained and exited 0", rc, 0)
+        if failures:
+            print(open(log.name).read()[-3000:])
+        os.unlink(log.name)
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
