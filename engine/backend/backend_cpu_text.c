@@ -1,5 +1,4 @@
-/* The CPU backend's text-encoder ops and the ditd_text_act names. Thin
- * adapters from the ops table's types to kernels/cpu/text_kernels.h; no
+/* The CPU backend's text-encoder ops. Thin adapters from the ops table's types to kernels/cpu/text_kernels.h; no
  * arithmetic here. */
 #include "engine/backend/backend_cpu_text.h"
 
@@ -9,33 +8,6 @@
 #include "engine/core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/text_kernels.h"
-
-const char *ditd_text_act_name(ditd_text_act a)
-{
-    switch (a) {
-    case DITD_TEXT_ACT_NONE: return "none";
-    case DITD_TEXT_ACT_GELU: return "gelu";
-    case DITD_TEXT_ACT_GELU_NEW: return "gelu_new";
-    case DITD_TEXT_ACT_QUICK_GELU: return "quick_gelu";
-    case DITD_TEXT_ACT_RELU: return "relu";
-    }
-    return "unknown";
-}
-
-int ditd_text_act_from_str(const char *s, ditd_text_act *out)
-{
-    static const ditd_text_act all[] = {DITD_TEXT_ACT_NONE, DITD_TEXT_ACT_GELU,
-                                        DITD_TEXT_ACT_GELU_NEW, DITD_TEXT_ACT_QUICK_GELU,
-                                        DITD_TEXT_ACT_RELU};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        if (strcmp(s, ditd_text_act_name(all[i])) == 0) {
-            *out = all[i];
-            return 0;
-        }
-    }
-    return ditd_err_set(DITD_EUNSUPPORTED,
-                        "activation \"%s\" is not supported (gelu, gelu_new, quick_gelu, relu)", s);
-}
 
 static ditd_cpu_tact tact(ditd_text_act a)
 {

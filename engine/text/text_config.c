@@ -83,9 +83,10 @@ static int get_eps(json_t *root, const char *path, const char *key, double dflt,
             return ditd_err_set(DITD_EFORMAT, "%s: %s must be a number", path, key);
         d = json_number_value(v);
     }
-    if (!(d > 0.0) || d > 1.0)
-        return ditd_err_set(DITD_EUNSUPPORTED, "%s: %s = %g is not supported (0 < eps <= 1)", path,
-                            key, d);
+    /* the encoders compute in float: an eps that rounds to 0 there is 0 */
+    if (!(d > 0.0) || d > 1.0 || !((float)d > 0.0f))
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: %s = %g is not supported (%g <= eps <= 1)", path,
+                            key, d, (double)1.401298464e-45f);
     *out = (float)d;
     return 0;
 }

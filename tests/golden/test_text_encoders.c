@@ -219,6 +219,7 @@ static void config_refusals(void)
     TU_CHECK_ERR(CLIP("\"eos_token_id\": [2, 3]"), DITD_EUNSUPPORTED, "eos_token_id as a list");
     TU_CHECK_ERR(CLIP("\"pruned_heads\": {\"0\": [1]}"), DITD_EUNSUPPORTED, "pruned_heads");
     TU_CHECK_ERR(CLIP("\"layer_norm_eps\": 0"), DITD_EUNSUPPORTED, "layer_norm_eps = 0");
+    TU_CHECK_ERR(CLIP("\"layer_norm_eps\": 1e-60"), DITD_EUNSUPPORTED, "layer_norm_eps = 1e-60");
     TU_CHECK_ERR(CLIP("\"num_hidden_layers\": 0"), DITD_EUNSUPPORTED, "num_hidden_layers = 0");
     TU_CHECK_ERR(CLIP("\"max_position_embeddings\": 5000"), DITD_EUNSUPPORTED,
                  "max_position_embeddings = 5000");
