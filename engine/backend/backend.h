@@ -166,11 +166,11 @@ typedef struct ditd_backend_ops {
      * scores scale q.k + rel[h, j - i + N - 1] (rel (H, 2N - 1) or NULL),
      * masked (causal j > i, or keep[b, j] == 0, keep (B, N) bytes or NULL)
      * to the most negative finite value, softmax, times v. Layouts as
-     * attention. */
+     * attention; scratch: N * N act elements. */
     void (*attention_masked)(const void *q, size_t ldq, const void *k, size_t ldk,
                              const void *v, size_t ldv, void *o, size_t ldo, int B, int N,
                              int H, int Dh, float scale, const void *rel, const uint8_t *keep,
-                             int causal);
+                             int causal, void *scratch);
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;

@@ -66,8 +66,8 @@ void ditd__cpu_rmsnorm(const void *x, void *y, int rows, int D, float eps, const
 void ditd__cpu_attention_masked(const void *q, size_t ldq, const void *k, size_t ldk,
                                 const void *v, size_t ldv, void *o, size_t ldo, int B, int N,
                                 int H, int Dh, float scale, const void *rel, const uint8_t *keep,
-                                int causal)
+                                int causal, void *scratch)
 {
     ditd_cpu_attention_masked(q, ldq, k, ldk, v, ldv, o, ldo, B, N, H, Dh, scale, rel, keep,
-                              causal);
+                              causal, scratch);
 }

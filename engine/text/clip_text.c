@@ -34,6 +34,7 @@ struct ditd_clip_text {
 
     /* activations (B, N, ...) for max_batch x max_tokens */
     void *h, *xn, *qkv, *att, *ff, *tmp, *pool, *pooled_proj, *scratch;
+    void *att_scratch;              /* (N, N) scores */
     uint8_t *keep;               /* (B, N) */
     size_t scratch_elems;
 };
@@ -117,6 +118,8 @@ static int walk(ditd_clip_text *m)
         (err = ditd_text_weights_carve(w, &m->pooled_proj,
                                        (size_t)m->max_batch * (size_t)c->projection_dim, 0)) ||
         (err = ditd_text_weights_carve(w, &m->scratch, m->scratch_elems, 0)) ||
+        (err = ditd_text_weights_carve(w, &m->att_scratch,
+                                       (size_t)m->max_tokens * (size_t)m->max_tokens, 0)) ||
         (err = ditd_text_weights_carve(w, (void **)&m->keep, BN, 1)))
         return err;
     return 0;
@@ -241,7 +244,7 @@ int ditd_clip_text_encode(ditd_clip_text *m, int B, int N, const int64_t *ids,
         // (B, N, H, Dh) views into qkv rows of 3D
         ops->attention_masked(m->qkv, ld3, ditd_ptr_act(ops, m->qkv, D), ld3,
                               ditd_ptr_act(ops, m->qkv, 2 * (size_t)D), ld3, m->att, D, B, N, H,
-                              Dh, scale, NULL, keep ? m->keep : NULL, 1);
+                              Dh, scale, NULL, keep ? m->keep : NULL, 1, m->att_scratch);
         ops->linear_wt(m->att, D, y->o.p, y->o.dt, y->o_b, m->tmp, D, (int)BN, D, D,
                        DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
         ops->add(m->h, m->tmp, BN * D);

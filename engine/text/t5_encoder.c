@@ -31,6 +31,7 @@ struct ditd_t5_encoder {
     float *h_rel;                       /* (H, 2N - 1), host */
 
     void *h, *xn, *qkv, *att, *ff0, *ff1, *tmp, *rel, *scratch;
+    void *att_scratch;              /* (N, N) scores */
     uint8_t *keep;
     size_t scratch_elems;
 };
@@ -127,6 +128,8 @@ static int walk(ditd_t5_encoder *m)
         (err = ditd_text_weights_carve(w, &m->tmp, BN * D, 0)) ||
         (err = ditd_text_weights_carve(w, &m->rel, R, 0)) ||
         (err = ditd_text_weights_carve(w, &m->scratch, m->scratch_elems, 0)) ||
+        (err = ditd_text_weights_carve(w, &m->att_scratch,
+                                       (size_t)m->max_tokens * (size_t)m->max_tokens, 0)) ||
         (err = ditd_text_weights_carve(w, (void **)&m->keep, BN, 1)))
         return err;
     return 0;
@@ -247,7 +250,7 @@ int ditd_t5_encoder_encode(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
                        ld3, (int)BN, I, D, DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
         ops->attention_masked(m->qkv, ld3, ditd_ptr_act(ops, m->qkv, I), ld3,
                               ditd_ptr_act(ops, m->qkv, 2 * (size_t)I), ld3, m->att, I, B, N, H,
-                              Dh, 1.0f, m->rel, keep ? m->keep : NULL, 0);
+                              Dh, 1.0f, m->rel, keep ? m->keep : NULL, 0, m->att_scratch);
         ops->linear_wt(m->att, I, b->o.p, b->o.dt, NULL, m->tmp, D, (int)BN, D, I,
                        DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
         ops->add(m->h, m->tmp, BN * D);

@@ -161,29 +161,28 @@ void ditd_cpu_rmsnorm(const float *x, float *y, int rows, int D, float eps, cons
 void ditd_cpu_attention_masked(const float *q, size_t ldq, const float *k, size_t ldk,
                                const float *v, size_t ldv, float *o, size_t ldo, int B, int N,
                                int H, int Dh, float scale, const float *rel,
-                               const uint8_t *keep, int causal)
+                               const uint8_t *keep, int causal, float *scratch)
 {
-    assert(N > 0 && N <= DITD_CPU_MASKED_ATTN_MAX_N && H > 0 && Dh > 0);
+    assert(N > 0 && N <= DITD_CPU_MASKED_ATTN_MAX_N && H > 0 && Dh > 0 && scratch);
     const size_t R = 2 * (size_t)N - 1;
-#pragma omp parallel for collapse(3) schedule(static)
+    float *S = scratch; /* (N, N) scores, then probabilities */
     for (int b = 0; b < B; b++) {
+        const uint8_t *kp = keep ? keep + (size_t)b * N : NULL;
         for (int h = 0; h < H; h++) {
+            const size_t row0 = (size_t)b * N, col = (size_t)h * Dh;
+            // S = scale * Q_h K_h^T, (N, N)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, Dh, scale,
+                        q + row0 * ldq + col, (int)ldq, k + row0 * ldk + col, (int)ldk, 0.0f, S, N);
+#pragma omp parallel for schedule(static)
             for (int i = 0; i < N; i++) {
-                float s[DITD_CPU_MASKED_ATTN_MAX_N];
-                const float *qi = q + ((size_t)b * N + i) * ldq + (size_t)h * Dh;
+                float *s = S + (size_t)i * N;
                 const float *rb = rel ? rel + (size_t)h * R + (size_t)(N - 1 - i) : NULL;
-                const uint8_t *kp = keep ? keep + (size_t)b * N : NULL;
                 float mx = -FLT_MAX;
                 for (int j = 0; j < N; j++) {
-                    if ((causal && j > i) || (kp && !kp[j])) {
+                    if ((causal && j > i) || (kp && !kp[j]))
                         s[j] = -FLT_MAX;
-                        continue;
-                    }
-                    const float *kj = k + ((size_t)b * N + j) * ldk + (size_t)h * Dh;
-                    float dot = 0.0f;
-                    for (int d = 0; d < Dh; d++)
-                        dot += qi[d] * kj[d];
-                    s[j] = scale * dot + (rb ? rb[j] : 0.0f);
+                    else if (rb)
+                        s[j] += rb[j];
                     if (s[j] > mx)
                         mx = s[j];
                 }
@@ -192,19 +191,13 @@ void ditd_cpu_attention_masked(const float *q, size_t ldq, const float *k, size_
                     s[j] = expf(s[j] - mx);
                     sum += s[j];
                 }
-                float inv = 1.0f / sum;
-                float *oi = o + ((size_t)b * N + i) * ldo + (size_t)h * Dh;
-                for (int d = 0; d < Dh; d++)
-                    oi[d] = 0.0f;
-                for (int j = 0; j < N; j++) {
-                    if (s[j] == 0.0f)
-                        continue;
-                    const float *vj = v + ((size_t)b * N + j) * ldv + (size_t)h * Dh;
-                    float p = s[j] * inv;
-                    for (int d = 0; d < Dh; d++)
-                        oi[d] += p * vj[d];
-                }
+                const float inv = 1.0f / sum;
+                for (int j = 0; j < N; j++)
+                    s[j] *= inv;
             }
+            // O_h = P V_h, (N, Dh) into rows of o
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, Dh, N, 1.0f, S, N,
+                        v + row0 * ldv + col, (int)ldv, 0.0f, o + row0 * ldo + col, (int)ldo);
         }
     }
 }

@@ -68,8 +68,7 @@ void ditd_cpu_embedding_wt(const void *table, ditd_cpu_wtype wt, const int64_t *
  * of squares accumulated in double. x, y: (rows, D), y may alias x; w (D). */
 void ditd_cpu_rmsnorm(const float *x, float *y, int rows, int D, float eps, const float *w);
 
-/* Longest sequence ditd_cpu_attention_masked takes (its score row lives on
- * the stack of each thread). */
+/* Longest sequence ditd_cpu_attention_masked takes. */
 #define DITD_CPU_MASKED_ATTN_MAX_N 4096
 
 /* Self-attention over one short sequence per batch element, as transformers'
@@ -82,11 +81,12 @@ void ditd_cpu_rmsnorm(const float *x, float *y, int rows, int D, float eps, cons
  * caller); keep: (B, N) or NULL. A masked score is the most negative float
  * rather than -inf, so a row whose keys are all masked averages all of v,
  * exactly what adding torch.finfo(dtype).min gives. 0 < N <=
- * DITD_CPU_MASKED_ATTN_MAX_N. */
+ * DITD_CPU_MASKED_ATTN_MAX_N. Per (b, h): one sgemm for the scores into
+ * scratch (N * N floats), the softmax rows in OpenMP, one sgemm for P V. */
 void ditd_cpu_attention_masked(const float *q, size_t ldq, const float *k, size_t ldk,
                                const float *v, size_t ldv, float *o, size_t ldo, int B, int N,
                                int H, int Dh, float scale, const float *rel,
-                               const uint8_t *keep, int causal);
+                               const uint8_t *keep, int causal, float *scratch);
 
 #ifdef __cplusplus
 }

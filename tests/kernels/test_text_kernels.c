@@ -138,8 +138,10 @@ static void test_attention(kt_rng *r, int B, int N, int H, int Dh, int use_rel, 
         for (int j = 0; j < N; j++) /* b = 1: only the last half attends; b = 2: none */
             keep[(size_t)b * N + j] = b == 0 || (b == 1 && j >= N / 2);
     const float *q = qkv, *k = qkv + (size_t)H * Dh, *v = qkv + 2 * (size_t)H * Dh;
+    float *scratch = kt_alloc((size_t)N * N * sizeof(float));
     ditd_cpu_attention_masked(q, ld, k, ld, v, ld, o, ldo, B, N, H, Dh, scale, use_rel ? rel : NULL,
-                              use_keep ? keep : NULL, causal);
+                              use_keep ? keep : NULL, causal, scratch);
+    free(scratch);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < N; i++) {
