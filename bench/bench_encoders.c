@@ -1,6 +1,6 @@
 /* Times a text encoder (CLIP or T5) of a model folder on random token ids:
  * load time, encode time (median and min of --repeat runs) and the peak
- * resident set (getrusage: the mapped checkpoint pages it touched plus its
+ * resident set (VmHWM: the mapped checkpoint pages it touched plus its
  * arena). A benchmark: it asserts nothing. bench/bench_encoders.py runs it
  * beside transformers.
  *
@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 
 #include "engine/backend/backend.h"
@@ -32,11 +31,19 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* VmHWM of this process image: unlike ru_maxrss it starts again at exec,
+ * so a parent's size (the fork before exec) does not count. */
 static double peak_rss_mib(void)
 {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / 1024.0;
+    char line[256];
+    double kib = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %lf kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib / 1024.0;
 }
 
 int main(int argc, char **argv)

@@ -8,8 +8,10 @@ them, to --workdir. The T5 file is written one tensor at a time (numpy, no torch
 so making it needs no more memory than its largest tensor.
 
 Each row runs in a fresh process and reports the median of --repeat encodes and the
-process's peak resident set (ru_maxrss: the checkpoint pages it touched, its
-buffers). transformers runs from_pretrained on the same folder in float32 (the CPU
+process's peak resident set (VmHWM, which starts again at exec: the checkpoint
+pages it touched, its buffers). Both sides run with OMP_WAIT_POLICY=passive: on a
+shared, oversubscribed machine spinning OpenMP threads make 2-thread runs 10-60x
+slower and the numbers meaningless. transformers runs from_pretrained on the same folder in float32 (the CPU
 default) and in bfloat16, with eager attention, under torch.inference_mode.
 
 --t5-layers runs T5-XXL at a reduced depth (the same 4096-wide layers, fewer of
@@ -137,7 +139,7 @@ def variant(workdir, base, name, cfg):
 
 
 TORCH_CHILD = r"""
-import json, resource, statistics, sys, time, torch, transformers
+import json, re, statistics, sys, time, torch, transformers
 d, tokens, threads, repeat, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 torch.set_num_threads(threads)
 cfg = json.load(open(d + "/config.json"))
@@ -153,12 +155,13 @@ with torch.inference_mode():
         m(input_ids=ids)
         ms.append((time.perf_counter() - t0) * 1e3)
 print(json.dumps({"load_ms": load, "median_ms": statistics.median(ms), "min_ms": min(ms),
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mib": int(re.search(r"VmHWM:\s*(\d+)", open("/proc/self/status").read()).group(1)) / 1024}))
 """
 
 
 def run_torch(d, tokens, threads, repeat, dtype):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TRANSFORMERS_VERBOSITY="error")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="passive",
+               TRANSFORMERS_VERBOSITY="error")
     r = subprocess.run([sys.executable, "-c", TORCH_CHILD, str(d), str(tokens), str(threads), str(repeat), dtype],
                        capture_output=True, text=True, env=env)
     if r.returncode:
@@ -167,7 +170,7 @@ def run_torch(d, tokens, threads, repeat, dtype):
 
 
 def run_ditd(bench, d, tokens, threads, repeat):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="passive")
     r = subprocess.run([bench, "--model", str(d), "--tokens", str(tokens), "--threads", str(threads),
                         "--repeat", str(repeat)], capture_output=True, text=True, env=env)
     if r.returncode:
@@ -198,12 +201,12 @@ def main():
             jobs.append((f"T5-XXL {L} layers", d, n, L <= args.skip_torch_above))
     for what, d, n, with_torch in jobs:
         r = run_ditd(args.bench, d, n, args.threads, args.repeat)
-        rows.append({"model": what, "tokens": n, "impl": "ditd (bf16 weights, f32 compute)", **r})
+        rows.append({**r, "model": what, "tokens": n, "impl": "ditd (bf16 weights, f32 compute)"})
         print(json.dumps(rows[-1]), flush=True)
         if with_torch:
             for dt in args.torch_dtypes.split(","):
                 r = run_torch(d, n, args.threads, args.repeat, dt)
-                rows.append({"model": what, "tokens": n, "impl": f"transformers {dt}", **r})
+                rows.append({**r, "model": what, "tokens": n, "impl": f"transformers {dt}"})
                 print(json.dumps(rows[-1]), flush=True)
     print("\n| model | tokens | implementation | median ms | min ms | peak RSS MiB |")
     print("| --- | --- | --- | --- | --- | --- |")
