@@ -54,9 +54,10 @@ def randomize(model, gen):
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / p.shape[1] ** 0.5)
 
 
-def save(model, out, dtype, rename=None, drop=()):
-    """Rounds the weights to dtype, writes model.safetensors (names renamed), and
-    puts the rounded values back into the float64 model."""
+def save(model, out, dtype, rename=None, drop=(), shards=1):
+    """Rounds the weights to dtype, writes model.safetensors (names renamed) -- or
+    `shards` files with a model.safetensors.index.json, as large hub checkpoints
+    come -- and puts the rounded values back into the float64 model."""
     sd = {}
     with torch.no_grad():
         for k, v in model.state_dict().items():
@@ -65,7 +66,19 @@ def save(model, out, dtype, rename=None, drop=()):
             if k in drop:
                 continue
             sd[rename(k) if rename else k] = r.clone().contiguous()
-    safetensors.torch.save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if shards == 1:
+        safetensors.torch.save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    names = sorted(sd)
+    weight_map = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: sd[k] for k in names[i::shards]}
+        safetensors.torch.save_file(part, str(out / file), metadata={"format": "pt"})
+        weight_map.update({k: file for k in part})
+    total = sum(v.numel() * v.element_size() for v in sd.values())
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=1) + "\n")
 
 
 def write_config(model, out, extra=None):
@@ -127,7 +140,7 @@ def make_clip(root, name, seed, cfg, with_proj, dtype, prefix, cases):
                                                             indent=1) + "\n")
 
 
-def make_t5(root, name, seed, cfg, dtype, emb_name, cases):
+def make_t5(root, name, seed, cfg, dtype, emb_name, cases, shards=1):
     out = root / name
     shutil.rmtree(out, ignore_errors=True)
     (out / "expected").mkdir(parents=True)
@@ -139,7 +152,7 @@ def make_t5(root, name, seed, cfg, dtype, emb_name, cases):
     randomize(model, gen)
     # shared and encoder.embed_tokens are one tensor; the file has one of the names
     drop = ("encoder.embed_tokens.weight",) if emb_name == "shared.weight" else ("shared.weight",)
-    save(model, out, dtype, drop=drop)
+    save(model, out, dtype, drop=drop, shards=shards)
     write_config(model, out, {"architectures": ["T5EncoderModel"]})
     got = []
     for i, (ids, mask) in enumerate(cases):
@@ -226,6 +239,9 @@ def main():
     ids = rand_ids(rng, 3, 21, V)
     mask = [[1] * 21, [1] * 12 + [0] * 9, [1] * 2 + [0] * 19]
     make_t5(root, "t5-relu-f32", 5, cfg, "f32", "encoder.embed_tokens.weight", [(ids, mask), (ids, None)])
+
+    # The same, in two shards with an index (as t5-v1_1-xxl and FLUX.1's text_encoder_2 come)
+    make_t5(root, "t5-relu-f32-sharded", 5, cfg, "f32", "encoder.embed_tokens.weight", [(ids, mask)], shards=2)
 
     # The bucket function itself, over offsets far past max_distance.
     from transformers.models.t5.modeling_t5 import T5Attention

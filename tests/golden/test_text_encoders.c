@@ -2,7 +2,7 @@
  * eager attention; reference made by tools/make_encoder_fixtures.py from the
  * exact stored f32/f16/bf16 weights). Bound: max|ours - ref| / max|ref| <=
  * 1e-5 on every output (hidden states, last_hidden_state, pooled output,
- * text_embeds). Also: T5's relative-position buckets equal transformers' on
+ * text_embeds), from single-file and sharded (index) checkpoints. Also: T5's relative-position buckets equal transformers' on
  * 2201 offsets for four (buckets, max_distance) pairs, and bad configs,
  * checkpoints and inputs are refused with messages naming what is wrong. */
 #include <jansson.h>
@@ -351,16 +351,16 @@ int main(void)
     char root[4096];
     snprintf(root, sizeof root, "%s/encoders", tu_fixtures());
     const char *names[] = {"clip-quick-f32", "clip-gelu-legacy-bf16", "clip-proj-f16", "t5-gated-bf16",
-                           "t5-relu-f32"};
+                           "t5-relu-f32", "t5-relu-f32-sharded"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[4096 + 64];
         snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
         run_model(dir);
     }
-    TU_CHECK(models == 5, "%d fixture models (want 5)", models);
+    TU_CHECK(models == 6, "%d fixture models (want 6)", models);
     /* 3 CLIP models, 6 cases: last, pooled, hidden states x 2 numberings (4 states,
-     * 3 for the 2-layer model: 0, 1, 2); text_embeds for 3; 2 T5 models: 4 cases */
-    TU_CHECK(compared >= 5 * 10 + 8 + 3 + 4, "%d tensors compared (want at least %d)", compared, 65);
+     * 3 for the 2-layer model: 0, 1, 2); text_embeds for 3; 3 T5 models: 5 cases */
+    TU_CHECK(compared >= 5 * 10 + 8 + 3 + 5, "%d tensors compared (want at least %d)", compared, 66);
     check_buckets();
     config_refusals();
     weight_refusals();
