@@ -124,7 +124,10 @@ static int find_component(const char *model, const char *component, char *dir, s
             return ditd_err_set(DITD_EINVAL, "--component %s: %s has no model_index.json",
                                 component, model);
         snprintf(dir, dlen, "%s", model);
-        snprintf(tok, tlen, "%s/../tokenizer", model);
+        /* text_encoder_2/ -> ../tokenizer_2/, as a pipeline folder pairs them */
+        const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+        const char *suffix = strncmp(base, "text_encoder", 12) == 0 ? base + 12 : "";
+        snprintf(tok, tlen, "%s/../tokenizer%s", model, suffix);
         return 0;
     }
     json_t *idx = json_load_file(path, 0, &jerr);
