@@ -251,6 +251,13 @@ def main():
         b = T5Attention._relative_position_bucket(rel, bidirectional=True, num_buckets=nb, max_distance=md)
         buckets[f"{nb},{md}"] = b.tolist()
     (root / "t5_buckets.json").write_text(json.dumps({"first": -1100, "buckets": buckets}) + "\n")
+    # Configs with every key transformers writes (use_diff=False): all must load.
+    (root / "configs").mkdir(exist_ok=True)
+    for name, cfg in [("full-clip.json", CLIPTextConfig(architectures=["CLIPTextModelWithProjection"])),
+                      ("full-t5.json", T5Config(feed_forward_proj="gated-gelu", architectures=["T5EncoderModel"]))]:
+        d = json.loads(cfg.to_json_string(use_diff=False))
+        d.pop("transformers_version", None)
+        (root / "configs" / name).write_text(json.dumps(d, indent=1, sort_keys=True) + "\n")
     print("transformers", transformers.__version__, "->", root)
 
 

@@ -231,6 +231,15 @@ static void config_refusals(void)
     TU_CHECK_ERR(ditd_text_config_parse(cls_only, strlen(cls_only), "cfg.json", "T5EncoderModel", &c),
                  DITD_EFORMAT, "model_index.json says \"T5EncoderModel\"");
     TU_CHECK_ERR(CFG("{\"model_type\": \"clip_text_model\""), DITD_EFORMAT, "cfg.json");
+    /* every key transformers writes (to_json_string(use_diff=False)) loads */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/encoders/configs/full-clip.json", tu_fixtures());
+    TU_OK(ditd_text_config_load(path, NULL, &c));
+    TU_CHECK(c.arch == DITD_TEXT_CLIP_PROJ && c.clip.hidden_size == 512 && c.clip.projection_dim == 512,
+             "full CLIPTextConfig");
+    snprintf(path, sizeof path, "%s/encoders/configs/full-t5.json", tu_fixtures());
+    TU_OK(ditd_text_config_load(path, NULL, &c));
+    TU_CHECK(c.arch == DITD_TEXT_T5 && c.t5.gated && c.t5.d_model == 512, "full T5Config");
     /* T5 */
     TU_OK(CFG("{\"model_type\": \"t5\", \"feed_forward_proj\": \"gated-gelu\", \"eos_token_id\": [1, 2], "
               "\"n_positions\": 512, \"task_specific_params\": {}}"));
