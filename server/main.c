@@ -17,6 +17,7 @@ static void usage(FILE *f)
             "  serve      the HTTP server (OpenAI images API); under mpirun, with replicas\n"
             "  generate   generate images to PNG files, no server\n"
             "  bench      time DiT forwards for a named config or a model folder\n"
+            "  encode     text-encoder embeddings of token ids (parity checks)\n"
             "\n"
             "`ditd <command> --help` lists a command's options.\n",
             DITD_VERSION);
@@ -34,6 +35,8 @@ int main(int argc, char **argv)
         return ditd_cmd_generate(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0)
         return ditd_cmd_bench(argc - 1, argv + 1);
+    if (strcmp(argv[1], "encode") == 0)
+        return ditd_cmd_encode(argc - 1, argv + 1);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         usage(stdout);

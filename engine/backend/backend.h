@@ -40,6 +40,20 @@ typedef enum ditd_act {
 const char *ditd_act_name(ditd_act a);
 int ditd_act_from_str(const char *s, ditd_act *out);
 
+/* Activations of the text encoders, by transformers' ACT2FN names: "gelu"
+ * (erf), "gelu_new" (tanh), "quick_gelu" (x sigmoid(1.702 x)), "relu". */
+typedef enum ditd_text_act {
+    DITD_TEXT_ACT_NONE = 0,
+    DITD_TEXT_ACT_GELU,
+    DITD_TEXT_ACT_GELU_NEW,
+    DITD_TEXT_ACT_QUICK_GELU,
+    DITD_TEXT_ACT_RELU,
+} ditd_text_act;
+
+const char *ditd_text_act_name(ditd_text_act a);
+/* 0, or DITD_EUNSUPPORTED naming s and the accepted names. */
+int ditd_text_act_from_str(const char *s, ditd_text_act *out);
+
 typedef struct ditd_backend_ops {
     const char *name;
     ditd_device device;
@@ -128,6 +142,35 @@ typedef struct ditd_backend_ops {
     int (*graph_end)(void **g);
     int (*graph_launch)(void *g);
     void (*graph_free)(void *g);
+
+    /* ---- text encoders (engine/text): NULL where a backend lacks them ----
+     *
+     * linear_wt: y (M, N) = act(x (M, K) @ w^T + b) with w (N, K) kept in
+     * its stored type wdt (F32, F16 or BF16) and widened inside the GEMM,
+     * panel by panel, through `scratch` (scratch_elems act elements, at
+     * least K); b (N) act dtype or NULL. */
+    void (*linear_wt)(const void *x, size_t ldx, const void *w, ditd_dtype wdt, const void *b,
+                      void *y, size_t ldy, int M, int N, int K, ditd_text_act act,
+                      void *scratch, size_t scratch_elems);
+    /* y *= x, elementwise. */
+    void (*mul)(void *y, const void *x, size_t n);
+    /* out[i, :] = table[h_ids[i], :], table (rows, D) stored as wdt. */
+    void (*embedding_wt)(const void *table, ditd_dtype wdt, const int64_t *h_ids, void *out,
+                         int n, int D);
+    /* LayerNorm with affine g, b (D) (either may be NULL), y may alias x. */
+    void (*layernorm_affine)(const void *x, void *y, int rows, int D, float eps, const void *g,
+                             const void *b);
+    /* T5LayerNorm: y = w * x / sqrt(mean(x^2) + eps), y may alias x. */
+    void (*rmsnorm)(const void *x, void *y, int rows, int D, float eps, const void *w);
+    /* Self-attention of B sequences of N tokens, transformers' eager math:
+     * scores scale q.k + rel[h, j - i + N - 1] (rel (H, 2N - 1) or NULL),
+     * masked (causal j > i, or keep[b, j] == 0, keep (B, N) bytes or NULL)
+     * to the most negative finite value, softmax, times v. Layouts as
+     * attention; scratch: N * N act elements. */
+    void (*attention_masked)(const void *q, size_t ldq, const void *k, size_t ldk,
+                             const void *v, size_t ldv, void *o, size_t ldo, int B, int N,
+                             int H, int Dh, float scale, const void *rel, const uint8_t *keep,
+                             int causal, void *scratch);
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;

@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "engine/backend/backend_cpu_text.h"
 #include "engine/core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -200,4 +201,11 @@ const ditd_backend_ops ditd_backend_cpu = {
     .mem_alloc = NULL, /* arenas map host pages (engine/core/tensor.c) */
     .mem_free = NULL,
     .status = cpu_status,
+    /* text encoders: engine/backend/backend_cpu_text.c */
+    .linear_wt = ditd__cpu_linear_wt,
+    .mul = ditd__cpu_mul,
+    .embedding_wt = ditd__cpu_embedding_wt,
+    .layernorm_affine = ditd__cpu_layernorm_affine,
+    .rmsnorm = ditd__cpu_rmsnorm,
+    .attention_masked = ditd__cpu_attention_masked,
 };

@@ -1,0 +1,58 @@
+/* transformers' T5EncoderModel, forward only: token embedding, pre-norm
+ * blocks of self-attention (q/k/v/o without biases, no 1/sqrt(d) scaling,
+ * the bucketed relative position bias of the first block shared by all)
+ * and a feed-forward (wi, act, wo; or gated: act(wi_0 x) * wi_1 x, wo), each
+ * behind a T5LayerNorm (RMSNorm without bias), then the final norm: its
+ * last_hidden_state.
+ *
+ * Numbers are transformers' (eager attention) in f32 on the CPU backend,
+ * the padding mask added to the scores as transformers adds it. Weights
+ * stay in their stored f32/f16/bf16 and are widened per panel inside the
+ * GEMM (engine/text/text_weights.h), so a T5-XXL encoder runs in about its
+ * bf16 checkpoint's size. transformers clamps hidden states to +-(65504 -
+ * 1000) after each sub-layer only when they are float16; ditd computes in
+ * f32 and never has f16 activations, so that clamp never applies here, as
+ * in transformers at f32 and bf16. A backend with f16 activations is
+ * refused.
+ *
+ * Parameter names: encoder.block.{i}.layer.0.SelfAttention.{q,k,v,o},
+ * ...relative_attention_bias (block 0), ...layer.{0,1}.layer_norm,
+ * ...layer.1.DenseReluDense.{wi|wi_0,wi_1,wo}, encoder.final_layer_norm,
+ * and the embedding as encoder.embed_tokens.weight or shared.weight.
+ *
+ * What it is not: a decoder, a tokenizer, or thread-safe.
+ */
+#ifndef DITD_ENGINE_T5_ENCODER_H
+#define DITD_ENGINE_T5_ENCODER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/backend/backend.h"
+#include "engine/text/text_config.h"
+
+typedef struct ditd_t5_encoder ditd_t5_encoder;
+
+/* Loads a text_encoder_2/ (or any T5EncoderModel) folder for batches of up
+ * to max_batch sequences of up to max_tokens tokens (1..4096). *out owned
+ * (ditd_t5_encoder_free). Errors name the file, tensor or key. */
+int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_backend_ops *ops,
+                        int max_batch, int max_tokens, ditd_t5_encoder **out);
+void ditd_t5_encoder_free(ditd_t5_encoder *m);
+
+const ditd_t5_config *ditd_t5_encoder_config_of(const ditd_t5_encoder *m);
+size_t ditd_t5_encoder_borrowed_bytes(const ditd_t5_encoder *m);
+size_t ditd_t5_encoder_arena_bytes(const ditd_t5_encoder *m);
+
+/* T5's relative position bucket of (key - query) position, bidirectional,
+ * as transformers' _relative_position_bucket computes it (its log in
+ * float32). Exposed for the tests. */
+int ditd_t5_relative_bucket(int rel, int num_buckets, int max_distance);
+
+/* last_hidden_state (B, N, D) of B sequences of N ids (B, N), host; keep
+ * (B, N): attention mask (1 attend, 0 padding) or NULL. 0, DITD_EINVAL
+ * (sizes), DITD_ERANGE (an id outside the vocabulary, named). */
+int ditd_t5_encoder_encode(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
+                           const uint8_t *keep, float *h_last);
+
+#endif

@@ -1,0 +1,156 @@
+/* Text-encoder weights: borrowed 16-bit matrices, an arena for the rest. */
+#include "engine/text/text_weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+
+int ditd_text_weights_open(ditd_text_weights *w, const char *path, const ditd_backend_ops *ops)
+{
+    memset(w, 0, sizeof *w);
+    w->ops = ops;
+    ditd_arena_init_mem(&w->arena, ops->mem_alloc, ops->mem_free);
+    return ditd_safetensors_open(path, &w->st);
+}
+
+int ditd_text_weights_commit(ditd_text_weights *w)
+{
+    int err = ditd_arena_commit(&w->arena, w->arena.peak_plan ? w->arena.peak_plan : 64);
+    if (err)
+        return err;
+    ditd_arena_reset(&w->arena);
+    w->committed = 1;
+    w->borrowed_bytes = 0;
+    return 0;
+}
+
+void ditd_text_weights_free(ditd_text_weights *w)
+{
+    ditd_arena_free(&w->arena);
+    ditd_safetensors_free(w->st);
+    free(w->stage);
+    memset(w, 0, sizeof *w);
+}
+
+int ditd_text_weights_has(const ditd_text_weights *w, const char *name)
+{
+    return ditd_safetensors_find(w->st, name) != NULL;
+}
+
+static int check(const ditd_text_weights *w, const char *name, int ndim, const int64_t *shape,
+                 const ditd_st_tensor **out)
+{
+    const ditd_st_tensor *t = ditd_safetensors_find(w->st, name);
+    if (!t)
+        return ditd_err_set(DITD_ENOENT, "checkpoint has no tensor %s", name);
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char got[128] = "", want[128] = "";
+        for (int i = 0; i < t->ndim && strlen(got) < 100; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
+                     (long long)t->shape[i]);
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
+                     (long long)shape[i]);
+        return ditd_err_set(DITD_ESHAPE, "%s: tensor %s has shape (%s), the config says (%s)",
+                            t->file, name, got, want);
+    }
+    if (t->dtype != DITD_ST_F32 && t->dtype != DITD_ST_F16 && t->dtype != DITD_ST_BF16 &&
+        t->dtype != DITD_ST_F64)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: tensor %s is %s (f32, f16, bf16, f64)",
+                            t->file, name, ditd_st_dtype_name(t->dtype));
+    *out = t;
+    return 0;
+}
+
+static int stage(ditd_text_weights *w, size_t n, const char *name)
+{
+    if (n <= w->stage_len)
+        return 0;
+    float *s = realloc(w->stage, n * sizeof(float));
+    if (!s)
+        return ditd_err_set(DITD_ENOMEM, "staging %zu floats for %s", n, name);
+    w->stage = s;
+    w->stage_len = n;
+    return 0;
+}
+
+/* Converts tensor `name` to f32 into the arena (act dtype on the device). */
+static int convert(ditd_text_weights *w, void **dst, const char *name, int ndim,
+                   const int64_t *shape, size_t n)
+{
+    int err;
+    void *p = ditd_arena_bytes(&w->arena, n * ditd_dtype_size(w->ops->act_dtype), &err);
+    if (err)
+        return err;
+    *dst = p;
+    if (!w->committed)
+        return 0;
+    if ((err = stage(w, n, name)) ||
+        (err = ditd_safetensors_read_f32(w->st, name, ndim, shape, w->stage)))
+        return err;
+    w->ops->upload(p, w->stage, n);
+    return 0;
+}
+
+int ditd_text_weights_mat(ditd_text_weights *w, ditd_text_mat *out, const char *name,
+                          int64_t rows, int64_t cols)
+{
+    int64_t shape[2] = {rows, cols};
+    const ditd_st_tensor *t = NULL;
+    int err;
+    if ((err = check(w, name, 2, shape, &t)))
+        return err;
+    ditd_dtype dt = t->dtype == DITD_ST_F32 ? DITD_DTYPE_F32
+                    : t->dtype == DITD_ST_F16 ? DITD_DTYPE_F16 : DITD_DTYPE_BF16;
+    size_t es = ditd_dtype_size(dt);
+    int in_place = !w->ops->mem_alloc && t->dtype != DITD_ST_F64 &&
+                   (uintptr_t)t->data % es == 0;
+    if (in_place) {
+        out->p = t->data;
+        out->dt = dt;
+        w->borrowed_bytes += t->nbytes;
+        return 0;
+    }
+    void *p = NULL;
+    if ((err = convert(w, &p, name, 2, shape, (size_t)rows * (size_t)cols)))
+        return err;
+    out->p = p;
+    out->dt = w->ops->act_dtype;
+    return 0;
+}
+
+int ditd_text_weights_small(ditd_text_weights *w, void **dst, const char *name, int64_t d0,
+                            int64_t d1)
+{
+    int64_t shape[2] = {d0, d1};
+    int nd = d1 ? 2 : 1;
+    const ditd_st_tensor *t = NULL;
+    int err;
+    if ((err = check(w, name, nd, shape, &t)))
+        return err;
+    return convert(w, dst, name, nd, shape, (size_t)d0 * (size_t)(d1 ? d1 : 1));
+}
+
+int ditd_text_weights_host(ditd_text_weights *w, float *h_dst, const char *name, int64_t d0,
+                           int64_t d1)
+{
+    int64_t shape[2] = {d0, d1};
+    int nd = d1 ? 2 : 1;
+    const ditd_st_tensor *t = NULL;
+    int err;
+    if ((err = check(w, name, nd, shape, &t)) || !w->committed)
+        return err;
+    return ditd_safetensors_read_f32(w->st, name, nd, shape, h_dst);
+}
+
+int ditd_text_weights_carve(ditd_text_weights *w, void **dst, size_t n, int bytes)
+{
+    int err;
+    *dst = ditd_arena_bytes(&w->arena, bytes ? n : n * ditd_dtype_size(w->ops->act_dtype), &err);
+    return err;
+}

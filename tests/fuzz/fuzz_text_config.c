@@ -1,0 +1,38 @@
+/* libFuzzer target: a text encoder's config.json (CLIPTextConfig,
+ * T5Config), with and without a model_index.json class. Any input must give
+ * 0 with a config inside the ranges the encoders rely on, or an error with a
+ * detail; never a crash or a leak. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "engine/core/error.h"
+#include "engine/text/text_config.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static const char *const hints[] = {NULL, "CLIPTextModel", "T5EncoderModel"};
+    for (size_t h = 0; h < sizeof hints / sizeof hints[0]; h++) {
+        ditd_text_config c;
+        ditd_err_clear();
+        if (ditd_text_config_parse((const char *)data, size, "fuzz.json", hints[h], &c) != 0) {
+            if (ditd_err_detail()[0] == '\0')
+                abort();
+            continue;
+        }
+        if (c.arch == DITD_TEXT_T5) {
+            const ditd_t5_config *t = &c.t5;
+            if (t->d_model <= 0 || t->d_kv <= 0 || t->num_heads <= 0 || t->num_layers <= 0 ||
+                t->num_buckets < 4 || t->max_distance <= t->num_buckets / 4 || !(t->eps > 0.0f))
+                abort();
+        } else {
+            const ditd_clip_text_config *k = &c.clip;
+            if (k->hidden_size <= 0 || k->num_heads <= 0 || k->hidden_size % k->num_heads ||
+                k->max_positions <= 0 || k->eos_token_id < 0 || !(k->eps > 0.0f) ||
+                k->legacy_argmax != (k->eos_token_id == 2))
+                abort();
+        }
+    }
+    return 0;
+}
