@@ -361,6 +361,7 @@ void ditd_vae_free(ditd_vae *v)
     free(v->h_tiles);
     free(v->counts);
     free(v->displs);
+    free(v->ub);
     free(v);
 }
 

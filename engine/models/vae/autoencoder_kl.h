@@ -44,6 +44,10 @@ typedef struct ditd_vae_opts {
     /* The group the decode runs on (borrowed; NULL or size 1: one rank).
      * Every rank of it calls ditd_vae_decode with the same arguments. */
     ditd_comm *comm;
+    /* Latent rows per unit of the band split (and of every GEMM chunk);
+     * 0: enough for about 128 columns (1..8). The decode's bits depend on
+     * it, never on G. */
+    int row_unit;
 } ditd_vae_opts;
 
 /* Loads vae/ (config.json and the weights) for `ops`. Owned: ditd_vae_free.

@@ -44,7 +44,23 @@ typedef struct geom {
     int rows, W;      /* this rank's rows, width */
     int H;            /* rows of the whole image at this scale */
     int par;          /* split over the group (else whole, on every rank) */
+    int unit;         /* rows per unit at this scale (m at latent scale, m s after s x upsampling) */
+    int u0, nu, U;    /* this band's first unit, its units, the image's units */
 } geom;
+
+/* Rows of the chunks the GEMMs and statistics run on: the largest divisor
+ * of the unit whose im2col fits VAE_SCRATCH_CAP (per_row floats a row). A
+ * function of the layer and the unit only, never of the band: every chunk
+ * starts at a multiple of it in the whole image, so a rank computes each
+ * chunk with exactly the call (shapes, data) a single rank makes, and gets
+ * the same bits whatever BLAS does inside. */
+static int chunk_rows(int unit, size_t per_row)
+{
+    int d = unit;
+    while (d > 1 && (unit % d || per_row * (size_t)d > VAE_SCRATCH_CAP))
+        d--;
+    return d;
+}
 
 static size_t ps_of(const geom *g)
 {
@@ -80,6 +96,8 @@ static size_t conv_scratch(int cin, int k, int rows_out, int Wo)
     size_t row = (size_t)cin * k * k * Wo, full = row * (size_t)rows_out;
     return full < zmax(row, VAE_SCRATCH_CAP) ? full : zmax(row, VAE_SCRATCH_CAP);
 }
+
+#define VAE_MAX_UNIT 8 /* latent rows per unit, at most */
 
 static int tile_latent(const ditd_vae_config *c)
 {
@@ -193,13 +211,19 @@ int ditd__vae_plan_acts(ditd_vae *v)
     }
     v->act_n = act;
     v->scratch_n = scr;
+    {
+        /* statistics partials: one per unit (units are at least a latent row) */
+        int nmax = Hm > v->opts.max_image_h ? Hm : v->opts.max_image_h;
+        v->max_units = nmax;
+    }
     v->halo_n = halo;
     if ((err = carve_acts(v)) || (err = ditd_arena_commit(&v->acts, v->acts.peak_plan)) ||
         (err = carve_acts(v)))
         return err;
     /* host side */
-    v->h_stats = calloc((size_t)G * 2, sizeof *v->h_stats);
-    v->h_stats_all = calloc((size_t)P * G * 2, sizeof *v->h_stats_all);
+    v->h_stats = calloc((size_t)v->max_units * G * 2, sizeof *v->h_stats);
+    v->h_stats_all = calloc((size_t)v->max_units * G * 2, sizeof *v->h_stats_all);
+    v->ub = calloc((size_t)P + 1, sizeof *v->ub);
     v->h_mean = calloc((size_t)G, sizeof *v->h_mean);
     v->h_rstd = calloc((size_t)G, sizeof *v->h_rstd);
     v->h_img = malloc(v->h_img_n * sizeof *v->h_img);
@@ -216,7 +240,7 @@ int ditd__vae_plan_acts(ditd_vae *v)
         if (!v->h_tiles || ov < 1)
             return ditd_err_set(DITD_ENOMEM, "VAE tiles");
     }
-    if (!v->h_stats || !v->h_stats_all || !v->h_mean || !v->h_rstd || !v->h_img || !v->counts ||
+    if (!v->h_stats || !v->h_stats_all || !v->ub || !v->h_mean || !v->h_rstd || !v->h_img || !v->counts ||
         !v->displs)
         return ditd_err_set(DITD_ENOMEM, "VAE host buffers");
     return 0;
@@ -255,38 +279,43 @@ static int halo_fill(ditd_vae *v, void *x, int C, const geom *g)
     return 0;
 }
 
-/* GroupNorm (+ SiLU) of the interior of x into y's interior. */
+/* GroupNorm (+ SiLU) of the interior of x into y's interior. The sums
+ * are taken per unit of rows (double), the units' partials of the whole
+ * image gathered, and added in image order: the mean and variance of the
+ * whole image, with the same bits on every rank and for every G. */
 static int groupnorm(ditd_vae *v, const vnorm *nm, void *x, void *y, const geom *g, int silu)
 {
     const int G = v->cfg.norm_num_groups, C = nm->C;
     const size_t ps = ps_of(g), W = (size_t)g->W;
-    double *tot = v->h_stats;
+    double *part = v->h_stats, *all = v->h_stats;
     int err;
 
-    v->ops->groupnorm_stats(at(v, x, W), ps, 1, C, g->rows, g->W, G, v->h_stats);
+    for (int k = 0; k < g->nu; k++) {
+        int r0 = k * g->unit, nr = g->rows - r0 < g->unit ? g->rows - r0 : g->unit;
+        v->ops->groupnorm_stats(at(v, x, (size_t)(1 + r0) * W), ps, 1, C, nr, g->W, G,
+                                part + (size_t)k * 2 * G);
+    }
     if (g->par && v->P > 1) {
-        /* the partials of every rank, then summed in rank order: every rank
-         * gets the same bits (doubles travel as 8-byte integers, untouched) */
+        /* doubles travel as 8-byte integers, untouched */
         for (int r = 0; r < v->P; r++) {
-            v->counts[r] = 2 * G;
-            v->displs[r] = 2 * G * r;
+            v->counts[r] = 2 * G * (v->ub[r + 1] - v->ub[r]);
+            v->displs[r] = 2 * G * v->ub[r];
         }
         double t0 = now_ms();
-        if ((err = ditd_comm_allgatherv(v->comm, DITD_DTYPE_I64, v->h_stats, v->h_stats_all,
-                                        v->counts, v->displs)))
+        if ((err = ditd_comm_allgatherv(v->comm, DITD_DTYPE_I64, part, v->h_stats_all, v->counts,
+                                        v->displs)))
             return err;
         v->st.comm_ms += now_ms() - t0;
-        for (int i = 0; i < 2 * G; i++) {
-            double s = 0.0;
-            for (int r = 0; r < v->P; r++)
-                s += v->h_stats_all[(size_t)r * 2 * G + i];
-            v->h_stats_all[i] = s;
-        }
-        tot = v->h_stats_all;
+        all = v->h_stats_all;
     }
     const double cnt = (double)(C / G) * g->H * g->W;
     for (int i = 0; i < G; i++) {
-        double mean = tot[2 * i] / cnt, var = tot[2 * i + 1] / cnt - mean * mean;
+        double sum = 0.0, sq = 0.0;
+        for (int k = 0; k < g->U; k++) {
+            sum += all[(size_t)k * 2 * G + 2 * i];
+            sq += all[(size_t)k * 2 * G + 2 * i + 1];
+        }
+        double mean = sum / cnt, var = sq / cnt - mean * mean;
         if (var < 0.0)
             var = 0.0;
         v->h_mean[i] = (float)mean;
@@ -297,23 +326,41 @@ static int groupnorm(ditd_vae *v, const vnorm *nm, void *x, void *y, const geom 
     return 0;
 }
 
-/* 3x3, stride 1, pad 1: interior of x -> interior of y. */
+/* 3x3, stride 1, pad 1: interior of x -> interior of y, in aligned chunks. */
 static int conv3(ditd_vae *v, const vconv *cv, void *x, void *y, const geom *g)
 {
     int err = halo_fill(v, x, cv->cin, g);
     if (err)
         return err;
-    const size_t ps = ps_of(g);
-    v->ops->conv2d(x, ps, cv->w, cv->b, at(v, y, (size_t)g->W), ps, v->scratch, v->scratch_n, 1,
-                   cv->cin, g->rows + 2, g->W, cv->cout, 3, 1, 0, 0, 1, 1);
+    const size_t ps = ps_of(g), W = (size_t)g->W;
+    const int d = chunk_rows(g->unit, (size_t)cv->cin * 9 * W);
+    for (int r0 = 0; r0 < g->rows; r0 += d) {
+        int nr = g->rows - r0 < d ? g->rows - r0 : d;
+        v->ops->conv2d(at(v, x, (size_t)r0 * W), ps, cv->w, cv->b, at(v, y, (size_t)(1 + r0) * W), ps,
+                       v->scratch, v->scratch_n, 1, cv->cin, nr + 2, g->W, cv->cout, 3, 1, 0, 0, 1, 1);
+    }
     return 0;
 }
 
 static void conv1(ditd_vae *v, const vconv *cv, void *x, void *y, const geom *g)
 {
     const size_t ps = ps_of(g), W = (size_t)g->W;
-    v->ops->conv2d(at(v, x, W), ps, cv->w, cv->b, at(v, y, W), ps, NULL, 0, 1, cv->cin, g->rows,
-                   g->W, cv->cout, 1, 1, 0, 0, 0, 0);
+    for (int r0 = 0; r0 < g->rows; r0 += g->unit) {
+        int nr = g->rows - r0 < g->unit ? g->rows - r0 : g->unit;
+        v->ops->conv2d(at(v, x, (size_t)(1 + r0) * W), ps, cv->w, cv->b, at(v, y, (size_t)(1 + r0) * W),
+                       ps, NULL, 0, 1, cv->cin, nr, g->W, cv->cout, 1, 1, 0, 0, 0, 0);
+    }
+}
+
+/* nn.Linear over this band's tokens (rows W tokens of C), in unit chunks. */
+static void linear(ditd_vae *v, const void *x, const void *w, const void *b, void *y, int C,
+                   const geom *g)
+{
+    for (int r0 = 0; r0 < g->rows; r0 += g->unit) {
+        int nr = g->rows - r0 < g->unit ? g->rows - r0 : g->unit;
+        size_t off = (size_t)r0 * g->W * C;
+        v->ops->linear(at(v, (void *)x, off), C, w, b, at(v, y, off), C, nr * g->W, C, C, DITD_ACT_NONE);
+    }
 }
 
 /* ResnetBlock2D (no time embedding, output_scale_factor 1):
@@ -350,19 +397,18 @@ static int attention(ditd_vae *v, const vattn *a, const geom *g)
         return err;
     ops->planes_to_tokens(at(v, v->A, (size_t)g->W), ps, v->t, C, nl);         /* (nl, C) */
     if (g->par && v->P > 1) {
-        int r0 = 0;
         for (int r = 0; r < v->P; r++) {
-            int rr = (int)((long long)g->H * (r + 1) / v->P) - (int)((long long)g->H * r / v->P);
-            v->counts[r] = rr * g->W * C;
-            v->displs[r] = r0;
-            r0 += v->counts[r];
+            int a0 = v->ub[r] * g->unit, a1 = v->ub[r + 1] * g->unit;
+            a1 = a1 < g->H ? a1 : g->H;
+            v->counts[r] = (a1 - a0) * g->W * C;
+            v->displs[r] = a0 * g->W * C;
         }
         off = v->displs[v->rank];
     }
     void *kl = at(v, v->k, (size_t)off), *vl = at(v, v->v, (size_t)off);
-    ops->linear(v->t, C, a->wq, a->bq, v->q, C, nl, C, C, DITD_ACT_NONE);
-    ops->linear(v->t, C, a->wk, a->bk, kl, C, nl, C, C, DITD_ACT_NONE);
-    ops->linear(v->t, C, a->wv, a->bv, vl, C, nl, C, C, DITD_ACT_NONE);
+    linear(v, v->t, a->wq, a->bq, v->q, C, g);
+    linear(v, v->t, a->wk, a->bk, kl, C, g);
+    linear(v, v->t, a->wv, a->bv, vl, C, g);
     if (g->par && v->P > 1) {
         ops->sync();
         double t0 = now_ms();
@@ -373,7 +419,7 @@ static int attention(ditd_vae *v, const vattn *a, const geom *g)
     }
     ops->attention(v->q, C, v->k, C, v->v, C, v->o, C, NULL, 1, nl, N, 1, C,
                    (float)(1.0 / sqrt((double)C)));                                /* (nl, C) */
-    ops->linear(v->o, C, a->wo, a->bo, v->t, C, nl, C, C, DITD_ACT_NONE);
+    linear(v, v->o, a->wo, a->bo, v->t, C, g);
     ops->tokens_to_planes(v->t, at(v, v->X, (size_t)g->W), ps, C, nl, 1);     /* x += attn */
     return 0;
 }
@@ -390,11 +436,31 @@ static int mid_block(ditd_vae *v, const vcoder *cd, const geom *g)
 
 /* ---- decode ---- */
 
-/* Rows [r0, r1) of an h-row latent on this rank. */
-static void band(int h, int P, int rank, int *r0, int *r1)
+/* Latent rows per unit: enough that a latent-scale GEMM has about 128
+ * columns (opts.row_unit overrides). The same for every G. */
+static int unit_rows(const ditd_vae *v, int w)
 {
-    *r0 = (int)((long long)h * rank / P);
-    *r1 = (int)((long long)h * (rank + 1) / P);
+    int m = v->opts.row_unit > 0 ? v->opts.row_unit : (128 + w - 1) / w;
+    return m < 1 ? 1 : m > VAE_MAX_UNIT ? VAE_MAX_UNIT : m;
+}
+
+/* The bands: U units of m rows, split as evenly as units allow; rank r has
+ * units [ub[r], ub[r + 1]). Split only when every rank gets a unit. */
+static void bands(ditd_vae *v, int h, int m, geom *g)
+{
+    const int U = (h + m - 1) / m;
+    g->par = v->P > 1 && U >= v->P;
+    g->unit = m;
+    g->U = U;
+    g->W = 0;
+    g->H = h;
+    for (int r = 0; r <= v->P; r++)
+        v->ub[r] = g->par ? (int)((long long)U * r / v->P) : (r ? U : 0);
+    int me = g->par ? v->rank : 0;
+    g->u0 = v->ub[me];
+    g->nu = v->ub[me + 1] - v->ub[me];
+    int r0 = g->u0 * m, r1 = (g->u0 + g->nu) * m;
+    g->rows = (r1 < h ? r1 : h) - r0;
 }
 
 /* Decodes one latent z (Cl, h, w), host, post_quant_conv included; the
@@ -405,15 +471,12 @@ static int decode_one(ditd_vae *v, const float *z, int h, int w, float *out)
     const ditd_backend_ops *ops = v->ops;
     const vcoder *d = &v->dec;
     const int n = c->n_blocks, Cl = c->latent_channels;
-    int err, r0 = 0, r1 = h;
+    int err;
     geom g;
 
-    g.par = v->P > 1 && h >= v->P;
-    if (g.par)
-        band(h, v->P, v->rank, &r0, &r1);
-    g.rows = r1 - r0;
+    bands(v, h, unit_rows(v, w), &g);
     g.W = w;
-    g.H = h;
+    const int r0 = g.u0 * g.unit;
     /* the band of z into X's interior */
     for (int ci = 0; ci < Cl; ci++)
         ops->upload(at(v, v->X, (size_t)ci * ps_of(&g) + (size_t)w), z + ((size_t)ci * h + r0) * w,
@@ -434,7 +497,11 @@ static int decode_one(ditd_vae *v, const float *z, int h, int w, float *out)
                 return err;
         if (b->has_sample) {
             /* Upsample2D: nearest x2, then a 3x3 conv */
-            geom g2 = {2 * g.rows, 2 * g.W, 2 * g.H, g.par};
+            geom g2 = g;
+            g2.rows *= 2;
+            g2.W *= 2;
+            g2.H *= 2;
+            g2.unit *= 2;
             ops->upsample_nearest2x(at(v, v->X, (size_t)g.W), ps_of(&g), at(v, v->A, (size_t)g2.W),
                                     ps_of(&g2), 1, b->sample.cin, g.rows, g.W);
             g = g2;
@@ -455,13 +522,12 @@ static int decode_one(ditd_vae *v, const float *z, int h, int w, float *out)
             ops->download(out, v->pack, (size_t)Co * bandn);
         return ops->status();
     }
-    const int f = ditd_vae_config_scale_factor(c);
     ops->sync();
     if (v->rank == 0) {
         for (int r = 0; r < v->P; r++) {
-            int a, e;
-            band(h, v->P, r, &a, &e);
-            size_t rn = (size_t)(e - a) * f * g.W;
+            int a = v->ub[r] * g.unit, e = v->ub[r + 1] * g.unit;
+            e = e < g.H ? e : g.H;
+            size_t rn = (size_t)(e - a) * g.W;
             if (r == 0) {
                 ops->download(v->h_img, v->pack, (size_t)Co * rn);
             } else {
@@ -476,7 +542,7 @@ static int decode_one(ditd_vae *v, const float *z, int h, int w, float *out)
             }
             if (out)
                 for (int ci = 0; ci < Co; ci++)
-                    memcpy(out + ((size_t)ci * g.H + (size_t)a * f) * g.W, v->h_img + ci * rn,
+                    memcpy(out + ((size_t)ci * g.H + (size_t)a) * g.W, v->h_img + ci * rn,
                            rn * sizeof *out);
         }
     } else {
@@ -628,7 +694,9 @@ int ditd_vae_encode(ditd_vae *v, const float *x, int B, int H, int W, uint64_t s
     const int h = ditd_vae_latent_side(c, H), w = ditd_vae_latent_side(c, W);
     const size_t ln = (size_t)Cl * h * w;
     for (int b = 0; b < B; b++) {
-        geom g = {H, W, H, 0};
+        /* one rank, the whole image, in units of 8 rows */
+        geom g = {.rows = H, .W = W, .H = H, .par = 0, .unit = 8, .u0 = 0, .nu = (H + 7) / 8,
+                  .U = (H + 7) / 8};
         for (int ci = 0; ci < c->in_channels; ci++)
             ops->upload(at(v, v->X, (size_t)ci * ps_of(&g) + (size_t)W),
                         x + ((size_t)b * c->in_channels + ci) * H * W, (size_t)H * W);
@@ -642,8 +710,10 @@ int ditd_vae_encode(ditd_vae *v, const float *x, int B, int H, int W, uint64_t s
                     return err;
             if (bl->has_sample) {
                 /* Downsample2D(padding=0): pad (0, 1, 0, 1) with zeros, 3x3 stride 2 */
-                geom g2 = {(g.rows - 2) / 2 + 1, (g.W - 2) / 2 + 1, 0, 0};
-                g2.H = g2.rows;
+                geom g2 = g;
+                g2.rows = g2.H = (g.rows - 2) / 2 + 1;
+                g2.W = (g.W - 2) / 2 + 1;
+                g2.nu = g2.U = (g2.rows + 7) / 8;
                 ops->conv2d(at(v, v->X, (size_t)g.W), ps_of(&g), bl->sample.w, bl->sample.b,
                             at(v, v->A, (size_t)g2.W), ps_of(&g2), v->scratch, v->scratch_n, 1,
                             bl->sample.cin, g.rows, g.W, bl->sample.cout, 3, 2, 0, 1, 0, 1);

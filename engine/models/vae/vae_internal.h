@@ -79,6 +79,8 @@ struct ditd_vae {
     float *h_tiles;                /* two rows of decoded tiles (tiling) */
     size_t h_tiles_n;
     int *counts, *displs;          /* (P) */
+    int *ub;                       /* (P + 1) first unit of each rank's band, then U */
+    int max_units;
 
     ditd_vae_stats st;
 };
