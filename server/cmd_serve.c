@@ -265,9 +265,9 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
         snprintf(d, sizeof d, "%s", ditd_err_detail());
         return ditd_err_set(err, "%s: %s", model_dir, d);
     }
-    if (!(err = ditd_sched_config_load(info.scheduler_config, &sc)) && info.needs_vae)
-        err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
-                           model_dir);
+    if (!(err = ditd_sched_config_load(info.scheduler_config, &sc)) && info.needs_vae &&
+        !info.image_size)
+        err = ditd_err_set(DITD_ENOENT, "%s is a latent model without vae/config.json", model_dir);
     int tok = info.dit.sample_size / info.dit.patch_size;
     if (!err && g > 1 && (err = ditd_layout_check_model(l, &info.dit, tok * tok))) {
         char d[512];
@@ -297,8 +297,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         fprintf(stderr, "ditd serve: %s: %s\n", model_dir, ditd_err_detail());
         return -1;
     }
-    s->numel = (size_t)s->info.dit.in_channels * (size_t)s->info.dit.sample_size *
-               (size_t)s->info.dit.sample_size;
+    s->numel = (size_t)s->info.image_channels * (size_t)s->info.image_size *
+               (size_t)s->info.image_size;
     {
         ditd_sched_config sc;
         if ((err = ditd_sched_config_load(s->info.scheduler_config, &sc))) {
@@ -309,8 +309,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         if (s->info.default_sampler[0])
             ditd_sampler_kind_from_str(s->info.default_sampler, &s->sched_default);
     }
-    if (s->info.needs_vae) {
-        fprintf(stderr, "ditd serve: %s is a latent model; the VAE decoder is not there yet\n", model_dir);
+    if (s->info.needs_vae && !s->info.image_size) {
+        fprintf(stderr, "ditd serve: %s is a latent model without vae/config.json\n", model_dir);
         goto fail_info;
     }
     s->nrep = s->cfg.dp;

@@ -130,19 +130,19 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
     if (given)
         r->n = (int)l;
     /* size: "WxH" the model makes, or "auto" */
-    r->width = r->height = m->dit.sample_size;
+    r->width = r->height = m->image_size;
     if (get_str(root, "size", &s, e))
         goto done;
     if (s && strcmp(s, "auto") != 0) {
         int w = 0, h = 0, used = 0;
         if (sscanf(s, "%dx%d%n", &w, &h, &used) != 2 || s[used] != '\0' || w <= 0 || h <= 0) {
             bad(e, "size", "'size' must be \"WIDTHxHEIGHT\" (this model: \"%dx%d\"), got \"%s\"",
-                m->dit.sample_size, m->dit.sample_size, s);
+                m->image_size, m->image_size, s);
             goto done;
         }
-        if (w != m->dit.sample_size || h != m->dit.sample_size) {
+        if (w != m->image_size || h != m->image_size) {
             bad(e, "size", "size \"%s\" is not supported by '%s'; supported: \"%dx%d\"", s, m->name,
-                m->dit.sample_size, m->dit.sample_size);
+                m->image_size, m->image_size);
             goto done;
         }
     }

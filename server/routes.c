@@ -346,7 +346,7 @@ static enc_work *enc_new(ditd_job *j, enc_kind kind, int n)
     w->n = n;
     w->W = j->rq.width;
     w->H = j->rq.height;
-    w->C = s->info.dit.in_channels;
+    w->C = s->info.image_channels;
     w->stream = j->rq.stream;
     w->created = (long long)time(NULL);
     return w;
@@ -553,11 +553,11 @@ static json_t *model_json(ditd_srv *s)
     char size[32];
     for (int i = 0; i < m->num_classes; i++)
         json_array_append_new(classes, json_pack("{s:i,s:s}", "id", i, "label", m->labels[i]));
-    snprintf(size, sizeof size, "%dx%d", m->dit.sample_size, m->dit.sample_size);
+    snprintf(size, sizeof size, "%dx%d", m->image_size, m->image_size);
     return json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:[s],s:i,s:{s:i,s:f,s:s,s:s},s:[s,s,s],s:i}",
                      "id", m->name, "object", "model", "created", (json_int_t)s->t_wall, "owned_by",
                      "ditd", "architecture", "DiTTransformer2DModel", "classes", classes, "sizes", size,
-                     "channels", m->dit.in_channels, "defaults", "num_inference_steps",
+                     "channels", m->image_channels, "defaults", "num_inference_steps",
                      m->default_steps, "guidance_scale", (double)m->default_guidance, "sampler",
                      ditd_sampler_kind_name(s->sched_default), "size", size, "samplers", "ddim",
                      "dpmpp-2m", "flow-euler", "max_n", DITD_GENREQ_MAX_N);

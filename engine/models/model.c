@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "engine/core/error.h"
+#include "engine/models/vae/vae_config.h"
 
 static int path_join(char *dst, size_t len, const char *a, const char *b)
 {
@@ -161,6 +162,22 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
     if ((err = ditd_dit_config_load(cfg, &m->dit)))
         goto fail;
     m->num_classes = m->dit.num_embeds_ada_norm;
+    m->image_size = m->dit.sample_size;
+    m->image_channels = m->dit.in_channels;
+    if (m->needs_vae) {
+        /* the image is sample_size x vae_scale_factor = 2^(len(block_out_channels) - 1);
+         * 0 when vae/ is absent (the latents can still be saved; decoding is refused) */
+        ditd_vae_config vc;
+        m->image_size = m->image_channels = 0;
+        if ((err = path_join(cfg, sizeof cfg, m->dir, "vae/config.json")))
+            goto fail;
+        if (is_file(cfg)) {
+            if ((err = ditd_vae_config_load(cfg, &vc)))
+                goto fail;
+            m->image_size = m->dit.sample_size * ditd_vae_config_scale_factor(&vc);
+            m->image_channels = vc.out_channels;
+        }
+    }
     if ((err = load_labels(m, index, path)) || (err = load_defaults(m)))
         goto fail;
     json_decref(index);

@@ -25,6 +25,9 @@ typedef struct ditd_model_info {
     char scheduler_config[DITD_MODEL_PATH_MAX];
     ditd_dit_config dit;
     int needs_vae;               /* model_index.json names a vae component */
+    int image_size;              /* pixels a side: sample_size x the VAE's scale factor */
+    int image_channels;          /* the VAE's out_channels, or the transformer's;
+                                  * both 0 for a latent model without vae/ */
     int num_classes;             /* K = dit.num_embeds_ada_norm */
     char **labels;               /* K entries (id2label; "class N" when absent), owned */
     /* defaults for requests that give none (ditd.json, else built-in) */

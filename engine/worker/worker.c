@@ -14,6 +14,7 @@
 #include "engine/core/error.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
+#include "engine/pipeline/latent_image.h"
 #include "proto/ditd.pb-c.h"
 
 #if DITD_HAVE_MPI
@@ -56,6 +57,7 @@ typedef struct worker {
     int leader;
     ditd_model_info info;
     ditd_pipeline *pipe;
+    ditd_latent_image *li; /* a latent model's VAE decode (the whole group), else NULL */
     uint64_t hb_seq;
     double next_hb;
     bool stop, stop_now;
@@ -252,7 +254,8 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     w->t_step = t;
     for (size_t i = 0; i < b->n_samples; i++) {
         int k = (int)b->samples[i]->partial_images;
-        if (!w->active[i] || !preview_due(k, w->partial_sent[i], step, total))
+        /* no previews of a latent model: its decode is collective, this callback the leader's */
+        if (w->li || !w->active[i] || !preview_due(k, w->partial_sent[i], step, total))
             continue;
         uint8_t *px = w->pix + (size_t)pg.n_previews * numel;
         ditd_pipeline_to_pixels(x0 + i * numel, c->in_channels, c->sample_size, c->sample_size, px);
@@ -280,7 +283,6 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
  * went to the front-end. */
 static int batch_ok(worker *w, const Ditd__Batch *b)
 {
-    const ditd_dit_config *c = &w->info.dit;
     int n = (int)b->n_samples;
     char msg[512];
 
@@ -289,9 +291,9 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
-    if ((int)b->width != c->sample_size || (int)b->height != c->sample_size) {
+    if ((int)b->width != w->info.image_size || (int)b->height != w->info.image_size) {
         snprintf(msg, sizeof msg, "size %ux%u, the model makes %dx%d", b->width, b->height,
-                 c->sample_size, c->sample_size);
+                 w->info.image_size, w->info.image_size);
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
@@ -327,6 +329,9 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     err = ditd_pipeline_generate(w->pipe, &gp, n, w->samples, NULL, w->out, w->active,
                                  w->leader ? on_step : NULL, w);
     w->batch = NULL;
+    /* a latent model: the group decodes the latents together */
+    if (!err && w->li)
+        err = ditd_latent_image_run(w->li, w->out, n, w->active, w->leader ? w->pix : NULL);
     if (err == DITD_ECOMM)
         w->group_err = err; /* a collective failed: the group is out of step */
     if (!w->leader) {
@@ -349,19 +354,21 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     Ditd__Result r = DITD__RESULT__INIT;
     Ditd__Image im[DITD_WORKER_MAX_BATCH], *imp[DITD_WORKER_MAX_BATCH];
     r.batch_id = b->batch_id;
-    r.width = r.height = (uint32_t)c->sample_size;
-    r.channels = (uint32_t)c->in_channels;
+    r.width = r.height = (uint32_t)w->info.image_size;
+    r.channels = (uint32_t)w->info.image_channels;
     r.compute_ms = now_ms() - w->t_start;
     for (int i = 0; i < n; i++) {
         ditd__image__init(&im[i]);
         im[i].slot = (uint32_t)i;
         im[i].canceled = !w->active[i];
         if (w->active[i]) {
-            uint8_t *px = w->pix + (size_t)i * numel;
-            ditd_pipeline_to_pixels(w->out + (size_t)i * numel, c->in_channels, c->sample_size,
-                                    c->sample_size, px);
+            size_t img = (size_t)r.channels * r.width * r.height;
+            uint8_t *px = w->pix + (size_t)i * img;
+            if (!w->li)
+                ditd_pipeline_to_pixels(w->out + (size_t)i * numel, c->in_channels, c->sample_size,
+                                        c->sample_size, px);
             im[i].pixels.data = px;
-            im[i].pixels.len = numel;
+            im[i].pixels.len = img;
         }
         imp[i] = &im[i];
     }
@@ -555,17 +562,18 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     }
     if (!err && !(err = ditd_model_info_load(cfg->model_dir, &w->info)))
         have_info = 1;
-    if (!err && w->info.needs_vae)
-        err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
-                           cfg->model_dir);
     if (!err)
         err = ditd_pipeline_new_group(&w->info, ops, cfg->max_batch, w->mesh, &w->pipe);
+    if (!err && w->info.needs_vae)
+        err = ditd_latent_image_new(&w->info, ops, in_group(w) ? w->mesh->group : NULL, 0, &w->li);
     if (!err) {
         size_t numel = (size_t)w->info.dit.in_channels * (size_t)w->info.dit.sample_size *
                        (size_t)w->info.dit.sample_size;
+        size_t img = (size_t)w->info.image_channels * (size_t)w->info.image_size *
+                     (size_t)w->info.image_size;
         ops->set_threads(cfg->threads);
         w->out = malloc((size_t)cfg->max_batch * numel * sizeof *w->out);
-        w->pix = w->leader ? malloc((size_t)cfg->max_batch * numel) : NULL;
+        w->pix = w->leader ? malloc((size_t)cfg->max_batch * (img > numel ? img : numel)) : NULL;
         if (!w->out || (w->leader && !w->pix))
             err = ditd_err_set(DITD_ENOMEM, "batch buffers");
     }
@@ -597,6 +605,7 @@ done:
     free(w->gbuf);
     free(w->pix);
     free(w->out);
+    ditd_latent_image_free(w->li);
     ditd_pipeline_free(w->pipe);
     if (have_info)
         ditd_model_info_free(&w->info);

@@ -148,11 +148,20 @@ int ditd__vae_plan_acts(ditd_vae *v)
         Hm = Hm < tl ? Hm : tl;
         Wm = Wm < tl ? Wm : tl;
     }
-    /* rows of this rank's band at latent scale: an even split, or a whole
-     * small latent (fewer rows than ranks) */
-    int rows = (Hm + P - 1) / P;
-    if (rows < (Hm < P - 1 ? Hm : P - 1))
-        rows = Hm < P - 1 ? Hm : P - 1;
+    /* the most rows a band can have at latent scale, over every unit m the
+     * decode may pick and every latent up to Hm rows: ceil(U / P) units of
+     * a split, or a whole latent of fewer than P units (< P m rows) */
+    int rows = 0;
+    for (int m = 1; m <= VAE_MAX_UNIT; m++) {
+        if (v->opts.row_unit > 0 && m != (v->opts.row_unit < VAE_MAX_UNIT ? v->opts.row_unit : VAE_MAX_UNIT))
+            continue;
+        int U = (Hm + m - 1) / m, split = (U + P - 1) / P * m, whole = (P - 1) * m;
+        int r = split > whole ? split : whole;
+        if (P == 1 || r > Hm)
+            r = Hm;
+        rows = rows > r ? rows : r;
+    }
+    v->rows_max = rows;
     size_t act = 0, scr = 0, halo = 0;
     /* decoder */
     int Cin0 = c->latent_channels > top ? c->latent_channels : top;
@@ -476,6 +485,8 @@ static int decode_one(ditd_vae *v, const float *z, int h, int w, float *out)
 
     bands(v, h, unit_rows(v, w), &g);
     g.W = w;
+    if (g.rows > v->rows_max) /* a bug, not bad input: the plan covers every band */
+        return ditd_err_set(DITD_EINTERNAL, "VAE band of %d rows, planned %d", g.rows, v->rows_max);
     const int r0 = g.u0 * g.unit;
     /* the band of z into X's interior */
     for (int ci = 0; ci < Cl; ci++)

@@ -81,6 +81,7 @@ struct ditd_vae {
     int *counts, *displs;          /* (P) */
     int *ub;                       /* (P + 1) first unit of each rank's band, then U */
     int max_units;
+    int rows_max;                  /* a band's rows at latent scale, at most */
 
     ditd_vae_stats st;
 };
