@@ -202,7 +202,7 @@ int ditd_cmd_bench_vae(int argc, char **argv)
     if (P > 1) {
         const ditd_comm_stat *cs = ditd_comm_stats(world);
         double hb, hc, ab, ac;
-        int m = unit > 0 ? (int)unit : (128 + h - 1) / h;
+        int m = unit > 0 ? (int)unit : (512 + h - 1) / h;
         m = m > 8 ? 8 : m;
         analytic(&cfg, h, h, m, P, &hb, &hc, &ab, &ac);
         if (rank == 0) {

@@ -45,7 +45,7 @@ typedef struct ditd_vae_opts {
      * Every rank of it calls ditd_vae_decode with the same arguments. */
     ditd_comm *comm;
     /* Latent rows per unit of the band split (and of every GEMM chunk);
-     * 0: enough for about 128 columns (1..8). The decode's bits depend on
+     * 0: enough for about 512 columns (1..8). The decode's bits depend on
      * it, never on G. */
     int row_unit;
 } ditd_vae_opts;

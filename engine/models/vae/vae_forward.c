@@ -98,6 +98,7 @@ static size_t conv_scratch(int cin, int k, int rows_out, int Wo)
 }
 
 #define VAE_MAX_UNIT 8 /* latent rows per unit, at most */
+#define VAE_UNIT_COLUMNS 512 /* latent-scale GEMM columns a unit aims at (BLAS packs the weights per call) */
 
 static int tile_latent(const ditd_vae_config *c)
 {
@@ -445,11 +446,11 @@ static int mid_block(ditd_vae *v, const vcoder *cd, const geom *g)
 
 /* ---- decode ---- */
 
-/* Latent rows per unit: enough that a latent-scale GEMM has about 128
+/* Latent rows per unit: enough that a latent-scale GEMM has about 512
  * columns (opts.row_unit overrides). The same for every G. */
 static int unit_rows(const ditd_vae *v, int w)
 {
-    int m = v->opts.row_unit > 0 ? v->opts.row_unit : (128 + w - 1) / w;
+    int m = v->opts.row_unit > 0 ? v->opts.row_unit : (VAE_UNIT_COLUMNS + w - 1) / w;
     return m < 1 ? 1 : m > VAE_MAX_UNIT ? VAE_MAX_UNIT : m;
 }
 
