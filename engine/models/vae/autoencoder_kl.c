@@ -263,6 +263,12 @@ static int fill_weights(ditd_vae *v, const plist *pl, const ditd_safetensors *st
 
 static int check_backend(const ditd_backend_ops *ops)
 {
+    if (ops->device != DITD_DEVICE_CPU)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "the VAE runs on the cpu backend for now (the %s backend has its image "
+                            "kernels, not yet the mid-block attention's head of 512 or the decode's "
+                            "collectives on device memory)",
+                            ops->name);
     if (!ops->conv2d || !ops->groupnorm_stats || !ops->groupnorm_apply || !ops->upsample_nearest2x ||
         !ops->planes_to_tokens || !ops->tokens_to_planes)
         return ditd_err_set(DITD_EUNSUPPORTED, "the %s backend has no VAE kernels yet", ops->name);

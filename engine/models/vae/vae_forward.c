@@ -91,9 +91,11 @@ static size_t img_n(int C, int rows, int W)
     return (size_t)C * (size_t)(rows + 2) * (size_t)W;
 }
 
-static size_t conv_scratch(int cin, int k, int rows_out, int Wo)
+/* im2col of a chunk, plus (for a device backend's GEMM) its output tokens:
+ * (cin k k + cmax) Wo a row, at most VAE_SCRATCH_CAP when rows allow. */
+static size_t conv_scratch(int cmax, int cin, int k, int rows_out, int Wo)
 {
-    size_t row = (size_t)cin * k * k * Wo, full = row * (size_t)rows_out;
+    size_t row = ((size_t)cin * k * k + (size_t)cmax) * Wo, full = row * (size_t)rows_out;
     return full < zmax(row, VAE_SCRATCH_CAP) ? full : zmax(row, VAE_SCRATCH_CAP);
 }
 
@@ -141,6 +143,10 @@ int ditd__vae_plan_acts(ditd_vae *v)
     const int G = c->norm_num_groups, P = v->P;
     int Hm = v->opts.max_h, Wm = v->opts.max_w, err;
 
+    int cmax = c->out_channels > 2 * c->latent_channels ? c->out_channels : 2 * c->latent_channels;
+    for (int i = 0; i < n; i++)
+        cmax = cmax > c->block_out_channels[i] ? cmax : c->block_out_channels[i];
+
     if (v->opts.tiling) {
         int tl = tile_latent(c);
         if (tl < 1)
@@ -168,18 +174,18 @@ int ditd__vae_plan_acts(ditd_vae *v)
     int Cin0 = c->latent_channels > top ? c->latent_channels : top;
     act = zmax(act, img_n(Cin0, rows, Wm));
     halo = zmax(halo, (size_t)Cin0 * Wm);
-    scr = zmax(scr, conv_scratch(Cin0, 3, rows, Wm));
+    scr = zmax(scr, conv_scratch(cmax, Cin0, 3, rows, Wm));
     int prev = top;
     for (int i = 0; i < n; i++) {
         int ch = c->block_out_channels[n - 1 - i], s = 1 << i;
         int cm = prev > ch ? prev : ch;
         act = zmax(act, img_n(cm, rows * s, Wm * s));
         halo = zmax(halo, (size_t)cm * Wm * s);
-        scr = zmax(scr, conv_scratch(cm, 3, rows * s, Wm * s));
+        scr = zmax(scr, conv_scratch(cmax, cm, 3, rows * s, Wm * s));
         if (i != n - 1) {
             act = zmax(act, img_n(ch, rows * 2 * s, Wm * 2 * s));
             halo = zmax(halo, (size_t)ch * Wm * 2 * s);
-            scr = zmax(scr, conv_scratch(ch, 3, rows * 2 * s, Wm * 2 * s));
+            scr = zmax(scr, conv_scratch(cmax, ch, 3, rows * 2 * s, Wm * 2 * s));
         }
         prev = ch;
     }
@@ -193,19 +199,19 @@ int ditd__vae_plan_acts(ditd_vae *v)
         int Hi = v->opts.max_image_h, Wi = v->opts.max_image_w;
         act = zmax(act, img_n(c->in_channels, Hi, Wi));
         halo = zmax(halo, (size_t)c->in_channels * Wi);
-        scr = zmax(scr, conv_scratch(c->in_channels, 3, Hi, Wi));
+        scr = zmax(scr, conv_scratch(cmax, c->in_channels, 3, Hi, Wi));
         prev = c->block_out_channels[0];
         for (int i = 0; i < n; i++) {
             int ch = c->block_out_channels[i], cm = prev > ch ? prev : ch;
             act = zmax(act, img_n(cm, Hi, Wi));
             halo = zmax(halo, (size_t)cm * Wi);
-            scr = zmax(scr, conv_scratch(cm, 3, Hi, Wi));
+            scr = zmax(scr, conv_scratch(cmax, cm, 3, Hi, Wi));
             if (i != n - 1) {
                 int Ho = (Hi - 2) / 2 + 1, Wo = (Wi - 2) / 2 + 1;
                 if (Ho < 1 || Wo < 1)
                     return ditd_err_set(DITD_EINVAL, "VAE encoder: image %d x %d too small",
                                         v->opts.max_image_h, v->opts.max_image_w);
-                scr = zmax(scr, conv_scratch(ch, 3, Ho, Wo));
+                scr = zmax(scr, conv_scratch(cmax, ch, 3, Ho, Wo));
                 Hi = Ho;
                 Wi = Wo;
                 act = zmax(act, img_n(ch, Hi, Wi));
@@ -213,7 +219,7 @@ int ditd__vae_plan_acts(ditd_vae *v)
             prev = ch;
         }
         act = zmax(act, img_n(2 * c->latent_channels, Hi, Wi));
-        scr = zmax(scr, conv_scratch(top, 3, Hi, Wi));
+        scr = zmax(scr, conv_scratch(cmax, top, 3, Hi, Wi));
         v->tok_n = zmax(v->tok_n, (size_t)Hi * Wi * top);
         v->tokfull_n = zmax(v->tokfull_n, (size_t)Hi * Wi * top);
         v->h_img_n = zmax(v->h_img_n, (size_t)2 * c->latent_channels * Hi * Wi);
@@ -358,7 +364,7 @@ static void conv1(ditd_vae *v, const vconv *cv, void *x, void *y, const geom *g)
     for (int r0 = 0; r0 < g->rows; r0 += g->unit) {
         int nr = g->rows - r0 < g->unit ? g->rows - r0 : g->unit;
         v->ops->conv2d(at(v, x, (size_t)(1 + r0) * W), ps, cv->w, cv->b, at(v, y, (size_t)(1 + r0) * W),
-                       ps, NULL, 0, 1, cv->cin, nr, g->W, cv->cout, 1, 1, 0, 0, 0, 0);
+                       ps, v->scratch, v->scratch_n, 1, cv->cin, nr, g->W, cv->cout, 1, 1, 0, 0, 0, 0);
     }
 }
 
