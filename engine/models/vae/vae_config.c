@@ -148,7 +148,7 @@ int ditd_vae_config_finish(ditd_vae_config *c, const char *what)
 static int config_from_json(json_t *root, const char *path, ditd_vae_config *out)
 {
     ditd_vae_config c;
-    int err, has, nd, nu, ss_is_list = 0;
+    int err, has_scaling, nd, nu;
     const char *cls, *act = "silu";
     json_t *v;
 
@@ -165,7 +165,7 @@ static int config_from_json(json_t *root, const char *path, ditd_vae_config *out
         (err = get_int(root, path, "latent_channels", 4, &c.latent_channels)) ||
         (err = get_int(root, path, "layers_per_block", 1, &c.layers_per_block)) ||
         (err = get_int(root, path, "norm_num_groups", 32, &c.norm_num_groups)) ||
-        (err = get_num(root, path, "scaling_factor", 0.18215, &has, &c.scaling_factor)) ||
+        (err = get_num(root, path, "scaling_factor", 0.18215, &has_scaling, &c.scaling_factor)) ||
         (err = get_num(root, path, "shift_factor", 0.0, &c.has_shift_factor, &c.shift_factor)) ||
         (err = get_num_array(root, path, "latents_mean", DITD_VAE_MAX_LATENT, &c.n_latents_mean,
                              c.latents_mean)) ||
@@ -178,7 +178,7 @@ static int config_from_json(json_t *root, const char *path, ditd_vae_config *out
         (err = get_block_types(root, path, "down_block_types", "DownEncoderBlock2D", &nd)) ||
         (err = get_block_types(root, path, "up_block_types", "UpDecoderBlock2D", &nu)))
         return err;
-    (void)has;
+    (void)has_scaling; /* absent: the class default */
     if ((v = json_object_get(root, "act_fn")) && !json_is_null(v)) {
         if (!json_is_string(v))
             return ditd_err_set(DITD_EFORMAT, "%s: act_fn must be a string", path);
@@ -203,12 +203,10 @@ static int config_from_json(json_t *root, const char *path, ditd_vae_config *out
             if (a < 1 || a > 65536)
                 return ditd_err_set(DITD_ERANGE, "%s: sample_size = %lld", path, (long long)a);
             c.sample_size = (int)a;
-            ss_is_list = 1;
         } else {
             return ditd_err_set(DITD_EFORMAT, "%s: sample_size must be an integer or [h, w]", path);
         }
     }
-    (void)ss_is_list;
     /* block_out_channels (default (64,)) */
     v = json_object_get(root, "block_out_channels");
     if (!v || json_is_null(v)) {
