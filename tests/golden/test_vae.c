@@ -66,6 +66,19 @@ static int run_vae(const char *dir)
                          kind, (long long)zs[0], (long long)zs[1], (long long)zs[2], (long long)zs[3]);
                 TU_CLOSE(what, out, ref, n, TOL);
                 checked++;
+                if (o.tiling) {
+                    /* the tiles show: the whole-latent decode is not the tiled one */
+                    ditd_vae *whole = NULL;
+                    o.tiling = 0;
+                    TU_OK(ditd_vae_load(path, &ditd_backend_cpu, &o, &whole));
+                    if (whole) {
+                        TU_OK(ditd_vae_decode(whole, z, (int)zs[0], (int)zs[2], (int)zs[3], out));
+                        tu_err d = tu_compare(out, ref, n);
+                        TU_CHECK(d.rel > 1e-3, "%s: the untiled decode is within %.3g of the tiled "
+                                 "reference: the tiling was not exercised", what, d.rel);
+                        ditd_vae_free(whole);
+                    }
+                }
             }
             free(z);
             free(ref);
