@@ -49,6 +49,7 @@ static const opt opts[] = {
     {"device", "DITD_DEVICE", T_DEVICE, OFF(device), 0, 0, "cpu", "where replicas run: cpu or cuda (a GPU per rank: the node-local rank's)"},
     {"comm-timeout-ms", "DITD_COMM_TIMEOUT_MS", T_INT, OFF(comm_timeout_ms), 100, 86400000, "60000", "cuda groups: a NCCL collective not done in this long aborts its communicator (the replica fails instead of hanging)"},
     {"log-requests", "DITD_LOG_REQUESTS", T_BOOL, OFF(log_requests), 0, 1, "0", "one log line per request on stderr"},
+    {"vae-tiling", "DITD_VAE_TILING", T_BOOL, OFF(vae_tiling), 0, 1, "0", "latent models: decode tile by tile (Diffusers' enable_tiling)"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 

@@ -31,6 +31,7 @@ typedef struct ditd_serve_config {
     int log_requests;
     int device;                 /* ditd_device: where the replicas run */
     int comm_timeout_ms;        /* NCCL watchdog: a collective's deadline */
+    int vae_tiling;             /* latent models: tiled VAE decode */
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after

@@ -565,7 +565,8 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     if (!err)
         err = ditd_pipeline_new_group(&w->info, ops, cfg->max_batch, w->mesh, &w->pipe);
     if (!err && w->info.needs_vae)
-        err = ditd_latent_image_new(&w->info, ops, in_group(w) ? w->mesh->group : NULL, 0, &w->li);
+        err = ditd_latent_image_new(&w->info, ops, in_group(w) ? w->mesh->group : NULL,
+                                    cfg->vae_tiling, &w->li);
     if (!err) {
         size_t numel = (size_t)w->info.dit.in_channels * (size_t)w->info.dit.sample_size *
                        (size_t)w->info.dit.sample_size;
