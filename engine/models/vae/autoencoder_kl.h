@@ -9,10 +9,10 @@
  * resolution), 3x3 convolutions exchange one halo row with the neighbours,
  * GroupNorm statistics are summed over the group in float64, the mid-block
  * attention reads the keys and values of the whole image, and the leader
- * gathers the final rows. The result equals the one-rank decode.
+ * gathers the final rows. The result is bit-identical to the one-rank decode.
  *
  * What it is not: a pipeline. Scaling the latents (DiTPipeline divides by
- * scaling_factor; SD3/FLUX also subtract shift_factor) and turning pixels
+ * scaling_factor; SD3/FLUX add shift_factor back after that) and turning pixels
  * into bytes are the caller's rule; see ditd_vae_unscale_dit().
  *
  * Memory: every activation is planned at load for the largest latent

@@ -9,16 +9,19 @@
  * at the image's top and bottom (the convolution's padding). 1x1 convs,
  * GroupNorm, upsampling and the residual adds only touch the interior.
  *
- * Parallel decode (P ranks, latent rows split evenly at latent resolution):
+ * Parallel decode (P ranks; the latent's rows in units of m rows, the
+ * units split as evenly as they go, a unit is m s rows after s x upsampling):
  *   - halo rows: one per 3x3 conv from each neighbour;
- *   - GroupNorm: each rank sums its rows per group (sum, sum of squares, in
- *     double), the P partials are all-gathered and summed in rank order, so
- *     every rank normalizes with the same mean and variance, over the whole
- *     image (exact: nothing of the variance is dropped);
+ *   - GroupNorm: each rank sums each of its units per group (sum, sum of
+ *     squares, in double), the partials of every unit are all-gathered and
+ *     added in image order, so every rank normalizes with the same mean and
+ *     variance, over the whole image (nothing of the variance is dropped);
  *   - mid-block attention: queries of the band, keys and values of the
  *     whole image (all-gathered);
  *   - the final rows are sent to the leader.
- * A latent with fewer rows than ranks (a small tile) is decoded whole on
+ * Every GEMM and every statistic runs on chunks of rows aligned to the
+ * whole image (chunk_rows), so the result is bit-identical to one rank's.
+ * A latent with fewer units than ranks (a small tile) is decoded whole on
  * every rank instead, with no communication.
  */
 #include <math.h>
