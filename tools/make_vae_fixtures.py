@@ -10,8 +10,8 @@ f32, f16 or bf16) and records what Diffusers computes with them, in float64, in
   - encode: AutoencoderKL.encode(x).latent_dist mean and std;
   - tiled:  the same decode after enable_tiling() (tiles, overlap, blending).
 
-and one latent DiT model folder, dit-latent/ (transformer + scheduler + vae, model_index
-naming DiTPipeline), with the output of diffusers' DiTPipeline itself (float64, its noise
+and one latent DiT model folder, dit-latent/ (transformer + scheduler + vae with a
+shift_factor, model_index naming DiTPipeline), with the output of diffusers' DiTPipeline itself (float64, its noise
 replaced by a recorded array): the latents handed to vae.decode and the uint8 image.
 
 Random weights are scaled so that no layer is degenerate: every weight N(0, 1/fan_in),
@@ -175,7 +175,8 @@ def make_dit_latent(out):
     with torch.no_grad():
         for p in transformer.parameters():
             p.copy_(0.05 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    vae = AutoencoderKL(**CONFIGS[0]["vae"]).to(torch.float64).eval()
+    # a shift_factor that DiTPipeline must ignore (it only divides by scaling_factor)
+    vae = AutoencoderKL(**CONFIGS[0]["vae"], shift_factor=0.5).to(torch.float64).eval()
     randomize(vae, gen, torch.float32)
     sched = DDIMScheduler(beta_schedule="linear", clip_sample=False)
     pipe = DiTPipeline(transformer=transformer, vae=vae, scheduler=sched)

@@ -2,6 +2,7 @@
  * (tests/fixtures/vae/dit-latent, made by tools/make_vae_fixtures.py in
  * float64 with the pipeline's noise replaced by noise.npy): a tiny DiT with
  * 4 latent channels + a tiny AutoencoderKL, DDIM, guidance 4, two classes.
+ * The VAE has a shift_factor (0.5), which DiTPipeline ignores: so must we.
  * Bounds: the latents handed to vae.decode (1 / scaling_factor * latents)
  * within 1e-4 relative; every 8-bit pixel within one level. */
 #include <jansson.h>
@@ -49,6 +50,10 @@ int main(void)
     TU_CHECK(n == 2 && ns[0] == n && ps[0] == n && ps[3] == 3, "fixture shapes");
     TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, n, &p));
     TU_OK(ditd_latent_image_new(&info, &ditd_backend_cpu, NULL, 0, &li));
+    if (li)
+        TU_CHECK(ditd_vae_config_of(li->vae)->has_shift_factor &&
+                     ditd_vae_config_of(li->vae)->shift_factor == 0.5,
+                 "the fixture VAE has shift_factor 0.5 (DiTPipeline must ignore it)");
     if (p && li && noise && dec_in && pix_ref && n == 2) {
         ditd_gen_params gp = {.steps = (int)json_integer_value(json_object_get(cases, "steps"))};
         ditd_gen_sample s[2];
