@@ -8,6 +8,8 @@ int ditd_cmd_generate(int argc, char **argv);
 int ditd_cmd_bench(int argc, char **argv);
 /* `ditd encode`: token ids to text-encoder embeddings (server/cmd_encode.c). */
 int ditd_cmd_encode(int argc, char **argv);
+/* `ditd bench --vae ...`: the VAE decode (server/cmd_bench_vae.c). */
+int ditd_cmd_bench_vae(int argc, char **argv);
 /* `ditd serve`: the HTTP front-end and its replicas (server/cmd_serve.c). */
 int ditd_cmd_serve(int argc, char **argv);
 

@@ -34,6 +34,7 @@ static void usage(FILE *f)
             "  --iters K        timed forwards (default 5)\n"
             "  --warmup W       untimed forwards first (default 1)\n"
             "  --no-gemm        skip the GEMM table\n"
+            "  --vae NAME|DIR   the VAE decode instead (ditd bench --vae x --help)\n"
             "\n"
             "parallel (mpirun -np G ditd bench ..., G = C*R*U*T; one step = one forward\n"
             "of the batch, split in halves under cfg): prints per step the compute time,\n"
@@ -303,6 +304,9 @@ int ditd_cmd_bench(int argc, char **argv)
     int c, err, do_gemm = 1, rc = 1;
     ditd_device device = DITD_DEVICE_CPU;
 
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--vae") == 0 || strncmp(argv[i], "--vae=", 6) == 0)
+            return ditd_cmd_bench_vae(argc, argv);
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         err = 0;

@@ -15,6 +15,7 @@
 #include "engine/io/npy.h"
 #include "engine/pipeline/pipeline.h"
 #include "server/cli.h"
+#include "engine/pipeline/latent_image.h"
 #include "server/cmd.h"
 #include "server/image.h"
 
@@ -41,6 +42,7 @@ static void usage(FILE *f)
             "  --latents FILE.npy   initial noise (N, C, h, w) float (latent shape), instead\n"
             "                       of the generator\n"
             "  --save-latents FILE.npy  write the final latents (N, C, h, w) float32\n"
+            "  --vae-tiling         decode a latent model's image tile by tile (Diffusers' enable_tiling)\n"
             "  -o, --output OUT.png output file\n"
             "  -q, --quiet          no progress on stderr\n"
             "\n"
@@ -83,13 +85,14 @@ static int fail(const char *what, int err)
 int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
-           O_SAVE, O_DEVICE, O_COMM_TIMEOUT };
+           O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
         {"guidance", required_argument, 0, O_GUIDANCE}, {"sampler", required_argument, 0, O_SAMPLER},
         {"threads", required_argument, 0, O_THREADS}, {"latents", required_argument, 0, O_LATENTS},
-        {"save-latents", required_argument, 0, O_SAVE}, {"output", required_argument, 0, 'o'},
+        {"save-latents", required_argument, 0, O_SAVE},
+        {"vae-tiling", no_argument, 0, O_VAE_TILING}, {"output", required_argument, 0, 'o'},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"device", required_argument, 0, O_DEVICE},
         {"comm-timeout-ms", required_argument, 0, O_COMM_TIMEOUT},
@@ -98,6 +101,8 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_layout layout = DITD_LAYOUT_SINGLE;
     const char *model_dir = NULL, *class_str = "0", *sampler_str = NULL, *latents_path = NULL;
     const char *save_path = NULL, *out_path = NULL;
+    int vae_tiling = 0;
+    ditd_latent_image *li = NULL; /* latent models: the VAE decode */
     long seed = 0, steps = -1, n = 1, threads = 0, comm_timeout_ms = DITD_NCCL_DEFAULT_TIMEOUT_MS;
     ditd_device device = DITD_DEVICE_CPU;
     double guidance = -1;
@@ -118,6 +123,7 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_THREADS: err = ditd_parse_long(optarg, 1, 1024, "--threads", &threads); break;
         case O_LATENTS: latents_path = optarg; break;
         case O_SAVE: save_path = optarg; break;
+        case O_VAE_TILING: vae_tiling = 1; break;
         case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
         case O_COMM_TIMEOUT:
             err = ditd_parse_long(optarg, 100, 86400000, "--comm-timeout-ms", &comm_timeout_ms);
@@ -210,19 +216,17 @@ int ditd_cmd_generate(int argc, char **argv)
         fputc('\n', stderr);
         goto done_info;
     }
-    if (out_path && info.needs_vae) {
-        fprintf(stderr,
-                "ditd generate: %s is a latent model: its images need the VAE decoder, which ditd "
-                "does not have yet (--save-latents without -o writes the latents)\n",
-                model_dir);
-        goto done_info;
-    }
     gp.steps = steps > 0 ? (int)steps : info.default_steps;
     if (!sampler_str && info.default_sampler[0])
         sampler_str = info.default_sampler;
     if ((err = ditd_pipeline_new_group(&info, ops, (int)n, mesh, &pipe))) {
         fail("loading the model", err);
         goto done_info;
+    }
+    if (out_path && info.needs_vae &&
+        (err = ditd_latent_image_new(&info, ops, mesh ? mesh->group : NULL, vae_tiling, &li))) {
+        fail("loading the VAE", err);
+        goto done;
     }
     gp.sampler = pipe->sched_base.kind;
     if (sampler_str && (err = ditd_sampler_kind_from_str(sampler_str, &gp.sampler))) {
@@ -253,7 +257,7 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     samples = calloc((size_t)n, sizeof *samples);
     out = malloc((size_t)n * numel * sizeof *out);
-    pix = malloc(numel);
+    pix = malloc(li ? (size_t)li->Co * li->H * li->W : numel);
     if (!samples || !out || !pix) {
         fprintf(stderr, "ditd generate: out of memory\n");
         goto done;
@@ -268,6 +272,16 @@ int ditd_cmd_generate(int argc, char **argv)
                                       leader ? on_step : NULL, &pr))) {
         fail("generating", err);
         goto done;
+    }
+    /* a latent model: every rank of the group decodes together */
+    uint8_t *img_all = NULL;
+    if (li) {
+        img_all = leader ? malloc((size_t)n * li->Co * li->H * li->W) : NULL;
+        if ((leader && !img_all) || (err = ditd_latent_image_run(li, out, (int)n, NULL, img_all))) {
+            fail("decoding", err ? err : DITD_ENOMEM);
+            free(img_all);
+            goto done;
+        }
     }
     if (!leader) {
         rc = 0;
@@ -289,13 +303,19 @@ int ditd_cmd_generate(int argc, char **argv)
             snprintf(path, sizeof path, "%.*s-%ld%s", (int)(dot - out_path), out_path, i, dot);
         else
             snprintf(path, sizeof path, "%s-%ld", out_path, i);
-        ditd_pipeline_to_pixels(out + (size_t)i * numel, C, LH, LW, pix);
-        if (C != 1 && C != 3 && C != 4) {
-            fprintf(stderr, "ditd generate: %d channels cannot be written as PNG\n", C);
+        int pc = li ? li->Co : C, ph = li ? li->H : LH, pw = li ? li->W : LW;
+        if (li)
+            memcpy(pix, img_all + (size_t)i * pc * ph * pw, (size_t)pc * ph * pw);
+        else
+            ditd_pipeline_to_pixels(out + (size_t)i * numel, C, LH, LW, pix);
+        if (pc != 1 && pc != 3 && pc != 4) {
+            fprintf(stderr, "ditd generate: %d channels cannot be written as PNG\n", pc);
+            free(img_all);
             goto done;
         }
-        if ((err = ditd_png_write_file(path, pix, LW, LH, C))) {
+        if ((err = ditd_png_write_file(path, pix, pw, ph, pc))) {
             fail(path, err);
+            free(img_all);
             goto done;
         }
         if (!pr.quiet)
@@ -303,8 +323,10 @@ int ditd_cmd_generate(int argc, char **argv)
                     class_id, info.labels[class_id], seed, gp.steps, (double)samples[0].guidance,
                     ditd_sampler_kind_name(gp.sampler));
     }
+    free(img_all);
     rc = 0;
 done:
+    ditd_latent_image_free(li);
     ditd_pipeline_free(pipe);
 done_info:
     ditd_model_info_free(&info);

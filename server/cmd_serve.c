@@ -278,9 +278,9 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
         snprintf(d, sizeof d, "%s", ditd_err_detail());
         return ditd_err_set(err, "%s: %s", model_dir, d);
     }
-    if (!(err = ditd_sched_config_load(info.scheduler_config, &sc)) && info.needs_vae)
-        err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
-                           model_dir);
+    if (!(err = ditd_sched_config_load(info.scheduler_config, &sc)) && info.needs_vae &&
+        !info.vae_dir[0])
+        err = ditd_err_set(DITD_ENOENT, "%s is a latent model without vae/config.json", model_dir);
     if (!err && g > 1 &&
         (err = ditd_layout_check_attention(l, info.shapes.heads, info.shapes.tokens))) {
         char d[512];
@@ -339,8 +339,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         if (s->info.default_sampler[0])
             ditd_sampler_kind_from_str(s->info.default_sampler, &s->sched_default);
     }
-    if (s->info.needs_vae) {
-        fprintf(stderr, "ditd serve: %s is a latent model; the VAE decoder is not there yet\n", model_dir);
+    if (s->info.needs_vae && !s->info.vae_dir[0]) {
+        fprintf(stderr, "ditd serve: %s is a latent model without vae/config.json\n", model_dir);
         goto fail_info;
     }
     s->nrep = s->cfg.dp;
@@ -370,6 +370,7 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
             targs[r].cfg.heartbeat_ms = s->cfg.heartbeat_ms;
             targs[r].cfg.device = s->cfg.device;
             targs[r].cfg.comm_timeout_ms = s->cfg.comm_timeout_ms;
+            targs[r].cfg.vae_tiling = s->cfg.vae_tiling;
             targs[r].t = ditd_hub_transport(s->hub, r);
             uv_thread_options_t to = {UV_THREAD_HAS_STACK_SIZE, 8u << 20};
             if (uv_thread_create_ex(&s->threads[r], &to, replica_main, &targs[r])) {
@@ -495,7 +496,8 @@ static int serve_worker(ditd_srv *s, const char *model_dir, const ditd_layout *l
     signal(SIGUSR1, SIG_IGN); /* mpirun forwards SIGUSR1/2 to every rank */
     signal(SIGUSR2, SIG_IGN);
     ditd_worker_config wc = {model_dir, NULL, (rank - 1) / G, s->cfg.max_batch, s->cfg.threads,
-                             s->cfg.heartbeat_ms, s->cfg.device, s->cfg.comm_timeout_ms};
+                             s->cfg.heartbeat_ms, s->cfg.device, s->cfg.comm_timeout_ms,
+                             s->cfg.vae_tiling};
     /* the mesh refuses a bad layout on every rank alike, before any split */
     if ((err = ditd_mesh_new(group, l, &mesh))) {
         fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());

@@ -64,6 +64,7 @@ static const opt opts[] = {
     {"pid-file", "DITD_PID_FILE", T_STR, OFF(pid_file), 0, 0, "", "the front-end (rank 0) writes its pid here: server/ditd-mpirun sends it the signals mpirun gets"},
     {"max-cost", "DITD_MAX_COST", T_LONG, OFF(max_cost), 0, 1e15, "0", "ceiling on a request's cost, images x steps x tokens (0: none); over it, 400"},
     {"tls-key", "DITD_TLS_KEY", T_STR, OFF(tls_key), 0, 0, "", "the private key (PEM) of --tls-cert"},
+    {"vae-tiling", "DITD_VAE_TILING", T_BOOL, OFF(vae_tiling), 0, 1, "0", "latent models: decode tile by tile (Diffusers' enable_tiling)"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 

@@ -46,6 +46,7 @@ typedef struct ditd_serve_config {
     long max_cost;              /* n x steps x tokens per request; 0 = no ceiling */
     char pid_file[4096];        /* the front-end writes its pid here ("" none) */
     char log_file[4096];        /* "" = stderr */
+    int vae_tiling;             /* latent models: tiled VAE decode */
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after

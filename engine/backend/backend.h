@@ -171,6 +171,26 @@ typedef struct ditd_backend_ops {
                              const void *v, size_t ldv, void *o, size_t ldo, int B, int N,
                              int H, int Dh, float scale, const void *rel, const uint8_t *keep,
                              int causal, void *scratch);
+    /* ---- images (the VAE; kernels/cpu/image_kernels.h has the layouts) ----
+     * NULL on a backend that does not have them yet; the VAE refuses to
+     * load there. x is (B, C, rows, W) with plane stride ps (elements). */
+    /* nn.Conv2d, any k, stride s, zero pads; scratch >= Cin*k*k*Wo elements. */
+    void (*conv2d)(const void *x, size_t psx, const void *w, const void *b, void *y,
+                   size_t psy, void *scratch, size_t scratch_n, int B, int Cin, int Hx,
+                   int Wx, int Cout, int k, int s, int pad_t, int pad_b, int pad_l, int pad_r);
+    /* GroupNorm statistics of the given rows, host doubles (B, G, {sum, sum of
+     * squares}); waits for the device. */
+    void (*groupnorm_stats)(const void *x, size_t ps, int B, int C, int rows, int W, int G,
+                            double *h_stats);
+    /* GroupNorm apply (+ SiLU): h_mean, h_rstd host (B, G); y may alias x. */
+    void (*groupnorm_apply)(const void *x, size_t psx, void *y, size_t psy, int B, int C,
+                            int rows, int W, int G, const float *h_mean, const float *h_rstd,
+                            const void *gamma, const void *beta, int silu);
+    void (*upsample_nearest2x)(const void *x, size_t psx, void *y, size_t psy, int B, int C,
+                               int rows, int W);
+    /* One image: planes (C, n) stride ps <-> tokens (n, C). */
+    void (*planes_to_tokens)(const void *x, size_t ps, void *t, int C, int n);
+    void (*tokens_to_planes)(const void *t, void *y, size_t ps, int C, int n, int accumulate);
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;

@@ -8,6 +8,7 @@
 #include "engine/backend/backend_cpu_text.h"
 #include "engine/core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/image_kernels.h"
 
 const char *ditd_device_name(ditd_device d)
 {
@@ -171,6 +172,43 @@ static void cpu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_
         memcpy((char *)dst + r * ldd * es, (const char *)src + r * lds * es, cols * es);
 }
 
+static void cpu_conv2d(const void *x, size_t psx, const void *w, const void *b, void *y,
+                       size_t psy, void *scratch, size_t scratch_n, int B, int Cin, int Hx,
+                       int Wx, int Cout, int k, int s, int pad_t, int pad_b, int pad_l, int pad_r)
+{
+    ditd_cpu_conv2d(x, psx, w, b, y, psy, scratch, scratch_n, B, Cin, Hx, Wx, Cout, k, s, pad_t,
+                    pad_b, pad_l, pad_r);
+}
+
+static void cpu_groupnorm_stats(const void *x, size_t ps, int B, int C, int rows, int W, int G,
+                                double *h_stats)
+{
+    ditd_cpu_groupnorm_stats(x, ps, B, C, rows, W, G, h_stats);
+}
+
+static void cpu_groupnorm_apply(const void *x, size_t psx, void *y, size_t psy, int B, int C,
+                                int rows, int W, int G, const float *h_mean, const float *h_rstd,
+                                const void *gamma, const void *beta, int silu)
+{
+    ditd_cpu_groupnorm_apply(x, psx, y, psy, B, C, rows, W, G, h_mean, h_rstd, gamma, beta, silu);
+}
+
+static void cpu_upsample_nearest2x(const void *x, size_t psx, void *y, size_t psy, int B, int C,
+                                   int rows, int W)
+{
+    ditd_cpu_upsample_nearest2x(x, psx, y, psy, B, C, rows, W);
+}
+
+static void cpu_planes_to_tokens(const void *x, size_t ps, void *t, int C, int n)
+{
+    ditd_cpu_planes_to_tokens(x, ps, t, C, n);
+}
+
+static void cpu_tokens_to_planes(const void *t, void *y, size_t ps, int C, int n, int accumulate)
+{
+    ditd_cpu_tokens_to_planes(t, y, ps, C, n, accumulate);
+}
+
 static int cpu_status(void)
 {
     return 0;
@@ -208,4 +246,10 @@ const ditd_backend_ops ditd_backend_cpu = {
     .layernorm_affine = ditd__cpu_layernorm_affine,
     .rmsnorm = ditd__cpu_rmsnorm,
     .attention_masked = ditd__cpu_attention_masked,
+    .conv2d = cpu_conv2d,
+    .groupnorm_stats = cpu_groupnorm_stats,
+    .groupnorm_apply = cpu_groupnorm_apply,
+    .upsample_nearest2x = cpu_upsample_nearest2x,
+    .planes_to_tokens = cpu_planes_to_tokens,
+    .tokens_to_planes = cpu_tokens_to_planes,
 };

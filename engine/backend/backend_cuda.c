@@ -8,9 +8,11 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "kernels/cuda/cuda_image_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 #define GEMM_WS_BYTES ((size_t)32 << 20) /* cuBLAS's advice on Hopper */
+#define GN_STATS_MAX 8192 /* doubles: (B, G, 2) GroupNorm statistics (the VAE) */
 
 static struct {
     int ready;
@@ -20,6 +22,7 @@ static struct {
     void *gemm_ws;
     ditd_cuda_gemm *gemm;
     float *stage;      /* device f32 staging for upload/download */
+    double *gn_stats;  /* GN_STATS_MAX doubles: GroupNorm statistics on their way to the host */
     size_t stage_len;  /* floats */
     int err;           /* the first error since status() */
     char detail[256];
@@ -307,6 +310,57 @@ static void cu_graph_free(void *cg)
     ditd_backend_cuda_graph_free(cg);
 }
 
+/* ---- images (the VAE) ---- */
+
+static void cu_conv2d(const void *x, size_t psx, const void *w, const void *b, void *y, size_t psy,
+                      void *scratch, size_t scratch_n, int B, int Cin, int Hx, int Wx, int Cout,
+                      int k, int s, int pad_t, int pad_b, int pad_l, int pad_r)
+{
+    keep(ditd_cuda_conv2d(g.gemm, x, psx, w, b, y, psy, scratch, scratch_n, B, Cin, Hx, Wx, Cout, k,
+                          s, pad_t, pad_b, pad_l, pad_r, CS),
+         "conv2d");
+}
+
+static void cu_groupnorm_stats(const void *x, size_t ps, int B, int C, int rows, int W, int G,
+                               double *h_stats)
+{
+    size_t n = (size_t)B * G * 2;
+    if (n > GN_STATS_MAX) {
+        keep((int)cudaErrorInvalidValue, "groupnorm_stats: too many groups");
+        return;
+    }
+    keep(ditd_cuda_groupnorm_stats(x, ps, B, C, rows, W, G, g.gn_stats, CS), "groupnorm_stats");
+    keep((int)cudaMemcpyAsync(h_stats, g.gn_stats, n * sizeof(double), cudaMemcpyDeviceToHost,
+                              g.compute),
+         "groupnorm_stats copy");
+    keep((int)cudaStreamSynchronize(g.compute), "groupnorm_stats sync");
+}
+
+static void cu_groupnorm_apply(const void *x, size_t psx, void *y, size_t psy, int B, int C,
+                               int rows, int W, int G, const float *h_mean, const float *h_rstd,
+                               const void *gamma, const void *beta, int silu)
+{
+    keep(ditd_cuda_groupnorm_apply(x, psx, y, psy, B, C, rows, W, G, h_mean, h_rstd, gamma, beta,
+                                   silu, CS),
+         "groupnorm_apply");
+}
+
+static void cu_upsample_nearest2x(const void *x, size_t psx, void *y, size_t psy, int B, int C,
+                                  int rows, int W)
+{
+    keep(ditd_cuda_upsample_nearest2x(x, psx, y, psy, B, C, rows, W, CS), "upsample_nearest2x");
+}
+
+static void cu_planes_to_tokens(const void *x, size_t ps, void *t, int C, int n)
+{
+    keep(ditd_cuda_planes_to_tokens(x, ps, t, C, n, CS), "planes_to_tokens");
+}
+
+static void cu_tokens_to_planes(const void *t, void *y, size_t ps, int C, int n, int accumulate)
+{
+    keep(ditd_cuda_tokens_to_planes(t, y, ps, C, n, accumulate, CS), "tokens_to_planes");
+}
+
 static const ditd_backend_ops cuda_ops = {
     .name = "cuda",
     .device = DITD_DEVICE_CUDA,
@@ -339,6 +393,12 @@ static const ditd_backend_ops cuda_ops = {
     .graph_end = cu_graph_end,
     .graph_launch = cu_graph_launch,
     .graph_free = cu_graph_free,
+    .conv2d = cu_conv2d,
+    .groupnorm_stats = cu_groupnorm_stats,
+    .groupnorm_apply = cu_groupnorm_apply,
+    .upsample_nearest2x = cu_upsample_nearest2x,
+    .planes_to_tokens = cu_planes_to_tokens,
+    .tokens_to_planes = cu_tokens_to_planes,
 };
 
 /* ---- lifetime ---- */
@@ -398,6 +458,7 @@ void ditd_backend_cuda_shutdown(void)
     ditd_cuda_gemm_free(g.gemm);
     cudaFree(g.gemm_ws);
     cudaFree(g.stage);
+    cudaFree(g.gn_stats);
     cudaEventDestroy(g.to_comm);
     cudaEventDestroy(g.to_compute);
     cudaStreamDestroy(g.compute);
@@ -425,7 +486,9 @@ const ditd_backend_ops *ditd_backend_cuda_get(void)
         (err = rt_check(cudaEventCreateWithFlags(&g.to_comm, cudaEventDisableTiming), "event")) ||
         (err = rt_check(cudaEventCreateWithFlags(&g.to_compute, cudaEventDisableTiming),
                         "event")) ||
-        (err = rt_check(cudaMalloc(&g.gemm_ws, GEMM_WS_BYTES), "cuBLASLt workspace")))
+        (err = rt_check(cudaMalloc(&g.gemm_ws, GEMM_WS_BYTES), "cuBLASLt workspace")) ||
+        (err = rt_check(cudaMalloc((void **)&g.gn_stats, GN_STATS_MAX * sizeof(double)),
+                        "GroupNorm statistics")))
         goto fail;
     if ((code = ditd_cuda_gemm_new(g.gemm_ws, GEMM_WS_BYTES, &g.gemm))) {
         ditd_err_set(DITD_EDEVICE, "cuBLASLt: %s", ditd_cuda_strerror(code));

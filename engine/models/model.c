@@ -13,6 +13,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/registry.h"
+#include "engine/models/vae/autoencoder_kl.h"
 
 static int path_join(char *dst, size_t len, const char *a, const char *b)
 {
@@ -118,8 +119,6 @@ done:
 static int load_vae(ditd_model_info *m)
 {
     char cfg[DITD_MODEL_PATH_MAX];
-    json_error_t jerr;
-    json_t *root, *v;
     int err = 0;
 
     m->vae_scale = 1;
@@ -133,25 +132,25 @@ static int load_vae(ditd_model_info *m)
             m->vae_scale = m->image_width = m->image_height = m->image_channels = 0;
             return 0;
         }
+        const void *fam;
+        ditd_vae_config vc;
         if ((err = ditd_registry_config_class(cfg, m->vae_class, sizeof m->vae_class)))
             return err;
-        if (!(root = json_load_file(cfg, 0, &jerr)))
-            return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", cfg, jerr.line, jerr.text);
-        /* AutoencoderKL's defaults: block_out_channels (64,), out_channels 3 */
-        v = json_object_get(root, "block_out_channels");
-        size_t n = v ? json_array_size(v) : 1;
-        if (v && (!json_is_array(v) || n < 1 || n > 8))
-            err = ditd_err_set(DITD_EFORMAT, "%s: block_out_channels must be a list of 1..8 numbers", cfg);
-        m->vae_scale = 1 << (n - 1);
-        v = json_object_get(root, "out_channels");
-        m->image_channels = 3;
-        if (!err && v && (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4))
-            err = ditd_err_set(DITD_EUNSUPPORTED, "%s: out_channels must be 1..4 (image channels)", cfg);
-        else if (v)
-            m->image_channels = (int)json_integer_value(v);
-        json_decref(root);
-        if (err)
+        if ((err = ditd_registry_find(DITD_COMPONENT_VAE, m->vae_class, &fam))) {
+            char d[600];
+            snprintf(d, sizeof d, "%s", ditd_err_detail());
+            return ditd_err_set(err, "%s: %s", cfg, d);
+        }
+        m->vae = fam;
+        /* the whole config is checked here, so a bad one fails at start-up */
+        if ((err = m->vae->config_load(cfg, &vc)))
             return err;
+        if (vc.latent_channels != m->shapes.in_channels)
+            return ditd_err_set(DITD_EUNSUPPORTED,
+                                "%s: the VAE has %d latent channels, the transformer's in_channels is %d",
+                                cfg, vc.latent_channels, m->shapes.in_channels);
+        m->vae_scale = ditd_vae_config_scale_factor(&vc);
+        m->image_channels = vc.out_channels;
     }
     m->image_width = m->shapes.width * m->vae_scale;
     m->image_height = m->shapes.height * m->vae_scale;

@@ -38,6 +38,7 @@ typedef struct ditd_model_info {
     int needs_vae;               /* model_index.json names a vae component */
     char vae_dir[DITD_MODEL_PATH_MAX]; /* "" without a vae (or without vae/config.json) */
     char vae_class[128];         /* vae/config.json's _class_name ("" without) */
+    const struct ditd_vae_family *vae; /* its family (static table, from the registry); NULL without */
     int vae_scale;               /* 2^(len(vae block_out_channels) - 1); 1 without a vae */
     int image_width, image_height; /* pixels: latent size x vae_scale */
     int image_channels;          /* vae out_channels (3); C without a vae. vae_scale and

@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/denoiser.h"
+#include "engine/models/vae/autoencoder_kl.h"
 
 extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit_denoiser.c */
 
@@ -20,6 +21,7 @@ typedef struct entry {
 /* The built-in families, one line each. */
 static const entry builtin[] = {
     {DITD_COMPONENT_TRANSFORMER, "DiTTransformer2DModel", &ditd_dit_family},
+    {DITD_COMPONENT_VAE, "AutoencoderKL", &ditd_autoencoder_kl_family},
 };
 
 #define EXTRA_MAX 16

@@ -12,6 +12,7 @@
 #include "engine/core/error.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
+#include "engine/pipeline/latent_image.h"
 #include "proto/ditd.pb-c.h"
 
 static double now_ms(void)
@@ -48,6 +49,7 @@ typedef struct worker {
     int leader;
     ditd_model_info info;
     ditd_pipeline *pipe;
+    ditd_latent_image *li; /* a latent model's VAE decode (the whole group), else NULL */
     uint64_t hb_seq;
     double next_hb;
     bool stop, stop_now;
@@ -253,7 +255,8 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     w->t_step = t;
     for (size_t i = 0; i < b->n_samples; i++) {
         int k = (int)b->samples[i]->partial_images;
-        if (!w->active[i] || !preview_due(k, w->partial_sent[i], step, total))
+        /* no previews of a latent model: its decode is collective, this callback the leader's */
+        if (w->li || !w->active[i] || !preview_due(k, w->partial_sent[i], step, total))
             continue;
         uint8_t *px = w->pix + (size_t)pg.n_previews * w->numel_img;
         latents_to_image(w, x0 + i * w->numel_lat, px);
@@ -327,6 +330,9 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     err = ditd_pipeline_generate(w->pipe, &gp, n, w->samples, NULL, w->out, w->active,
                                  w->leader ? on_step : NULL, w);
     w->batch = NULL;
+    /* a latent model: the group decodes the latents together */
+    if (!err && w->li)
+        err = ditd_latent_image_run(w->li, w->out, n, w->active, w->leader ? w->pix : NULL);
     if (err == DITD_ECOMM)
         w->group_err = err; /* a collective failed: the group is out of step */
     if (!w->leader) {
@@ -359,7 +365,8 @@ static void run_batch(worker *w, const Ditd__Batch *b)
         im[i].canceled = !w->active[i];
         if (w->active[i]) {
             uint8_t *px = w->pix + (size_t)i * w->numel_img;
-            latents_to_image(w, w->out + (size_t)i * w->numel_lat, px);
+            if (!w->li) /* a latent model's pixels came from its VAE */
+                latents_to_image(w, w->out + (size_t)i * w->numel_lat, px);
             im[i].pixels.data = px;
             im[i].pixels.len = w->numel_img;
         }
@@ -555,11 +562,11 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     }
     if (!err && !(err = ditd_model_info_load(cfg->model_dir, &w->info)))
         have_info = 1;
-    if (!err && w->info.needs_vae)
-        err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
-                           cfg->model_dir);
     if (!err)
         err = ditd_pipeline_new_group(&w->info, ops, cfg->max_batch, w->mesh, &w->pipe);
+    if (!err && w->info.needs_vae)
+        err = ditd_latent_image_new(&w->info, ops, in_group(w) ? w->mesh->group : NULL,
+                                    cfg->vae_tiling, &w->li);
     if (!err) {
         w->numel_lat = ditd_denoiser_numel_in(&w->info.shapes);
         w->numel_img = (size_t)w->info.image_width * (size_t)w->info.image_height *
@@ -598,6 +605,7 @@ done:
     free(w->gbuf);
     free(w->pix);
     free(w->out);
+    ditd_latent_image_free(w->li);
     ditd_pipeline_free(w->pipe);
     if (have_info)
         ditd_model_info_free(&w->info);

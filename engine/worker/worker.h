@@ -45,6 +45,7 @@ typedef struct ditd_worker_config {
     int device;             /* ditd_device (0: the CPU); CUDA: the local rank's GPU
                              * (ditd_backend_open), a NCCL mesh for a group */
     int comm_timeout_ms;    /* NCCL watchdog per collective; <= 0: the default */
+    int vae_tiling;         /* latent models: tiled VAE decode (Diffusers' enable_tiling) */
 } ditd_worker_config;
 
 /* Loads the model and serves batches until a Shutdown message or a

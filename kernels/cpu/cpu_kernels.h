@@ -64,10 +64,10 @@ void ditd_cpu_gated_residual(float *h, const float *y, int B, int N, int D,
                              const float *gate, size_t ld_gate);
 
 /* Largest head dimension ditd_cpu_attention accepts. Its tiles are sized for
- * it and live on the stack of each OpenMP thread: about 220 KiB (glibc and
+ * it and live on the stack of each OpenMP thread: about 430 KiB (glibc and
  * libgomp threads get 8 MiB by default; OMP_STACKSIZE must not go below
- * 512K). */
-#define DITD_CPU_ATTN_MAX_DH 256
+ * 1M). */
+#define DITD_CPU_ATTN_MAX_DH 512 /* the VAE mid-block: one head of 512 */
 
 /* Attention with log-sum-exp output.
  *   q: (B, Nq, H, Dh) row stride ldq; k, v: (B, Nk, H, Dh) row strides ldk, ldv;

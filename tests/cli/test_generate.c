@@ -192,7 +192,7 @@ int main(int argc, char **argv)
     rc = RUN("frobnicate");
     TU_CHECK(rc == 2 && strstr(errbuf, "unknown command"), "unknown command: rc %d: %s", rc, errbuf);
 
-    /* a latent model (model_index names a vae) is refused for -o with a clear message */
+    /* a latent model whose vae/ is missing is refused for -o, naming the file */
     {
         char vdir[512], cmd[2048];
         snprintf(vdir, sizeof vdir, "%s/latent", tmpdir);
@@ -202,9 +202,30 @@ int main(int argc, char **argv)
                  model4, vdir, vdir);
         TU_CHECK(system(cmd) == 0, "%s", cmd);
         rc = RUN("generate", "--model", vdir, "-o", a);
-        TU_CHECK(rc == 1 && strstr(errbuf, "VAE"), "latent model: rc %d: %s", rc, errbuf);
+        TU_CHECK(rc == 1 && strstr(errbuf, "vae/config.json"), "latent model: rc %d: %s", rc, errbuf);
         rc = RUN("generate", "--model", vdir, "--steps", "2", "-q", "--save-latents", lat);
         TU_CHECK(rc == 0, "latent model --save-latents: rc %d: %s", rc, errbuf);
+    }
+
+    /* a latent DiT with its vae/ (tests/fixtures/vae/dit-latent): -o writes the decoded
+     * picture, sample_size 8 x vae scale factor 2 = 16 pixels a side, 3 channels */
+    {
+        char lm[1024], png[600];
+        unsigned char hdr[26] = {0};
+        snprintf(lm, sizeof lm, "%s/vae/dit-latent", tu_fixtures());
+        snprintf(png, sizeof png, "%s/latent.png", tmpdir);
+        rc = RUN("generate", "--model", lm, "--steps", "2", "--class", "3", "-q", "-o", png);
+        TU_CHECK(rc == 0, "latent model -o: rc %d: %s", rc, errbuf);
+        FILE *f = fopen(png, "rb");
+        TU_CHECK(f && fread(hdr, 1, sizeof hdr, f) == sizeof hdr, "read %s", png);
+        if (f)
+            fclose(f);
+        /* IHDR: width, height (big-endian) at 16 and 20, bit depth 8, color type 2 (RGB) */
+        TU_CHECK(hdr[19] == 16 && hdr[23] == 16 && hdr[24] == 8 && hdr[25] == 2,
+                 "latent.png is %dx%d, depth %d, color type %d (want 16x16 RGB)", hdr[19], hdr[23],
+                 hdr[24], hdr[25]);
+        rc = RUN("generate", "--model", lm, "--steps", "2", "-q", "--vae-tiling", "-o", png);
+        TU_CHECK(rc == 0, "latent model --vae-tiling: rc %d: %s", rc, errbuf);
     }
 
     char cmd[512];

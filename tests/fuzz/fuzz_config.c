@@ -1,11 +1,13 @@
 /* libFuzzer target: the two JSON configs a model folder brings,
  * scheduler/scheduler_config.json (typed, then converted to every sampler
- * and built for a few step counts) and transformer/config.json. Any input
+ * and built for a few step counts), transformer/config.json and
+ * vae/config.json (AutoencoderKL). Any input
  * must give 0 or an error with a detail, never a crash or a leak. */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "engine/models/dit_config.h"
+#include "engine/models/vae/vae_config.h"
 #include "engine/core/error.h"
 #include "engine/pipeline/sampler.h"
 
@@ -15,6 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     ditd_sched_config base, cfg;
     ditd_dit_config dit;
+    ditd_vae_config vae;
 
     if (ditd_sched_config_parse((const char *)data, size, "fuzz.json", &base) == 0) {
         for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++) {
@@ -39,6 +42,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (ditd_dit_config_parse((const char *)data, size, "fuzz.json", &dit) == 0) {
         if (dit.inner_dim != dit.num_heads * dit.head_dim || dit.inner_dim % 4)
             abort();
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
+    }
+    ditd_err_clear();
+    if (ditd_vae_config_parse((const char *)data, size, "fuzz.json", &vae) == 0) {
+        /* what the VAE relies on */
+        if (vae.n_blocks < 1 || vae.n_blocks > DITD_VAE_MAX_BLOCKS || vae.norm_num_groups < 1 ||
+            ditd_vae_config_scale_factor(&vae) != 1 << (vae.n_blocks - 1))
+            abort();
+        for (int i = 0; i < vae.n_blocks; i++)
+            if (vae.block_out_channels[i] < 1 || vae.block_out_channels[i] % vae.norm_num_groups)
+                abort();
     } else if (ditd_err_detail()[0] == '\0') {
         abort();
     }

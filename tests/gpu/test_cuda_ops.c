@@ -503,6 +503,113 @@ static void check_sampler_helpers(void)
 
 /* ---- the checks, by name ---- */
 
+/* A flat comparison (the image checks compare gathered planes). */
+#define CLOSE_FLAT(what, got, want, n, tol)                                                    \
+    do {                                                                                       \
+        shape s_ = shp("i", (int64_t)(n), 0, 0, 0);                                            \
+        close_to(what, got, want, &s_, tol);                                                   \
+    } while (0)
+
+/* ---- the VAE's image ops (kernels/cuda/image.cu) ----
+ * conv2d: a GEMM of bf16 inputs, fp32 accumulation, bias, one rounding: LINEAR.
+ * GroupNorm statistics: double sums of the same bf16 values: 1e-6 (as floats).
+ * GroupNorm apply (+ SiLU): one rounding of an fp32 result: NORM.
+ * Upsample and the planes <-> tokens transposes move values: exact. */
+static void check_conv(int Cin, int Hx, int Wx, int Cout, int k, int s, int pt, int pb, int pl,
+                       int pr, size_t scratch_rows)
+{
+    const int Ho = (Hx + pt + pb - k) / s + 1, Wo = (Wx + pl + pr - k) / s + 1;
+    const size_t psx = (size_t)(Hx + 2) * Wx, psy = (size_t)(Ho + 2) * Wo, nx = Cin * psx,
+                 ny = Cout * psy, nw = (size_t)Cout * Cin * k * k;
+    const size_t sn = ((size_t)Cin * k * k + Cout) * Wo * scratch_rows;
+    float *x = rnd(nx, 1.0f), *w = rnd(nw, 0.3f), *b = rnd((size_t)Cout, 0.5f), *y = zeros(ny);
+    float *scr = zeros(sn);
+    void *dx = dev_in(x, nx), *dw = dev_in(w, nw), *db = dev_in(b, (size_t)Cout), *dy = dev_out(ny);
+    void *ds = dev_out(sn);
+    C->conv2d(x, psx, w, b, y, psy, scr, sn, 1, Cin, Hx, Wx, Cout, k, s, pt, pb, pl, pr);
+    G->conv2d(dx, psx, dw, db, dy, psy, ds, sn, 1, Cin, Hx, Wx, Cout, k, s, pt, pb, pl, pr);
+    float *gy = down(dy, ny);
+    /* compare the planes' rows only (the rest of each plane is not written) */
+    float *a = zeros((size_t)Cout * Ho * Wo), *r = zeros((size_t)Cout * Ho * Wo);
+    for (int c = 0; c < Cout; c++) {
+        memcpy(a + (size_t)c * Ho * Wo, gy + c * psy, (size_t)Ho * Wo * sizeof *a);
+        memcpy(r + (size_t)c * Ho * Wo, y + c * psy, (size_t)Ho * Wo * sizeof *r);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "conv2d %dx%d s%d %dx%dx%d -> %d (chunks of %zu rows)", k, k, s, Cin,
+             Hx, Wx, Cout, scratch_rows);
+    CLOSE_FLAT(what, a, r, (size_t)Cout * Ho * Wo, LINEAR);
+    G->mem_free(dx, 0), G->mem_free(dw, 0), G->mem_free(db, 0), G->mem_free(dy, 0),
+        G->mem_free(ds, 0);
+    free(x), free(w), free(b), free(y), free(scr), free(gy), free(a), free(r);
+}
+
+static void check_image_ops(void)
+{
+
+    const int Cc = 64, R = 13, W = 21, Gr = 32;
+    const size_t ps = (size_t)(R + 2) * W, n = Cc * ps;
+    float *x = rnd(n, 2.0f), *g = rnd(Cc, 0.5f), *be = rnd(Cc, 0.5f), *y = zeros(n);
+    for (int i = 0; i < Cc; i++)
+        g[i] += 1.0f;
+    for (size_t i = 0; i < n; i++)
+        x[i] += 0.4f;
+    void *dx = dev_in(x, n), *dg = dev_in(g, Cc), *dbe = dev_in(be, Cc), *dy = dev_out(n);
+    double sc[2 * 32], sg[2 * 32];
+    float fc[2 * 32], fg[2 * 32], mean[32], rstd[32];
+    C->groupnorm_stats(x, ps, 1, Cc, R, W, Gr, sc);
+    G->groupnorm_stats(dx, ps, 1, Cc, R, W, Gr, sg);
+    TU_OK(G->status());
+    for (int i = 0; i < 2 * Gr; i++)
+        fc[i] = (float)sc[i], fg[i] = (float)sg[i];
+    CLOSE_FLAT("groupnorm_stats (double sums)", fg, fc, (size_t)2 * Gr, 1e-6);
+    const double cnt = (double)(Cc / Gr) * R * W;
+    for (int i = 0; i < Gr; i++) {
+        double m = sc[2 * i] / cnt;
+        mean[i] = (float)m;
+        rstd[i] = (float)(1.0 / sqrt(sc[2 * i + 1] / cnt - m * m + 1e-6));
+    }
+    for (int silu = 0; silu < 2; silu++) {
+        C->groupnorm_apply(x, ps, y, ps, 1, Cc, R, W, Gr, mean, rstd, g, be, silu);
+        G->groupnorm_apply(dx, ps, dy, ps, 1, Cc, R, W, Gr, mean, rstd, dg, dbe, silu);
+        float *gy = down(dy, n), *a = zeros((size_t)Cc * R * W), *r = zeros((size_t)Cc * R * W);
+        for (int c = 0; c < Cc; c++) {
+            memcpy(a + (size_t)c * R * W, gy + c * ps, (size_t)R * W * sizeof *a);
+            memcpy(r + (size_t)c * R * W, y + c * ps, (size_t)R * W * sizeof *r);
+        }
+        CLOSE_FLAT(silu ? "groupnorm_apply + silu" : "groupnorm_apply", a, r, (size_t)Cc * R * W, NORM);
+        free(gy), free(a), free(r);
+    }
+    /* upsample: exact */
+    const size_t ps2 = (size_t)(2 * R + 2) * 2 * W, n2 = Cc * ps2;
+    float *u = zeros(n2);
+    void *du = dev_out(n2);
+    C->upsample_nearest2x(x, ps, u, ps2, 1, Cc, R, W);
+    G->upsample_nearest2x(dx, ps, du, ps2, 1, Cc, R, W);
+    float *gu = down(du, n2), *a = zeros((size_t)Cc * 4 * R * W), *r = zeros((size_t)Cc * 4 * R * W);
+    for (int c = 0; c < Cc; c++) {
+        memcpy(a + (size_t)c * 4 * R * W, gu + c * ps2, (size_t)4 * R * W * sizeof *a);
+        memcpy(r + (size_t)c * 4 * R * W, u + c * ps2, (size_t)4 * R * W * sizeof *r);
+    }
+    CLOSE_FLAT("upsample_nearest2x", a, r, (size_t)Cc * 4 * R * W, 0.0);
+    /* planes -> tokens -> planes (accumulate): exact moves, one bf16 add */
+    const int nt = R * W;
+    float *t = zeros((size_t)nt * Cc);
+    void *dt = dev_out((size_t)nt * Cc);
+    C->planes_to_tokens(x, ps, t, Cc, nt);
+    G->planes_to_tokens(dx, ps, dt, Cc, nt);
+    float *gt = down(dt, (size_t)nt * Cc);
+    CLOSE_FLAT("planes_to_tokens", gt, t, (size_t)nt * Cc, 0.0);
+    C->tokens_to_planes(t, x, ps, Cc, nt, 1);
+    G->tokens_to_planes(dt, dx, ps, Cc, nt, 1);
+    float *gx = down(dx, n);
+    CLOSE_FLAT("tokens_to_planes (accumulate)", gx, x, n, BF16_1);
+    G->mem_free(dx, 0), G->mem_free(dg, 0), G->mem_free(dbe, 0), G->mem_free(dy, 0),
+        G->mem_free(du, 0), G->mem_free(dt, 0);
+    free(x), free(g), free(be), free(y), free(u), free(gu), free(a), free(r), free(t), free(gt),
+        free(gx);
+}
+
 static int argc_;
 static char **argv_;
 static const char *filter;
@@ -614,6 +721,12 @@ static int run_checks(void)
     CHECK("patch/p4", check_patches(1, 1, 28, 4, 48));
     CHECK("philox", check_philox());
     CHECK("sampler", check_sampler_helpers());
+    /* the VAE's (kernels/cuda/image.cu) */
+    CHECK("image/conv-halo", check_conv(64, 17, 24, 128, 3, 1, 0, 0, 1, 1, 5));
+    CHECK("image/conv-downsample", check_conv(32, 12, 20, 32, 3, 2, 0, 1, 0, 1, 100));
+    CHECK("image/conv-1x1", check_conv(48, 9, 9, 96, 1, 1, 0, 0, 0, 0, 3));
+    CHECK("image/conv-in-c4", check_conv(4, 8, 8, 512, 3, 1, 1, 1, 1, 1, 2));
+    CHECK("image/groupnorm-upsample-transpose", check_image_ops());
     return 0;
 }
 

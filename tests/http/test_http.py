@@ -50,11 +50,12 @@ def check(cond, what, got=None, want=None):
 class Daemon:
     """ditd serve on a free port; the log goes to a file we can read."""
 
-    def __init__(self, ditd, *args, mpi_np=0, env=None, tls_ca=None, api_key=None):
+    def __init__(self, ditd, *args, mpi_np=0, env=None, tls_ca=None, api_key=None,
+                 model=None):
         self.tls_ca = tls_ca    # the CA file to trust: the daemon speaks HTTPS
         self.api_key = api_key  # sent as Authorization: Bearer by request()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="ditd-serve-", suffix=".log", delete=False)
-        cmd = [ditd, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", "0",
+        cmd = [ditd, "serve", "--model", model or MODEL, "--host", "127.0.0.1", "--port", "0",
                "--threads", "1", *args]
         if mpi_np:
             cmd = ["mpirun", "-np", str(mpi_np), "--oversubscribe", "--bind-to", "none"] + cmd
@@ -874,8 +875,49 @@ def case_mpi_fault(ditd):
             os.unlink(d.log.name)
 
 
+def case_latent(ditd):
+    """A latent DiT with its VAE (tests/fixtures/vae/dit-latent: 8x8x4 latents,
+    VAE scale factor 2): serve answers with 16x16 RGB pictures, `size` is in
+    pixels, and a group of 2 ranks (ulysses, the decode split across both)
+    gives the single process's pictures."""
+    model = os.path.join(FIXTURES, "vae", "dit-latent")
+    body = {"model": "dit-latent", "prompt": "3", "n": 2, "response_format": "b64_json", "seed": 5,
+            "num_inference_steps": 3}
+    d = Daemon(ditd, "--max-batch", "2", model=model)
+    try:
+        r = d.generate(body)
+        want = images(r)
+        check(r[0] == 200 and want and len(want) == 2, "latent model: 200 with 2 images", r and r[0])
+        px = [png_pixels(base64.b64decode(w["b64_json"])) for w in want or []]
+        check(px and all(len(p) == 16 * 16 * 3 for p in px), "latent model: 16x16 RGB pictures",
+              [len(p) for p in px])
+        check(px and len(set(px[0])) > 50, "latent model: a picture, not a flat image",
+              px and len(set(px[0])))
+        st, _, data = d.request("GET", "/v1/models")
+        m = json.loads(data)["data"][0] if st == 200 else {}
+        check(m.get("sizes") == ["16x16"] and m.get("channels") == 3,
+              "/v1/models: the image size (16x16, 3 channels), not the latent's", m.get("sizes"))
+        r = d.generate(dict(body, size="8x8"))
+        check(r[0] == 400 and b"16x16" in r[2], "size 8x8 (the latent's) is refused naming 16x16", r[:1])
+        check(d.generate(dict(body, size="16x16"))[0] == 200, "size 16x16 is accepted")
+    finally:
+        d.stop()
+    if not shutil.which("mpirun") or not want:
+        return 0
+    d = Daemon(ditd, "--max-batch", "2", "--ulysses-degree", "2", model=model, mpi_np=3)
+    try:
+        got = images(d.generate(body))
+        same = same_pictures(got, want)
+        check(same[0], f"latent model, mpirun -np 3 --ulysses-degree 2: the single process's pictures "
+              f"(worst {same[1]}, {same[2]} pixels differ)", same)
+    finally:
+        d.stop()
+    return 0
+
+
 CASES = {"api": case_api, "errors": case_errors, "stream": case_stream, "cancel": case_cancel,
-         "drain": case_drain, "load": case_load, "mpi": case_mpi, "mpi_fault": case_mpi_fault}
+         "drain": case_drain, "load": case_load, "mpi": case_mpi, "mpi_fault": case_mpi_fault,
+         "latent": case_latent}
 
 
 def main():

@@ -455,6 +455,10 @@ static void test_text_pipeline(const char *tmp)
     TU_CHECK(mkdir(vdir, 0700) == 0, "mkdir %s", vdir);
     write_file(vdir, "config.json",
                "{\"_class_name\": \"AutoencoderKL\", \"block_out_channels\": [8, 16, 16, 32], "
+               "\"down_block_types\": [\"DownEncoderBlock2D\", \"DownEncoderBlock2D\", "
+               "\"DownEncoderBlock2D\", \"DownEncoderBlock2D\"], \"up_block_types\": "
+               "[\"UpDecoderBlock2D\", \"UpDecoderBlock2D\", \"UpDecoderBlock2D\", "
+               "\"UpDecoderBlock2D\"], \"latent_channels\": 2, \"norm_num_groups\": 8, "
                "\"out_channels\": 3}");
     write_file(dir, "model_index.json",
                "{\"_class_name\": \"ToyPipeline\", \"transformer\": [\"test\", \"x\"], "
@@ -467,6 +471,25 @@ static void test_text_pipeline(const char *tmp)
                  info.image_channels == 3 && info.shapes.width == 5 && info.shapes.height == 6,
              "latent 5x6 -> image %dx%d x%d (scale %d)", info.image_width, info.image_height,
              info.image_channels, info.vae_scale);
+    {   /* a vae class the registry does not have: refused naming the supported one */
+        char bdir[4300], bv[4400];
+        ditd_model_info bi;
+        snprintf(bdir, sizeof bdir, "%s/toy-badvae", tmp);
+        TU_CHECK(mkdir(bdir, 0700) == 0, "mkdir %s", bdir);
+        make_model(bdir, TOY_CLASS, "text", sched_flow);
+        snprintf(bv, sizeof bv, "%s/vae", bdir);
+        TU_CHECK(mkdir(bv, 0700) == 0, "mkdir %s", bv);
+        write_file(bv, "config.json", "{\"_class_name\": \"AutoencoderTiny\"}");
+        write_file(bdir, "model_index.json",
+                   "{\"_class_name\": \"ToyPipeline\", \"transformer\": [\"test\", \"x\"], "
+                   "\"vae\": [\"diffusers\", \"AutoencoderTiny\"], \"scheduler\": [\"diffusers\", \"x\"]}");
+        int e = ditd_model_info_load(bdir, &bi);
+        TU_CHECK(e == DITD_EUNSUPPORTED && strstr(ditd_err_detail(), "AutoencoderTiny") &&
+                     strstr(ditd_err_detail(), "AutoencoderKL"),
+                 "unknown vae class: %s (%s)", ditd_err_name(e), ditd_err_detail());
+        if (!e)
+            ditd_model_info_free(&bi);
+    }
     {   /* the same model_index without vae/: loads (latents can be saved), no image size */
         char ndir[4300];
         ditd_model_info ni;

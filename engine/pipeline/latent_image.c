@@ -1,0 +1,83 @@
+/* DiTPipeline's tail for latent models: unscale, VAE decode, 8-bit pixels. */
+#include "engine/pipeline/latent_image.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "engine/pipeline/pipeline.h"
+
+int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *ops,
+                          ditd_comm *group, int tiling, ditd_latent_image **out)
+{
+    char dir[DITD_MODEL_PATH_MAX + 8];
+    ditd_latent_image *li;
+    int err;
+
+    *out = NULL;
+    if (!(li = calloc(1, sizeof *li)))
+        return ditd_err_set(DITD_ENOMEM, "latent decoder");
+    if (!info->vae || !info->vae_dir[0]) {
+        free(li);
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: no vae/config.json: the latents cannot be decoded",
+                            info->dir);
+    }
+    snprintf(dir, sizeof dir, "%s", info->vae_dir);
+    ditd_vae_opts o = {.max_h = info->shapes.height, .max_w = info->shapes.width,
+                       .tiling = tiling, .comm = group};
+    if ((err = info->vae->load(dir, ops, &o, &li->vae))) {
+        free(li);
+        return err;
+    }
+    const ditd_vae_config *c = ditd_vae_config_of(li->vae);
+    const int f = ditd_vae_config_scale_factor(c);
+    if (c->latent_channels != info->shapes.in_channels) {
+        ditd_latent_image_free(li);
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: the VAE has %d latent channels, the transformer's in_channels is %d",
+                            dir, c->latent_channels, info->shapes.in_channels);
+    }
+    li->Cl = c->latent_channels;
+    li->h = info->shapes.height;
+    li->w = info->shapes.width;
+    li->Co = c->out_channels;
+    li->H = li->h * f;
+    li->W = li->w * f;
+    li->z = malloc((size_t)li->Cl * li->h * li->w * sizeof *li->z);
+    li->img = malloc((size_t)li->Co * li->H * li->W * sizeof *li->img);
+    if (!li->z || !li->img) {
+        ditd_latent_image_free(li);
+        return ditd_err_set(DITD_ENOMEM, "latent decoder buffers");
+    }
+    *out = li;
+    return 0;
+}
+
+void ditd_latent_image_free(ditd_latent_image *li)
+{
+    if (!li)
+        return;
+    ditd_vae_free(li->vae);
+    free(li->z);
+    free(li->img);
+    free(li);
+}
+
+int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
+                          const uint8_t *active, uint8_t *pixels)
+{
+    const size_t zn = (size_t)li->Cl * li->h * li->w, pn = (size_t)li->Co * li->H * li->W;
+    for (int i = 0; i < n; i++) {
+        if (active && !active[i])
+            continue;
+        memcpy(li->z, latents + (size_t)i * zn, zn * sizeof *li->z);
+        ditd_vae_unscale_dit(ditd_vae_config_of(li->vae), li->z, zn);
+        int err = ditd_vae_decode(li->vae, li->z, 1, li->h, li->w, pixels ? li->img : NULL);
+        if (err)
+            return err;
+        if (pixels)
+            ditd_pipeline_to_pixels(li->img, li->Co, li->H, li->W, pixels + (size_t)i * pn);
+    }
+    return 0;
+}

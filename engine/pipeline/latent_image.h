@@ -1,0 +1,45 @@
+/* The last lines of a latent pipeline: latents -> VAE decode -> 8-bit pixels,
+ * as Diffusers' DiTPipeline writes them:
+ *   latents = 1 / vae.config.scaling_factor * latents   (shift_factor ignored)
+ *   samples = vae.decode(latents).sample
+ *   samples = (samples / 2 + 0.5).clamp(0, 1)           (float32)
+ *   uint8   = (samples * 255).round()                    (half to even)
+ * This is DiTPipeline's rule only: the SD3/FLUX pipelines unscale
+ * differently ((latents / scaling_factor) + shift_factor) and get their own.
+ *
+ * What it is not: the VAE (engine/models/vae/autoencoder_kl.h) or the
+ * sampling loop (engine/pipeline/pipeline.h). Buffers are planned at _new.
+ */
+#ifndef DITD_ENGINE_LATENT_IMAGE_H
+#define DITD_ENGINE_LATENT_IMAGE_H
+
+#include <stdint.h>
+
+#include "engine/backend/backend.h"
+#include "engine/models/model.h"
+#include "engine/models/vae/autoencoder_kl.h"
+#include "engine/parallel/comm.h"
+
+typedef struct ditd_latent_image {
+    ditd_vae *vae;          /* owned */
+    int Cl, h, w;           /* latent channels, rows, columns */
+    int Co, H, W;           /* image channels, rows, columns */
+    float *z;               /* one latent, unscaled (host) */
+    float *img;             /* one decoded image (host; the leader's) */
+} ditd_latent_image;
+
+/* Loads info->dir/vae for the model's latent size. group (borrowed, NULL:
+ * one rank) is the worker group the decode runs on; tiling: Diffusers'
+ * enable_tiling(). Owned: ditd_latent_image_free. */
+int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *ops,
+                          ditd_comm *group, int tiling, ditd_latent_image **out);
+void ditd_latent_image_free(ditd_latent_image *li);
+
+/* Decodes n latents (n, Cl, h, w), host f32, into pixels (n, H, W, Co)
+ * interleaved 8-bit on the leader (others may pass NULL). active: n flags
+ * (NULL: all); skipped samples leave their pixels untouched. Collective over
+ * the group: every rank calls it with the same latents and flags. */
+int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
+                          const uint8_t *active, uint8_t *pixels);
+
+#endif
