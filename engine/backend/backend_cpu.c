@@ -7,6 +7,7 @@
 
 #include "engine/core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/rope.h"
 
 const char *ditd_device_name(ditd_device d)
 {
@@ -170,6 +171,17 @@ static void cpu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_
         memcpy((char *)dst + r * ldd * es, (const char *)src + r * lds * es, cols * es);
 }
 
+static void cpu_rope(void *x, size_t ld, const void *cos, const void *sin, int B, int N, int H,
+                     int Dh)
+{
+    ditd_cpu_rope(x, ld, cos, sin, B, N, H, Dh);
+}
+
+static void cpu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H, int Dh, float eps)
+{
+    ditd_cpu_rmsnorm_heads(x, ld, w, rows, H, Dh, eps);
+}
+
 static int cpu_status(void)
 {
     return 0;
@@ -200,4 +212,6 @@ const ditd_backend_ops ditd_backend_cpu = {
     .mem_alloc = NULL, /* arenas map host pages (engine/core/tensor.c) */
     .mem_free = NULL,
     .status = cpu_status,
+    .rope = cpu_rope,
+    .rmsnorm_heads = cpu_rmsnorm_heads,
 };
