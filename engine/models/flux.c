@@ -130,9 +130,30 @@ static int rope_tables(ditd_flux *m)
     return 0;
 }
 
-static int plan(ditd_flux *m, const ditd_mesh *mesh)
+/* The parallel plan and the activations for the current (h, w, L): the
+ * split of the image tokens, the attention, every buffer, the RoPE table.
+ * Run at load and again by ditd_flux_set_size (the old ones freed first). */
+static int plan_acts(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
+    int err;
+    ditd_cp_attention_free(m->cpa);
+    m->cpa = NULL;
+    ditd_arena_free(&m->acts);
+    /* the joint attention: image tokens split, text tokens the prefix */
+    if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, m->L, c->num_heads,
+                                     c->head_dim, &m->cpa)))
+        return err;
+    m->n_loc = m->cpa->n_loc;
+    m->tok0 = m->cpa->tok0;
+    if ((err = carve_acts(m)) || (err = ditd_arena_commit(&m->acts, m->acts.peak_plan)) ||
+        (err = carve_acts(m)))
+        return err;
+    return rope_tables(m);
+}
+
+static int plan(ditd_flux *m, const ditd_mesh *mesh)
+{
     int err;
     m->mesh = mesh && mesh->size > 1 ? mesh : NULL;
     m->lay = m->mesh ? mesh->layout : DITD_LAYOUT_SINGLE;
@@ -140,25 +161,49 @@ static int plan(ditd_flux *m, const ditd_mesh *mesh)
         return ditd_err_set(DITD_EUNSUPPORTED,
                             "FluxTransformer2DModel: tensor parallelism (tp = %d) is not supported yet; use ring and ulysses",
                             m->lay.tp);
-    /* the joint attention: image tokens split, text tokens the prefix */
-    if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, m->L, c->num_heads,
-                                     c->head_dim, &m->cpa)))
-        return err;
-    m->n_loc = m->cpa->n_loc;
-    m->tok0 = m->cpa->tok0;
     int RU = m->lay.ring * m->lay.ulysses;
     if (!(m->cnt_a = calloc(2 * (size_t)RU, sizeof(int))) ||
         !(m->h_freq = malloc((size_t)m->max_batch * TFREQ * sizeof(float))))
         return ditd_err_set(DITD_ENOMEM, "FLUX plan");
     m->dsp_a = m->cnt_a + RU;
-    if ((err = carve_weights(m)) || (err = carve_acts(m)))
+    if ((err = carve_weights(m)) || (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
+        (err = carve_weights(m)))
         return err;
-    if ((err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
-        (err = ditd_arena_commit(&m->acts, m->acts.peak_plan)))
+    return plan_acts(m);
+}
+
+/* (height, width, text_len) checked; m's sizes and shapes set to them. */
+static int set_sizes(ditd_flux *m, int height, int width, int text_len)
+{
+    if (height <= 0 || width <= 0 || height % 2 || width % 2 || height > 16384 || width > 16384)
+        return ditd_err_set(DITD_EINVAL,
+                            "FLUX latent size %dx%d: width and height must be positive and even (2x2 packing)",
+                            width, height);
+    if (text_len <= 0 || text_len > 65536)
+        return ditd_err_set(DITD_EINVAL, "FLUX text length %d (1..65536)", text_len);
+    m->h = height;
+    m->w = width;
+    m->gh = height / 2;
+    m->gw = width / 2;
+    m->N = m->gh * m->gw;
+    m->L = text_len;
+    ditd_flux_shapes(&m->cfg, height, width, text_len, &m->base.shapes);
+    return 0;
+}
+
+int ditd_flux_set_size(ditd_flux *m, int height, int width, int text_len)
+{
+    int err;
+    if (height == m->h && width == m->w && text_len == m->L)
+        return 0;
+    /* the layout against the new token count first: a refusal leaves the
+     * model as it was */
+    if (m->mesh && (err = ditd_layout_check_attention(&m->lay, m->cfg.num_heads,
+                                                      (height / 2) * (width / 2))))
         return err;
-    if ((err = carve_weights(m)) || (err = carve_acts(m)))
+    if ((err = set_sizes(m, height, width, text_len)))
         return err;
-    return rope_tables(m);
+    return plan_acts(m);
 }
 
 void ditd_flux_free(ditd_flux *m)
@@ -364,12 +409,6 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
 
     if (max_batch <= 0 || max_batch > 4096)
         return ditd_err_set(DITD_EINVAL, "max batch %d (1..4096)", max_batch);
-    if (height <= 0 || width <= 0 || height % 2 || width % 2 || height > 16384 || width > 16384)
-        return ditd_err_set(DITD_EINVAL,
-                            "FLUX latent size %dx%d: width and height must be positive and even (2x2 packing)",
-                            width, height);
-    if (text_len <= 0 || text_len > 65536)
-        return ditd_err_set(DITD_EINVAL, "FLUX text length %d (1..65536)", text_len);
     if (!ops->rope || !ops->rmsnorm_heads)
         return ditd_err_set(DITD_EUNSUPPORTED,
                             "FluxTransformer2DModel needs the rope and rmsnorm_heads ops, which the %s backend lacks yet",
@@ -379,14 +418,7 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
     m->cfg = *cfg;
     m->ops = ops;
     m->max_batch = max_batch;
-    m->h = height;
-    m->w = width;
-    m->gh = height / 2;
-    m->gw = width / 2;
-    m->N = m->gh * m->gw;
-    m->L = text_len;
     m->base.max_batch = max_batch;
-    ditd_flux_shapes(cfg, height, width, text_len, &m->base.shapes);
     ditd_arena_init_mem(&m->weights, ops->mem_alloc, ops->mem_free);
     ditd_arena_init_mem(&m->acts, ops->mem_alloc, ops->mem_free);
     m->dbl = calloc((size_t)cfg->num_layers + 1, sizeof *m->dbl);
@@ -395,8 +427,8 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
         err = ditd_err_set(DITD_ENOMEM, "FLUX blocks");
         goto fail;
     }
-    if ((err = plan(m, mesh)) || (err = ditd_safetensors_open(weights_path, &st)) ||
-        (err = load_weights(m, st)))
+    if ((err = set_sizes(m, height, width, text_len)) || (err = plan(m, mesh)) ||
+        (err = ditd_safetensors_open(weights_path, &st)) || (err = load_weights(m, st)))
         goto fail;
     ditd_safetensors_free(st);
     *out = m;

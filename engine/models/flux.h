@@ -28,9 +28,11 @@
  * 1000 again, so the features are those of t. Guidance: the scale per row
  * (cond.guidance), multiplied by 1000 as the model does.
  *
- * Sizes: a model is loaded for one latent size (h, w, multiples of 2) and
- * text length L, its buffers planned once for max_batch; the forward
- * allocates nothing.
+ * Sizes: FLUX serves any latent size (h, w even: images in multiples of 16)
+ * and text length L. The weights are loaded once; the activations are
+ * planned for one (h, w, L) and max_batch at a time, again by
+ * ditd_flux_set_size when the size changes (the family table's set_size);
+ * the forward allocates nothing.
  *
  * Parallel (a mesh): ring x ulysses context parallel, the image tokens
  * split over the cp ranks after x_embedder (cp rank s holds tokens
@@ -143,6 +145,14 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
                        int height, int width, int text_len, const char *weights_path,
                        const ditd_mesh *mesh, ditd_flux **out);
 void ditd_flux_free(ditd_flux *m);
+
+/* Re-plans the activations (not the weights) for latents (C, height, width)
+ * and text_len text tokens; nothing happens when they are the current ones.
+ * Allocates: call it between forwards, never inside one. Not collective;
+ * under a mesh every rank calls it with the same sizes, and a token count
+ * the layout cannot split is DITD_EINVAL on every rank alike, the model
+ * left as it was. Other errors (ENOMEM) leave the model unusable. */
+int ditd_flux_set_size(ditd_flux *m, int height, int width, int text_len);
 
 /* out (B, C, h, w) = FLUX(x (B, C, h, w), h_t (B), text (B, L, Dt),
  * pooled (B, Dp), guidance (B); NULL unless guidance_embeds). x and out

@@ -3,11 +3,9 @@
  * pooled vector and guidance from the conditioning rows); the model lives
  * in flux.c and flux_forward.c.
  *
- * Size: the interface's shapes carry one latent size per loaded model, so
- * the table loads FLUX at FluxPipeline's defaults, a 128x128 latent
- * (1024x1024 pixels) and 512 text tokens (DITD_FLUX_DEFAULT_*); other sizes
- * are ditd_flux_new_mesh's arguments until the interface takes the size per
- * forward (docs/flux.md). */
+ * Size: the table loads FLUX at FluxPipeline's defaults, a 128x128 latent
+ * (1024x1024 pixels) and 512 text tokens (DITD_FLUX_DEFAULT_*); set_size
+ * re-plans it for another latent size or text length (docs/flux.md). */
 #include <stdio.h>
 
 #include "engine/core/error.h"
@@ -63,6 +61,11 @@ static int flux_forward(ditd_denoiser *d, int B, const void *x, const float *t,
                              m->cfg.guidance_embeds ? cond->guidance : NULL, out);
 }
 
+static int flux_set_size(ditd_denoiser *d, int height, int width, int text_len)
+{
+    return ditd_flux_set_size((ditd_flux *)d, height, width, text_len);
+}
+
 static void flux_free(ditd_denoiser *d)
 {
     ditd_flux_free((ditd_flux *)d);
@@ -74,4 +77,5 @@ const ditd_denoiser_family ditd_flux_family = {
     .load = flux_load,
     .forward = flux_forward,
     .free = flux_free,
+    .set_size = flux_set_size,
 };

@@ -5,6 +5,8 @@
  *   - the mesh's output equal to one rank's (no mesh) within 1e-4 relative
  *     (max|a-b|/max|b|), and to Diffusers' float64 output within 1e-4;
  *   - every rank of the group gets the same bits (the leader's);
+ *   - the mesh's model is loaded at another size and re-planned with
+ *     ditd_flux_set_size (the split and the attention planned anew);
  *   - at least 5 cases checked.
  * A layout FLUX cannot run is refused on every rank alike at load: tp > 1
  * (no tensor-parallel plan yet: EUNSUPPORTED), more ulysses ranks than
@@ -42,8 +44,12 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
         if (flux_case_load(dir, c, &fc) == 0) {
             TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h, fc.w, fc.L, dir, NULL,
                                      &one));
-            TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h, fc.w, fc.L, dir, mesh,
-                                     &par));
+            /* the mesh's model loaded at another size, then re-planned
+             * for the case's (set_size under a mesh) */
+            TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h + 2, fc.w + 4, fc.L + 1,
+                                     dir, mesh, &par));
+            if (par)
+                TU_OK(ditd_flux_set_size(par, fc.h, fc.w, fc.L));
         }
         if (one && par) {
             const float *g = cfg.guidance_embeds ? fc.guidance : NULL;
