@@ -29,7 +29,8 @@ static int carve_lin(ditd_arena *a, ditd_flux_lin *l, ditd_dtype dt, size_t n, s
 static int carve_weights(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
-    size_t D = (size_t)c->inner_dim, F = (size_t)c->mlp_dim, Dh = (size_t)c->head_dim;
+    size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
+    size_t A = (size_t)m->A, F = (size_t)m->fc; /* this tp rank's */
     ditd_dtype wt = m->ops->weight_dtype;
     ditd_arena *a = &m->weights;
     int err = 0;
@@ -50,24 +51,24 @@ static int carve_weights(ditd_flux *m)
         ditd_flux_double *b = &m->dbl[l];
         err |= carve_lin(a, &b->ada, wt, 6 * D, D);
         err |= carve_lin(a, &b->ada_c, wt, 6 * D, D);
-        err |= carve_lin(a, &b->qkv, wt, 3 * D, D);
-        err |= carve_lin(a, &b->qkv_c, wt, 3 * D, D);
+        err |= carve_lin(a, &b->qkv, wt, 3 * A, D);
+        err |= carve_lin(a, &b->qkv_c, wt, 3 * A, D);
         err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
         err |= carve(a, &b->nq_c, wt, Dh) | carve(a, &b->nk_c, wt, Dh);
-        err |= carve_lin(a, &b->out, wt, D, D);
-        err |= carve_lin(a, &b->out_c, wt, D, D);
+        err |= carve(a, &b->out.w, wt, D * A) | carve(a, &b->out.b, wt, D);
+        err |= carve(a, &b->out_c.w, wt, D * A) | carve(a, &b->out_c.b, wt, D);
         err |= carve_lin(a, &b->ff1, wt, F, D);
-        err |= carve_lin(a, &b->ff2, wt, D, F);
+        err |= carve(a, &b->ff2.w, wt, D * F) | carve(a, &b->ff2.b, wt, D);
         err |= carve_lin(a, &b->ff1_c, wt, F, D);
-        err |= carve_lin(a, &b->ff2_c, wt, D, F);
+        err |= carve(a, &b->ff2_c.w, wt, D * F) | carve(a, &b->ff2_c.b, wt, D);
     }
     for (int l = 0; l < c->num_single_layers; l++) {
         ditd_flux_single *b = &m->sgl[l];
         err |= carve_lin(a, &b->ada, wt, 3 * D, D);
-        err |= carve_lin(a, &b->qkv, wt, 3 * D, D);
+        err |= carve_lin(a, &b->qkv, wt, 3 * A, D);
         err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
         err |= carve_lin(a, &b->mlp, wt, F, D);
-        err |= carve_lin(a, &b->out, wt, D, D + F);
+        err |= carve(a, &b->out.w, wt, D * (A + F)) | carve(a, &b->out.b, wt, D);
     }
     return err ? DITD_ENOMEM : 0;
 }
@@ -76,7 +77,8 @@ static int carve_acts(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
     size_t B = (size_t)m->max_batch, N = (size_t)m->N, Nl = (size_t)m->n_loc, L = (size_t)m->L;
-    size_t D = (size_t)c->inner_dim, F = (size_t)c->mlp_dim, Dh = (size_t)c->head_dim;
+    size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
+    size_t A = (size_t)m->A, F = (size_t)m->fc;
     size_t Ci = (size_t)c->in_channels, Co = (size_t)c->out_channels;
     ditd_dtype at = m->ops->act_dtype;
     ditd_arena *a = &m->acts;
@@ -84,8 +86,8 @@ static int carve_acts(ditd_flux *m)
 
     err |= carve(a, &m->img, at, B * Nl * D) | carve(a, &m->txt, at, B * L * D);
     err |= carve(a, &m->xn, at, B * Nl * D) | carve(a, &m->tn, at, B * L * D);
-    err |= carve(a, &m->qkv, at, B * Nl * 3 * D) | carve(a, &m->pqkv, at, B * L * 3 * D);
-    err |= carve(a, &m->cat, at, B * Nl * (D + F)) | carve(a, &m->pcat, at, B * L * (D + F));
+    err |= carve(a, &m->qkv, at, B * Nl * 3 * A) | carve(a, &m->pqkv, at, B * L * 3 * A);
+    err |= carve(a, &m->cat, at, B * Nl * (A + F)) | carve(a, &m->pcat, at, B * L * (A + F));
     err |= carve(a, &m->text_in, at, B * L * (size_t)c->joint_attention_dim);
     err |= carve(a, &m->pooled_in, at, B * (size_t)c->pooled_dim);
     err |= carve(a, &m->tfreq, at, B * TFREQ);
@@ -141,7 +143,7 @@ static int plan_acts(ditd_flux *m)
     m->cpa = NULL;
     ditd_arena_free(&m->acts);
     /* the joint attention: image tokens split, text tokens the prefix */
-    if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, m->L, c->num_heads,
+    if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, m->L, m->hc,
                                      c->head_dim, &m->cpa)))
         return err;
     m->n_loc = m->cpa->n_loc;
@@ -157,10 +159,13 @@ static int plan(ditd_flux *m, const ditd_mesh *mesh)
     int err;
     m->mesh = mesh && mesh->size > 1 ? mesh : NULL;
     m->lay = m->mesh ? mesh->layout : DITD_LAYOUT_SINGLE;
-    if (m->lay.tp > 1)
-        return ditd_err_set(DITD_EUNSUPPORTED,
-                            "FluxTransformer2DModel: tensor parallelism (tp = %d) is not supported yet; use ring and ulysses",
-                            m->lay.tp);
+    if (m->mesh && (err = ditd_layout_check_attention(&m->lay, m->cfg.num_heads, m->N)))
+        return err;
+    /* tp: this rank's heads and MLP columns, as evenly as they go */
+    m->tp_rank = m->mesh ? mesh->tp_rank : 0;
+    ditd_split(m->cfg.num_heads, m->lay.tp, m->tp_rank, &m->h0, &m->hc);
+    ditd_split(m->cfg.mlp_dim, m->lay.tp, m->tp_rank, &m->f0, &m->fc);
+    m->A = m->hc * m->cfg.head_dim;
     int RU = m->lay.ring * m->lay.ulysses;
     if (!(m->cnt_a = calloc(2 * (size_t)RU, sizeof(int))) ||
         !(m->h_freq = malloc((size_t)m->max_batch * TFREQ * sizeof(float))))
@@ -282,6 +287,32 @@ static int get(loader *ld, void *dst, int64_t d0, int64_t d1)
     return err;
 }
 
+/* dst := the slice [start, start + len) along `axis` of the 2-D tensor
+ * (d0, d1) (a tp rank's rows or columns), or of the vector (d0) when d1 = 0;
+ * into `to` (host) instead of uploading when to != NULL. */
+static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, int64_t start,
+                     int64_t len, float *to)
+{
+    int64_t shape[2] = {d0, d1};
+    int nd = d1 > 0 ? 2 : 1;
+    size_t n = (size_t)(axis == 0 ? len : d0) * (size_t)(nd == 2 ? (axis == 1 ? len : d1) : 1);
+    if (!to && n > ld->cap) {
+        float *s = realloc(ld->stage, n * sizeof(float));
+        if (!s)
+            return ditd_err_set(DITD_ENOMEM, "staging %zu floats for %s", n, ld->name);
+        ld->stage = s;
+        ld->cap = n;
+    }
+    float *buf = to ? to : ld->stage;
+    int err = start == 0 && len == shape[axis]
+                  ? ditd_safetensors_read_f32(ld->st, ld->name, nd, shape, buf)
+                  : ditd_safetensors_read_f32_slice(ld->st, ld->name, nd, shape, axis, start, len,
+                                                    buf);
+    if (!err && !to)
+        ld->ops->upload_weight(dst, buf, n);
+    return err;
+}
+
 #define NAME(...) snprintf(ld.name, sizeof ld.name, __VA_ARGS__)
 #define GET(dst, d0, d1, ...)                            \
     do {                                                 \
@@ -298,11 +329,64 @@ static int get(loader *ld, void *dst, int64_t d0, int64_t d1)
         GET((l).b, (n), 0, "%s.bias", pre_);             \
     } while (0)
 
+/* column-parallel Linear (n, k): rows [start, start + len) of weight and bias */
+#define COL(l, n, k, start, len, ...)                                             \
+    do {                                                                          \
+        char pre_[200];                                                           \
+        snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
+        NAME("%s.weight", pre_);                                                  \
+        if ((err = get_slice(&ld, (l).w, (n), (k), 0, (start), (len), NULL)))     \
+            goto done;                                                            \
+        NAME("%s.bias", pre_);                                                    \
+        if ((err = get_slice(&ld, (l).b, (n), 0, 0, (start), (len), NULL)))       \
+            goto done;                                                            \
+    } while (0)
+/* row-parallel Linear (n, k): weight columns [start, start + len), the whole bias */
+#define ROW(l, n, k, start, len, ...)                                             \
+    do {                                                                          \
+        char pre_[200];                                                           \
+        snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
+        NAME("%s.weight", pre_);                                                  \
+        if ((err = get_slice(&ld, (l).w, (n), (k), 1, (start), (len), NULL)))     \
+            goto done;                                                            \
+        GET((l).b, (n), 0, "%s.bias", pre_);                                      \
+    } while (0)
+
+/* The single blocks' proj_out (D, D + F), row-parallel in its two packed
+ * input blocks: this rank's attention columns [a0, a0 + A) then its MLP
+ * columns [D + f0, D + f0 + Fl), side by side: (D, A + Fl). */
+static int get_packed(loader *ld, void *dst, int64_t D, int64_t F, int64_t a0, int64_t A,
+                      int64_t f0, int64_t Fl)
+{
+    float *pa = malloc((size_t)(D * A) * sizeof(float));
+    float *pf = malloc((size_t)(D * Fl) * sizeof(float));
+    float *all = malloc((size_t)(D * (A + Fl)) * sizeof(float));
+    int err;
+    if (!pa || !pf || !all) {
+        err = ditd_err_set(DITD_ENOMEM, "staging %s", ld->name);
+        goto out;
+    }
+    if ((err = get_slice(ld, NULL, D, D + F, 1, a0, A, pa)) ||
+        (err = get_slice(ld, NULL, D, D + F, 1, D + f0, Fl, pf)))
+        goto out;
+    for (int64_t r = 0; r < D; r++) {
+        memcpy(all + r * (A + Fl), pa + r * A, (size_t)A * sizeof(float));
+        memcpy(all + r * (A + Fl) + A, pf + r * Fl, (size_t)Fl * sizeof(float));
+    }
+    ld->ops->upload_weight(dst, all, (size_t)(D * (A + Fl)));
+out:
+    free(pa);
+    free(pf);
+    free(all);
+    return err;
+}
+
 static int load_weights(ditd_flux *m, const ditd_safetensors *st)
 {
     const ditd_flux_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
     int64_t D = c->inner_dim, F = c->mlp_dim, Dh = c->head_dim, Co = c->out_channels;
+    int64_t A = m->A, a0 = (int64_t)m->h0 * Dh, Fl = m->fc, f0 = m->f0; /* this tp rank's */
     loader ld = {.st = st, .ops = ops};
     int err = 0;
 
@@ -351,38 +435,41 @@ static int load_weights(ditd_flux *m, const ditd_safetensors *st)
         const char *qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
         LIN(b->ada, 6 * D, D, "transformer_blocks.%d.norm1.linear", l);
         LIN(b->ada_c, 6 * D, D, "transformer_blocks.%d.norm1_context.linear", l);
-        for (int j = 0; j < 3; j++) { /* fused by rows: q, k, v */
-            ditd_flux_lin part = {ditd_ptr_w(ops, b->qkv.w, (size_t)(j * D * D)),
-                                  ditd_ptr_w(ops, b->qkv.b, (size_t)(j * D))};
-            ditd_flux_lin part_c = {ditd_ptr_w(ops, b->qkv_c.w, (size_t)(j * D * D)),
-                                    ditd_ptr_w(ops, b->qkv_c.b, (size_t)(j * D))};
-            LIN(part, D, D, "transformer_blocks.%d.attn.%s", l, qkv[j]);
-            LIN(part_c, D, D, "transformer_blocks.%d.attn.%s", l, qkv_c[j]);
+        for (int j = 0; j < 3; j++) { /* fused by rows: q, k, v (this rank's heads of each) */
+            ditd_flux_lin part = {ditd_ptr_w(ops, b->qkv.w, (size_t)(j * A * D)),
+                                  ditd_ptr_w(ops, b->qkv.b, (size_t)(j * A))};
+            ditd_flux_lin part_c = {ditd_ptr_w(ops, b->qkv_c.w, (size_t)(j * A * D)),
+                                    ditd_ptr_w(ops, b->qkv_c.b, (size_t)(j * A))};
+            COL(part, D, D, a0, A, "transformer_blocks.%d.attn.%s", l, qkv[j]);
+            COL(part_c, D, D, a0, A, "transformer_blocks.%d.attn.%s", l, qkv_c[j]);
         }
         GET(b->nq, Dh, 0, "transformer_blocks.%d.attn.norm_q.weight", l);
         GET(b->nk, Dh, 0, "transformer_blocks.%d.attn.norm_k.weight", l);
         GET(b->nq_c, Dh, 0, "transformer_blocks.%d.attn.norm_added_q.weight", l);
         GET(b->nk_c, Dh, 0, "transformer_blocks.%d.attn.norm_added_k.weight", l);
-        LIN(b->out, D, D, "transformer_blocks.%d.attn.to_out.0", l);
-        LIN(b->out_c, D, D, "transformer_blocks.%d.attn.to_add_out", l);
-        LIN(b->ff1, F, D, "transformer_blocks.%d.ff.net.0.proj", l);
-        LIN(b->ff2, D, F, "transformer_blocks.%d.ff.net.2", l);
-        LIN(b->ff1_c, F, D, "transformer_blocks.%d.ff_context.net.0.proj", l);
-        LIN(b->ff2_c, D, F, "transformer_blocks.%d.ff_context.net.2", l);
+        ROW(b->out, D, D, a0, A, "transformer_blocks.%d.attn.to_out.0", l);
+        ROW(b->out_c, D, D, a0, A, "transformer_blocks.%d.attn.to_add_out", l);
+        COL(b->ff1, F, D, f0, Fl, "transformer_blocks.%d.ff.net.0.proj", l);
+        ROW(b->ff2, D, F, f0, Fl, "transformer_blocks.%d.ff.net.2", l);
+        COL(b->ff1_c, F, D, f0, Fl, "transformer_blocks.%d.ff_context.net.0.proj", l);
+        ROW(b->ff2_c, D, F, f0, Fl, "transformer_blocks.%d.ff_context.net.2", l);
     }
     for (int l = 0; l < c->num_single_layers; l++) {
         ditd_flux_single *b = &m->sgl[l];
         const char *qkv[3] = {"to_q", "to_k", "to_v"};
         LIN(b->ada, 3 * D, D, "single_transformer_blocks.%d.norm.linear", l);
         for (int j = 0; j < 3; j++) {
-            ditd_flux_lin part = {ditd_ptr_w(ops, b->qkv.w, (size_t)(j * D * D)),
-                                  ditd_ptr_w(ops, b->qkv.b, (size_t)(j * D))};
-            LIN(part, D, D, "single_transformer_blocks.%d.attn.%s", l, qkv[j]);
+            ditd_flux_lin part = {ditd_ptr_w(ops, b->qkv.w, (size_t)(j * A * D)),
+                                  ditd_ptr_w(ops, b->qkv.b, (size_t)(j * A))};
+            COL(part, D, D, a0, A, "single_transformer_blocks.%d.attn.%s", l, qkv[j]);
         }
         GET(b->nq, Dh, 0, "single_transformer_blocks.%d.attn.norm_q.weight", l);
         GET(b->nk, Dh, 0, "single_transformer_blocks.%d.attn.norm_k.weight", l);
-        LIN(b->mlp, F, D, "single_transformer_blocks.%d.proj_mlp", l);
-        LIN(b->out, D, D + F, "single_transformer_blocks.%d.proj_out", l);
+        COL(b->mlp, F, D, f0, Fl, "single_transformer_blocks.%d.proj_mlp", l);
+        NAME("single_transformer_blocks.%d.proj_out.weight", l);
+        if ((err = get_packed(&ld, b->out.w, D, F, a0, A, f0, Fl)))
+            goto done;
+        GET(b->out.b, D, 0, "single_transformer_blocks.%d.proj_out.bias", l);
     }
     /* more blocks in the checkpoint than the config says would silently
      * drop layers: refuse */

@@ -40,8 +40,15 @@
  * passed to engine/parallel/cp_attention.h as its prefix (Diffusers' Flux
  * context-parallel plan: text and image tokens both in the joint
  * attention). RoPE is applied to each rank's own image tokens. The proj_out
- * tokens are all-gathered before unpacking. No tensor parallelism yet: a
- * mesh with tp > 1 is refused at load.
+ * tokens are all-gathered before unpacking.
+ * Tensor parallel (Diffusers' Flux _tp_plan, Megatron): to_q/k/v,
+ * add_q/k/v_proj, ff(.context).net.0.proj and proj_mlp by output rows
+ * (heads, MLP columns); to_out.0, to_add_out, ff(.context).net.2 by input
+ * columns, and the single blocks' proj_out by input columns in its two
+ * packed blocks [attention | MLP]; one all-reduce after each row-parallel
+ * layer (the bias added once, on tp rank 0). Embeddings, modulations,
+ * QK norms (over head_dim, after the split) and the output layer are
+ * replicated. Each rank reads only its slices. CP x TP composes.
  *
  * What it is not: no text encoders, no sampler, no VAE (engine/pipeline,
  * engine/text, the VAE family); no CUDA kernels for RoPE and the head norm
@@ -124,9 +131,15 @@ typedef struct ditd_flux {
     void *tok_out;          /* (B, N, 4Co) */
     float *h_freq;          /* (B, 256) host features before upload */
 
-    /* parallel plan; no mesh: one rank, n_loc = N */
+    /* parallel plan; no mesh: one rank, n_loc = N, hc = H, fc = F. Under
+     * tp the attention holds hc heads (A = hc Dh columns of q, k, v) and
+     * the MLPs fc columns: qkv (B, Nl, 3A), cat (B, Nl, A + fc). */
     const ditd_mesh *mesh;
     ditd_layout lay;
+    int tp_rank;
+    int hc, h0;             /* this tp rank's heads */
+    int fc, f0;             /* this tp rank's MLP columns */
+    int A;                  /* hc * Dh */
     int n_loc, tok0;
     ditd_cp_attention *cpa;
     int *cnt_a, *dsp_a;     /* (R*U) counts of the final gather */
@@ -139,7 +152,7 @@ typedef struct ditd_flux {
  * batches up to max_batch, weights from a safetensors checkpoint (file,
  * index or folder), as one rank of `mesh` (borrowed; NULL = one rank).
  * height and width even. Refused (DITD_EUNSUPPORTED / DITD_EINVAL, on every
- * rank alike): tp > 1, a layout the heads or tokens cannot take, a backend
+ * rank alike): a layout the heads or tokens cannot take, a backend
  * without the rope and rmsnorm_heads ops. *out owned: ditd_flux_free. */
 int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops, int max_batch,
                        int height, int width, int text_len, const char *weights_path,

@@ -5,6 +5,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/flux.h"
+#include "engine/parallel/comm.h"
 #include "kernels/cpu/rope.h"
 
 #define TFREQ 256     /* Timesteps(num_channels=256) */
@@ -19,6 +20,20 @@ static void lin(const ditd_flux *m, const void *x, size_t ldx, const ditd_flux_l
                 size_t ldy, int M, int N, int K, ditd_act act)
 {
     m->ops->linear(x, ldx, l->w, l->b, y, ldy, M, N, K, act);
+}
+
+/* A row-parallel Linear (tp: this rank's input columns, partial sums, the
+ * bias once on tp rank 0, then the all-reduce): y (M, D) from x (M, K). */
+static int row_lin(const ditd_flux *m, const void *x, size_t ldx, const ditd_flux_lin *l, void *y,
+                   int M, int K)
+{
+    int D = m->cfg.inner_dim;
+    m->ops->linear(x, ldx, l->w, m->tp_rank == 0 ? l->b : NULL, y, (size_t)D, M, D, K,
+                   DITD_ACT_NONE);
+    if (m->lay.tp > 1)
+        return ditd_comm_allreduce_sum(m->mesh->tp_comm, m->ops->act_dtype, y,
+                                       (size_t)M * (size_t)D);
+    return 0;
 }
 
 /* A TimestepEmbedding (linear_1, SiLU, linear_2) of the features in tfreq,
@@ -66,48 +81,52 @@ static void conditioning(ditd_flux *m, int B, const float *h_t, const float *h_g
  *   q, k, v of the image tokens xn (B, Nl, D) and of the text tokens tn
  *   (B, L, D), each q and k RMS-normalized per head, RoPE on the image
  *   tokens (the text's ids are zeros: RoPE is the identity there), then
- *   softmax attention over all L + N tokens; outputs into the first D
- *   columns of cat (B, Nl, D + F) and pcat (B, L, D + F). */
+ *   softmax attention over all L + N tokens; outputs into the first A
+ *   columns of cat (B, Nl, A + Fl) and pcat (B, L, A + Fl). Under tp: this
+ *   rank's hc heads (A = hc Dh). */
 static int joint_attention(ditd_flux *m, int B, const ditd_flux_lin *qkv, const ditd_flux_lin *pqkv,
                            const void *nq, const void *nk, const void *pnq, const void *pnk)
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_flux_config *c = &m->cfg;
-    int D = c->inner_dim, H = c->num_heads, Dh = c->head_dim, Nl = m->n_loc, L = m->L;
-    size_t ld3 = 3 * (size_t)D, ldc = (size_t)D + (size_t)c->mlp_dim, half = (size_t)Dh / 2;
+    int D = c->inner_dim, H = m->hc, Dh = c->head_dim, Nl = m->n_loc, L = m->L, A = m->A;
+    size_t ld3 = 3 * (size_t)A, ldc = (size_t)A + (size_t)m->fc, half = (size_t)Dh / 2;
     float eps = FLUX_EPS;
 
-    lin(m, m->xn, (size_t)D, qkv, m->qkv, ld3, B * Nl, 3 * D, D, DITD_ACT_NONE);
-    lin(m, m->tn, (size_t)D, pqkv, m->pqkv, ld3, B * L, 3 * D, D, DITD_ACT_NONE);
+    lin(m, m->xn, (size_t)D, qkv, m->qkv, ld3, B * Nl, 3 * A, D, DITD_ACT_NONE);
+    lin(m, m->tn, (size_t)D, pqkv, m->pqkv, ld3, B * L, 3 * A, D, DITD_ACT_NONE);
     ops->rmsnorm_heads(m->qkv, ld3, nq, B * Nl, H, Dh, eps);
-    ops->rmsnorm_heads(at(m, m->qkv, (size_t)D), ld3, nk, B * Nl, H, Dh, eps);
+    ops->rmsnorm_heads(at(m, m->qkv, (size_t)A), ld3, nk, B * Nl, H, Dh, eps);
     ops->rmsnorm_heads(m->pqkv, ld3, pnq, B * L, H, Dh, eps);
-    ops->rmsnorm_heads(at(m, m->pqkv, (size_t)D), ld3, pnk, B * L, H, Dh, eps);
+    ops->rmsnorm_heads(at(m, m->pqkv, (size_t)A), ld3, pnk, B * L, H, Dh, eps);
     /* this rank's image tokens take their own rows of the table */
     const void *cs = at(m, m->rope_cos, (size_t)m->tok0 * half);
     const void *sn = at(m, m->rope_sin, (size_t)m->tok0 * half);
     ops->rope(m->qkv, ld3, cs, sn, B, Nl, H, Dh);
-    ops->rope(at(m, m->qkv, (size_t)D), ld3, cs, sn, B, Nl, H, Dh);
-    return ditd_cp_attention_run(m->cpa, B, m->qkv, at(m, m->qkv, (size_t)D),
-                                 at(m, m->qkv, 2 * (size_t)D), ld3, m->cat, ldc, m->pqkv,
-                                 at(m, m->pqkv, (size_t)D), at(m, m->pqkv, 2 * (size_t)D), ld3,
+    ops->rope(at(m, m->qkv, (size_t)A), ld3, cs, sn, B, Nl, H, Dh);
+    return ditd_cp_attention_run(m->cpa, B, m->qkv, at(m, m->qkv, (size_t)A),
+                                 at(m, m->qkv, 2 * (size_t)A), ld3, m->cat, ldc, m->pqkv,
+                                 at(m, m->pqkv, (size_t)A), at(m, m->pqkv, 2 * (size_t)A), ld3,
                                  m->pcat, ldc);
 }
 
 /* h (B, n, D) += gate * FF(LN(h) (1 + scale) + shift), FF = Linear(F -> D)
- * . GELU(tanh) . Linear(D -> F); mod (B, 6D) holds shift, scale, gate at
- * 3D, 4D, 5D; xn and hid ((B, n, F) of row stride D + F) are scratch. */
-static void mlp(ditd_flux *m, int B, int n, void *h, void *xn, void *hid, const void *mod,
+ * . GELU(tanh) . Linear(D -> F) (tp: this rank's Fl columns, all-reduced);
+ * mod (B, 6D) holds shift, scale, gate at 3D, 4D, 5D; xn and hid ((B, n, Fl)
+ * of row stride A + Fl) are scratch. */
+static int mlp(ditd_flux *m, int B, int n, void *h, void *xn, void *hid, const void *mod,
                 const ditd_flux_lin *f1, const ditd_flux_lin *f2)
 {
     const ditd_backend_ops *ops = m->ops;
-    int D = m->cfg.inner_dim, F = m->cfg.mlp_dim;
-    size_t ld6 = 6 * (size_t)D, ldc = (size_t)D + (size_t)F;
+    int D = m->cfg.inner_dim, F = m->fc, err;
+    size_t ld6 = 6 * (size_t)D, ldc = (size_t)m->A + (size_t)F;
     ops->layernorm_modulate(h, xn, B, n, D, FLUX_EPS, at(m, mod, 3 * (size_t)D),
                             at(m, mod, 4 * (size_t)D), ld6);
     lin(m, xn, (size_t)D, f1, hid, ldc, B * n, F, D, DITD_ACT_GELU_TANH);
-    lin(m, hid, ldc, f2, xn, (size_t)D, B * n, D, F, DITD_ACT_NONE);
+    if ((err = row_lin(m, hid, ldc, f2, xn, B * n, F)))
+        return err;
     ops->gated_residual(h, xn, B, n, D, at(m, mod, 5 * (size_t)D), ld6);
+    return 0;
 }
 
 /* FluxTransformerBlock: each stream its own adaLN-Zero modulation
@@ -115,8 +134,8 @@ static void mlp(ditd_flux *m, int B, int n, void *h, void *xn, void *hid, const 
 static int double_block(ditd_flux *m, const ditd_flux_double *b, int B)
 {
     const ditd_backend_ops *ops = m->ops;
-    int D = m->cfg.inner_dim, Nl = m->n_loc, L = m->L;
-    size_t ld6 = 6 * (size_t)D, ldc = (size_t)D + (size_t)m->cfg.mlp_dim;
+    int D = m->cfg.inner_dim, Nl = m->n_loc, L = m->L, A = m->A;
+    size_t ld6 = 6 * (size_t)D, ldc = (size_t)A + (size_t)m->fc;
     int err;
 
     lin(m, m->svec, (size_t)D, &b->ada, m->mod, ld6, B, 6 * D, D, DITD_ACT_NONE);
@@ -127,14 +146,16 @@ static int double_block(ditd_flux *m, const ditd_flux_double *b, int B)
     if ((err = joint_attention(m, B, &b->qkv, &b->qkv_c, b->nq, b->nk, b->nq_c, b->nk_c)))
         return err;
     /* to_out.0 / to_add_out, gated into each stream */
-    lin(m, m->cat, ldc, &b->out, m->xn, (size_t)D, B * Nl, D, D, DITD_ACT_NONE);
+    if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A)))
+        return err;
     ops->gated_residual(m->img, m->xn, B, Nl, D, at(m, m->mod, 2 * (size_t)D), ld6);
-    lin(m, m->pcat, ldc, &b->out_c, m->tn, (size_t)D, B * L, D, D, DITD_ACT_NONE);
+    if ((err = row_lin(m, m->pcat, ldc, &b->out_c, m->tn, B * L, A)))
+        return err;
     ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod_c, 2 * (size_t)D), ld6);
     /* the MLPs (hidden in the MLP columns of cat / pcat) */
-    mlp(m, B, Nl, m->img, m->xn, at(m, m->cat, (size_t)D), m->mod, &b->ff1, &b->ff2);
-    mlp(m, B, L, m->txt, m->tn, at(m, m->pcat, (size_t)D), m->mod_c, &b->ff1_c, &b->ff2_c);
-    return 0;
+    if ((err = mlp(m, B, Nl, m->img, m->xn, at(m, m->cat, (size_t)A), m->mod, &b->ff1, &b->ff2)))
+        return err;
+    return mlp(m, B, L, m->txt, m->tn, at(m, m->pcat, (size_t)A), m->mod_c, &b->ff1_c, &b->ff2_c);
 }
 
 /* FluxSingleTransformerBlock over [text; image] (kept as two buffers, the
@@ -143,22 +164,25 @@ static int double_block(ditd_flux *m, const ditd_flux_double *b, int B)
 static int single_block(ditd_flux *m, const ditd_flux_single *b, int B)
 {
     const ditd_backend_ops *ops = m->ops;
-    int D = m->cfg.inner_dim, F = m->cfg.mlp_dim, Nl = m->n_loc, L = m->L;
-    size_t ld3 = 3 * (size_t)D, ldc = (size_t)D + (size_t)F;
+    int D = m->cfg.inner_dim, F = m->fc, Nl = m->n_loc, L = m->L, A = m->A;
+    size_t ld3 = 3 * (size_t)D, ldc = (size_t)A + (size_t)F;
     int err;
 
     lin(m, m->svec, (size_t)D, &b->ada, m->mod, ld3, B, 3 * D, D, DITD_ACT_NONE);
     ops->layernorm_modulate(m->img, m->xn, B, Nl, D, FLUX_EPS, m->mod, at(m, m->mod, (size_t)D), ld3);
     ops->layernorm_modulate(m->txt, m->tn, B, L, D, FLUX_EPS, m->mod, at(m, m->mod, (size_t)D), ld3);
-    lin(m, m->xn, (size_t)D, &b->mlp, at(m, m->cat, (size_t)D), ldc, B * Nl, F, D,
+    lin(m, m->xn, (size_t)D, &b->mlp, at(m, m->cat, (size_t)A), ldc, B * Nl, F, D,
         DITD_ACT_GELU_TANH);
-    lin(m, m->tn, (size_t)D, &b->mlp, at(m, m->pcat, (size_t)D), ldc, B * L, F, D,
+    lin(m, m->tn, (size_t)D, &b->mlp, at(m, m->pcat, (size_t)A), ldc, B * L, F, D,
         DITD_ACT_GELU_TANH);
     if ((err = joint_attention(m, B, &b->qkv, &b->qkv, b->nq, b->nk, b->nq, b->nk)))
         return err;
-    lin(m, m->cat, ldc, &b->out, m->xn, (size_t)D, B * Nl, D, D + F, DITD_ACT_NONE);
+    /* proj_out over [attention | MLP] (tp: this rank's columns of both) */
+    if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A + F)))
+        return err;
     ops->gated_residual(m->img, m->xn, B, Nl, D, at(m, m->mod, 2 * (size_t)D), ld3);
-    lin(m, m->pcat, ldc, &b->out, m->tn, (size_t)D, B * L, D, D + F, DITD_ACT_NONE);
+    if ((err = row_lin(m, m->pcat, ldc, &b->out, m->tn, B * L, A + F)))
+        return err;
     ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod, 2 * (size_t)D), ld3);
     return 0;
 }

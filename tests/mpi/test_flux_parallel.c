@@ -8,9 +8,9 @@
  *   - the mesh's model is loaded at another size and re-planned with
  *     ditd_flux_set_size (the split and the attention planned anew);
  *   - at least 5 cases checked.
- * A layout FLUX cannot run is refused on every rank alike at load: tp > 1
- * (no tensor-parallel plan yet: EUNSUPPORTED), more ulysses ranks than
- * heads (EINVAL).
+ * Tensor parallel (Diffusers' Flux TP plan, heads and MLP columns split)
+ * alone and with ring. A layout FLUX cannot run is refused on every rank
+ * alike at load: more ulysses ranks than a tp rank's heads (EINVAL).
  *
  *   mpirun -np G test_flux_parallel --ring R --ulysses U --tp T [--rotate p2p]
  */
@@ -79,7 +79,8 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
     return checked;
 }
 
-/* Layouts FLUX refuses: the same error on every rank, before any collective. */
+/* Layouts FLUX refuses: the same error on every rank, before any collective
+ * (more tp ranks than heads, more ulysses ranks than a tp rank's heads). */
 static void refusals(const ditd_mesh *mesh, const char *dir)
 {
     char path[4200];
@@ -88,15 +89,13 @@ static void refusals(const ditd_mesh *mesh, const char *dir)
     snprintf(path, sizeof path, "%s/config.json", dir);
     TU_OK(ditd_flux_config_load(path, &cfg));
     int err = ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, 1, 8, 8, 4, dir, mesh, &m);
-    if (mesh->layout.tp > 1)
-        TU_CHECK(err == DITD_EUNSUPPORTED && strstr(ditd_err_detail(), "tp = "),
-                 "tp %d refused: %s: %s", mesh->layout.tp, ditd_err_name(err), ditd_err_detail());
-    else if (mesh->layout.ulysses > cfg.num_heads)
-        TU_CHECK(err == DITD_EINVAL && strstr(ditd_err_detail(), "ulysses"),
-                 "ulysses %d over %d heads refused: %s: %s", mesh->layout.ulysses, cfg.num_heads,
-                 ditd_err_name(err), ditd_err_detail());
-    else
-        TU_CHECK(0, "the refusals run needs tp > 1 or more ulysses ranks than heads");
+    const ditd_layout *l = &mesh->layout;
+    TU_CHECK(l->tp > cfg.num_heads || l->ulysses > (cfg.num_heads + l->tp - 1) / l->tp,
+             "the refusals run needs more tp ranks than heads or more ulysses ranks than a tp rank's heads");
+    TU_CHECK(err == DITD_EINVAL &&
+                 (strstr(ditd_err_detail(), "ulysses") || strstr(ditd_err_detail(), "tp")),
+             "tp %d x ulysses %d over %d heads refused: %s: %s", l->tp, l->ulysses, cfg.num_heads,
+             ditd_err_name(err), ditd_err_detail());
     ditd_flux_free(m);
 }
 
