@@ -199,7 +199,7 @@ static int set_sizes(ditd_flux *m, int height, int width, int text_len)
 int ditd_flux_set_size(ditd_flux *m, int height, int width, int text_len)
 {
     int err;
-    if (height == m->h && width == m->w && text_len == m->L)
+    if (m->cpa && height == m->h && width == m->w && text_len == m->L)
         return 0;
     /* the layout against the new token count first: a refusal leaves the
      * model as it was */

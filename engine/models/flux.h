@@ -164,7 +164,8 @@ void ditd_flux_free(ditd_flux *m);
  * Allocates: call it between forwards, never inside one. Not collective;
  * under a mesh every rank calls it with the same sizes, and a token count
  * the layout cannot split is DITD_EINVAL on every rank alike, the model
- * left as it was. Other errors (ENOMEM) leave the model unusable. */
+ * left as it was. Other errors (ENOMEM) leave it without activations: its
+ * forward refuses (DITD_EINVAL) until a set_size succeeds. */
 int ditd_flux_set_size(ditd_flux *m, int height, int width, int text_len);
 
 /* out (B, C, h, w) = FLUX(x (B, C, h, w), h_t (B), text (B, L, Dt),

@@ -254,6 +254,8 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
 int ditd_flux_forward(ditd_flux *m, int B, const void *x, const float *h_t, const float *h_text,
                       const float *h_pooled, const float *h_guidance, void *out)
 {
+    if (!m->cpa)
+        return ditd_err_set(DITD_EINVAL, "FLUX model has no activations (a set_size failed): set a size again");
     if (B <= 0 || B > m->max_batch)
         return ditd_err_set(DITD_EINVAL, "batch %d outside 1..%d", B, m->max_batch);
     if (!h_text || !h_pooled)
