@@ -9,6 +9,7 @@
 #include "engine/core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/image_kernels.h"
+#include "kernels/cpu/rope.h"
 
 const char *ditd_device_name(ditd_device d)
 {
@@ -209,6 +210,17 @@ static void cpu_tokens_to_planes(const void *t, void *y, size_t ps, int C, int n
     ditd_cpu_tokens_to_planes(t, y, ps, C, n, accumulate);
 }
 
+static void cpu_rope(void *x, size_t ld, const void *cos, const void *sin, int B, int N, int H,
+                     int Dh)
+{
+    ditd_cpu_rope(x, ld, cos, sin, B, N, H, Dh);
+}
+
+static void cpu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H, int Dh, float eps)
+{
+    ditd_cpu_rmsnorm_heads(x, ld, w, rows, H, Dh, eps);
+}
+
 static int cpu_status(void)
 {
     return 0;
@@ -252,4 +264,6 @@ const ditd_backend_ops ditd_backend_cpu = {
     .upsample_nearest2x = cpu_upsample_nearest2x,
     .planes_to_tokens = cpu_planes_to_tokens,
     .tokens_to_planes = cpu_tokens_to_planes,
+    .rope = cpu_rope,
+    .rmsnorm_heads = cpu_rmsnorm_heads,
 };

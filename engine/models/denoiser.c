@@ -69,6 +69,22 @@ void ditd_denoiser_free(ditd_denoiser *d)
         d->family->free(d);
 }
 
+int ditd_denoiser_set_size(ditd_denoiser *d, int height, int width, int text_len)
+{
+    const ditd_denoiser_shapes *s = &d->shapes;
+    int err;
+    if (!d->family->set_size) {
+        if (height == s->height && width == s->width &&
+            (s->cond.kind != DITD_COND_TEXT || text_len == s->cond.text_len))
+            return 0;
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s runs at latent size %dx%d only, not %dx%d",
+                            d->family->class_name, s->width, s->height, width, height);
+    }
+    if ((err = d->family->set_size(d, height, width, text_len)))
+        return err;
+    return ditd_denoiser_shapes_check(s, d->family->class_name);
+}
+
 size_t ditd_denoiser_numel_in(const ditd_denoiser_shapes *s)
 {
     return (size_t)s->in_channels * (size_t)s->height * (size_t)s->width;

@@ -5,8 +5,10 @@
  * `_class_name` in the registry (engine/models/registry.h):
  *
  *     DiTTransformer2DModel   engine/models/dit_denoiser.c (class ids)
- *     FluxTransformer2DModel  later (text: joint attention over a text prefix,
- *                             RoPE, pooled vector, guidance embedding)
+ *     FluxTransformer2DModel  engine/models/flux_denoiser.c (text: joint
+ *                             attention over a text prefix, RoPE, pooled
+ *                             vector, guidance embedding; any latent size
+ *                             through set_size)
  *
  * A loaded model is a ditd_denoiser: the family's own struct, whose first
  * member is this base, so the pipeline holds a `ditd_denoiser *` and never
@@ -63,6 +65,14 @@ typedef struct ditd_denoiser_family {
     int (*forward)(ditd_denoiser *d, int B, const void *x, const float *t, const ditd_cond *cond,
                    void *out);
     void (*free)(ditd_denoiser *d);
+    /* Optional; NULL for a family that runs only at the size its config
+     * gives (DiT). Re-plans the model for latents (C, height, width) and
+     * text_len text tokens (text families; others ignore it), keeping the
+     * weights, and updates d->shapes. Allocates: between batches, never
+     * inside one. Not collective: under a mesh every rank calls it with the
+     * same sizes, and a size the layout cannot split is DITD_EINVAL on every
+     * rank alike. */
+    int (*set_size)(ditd_denoiser *d, int height, int width, int text_len);
 } ditd_denoiser_family;
 
 /* The base every family's model struct starts with. */
@@ -83,6 +93,10 @@ int ditd_denoiser_load(const ditd_denoiser_family *f, const char *dir,
 int ditd_denoiser_forward(ditd_denoiser *d, int B, const void *x, const float *t,
                           const ditd_cond *cond, void *out);
 void ditd_denoiser_free(ditd_denoiser *d);
+/* The table's set_size; for a family without one, 0 when the size is the
+ * model's already and DITD_EUNSUPPORTED naming the size it runs at
+ * otherwise. The new shapes are checked (ditd_denoiser_shapes_check). */
+int ditd_denoiser_set_size(ditd_denoiser *d, int height, int width, int text_len);
 
 /* Elements of one sample's input (C h w) and output (Co h w). */
 size_t ditd_denoiser_numel_in(const ditd_denoiser_shapes *s);

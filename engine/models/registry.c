@@ -11,6 +11,7 @@
 #include "engine/models/vae/autoencoder_kl.h"
 
 extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit_denoiser.c */
+extern const ditd_denoiser_family ditd_flux_family; /* engine/models/flux_denoiser.c */
 
 typedef struct entry {
     ditd_component comp;
@@ -21,6 +22,7 @@ typedef struct entry {
 /* The built-in families, one line each. */
 static const entry builtin[] = {
     {DITD_COMPONENT_TRANSFORMER, "DiTTransformer2DModel", &ditd_dit_family},
+    {DITD_COMPONENT_TRANSFORMER, "FluxTransformer2DModel", &ditd_flux_family},
     {DITD_COMPONENT_VAE, "AutoencoderKL", &ditd_autoencoder_kl_family},
 };
 

@@ -1,0 +1,188 @@
+/* Diffusers FluxTransformer2DModel (FLUX.1 dev and schnell), forward only.
+ *
+ * The model reads like Diffusers' transformer_flux.py:
+ *   x_embedder (on 2x2-packed latents) and context_embedder (T5 sequence);
+ *   vec = timestep embedding (+ guidance embedding, FLUX.1-dev) + the
+ *     pooled text projection (CombinedTimestep[Guidance]TextProjEmbeddings);
+ *   num_layers double-stream blocks: image and text each with their own
+ *     adaLN-Zero modulation, q/k/v, per-head RMSNorm of q and k and MLP,
+ *     one joint attention over [text; image] with 3-axis RoPE;
+ *   num_single_layers single-stream blocks over [text; image]: one
+ *     modulation, attention and a gelu-tanh MLP in parallel, one proj_out;
+ *   AdaLayerNormContinuous and proj_out on the image tokens.
+ * Parameter names and numerics follow Diffusers, so a checkpoint Diffusers
+ * loads gives the same tensors here.
+ *
+ * Latents: the model takes and gives (B, C, h, w) latents, as the denoiser
+ * interface does (C = in_channels / 4 = 16 for FLUX.1), and packs them
+ * itself: FluxPipeline's 2x2 packing followed by x_embedder is exactly a
+ * stride-2 patch embedding with x_embedder's weight seen as (D, C, 2, 2),
+ * and proj_out's rows are reordered at load from (c, dy, dx) to
+ * (dy, dx, c) so that the unpatchify op unpacks. Positions: img_ids are
+ * (0, row, col) of each packed token (FluxPipeline); txt_ids are zeros, so
+ * RoPE leaves the text tokens as they are and is applied to image tokens
+ * only. The T5 attention mask is not used (FluxPipeline passes none).
+ *
+ * Timesteps: t is the scheduler's (sigma * 1000), what the pipeline hands
+ * every family; FluxPipeline passes t / 1000 and the model multiplies by
+ * 1000 again, so the features are those of t. Guidance: the scale per row
+ * (cond.guidance), multiplied by 1000 as the model does.
+ *
+ * Sizes: FLUX serves any latent size (h, w even: images in multiples of 16)
+ * and text length L. The weights are loaded once; the activations are
+ * planned for one (h, w, L) and max_batch at a time, again by
+ * ditd_flux_set_size when the size changes (the family table's set_size);
+ * the forward allocates nothing.
+ *
+ * Parallel (a mesh): ring x ulysses context parallel, the image tokens
+ * split over the cp ranks after x_embedder (cp rank s holds tokens
+ * ditd_split(N, R*U, s)), the text tokens replicated on every rank and
+ * passed to engine/parallel/cp_attention.h as its prefix (Diffusers' Flux
+ * context-parallel plan: text and image tokens both in the joint
+ * attention). RoPE is applied to each rank's own image tokens. The proj_out
+ * tokens are all-gathered before unpacking.
+ * Tensor parallel (Diffusers' Flux _tp_plan, Megatron): to_q/k/v,
+ * add_q/k/v_proj, ff(.context).net.0.proj and proj_mlp by output rows
+ * (heads, MLP columns); to_out.0, to_add_out, ff(.context).net.2 by input
+ * columns, and the single blocks' proj_out by input columns in its two
+ * packed blocks [attention | MLP]; one all-reduce after each row-parallel
+ * layer (the bias added once, on tp rank 0). Embeddings, modulations,
+ * QK norms (over head_dim, after the split) and the output layer are
+ * replicated. Each rank reads only its slices. CP x TP composes.
+ *
+ * What it is not: no text encoders, no sampler, no VAE (engine/pipeline,
+ * engine/text, the VAE family); no CUDA kernels for RoPE and the head norm
+ * yet (a backend without ops->rope is refused at load).
+ */
+#ifndef DITD_ENGINE_FLUX_H
+#define DITD_ENGINE_FLUX_H
+
+#include "engine/backend/backend.h"
+#include "engine/core/tensor.h"
+#include "engine/models/denoiser.h"
+#include "engine/models/flux_config.h"
+#include "engine/parallel/cp_attention.h"
+#include "engine/parallel/mesh.h"
+
+/* The latent size and text length a FLUX model loads at through the family
+ * table (FluxPipeline's defaults: 1024x1024 pixels, max_sequence_length 512). */
+#define DITD_FLUX_DEFAULT_LATENT 128
+#define DITD_FLUX_DEFAULT_TEXT_LEN 512
+
+/* One linear layer's weight (N, K) and bias (N). */
+typedef struct ditd_flux_lin {
+    void *w, *b;
+} ditd_flux_lin;
+
+/* FluxTransformerBlock: the image stream's weights, then the text stream's. */
+typedef struct ditd_flux_double {
+    ditd_flux_lin ada, ada_c;     /* norm1.linear, norm1_context.linear (6D, D) */
+    ditd_flux_lin qkv, qkv_c;     /* to_q|to_k|to_v, add_q|k|v_proj fused by rows (3D, D) */
+    void *nq, *nk, *nq_c, *nk_c;  /* norm_q, norm_k, norm_added_q, norm_added_k (Dh) */
+    ditd_flux_lin out, out_c;     /* to_out.0, to_add_out (D, D) */
+    ditd_flux_lin ff1, ff2;       /* ff.net.0.proj (F, D), ff.net.2 (D, F) */
+    ditd_flux_lin ff1_c, ff2_c;   /* ff_context */
+} ditd_flux_double;
+
+/* FluxSingleTransformerBlock. */
+typedef struct ditd_flux_single {
+    ditd_flux_lin ada;            /* norm.linear (3D, D) */
+    ditd_flux_lin qkv;            /* attn.to_q|to_k|to_v (3D, D) */
+    void *nq, *nk;                /* attn.norm_q, attn.norm_k (Dh) */
+    ditd_flux_lin mlp;            /* proj_mlp (F, D) */
+    ditd_flux_lin out;            /* proj_out (D, D + F) */
+} ditd_flux_single;
+
+typedef struct ditd_flux {
+    ditd_denoiser base;     /* first: a ditd_flux is a denoiser (flux_denoiser.c) */
+    ditd_flux_config cfg;
+    const ditd_backend_ops *ops;
+    int max_batch;
+    int h, w;               /* latent size */
+    int gh, gw, N;          /* packed token grid (h/2, w/2), N image tokens */
+    int L;                  /* text tokens */
+
+    ditd_arena weights, acts;
+
+    ditd_flux_lin x_emb;    /* x_embedder (D, 4C) = conv (D, C, 2, 2) */
+    ditd_flux_lin ctx_emb;  /* context_embedder (D, Dt) */
+    ditd_flux_lin t1, t2;   /* time_text_embed.timestep_embedder linear_1 (D, 256), linear_2 */
+    ditd_flux_lin g1, g2;   /* .guidance_embedder (guidance_embeds) */
+    ditd_flux_lin p1, p2;   /* .text_embedder linear_1 (D, Dp), linear_2 (D, D) */
+    ditd_flux_lin norm_out; /* norm_out.linear (2D, D): [scale; shift] */
+    ditd_flux_lin proj;     /* proj_out (4Co, D), rows reordered to (dy, dx, c) */
+    ditd_flux_double *dbl;  /* num_layers */
+    ditd_flux_single *sgl;  /* num_single_layers */
+
+    /* activations for max_batch samples; Nl = this rank's image tokens */
+    void *img, *txt;        /* (B, Nl, D), (B, L, D) residual streams */
+    void *xn, *tn;          /* (B, Nl, D), (B, L, D) modulated / projected */
+    void *qkv, *pqkv;       /* (B, Nl, 3D), (B, L, 3D) */
+    void *cat, *pcat;       /* (B, Nl, D + F), (B, L, D + F): [attention | MLP hidden] */
+    void *text_in;          /* (B, L, Dt) */
+    void *pooled_in;        /* (B, Dp) */
+    void *tfreq;            /* (B, 256) sinusoidal features */
+    void *tmp;              /* (B, D) */
+    void *vec;              /* (B, D) conditioning */
+    void *svec;             /* (B, D) SiLU(vec), what every modulation reads */
+    void *mod, *mod_c;      /* (B, 6D) */
+    void *rope_cos, *rope_sin; /* (N, Dh/2) of the image tokens */
+    void *scratch;          /* (B, N, 4C) im2col of the packing */
+    void *tok_out;          /* (B, N, 4Co) */
+    float *h_freq;          /* (B, 256) host features before upload */
+
+    /* parallel plan; no mesh: one rank, n_loc = N, hc = H, fc = F. Under
+     * tp the attention holds hc heads (A = hc Dh columns of q, k, v) and
+     * the MLPs fc columns: qkv (B, Nl, 3A), cat (B, Nl, A + fc). */
+    const ditd_mesh *mesh;
+    ditd_layout lay;
+    int tp_rank;
+    int hc, h0;             /* this tp rank's heads */
+    int fc, f0;             /* this tp rank's MLP columns */
+    int A;                  /* hc * Dh */
+    int n_loc, tok0;
+    ditd_cp_attention *cpa;
+    int *cnt_a, *dsp_a;     /* (R*U) counts of the final gather */
+    void *embed;            /* (B, N, D) the whole image's embedding (cp) */
+    void *tok_loc;          /* (B, Nl, 4Co) (cp) */
+    void *tok_gath;         /* (B*N, 4Co) rank blocks (cp) */
+} ditd_flux;
+
+/* Loads a model for latents (C, height, width) and text_len text tokens,
+ * batches up to max_batch, weights from a safetensors checkpoint (file,
+ * index or folder), as one rank of `mesh` (borrowed; NULL = one rank).
+ * height and width even. Refused (DITD_EUNSUPPORTED / DITD_EINVAL, on every
+ * rank alike): a layout the heads or tokens cannot take, a backend
+ * without the rope and rmsnorm_heads ops. *out owned: ditd_flux_free. */
+int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops, int max_batch,
+                       int height, int width, int text_len, const char *weights_path,
+                       const ditd_mesh *mesh, ditd_flux **out);
+void ditd_flux_free(ditd_flux *m);
+
+/* Re-plans the activations (not the weights) for latents (C, height, width)
+ * and text_len text tokens; nothing happens when they are the current ones.
+ * Allocates: call it between forwards, never inside one. Not collective;
+ * under a mesh every rank calls it with the same sizes, and a token count
+ * the layout cannot split is DITD_EINVAL on every rank alike, the model
+ * left as it was. Other errors (ENOMEM) leave it without activations: its
+ * forward refuses (DITD_EINVAL) until a set_size succeeds. */
+int ditd_flux_set_size(ditd_flux *m, int height, int width, int text_len);
+
+/* out (B, C, h, w) = FLUX(x (B, C, h, w), h_t (B), text (B, L, Dt),
+ * pooled (B, Dp), guidance (B); NULL unless guidance_embeds). x and out
+ * backend buffers, the rest host. Collective under a mesh (every rank the
+ * same arguments, every rank the whole out). */
+int ditd_flux_forward(ditd_flux *m, int B, const void *x, const float *h_t, const float *h_text,
+                      const float *h_pooled, const float *h_guidance, void *out);
+
+/* The shapes the model gives the denoiser interface at (height, width, L). */
+void ditd_flux_shapes(const ditd_flux_config *c, int height, int width, int text_len,
+                      ditd_denoiser_shapes *out);
+
+/* The FluxTransformer2DModel family (engine/models/flux_denoiser.c). */
+extern const ditd_denoiser_family ditd_flux_family;
+
+size_t ditd_flux_weight_bytes(const ditd_flux *m);
+size_t ditd_flux_act_bytes(const ditd_flux *m);
+
+#endif

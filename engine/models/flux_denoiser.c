@@ -1,0 +1,81 @@
+/* FluxTransformer2DModel as a denoiser family: the table the registry hands
+ * out. It maps the interface onto engine/models/flux.h (text sequence,
+ * pooled vector and guidance from the conditioning rows); the model lives
+ * in flux.c and flux_forward.c.
+ *
+ * Size: the table loads FLUX at FluxPipeline's defaults, a 128x128 latent
+ * (1024x1024 pixels) and 512 text tokens (DITD_FLUX_DEFAULT_*); set_size
+ * re-plans it for another latent size or text length (docs/flux.md). */
+#include <stdio.h>
+
+#include "engine/core/error.h"
+#include "engine/models/flux.h"
+
+static int config_at(const char *dir, ditd_flux_config *c)
+{
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path)
+        return ditd_err_set(DITD_EINVAL, "path too long: %s", dir);
+    return ditd_flux_config_load(path, c);
+}
+
+static int flux_shapes(const char *dir, ditd_denoiser_shapes *out)
+{
+    ditd_flux_config c;
+    int err = config_at(dir, &c);
+    if (!err)
+        ditd_flux_shapes(&c, DITD_FLUX_DEFAULT_LATENT, DITD_FLUX_DEFAULT_LATENT,
+                         DITD_FLUX_DEFAULT_TEXT_LEN, out);
+    return err;
+}
+
+static int flux_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
+                     const ditd_mesh *mesh, ditd_denoiser **out)
+{
+    ditd_flux_config c;
+    ditd_flux *m;
+    int err;
+    if ((err = config_at(dir, &c)) ||
+        (err = ditd_flux_new_mesh(&c, ops, max_batch, DITD_FLUX_DEFAULT_LATENT,
+                                  DITD_FLUX_DEFAULT_LATENT, DITD_FLUX_DEFAULT_TEXT_LEN, dir, mesh,
+                                  &m)))
+        return err;
+    m->base.family = &ditd_flux_family;
+    *out = &m->base;
+    return 0;
+}
+
+static int flux_forward(ditd_denoiser *d, int B, const void *x, const float *t,
+                        const ditd_cond *cond, void *out)
+{
+    ditd_flux *m = (ditd_flux *)d;
+    const ditd_cond_shape *s = &cond->shape;
+    if (s->kind != DITD_COND_TEXT || s->text_len != m->L ||
+        s->text_dim != m->cfg.joint_attention_dim || s->pooled_dim != m->cfg.pooled_dim ||
+        !cond->pooled)
+        return ditd_err_set(DITD_EINVAL,
+                            "FLUX takes text (%d tokens of %d) and a pooled vector of %d, not (%d, %d, %d)",
+                            m->L, m->cfg.joint_attention_dim, m->cfg.pooled_dim, s->text_len,
+                            s->text_dim, s->pooled_dim);
+    return ditd_flux_forward(m, B, x, t, cond->text, cond->pooled,
+                             m->cfg.guidance_embeds ? cond->guidance : NULL, out);
+}
+
+static int flux_set_size(ditd_denoiser *d, int height, int width, int text_len)
+{
+    return ditd_flux_set_size((ditd_flux *)d, height, width, text_len);
+}
+
+static void flux_free(ditd_denoiser *d)
+{
+    ditd_flux_free((ditd_flux *)d);
+}
+
+const ditd_denoiser_family ditd_flux_family = {
+    .class_name = "FluxTransformer2DModel",
+    .shapes = flux_shapes,
+    .load = flux_load,
+    .forward = flux_forward,
+    .free = flux_free,
+    .set_size = flux_set_size,
+};

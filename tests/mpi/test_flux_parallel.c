@@ -1,0 +1,155 @@
+/* The FLUX.1 transformer under mpirun: context parallel over the joint
+ * text + image sequence (text tokens the unsplit prefix of
+ * engine/parallel/cp_attention.h, image tokens split unevenly), for every
+ * fixture model and case of tests/fixtures/flux:
+ *   - the mesh's output equal to one rank's (no mesh) within 1e-4 relative
+ *     (max|a-b|/max|b|), and to Diffusers' float64 output within 1e-4;
+ *   - every rank of the group gets the same bits (the leader's);
+ *   - the mesh's model is loaded at another size and re-planned with
+ *     ditd_flux_set_size (the split and the attention planned anew);
+ *   - at least 5 cases checked.
+ * Tensor parallel (Diffusers' Flux TP plan, heads and MLP columns split)
+ * alone and with ring. A layout FLUX cannot run is refused on every rank
+ * alike at load: more ulysses ranks than a tp rank's heads (EINVAL).
+ *
+ *   mpirun -np G test_flux_parallel --ring R --ulysses U --tp T [--rotate p2p]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend/backend.h"
+#include "engine/models/flux.h"
+#include "engine/parallel/comm.h"
+#include "engine/parallel/mesh.h"
+#include "tests/flux_case.h"
+
+#define TOL 1e-4
+#define MIN_CASES 5
+
+static int rank_world;
+
+static int run_model(const char *dir, const ditd_mesh *mesh)
+{
+    char path[4200], what[512];
+    ditd_flux_config cfg;
+    int checked = 0;
+    size_t i;
+    json_t *c, *cases = flux_cases(dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_flux_config_load(path, &cfg));
+    json_array_foreach(cases, i, c) {
+        flux_case fc;
+        ditd_flux *one = NULL, *par = NULL;
+        if (flux_case_load(dir, c, &fc) == 0) {
+            TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h, fc.w, fc.L, dir, NULL,
+                                     &one));
+            /* the mesh's model loaded at another size, then re-planned
+             * for the case's (set_size under a mesh) */
+            TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h + 2, fc.w + 4, fc.L + 1,
+                                     dir, mesh, &par));
+            if (par)
+                TU_OK(ditd_flux_set_size(par, fc.h, fc.w, fc.L));
+        }
+        if (one && par) {
+            const float *g = cfg.guidance_embeds ? fc.guidance : NULL;
+            float *a = calloc(fc.n_out, sizeof *a), *b = calloc(fc.n_out, sizeof *b);
+            float *lead = calloc(fc.n_out, sizeof *lead);
+            TU_OK(ditd_flux_forward(one, fc.B, fc.x, fc.t, fc.text, fc.pooled, g, a));
+            TU_OK(ditd_flux_forward(par, fc.B, fc.x, fc.t, fc.text, fc.pooled, g, b));
+            snprintf(what, sizeof what, "rank %d %s[%zu] %d image tokens (%d here), %d text: mesh vs one rank",
+                     rank_world, dir, i, par->N, par->n_loc, fc.L);
+            TU_CLOSE(what, b, a, fc.n_out, TOL);
+            snprintf(what, sizeof what, "rank %d %s[%zu]: mesh vs Diffusers", rank_world, dir, i);
+            TU_CLOSE(what, b, fc.out, fc.n_out, TOL);
+            memcpy(lead, b, fc.n_out * sizeof *lead);
+            TU_OK(ditd_comm_bcast(mesh->group, lead, fc.n_out * sizeof *lead, 0));
+            TU_CHECK(memcmp(lead, b, fc.n_out * sizeof *lead) == 0,
+                     "%s[%zu]: rank %d's output differs from the leader's", dir, i, rank_world);
+            checked++;
+            free(a);
+            free(b);
+            free(lead);
+        }
+        ditd_flux_free(one);
+        ditd_flux_free(par);
+        flux_case_free(&fc);
+    }
+    json_decref(cases);
+    return checked;
+}
+
+/* Layouts FLUX refuses: the same error on every rank, before any collective
+ * (more tp ranks than heads, more ulysses ranks than a tp rank's heads). */
+static void refusals(const ditd_mesh *mesh, const char *dir)
+{
+    char path[4200];
+    ditd_flux_config cfg;
+    ditd_flux *m = NULL;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_flux_config_load(path, &cfg));
+    int err = ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, 1, 8, 8, 4, dir, mesh, &m);
+    const ditd_layout *l = &mesh->layout;
+    TU_CHECK(l->tp > cfg.num_heads || l->ulysses > (cfg.num_heads + l->tp - 1) / l->tp,
+             "the refusals run needs more tp ranks than heads or more ulysses ranks than a tp rank's heads");
+    TU_CHECK(err == DITD_EINVAL &&
+                 (strstr(ditd_err_detail(), "ulysses") || strstr(ditd_err_detail(), "tp")),
+             "tp %d x ulysses %d over %d heads refused: %s: %s", l->tp, l->ulysses, cfg.num_heads,
+             ditd_err_name(err), ditd_err_detail());
+    ditd_flux_free(m);
+}
+
+int main(int argc, char **argv)
+{
+    ditd_layout l = DITD_LAYOUT_SINGLE;
+    ditd_comm *world = NULL;
+    ditd_mesh *mesh = NULL;
+    char dir[4096];
+    int checked = 0, refuse = 0;
+
+    if (ditd_comm_mpi_init(&argc, &argv) || ditd_comm_mpi_world(&world)) {
+        fprintf(stderr, "MPI: %s\n", ditd_err_detail());
+        return 1;
+    }
+    rank_world = ditd_comm_rank(world);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (strcmp(a, "--ring") == 0) l.ring = atoi(v), i++;
+        else if (strcmp(a, "--ulysses") == 0) l.ulysses = atoi(v), i++;
+        else if (strcmp(a, "--tp") == 0) l.tp = atoi(v), i++;
+        else if (strcmp(a, "--refusals") == 0) refuse = 1;
+        else if (strcmp(a, "--rotate") == 0) {
+            if (ditd_ring_rotate_from_str(v, &l.rotate))
+                return 2;
+            i++;
+        } else {
+            fprintf(stderr, "unknown argument %s\n", a);
+            return 2;
+        }
+    }
+    ditd_backend_cpu.set_threads(1);
+    TU_OK(ditd_mesh_new(world, &l, &mesh));
+    if (!mesh)
+        goto out;
+    if (refuse) {
+        snprintf(dir, sizeof dir, "%s/flux/%s", tu_fixtures(), flux_models[0]);
+        refusals(mesh, dir);
+    } else {
+        for (int i = 0; i < FLUX_MODELS; i++) {
+            snprintf(dir, sizeof dir, "%s/flux/%s", tu_fixtures(), flux_models[i]);
+            checked += run_model(dir, mesh);
+        }
+        TU_CHECK(checked >= MIN_CASES, "FLUX cases checked under the mesh: %d (at least %d)",
+                 checked, MIN_CASES);
+    }
+    ditd_mesh_free(mesh);
+out:;
+    float f = (float)tu_failures;
+    ditd_comm_allreduce_sum(world, DITD_DTYPE_F32, &f, 1);
+    int all = (int)f;
+    if (rank_world == 0)
+        printf("%d checks on rank 0; %d failed over all ranks\n", tu_checks, all);
+    ditd_comm_free(world);
+    ditd_comm_mpi_finalize();
+    return all ? 1 : 0;
+}
