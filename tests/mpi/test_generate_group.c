@@ -1,11 +1,16 @@
 /* `mpirun -np G ditd generate` with layout flags writes, from the leader,
  * the latents one rank writes (relative error <= 1e-4), and a layout that
  * does not fit the world is refused with its numbers and exit status 2.
+ * A latent model (tests/fixtures/vae/dit-latent) under ring x tp, cfg and
+ * tp layouts: latents within 1e-4 and PNGs within one 8-bit level of one
+ * rank's, the VAE decoded by every rank of the group (its decode alone is
+ * bit-identical to one rank: test_vae_parallel).
  *   test_generate_group DITD MPIRUN */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <png.h>
 #include <unistd.h>
 
 #include "engine/io/npy.h"
@@ -32,6 +37,68 @@ static float *load(const char *path, size_t *n)
     for (int i = 0; i < nd; i++)
         *n *= (size_t)shape[i];
     return x;
+}
+
+/* 8-bit pixels of a PNG, or NULL. */
+static unsigned char *read_png(const char *path, size_t *n)
+{
+    png_image img;
+    unsigned char *pix;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&img, path))
+        return NULL;
+    *n = PNG_IMAGE_SIZE(img);
+    if (!(pix = malloc(*n)))
+        return NULL;
+    if (!png_image_finish_read(&img, NULL, pix, 0, NULL)) {
+        free(pix);
+        return NULL;
+    }
+    return pix;
+}
+
+/* The latent model under one layout against one rank. */
+static void latent_layout(const char *ditd, const char *mpirun, const char *model, int np,
+                          const char *flags, const char *tmp)
+{
+    char cmd[8192], lat[256], png[256], rlat[256], rpng[256];
+    const char *common = "--class 3 --seed 7 --steps 4 --guidance 2 -q --threads 1";
+    snprintf(rlat, sizeof rlat, "%s/ditd-lat-ref-%d.npy", tmp, (int)getpid());
+    snprintf(rpng, sizeof rpng, "%s/ditd-lat-ref-%d.png", tmp, (int)getpid());
+    snprintf(lat, sizeof lat, "%s/ditd-lat-par-%d.npy", tmp, (int)getpid());
+    snprintf(png, sizeof png, "%s/ditd-lat-par-%d.png", tmp, (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s generate --model %s %s --save-latents %s -o %s", ditd, model,
+             common, rlat, rpng);
+    TU_CHECK(run(cmd) == 0, "latent model, single rank");
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s generate --model %s %s --save-latents %s -o %s %s",
+             mpirun, np, ditd, model, common, lat, png, flags);
+    TU_CHECK(run(cmd) == 0, "latent model: %s", flags);
+    size_t na = 0, nb = 0, pa = 0, pb = 0;
+    float *a = load(lat, &na), *b = load(rlat, &nb);
+    unsigned char *x = read_png(png, &pa), *y = read_png(rpng, &pb);
+    TU_CHECK(a && b && na == nb && x && y && pa == pb, "latents and PNGs of both (%zu/%zu, %zu/%zu)",
+             na, nb, pa, pb);
+    if (a && b && na == nb) {
+        char what[256];
+        snprintf(what, sizeof what, "latent model, %s: latents vs one rank", flags);
+        TU_CLOSE(what, a, b, na, 1e-4);
+    }
+    if (x && y && pa == pb) {
+        int worst = 0;
+        size_t off = 0;
+        for (size_t i = 0; i < pa; i++) {
+            int d = abs((int)x[i] - (int)y[i]);
+            if (d)
+                off++;
+            worst = d > worst ? d : worst;
+        }
+        TU_CHECK(worst <= 1, "latent model, %s: PNG within one level of one rank's (worst %d, %zu of %zu differ)",
+                 flags, worst, off, pa);
+        printf("latent model, %s: PNG worst %d level(s), %zu of %zu values differ\n", flags, worst, off, pa);
+    }
+    free(a), free(b), free(x), free(y);
+    remove(lat), remove(png), remove(rlat), remove(rpng);
 }
 
 int main(int argc, char **argv)
@@ -84,5 +151,13 @@ int main(int argc, char **argv)
     remove(ref);
     remove(par);
     remove(log);
+
+    /* a latent model under the layouts its 2 heads allow */
+    snprintf(model, sizeof model, "%s/vae/dit-latent", tu_fixtures());
+    int layouts = 0;
+    latent_layout(ditd, mpirun, model, 4, "--ring-degree 2 --tp-degree 2 --ring-rotate p2p", tmp), layouts++;
+    latent_layout(ditd, mpirun, model, 2, "--cfg-degree 2", tmp), layouts++;
+    latent_layout(ditd, mpirun, model, 3, "--ring-degree 3", tmp), layouts++;
+    TU_CHECK(layouts == 3, "latent layouts checked: %d", layouts);
     return tu_exit();
 }
