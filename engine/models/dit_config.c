@@ -9,53 +9,8 @@
 #include <strings.h>
 
 #include "engine/core/error.h"
+#include "engine/io/json_config.h"
 #include "kernels/cpu/cpu_kernels.h"
-
-static int get_int(json_t *root, const char *path, const char *key, int dflt, int *out)
-{
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (json_is_integer(v)) {
-        json_int_t i = json_integer_value(v);
-        if (i < -1000000000 || i > 1000000000)
-            return ditd_err_set(DITD_ERANGE, "%s: %s = %lld is out of range", path, key,
-                                (long long)i);
-        *out = (int)i;
-        return 0;
-    }
-    return ditd_err_set(DITD_EFORMAT, "%s: %s must be an integer", path, key);
-}
-
-static int get_bool(json_t *root, const char *path, const char *key, int dflt, int *out)
-{
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (json_is_boolean(v)) {
-        *out = json_is_true(v);
-        return 0;
-    }
-    return ditd_err_set(DITD_EFORMAT, "%s: %s must be true or false", path, key);
-}
-
-static int get_float(json_t *root, const char *path, const char *key, double dflt, double *out)
-{
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (json_is_number(v)) {
-        *out = json_number_value(v);
-        return 0;
-    }
-    return ditd_err_set(DITD_EFORMAT, "%s: %s must be a number", path, key);
-}
 
 /* A string key that must equal one of the accepted values (or be absent). */
 static int check_str(json_t *root, const char *path, const char *key, const char *dflt,
@@ -128,17 +83,17 @@ static int config_from_json(json_t *root, const char *path, ditd_dit_config *out
         return ditd_err_set(DITD_EUNSUPPORTED,
                             "%s: _class_name \"%s\" is not supported (DiTTransformer2DModel)", path, cls);
     /* Defaults are DiTTransformer2DModel's __init__ defaults. */
-    if ((err = get_int(root, path, "in_channels", 4, &c.in_channels)) ||
-        (err = get_int(root, path, "out_channels", 0, &c.out_channels)) ||
-        (err = get_int(root, path, "sample_size", 32, &c.sample_size)) ||
-        (err = get_int(root, path, "patch_size", 2, &c.patch_size)) ||
-        (err = get_int(root, path, "num_layers", 28, &c.num_layers)) ||
-        (err = get_int(root, path, "num_attention_heads", 16, &c.num_heads)) ||
-        (err = get_int(root, path, "attention_head_dim", 72, &c.head_dim)) ||
-        (err = get_int(root, path, "num_embeds_ada_norm", 1000, &c.num_embeds_ada_norm)) ||
-        (err = get_bool(root, path, "attention_bias", 1, &c.attention_bias)) ||
-        (err = get_bool(root, path, "norm_elementwise_affine", 0, &aff)) ||
-        (err = get_float(root, path, "norm_eps", 1e-5, &eps)) ||
+    if ((err = ditd_json_get_int(root, path, "in_channels", 4, &c.in_channels)) ||
+        (err = ditd_json_get_int(root, path, "out_channels", 0, &c.out_channels)) ||
+        (err = ditd_json_get_int(root, path, "sample_size", 32, &c.sample_size)) ||
+        (err = ditd_json_get_int(root, path, "patch_size", 2, &c.patch_size)) ||
+        (err = ditd_json_get_int(root, path, "num_layers", 28, &c.num_layers)) ||
+        (err = ditd_json_get_int(root, path, "num_attention_heads", 16, &c.num_heads)) ||
+        (err = ditd_json_get_int(root, path, "attention_head_dim", 72, &c.head_dim)) ||
+        (err = ditd_json_get_int(root, path, "num_embeds_ada_norm", 1000, &c.num_embeds_ada_norm)) ||
+        (err = ditd_json_get_bool(root, path, "attention_bias", 1, &c.attention_bias)) ||
+        (err = ditd_json_get_bool(root, path, "norm_elementwise_affine", 0, &aff)) ||
+        (err = ditd_json_get_number(root, path, "norm_eps", 1e-5, NULL, &eps)) ||
         (err = check_str(root, path, "norm_type", "ada_norm_zero", "ada_norm_zero")) ||
         (err = check_str(root, path, "activation_fn", "gelu-approximate", "gelu-approximate")))
         return err;

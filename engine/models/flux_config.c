@@ -5,36 +5,8 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/io/json_config.h"
 #include "kernels/cpu/cpu_kernels.h"
-
-static int get_int(json_t *root, const char *path, const char *key, int dflt, int *out)
-{
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_integer(v))
-        return ditd_err_set(DITD_EFORMAT, "%s: %s must be an integer", path, key);
-    json_int_t i = json_integer_value(v);
-    if (i < -1000000000 || i > 1000000000)
-        return ditd_err_set(DITD_ERANGE, "%s: %s = %lld is out of range", path, key, (long long)i);
-    *out = (int)i;
-    return 0;
-}
-
-static int get_bool(json_t *root, const char *path, const char *key, int dflt, int *out)
-{
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_boolean(v))
-        return ditd_err_set(DITD_EFORMAT, "%s: %s must be true or false", path, key);
-    *out = json_is_true(v);
-    return 0;
-}
 
 static int get_axes(json_t *root, const char *path, int *dims)
 {
@@ -120,16 +92,16 @@ static int config_from_json(json_t *root, const char *path, ditd_flux_config *ou
                             "%s: _class_name \"%s\" is not supported (FluxTransformer2DModel)", path,
                             cls);
     /* Defaults are FluxTransformer2DModel.__init__'s. */
-    if ((err = get_int(root, path, "patch_size", 1, &c.patch_size)) ||
-        (err = get_int(root, path, "in_channels", 64, &c.in_channels)) ||
-        (err = get_int(root, path, "out_channels", 0, &c.out_channels)) ||
-        (err = get_int(root, path, "num_layers", 19, &c.num_layers)) ||
-        (err = get_int(root, path, "num_single_layers", 38, &c.num_single_layers)) ||
-        (err = get_int(root, path, "attention_head_dim", 128, &c.head_dim)) ||
-        (err = get_int(root, path, "num_attention_heads", 24, &c.num_heads)) ||
-        (err = get_int(root, path, "joint_attention_dim", 4096, &c.joint_attention_dim)) ||
-        (err = get_int(root, path, "pooled_projection_dim", 768, &c.pooled_dim)) ||
-        (err = get_bool(root, path, "guidance_embeds", 0, &c.guidance_embeds)) ||
+    if ((err = ditd_json_get_int(root, path, "patch_size", 1, &c.patch_size)) ||
+        (err = ditd_json_get_int(root, path, "in_channels", 64, &c.in_channels)) ||
+        (err = ditd_json_get_int(root, path, "out_channels", 0, &c.out_channels)) ||
+        (err = ditd_json_get_int(root, path, "num_layers", 19, &c.num_layers)) ||
+        (err = ditd_json_get_int(root, path, "num_single_layers", 38, &c.num_single_layers)) ||
+        (err = ditd_json_get_int(root, path, "attention_head_dim", 128, &c.head_dim)) ||
+        (err = ditd_json_get_int(root, path, "num_attention_heads", 24, &c.num_heads)) ||
+        (err = ditd_json_get_int(root, path, "joint_attention_dim", 4096, &c.joint_attention_dim)) ||
+        (err = ditd_json_get_int(root, path, "pooled_projection_dim", 768, &c.pooled_dim)) ||
+        (err = ditd_json_get_bool(root, path, "guidance_embeds", 0, &c.guidance_embeds)) ||
         (err = get_axes(root, path, c.axes_dims)) || (err = ditd_flux_config_finish(&c, path)))
         return err;
     *out = c;

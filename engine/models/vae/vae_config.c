@@ -6,52 +6,8 @@
 #include <strings.h>
 
 #include "engine/core/error.h"
+#include "engine/io/json_config.h"
 #include "kernels/cpu/cpu_kernels.h"
-
-static int get_int(json_t *root, const char *path, const char *key, int dflt, int *out)
-{
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_integer(v))
-        return ditd_err_set(DITD_EFORMAT, "%s: %s must be an integer", path, key);
-    json_int_t i = json_integer_value(v);
-    if (i < -1000000 || i > 1000000)
-        return ditd_err_set(DITD_ERANGE, "%s: %s = %lld is out of range", path, key, (long long)i);
-    *out = (int)i;
-    return 0;
-}
-
-static int get_bool(json_t *root, const char *path, const char *key, int dflt, int *out)
-{
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_boolean(v))
-        return ditd_err_set(DITD_EFORMAT, "%s: %s must be true or false", path, key);
-    *out = json_is_true(v);
-    return 0;
-}
-
-/* A number, or null/absent (then *has = 0 and *out = dflt). */
-static int get_num(json_t *root, const char *path, const char *key, double dflt, int *has,
-                   double *out)
-{
-    json_t *v = json_object_get(root, key);
-    *has = 0;
-    *out = dflt;
-    if (!v || json_is_null(v))
-        return 0;
-    if (!json_is_number(v))
-        return ditd_err_set(DITD_EFORMAT, "%s: %s must be a number", path, key);
-    *has = 1;
-    *out = json_number_value(v);
-    return 0;
-}
 
 /* An array of numbers (or null: *n = 0). */
 static int get_num_array(json_t *root, const char *path, const char *key, int cap, int *n,
@@ -160,21 +116,21 @@ static int config_from_json(json_t *root, const char *path, ditd_vae_config *out
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: _class_name \"%s\" is not supported (AutoencoderKL)",
                             path, cls);
     /* Defaults are AutoencoderKL.__init__'s. */
-    if ((err = get_int(root, path, "in_channels", 3, &c.in_channels)) ||
-        (err = get_int(root, path, "out_channels", 3, &c.out_channels)) ||
-        (err = get_int(root, path, "latent_channels", 4, &c.latent_channels)) ||
-        (err = get_int(root, path, "layers_per_block", 1, &c.layers_per_block)) ||
-        (err = get_int(root, path, "norm_num_groups", 32, &c.norm_num_groups)) ||
-        (err = get_num(root, path, "scaling_factor", 0.18215, &has_scaling, &c.scaling_factor)) ||
-        (err = get_num(root, path, "shift_factor", 0.0, &c.has_shift_factor, &c.shift_factor)) ||
+    if ((err = ditd_json_get_int(root, path, "in_channels", 3, &c.in_channels)) ||
+        (err = ditd_json_get_int(root, path, "out_channels", 3, &c.out_channels)) ||
+        (err = ditd_json_get_int(root, path, "latent_channels", 4, &c.latent_channels)) ||
+        (err = ditd_json_get_int(root, path, "layers_per_block", 1, &c.layers_per_block)) ||
+        (err = ditd_json_get_int(root, path, "norm_num_groups", 32, &c.norm_num_groups)) ||
+        (err = ditd_json_get_number(root, path, "scaling_factor", 0.18215, &has_scaling, &c.scaling_factor)) ||
+        (err = ditd_json_get_number(root, path, "shift_factor", 0.0, &c.has_shift_factor, &c.shift_factor)) ||
         (err = get_num_array(root, path, "latents_mean", DITD_VAE_MAX_LATENT, &c.n_latents_mean,
                              c.latents_mean)) ||
         (err = get_num_array(root, path, "latents_std", DITD_VAE_MAX_LATENT, &c.n_latents_std,
                              c.latents_std)) ||
-        (err = get_bool(root, path, "force_upcast", 1, &c.force_upcast)) ||
-        (err = get_bool(root, path, "use_quant_conv", 1, &c.use_quant_conv)) ||
-        (err = get_bool(root, path, "use_post_quant_conv", 1, &c.use_post_quant_conv)) ||
-        (err = get_bool(root, path, "mid_block_add_attention", 1, &c.mid_block_add_attention)) ||
+        (err = ditd_json_get_bool(root, path, "force_upcast", 1, &c.force_upcast)) ||
+        (err = ditd_json_get_bool(root, path, "use_quant_conv", 1, &c.use_quant_conv)) ||
+        (err = ditd_json_get_bool(root, path, "use_post_quant_conv", 1, &c.use_post_quant_conv)) ||
+        (err = ditd_json_get_bool(root, path, "mid_block_add_attention", 1, &c.mid_block_add_attention)) ||
         (err = get_block_types(root, path, "down_block_types", "DownEncoderBlock2D", &nd)) ||
         (err = get_block_types(root, path, "up_block_types", "UpDecoderBlock2D", &nu)))
         return err;
@@ -191,7 +147,7 @@ static int config_from_json(json_t *root, const char *path, ditd_vae_config *out
     c.sample_size = 32;
     if ((v = json_object_get(root, "sample_size")) && !json_is_null(v)) {
         if (json_is_integer(v)) {
-            if ((err = get_int(root, path, "sample_size", 32, &c.sample_size)))
+            if ((err = ditd_json_get_int(root, path, "sample_size", 32, &c.sample_size)))
                 return err;
         } else if (json_is_array(v) && json_array_size(v) == 2 &&
                    json_is_integer(json_array_get(v, 0)) && json_is_integer(json_array_get(v, 1))) {
