@@ -48,3 +48,26 @@ int ditd_json_get_number(json_t *root, const char *path, const char *key, double
     *out = json_number_value(v);
     return 0;
 }
+
+int ditd_json_config_file(const char *path, ditd_json_reader rd, void *out)
+{
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root)
+        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+    int err = rd(root, path, out);
+    json_decref(root);
+    return err;
+}
+
+int ditd_json_config_text(const char *text, size_t len, const char *name, ditd_json_reader rd,
+                          void *out)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (!root)
+        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", name, jerr.line, jerr.text);
+    int err = rd(root, name, out);
+    json_decref(root);
+    return err;
+}

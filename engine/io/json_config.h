@@ -8,6 +8,17 @@
 #define DITD_ENGINE_JSON_CONFIG_H
 
 #include <jansson.h>
+#include <stddef.h>
+
+/* A config reader: root -> *out, errors naming `name` (the file). */
+typedef int (*ditd_json_reader)(json_t *root, const char *name, void *out);
+
+/* Parses the JSON file at path / the text (named `name` in errors) and hands
+ * its root to rd. DITD_EFORMAT naming the file and line when it is not
+ * JSON; else what rd returns. */
+int ditd_json_config_file(const char *path, ditd_json_reader rd, void *out);
+int ditd_json_config_text(const char *text, size_t len, const char *name, ditd_json_reader rd,
+                          void *out);
 
 /* An integer within +-1e9 (DITD_EFORMAT when not an integer, DITD_ERANGE
  * outside). */

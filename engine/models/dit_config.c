@@ -109,28 +109,19 @@ static int config_from_json(json_t *root, const char *path, ditd_dit_config *out
     return 0;
 }
 
+static int read_json(json_t *root, const char *name, void *out)
+{
+    return config_from_json(root, name, out);
+}
+
 int ditd_dit_config_load(const char *path, ditd_dit_config *out)
 {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    int err;
-    if (!root)
-        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
-    err = config_from_json(root, path, out);
-    json_decref(root);
-    return err;
+    return ditd_json_config_file(path, read_json, out);
 }
 
 int ditd_dit_config_parse(const char *text, size_t len, const char *name, ditd_dit_config *out)
 {
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
-    int err;
-    if (!root)
-        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", name, jerr.line, jerr.text);
-    err = config_from_json(root, name, out);
-    json_decref(root);
-    return err;
+    return ditd_json_config_text(text, len, name, read_json, out);
 }
 
 int ditd_dit_config_named(const char *name, int sample_size, ditd_dit_config *out)
