@@ -5,11 +5,14 @@
 #define DITD_TESTS_TEST_UTIL_H
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "ditd_build_config.h"
@@ -170,6 +173,43 @@ static inline int tu_foreach_fixture_model(void (*fn)(const char *dir, void *ud)
     }
     closedir(d);
     return models;
+}
+
+extern char **environ;
+
+/* Runs bin with args (NULL-terminated, without argv[0]), stdout to
+ * /dev/null, stderr into err (cap bytes, NUL-terminated) through a file in
+ * scratch_dir. The exit status, 128 + signal when killed, -1 when it could
+ * not start. */
+static inline int tu_spawn(const char *bin, const char *const *args, const char *scratch_dir,
+                           char *err, size_t cap)
+{
+    char errpath[512];
+    const char *argv[64];
+    int n = 0, status;
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+
+    argv[n++] = bin;
+    while (*args && n < 62)
+        argv[n++] = *args++;
+    argv[n] = NULL;
+    snprintf(errpath, sizeof errpath, "%s/stderr", scratch_dir);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    if (posix_spawn(&pid, bin, &fa, NULL, (char *const *)argv, environ) != 0) {
+        posix_spawn_file_actions_destroy(&fa);
+        return -1;
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    waitpid(pid, &status, 0);
+    FILE *f = fopen(errpath, "r");
+    size_t len = f ? fread(err, 1, cap - 1, f) : 0;
+    err[len] = '\0';
+    if (f)
+        fclose(f);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 static inline int tu_exit(void)

@@ -14,42 +14,15 @@
 #include "engine/io/npy.h"
 #include "tests/test_util.h"
 
-extern char **environ;
-
 static const char *ditd_bin;
 static char tmpdir[256];
 static char errbuf[8192];
 
-/* Runs ditd with argv (NULL-terminated, without argv[0]); returns the exit
- * status (128 + signal when killed); stderr lands in errbuf. */
+/* Runs ditd with args (NULL-terminated, without argv[0]); exit status,
+ * stderr in errbuf. */
 static int run(const char *const *args)
 {
-    char errpath[512];
-    const char *argv[64];
-    int n = 0, status;
-    pid_t pid;
-    posix_spawn_file_actions_t fa;
-
-    argv[n++] = ditd_bin;
-    while (*args && n < 62)
-        argv[n++] = *args++;
-    argv[n] = NULL;
-    snprintf(errpath, sizeof errpath, "%s/stderr", tmpdir);
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    if (posix_spawn(&pid, ditd_bin, &fa, NULL, (char *const *)argv, environ) != 0) {
-        posix_spawn_file_actions_destroy(&fa);
-        return -1;
-    }
-    posix_spawn_file_actions_destroy(&fa);
-    waitpid(pid, &status, 0);
-    FILE *f = fopen(errpath, "r");
-    size_t len = f ? fread(errbuf, 1, sizeof errbuf - 1, f) : 0;
-    errbuf[len] = '\0';
-    if (f)
-        fclose(f);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return tu_spawn(ditd_bin, args, tmpdir, errbuf, sizeof errbuf);
 }
 
 static int read_png(const char *path, int *w, int *h, int *channels, unsigned char **pix)
