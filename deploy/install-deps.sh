@@ -7,6 +7,7 @@ set -euo pipefail
 pkgs=(
   build-essential pkg-config meson ninja-build
   libopenblas-openmp-dev libjansson-dev libpng-dev
+  libdnnl-dev
   libmicrohttpd-dev libuv1-dev libprotobuf-c-dev protobuf-c-compiler
   libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev

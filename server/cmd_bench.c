@@ -24,6 +24,8 @@ static void usage(FILE *f)
             "usage: ditd bench [options]\n"
             "\n"
             "  --device D       cpu or cuda (default cpu; cuda: one GPU, one rank)\n"
+            "  --dtype T        CPU weights: f32, bf16 or auto (default auto: bf16 for a\n"
+            "                   16-bit --model on a CPU with AVX512-BF16/AMX, else f32)\n"
             "  --config NAME    DiT-S/2, DiT-B/2, DiT-L/2, DiT-XL/2 (/4, /8): random weights\n"
             "                   (default DiT-XL/2)\n"
             "  --model DIR      a model folder instead (its real weights)\n"
@@ -120,7 +122,8 @@ static void analytic_bytes(const ditd_dit_config *c, const ditd_layout *l, int B
 }
 
 static int bench_group(const ditd_layout *layout, const char *model_dir, const char *config,
-                       long tokens, long batch, long threads, long iters, long warmup)
+                       long tokens, long batch, long threads, long iters, long warmup,
+                       const char *dtype)
 {
     const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
     ditd_comm *world = NULL;
@@ -166,6 +169,12 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
         }
         have_info = 1;
         cfg = info.dit;
+        ditd_dtype ckpt = DITD_DTYPE_F32;
+        if ((err = ditd_dit_checkpoint_dtype(info.transformer_dir, &ckpt)) ||
+            !(ops = ditd_backend_for_weights(ops, dtype, ckpt))) {
+            fail("--dtype", err ? err : DITD_EINVAL);
+            goto done;
+        }
         err = ditd_dit_new_mesh(&cfg, ops, B, info.transformer_dir, mesh, &m);
     } else {
         if ((err = ditd_dit_config_named(config, 2 * (int)side, &cfg))) {
@@ -178,6 +187,10 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
                 fail("--config", err);
                 goto done;
             }
+        }
+        if (!(ops = ditd_backend_for_weights(ops, dtype, DITD_DTYPE_F32))) {
+            fail("--dtype", DITD_EINVAL);
+            goto done;
         }
         err = ditd_dit_new_random_mesh(&cfg, ops, B, 1234, mesh, &m);
     }
@@ -274,7 +287,8 @@ done:
 
 int ditd_cmd_bench(int argc, char **argv)
 {
-    enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM, O_DEVICE };
+    enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM, O_DEVICE,
+           O_DTYPE };
     static const struct option opts[] = {
         {"config", required_argument, 0, O_CONFIG},   {"model", required_argument, 0, O_MODEL},
         {"tokens", required_argument, 0, O_TOKENS},   {"batch", required_argument, 0, O_BATCH},
@@ -283,9 +297,10 @@ int ditd_cmd_bench(int argc, char **argv)
         {"help", no_argument, 0, 'h'},
         DITD_LAYOUT_LONGOPTS,
         {"device", required_argument, 0, O_DEVICE},
+        {"dtype", required_argument, 0, O_DTYPE},
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
-    const char *config = "DiT-XL/2", *model_dir = NULL;
+    const char *config = "DiT-XL/2", *model_dir = NULL, *dtype = "auto";
     long tokens = 256, batch = 2, threads = 0, iters = 5, warmup = 1;
     int c, err, do_gemm = 1, rc = 1;
     ditd_device device = DITD_DEVICE_CPU;
@@ -303,6 +318,7 @@ int ditd_cmd_bench(int argc, char **argv)
         case O_WARMUP: err = ditd_parse_long(optarg, 0, 1000, "--warmup", &warmup); break;
         case O_NOGEMM: do_gemm = 0; break;
         case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
+        case O_DTYPE: dtype = optarg; break;
         case 'h': usage(stdout); return 0;
         default:
             if (ditd_layout_option(c, optarg, &layout, &err))
@@ -322,7 +338,8 @@ int ditd_cmd_bench(int argc, char **argv)
                             "only for now)\n", ditd_device_name(device));
             return 2;
         }
-        return bench_group(&layout, model_dir, config, tokens, batch, threads, iters, warmup);
+        return bench_group(&layout, model_dir, config, tokens, batch, threads, iters, warmup,
+                           dtype);
     }
 
     const ditd_backend_ops *ops = ditd_backend_get(device);
@@ -344,6 +361,12 @@ int ditd_cmd_bench(int argc, char **argv)
             return fail(model_dir, err);
         have_info = 1;
         cfg = info.dit;
+        ditd_dtype ckpt = DITD_DTYPE_F32;
+        if ((err = ditd_dit_checkpoint_dtype(info.transformer_dir, &ckpt)) ||
+            !(ops = ditd_backend_for_weights(ops, dtype, ckpt))) {
+            fail("--dtype", err ? err : DITD_EINVAL);
+            goto done;
+        }
         if (side * cfg.patch_size != cfg.sample_size) {
             fprintf(stderr, "ditd bench: %s runs at %d tokens (sample_size %d, patch %d); --tokens %ld differs\n",
                     model_dir, (cfg.sample_size / cfg.patch_size) * (cfg.sample_size / cfg.patch_size),
@@ -359,6 +382,8 @@ int ditd_cmd_bench(int argc, char **argv)
             if ((err = ditd_dit_config_finish(&cfg, config)))
                 return fail("--config", err);
         }
+        if (!(ops = ditd_backend_for_weights(ops, dtype, DITD_DTYPE_F32)))
+            return fail("--dtype", DITD_EINVAL);
         err = ditd_dit_new_random(&cfg, ops, (int)batch, 1234, &m);
     }
     if (err) {
@@ -411,6 +436,12 @@ int ditd_cmd_bench(int argc, char **argv)
         fail("forward", err);
         goto done_dev;
     }
+    /* the CPU's FMA peak, measured now and again after the forwards (the
+     * clock of a shared machine moves): the larger is the ceiling */
+    int peak_bits = 0;
+    double peak = 0;
+    if (ops->device == DITD_DEVICE_CPU)
+        peak = ditd_backend_cpu_fma_peak(nthreads, 0.5, &peak_bits);
     for (long i = 0; i < iters; i++) {
         double t0 = now_ms();
         ditd_dit_forward(m, (int)batch, x_in, ht, hy, y_out);
@@ -421,6 +452,10 @@ int ditd_cmd_bench(int argc, char **argv)
         fail("forward", err);
         goto done_dev;
     }
+    if (ops->device == DITD_DEVICE_CPU) {
+        double p2 = ditd_backend_cpu_fma_peak(nthreads, 0.5, &peak_bits);
+        peak = p2 > peak ? p2 : peak;
+    }
     double flops = ditd_dit_config_flops(&cfg, (int)batch, m->N);
     double lo = times[0], hi = times[0];
     for (long i = 1; i < iters; i++) {
@@ -428,11 +463,20 @@ int ditd_cmd_bench(int argc, char **argv)
         hi = times[i] > hi ? times[i] : hi;
     }
     double med = median(times, (int)iters);
-    printf("| model | backend | tokens | batch | threads | params (M) | ms/forward (median) | min | max | GFLOP/s | peak RSS (MiB) |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-    printf("| %s | %s | %d | %ld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n",
-           model_dir ? model_dir : config, ops->name, m->N, batch, nthreads,
-           ditd_dit_config_params(&cfg) / 1e6, med, lo, hi, flops / (med * 1e6), peak_rss_mib());
+    if (ops->device == DITD_DEVICE_CPU) {
+        const char *ct = getenv("OPENBLAS_CORETYPE");
+        printf("GEMM: %s\n", ditd_backend_cpu_gemm_info());
+        printf("FMA peak: %.1f GFLOP/s (%d threads, 24 independent %d-bit accumulators each, "
+               "measured before and after the forwards); OPENBLAS_CORETYPE=%s\n\n",
+               peak, nthreads, peak_bits, ct ? ct : "(unset)");
+    }
+    double gf = flops / (med * 1e6);
+    printf("| model | backend | weights | tokens | batch | threads | params (M) | ms/forward (median) | min | max | GFLOP/s | %% of FMA peak | peak RSS (MiB) |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| %s | %s | %s | %d | %ld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f |\n",
+           model_dir ? model_dir : config, ops->name, ditd_dtype_name(ops->weight_dtype), m->N,
+           batch, nthreads, ditd_dit_config_params(&cfg) / 1e6, med, lo, hi, gf,
+           peak > 0 ? 100 * gf / peak : 0.0, peak_rss_mib());
 
     if (do_gemm) {
         /* The forward's GEMMs: M = B*N rows; buffers reused from the model. */

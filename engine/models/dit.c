@@ -263,6 +263,23 @@ size_t ditd_dit_act_bytes(const ditd_dit *m)
 
 /* ---- loading ---- */
 
+int ditd_dit_checkpoint_dtype(const char *weights_path, ditd_dtype *out)
+{
+    ditd_safetensors *st;
+    int err = ditd_safetensors_open(weights_path, &st);
+    if (err)
+        return err;
+    /* the dtype of the big matrices (a checkpoint may keep a few in f32) */
+    const ditd_st_tensor *t = ditd_safetensors_find(st, "transformer_blocks.0.ff.net.0.proj.weight");
+    *out = DITD_DTYPE_F32;
+    if (t && t->dtype == DITD_ST_BF16)
+        *out = DITD_DTYPE_BF16;
+    else if (t && t->dtype == DITD_ST_F16)
+        *out = DITD_DTYPE_F16;
+    ditd_safetensors_free(st);
+    return 0;
+}
+
 typedef struct loader {
     const ditd_safetensors *st;
     const ditd_backend_ops *ops;

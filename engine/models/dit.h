@@ -136,6 +136,11 @@ typedef struct ditd_dit {
 int ditd_dit_new(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
                  const char *weights_path, ditd_dit **out);
 
+/* The dtype a checkpoint stores its matrices in (F32, F16 or BF16; that of
+ * transformer_blocks.0's fc1 weight), to choose the weight dtype with
+ * ditd_backend_for_weights. 0 or DITD_E* (the file cannot be read). */
+int ditd_dit_checkpoint_dtype(const char *weights_path, ditd_dtype *out);
+
 /* Same, with random weights (std 0.02 normal, biases small) from the Philox
  * generator: what `ditd bench` runs for the named configs. */
 int ditd_dit_new_random(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
