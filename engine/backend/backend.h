@@ -150,8 +150,9 @@ int ditd_backend_cpu_has_bf16(void);
  * 256 without AVX-512). For benchmarks. */
 double ditd_backend_cpu_fma_peak(int threads, double seconds, int *bits);
 /* The table a --dtype choice gives: want "f32" or "bf16" (or NULL / "auto":
- * on the CPU, bf16 for a 16-bit checkpoint `ckpt` where the CPU has bf16 dot
- * products, else f32; other devices keep their own). NULL with the detail
+ * on the CPU, bf16 for a bf16 checkpoint `ckpt` where the CPU has bf16 dot
+ * products, else f32, f16 checkpoints included (f16 -> bf16 is lossy);
+ * other devices keep their own). NULL with the detail
  * set for a dtype the device cannot keep. Borrowed. */
 const ditd_backend_ops *ditd_backend_for_weights(const ditd_backend_ops *ops, const char *want,
                                                  ditd_dtype ckpt);

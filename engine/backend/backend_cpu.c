@@ -301,9 +301,12 @@ const ditd_backend_ops *ditd_backend_for_weights(const ditd_backend_ops *ops, co
     }
     if (ops->device != DITD_DEVICE_CPU)
         return ops;
-    /* auto: a 16-bit checkpoint stays 16-bit where the CPU has bf16 dot
-     * products; f32 checkpoints (and CPUs without them) run f32 */
-    if ((ckpt == DITD_DTYPE_BF16 || ckpt == DITD_DTYPE_F16) && ditd_cpu_has_bf16_dot())
+    /* auto: a bf16 checkpoint stays bf16 where the CPU has bf16 dot
+     * products (lossless, half the memory). f16 checkpoints run f32: f16
+     * to bf16 drops 3 mantissa bits, a change of numerics that a user asks
+     * for with --dtype bf16, not one made for them. f32 checkpoints, and
+     * CPUs without bf16 dot products, run f32. */
+    if (ckpt == DITD_DTYPE_BF16 && ditd_cpu_has_bf16_dot())
         return &ditd_backend_cpu_bf16;
     return &ditd_backend_cpu;
 }
