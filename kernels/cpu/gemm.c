@@ -326,6 +326,66 @@ static void add_bias(float *y, size_t ldy, const void *b, int bf16, int M, int N
     }
 }
 
+/* ---- few rows: our own kernel ----
+ *
+ * With M <= SMALL_M rows (DiT's timestep and adaLN linears run at M = batch)
+ * the GEMM is a pass over the weights, bound by memory. oneDNN's matmul
+ * repacks the whole (N, K) weight for its micro-kernel on every call, and
+ * that repack costs 10-20x the pass itself at M = 2; OpenBLAS is not much
+ * better. This kernel reads each weight row once, for all M rows, with 16
+ * independent fp32 partial sums per dot product (vectorized by the
+ * compiler; fp32 products of bf16 operands are exact). */
+#define SMALL_M 16
+
+static inline float dot_f32(const float *a, const float *b, int K)
+{
+    float acc[16] = {0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int l = 0; l < 16; l++)
+            acc[l] += a[k + l] * b[k + l];
+    for (int l = 0; k + l < K; l++)
+        acc[l] += a[k + l] * b[k + l];
+    float s = 0;
+    for (int l = 0; l < 16; l++)
+        s += acc[l];
+    return s;
+}
+
+static inline float dot_bf16(const uint16_t *a, const uint16_t *b, int K)
+{
+    float acc[16] = {0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int l = 0; l < 16; l++)
+            acc[l] += bf16_to_f32(a[k + l]) * bf16_to_f32(b[k + l]);
+    for (int l = 0; k + l < K; l++)
+        acc[l] += bf16_to_f32(a[k + l]) * bf16_to_f32(b[k + l]);
+    float s = 0;
+    for (int l = 0; l < 16; l++)
+        s += acc[l];
+    return s;
+}
+
+/* x: f32 rows of stride ldx (w_bf16 = 0) or dense bf16 (M, K) (w_bf16 = 1). */
+static void small_m_gemm(const void *x, size_t ldx, const void *w, const void *b, int w_bf16,
+                         float *y, size_t ldy, int M, int N, int K)
+{
+#pragma omp parallel for schedule(static) if ((size_t)N * (size_t)K > 65536)
+    for (int n = 0; n < N; n++) {
+        float bias = 0;
+        if (b)
+            bias = w_bf16 ? bf16_to_f32(((const uint16_t *)b)[n]) : ((const float *)b)[n];
+        for (int m = 0; m < M; m++) {
+            float d = w_bf16 ? dot_bf16((const uint16_t *)x + (size_t)m * (size_t)K,
+                                        (const uint16_t *)w + (size_t)n * (size_t)K, K)
+                             : dot_f32((const float *)x + (size_t)m * ldx,
+                                       (const float *)w + (size_t)n * (size_t)K, K);
+            y[(size_t)m * ldy + (size_t)n] = d + bias;
+        }
+    }
+}
+
 /* The CPU ops have no error path (backend.h: they assert); a workspace the
  * size of one activation that cannot be had is treated the same way. */
 static void *need(void **p, size_t *len, size_t n, size_t es)
@@ -352,6 +412,12 @@ void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int
     int ok = 0;
     if (w_bf16)
         rows_to_bf16(x, ldx, need((void **)&g_xb, &g_xb_len, mk, sizeof *g_xb), M, K);
+    if (M <= SMALL_M) {
+        small_m_gemm(w_bf16 ? (const void *)g_xb : x, w_bf16 ? (size_t)K : ldx, w, b, w_bf16, y,
+                     ldy, M, N, K);
+        pthread_mutex_unlock(&g_lock);
+        return;
+    }
 #if DITD_HAVE_DNNL
     if (g_use_dnnl)
         ok = dnnl_run_gemm(w_bf16, w_bf16 ? (const void *)g_xb : x, w_bf16 ? (size_t)K : ldx, w, b, y,

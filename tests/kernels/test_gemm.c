@@ -10,7 +10,8 @@
  *   activation, strided x and y, M = 0, 1, and DiT shapes. The padding of y
  *   must stay untouched.
  * - ditd_cpu_patch_embed_bf16 the same way against Conv2d in float64.
- * - ditd_cpu_gemm f32 with bias against float64: 2e-6.
+ * - ditd_cpu_gemm f32 with bias against float64: 2e-6, on both sides of the
+ *   few-rows kernel's threshold (M <= 16).
  * The suite runs this program twice: as built (oneDNN when found) and with
  * DITD_CPU_GEMM=openblas (the fallback), which must agree with the same
  * references. The first line printed names the library in use.
@@ -244,11 +245,16 @@ int main(void)
     fail |= check_linear_bf16(&rng, 64, 96, 4608, 0, 7, 1, DITD_CPU_ACT_NONE), checks++;
     fail |= check_linear_bf16(&rng, 130, 200, 1152, 16, 16, 1, DITD_CPU_ACT_GELU_TANH), checks++;
     fail |= check_linear_bf16(&rng, 0, 16, 16, 0, 0, 1, DITD_CPU_ACT_NONE), checks++;
+    /* the few-rows kernel (M <= 16) and the library on either side of it */
+    fail |= check_linear_bf16(&rng, 16, 70, 33, 5, 3, 1, DITD_CPU_ACT_SILU), checks++;
+    fail |= check_linear_bf16(&rng, 17, 70, 33, 5, 3, 1, DITD_CPU_ACT_SILU), checks++;
+    fail |= check_gemm_f32(&rng, 3, 65, 130, 131, 70), checks++;
+    fail |= check_gemm_f32(&rng, 16, 200, 1157, 1160, 203), checks++;
     fail |= check_gemm_f32(&rng, 77, 65, 130, 131, 70), checks++;
     fail |= check_gemm_f32(&rng, 512, 96, 1152, 1152, 96), checks++;
     fail |= check_patch_bf16(&rng, 2, 4, 16, 16, 2, 40), checks++;
     fail |= check_patch_bf16(&rng, 1, 3, 8, 12, 4, 24), checks++;
-    if (checks < 20) {
+    if (checks < 24) {
         printf("test_gemm: only %d checks ran\n", checks);
         fail = 1;
     }
