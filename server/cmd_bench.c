@@ -436,8 +436,9 @@ int ditd_cmd_bench(int argc, char **argv)
         fail("forward", err);
         goto done_dev;
     }
-    /* the CPU's FMA peak, measured now and again after the forwards (the
-     * clock of a shared machine moves): the larger is the ceiling */
+    /* the CPU's FMA peak (median of its samples), measured now and again
+     * after the forwards (the clock and the load of a shared machine move):
+     * the larger is the ceiling */
     int peak_bits = 0;
     double peak = 0;
     if (ops->device == DITD_DEVICE_CPU)
