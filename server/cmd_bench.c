@@ -217,7 +217,10 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
     int half = mesh->cfg_rank, r0 = half * B;
     int counts[2] = {(int)((size_t)B * numel_out), (int)((size_t)B * numel_out)};
     int displs[2] = {0, counts[0]};
+    uint64_t waits = 0, waits_ready = 0;
     for (long it = -warmup; it < iters; it++) {
+        if (it == 0)
+            ditd_comm_mpi_wait_stats(NULL, NULL, 1);
         ditd_mesh_stats_reset(mesh);
         ditd_comm_barrier(mesh->group);
         double t0 = now_ms();
@@ -243,6 +246,7 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
             }
         }
     }
+    ditd_comm_mpi_wait_stats(&waits, &waits_ready, 1);
     double comm_ms = 0, an[DITD_AXIS_COUNT][DITD_COLL_COUNT];
     for (int a = 0; a < DITD_AXIS_COUNT; a++)
         for (int k = 0; k < DITD_COLL_COUNT; k++)
@@ -268,6 +272,51 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
                        (double)stat_bytes[a][k] / (double)iters / 1e6, an[a][k] / 1e6);
             }
         printf("\n(rank 0's view; bytes are logical bytes sent by this rank, see engine/parallel/comm.h)\n");
+    }
+    /* the ring's p2p transfers alone, same sizes and count, nothing to hide
+     * them behind: what share of them the forward hid (docs/cpu.md) */
+    uint64_t rc_calls = stat_calls[DITD_AXIS_RING][DITD_COLL_SENDRECV];
+    if (layout->ring > 1 && layout->rotate == DITD_RING_P2P && rc_calls > 0) {
+        size_t n = (size_t)(stat_bytes[DITD_AXIS_RING][DITD_COLL_SENDRECV] / rc_calls) / sizeof(float);
+        float *sb = calloc(n ? n : 1, sizeof *sb), *rb = calloc(n ? n : 1, sizeof *rb);
+        double *bare = malloc((size_t)iters * sizeof *bare);
+        ditd_comm *rcomm = mesh->ring_comm;
+        int per_step = (int)(rc_calls / (uint64_t)iters);
+        if (!sb || !rb || !bare) {
+            fprintf(stderr, "ditd bench: out of memory\n");
+            free(sb), free(rb), free(bare);
+            goto done;
+        }
+        for (long it = 0; it < iters && !err; it++) {
+            ditd_comm_barrier(rcomm);
+            double t0 = now_ms();
+            for (int k = 0; k < per_step && !err; k++) {
+                ditd_comm_req req;
+                err = ditd_comm_sendrecv_start(rcomm, DITD_DTYPE_F32, sb, (int)n,
+                                               (rcomm->rank + 1) % rcomm->size, rb, (int)n,
+                                               (rcomm->rank + rcomm->size - 1) % rcomm->size, &req);
+                if (!err)
+                    err = ditd_comm_wait(rcomm, &req);
+            }
+            bare[it] = now_ms() - t0;
+        }
+        double exposed = stat_ms[DITD_AXIS_RING][DITD_COLL_SENDRECV] / (double)iters;
+        double alone = err ? 0 : median(bare, (int)iters);
+        if (leader && !err)
+            printf("\nring p2p (rank 0): %d transfers/step of %.2f MB, progress thread %s\n"
+                   "| transfers complete when the wait began (hidden) | ms/step in the waits (mean; "
+                   "includes waiting for a slower peer) | ms/step of the same transfers alone "
+                   "(median) |\n|---|---|---|\n| %llu of %llu (%.0f%%) | %.1f | %.1f |\n",
+                   per_step, n * sizeof(float) / 1e6,
+                   ditd_comm_mpi_progress_thread() ? "on"
+                                                   : "off (DITD_MPI_PROGRESS=0 or no MPI_THREAD_MULTIPLE)",
+                   (unsigned long long)waits_ready, (unsigned long long)waits,
+                   waits ? 100.0 * (double)waits_ready / (double)waits : 0.0, exposed, alone);
+        free(sb), free(rb), free(bare);
+        if (err) {
+            fail("ring transfer", err);
+            goto done;
+        }
     }
     rc = 0;
 done:
