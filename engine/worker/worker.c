@@ -558,6 +558,19 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     if (!err && w->info.needs_vae)
         err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a latent model; the VAE decoder is not there yet",
                            cfg->model_dir);
+    if (!err) { /* the weight dtype: --dtype, or auto by the checkpoint's */
+        ditd_dtype ckpt;
+        const ditd_backend_ops *wops;
+        if (!(err = ditd_dit_checkpoint_dtype(w->info.transformer_dir, &ckpt))) {
+            wops = ditd_backend_for_weights(
+                ops, cfg->weight_dtype < 0 ? "auto" : ditd_dtype_name((ditd_dtype)cfg->weight_dtype),
+                ckpt);
+            if (wops)
+                ops = wops;
+            else
+                err = DITD_EINVAL;
+        }
+    }
     if (!err)
         err = ditd_pipeline_new_group(&w->info, ops, cfg->max_batch, w->mesh, &w->pipe);
     if (!err) {
