@@ -71,8 +71,8 @@ int ditd_cpu_has_bf16_dot(void);
 
 /* The FMA peak of `threads` threads (<= 0: OpenMP's default) in GFLOP/s:
  * 24 independent accumulator chains per thread, 512-bit where the CPU has
- * AVX-512 (*bits = 512) else 256-bit (*bits = 256); the median of the
- * samples (about 1 ms each) taken during `seconds`. 0 without FMA. kernels/cpu/peak.c. */
+ * AVX-512 (*bits = 512) else 256-bit (*bits = 256); the best of the
+ * samples (about 10 ms each) taken during `seconds`. 0 without FMA. kernels/cpu/peak.c. */
 double ditd_cpu_fma_peak_gflops(int threads, double seconds, int *bits);
 
 /* y = act(x), elementwise, in place allowed. */
