@@ -111,7 +111,6 @@ int ditd_cpu_has_bf16_dot(void)
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_use_dnnl;                 /* 1 when oneDNN runs the GEMMs */
 static char g_info[256];               /* what ditd_cpu_gemm_info returns */
 static uint16_t *g_xb;                 /* x in bf16 */
 static size_t g_xb_len;                /* elements */
@@ -133,6 +132,8 @@ static int grow(void **p, size_t *len, size_t n, size_t es)
 /* ---- oneDNN ---- */
 
 #if DITD_HAVE_DNNL
+
+static int g_use_dnnl; /* 1 when oneDNN runs the GEMMs */
 
 #define DNNL_SLOTS 96
 
