@@ -109,12 +109,14 @@ int ditd_cpu_has_bf16_dot(void)
 
 /* ---- shared state ---- */
 
+#define SMALL_M 16 /* up to this many rows: the few-rows kernel below */
+
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static char g_info[256];               /* what ditd_cpu_gemm_info returns */
 static uint16_t *g_xb;                 /* x in bf16 */
 static size_t g_xb_len;                /* elements */
-static float *g_wf;                    /* fallback: bf16 weights widened */
+static float *g_wf;                    /* fallback: bf16 x, then w, widened */
 static size_t g_wf_len;
 
 static int grow(void **p, size_t *len, size_t n, size_t es)
@@ -296,14 +298,17 @@ static void gemm_init(void)
         const dnnl_version_t *v = dnnl_version();
         g_use_dnnl = 1;
         dnnl_probe();
-        snprintf(g_info, sizeof g_info, "oneDNN %d.%d.%d, cpu isa %s; f32 %s, bf16 %s",
+        snprintf(g_info, sizeof g_info,
+                 "oneDNN %d.%d.%d, cpu isa %s; f32 %s, bf16 %s; M <= %d rows: ditd's own kernel",
                  v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),
-                 g_impl_f32, g_impl_bf16);
+                 g_impl_f32, g_impl_bf16, SMALL_M);
         return;
     }
 #endif
-    snprintf(g_info, sizeof g_info, "%s (%s); bf16 weights widened to f32",
-             blas, force_blas ? "DITD_CPU_GEMM=openblas" : "built without oneDNN");
+    snprintf(g_info, sizeof g_info, "%s (%s); bf16 weights widened to f32; M <= %d rows: ditd's own kernel",
+             blas, force_blas ? "DITD_CPU_GEMM=openblas"
+                              : DITD_HAVE_DNNL ? "oneDNN did not start" : "built without oneDNN",
+             SMALL_M);
 }
 
 const char *ditd_cpu_gemm_info(void)
@@ -336,8 +341,6 @@ static void add_bias(float *y, size_t ldy, const void *b, int bf16, int M, int N
  * better. This kernel reads each weight row once, for all M rows, with 16
  * independent fp32 partial sums per dot product (vectorized by the
  * compiler; fp32 products of bf16 operands are exact). */
-#define SMALL_M 16
-
 static inline float dot_f32(const float *a, const float *b, int K)
 {
     float acc[16] = {0};
