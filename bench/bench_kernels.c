@@ -1,6 +1,7 @@
 /* Micro-benchmark of the CPU kernels at DiT-XL/2 shapes (not a test).
  *
  *   bench_kernels [-t THREADS] [-r REPEATS]
+ *   bench_kernels -a N1,N2,... [-b B] [-H H] [-d DH] [-t THREADS] [-r REPEATS]
  *
  * Times ditd_cpu_linear (M = 512 rows = batch 2 x 256 tokens; the shapes of
  * DiT-XL/2's qkv/out, fc1 and fc2 layers) and ditd_cpu_attention (B = 2,
@@ -9,6 +10,9 @@
  * less sensitive to other work on a shared machine). Threads default to 2 (set
  * for OpenMP and for OpenBLAS, which shares the OpenMP runtime here).
  * OPENBLAS_CORETYPE is read from the environment, as found, and printed.
+ * With -a only attention runs, at each token count given (B x N queries and
+ * keys, H heads of Dh), one line "attention-row N ms gflops" each, for
+ * bench/attention_torch.py to set beside PyTorch's SDPA.
  */
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -122,12 +126,21 @@ static void bench_attention(int B, int N, int H, int Dh, int reps)
 
 int main(int argc, char **argv)
 {
-    int threads = 2, reps = 15;
+    int threads = 2, reps = 15, ab = 1, ah = 16, ad = 72;
+    const char *alist = NULL;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc)
             threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-a") && i + 1 < argc)
+            alist = argv[++i];
+        else if (!strcmp(argv[i], "-b") && i + 1 < argc)
+            ab = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-H") && i + 1 < argc)
+            ah = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-d") && i + 1 < argc)
+            ad = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [-t THREADS] [-r REPEATS]\n", argv[0]);
             return 2;
@@ -144,6 +157,23 @@ int main(int argc, char **argv)
            reps, ct ? ct : "(unset)", openblas_get_corename());
     printf("OpenBLAS config: %s\n", openblas_get_config());
 
+    if (alist) {
+        if (ab < 1 || ah < 1 || ad < 1 || ad > DITD_CPU_ATTN_MAX_DH) {
+            fprintf(stderr, "-b, -H >= 1; 1 <= -d <= %d\n", DITD_CPU_ATTN_MAX_DH);
+            return 2;
+        }
+        for (const char *p = alist; *p;) {
+            char *end;
+            long n = strtol(p, &end, 10);
+            if (end == p || n < 1 || n > 1 << 20) {
+                fprintf(stderr, "-a: token counts, comma separated\n");
+                return 2;
+            }
+            bench_attention(ab, (int)n, ah, ad, reps);
+            p = *end == ',' ? end + 1 : end;
+        }
+        return 0;
+    }
     const int M = 512; /* batch 2 x 256 tokens */
     bench_linear(M, 1152, 1152, DITD_CPU_ACT_NONE, "attn_out", reps);
     bench_linear(M, 3456, 1152, DITD_CPU_ACT_NONE, "qkv", reps);

@@ -8,6 +8,7 @@ pkgs=(
   build-essential pkg-config meson ninja-build
   libopenblas-openmp-dev libjansson-dev libpng-dev
   libutf8proc-dev
+  libdnnl-dev
   libmicrohttpd-dev libuv1-dev libprotobuf-c-dev protobuf-c-compiler
   libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev

@@ -25,6 +25,8 @@ static void usage(FILE *f)
             "usage: ditd bench [options]\n"
             "\n"
             "  --device D       cpu or cuda (default cpu; cuda: one GPU, one rank)\n"
+            "  --dtype T        CPU weights: f32, bf16 or auto (default auto: bf16 for a\n"
+            "                   16-bit --model on a CPU with AVX512-BF16/AMX, else f32)\n"
             "  --config NAME    DiT-S/2, DiT-B/2, DiT-L/2, DiT-XL/2 (/4, /8): random weights\n"
             "                   (default DiT-XL/2)\n"
             "  --model DIR      a model folder instead (its real weights)\n"
@@ -134,7 +136,8 @@ static int dit_config_of(const ditd_model_info *info, ditd_dit_config *cfg)
 }
 
 static int bench_group(const ditd_layout *layout, const char *model_dir, const char *config,
-                       long tokens, long batch, long threads, long iters, long warmup)
+                       long tokens, long batch, long threads, long iters, long warmup,
+                       const char *dtype)
 {
     const ditd_backend_ops *ops = ditd_backend_get(DITD_DEVICE_CPU);
     ditd_comm *world = NULL;
@@ -179,8 +182,15 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
             goto done;
         }
         have_info = 1;
-        if (!(err = dit_config_of(&info, &cfg)))
+        if (!(err = dit_config_of(&info, &cfg))) {
+            ditd_dtype ckpt = DITD_DTYPE_F32;
+            if ((err = ditd_model_checkpoint_dtype(info.transformer_dir, &ckpt)) ||
+                !(ops = ditd_backend_for_weights(ops, dtype, ckpt))) {
+                fail("--dtype", err ? err : DITD_EINVAL);
+                goto done;
+            }
             err = ditd_dit_new_mesh(&cfg, ops, B, info.transformer_dir, mesh, &m);
+        }
     } else {
         if ((err = ditd_dit_config_named(config, 2 * (int)side, &cfg))) {
             fail("--config", err);
@@ -192,6 +202,10 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
                 fail("--config", err);
                 goto done;
             }
+        }
+        if (!(ops = ditd_backend_for_weights(ops, dtype, DITD_DTYPE_F32))) {
+            fail("--dtype", DITD_EINVAL);
+            goto done;
         }
         err = ditd_dit_new_random_mesh(&cfg, ops, B, 1234, mesh, &m);
     }
@@ -218,7 +232,10 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
     int half = mesh->cfg_rank, r0 = half * B;
     int counts[2] = {(int)((size_t)B * numel_out), (int)((size_t)B * numel_out)};
     int displs[2] = {0, counts[0]};
+    uint64_t waits = 0, waits_ready = 0;
     for (long it = -warmup; it < iters; it++) {
+        if (it == 0)
+            ditd_comm_mpi_wait_stats(NULL, NULL, 1);
         ditd_mesh_stats_reset(mesh);
         ditd_comm_barrier(mesh->group);
         double t0 = now_ms();
@@ -244,6 +261,7 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
             }
         }
     }
+    ditd_comm_mpi_wait_stats(&waits, &waits_ready, 1);
     double comm_ms = 0, an[DITD_AXIS_COUNT][DITD_COLL_COUNT];
     for (int a = 0; a < DITD_AXIS_COUNT; a++)
         for (int k = 0; k < DITD_COLL_COUNT; k++)
@@ -270,6 +288,51 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
             }
         printf("\n(rank 0's view; bytes are logical bytes sent by this rank, see engine/parallel/comm.h)\n");
     }
+    /* the ring's p2p transfers alone, same sizes and count, nothing to hide
+     * them behind: what share of them the forward hid (docs/cpu.md) */
+    uint64_t rc_calls = stat_calls[DITD_AXIS_RING][DITD_COLL_SENDRECV];
+    if (layout->ring > 1 && layout->rotate == DITD_RING_P2P && rc_calls > 0) {
+        size_t n = (size_t)(stat_bytes[DITD_AXIS_RING][DITD_COLL_SENDRECV] / rc_calls) / sizeof(float);
+        float *sb = calloc(n ? n : 1, sizeof *sb), *rb = calloc(n ? n : 1, sizeof *rb);
+        double *bare = malloc((size_t)iters * sizeof *bare);
+        ditd_comm *rcomm = mesh->ring_comm;
+        int per_step = (int)(rc_calls / (uint64_t)iters);
+        if (!sb || !rb || !bare) {
+            fprintf(stderr, "ditd bench: out of memory\n");
+            free(sb), free(rb), free(bare);
+            goto done;
+        }
+        for (long it = 0; it < iters && !err; it++) {
+            ditd_comm_barrier(rcomm);
+            double t0 = now_ms();
+            for (int k = 0; k < per_step && !err; k++) {
+                ditd_comm_req req;
+                err = ditd_comm_sendrecv_start(rcomm, DITD_DTYPE_F32, sb, (int)n,
+                                               (rcomm->rank + 1) % rcomm->size, rb, (int)n,
+                                               (rcomm->rank + rcomm->size - 1) % rcomm->size, &req);
+                if (!err)
+                    err = ditd_comm_wait(rcomm, &req);
+            }
+            bare[it] = now_ms() - t0;
+        }
+        double exposed = stat_ms[DITD_AXIS_RING][DITD_COLL_SENDRECV] / (double)iters;
+        double alone = err ? 0 : median(bare, (int)iters);
+        if (leader && !err)
+            printf("\nring p2p (rank 0): %d transfers/step of %.2f MB, progress thread %s\n"
+                   "| transfers complete when the wait began (hidden) | ms/step in the waits (mean; "
+                   "includes waiting for a slower peer) | ms/step of the same transfers alone "
+                   "(median) |\n|---|---|---|\n| %llu of %llu (%.0f%%) | %.1f | %.1f |\n",
+                   per_step, n * sizeof(float) / 1e6,
+                   ditd_comm_mpi_progress_thread() ? "on"
+                                                   : "off (DITD_MPI_PROGRESS=0 or no MPI_THREAD_MULTIPLE)",
+                   (unsigned long long)waits_ready, (unsigned long long)waits,
+                   waits ? 100.0 * (double)waits_ready / (double)waits : 0.0, exposed, alone);
+        free(sb), free(rb), free(bare);
+        if (err) {
+            fail("ring transfer", err);
+            goto done;
+        }
+    }
     rc = 0;
 done:
     free(hx);
@@ -288,7 +351,8 @@ done:
 
 int ditd_cmd_bench(int argc, char **argv)
 {
-    enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM, O_DEVICE };
+    enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM, O_DEVICE,
+           O_DTYPE };
     static const struct option opts[] = {
         {"config", required_argument, 0, O_CONFIG},   {"model", required_argument, 0, O_MODEL},
         {"tokens", required_argument, 0, O_TOKENS},   {"batch", required_argument, 0, O_BATCH},
@@ -297,9 +361,10 @@ int ditd_cmd_bench(int argc, char **argv)
         {"help", no_argument, 0, 'h'},
         DITD_LAYOUT_LONGOPTS,
         {"device", required_argument, 0, O_DEVICE},
+        {"dtype", required_argument, 0, O_DTYPE},
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
-    const char *config = "DiT-XL/2", *model_dir = NULL;
+    const char *config = "DiT-XL/2", *model_dir = NULL, *dtype = "auto";
     long tokens = 256, batch = 2, threads = 0, iters = 5, warmup = 1;
     int c, err, do_gemm = 1, rc = 1;
     ditd_device device = DITD_DEVICE_CPU;
@@ -320,6 +385,7 @@ int ditd_cmd_bench(int argc, char **argv)
         case O_WARMUP: err = ditd_parse_long(optarg, 0, 1000, "--warmup", &warmup); break;
         case O_NOGEMM: do_gemm = 0; break;
         case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
+        case O_DTYPE: dtype = optarg; break;
         case 'h': usage(stdout); return 0;
         default:
             if (ditd_layout_option(c, optarg, &layout, &err))
@@ -339,7 +405,8 @@ int ditd_cmd_bench(int argc, char **argv)
                             "only for now)\n", ditd_device_name(device));
             return 2;
         }
-        return bench_group(&layout, model_dir, config, tokens, batch, threads, iters, warmup);
+        return bench_group(&layout, model_dir, config, tokens, batch, threads, iters, warmup,
+                           dtype);
     }
 
     const ditd_backend_ops *ops = ditd_backend_get(device);
@@ -364,6 +431,12 @@ int ditd_cmd_bench(int argc, char **argv)
             ditd_model_info_free(&info);
             return fail(model_dir, err);
         }
+        ditd_dtype ckpt = DITD_DTYPE_F32;
+        if ((err = ditd_model_checkpoint_dtype(info.transformer_dir, &ckpt)) ||
+            !(ops = ditd_backend_for_weights(ops, dtype, ckpt))) {
+            fail("--dtype", err ? err : DITD_EINVAL);
+            goto done;
+        }
         if (side * cfg.patch_size != cfg.sample_size) {
             fprintf(stderr, "ditd bench: %s runs at %d tokens (sample_size %d, patch %d); --tokens %ld differs\n",
                     model_dir, (cfg.sample_size / cfg.patch_size) * (cfg.sample_size / cfg.patch_size),
@@ -379,6 +452,8 @@ int ditd_cmd_bench(int argc, char **argv)
             if ((err = ditd_dit_config_finish(&cfg, config)))
                 return fail("--config", err);
         }
+        if (!(ops = ditd_backend_for_weights(ops, dtype, DITD_DTYPE_F32)))
+            return fail("--dtype", DITD_EINVAL);
         err = ditd_dit_new_random(&cfg, ops, (int)batch, 1234, &m);
     }
     if (err) {
@@ -431,6 +506,13 @@ int ditd_cmd_bench(int argc, char **argv)
         fail("forward", err);
         goto done_dev;
     }
+    /* the CPU's FMA peak (the best of its samples), measured now and again
+     * after the forwards (the clock of a shared machine moves): the larger
+     * is the ceiling. Set beside the median forward and the fastest one. */
+    int peak_bits = 0;
+    double peak = 0;
+    if (ops->device == DITD_DEVICE_CPU)
+        peak = ditd_backend_cpu_fma_peak(nthreads, 1.0, &peak_bits);
     for (long i = 0; i < iters; i++) {
         double t0 = now_ms();
         ditd_dit_forward(m, (int)batch, x_in, ht, hy, y_out);
@@ -441,6 +523,10 @@ int ditd_cmd_bench(int argc, char **argv)
         fail("forward", err);
         goto done_dev;
     }
+    if (ops->device == DITD_DEVICE_CPU) {
+        double p2 = ditd_backend_cpu_fma_peak(nthreads, 1.0, &peak_bits);
+        peak = p2 > peak ? p2 : peak;
+    }
     double flops = ditd_dit_config_flops(&cfg, (int)batch, m->N);
     double lo = times[0], hi = times[0];
     for (long i = 1; i < iters; i++) {
@@ -448,11 +534,22 @@ int ditd_cmd_bench(int argc, char **argv)
         hi = times[i] > hi ? times[i] : hi;
     }
     double med = median(times, (int)iters);
-    printf("| model | backend | tokens | batch | threads | params (M) | ms/forward (median) | min | max | GFLOP/s | peak RSS (MiB) |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-    printf("| %s | %s | %d | %ld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n",
-           model_dir ? model_dir : config, ops->name, m->N, batch, nthreads,
-           ditd_dit_config_params(&cfg) / 1e6, med, lo, hi, flops / (med * 1e6), peak_rss_mib());
+    if (ops->device == DITD_DEVICE_CPU) {
+        const char *ct = getenv("OPENBLAS_CORETYPE");
+        printf("GEMM: %s\n", ditd_backend_cpu_gemm_info());
+        printf("FMA peak: %.1f GFLOP/s (%d threads, 24 independent %d-bit accumulators each, "
+               "measured before and after the forwards); OPENBLAS_CORETYPE=%s\n\n",
+               peak, nthreads, peak_bits, ct ? ct : "(unset)");
+    }
+    double gf = flops / (med * 1e6);
+    double gf_best = flops / (lo * 1e6);
+    printf("| model | backend | weights | tokens | batch | threads | params (M) | ms/forward (median) | min | max | GFLOP/s | %% of FMA peak | GFLOP/s (fastest) | %% of peak (fastest) | peak RSS (MiB) |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| %s | %s | %s | %d | %ld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.1f | %.0f%% | %.0f |\n",
+           model_dir ? model_dir : config, ops->name, ditd_dtype_name(ops->weight_dtype), m->N,
+           batch, nthreads, ditd_dit_config_params(&cfg) / 1e6, med, lo, hi, gf,
+           peak > 0 ? 100 * gf / peak : 0.0, gf_best, peak > 0 ? 100 * gf_best / peak : 0.0,
+           peak_rss_mib());
 
     if (do_gemm) {
         /* The forward's GEMMs: M = B*N rows; buffers reused from the model. */

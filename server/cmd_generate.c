@@ -36,6 +36,8 @@ static void usage(FILE *f)
             "  -n N                 images (1..64); N > 1 writes OUT-0.png, OUT-1.png, ...\n"
             "  --threads T          CPU threads (default: all)\n"
             "  --device D           cpu (default) | cuda: the GPU of this node-local rank\n"
+            "  --dtype T            CPU weights: f32 | bf16 | auto (default: bf16 for a bf16\n"
+            "                       checkpoint on a CPU with AVX512-BF16/AMX, else f32)\n"
             "                       (OMPI_COMM_WORLD_LOCAL_RANK, else 0)\n"
             "  --comm-timeout-ms MS cuda groups: a NCCL collective not done in MS aborts\n"
             "                       its communicator and fails the run (default 60000)\n"
@@ -85,7 +87,7 @@ static int fail(const char *what, int err)
 int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
-           O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING };
+           O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -95,12 +97,13 @@ int ditd_cmd_generate(int argc, char **argv)
         {"vae-tiling", no_argument, 0, O_VAE_TILING}, {"output", required_argument, 0, 'o'},
         {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
         {"device", required_argument, 0, O_DEVICE},
+        {"dtype", required_argument, 0, O_DTYPE},
         {"comm-timeout-ms", required_argument, 0, O_COMM_TIMEOUT},
         DITD_LAYOUT_LONGOPTS,
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
     const char *model_dir = NULL, *class_str = "0", *sampler_str = NULL, *latents_path = NULL;
-    const char *save_path = NULL, *out_path = NULL;
+    const char *save_path = NULL, *out_path = NULL, *dtype_str = "auto";
     int vae_tiling = 0;
     ditd_latent_image *li = NULL; /* latent models: the VAE decode */
     long seed = 0, steps = -1, n = 1, threads = 0, comm_timeout_ms = DITD_NCCL_DEFAULT_TIMEOUT_MS;
@@ -125,6 +128,7 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_SAVE: save_path = optarg; break;
         case O_VAE_TILING: vae_tiling = 1; break;
         case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
+        case O_DTYPE: dtype_str = optarg; break;
         case O_COMM_TIMEOUT:
             err = ditd_parse_long(optarg, 100, 86400000, "--comm-timeout-ms", &comm_timeout_ms);
             break;
@@ -219,7 +223,17 @@ int ditd_cmd_generate(int argc, char **argv)
     gp.steps = steps > 0 ? (int)steps : info.default_steps;
     if (!sampler_str && info.default_sampler[0])
         sampler_str = info.default_sampler;
-    if ((err = ditd_pipeline_new_group(&info, ops, (int)n, mesh, &pipe))) {
+    ditd_dtype ckpt;
+    const ditd_backend_ops *wops; /* the denoiser's: its weights' dtype */
+    if ((err = ditd_model_checkpoint_dtype(info.transformer_dir, &ckpt))) {
+        fail(info.transformer_dir, err);
+        goto done_info;
+    }
+    if (!(wops = ditd_backend_for_weights(ops, dtype_str, ckpt))) {
+        fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
+        goto done_info;
+    }
+    if ((err = ditd_pipeline_new_group(&info, wops, (int)n, mesh, &pipe))) {
         fail("loading the model", err);
         goto done_info;
     }

@@ -12,7 +12,8 @@
 #include "server/cli.h"
 #include "server/log.h"
 
-typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE, T_LOGFMT, T_LOGLVL } opt_type;
+typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE, T_LOGFMT, T_LOGLVL,
+               T_WDTYPE } opt_type;
 
 typedef struct opt {
     const char *flag;   /* without "--" */
@@ -48,6 +49,7 @@ static const opt opts[] = {
     {"heartbeat-ms", "DITD_HEARTBEAT_MS", T_INT, OFF(heartbeat_ms), 10, 600000, "1000", "worker heartbeat period"},
     {"heartbeat-timeout-ms", "DITD_HEARTBEAT_TIMEOUT_MS", T_INT, OFF(heartbeat_timeout_ms), 100, 3600000, "30000", "a replica silent this long fails /healthz"},
     {"device", "DITD_DEVICE", T_DEVICE, OFF(device), 0, 0, "cpu", "where replicas run: cpu or cuda (a GPU per rank: the node-local rank's)"},
+    {"dtype", "DITD_DTYPE", T_WDTYPE, OFF(weight_dtype), 0, 0, "auto", "CPU weights: f32, bf16, or auto (bf16 for a bf16 checkpoint on a CPU with AVX512-BF16/AMX; docs/cpu.md)"},
     {"comm-timeout-ms", "DITD_COMM_TIMEOUT_MS", T_INT, OFF(comm_timeout_ms), 100, 86400000, "60000", "cuda groups: a NCCL collective not done in this long aborts its communicator (the replica fails instead of hanging)"},
     {"log-requests", "DITD_LOG_REQUESTS", T_BOOL, OFF(log_requests), 0, 1, "1", "one access line per request (method, path, route, status, bytes, ms, request id, client)"},
     {"log-format", "DITD_LOG_FORMAT", T_LOGFMT, OFF(log_format), 0, 0, "text", "log lines as text or json (one object a line)"},
@@ -120,6 +122,16 @@ static int set(ditd_serve_config *c, const opt *o, const char *val, const char *
         if (ditd_log_level_from_str(val, &l))
             return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not debug, info, warn or error", who, val);
         *(int *)dst = (int)l;
+        return 0;
+    }
+    case T_WDTYPE: {
+        ditd_dtype t;
+        if (!strcmp(val, "auto"))
+            *(int *)dst = -1;
+        else if (!ditd_dtype_from_str(val, &t) && (t == DITD_DTYPE_F32 || t == DITD_DTYPE_BF16))
+            *(int *)dst = (int)t;
+        else
+            return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not f32, bf16 or auto", who, val);
         return 0;
     }
     case T_BOOL:

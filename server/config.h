@@ -30,6 +30,7 @@ typedef struct ditd_serve_config {
     int heartbeat_timeout_ms;   /* /healthz fails when a replica is silent this long */
     int log_requests;
     int device;                 /* ditd_device: where the replicas run */
+    int weight_dtype;           /* ditd_dtype of CPU weights (f32, bf16), -1: auto */
     int comm_timeout_ms;        /* NCCL watchdog: a collective's deadline */
     /* the HTTP edge (server/http.h) */
     int max_per_client;         /* open connections per client address */

@@ -204,6 +204,31 @@ typedef struct ditd_backend_ops {
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;
+/* The CPU with bf16 weights (f32 activations; docs/cpu.md). */
+extern const ditd_backend_ops ditd_backend_cpu_bf16;
+
+/* The table of ops's device whose weights are `wt`: ops itself when it
+ * already is, the CPU's f32 or bf16 table; NULL with the detail set when the
+ * device has no such table (CUDA keeps bf16). Borrowed. */
+const ditd_backend_ops *ditd_backend_with_dtype(const ditd_backend_ops *ops, ditd_dtype wt);
+
+/* One line naming the CPU GEMM library, the instruction set it runs and its
+ * f32 and bf16 kernels (for the start-up log and `ditd bench`). Static. */
+const char *ditd_backend_cpu_gemm_info(void);
+/* Whether this CPU computes bf16 dot products in hardware (AVX512-BF16 or
+ * AMX): where bf16 weights are the default for 16-bit checkpoints. */
+int ditd_backend_cpu_has_bf16(void);
+/* The CPU's FMA peak in GFLOP/s with `threads` threads, measured for about
+ * `seconds` (24 independent 512-bit accumulators per thread; *bits = 512, or
+ * 256 without AVX-512). For benchmarks. */
+double ditd_backend_cpu_fma_peak(int threads, double seconds, int *bits);
+/* The table a --dtype choice gives: want "f32" or "bf16" (or NULL / "auto":
+ * on the CPU, bf16 for a bf16 checkpoint `ckpt` where the CPU has bf16 dot
+ * products, else f32, f16 checkpoints included (f16 -> bf16 is lossy);
+ * other devices keep their own). NULL with the detail
+ * set for a dtype the device cannot keep. Borrowed. */
+const ditd_backend_ops *ditd_backend_for_weights(const ditd_backend_ops *ops, const char *want,
+                                                 ditd_dtype ckpt);
 
 /* The table for a device, or NULL (with a detail) when not built in. */
 const ditd_backend_ops *ditd_backend_get(ditd_device d);

@@ -1,4 +1,7 @@
-/* The CPU backend: fp32 activations and weights, kernels/cpu underneath. */
+/* The CPU backends: fp32 activations, kernels/cpu underneath; two tables,
+ * fp32 weights (ditd_backend_cpu) and bf16 weights (ditd_backend_cpu_bf16:
+ * half the memory, bf16 x bf16 -> fp32 GEMMs; norms, attention, softmax
+ * statistics and the sampler stay fp32). docs/cpu.md. */
 #include "engine/backend/backend.h"
 
 #include <cblas.h>
@@ -78,6 +81,13 @@ static void cpu_download(float *h_dst, const void *src, size_t n)
         memcpy(h_dst, src, n * sizeof(float));
 }
 
+/* bf16 weights: the loader hands over f32, kept rounded to nearest-even
+ * (exact for a bf16 checkpoint). */
+static void cpu_upload_weight_bf16(void *dst, const float *h_src, size_t n)
+{
+    ditd_cpu_f32_to_bf16(h_src, dst, n);
+}
+
 static void cpu_sync(void)
 {
 }
@@ -95,6 +105,12 @@ static void cpu_linear(const void *x, size_t ldx, const void *w, const void *b, 
                        size_t ldy, int M, int N, int K, ditd_act act)
 {
     ditd_cpu_linear(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+}
+
+static void cpu_linear_bf16(const void *x, size_t ldx, const void *w, const void *b, void *y,
+                            size_t ldy, int M, int N, int K, ditd_act act)
+{
+    ditd_cpu_linear_bf16(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
 }
 
 static void cpu_act_apply(const void *x, void *y, size_t n, ditd_act act)
@@ -117,6 +133,13 @@ static void cpu_embedding(const void *table, const int64_t *h_ids, void *out, in
     for (int b = 0; b < B; b++)
         memcpy((float *)out + (size_t)b * D, (const float *)table + (size_t)h_ids[b] * D,
                (size_t)D * sizeof(float));
+}
+
+static void cpu_embedding_bf16(const void *table, const int64_t *h_ids, void *out, int B, int D)
+{
+    for (int b = 0; b < B; b++)
+        ditd_cpu_bf16_to_f32((const uint16_t *)table + (size_t)h_ids[b] * D,
+                             (float *)out + (size_t)b * D, (size_t)D);
 }
 
 static void cpu_timestep_embed(const float *h_t, void *out, int B, int dim)
@@ -154,6 +177,13 @@ static void cpu_patch_embed(const void *x, const void *w, const void *b, const v
                             void *y, void *scratch, int B, int C, int Hi, int Wi, int p, int D)
 {
     ditd_cpu_patch_embed(x, w, b, pos, y, scratch, B, C, Hi, Wi, p, D);
+}
+
+static void cpu_patch_embed_bf16(const void *x, const void *w, const void *b, const void *pos,
+                                 void *y, void *scratch, int B, int C, int Hi, int Wi, int p,
+                                 int D)
+{
+    ditd_cpu_patch_embed_bf16(x, w, b, pos, y, scratch, B, C, Hi, Wi, p, D);
 }
 
 static void cpu_unpatchify(const void *x, void *y, int B, int C, int h, int w, int p)
@@ -267,3 +297,85 @@ const ditd_backend_ops ditd_backend_cpu = {
     .rope = cpu_rope,
     .rmsnorm_heads = cpu_rmsnorm_heads,
 };
+
+/* The same table with bf16 weights: only the ops that read weights differ. */
+const ditd_backend_ops ditd_backend_cpu_bf16 = {
+    .name = "cpu-bf16",
+    .device = DITD_DEVICE_CPU,
+    .act_dtype = DITD_DTYPE_F32,
+    .weight_dtype = DITD_DTYPE_BF16,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .upload_weight = cpu_upload_weight_bf16,
+    .sync = cpu_sync,
+    .set_threads = cpu_set_threads,
+    .linear = cpu_linear_bf16,
+    .act = cpu_act_apply,
+    .add = cpu_add,
+    .embedding = cpu_embedding_bf16,
+    .timestep_embed = cpu_timestep_embed,
+    .layernorm_modulate = cpu_layernorm_modulate,
+    .gated_residual = cpu_gated_residual,
+    .attention = cpu_attention,
+    .attention_merge = cpu_attention_merge,
+    .patch_embed = cpu_patch_embed_bf16,
+    .unpatchify = cpu_unpatchify,
+    .copy2d = cpu_copy2d,
+    .mem_alloc = NULL,
+    .mem_free = NULL,
+    .status = cpu_status,
+    /* activation-only ops, the same as the f32 table's (FLUX) */
+    .rope = cpu_rope,
+    .rmsnorm_heads = cpu_rmsnorm_heads,
+};
+
+const char *ditd_backend_cpu_gemm_info(void)
+{
+    return ditd_cpu_gemm_info();
+}
+
+int ditd_backend_cpu_has_bf16(void)
+{
+    return ditd_cpu_has_bf16_dot();
+}
+
+const ditd_backend_ops *ditd_backend_with_dtype(const ditd_backend_ops *ops, ditd_dtype wt)
+{
+    if (ops->weight_dtype == wt)
+        return ops;
+    if (ops->device == DITD_DEVICE_CPU && wt == DITD_DTYPE_F32)
+        return &ditd_backend_cpu;
+    if (ops->device == DITD_DEVICE_CPU && wt == DITD_DTYPE_BF16)
+        return &ditd_backend_cpu_bf16;
+    ditd_err_set(DITD_EUNSUPPORTED, "--dtype %s: the %s backend keeps %s weights", ditd_dtype_name(wt),
+                 ditd_device_name(ops->device), ditd_dtype_name(ops->weight_dtype));
+    return NULL;
+}
+
+double ditd_backend_cpu_fma_peak(int threads, double seconds, int *bits)
+{
+    return ditd_cpu_fma_peak_gflops(threads, seconds, bits);
+}
+
+const ditd_backend_ops *ditd_backend_for_weights(const ditd_backend_ops *ops, const char *want,
+                                                 ditd_dtype ckpt)
+{
+    ditd_dtype wt;
+    if (want && strcmp(want, "auto") != 0) {
+        if (ditd_dtype_from_str(want, &wt) || (wt != DITD_DTYPE_F32 && wt != DITD_DTYPE_BF16)) {
+            ditd_err_set(DITD_EINVAL, "--dtype \"%s\": f32, bf16 or auto", want);
+            return NULL;
+        }
+        return ditd_backend_with_dtype(ops, wt);
+    }
+    if (ops->device != DITD_DEVICE_CPU)
+        return ops;
+    /* auto: a bf16 checkpoint stays bf16 where the CPU has bf16 dot
+     * products (lossless, half the memory). f16 checkpoints run f32: f16
+     * to bf16 drops 3 mantissa bits, a change of numerics that a user asks
+     * for with --dtype bf16, not one made for them. f32 checkpoints, and
+     * CPUs without bf16 dot products, run f32. */
+    if (ckpt == DITD_DTYPE_BF16 && ditd_cpu_has_bf16_dot())
+        return &ditd_backend_cpu_bf16;
+    return &ditd_backend_cpu;
+}

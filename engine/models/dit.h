@@ -126,6 +126,7 @@ typedef struct ditd_dit {
 int ditd_dit_new(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
                  const char *weights_path, ditd_dit **out);
 
+
 /* Same, with random weights (std 0.02 normal, biases small) from the Philox
  * generator: what `ditd bench` runs for the named configs. */
 int ditd_dit_new_random(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "engine/core/error.h"
+#include "engine/io/safetensors.h"
 #include "engine/models/registry.h"
 #include "engine/models/vae/autoencoder_kl.h"
 
@@ -238,4 +239,25 @@ void ditd_model_info_free(ditd_model_info *m)
         free(m->labels);
     }
     m->labels = NULL;
+}
+
+int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out)
+{
+    ditd_safetensors *st;
+    int err = ditd_safetensors_open(weights_path, &st);
+    if (err)
+        return err;
+    const ditd_st_tensor *big = NULL;
+    for (size_t i = 0; i < ditd_safetensors_count(st); i++) {
+        const ditd_st_tensor *t = ditd_safetensors_at(st, i);
+        if (!big || t->nbytes > big->nbytes)
+            big = t;
+    }
+    *out = DITD_DTYPE_F32;
+    if (big && big->dtype == DITD_ST_BF16)
+        *out = DITD_DTYPE_BF16;
+    else if (big && big->dtype == DITD_ST_F16)
+        *out = DITD_DTYPE_F16;
+    ditd_safetensors_free(st);
+    return 0;
 }

@@ -23,6 +23,8 @@
 
 #include <stdint.h>
 
+#include "engine/core/tensor.h"
+
 #include "engine/models/denoiser.h"
 
 #define DITD_MODEL_PATH_MAX 4096
@@ -56,6 +58,12 @@ typedef struct ditd_model_info {
  * with ditd_model_info_free(). */
 int ditd_model_info_load(const char *dir, ditd_model_info *out);
 void ditd_model_info_free(ditd_model_info *m);
+
+/* The dtype a checkpoint keeps its weights in (weights_path: a component
+ * folder or a .safetensors file/index): that of its largest tensor, F32
+ * unless it is BF16 or F16 (a checkpoint may keep a few small tensors in
+ * f32). Any family. */
+int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out);
 
 /* Class id from a request's words: a number "0".."K-1", or a label from
  * id2label (case-insensitive; a label with commas has each part as a

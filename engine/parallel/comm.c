@@ -283,6 +283,20 @@ void ditd_comm_mpi_finalize(void)
 {
 }
 
+int ditd_comm_mpi_progress_thread(void)
+{
+    return 0;
+}
+
+void ditd_comm_mpi_wait_stats(uint64_t *waits, uint64_t *ready, int reset)
+{
+    (void)reset;
+    if (waits)
+        *waits = 0;
+    if (ready)
+        *ready = 0;
+}
+
 int ditd_comm_launched_by_mpi(void)
 {
     return 0;

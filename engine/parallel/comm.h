@@ -110,10 +110,20 @@ int ditd_comm_have_mpi(void);
 /* Initializes MPI once per process (MPI_Init_thread, SERIALIZED: any one
  * thread at a time may call MPI, as `ditd serve`'s front-end hub thread
  * does) when it is not yet; later calls are no-ops. DITD_ECOMM when the
- * library gives a lower thread level; DITD_EUNSUPPORTED without MPI. */
+ * library gives a lower thread level; DITD_EUNSUPPORTED without MPI. It
+ * asks for MULTIPLE, which the ring's progress thread needs (comm_mpi.c). */
 int ditd_comm_mpi_init(int *argc, char ***argv);
-/* Finalizes MPI when ditd_comm_mpi_init() initialized it. */
+/* Finalizes MPI when ditd_comm_mpi_init() initialized it (stopping the
+ * progress thread first). */
 void ditd_comm_mpi_finalize(void);
+/* 1 when a paired send/recv (ditd_comm_sendrecv_start) is driven by the
+ * progress thread between start and wait (MPI at MPI_THREAD_MULTIPLE and
+ * DITD_MPI_PROGRESS not 0), starting it; 0 when the wait drives it. */
+int ditd_comm_mpi_progress_thread(void);
+/* Paired send/recv waits in this process so far, and how many of them found
+ * the transfer already complete (hidden behind the caller's compute);
+ * reset != 0 zeroes both after reading. For benchmarks. */
+void ditd_comm_mpi_wait_stats(uint64_t *waits, uint64_t *ready, int reset);
 /* 1 when the process looks started by mpirun/srun (the launcher's rank
  * variables are set): then the commands initialize MPI themselves. */
 int ditd_comm_launched_by_mpi(void);

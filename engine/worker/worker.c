@@ -562,8 +562,19 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     }
     if (!err && !(err = ditd_model_info_load(cfg->model_dir, &w->info)))
         have_info = 1;
+    /* the denoiser's table by its weights' dtype (--dtype, or auto by the
+     * checkpoint's); the VAE keeps the f32 table it is written for */
+    const ditd_backend_ops *wops = ops;
+    if (!err) {
+        ditd_dtype ckpt;
+        if (!(err = ditd_model_checkpoint_dtype(w->info.transformer_dir, &ckpt)) &&
+            !(wops = ditd_backend_for_weights(
+                  ops, cfg->weight_dtype < 0 ? "auto" : ditd_dtype_name((ditd_dtype)cfg->weight_dtype),
+                  ckpt)))
+            err = DITD_EINVAL;
+    }
     if (!err)
-        err = ditd_pipeline_new_group(&w->info, ops, cfg->max_batch, w->mesh, &w->pipe);
+        err = ditd_pipeline_new_group(&w->info, wops, cfg->max_batch, w->mesh, &w->pipe);
     if (!err && w->info.needs_vae)
         err = ditd_latent_image_new(&w->info, ops, in_group(w) ? w->mesh->group : NULL,
                                     cfg->vae_tiling, &w->li);

@@ -46,6 +46,8 @@ typedef struct ditd_worker_config {
                              * (ditd_backend_open), a NCCL mesh for a group */
     int comm_timeout_ms;    /* NCCL watchdog per collective; <= 0: the default */
     int vae_tiling;         /* latent models: tiled VAE decode (Diffusers' enable_tiling) */
+    int weight_dtype;       /* ditd_dtype of CPU weights (F32, BF16); -1: auto, by
+                             * the checkpoint (ditd_backend_for_weights) */
 } ditd_worker_config;
 
 /* Loads the model and serves batches until a Shutdown message or a

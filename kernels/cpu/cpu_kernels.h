@@ -1,4 +1,5 @@
-/* CPU compute kernels: fp32, OpenMP on the outer loops, GEMMs through BLAS.
+/* CPU compute kernels: fp32 activations (weights f32 or bf16), OpenMP on the
+ * outer loops, GEMMs through a library (oneDNN or OpenBLAS, gemm.c).
  *
  * What this is: pure functions over caller-owned float buffers. What it is not:
  * no allocation policy (scratch comes from the caller), no communication, no
@@ -39,6 +40,40 @@ typedef enum ditd_cpu_act {
  * ldx/ldy are row strides of x and y in elements (>= K, >= N). */
 void ditd_cpu_linear(const float *x, size_t ldx, const float *w, const float *b,
                      float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act);
+
+/* As ditd_cpu_linear with bf16 weights and bias (w (N, K), b (N) or NULL):
+ * x is rounded to bf16 (nearest-even), the products are bf16 x bf16 summed
+ * in fp32, y stays f32; bias and activation in f32. */
+void ditd_cpu_linear_bf16(const float *x, size_t ldx, const uint16_t *w, const uint16_t *b,
+                          float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act);
+
+/* The GEMM under both (kernels/cpu/gemm.c): y (M, N) = x @ w^T (+ b), w and
+ * b f32 (w_bf16 = 0) or bf16 (w_bf16 = 1, x rounded to bf16 first). oneDNN
+ * matmul with the bias fused when built with it, else (or with
+ * DITD_CPU_GEMM=openblas in the environment) OpenBLAS sgemm. Serialized by
+ * one lock (the library uses every thread). */
+void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int w_bf16, float *y,
+                   size_t ldy, int M, int N, int K);
+
+/* One line naming the GEMM library, the CPU's instruction set as the library
+ * sees it and the kernels it picked for f32 and bf16 ("oneDNN 2.6.3, cpu isa
+ * avx512_core_bf16; f32 brg:avx512_core, bf16 brg:avx512_core_bf16").
+ * Static storage; the first call initializes the library. */
+const char *ditd_cpu_gemm_info(void);
+
+/* f32 <-> bf16 (round to nearest even; NaN stays NaN). */
+void ditd_cpu_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
+void ditd_cpu_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
+
+/* Whether this CPU has AVX512-BF16 or AMX-BF16 (bf16 dot products in
+ * hardware): where bf16 weights run at about twice the f32 rate. */
+int ditd_cpu_has_bf16_dot(void);
+
+/* The FMA peak of `threads` threads (<= 0: OpenMP's default) in GFLOP/s:
+ * 24 independent accumulator chains per thread, 512-bit where the CPU has
+ * AVX-512 (*bits = 512) else 256-bit (*bits = 256); the best of the
+ * samples (about 10 ms each) taken during `seconds`. 0 without FMA. kernels/cpu/peak.c. */
+double ditd_cpu_fma_peak_gflops(int threads, double seconds, int *bits);
 
 /* y = act(x), elementwise, in place allowed. */
 void ditd_cpu_act_apply(float *y, size_t n, ditd_cpu_act act);
@@ -98,6 +133,11 @@ void ditd_cpu_attention_merge(float *o_acc, size_t ldo_acc, float *lse_acc,
 void ditd_cpu_patch_embed(const float *x, const float *w, const float *b,
                           const float *pos, float *y, float *scratch,
                           int B, int C, int Hi, int Wi, int p, int D);
+
+/* As ditd_cpu_patch_embed with bf16 w and b (the GEMM of ditd_cpu_linear_bf16). */
+void ditd_cpu_patch_embed_bf16(const float *x, const uint16_t *w, const uint16_t *b,
+                               const float *pos, float *y, float *scratch,
+                               int B, int C, int Hi, int Wi, int p, int D);
 
 /* Unpatchify: x: (B, N, p*p*C) with per-token layout (p, q, c), N = h*w;
  * y: (B, C, h*p, w*p) NCHW. (Diffusers: reshape(h,w,p,p,c), "nhwpqc->nchpwq".) */

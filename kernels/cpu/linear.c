@@ -1,15 +1,16 @@
-/* Linear layers and activations on the CPU: one BLAS sgemm, then bias and
- * activation fused in one OpenMP pass over the output rows.
+/* Linear layers and activations on the CPU: one GEMM with the bias fused
+ * into it (kernels/cpu/gemm.c: oneDNN, or OpenBLAS), then the activation in
+ * one OpenMP pass over the output rows.
  *
- * What this is not: a GEMM. The matrix product is OpenBLAS's; it is called
- * outside any OpenMP parallel region so that BLAS and our kernels share one
- * threading runtime (Debian's libopenblas0-openmp) and never oversubscribe.
+ * What this is not: a GEMM. The matrix product is the library's; it is
+ * called outside any OpenMP parallel region so that it and our kernels share
+ * one threading runtime (libgomp: Debian's libopenblas0-openmp and libdnnl2
+ * both use it) and never oversubscribe.
  */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_math.h"
 
 #include <assert.h>
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 
@@ -63,27 +64,38 @@ static void bias_act_row(float *y, const float *b, int n, ditd_cpu_act act)
     }
 }
 
-void ditd_cpu_linear(const float *x, size_t ldx, const float *w, const float *b,
-                     float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act)
+static void linear_any(const float *x, size_t ldx, const void *w, const void *b, int w_bf16,
+                       float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act)
 {
     assert(x && w && y);
     assert(M >= 0 && N > 0 && K > 0);
     assert(ldx >= (size_t)K && ldy >= (size_t)N);
     assert(act == DITD_CPU_ACT_NONE || act == DITD_CPU_ACT_GELU_TANH ||
            act == DITD_CPU_ACT_SILU);
-    assert(!omp_in_parallel()); /* BLAS must not run inside our region */
+    assert(!omp_in_parallel()); /* the GEMM library must not run inside our region */
     if (M == 0)
         return;
 
-    /* y = x @ w^T: x (M, K) row-major, w (N, K) row-major used transposed. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, (int)ldx,
-                w, K, 0.0f, y, (int)ldy);
+    /* y = x @ w^T + b: x (M, K) row-major, w (N, K) row-major used transposed. */
+    ditd_cpu_gemm(x, ldx, w, b, w_bf16, y, ldy, M, N, K);
 
-    if (!b && act == DITD_CPU_ACT_NONE)
+    if (act == DITD_CPU_ACT_NONE)
         return;
 #pragma omp parallel for schedule(static) if ((size_t)M * (size_t)N > 16384)
     for (int i = 0; i < M; ++i)
-        bias_act_row(y + (size_t)i * ldy, b, N, act);
+        bias_act_row(y + (size_t)i * ldy, NULL, N, act);
+}
+
+void ditd_cpu_linear(const float *x, size_t ldx, const float *w, const float *b,
+                     float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act)
+{
+    linear_any(x, ldx, w, b, 0, y, ldy, M, N, K, act);
+}
+
+void ditd_cpu_linear_bf16(const float *x, size_t ldx, const uint16_t *w, const uint16_t *b,
+                          float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act)
+{
+    linear_any(x, ldx, w, b, 1, y, ldy, M, N, K, act);
 }
 
 void ditd_cpu_act_apply(float *y, size_t n, ditd_cpu_act act)

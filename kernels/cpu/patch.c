@@ -7,17 +7,16 @@
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <assert.h>
-#include <cblas.h>
 #include <omp.h>
 
-void ditd_cpu_patch_embed(const float *x, const float *w, const float *b,
-                          const float *pos, float *y, float *scratch,
-                          int B, int C, int Hi, int Wi, int p, int D)
+static void patch_embed_any(const float *x, const void *w, const void *b, int w_bf16,
+                            const float *pos, float *y, float *scratch,
+                            int B, int C, int Hi, int Wi, int p, int D)
 {
     assert(x && w && y && scratch);
     assert(B >= 0 && C > 0 && p > 0 && D > 0);
     assert(Hi > 0 && Wi > 0 && Hi % p == 0 && Wi % p == 0);
-    assert(!omp_in_parallel()); /* BLAS must not run inside our region */
+    assert(!omp_in_parallel()); /* the GEMM library must not run inside our region */
 
     const int gh = Hi / p, gw = Wi / p, N = gh * gw;
     const int K = C * p * p; /* patch vector: (c, i, j), as w (D, C, p, p) */
@@ -41,26 +40,33 @@ void ditd_cpu_patch_embed(const float *x, const float *w, const float *b,
             }
     }
 
-    /* y (B*N, D) = patches (B*N, K) @ w(D, K)^T. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, D, K, 1.0f, scratch,
-                K, w, K, 0.0f, y, D);
+    /* y (B*N, D) = patches (B*N, K) @ w(D, K)^T + bias (fused in the GEMM). */
+    ditd_cpu_gemm(scratch, (size_t)K, w, b, w_bf16, y, (size_t)D, (int)rows, D, K);
 
-    /* + bias, then + pos[n], in one pass (the order of PyTorch's conv bias
-     * then pos_embed add). */
-    if (!b && !pos)
+    /* + pos[n] (the order of PyTorch's conv bias then pos_embed add). */
+    if (!pos)
         return;
 #pragma omp parallel for schedule(static) if (rows * D > 16384)
     for (long t = 0; t < rows; ++t) {
         float *yr = y + (size_t)t * D;
-        if (b)
-            for (int d = 0; d < D; ++d)
-                yr[d] += b[d];
-        if (pos) {
-            const float *pr = pos + (size_t)(t % N) * D;
-            for (int d = 0; d < D; ++d)
-                yr[d] += pr[d];
-        }
+        const float *pr = pos + (size_t)(t % N) * D;
+        for (int d = 0; d < D; ++d)
+            yr[d] += pr[d];
     }
+}
+
+void ditd_cpu_patch_embed(const float *x, const float *w, const float *b,
+                          const float *pos, float *y, float *scratch,
+                          int B, int C, int Hi, int Wi, int p, int D)
+{
+    patch_embed_any(x, w, b, 0, pos, y, scratch, B, C, Hi, Wi, p, D);
+}
+
+void ditd_cpu_patch_embed_bf16(const float *x, const uint16_t *w, const uint16_t *b,
+                               const float *pos, float *y, float *scratch,
+                               int B, int C, int Hi, int Wi, int p, int D)
+{
+    patch_embed_any(x, w, b, 1, pos, y, scratch, B, C, Hi, Wi, p, D);
 }
 
 void ditd_cpu_unpatchify(const float *x, float *y, int B, int C, int h, int w, int p)

@@ -1,0 +1,446 @@
+/* The CPU GEMM: y (M, N) = x (M, K) @ w^T (+ b), w (N, K) as nn.Linear stores
+ * it, x and y f32, w and b f32 or bf16.
+ *
+ * Which library runs it was chosen by measurement (docs/cpu.md): oneDNN's
+ * matmul primitive, whose instruction set is picked at run time from the CPU
+ * (AVX-512 where there is AVX-512, AVX512-BF16 / AMX for bf16), so its speed
+ * does not depend on an OpenBLAS environment pin such as OPENBLAS_CORETYPE.
+ * OpenBLAS's cblas_sgemm is the fallback: when ditd is built without oneDNN,
+ * when DITD_CPU_GEMM=openblas is set (to compare), or when oneDNN refuses a
+ * shape. bf16 runs bf16 x bf16 with fp32 accumulation; x is rounded to bf16
+ * (nearest-even) first, as PyTorch's bf16 matmul sees it.
+ *
+ * State: a small table of oneDNN primitives, one per (dtype, M, N, K, ldx,
+ * ldy, bias) met so far, built on first use (the first forward) and kept for
+ * the process; a workspace for x in bf16 that grows to the largest M*K seen.
+ * Both sit behind one mutex, held while a primitive runs (its memory objects
+ * are part of the entry). What it is not: a GEMM for other layouts.
+ */
+#include "kernels/cpu/cpu_kernels.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if DITD_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+/* ---- bf16 <-> f32 ---- */
+
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    /* round to nearest, ties to even; a NaN stays a (quiet) NaN. Written
+     * as a select, not a branch, so that the loops below vectorize. */
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t q = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+static inline float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Serial on purpose: a vectorized pass runs at memory speed (~0.05 ms for a
+ * DiT-XL/2 activation), less than waking a team of threads costs. */
+void ditd_cpu_f32_to_bf16(const float *src, uint16_t *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = f32_to_bf16(src[i]);
+}
+
+void ditd_cpu_bf16_to_f32(const uint16_t *src, float *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = bf16_to_f32(src[i]);
+}
+
+/* x (M, K) rows of stride ldx to a dense bf16 (M, K). */
+static void rows_to_bf16(const float *x, size_t ldx, uint16_t *xb, int M, int K)
+{
+    for (int i = 0; i < M; i++) {
+        const float *r = x + (size_t)i * ldx;
+        uint16_t *d = xb + (size_t)i * (size_t)K;
+        for (int j = 0; j < K; j++)
+            d[j] = f32_to_bf16(r[j]);
+    }
+}
+
+/* ---- what the CPU has ---- */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+int ditd_cpu_has_bf16_dot(void)
+{
+    unsigned a, b, c, d;
+    /* leaf 7 subleaf 1: EAX bit 5 = AVX512_BF16; leaf 7 subleaf 0: EDX bit
+     * 22 = AMX-BF16. (The OS must also enable the state: xgetbv, below.) */
+    if (__get_cpuid_max(0, NULL) < 7)
+        return 0;
+    unsigned lo, hi;
+    __cpuid(1, a, b, c, d);
+    if (!(c & (1u << 27))) /* OSXSAVE */
+        return 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    int zmm_on = (lo & 0xe6u) == 0xe6u; /* XMM, YMM, opmask, ZMM state */
+    __cpuid_count(7, 0, a, b, c, d);
+    int amx_bf16 = (d >> 22) & 1u, avx512f = (b >> 16) & 1u;
+    __cpuid_count(7, 1, a, b, c, d);
+    int avx512_bf16 = (a >> 5) & 1u;
+    return zmm_on && ((avx512f && avx512_bf16) || amx_bf16);
+}
+#else
+int ditd_cpu_has_bf16_dot(void)
+{
+    return 0;
+}
+#endif
+
+/* ---- shared state ---- */
+
+#define SMALL_M 16 /* up to this many rows: the few-rows kernel below */
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static char g_info[256];               /* what ditd_cpu_gemm_info returns */
+static uint16_t *g_xb;                 /* x in bf16 */
+static size_t g_xb_len;                /* elements */
+static float *g_wf;                    /* fallback: bf16 x, then w, widened */
+static size_t g_wf_len;
+
+static int grow(void **p, size_t *len, size_t n, size_t es)
+{
+    if (n <= *len)
+        return 0;
+    void *q = realloc(*p, n * es);
+    if (!q)
+        return -1;
+    *p = q;
+    *len = n;
+    return 0;
+}
+
+/* ---- oneDNN ---- */
+
+#if DITD_HAVE_DNNL
+
+static int g_use_dnnl; /* 1 when oneDNN runs the GEMMs */
+
+#define DNNL_SLOTS 96
+
+typedef struct dnnl_slot {
+    int used, bf16, M, N, K, bias;
+    size_t ldx, ldy;
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, wei, bia, dst;
+} dnnl_slot;
+
+static dnnl_engine_t g_eng;
+static dnnl_stream_t g_stream;
+static dnnl_slot g_slots[DNNL_SLOTS];
+static char g_impl_f32[64], g_impl_bf16[64];
+
+static const char *isa_name(dnnl_cpu_isa_t isa)
+{
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse4.1";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+    }
+}
+
+static void slot_release(dnnl_slot *s)
+{
+    dnnl_primitive_destroy(s->prim);
+    dnnl_memory_destroy(s->src);
+    dnnl_memory_destroy(s->wei);
+    if (s->bia)
+        dnnl_memory_destroy(s->bia);
+    dnnl_memory_destroy(s->dst);
+    memset(s, 0, sizeof *s);
+}
+
+/* Builds the matmul for one shape into s; 0 or -1 (oneDNN refused). impl,
+ * when not NULL, receives oneDNN's implementation name ("brg:avx512_core"). */
+static int slot_build(dnnl_slot *s, int bf16, int M, int N, int K, size_t ldx, size_t ldy,
+                      int bias, char *impl, size_t impl_len)
+{
+    dnnl_data_type_t wt = bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t src_md, wei_md, bia_md, dst_md;
+    dnnl_dims_t sd = {M, K}, ss = {bf16 ? K : (dnnl_dim_t)ldx, 1};
+    dnnl_dims_t wd = {K, N}, ws = {1, K}; /* w^T: the (K, N) view of w (N, K) */
+    dnnl_dims_t bd = {1, N}, bs = {N, 1};
+    dnnl_dims_t dd = {M, N}, ds = {(dnnl_dim_t)ldy, 1};
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    memset(s, 0, sizeof *s);
+    if (dnnl_memory_desc_init_by_strides(&src_md, 2, sd, wt, ss) ||
+        dnnl_memory_desc_init_by_strides(&wei_md, 2, wd, wt, ws) ||
+        dnnl_memory_desc_init_by_strides(&bia_md, 2, bd, wt, bs) ||
+        dnnl_memory_desc_init_by_strides(&dst_md, 2, dd, dnnl_f32, ds) ||
+        dnnl_matmul_desc_init(&md, &src_md, &wei_md, bias ? &bia_md : NULL, &dst_md) ||
+        dnnl_primitive_desc_create(&pd, &md, NULL, g_eng, NULL))
+        return -1;
+    if (impl) {
+        const char *name = NULL;
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name);
+        snprintf(impl, impl_len, "%s", name ? name : "?");
+    }
+    int bad = dnnl_primitive_create(&s->prim, pd) != dnnl_success;
+    dnnl_primitive_desc_destroy(pd);
+    if (bad)
+        return -1;
+    /* handles are set per call (DNNL_MEMORY_NONE: no buffer of its own) */
+    if (dnnl_memory_create(&s->src, &src_md, g_eng, DNNL_MEMORY_NONE) ||
+        dnnl_memory_create(&s->wei, &wei_md, g_eng, DNNL_MEMORY_NONE) ||
+        (bias && dnnl_memory_create(&s->bia, &bia_md, g_eng, DNNL_MEMORY_NONE)) ||
+        dnnl_memory_create(&s->dst, &dst_md, g_eng, DNNL_MEMORY_NONE)) {
+        slot_release(s);
+        return -1;
+    }
+    s->used = 1;
+    s->bf16 = bf16;
+    s->M = M;
+    s->N = N;
+    s->K = K;
+    s->ldx = ldx;
+    s->ldy = ldy;
+    s->bias = bias;
+    return 0;
+}
+
+static int slot_run(dnnl_slot *s, const void *x, const void *w, const void *b, float *y)
+{
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, s->src}, {DNNL_ARG_WEIGHTS, s->wei},
+                               {DNNL_ARG_DST, s->dst}, {DNNL_ARG_BIAS, s->bia}};
+    if (dnnl_memory_set_data_handle(s->src, (void *)x) ||
+        dnnl_memory_set_data_handle(s->wei, (void *)w) ||
+        dnnl_memory_set_data_handle(s->dst, y) ||
+        (s->bias && dnnl_memory_set_data_handle(s->bia, (void *)b)))
+        return -1;
+    if (dnnl_primitive_execute(s->prim, g_stream, s->bias ? 4 : 3, args) ||
+        dnnl_stream_wait(g_stream))
+        return -1;
+    return 0;
+}
+
+/* One GEMM through oneDNN under g_lock; -1 when oneDNN cannot run it. */
+static int dnnl_run_gemm(int bf16, const void *x, size_t ldx, const void *w, const void *b, float *y,
+                     size_t ldy, int M, int N, int K)
+{
+    int bias = b != NULL, free_slot = -1;
+    for (int i = 0; i < DNNL_SLOTS; i++) {
+        dnnl_slot *s = &g_slots[i];
+        if (!s->used) {
+            if (free_slot < 0)
+                free_slot = i;
+            continue;
+        }
+        if (s->bf16 == bf16 && s->M == M && s->N == N && s->K == K && s->ldx == ldx &&
+            s->ldy == ldy && s->bias == bias)
+            return slot_run(s, x, w, b, y);
+    }
+    if (free_slot >= 0) {
+        if (slot_build(&g_slots[free_slot], bf16, M, N, K, ldx, ldy, bias, NULL, 0))
+            return -1;
+        return slot_run(&g_slots[free_slot], x, w, b, y);
+    }
+    /* table full (more shapes than a model has): build, run, drop */
+    dnnl_slot tmp;
+    if (slot_build(&tmp, bf16, M, N, K, ldx, ldy, bias, NULL, 0))
+        return -1;
+    int err = slot_run(&tmp, x, w, b, y);
+    slot_release(&tmp);
+    return err;
+}
+
+/* Probes the implementations oneDNN picks for a DiT-sized shape, for the
+ * info line. */
+static void dnnl_probe(void)
+{
+    dnnl_slot s;
+    snprintf(g_impl_f32, sizeof g_impl_f32, "refused");
+    snprintf(g_impl_bf16, sizeof g_impl_bf16, "refused");
+    if (!slot_build(&s, 0, 512, 1152, 1152, 1152, 1152, 1, g_impl_f32, sizeof g_impl_f32))
+        slot_release(&s);
+    if (!slot_build(&s, 1, 512, 1152, 1152, 1152, 1152, 1, g_impl_bf16, sizeof g_impl_bf16))
+        slot_release(&s);
+}
+
+#endif /* DITD_HAVE_DNNL */
+
+static void gemm_init(void)
+{
+    const char *want = getenv("DITD_CPU_GEMM");
+    int force_blas = want && strcmp(want, "openblas") == 0;
+    char blas[96];
+    snprintf(blas, sizeof blas, "OpenBLAS %s", openblas_get_corename());
+#if DITD_HAVE_DNNL
+    if (!force_blas && dnnl_engine_create(&g_eng, dnnl_cpu, 0) == dnnl_success &&
+        dnnl_stream_create(&g_stream, g_eng, dnnl_stream_default_flags) == dnnl_success) {
+        const dnnl_version_t *v = dnnl_version();
+        g_use_dnnl = 1;
+        dnnl_probe();
+        snprintf(g_info, sizeof g_info,
+                 "oneDNN %d.%d.%d, cpu isa %s; f32 %s, bf16 %s; M <= %d rows: ditd's own kernel",
+                 v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),
+                 g_impl_f32, g_impl_bf16, SMALL_M);
+        return;
+    }
+#endif
+    snprintf(g_info, sizeof g_info, "%s (%s); bf16 weights widened to f32; M <= %d rows: ditd's own kernel",
+             blas, force_blas ? "DITD_CPU_GEMM=openblas"
+                              : DITD_HAVE_DNNL ? "oneDNN did not start" : "built without oneDNN",
+             SMALL_M);
+}
+
+const char *ditd_cpu_gemm_info(void)
+{
+    pthread_once(&g_once, gemm_init);
+    return g_info;
+}
+
+/* Adds b (f32 or bf16) to every row of y. */
+static void add_bias(float *y, size_t ldy, const void *b, int bf16, int M, int N)
+{
+#pragma omp parallel for schedule(static) if ((size_t)M * (size_t)N > 16384)
+    for (int i = 0; i < M; i++) {
+        float *r = y + (size_t)i * ldy;
+        if (bf16)
+            for (int j = 0; j < N; j++)
+                r[j] += bf16_to_f32(((const uint16_t *)b)[j]);
+        else
+            for (int j = 0; j < N; j++)
+                r[j] += ((const float *)b)[j];
+    }
+}
+
+/* ---- few rows: our own kernel ----
+ *
+ * With M <= SMALL_M rows (DiT's timestep and adaLN linears run at M = batch)
+ * the GEMM is a pass over the weights, bound by memory. oneDNN's matmul
+ * repacks the whole (N, K) weight for its micro-kernel on every call, and
+ * that repack costs 10-20x the pass itself at M = 2; OpenBLAS is not much
+ * better. This kernel reads each weight row once, for all M rows, with 16
+ * independent fp32 partial sums per dot product (vectorized by the
+ * compiler; fp32 products of bf16 operands are exact). */
+static inline float dot_f32(const float *a, const float *b, int K)
+{
+    float acc[16] = {0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int l = 0; l < 16; l++)
+            acc[l] += a[k + l] * b[k + l];
+    for (int l = 0; k + l < K; l++)
+        acc[l] += a[k + l] * b[k + l];
+    float s = 0;
+    for (int l = 0; l < 16; l++)
+        s += acc[l];
+    return s;
+}
+
+static inline float dot_bf16(const uint16_t *a, const uint16_t *b, int K)
+{
+    float acc[16] = {0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int l = 0; l < 16; l++)
+            acc[l] += bf16_to_f32(a[k + l]) * bf16_to_f32(b[k + l]);
+    for (int l = 0; k + l < K; l++)
+        acc[l] += bf16_to_f32(a[k + l]) * bf16_to_f32(b[k + l]);
+    float s = 0;
+    for (int l = 0; l < 16; l++)
+        s += acc[l];
+    return s;
+}
+
+/* x: f32 rows of stride ldx (w_bf16 = 0) or dense bf16 (M, K) (w_bf16 = 1). */
+static void small_m_gemm(const void *x, size_t ldx, const void *w, const void *b, int w_bf16,
+                         float *y, size_t ldy, int M, int N, int K)
+{
+#pragma omp parallel for schedule(static) if ((size_t)N * (size_t)K > 65536)
+    for (int n = 0; n < N; n++) {
+        float bias = 0;
+        if (b)
+            bias = w_bf16 ? bf16_to_f32(((const uint16_t *)b)[n]) : ((const float *)b)[n];
+        for (int m = 0; m < M; m++) {
+            float d = w_bf16 ? dot_bf16((const uint16_t *)x + (size_t)m * (size_t)K,
+                                        (const uint16_t *)w + (size_t)n * (size_t)K, K)
+                             : dot_f32((const float *)x + (size_t)m * ldx,
+                                       (const float *)w + (size_t)n * (size_t)K, K);
+            y[(size_t)m * ldy + (size_t)n] = d + bias;
+        }
+    }
+}
+
+/* The CPU ops have no error path (backend.h: they assert); a workspace the
+ * size of one activation that cannot be had is treated the same way. */
+static void *need(void **p, size_t *len, size_t n, size_t es)
+{
+    if (grow(p, len, n, es)) {
+        fprintf(stderr, "ditd_cpu_gemm: out of memory for a %zu-byte workspace\n", n * es);
+        abort();
+    }
+    return *p;
+}
+
+void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int w_bf16, float *y,
+                   size_t ldy, int M, int N, int K)
+{
+    assert(x && w && y);
+    assert(M >= 0 && N > 0 && K > 0);
+    assert(ldx >= (size_t)K && ldy >= (size_t)N);
+    assert(!omp_in_parallel()); /* the libraries must not run inside our region */
+    if (M == 0)
+        return;
+    pthread_once(&g_once, gemm_init);
+    pthread_mutex_lock(&g_lock);
+    const size_t mk = (size_t)M * (size_t)K;
+    int ok = 0;
+    if (w_bf16)
+        rows_to_bf16(x, ldx, need((void **)&g_xb, &g_xb_len, mk, sizeof *g_xb), M, K);
+    if (M <= SMALL_M) {
+        small_m_gemm(w_bf16 ? (const void *)g_xb : x, w_bf16 ? (size_t)K : ldx, w, b, w_bf16, y,
+                     ldy, M, N, K);
+        pthread_mutex_unlock(&g_lock);
+        return;
+    }
+#if DITD_HAVE_DNNL
+    if (g_use_dnnl)
+        ok = dnnl_run_gemm(w_bf16, w_bf16 ? (const void *)g_xb : x, w_bf16 ? (size_t)K : ldx, w, b, y,
+                       ldy, M, N, K) == 0;
+#endif
+    if (!ok && !w_bf16) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, (int)ldx, w, K,
+                    0.0f, y, (int)ldy);
+    } else if (!ok) {
+        /* the same products in f32: bf16 x and w widened (exactly), f32
+         * accumulation; one workspace holds x then w */
+        size_t nw = (size_t)N * (size_t)K;
+        float *ws = need((void **)&g_wf, &g_wf_len, mk + nw, sizeof *g_wf);
+        ditd_cpu_bf16_to_f32(g_xb, ws, mk);
+        ditd_cpu_bf16_to_f32(w, ws + mk, nw);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, ws, K, ws + mk, K,
+                    0.0f, y, (int)ldy);
+    }
+    if (!ok && b)
+        add_bias(y, ldy, b, w_bf16, M, N);
+    pthread_mutex_unlock(&g_lock);
+}
