@@ -245,6 +245,9 @@ int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out)
 {
     ditd_safetensors *st;
     int err = ditd_safetensors_open(weights_path, &st);
+    *out = DITD_DTYPE_F32;
+    if (err == DITD_ENOENT) /* no checkpoint: its family says what it lacks when it loads */
+        return 0;
     if (err)
         return err;
     const ditd_st_tensor *big = NULL;
@@ -253,7 +256,6 @@ int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out)
         if (!big || t->nbytes > big->nbytes)
             big = t;
     }
-    *out = DITD_DTYPE_F32;
     if (big && big->dtype == DITD_ST_BF16)
         *out = DITD_DTYPE_BF16;
     else if (big && big->dtype == DITD_ST_F16)

@@ -62,7 +62,8 @@ void ditd_model_info_free(ditd_model_info *m);
 /* The dtype a checkpoint keeps its weights in (weights_path: a component
  * folder or a .safetensors file/index): that of its largest tensor, F32
  * unless it is BF16 or F16 (a checkpoint may keep a few small tensors in
- * f32). Any family. */
+ * f32). Any family. A folder without a safetensors checkpoint is F32 (the
+ * family's load says what is missing). */
 int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out);
 
 /* Class id from a request's words: a number "0".."K-1", or a label from

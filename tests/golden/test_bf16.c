@@ -14,6 +14,7 @@
 #include "engine/backend/backend.h"
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
+#include "engine/models/dit.h"
 #include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
 
@@ -58,8 +59,9 @@ static void run_model(const char *dir, void *ud)
     TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu_bf16, 2, &p16));
     if (!p32 || !p16)
         goto done;
-    TU_CHECK(p16->dit->ops->weight_dtype == DITD_DTYPE_BF16, "bf16 pipeline keeps %s weights",
-             ditd_dtype_name(p16->dit->ops->weight_dtype));
+    const ditd_backend_ops *o16 = ((ditd_dit *)p16->den)->ops;
+    TU_CHECK(o16->weight_dtype == DITD_DTYPE_BF16, "bf16 pipeline keeps %s weights",
+             ditd_dtype_name(o16->weight_dtype));
     json_array_foreach(json_object_get(bf, "cases"), i, c) {
         size_t k = (size_t)json_integer_value(json_object_get(c, "sampling_index"));
         json_t *sc = json_array_get(json_object_get(cases, "sampling"), k);
@@ -81,7 +83,7 @@ static void run_model(const char *dir, void *ud)
         for (int s = 0; s < n; s++) {
             samples[s].seed = 0;
             samples[s].index = (uint64_t)s;
-            samples[s].class_id = json_integer_value(json_array_get(labels, (size_t)s));
+            samples[s].cond.class_id = (int)json_integer_value(json_array_get(labels, (size_t)s));
             samples[s].guidance = (float)json_number_value(json_object_get(sc, "guidance_scale"));
         }
         size_t numel = (size_t)n * (size_t)(sn[1] * sn[2] * sn[3]);
