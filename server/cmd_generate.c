@@ -192,6 +192,8 @@ int ditd_cmd_generate(int argc, char **argv)
     const ditd_backend_ops *ops = ditd_backend_open(device);
     if (!ops)
         fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
+    else if (device == DITD_DEVICE_CPU && leader && !pr.quiet) /* docs/cpu.md */
+        fprintf(stderr, "ditd: cpu GEMMs: %s\n", ditd_backend_cpu_gemm_info());
     if (device != DITD_DEVICE_CPU && mesh && mesh->size > 1 &&
         (err = ditd_mesh_use_nccl(mesh, ops != NULL, (int)comm_timeout_ms)) && ops) {
         fail("NCCL", err);

@@ -412,6 +412,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     ditd_log(DITD_LOG_INFO, "listening on %s://%s:%d (model %s, %d replica%s%s, max batch %d, pid %d)",
               tls_cert ? "https" : "http", s->cfg.host, s->http.port, s->info.name, s->nrep, s->nrep == 1 ? "" : "s",
               s->mpi ? " over MPI" : "", s->cfg.max_batch, (int)getpid());
+    if (s->cfg.device == DITD_DEVICE_CPU) /* which library and ISA run the GEMMs (docs/cpu.md) */
+        ditd_log(DITD_LOG_INFO, "cpu GEMMs (this host): %s", ditd_backend_cpu_gemm_info());
     if (s->cfg.pid_file[0]) {
         FILE *pf = fopen(s->cfg.pid_file, "w");
         if (!pf || fprintf(pf, "%d\n", (int)getpid()) < 0)

@@ -62,15 +62,8 @@ int ditd_backend_check(ditd_device d)
 
 const ditd_backend_ops *ditd_backend_open(ditd_device d)
 {
-    if (d == DITD_DEVICE_CPU) {
-        /* start-up log: which library and instruction set run the GEMMs
-         * (once per process; docs/cpu.md) */
-        static int logged;
-        if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED)) {
-            fprintf(stderr, "ditd: cpu GEMMs: %s\n", ditd_backend_cpu_gemm_info());
-        }
+    if (d == DITD_DEVICE_CPU) /* the callers log ditd_backend_cpu_gemm_info() their way */
         return &ditd_backend_cpu;
-    }
     if (ditd_backend_check(d))
         return NULL;
 #if DITD_HAVE_CUDA
