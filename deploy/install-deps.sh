@@ -12,7 +12,7 @@ pkgs=(
   libmicrohttpd-dev libuv1-dev libprotobuf-c-dev protobuf-c-compiler
   libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev
-  curl python3 python3-venv ca-certificates
+  curl python3 python3-venv ca-certificates openssl
   chromium
   podman runc mmdebstrap
 )
