@@ -4,7 +4,9 @@
 Writes tests/fixtures/samplers/:
   index.json  - the cases: scheduler_config.json text, the sampler to run
                 (after Diffusers' from_config conversion when it differs from
-                the file's class), the step count, Diffusers' timesteps,
+                the file's class), the step count, "image_seq_len" for the
+                FLUX cases (dynamic shifting: the schedule FluxPipeline asks
+                for at that many image tokens), Diffusers' timesteps,
                 where the case's trajectory starts in traj.npy, and "cond"
                 (how much a DPM-Solver step magnifies coefficient ulps; see
                 dpm_amplification). A case Diffusers fails on (or that ditd
@@ -33,6 +35,7 @@ import torch
 import diffusers
 from diffusers import (DDIMScheduler, DPMSolverMultistepScheduler,
                        FlowMatchEulerDiscreteScheduler)
+from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
                    "samplers")
@@ -238,6 +241,43 @@ def flow_cases():
     cases.append(("flow-sd3-style-28", sd3, None, 28))
     cases.append(("flow-train100-7", {"_class_name": "FlowMatchEulerDiscreteScheduler",
                   "num_train_timesteps": 100, "shift": 2.0}, None, 7))
+    # one step onto shift_terminal: Diffusers divides 0 by 0 (NaN sigmas)
+    cases.append(("flow-terminal-1", {"_class_name": "FlowMatchEulerDiscreteScheduler",
+                  "shift": 3.0, "shift_terminal": 0.1}, None, 1))
+    return cases
+
+
+# The scheduler_config.json of black-forest-labs/FLUX.1-dev and -schnell.
+FLUX_DEV = {"_class_name": "FlowMatchEulerDiscreteScheduler", "_diffusers_version": "0.30.0.dev0",
+            "base_image_seq_len": 256, "base_shift": 0.5, "max_image_seq_len": 4096,
+            "max_shift": 1.15, "num_train_timesteps": 1000, "shift": 3.0,
+            "use_dynamic_shifting": True}
+FLUX_SCHNELL = {**FLUX_DEV, "shift": 1.0, "use_dynamic_shifting": False}
+
+
+def flux_cases():
+    """Dynamic shifting as FluxPipeline runs it, at several image token
+    counts (FLUX: (latent_h / 2) * (latent_w / 2); 777 odd, 6000 past
+    max_image_seq_len, 16 below base_image_seq_len)."""
+    cases, c = [], 0
+    for seq in (256, 1024, 4096, 777, 6000, 16):
+        for tst in ("exponential", "linear"):
+            for term in (None, 0.1):
+                steps = [28, 4, 13, 2][c % 4]
+                cfg = {**FLUX_DEV, "time_shift_type": tst}
+                if term is not None:
+                    cfg["shift_terminal"] = term
+                cases.append((f"flux-dev-{tst}-seq{seq}-term{term}-{steps}", cfg, None, steps, seq))
+                c += 1
+    cases.append(("flux-dev-defaults-4096-1", FLUX_DEV, None, 1, 4096))
+    cases.append(("flux-dev-terminal-1", {**FLUX_DEV, "shift_terminal": 0.2}, None, 1, 4096))
+    cases.append(("flux-odd-config-300", {**FLUX_DEV, "base_shift": 0.25, "max_shift": 2.0,
+                  "base_image_seq_len": 64, "max_image_seq_len": 1024,
+                  "num_train_timesteps": 500}, None, 20, 300))
+    # schnell: static shift 1, the sequence length is ignored; ditd runs
+    # set_timesteps(steps), not FluxPipeline's sigma list (see docs/flux.md)
+    for steps in (1, 4):
+        cases.append((f"flux-schnell-4096-{steps}", FLUX_SCHNELL, None, steps, 4096))
     return cases
 
 
@@ -301,9 +341,18 @@ def dpm_amplification(sched, i, model_output, sample):
     return max(1.0, terms.max().item() / max(result, 1e-30))
 
 
-def run_case(cfg, target, steps, init, bank):
+def run_case(cfg, target, steps, init, bank, seq=None):
     sched = build(cfg, target)
-    sched.set_timesteps(steps)
+    if seq is not None and sched.config.use_dynamic_shifting:
+        # FluxPipeline.__call__, step 5
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        mu = calculate_shift(seq, sched.config.get("base_image_seq_len", 256),
+                             sched.config.get("max_image_seq_len", 4096),
+                             sched.config.get("base_shift", 0.5),
+                             sched.config.get("max_shift", 1.15))
+        retrieve_timesteps(sched, steps, "cpu", sigmas=sigmas, mu=mu)
+    else:
+        sched.set_timesteps(steps)
     ts = sched.timesteps
     sample = init.clone()
     rows = []
@@ -343,13 +392,16 @@ def main():
     init = torch.randn(SHAPE, generator=g, dtype=torch.float32)
     bank = torch.randn((BANK_STEPS,) + SHAPE, generator=g, dtype=torch.float32)
 
-    all_cases = ddim_cases() + dpm_cases() + flow_cases() + convert_cases()
+    all_cases = ddim_cases() + dpm_cases() + flow_cases() + flux_cases() + convert_cases()
     index = {"diffusers": diffusers.__version__, "torch": torch.__version__,
              "numpy": np.__version__, "shape": list(SHAPE), "init": "init.npy",
              "bank": "bank.npy", "traj": "traj.npy", "philox": philox_fixture(), "cases": []}
     traj, row = [], 0
     names = set()
-    for name, cfg, target, steps in all_cases:
+    for case in all_cases:
+        name, cfg, target, steps = case[:4]
+        seq = case[4] if len(case) > 4 else None
+        extra = {"image_seq_len": seq} if seq is not None else {}
         assert name not in names, name
         names.add(name)
         if target == "refuse":  # Diffusers runs it, ditd refuses it by design
@@ -358,18 +410,20 @@ def main():
                                    "error": "refused by ditd"})
             continue
         try:
-            kind, tlist, t, cond = run_case(cfg, target, steps, init, bank)
+            kind, tlist, t, cond = run_case(cfg, target, steps, init, bank, seq)
+            if not np.all(np.isfinite(t)):
+                raise ValueError("Diffusers' sigmas are not finite")
         except (IndexError, ValueError) as e:
             # Diffusers fails on this one: ditd must refuse it.
             index["cases"].append({"name": name, "config": json.dumps(cfg),
                                    "sampler": target or KIND_OF[cfg["_class_name"]],
-                                   "steps": steps, "error": repr(e)})
+                                   "steps": steps, **extra, "error": repr(e)})
             print(f"{name}: Diffusers raises {e!r}", file=sys.stderr)
             continue
         assert len(tlist) <= BANK_STEPS
         assert np.all(np.isfinite(t)), name
         index["cases"].append({"name": name, "config": json.dumps(cfg), "sampler": kind,
-                               "steps": steps, "timesteps": tlist, "row": row,
+                               "steps": steps, **extra, "timesteps": tlist, "row": row,
                                "cond": float(f"{cond:.3g}")})
         traj.append(t)
         row += len(tlist)

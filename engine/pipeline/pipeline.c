@@ -113,6 +113,7 @@ static int ensure_sampler(ditd_pipeline *p, ditd_sampler_kind kind, int steps)
     p->sampler = NULL;
     if ((err = ditd_sched_config_convert(&p->sched_base, kind, &cfg)))
         return err;
+    cfg.image_seq_len = p->shapes.tokens; /* mu of dynamic shifting (flow only) */
     if ((err = ditd_sampler_new(&cfg, steps, p->max_samples, p->numel, &p->sampler)))
         return err;
     p->sampler_kind = kind;

@@ -48,6 +48,7 @@ static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 static const char *const algo_names[] = {"dpmsolver++", "dpmsolver"};
 static const char *const solver_names[] = {"midpoint", "heun"};
 static const char *const final_names[] = {"zero", "sigma_min"};
+static const char *const time_shift_names[] = {"exponential", "linear"};
 
 static const char *enum_name(const char *const *names, int count, int v)
 {
@@ -101,6 +102,7 @@ DEFINE_ENUM(ditd_sched_spacing, ditd_sched_spacing, "timestep_spacing", spacing_
 DEFINE_ENUM(ditd_sched_algorithm, ditd_sched_algorithm, "algorithm_type", algo_names)
 DEFINE_ENUM(ditd_sched_solver, ditd_sched_solver, "solver_type", solver_names)
 DEFINE_ENUM(ditd_sched_final_sigmas, ditd_sched_final_sigmas, "final_sigmas_type", final_names)
+DEFINE_ENUM(ditd_sched_time_shift, ditd_sched_time_shift, "time_shift_type", time_shift_names)
 
 const char *ditd_sampler_kind_name(ditd_sampler_kind k)
 {
@@ -188,7 +190,8 @@ enum {
     K_SET_ALPHA_ONE, K_SOLVER_ORDER, K_ALGORITHM, K_SOLVER_TYPE, K_LOWER_ORDER_FINAL,
     K_EULER_AT_FINAL, K_KARRAS, K_EXP_SIGMAS, K_BETA_SIGMAS, K_LU_LAMBDAS, K_FLOW_SIGMAS,
     K_FINAL_SIGMAS, K_LAMBDA_MIN_CLIPPED, K_VARIANCE_TYPE, K_DYNAMIC_SHIFTING, K_SHIFT,
-    K_SHIFT_TERMINAL, K_INVERT_SIGMAS, K_STOCHASTIC, K_SIGMA_MIN, K_SIGMA_MAX, K__COUNT
+    K_SHIFT_TERMINAL, K_INVERT_SIGMAS, K_STOCHASTIC, K_SIGMA_MIN, K_SIGMA_MAX, K_BASE_SHIFT,
+    K_MAX_SHIFT, K_BASE_SEQ_LEN, K_MAX_SEQ_LEN, K_TIME_SHIFT, K__COUNT
 };
 
 static const key_def keys[K__COUNT] = {
@@ -225,6 +228,11 @@ static const key_def keys[K__COUNT] = {
     [K_STOCHASTIC] = {"stochastic_sampling", T_OFF, C_FLOW, F(stochastic_sampling)},
     [K_SIGMA_MIN] = {"sigma_min", T_OPTNUM, 0, F2(has_sigma_min, sigma_min)},
     [K_SIGMA_MAX] = {"sigma_max", T_OPTNUM, 0, F2(has_sigma_max, sigma_max)},
+    [K_BASE_SHIFT] = {"base_shift", T_OPTNUM, C_FLOW, F2(has_base_shift, base_shift)},
+    [K_MAX_SHIFT] = {"max_shift", T_OPTNUM, C_FLOW, F2(has_max_shift, max_shift)},
+    [K_BASE_SEQ_LEN] = {"base_image_seq_len", T_INT, C_FLOW, F(base_image_seq_len)},
+    [K_MAX_SEQ_LEN] = {"max_image_seq_len", T_INT, C_FLOW, F(max_image_seq_len)},
+    [K_TIME_SHIFT] = {"time_shift_type", T_ENUM, C_FLOW, F(time_shift_type)},
 };
 
 #define KEY_BIT(k) ((uint64_t)1 << (k))
@@ -255,6 +263,12 @@ void ditd_sched_config_init(ditd_sched_config *c, ditd_sampler_kind kind)
     c->final_sigmas_type = DITD_SCHED_FINAL_ZERO;
     c->lambda_min_clipped = -INFINITY;
     c->shift = 1.0;
+    c->has_base_shift = c->has_max_shift = true;
+    c->base_shift = 0.5;
+    c->max_shift = 1.15;
+    c->base_image_seq_len = 256;
+    c->max_image_seq_len = 4096;
+    c->time_shift_type = DITD_SCHED_TIME_SHIFT_EXPONENTIAL;
 }
 
 /* Remembers that key k held a value ditd cannot take, with its text. */
@@ -305,6 +319,11 @@ static bool parse_enum(int k, const char *s, ditd_sched_config *c)
         if ((v = enum_find(final_names, COUNT_OF(final_names), s)) < 0)
             return false;
         c->final_sigmas_type = (ditd_sched_final_sigmas)v;
+        return true;
+    case K_TIME_SHIFT:
+        if ((v = enum_find(time_shift_names, COUNT_OF(time_shift_names), s)) < 0)
+            return false;
+        c->time_shift_type = (ditd_sched_time_shift)v;
         return true;
     default:
         return false;
@@ -413,6 +432,7 @@ static const char *key_choices(int k, char *buf, size_t len)
     case K_ALGORITHM: return "dpmsolver++, dpmsolver";
     case K_SOLVER_TYPE: return "midpoint, heun";
     case K_FINAL_SIGMAS: return choices(final_names, COUNT_OF(final_names), buf, len);
+    case K_TIME_SHIFT: return choices(time_shift_names, COUNT_OF(time_shift_names), buf, len);
     default: break;
     }
     switch (keys[k].type) {
@@ -446,7 +466,8 @@ int ditd_sched_config_check(const ditd_sched_config *c)
             return unsupported(c, bad_value_text(c, k), key_choices(k, buf, sizeof buf));
         /* Keys that must keep their default. */
         bool on = (keys[k].type == T_OFF || keys[k].type == T_NOTNULL) &&
-                  *(const bool *)((const char *)c + keys[k].off);
+                  *(const bool *)((const char *)c + keys[k].off) &&
+                  !(k == K_DYNAMIC_SHIFTING && c->kind == DITD_SAMPLER_FLOW_EULER);
         if (on) {
             snprintf(what, sizeof what, "%s %s", keys[k].name,
                      keys[k].type == T_OFF ? "true" : "(not null)");
@@ -503,6 +524,18 @@ int ditd_sched_config_check(const ditd_sched_config *c)
                   c->shift_terminal, "null or 0 <= shift_terminal < 1");
         if (c->use_karras_sigmas)
             return unsupported(c, "use_karras_sigmas true", "false");
+        if (c->use_dynamic_shifting) {
+            /* Diffusers takes these as they come (null fails in
+             * calculate_shift; equal lengths divide by zero). */
+            RANGE(c->has_base_shift && isfinite(c->base_shift), K_BASE_SHIFT, "%s",
+                  c->has_base_shift ? "(not finite)" : "null",
+                  "a finite number with use_dynamic_shifting true");
+            RANGE(c->has_max_shift && isfinite(c->max_shift), K_MAX_SHIFT, "%s",
+                  c->has_max_shift ? "(not finite)" : "null",
+                  "a finite number with use_dynamic_shifting true");
+            RANGE(c->max_image_seq_len != c->base_image_seq_len, K_MAX_SEQ_LEN, "%d",
+                  c->max_image_seq_len, "a length other than base_image_seq_len");
+        }
     }
 #undef RANGE
     return 0;
@@ -658,6 +691,7 @@ int ditd_sched_config_convert(const ditd_sched_config *base, ditd_sampler_kind k
     }
     out->given = b.given;
     out->bad = b.bad;
+    out->image_seq_len = b.image_seq_len;
     memcpy(out->bad_text, b.bad_text, sizeof out->bad_text);
     return ditd_sched_config_check(out);
 }
@@ -1074,38 +1108,87 @@ static int dpm_plan(ditd_sampler *s, int num_steps, const float *ac, long long *
     return 0;
 }
 
-static int flow_plan(ditd_sampler *s, int num_steps, double *tmp, float *sig_train)
+/* The sigmas of FluxPipeline's call with use_dynamic_shifting: mu from
+ * calculate_shift (float64, Python floats), sigmas = np.linspace(1,
+ * 1/num_steps, num_steps) cast to float32, then time_shift(mu, 1, sigmas),
+ * which numpy computes in float32 (the Python float e^mu or mu rounds to
+ * float32 first; (1/t - 1) ** 1.0 is 1/t - 1 exactly). */
+static void flow_dynamic_sigmas(const ditd_sched_config *c, int num_steps, double *tmp, float *sig)
+{
+    const double m = (c->max_shift - c->base_shift) /
+                     (double)(c->max_image_seq_len - c->base_image_seq_len);
+    const double b = c->base_shift - m * c->base_image_seq_len;
+    const double mu = c->image_seq_len * m + b;
+    const float k = c->time_shift_type == DITD_SCHED_TIME_SHIFT_EXPONENTIAL ? (float)exp(mu)
+                                                                            : (float)mu;
+    np_linspace(1.0, 1.0 / num_steps, num_steps, tmp);
+    for (int i = 0; i < num_steps; i++) {
+        float t = (float)tmp[i];
+        float x = 1.0f / t - 1.0f;
+        float d = k + x;
+        sig[i] = k / d;
+    }
+}
+
+/* sig: num_steps floats of scratch. */
+static int flow_plan(ditd_sampler *s, int num_steps, double *tmp, float *sig)
 {
     const ditd_sched_config *c = &s->cfg;
     const int N = c->num_train_timesteps;
     const float fN = (float)N;
-    /* __init__: timesteps N..1 (float32), sigmas = timesteps / N, shifted
-     * in float32 (static shift): only the ends are used, as sigma_max and
-     * sigma_min. */
-    const float shift_f = (float)c->shift, shift_m1 = (float)(c->shift - 1.0);
-    for (int i = 0; i < N; i += N - 1 > 0 ? N - 1 : 1) {
-        float sg = (float)(N - i) / fN;
-        sig_train[i] = (shift_f * sg) / (1.0f + shift_m1 * sg);
-    }
-    const double sigma_max = sig_train[0], sigma_min = sig_train[N - 1];
 
-    /* set_timesteps, in float64: the shift is applied a second time, as
-     * Diffusers does. */
-    np_linspace(sigma_max * N, sigma_min * N, num_steps, tmp);
-    for (int i = 0; i < num_steps; i++) {
-        double sg = tmp[i] / N;
-        tmp[i] = c->shift * sg / (1 + (c->shift - 1) * sg);
-    }
-    if (c->has_shift_terminal && c->shift_terminal != 0) {
-        /* stretch_shift_to_terminal */
-        const double scale = (1 - tmp[num_steps - 1]) / (1 - c->shift_terminal);
+    if (c->use_dynamic_shifting) {
+        flow_dynamic_sigmas(c, num_steps, tmp, sig);
+        if (c->has_shift_terminal && c->shift_terminal != 0) {
+            /* stretch_shift_to_terminal, in float32 as numpy runs it on
+             * float32 sigmas */
+            const float scale = (1.0f - sig[num_steps - 1]) / (float)(1 - c->shift_terminal);
+            for (int i = 0; i < num_steps; i++) {
+                float omz = 1.0f - sig[i];
+                float q = omz / scale;
+                sig[i] = 1.0f - q;
+            }
+        }
+    } else {
+        /* __init__: timesteps N..1 (float32), sigmas = timesteps / N,
+         * shifted in float32 (static shift): only the ends are used, as
+         * sigma_max and sigma_min. */
+        const float shift_f = (float)c->shift, shift_m1 = (float)(c->shift - 1.0);
+        float ends[2];
+        for (int j = 0; j < 2; j++) {
+            float sg = (float)(j ? 1 : N) / fN;
+            ends[j] = (shift_f * sg) / (1.0f + shift_m1 * sg);
+        }
+        const double sigma_max = ends[0], sigma_min = ends[1];
+
+        /* set_timesteps, in float64: the shift is applied a second time,
+         * as Diffusers does. */
+        np_linspace(sigma_max * N, sigma_min * N, num_steps, tmp);
+        for (int i = 0; i < num_steps; i++) {
+            double sg = tmp[i] / N;
+            tmp[i] = c->shift * sg / (1 + (c->shift - 1) * sg);
+        }
+        if (c->has_shift_terminal && c->shift_terminal != 0) {
+            /* stretch_shift_to_terminal */
+            const double scale = (1 - tmp[num_steps - 1]) / (1 - c->shift_terminal);
+            for (int i = 0; i < num_steps; i++)
+                tmp[i] = 1 - ((1 - tmp[i]) / scale);
+        }
         for (int i = 0; i < num_steps; i++)
-            tmp[i] = 1 - ((1 - tmp[i]) / scale);
+            sig[i] = (float)tmp[i];
     }
+    for (int i = 0; i < num_steps; i++)
+        if (!isfinite(sig[i]))
+            return ditd_err_set(DITD_EUNSUPPORTED,
+                                "%s: %d steps give sigma %g at step %d (shift_terminal %g, "
+                                "use_dynamic_shifting %s, image_seq_len %d)",
+                                c->source, num_steps, (double)sig[i], i,
+                                c->has_shift_terminal ? c->shift_terminal : 0.0,
+                                c->use_dynamic_shifting ? "true" : "false", c->image_seq_len);
     s->n = num_steps;
     for (int i = 0; i < num_steps; i++) {
-        float sg = (float)tmp[i];
-        float next = i + 1 < num_steps ? (float)tmp[i + 1] : 0.0f;
+        float sg = sig[i];
+        float next = i + 1 < num_steps ? sig[i + 1] : 0.0f;
         s->timesteps[i] = sg * fN;
         s->coef[i].sigma = sg;
         s->coef[i].dt = next - sg;
@@ -1121,6 +1204,11 @@ int ditd_sampler_new(const ditd_sched_config *cfg, int num_steps, int max_slots,
         return ditd_err_set(DITD_EINVAL, "sampler: max_slots %d, numel %zu", max_slots, numel);
     if ((err = ditd_sched_config_check(cfg)) || (err = check_steps(cfg, num_steps)))
         return err;
+    if (cfg->kind == DITD_SAMPLER_FLOW_EULER && cfg->use_dynamic_shifting && cfg->image_seq_len < 1)
+        return ditd_err_set(DITD_EINVAL,
+                            "%s: use_dynamic_shifting true needs the image sequence length "
+                            "(image_seq_len %d)",
+                            cfg->source, cfg->image_seq_len);
 
     ditd_sampler *s = calloc(1, sizeof *s);
     if (!s)
@@ -1155,7 +1243,7 @@ int ditd_sampler_new(const ditd_sched_config *cfg, int num_steps, int max_slots,
         err = dpm_plan(s, num_steps, ac, ts, tmp, sig_all, sigmas);
         break;
     case DITD_SAMPLER_FLOW_EULER:
-        err = flow_plan(s, num_steps, tmp, sig_all);
+        err = flow_plan(s, num_steps, tmp, sigmas);
         break;
     }
     if (err)

@@ -15,9 +15,15 @@
  * (init_noise_sigma = 1) and takes the model input unscaled
  * (scale_model_input is the identity for all three).
  *
+ * Flow matching with use_dynamic_shifting runs as Diffusers' FluxPipeline
+ * calls the scheduler: mu = calculate_shift(image_seq_len, ...) from the
+ * config's base/max shift and sequence lengths, and set_timesteps(num_steps,
+ * sigmas = np.linspace(1, 1/num_steps, num_steps), mu); the caller puts the
+ * image token count in ditd_sched_config.image_seq_len.
+ *
  * Stochastic variants (DDIM eta > 0, SDE DPM-Solver, stochastic flow
- * sampling), dynamic thresholding, trained_betas and dynamic shifting are
- * refused with DITD_EUNSUPPORTED naming the key and the value.
+ * sampling), dynamic thresholding, trained_betas and DPM-Solver's dynamic
+ * shifting are refused with DITD_EUNSUPPORTED naming the key and the value.
  */
 #ifndef DITD_ENGINE_SAMPLER_H
 #define DITD_ENGINE_SAMPLER_H
@@ -106,6 +112,14 @@ typedef enum ditd_sched_final_sigmas {
 const char *ditd_sched_final_sigmas_name(ditd_sched_final_sigmas v);
 int ditd_sched_final_sigmas_from_str(const char *s, ditd_sched_final_sigmas *out);
 
+/* FlowMatchEulerDiscreteScheduler time_shift_type (dynamic shifting only). */
+typedef enum ditd_sched_time_shift {
+    DITD_SCHED_TIME_SHIFT_EXPONENTIAL = 0, /* "exponential": e^mu / (e^mu + (1/t - 1)) */
+    DITD_SCHED_TIME_SHIFT_LINEAR,          /* "linear": mu / (mu + (1/t - 1)) */
+} ditd_sched_time_shift;
+const char *ditd_sched_time_shift_name(ditd_sched_time_shift v);
+int ditd_sched_time_shift_from_str(const char *s, ditd_sched_time_shift *out);
+
 /* ---- the typed scheduler config ---- */
 
 /* Every key any of the three classes reads, with that class's default when
@@ -139,11 +153,24 @@ typedef struct ditd_sched_config {
     double shift;                    /* flow */
     bool has_shift_terminal;         /* flow: shift_terminal not null */
     double shift_terminal;
+    /* flow, read only with use_dynamic_shifting true (the shift above is
+     * then unused): mu = calculate_shift(image_seq_len, base_image_seq_len,
+     * max_image_seq_len, base_shift, max_shift), a line through
+     * (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift). */
+    bool has_base_shift, has_max_shift; /* not null (Diffusers allows null) */
+    double base_shift, max_shift;    /* 0.5, 1.15 */
+    int base_image_seq_len, max_image_seq_len; /* 256, 4096 */
+    ditd_sched_time_shift time_shift_type; /* "exponential" */
+    /* Not from the file: the caller sets it before ditd_sampler_new. The
+     * denoiser's image token count (FLUX: (latent_h / 2) * (latent_w / 2));
+     * needed (>= 1) by flow with use_dynamic_shifting, ignored otherwise.
+     * 0 after _init / _load; _convert keeps base's. */
+    int image_seq_len;
 
     /* Keys whose value must keep its default (true / non-null refused):
      * trained_betas, thresholding, use_exponential_sigmas, use_beta_sigmas,
-     * use_lu_lambdas, use_flow_sigmas, variance_type, use_dynamic_shifting,
-     * invert_sigmas, stochastic_sampling. */
+     * use_lu_lambdas, use_flow_sigmas, variance_type, use_dynamic_shifting
+     * (except for flow, which runs it), invert_sigmas, stochastic_sampling. */
     bool trained_betas, thresholding, use_exponential_sigmas, use_beta_sigmas,
         use_lu_lambdas, use_flow_sigmas, variance_type, use_dynamic_shifting,
         invert_sigmas, stochastic_sampling;
@@ -199,7 +226,9 @@ typedef struct ditd_sampler ditd_sampler;
  * of 1000, where numpy's arange yields one extra step at t = -1; leading
  * spacing plus steps_offset past the end), or a repeated first timestep
  * (DPM-Solver then starts at the wrong index and runs off its sigmas;
- * e.g. use_karras_sigmas with squaredcos_cap_v2).
+ * e.g. use_karras_sigmas with squaredcos_cap_v2), or flow sigmas that are
+ * not finite (shift_terminal with 1 step, where Diffusers divides 0 by 0).
+ * Flow with use_dynamic_shifting and cfg->image_seq_len < 1 is DITD_EINVAL.
  * Returns 0 and an owned *out, or DITD_EINVAL / DITD_EUNSUPPORTED /
  * DITD_ERANGE / DITD_ENOMEM. */
 int ditd_sampler_new(const ditd_sched_config *cfg, int num_steps, int max_slots, size_t numel,

@@ -23,6 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++) {
             if (ditd_sched_config_convert(&base, (ditd_sampler_kind)k, &cfg) != 0)
                 continue;
+            cfg.image_seq_len = 1024; /* reach flow's dynamic shifting */
             static const int steps[] = {1, 2, 7, 50};
             for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
                 ditd_sampler *s = NULL;

@@ -7,7 +7,8 @@
  * outputs". Every case runs here: the timesteps must be equal (exactly),
  * and every step's sample and x0 prediction within TOL of Diffusers'
  * (max |ours - theirs| / max |theirs| per step and sample). Cases Diffusers
- * fails on (or ditd refuses by design) must be refused.
+ * fails on (or ditd refuses by design) must be refused. The FLUX cases
+ * carry "image_seq_len": dynamic shifting's schedule at that token count.
  *
  * Then the config edge: bad JSON, unknown classes, unsupported values (the
  * detail names file, key and value), lazy tu_checks of keys a class does not
@@ -81,6 +82,9 @@ static int case_config(const json_t *c, const char *name, ditd_sched_config *cfg
         err = ditd_sampler_kind_from_str(json_string_value(json_object_get(c, "sampler")), &kind);
     if (!err && kind != cfg->kind)
         err = ditd_sched_config_convert(cfg, kind, cfg);
+    const json_t *seq = json_object_get(c, "image_seq_len");
+    if (seq)
+        cfg->image_seq_len = (int)json_integer_value(seq);
     return err;
 }
 
@@ -108,7 +112,8 @@ static void test_fixtures(void)
 
     double worst[DITD_SAMPLER_KIND_COUNT] = {0}, worst_x0[DITD_SAMPLER_KIND_COUNT] = {0};
     const char *worst_case[DITD_SAMPLER_KIND_COUNT] = {0};
-    int ran[DITD_SAMPLER_KIND_COUNT] = {0}, refused = 0, steps_run = 0;
+    int ran[DITD_SAMPLER_KIND_COUNT] = {0}, refused = 0, steps_run = 0, ran_dynamic = 0;
+    int dyn_types[2] = {0}, dyn_terminal = 0;
     double worst_scaled = 0;
     const char *worst_scaled_case = "-";
     float x[2][64], x0[2][64];
@@ -190,6 +195,11 @@ static void test_fixtures(void)
             }
         }
         ran[cfg.kind]++;
+        if (cfg.kind == DITD_SAMPLER_FLOW_EULER && cfg.use_dynamic_shifting) {
+            ran_dynamic++;
+            dyn_types[cfg.time_shift_type]++;
+            dyn_terminal += cfg.has_shift_terminal;
+        }
         ditd_sampler_free(s);
     }
     for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++)
@@ -200,7 +210,12 @@ static void test_fixtures(void)
            worst_scaled_case);
     printf("  %d refused as expected, %d sample-steps compared, tolerance %g\n", refused,
            steps_run, TOL);
+    printf("  flow with dynamic shifting: %d cases (%d exponential, %d linear, %d with "
+           "shift_terminal)\n",
+           ran_dynamic, dyn_types[0], dyn_types[1], dyn_terminal);
     TU_CHECK(ran[0] >= 100 && ran[1] >= 100 && ran[2] >= 10, "too few cases ran");
+    TU_CHECK(ran_dynamic >= 24 && dyn_types[0] >= 12 && dyn_types[1] >= 12 && dyn_terminal >= 10,
+             "too few dynamic shifting cases ran: %d", ran_dynamic);
 
 done:
     free(init);
@@ -250,7 +265,38 @@ static void test_config_errors(void)
               DITD_EUNSUPPORTED, "use_lu_lambdas true");
     TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"variance_type\": \"learned_range\"}", &c),
               DITD_EUNSUPPORTED, "variance_type");
+    /* dynamic shifting: flow runs it (with the sequence length), DPM-Solver
+     * refuses it */
     TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_dynamic_shifting\": true}", &c),
+              0, NULL);
+    TU_CHECK(c.use_dynamic_shifting && c.base_shift == 0.5 && c.max_shift == 1.15 &&
+                 c.base_image_seq_len == 256 && c.max_image_seq_len == 4096 &&
+                 c.time_shift_type == DITD_SCHED_TIME_SHIFT_EXPONENTIAL && c.image_seq_len == 0,
+             "flow dynamic shifting defaults");
+    {
+        ditd_sampler *ds = NULL;
+        TU_CHECK_ERR(ditd_sampler_new(&c, 10, 1, 4, &ds), DITD_EINVAL, "use_dynamic_shifting true",
+                     "image_seq_len 0");
+        c.image_seq_len = 1024;
+        TU_CHECK_ERR(ditd_sampler_new(&c, 10, 1, 4, &ds), 0, NULL);
+        ditd_sampler_free(ds);
+    }
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_dynamic_shifting\": true, "
+                       "\"time_shift_type\": \"cosine\"}", &c),
+                 DITD_EUNSUPPORTED, "time_shift_type \"cosine\"", "exponential, linear");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_dynamic_shifting\": true, "
+                       "\"base_shift\": null}", &c),
+                 DITD_EUNSUPPORTED, "base_shift null");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"base_shift\": null, "
+                       "\"max_shift\": null}", &c),
+                 0, NULL); /* unused without dynamic shifting */
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_dynamic_shifting\": true, "
+                       "\"max_shift\": Infinity}", &c),
+                 DITD_EUNSUPPORTED, "max_shift (not finite)");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"use_dynamic_shifting\": true, "
+                       "\"max_image_seq_len\": 256}", &c),
+                 DITD_EUNSUPPORTED, "max_image_seq_len 256");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"use_dynamic_shifting\": true}", &c),
               DITD_EUNSUPPORTED, "use_dynamic_shifting true");
     TU_CHECK_ERR(parse("{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"stochastic_sampling\": true}", &c),
               DITD_EUNSUPPORTED, "stochastic_sampling true");
@@ -277,8 +323,10 @@ static void test_config_errors(void)
               "(as DPMSolverMultistepScheduler): solver_order 3");
     TU_CHECK_ERR(parse("{\"_class_name\": \"DDIMScheduler\", \"use_dynamic_shifting\": true}", &c),
               0, NULL);
-    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_FLOW_EULER, &d), DITD_EUNSUPPORTED,
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), DITD_EUNSUPPORTED,
               "use_dynamic_shifting true");
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_FLOW_EULER, &d), 0, NULL);
+    TU_CHECK(d.use_dynamic_shifting, "use_dynamic_shifting carries to flow");
 
     /* Python's -Infinity (as Diffusers saves lambda_min_clipped), but not
      * inside strings */
