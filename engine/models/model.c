@@ -189,6 +189,9 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
         err = ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", path);
         goto fail;
     }
+    json_t *pc = json_object_get(index, "_class_name");
+    if (json_is_string(pc))
+        snprintf(m->pipeline_class, sizeof m->pipeline_class, "%s", json_string_value(pc));
     /* A component entry is ["library", "Class"]; null means absent. */
     vae = json_object_get(index, "vae");
     m->needs_vae = vae && json_is_array(vae) && json_array_size(vae) == 2 &&

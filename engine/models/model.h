@@ -34,6 +34,7 @@ typedef struct ditd_model_info {
     char name[256];              /* the folder's base name: the API's model id */
     char transformer_dir[DITD_MODEL_PATH_MAX];
     char scheduler_config[DITD_MODEL_PATH_MAX];
+    char pipeline_class[128];    /* model_index.json's _class_name ("" when absent) */
     char denoiser_class[128];    /* transformer/config.json's _class_name */
     const ditd_denoiser_family *denoiser; /* its family (static table, from the registry) */
     ditd_denoiser_shapes shapes; /* latent shape, heads, tokens, conditioning */

@@ -99,6 +99,54 @@ int main(void)
         free(lat);
         free(pix);
     }
+    /* Each pipeline's own unscale rule (model_index.json's _class_name): the
+     * fixture VAE has shift_factor 0.5, which DiTPipeline ignores and
+     * FluxPipeline adds after dividing by scaling_factor; the decode itself
+     * is checked against Diffusers above and in test_vae. */
+    if (li) {
+        ditd_latent_rule r;
+        TU_CHECK(li->rule == DITD_LATENT_RULE_DIT, "DiTPipeline's rule: %s", ditd_latent_rule_name(li->rule));
+        TU_OK(ditd_latent_rule_for_pipeline("FluxPipeline", &r));
+        TU_CHECK(r == DITD_LATENT_RULE_SHIFTED, "FluxPipeline's rule: %s", ditd_latent_rule_name(r));
+        TU_OK(ditd_latent_rule_from_str(ditd_latent_rule_name(DITD_LATENT_RULE_SHIFTED), &r));
+        TU_CHECK(r == DITD_LATENT_RULE_SHIFTED, "rule name round trip");
+        ditd_model_info fi = info;
+        ditd_latent_image *lf = NULL;
+        snprintf(fi.pipeline_class, sizeof fi.pipeline_class, "FluxPipeline");
+        TU_OK(ditd_latent_image_new(&fi, &ditd_backend_cpu, NULL, 0, &lf));
+        snprintf(fi.pipeline_class, sizeof fi.pipeline_class, "FooPipeline");
+        ditd_latent_image *lx = NULL;
+        int e = ditd_latent_image_new(&fi, &ditd_backend_cpu, NULL, 0, &lx);
+        TU_CHECK(e == DITD_EUNSUPPORTED && lx == NULL && strstr(ditd_err_detail(), "FooPipeline"),
+                 "an unknown pipeline is refused by name: %s", ditd_err_detail());
+        const size_t zn = (size_t)li->Cl * li->h * li->w, pn = (size_t)li->Co * li->H * li->W;
+        float *z = malloc(zn * sizeof *z), *zs = malloc(zn * sizeof *zs);
+        float *img = malloc(pn * sizeof *img);
+        uint8_t *pd = malloc(pn), *pf = malloc(pn), *pm = malloc(pn);
+        if (lf && z && zs && img && pd && pf && pm) {
+            for (size_t i = 0; i < zn; i++)
+                z[i] = (float)((double)(tu_rng() >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+            TU_OK(ditd_latent_image_run(li, z, 1, NULL, pd));
+            TU_OK(ditd_latent_image_run(lf, z, 1, NULL, pf));
+            /* FluxPipeline by hand: (z / sf) + shift in float32, then the decode */
+            const ditd_vae_config *vc = ditd_vae_config_of(lf->vae);
+            for (size_t i = 0; i < zn; i++)
+                zs[i] = z[i] / (float)vc->scaling_factor + (float)vc->shift_factor;
+            TU_OK(ditd_vae_decode(lf->vae, zs, 1, lf->h, lf->w, img));
+            ditd_pipeline_to_pixels(img, lf->Co, lf->H, lf->W, pm);
+            size_t same = 0, differ = 0;
+            for (size_t i = 0; i < pn; i++) {
+                same += pf[i] == pm[i];
+                differ += pf[i] != pd[i];
+            }
+            TU_CHECK(same == pn, "FluxPipeline's rule: %zu of %zu pixels as (z / sf + shift) decoded",
+                     same, pn);
+            TU_CHECK(differ > pn / 10, "the shift matters: %zu of %zu pixels differ from DiTPipeline's",
+                     differ, pn);
+        }
+        free(z), free(zs), free(img), free(pd), free(pf), free(pm);
+        ditd_latent_image_free(lf);
+    }
     ditd_latent_image_free(li);
     ditd_pipeline_free(p);
     ditd_model_info_free(&info);

@@ -101,8 +101,13 @@ int ditd_vae_latent_side(const ditd_vae_config *c, int image_side);
 
 /* DiTPipeline's rule before decoding: z = (1 / scaling_factor) * latents, in
  * float32, in place (n floats). shift_factor is not applied (DiTPipeline
- * ignores it; SD3/FLUX pipelines subtract it after unscaling). */
+ * ignores it; the SD3/FLUX pipelines add it after unscaling, below). */
 void ditd_vae_unscale_dit(const ditd_vae_config *c, float *latents, size_t n);
+/* FluxPipeline's and StableDiffusion3Pipeline's rule:
+ * latents = latents / scaling_factor + shift_factor (float32, the factors
+ * rounded to float first, as a float32 tensor op with a Python float does;
+ * no shift_factor: + 0). */
+void ditd_vae_unscale_shifted(const ditd_vae_config *c, float *latents, size_t n);
 
 /* Statistics of the last decode on this rank: milliseconds in compute and
  * in collectives (the comm's own counters hold calls and bytes). */
