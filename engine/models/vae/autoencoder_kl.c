@@ -376,13 +376,6 @@ const ditd_vae_config *ditd_vae_config_of(const ditd_vae *v)
     return &v->cfg;
 }
 
-int ditd_vae_latent_side(const ditd_vae_config *c, int image_side)
-{
-    for (int i = 0; i < c->n_blocks - 1; i++)
-        image_side = (image_side + 1 - 3) / 2 + 1; /* pad (0, 1), k 3, stride 2 */
-    return image_side;
-}
-
 void ditd_vae_unscale_dit(const ditd_vae_config *c, float *latents, size_t n)
 {
     /* 1 / scaling_factor * latents: the Python float, then a float32 multiply */

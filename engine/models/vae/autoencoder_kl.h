@@ -96,8 +96,6 @@ int ditd_vae_decode(ditd_vae *v, const float *z, int B, int h, int w, float *pix
 int ditd_vae_encode(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed, float *mean,
                     float *sample);
 
-/* Latent side for an image side: the encoder's chain of floor halvings. */
-int ditd_vae_latent_side(const ditd_vae_config *c, int image_side);
 
 /* DiTPipeline's rule before decoding: z = (1 / scaling_factor) * latents, in
  * float32, in place (n floats). shift_factor is not applied (DiTPipeline

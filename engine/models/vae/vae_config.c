@@ -219,6 +219,13 @@ int ditd_vae_config_parse(const char *text, size_t len, const char *name, ditd_v
     return ditd_json_config_text(text, len, name, read_json, out);
 }
 
+int ditd_vae_latent_side(const ditd_vae_config *c, int image_side)
+{
+    for (int i = 0; i < c->n_blocks - 1; i++)
+        image_side = (image_side + 1 - 3) / 2 + 1; /* pad (0, 1), k 3, stride 2 */
+    return image_side;
+}
+
 int ditd_vae_config_scale_factor(const ditd_vae_config *c)
 {
     return 1 << (c->n_blocks - 1);

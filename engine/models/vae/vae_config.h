@@ -48,6 +48,9 @@ int ditd_vae_config_finish(ditd_vae_config *c, const char *what);
  * vae_scale_factor (never a fixed 8). */
 int ditd_vae_config_scale_factor(const ditd_vae_config *c);
 
+/* Latent side for an image side: the encoder's chain of floor halvings. */
+int ditd_vae_latent_side(const ditd_vae_config *c, int image_side);
+
 /* The published configs with their real sizes (weights random or loaded
  * elsewhere): "sd-vae-ft-ema" (SD 1.x/DiT, 4 latent channels) and
  * "flux-vae" (SD3/FLUX.1, 16 latent channels). Name case-insensitive. */
