@@ -3,8 +3,9 @@
  * FlowMatchEulerDiscreteScheduler, diffusers 0.42) numerically for the
  * config keys DiT-style checkpoints use, float32 as Diffusers computes it.
  *
- * Two nouns live here. A ditd_sched_config is scheduler_config.json parsed
- * once into a typed struct (JSON stops at this edge). A ditd_sampler is
+ * Two nouns live here (sched_config.c, sampler.c). A ditd_sched_config is
+ * scheduler_config.json parsed once into a typed struct (JSON stops at this
+ * edge). A ditd_sampler is
  * built from a config for one (num_steps, max slots, sample size): it
  * precomputes the timesteps and every per-step coefficient, and owns the
  * multistep state of each sample slot, so the step allocates nothing.

@@ -63,11 +63,11 @@ def children(pid):
             except OSError:
                 continue
             kids.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
+    out, pending = [], [pid]
+    while pending:
+        for k in kids.get(pending.pop(), []):
             out.append(k)
-            todo.append(k)
+            pending.append(k)
     return out
 
 

@@ -20,6 +20,7 @@
 #include "engine/parallel/mesh.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
+#include "tests/mpi/mpi_args.h"
 #include "tests/test_util.h"
 
 #define STEPS 5
@@ -198,22 +199,9 @@ int main(int argc, char **argv)
         return 1;
     }
     rank_world = ditd_comm_rank(world);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (strcmp(a, "--cfg") == 0) l.cfg = atoi(v), i++;
-        else if (strcmp(a, "--ring") == 0) l.ring = atoi(v), i++;
-        else if (strcmp(a, "--ulysses") == 0) l.ulysses = atoi(v), i++;
-        else if (strcmp(a, "--tp") == 0) l.tp = atoi(v), i++;
-        else if (strcmp(a, "--rotate") == 0) {
-            if (ditd_ring_rotate_from_str(v, &l.rotate))
-                return 2;
-            i++;
-        } else if (strcmp(a, "--refusals") == 0) do_refusals = 1;
-        else {
-            fprintf(stderr, "unknown argument %s\n", a);
-            return 2;
-        }
-    }
+    int arg_rc = tm_parse_layout(argc, argv, &l, "--refusals", &do_refusals);
+    if (arg_rc)
+        return arg_rc;
     ditd_backend_cpu.set_threads(1);
     if (do_refusals) {
         refusals(world);
