@@ -97,4 +97,26 @@ static void fz_encode(const ditd_tokenizer *t, const uint8_t *data, size_t size)
     free(mask);
 }
 
+/* The encode targets' body: byte 1 picks one of two folders (loaded once),
+ * byte 0 (kept) the max_length, the rest is the text. */
+static int fz_encode_pair(const char *folder0, const char *folder1, const uint8_t *data,
+                          size_t size)
+{
+    static ditd_tokenizer *tok[2];
+    if (!tok[0]) {
+        tok[0] = fz_load(folder0);
+        tok[1] = fz_load(folder1);
+    }
+    if (size < 2)
+        return 0;
+    uint8_t *d = malloc(size - 1);
+    if (!d)
+        return 0;
+    d[0] = data[0];
+    memcpy(d + 1, data + 2, size - 2);
+    fz_encode(tok[data[1] & 1], d, size - 1);
+    free(d);
+    return 0;
+}
+
 #endif
