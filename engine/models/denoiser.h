@@ -42,6 +42,8 @@ typedef struct ditd_denoiser_shapes {
                            * distilled guidance): the pipeline runs no unconditional
                            * pass and fills cond.guidance; 0: classifier-free guidance */
     ditd_cond_shape cond; /* class ids or text embeddings */
+    int latent_multiple;  /* a family with set_size: height and width must be multiples of
+                           * this (FLUX's 2x2 packing: 2); 0: runs only at height x width */
 } ditd_denoiser_shapes;
 
 typedef struct ditd_denoiser ditd_denoiser;

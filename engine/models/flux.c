@@ -247,6 +247,7 @@ void ditd_flux_shapes(const ditd_flux_config *c, int height, int width, int text
     out->tokens = (height / 2) * (width / 2);
     out->prefix_tokens = text_len;
     out->guidance_embed = c->guidance_embeds;
+    out->latent_multiple = 2; /* 2x2 packing */
     out->cond.kind = DITD_COND_TEXT;
     out->cond.text_len = text_len;
     out->cond.text_dim = c->joint_attention_dim;

@@ -81,7 +81,13 @@ static int load_defaults(ditd_model_info *m)
 
     m->default_steps = 25;
     m->default_guidance = 4.0f;
+    if (strcmp(m->pipeline_class, "FluxPipeline") == 0) { /* FluxPipeline.__call__'s */
+        m->default_steps = 28;
+        m->default_guidance = 3.5f;
+    }
     m->default_sampler[0] = '\0';
+    if (m->shapes.cond.kind == DITD_COND_TEXT)
+        m->max_sequence_length = m->default_max_sequence_length = DITD_MODEL_MAX_SEQUENCE_LENGTH;
     if ((err = path_join(path, sizeof path, m->dir, "ditd.json")))
         return err;
     if (!is_file(path))
@@ -108,6 +114,25 @@ static int load_defaults(ditd_model_info *m)
             goto done;
         }
         strcpy(m->default_sampler, json_string_value(v));
+    }
+    if ((v = json_object_get(root, "max_sequence_length"))) {
+        if (m->shapes.cond.kind != DITD_COND_TEXT || !json_is_integer(v) ||
+            json_integer_value(v) < 1 || json_integer_value(v) > DITD_MODEL_MAX_SEQUENCE_LENGTH) {
+            err = ditd_err_set(DITD_EFORMAT, "%s: max_sequence_length must be an integer in 1..%d, "
+                               "for a text model", path, DITD_MODEL_MAX_SEQUENCE_LENGTH);
+            goto done;
+        }
+        m->default_max_sequence_length = (int)json_integer_value(v);
+    }
+    if ((v = json_object_get(root, "max_image_size"))) {
+        if (!m->resizable || !json_is_integer(v) || json_integer_value(v) < m->min_size ||
+            json_integer_value(v) > 16384 || json_integer_value(v) % m->size_multiple) {
+            err = ditd_err_set(DITD_EFORMAT, "%s: max_image_size must be a multiple of %d in %d..16384, "
+                               "for a model that takes any size", path,
+                               m->size_multiple > 0 ? m->size_multiple : 1, m->min_size);
+            goto done;
+        }
+        m->max_size = (int)json_integer_value(v);
     }
 done:
     json_decref(root);
@@ -155,6 +180,17 @@ static int load_vae(ditd_model_info *m)
     }
     m->image_width = m->shapes.width * m->vae_scale;
     m->image_height = m->shapes.height * m->vae_scale;
+    /* sizes: any multiple of size_multiple for a family with set_size */
+    m->resizable = m->denoiser->set_size && m->shapes.latent_multiple > 0 && m->vae_scale > 0;
+    if (m->resizable) {
+        m->size_multiple = m->shapes.latent_multiple * m->vae_scale;
+        m->min_size = m->size_multiple;
+        m->max_size = DITD_MODEL_MAX_IMAGE_SIZE; /* ditd.json may change it */
+    } else {
+        m->size_multiple = 0;
+        m->min_size = m->image_width < m->image_height ? m->image_width : m->image_height;
+        m->max_size = m->image_width > m->image_height ? m->image_width : m->image_height;
+    }
     return 0;
 }
 

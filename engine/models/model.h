@@ -28,6 +28,8 @@
 #include "engine/models/denoiser.h"
 
 #define DITD_MODEL_PATH_MAX 4096
+#define DITD_MODEL_MAX_IMAGE_SIZE 2048    /* pixels per side, unless ditd.json says */
+#define DITD_MODEL_MAX_SEQUENCE_LENGTH 512 /* FluxPipeline's limit on T5 tokens */
 
 typedef struct ditd_model_info {
     char dir[DITD_MODEL_PATH_MAX];
@@ -49,7 +51,21 @@ typedef struct ditd_model_info {
                                   * latents can be saved; decoding is refused) */
     int num_classes;             /* K for class conditioning, else 0 */
     char **labels;               /* K entries (id2label; "class N" when absent), owned */
-    /* defaults for requests that give none (ditd.json, else built-in) */
+    /* Sizes. A resizable model (its family has set_size) takes any image
+     * width and height in [min_size, max_size] pixels that are multiples of
+     * size_multiple (vae_scale x the family's latent_multiple: FLUX 16);
+     * image_width x image_height is then the default size. Otherwise the
+     * model makes image_width x image_height only (min = max = that). */
+    int resizable;
+    int size_multiple;
+    int min_size, max_size;      /* per side; ditd.json "max_image_size" (default 2048) */
+    /* Text models (shapes.cond.kind DITD_COND_TEXT): the T5 length a request
+     * may ask for (FluxPipeline's max_sequence_length, <= 512) and its
+     * default; 0 for class models. */
+    int max_sequence_length;
+    int default_max_sequence_length;
+    /* defaults for requests that give none (ditd.json, else the pipeline
+     * class's: DiTPipeline 25 steps, guidance 4; FluxPipeline 28, 3.5) */
     int default_steps;
     float default_guidance;
     char default_sampler[32];    /* "" = the scheduler_config's own class */
