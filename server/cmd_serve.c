@@ -327,8 +327,6 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         ditd_log(DITD_LOG_ERROR, "%s: %s", model_dir, ditd_err_detail());
         goto fail_log;
     }
-    s->numel = (size_t)s->info.image_channels * (size_t)s->info.image_width *
-               (size_t)s->info.image_height;
     {
         ditd_sched_config sc;
         if ((err = ditd_sched_config_load(s->info.scheduler_config, &sc))) {
@@ -343,6 +341,13 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         fprintf(stderr, "ditd serve: %s is a latent model without vae/config.json\n", model_dir);
         goto fail_info;
     }
+    /* the names a request may give: the folder's, then the aliases */
+    s->gm.info = &s->info;
+    s->gm.sched_default = s->sched_default;
+    s->gm.aliases = s->aliases;
+    for (int i = 0; i < s->cfg.n_served_names; i++)
+        if (strcmp(s->cfg.served_names[i], s->info.name) != 0)
+            s->aliases[s->gm.n_aliases++] = s->cfg.served_names[i];
     s->nrep = s->cfg.dp;
     if (!(s->rep = calloc((size_t)s->nrep, sizeof *s->rep)))
         goto fail_info;

@@ -10,10 +10,11 @@
 #include "engine/core/error.h"
 #include "engine/parallel/mesh.h"
 #include "server/cli.h"
+#include "server/genreq.h"
 #include "server/log.h"
 
 typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE, T_LOGFMT, T_LOGLVL,
-               T_WDTYPE } opt_type;
+               T_WDTYPE, T_NAMES } opt_type;
 
 typedef struct opt {
     const char *flag;   /* without "--" */
@@ -31,6 +32,7 @@ static const opt opts[] = {
     {"host", "DITD_HOST", T_STR, OFF(host), 0, 0, "127.0.0.1", "address to listen on (0.0.0.0: all)"},
     {"port", "DITD_PORT", T_INT, OFF(port), 0, 65535, "8080", "TCP port (0: any free port)"},
     {"model", "DITD_MODEL", T_STR, OFF(model), 0, 0, "", "Diffusers model folder (default: the embedded model)"},
+    {"served-model-name", "DITD_SERVED_MODEL_NAME", T_NAMES, OFF(served_names), 0, 0, "", "extra names requests may give as \"model\" (as vLLM's; repeat the flag or separate by commas); the folder's name stays one; /v1/models lists each"},
     {"dp", "DITD_DP", T_INT, OFF(dp), 1, 1024, "1", "replicas (data parallel); under mpirun: world = 1 + dp x group"},
     {"ulysses-degree", "DITD_ULYSSES_DEGREE", T_INT, OFF(ulysses_degree), 1, 1024, "1", "context parallel (Ulysses) ranks per replica"},
     {"ring-degree", "DITD_RING_DEGREE", T_INT, OFF(ring_degree), 1, 1024, "1", "context parallel (Ring) ranks per replica"},
@@ -69,6 +71,45 @@ static const opt opts[] = {
     {"vae-tiling", "DITD_VAE_TILING", T_BOOL, OFF(vae_tiling), 0, 1, "0", "latent models: decode tile by tile (Diffusers' enable_tiling)"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
+
+/* Appends the comma-separated names of val: each 1..255 bytes of
+ * printable ASCII or UTF-8 (no blanks at its ends, no control bytes). */
+static int add_names(ditd_serve_config *c, const char *val, const char *who)
+{
+    while (*val) {
+        size_t n = strcspn(val, ",");
+        const char *p = val;
+        while (n && (*p == ' ' || *p == '\t'))
+            p++, n--;
+        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+            n--;
+        if (!n)
+            return ditd_err_set(DITD_EINVAL, "%s: an empty model name in \"%s\"", who, val);
+        if (n >= DITD_SERVE_NAME_MAX)
+            return ditd_err_set(DITD_EINVAL, "%s: a model name is %zu bytes; at most %d", who, n,
+                                DITD_SERVE_NAME_MAX - 1);
+        for (size_t i = 0, k; i < n; i += k) {
+            k = ditd_utf8_seq((const unsigned char *)p + i, n - i);
+            if (!k || (unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+                return ditd_err_set(DITD_EINVAL, "%s: a model name must be UTF-8 text without "
+                                    "control bytes", who);
+        }
+        int dup = 0;
+        for (int i = 0; i < c->n_served_names; i++)
+            dup |= strlen(c->served_names[i]) == n && !strncmp(c->served_names[i], p, n);
+        if (!dup) {
+            if (c->n_served_names >= DITD_SERVE_MAX_NAMES)
+                return ditd_err_set(DITD_EINVAL, "%s: more than %d model names", who,
+                                    DITD_SERVE_MAX_NAMES);
+            memcpy(c->served_names[c->n_served_names], p, n);
+            c->served_names[c->n_served_names++][n] = '\0';
+        }
+        val += strcspn(val, ",");
+        if (*val == ',' && !*++val)
+            return ditd_err_set(DITD_EINVAL, "%s: an empty model name after the last comma", who);
+    }
+    return 0;
+}
 
 static int set(ditd_serve_config *c, const opt *o, const char *val, const char *who)
 {
@@ -134,6 +175,8 @@ static int set(ditd_serve_config *c, const opt *o, const char *val, const char *
             return ditd_err_set(DITD_EINVAL, "%s: \"%s\" is not f32, bf16 or auto", who, val);
         return 0;
     }
+    case T_NAMES:
+        return add_names(c, val, who);
     case T_BOOL:
         if (!strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "yes") || !strcmp(val, "on"))
             *(int *)dst = 1;
@@ -189,6 +232,7 @@ int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv)
     lo[NOPTS + 1] = (struct option){0, 0, 0, 0};
     optind = 1;
     opterr = 0;
+    int names_flagged = 0; /* the first --served-model-name replaces the variable's */
     while ((ch = getopt_long(argc, argv, "h", lo, &idx)) != -1) {
         if (ch == 'h') {
             ditd_serve_config_usage(stdout);
@@ -199,6 +243,8 @@ int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv)
                                 argv[optind - 1]);
         const opt *o = &opts[ch - 1000];
         snprintf(who, sizeof who, "--%s", o->flag);
+        if (o->type == T_NAMES && !names_flagged++)
+            c->n_served_names = 0;
         if ((err = set(c, o, optarg ? optarg : "1", who)))
             return err;
     }

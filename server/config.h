@@ -10,10 +10,17 @@
 
 #include <stdio.h>
 
+#define DITD_SERVE_MAX_NAMES 16   /* --served-model-name values */
+#define DITD_SERVE_NAME_MAX 256   /* bytes of one, with the NUL */
+
 typedef struct ditd_serve_config {
     char host[256];
     int port;
     char model[4096];           /* "" = the embedded default */
+    /* extra names a request's "model" may use (--served-model-name,
+     * repeatable, or comma-separated; DITD_SERVED_MODEL_NAME) */
+    char served_names[DITD_SERVE_MAX_NAMES][DITD_SERVE_NAME_MAX];
+    int n_served_names;
     int dp;                     /* replicas */
     int ulysses_degree, ring_degree, tp_degree, cfg_degree;
     int ring_rotate;            /* ditd_ring_rotate */

@@ -1,4 +1,6 @@
-/* POST /v1/images/generations bodies into typed requests. */
+/* POST /v1/images/generations bodies into typed requests (server/genreq.h):
+ * the JSON is read here and nowhere else. Not the scheduler's business
+ * (batching, cost) nor the HTTP framing's. */
 #include "server/genreq.h"
 
 #include <jansson.h>
@@ -158,12 +160,183 @@ static int get_str(json_t *root, const char *key, const char **out, ditd_api_err
     return 0;
 }
 
-int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
-                      ditd_sampler_kind sched_default, ditd_genreq *r, ditd_api_error *e)
+int ditd_genreq_model_named(const ditd_genreq_model *gm, const char *name)
 {
+    if (!strcmp(name, gm->info->name))
+        return 1;
+    for (int i = 0; i < gm->n_aliases; i++)
+        if (!strcmp(name, gm->aliases[i]))
+            return 1;
+    return 0;
+}
+
+void ditd_genreq_free(ditd_genreq *r)
+{
+    free(r->prompt);
+    free(r->negative_prompt);
+    r->prompt = r->negative_prompt = NULL;
+}
+
+size_t ditd_genreq_numel(const ditd_genreq *r, const ditd_model_info *m)
+{
+    return (size_t)m->image_channels * (size_t)r->width * (size_t)r->height;
+}
+
+/* A text field of a text model: a string of at most
+ * DITD_GENREQ_MAX_PROMPT_BYTES bytes (jansson has checked it is UTF-8
+ * without NUL), copied into *out (NULL when absent and not required). */
+static int get_text(json_t *root, const char *key, int required, char **out, ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) {
+        if (required)
+            return bad(e, key, "'%s' is required: the text to draw (this model is text-conditioned)", key);
+        return 0;
+    }
+    if (!json_is_string(v))
+        return bad(e, key, "'%s' must be a string (UTF-8 text)", key);
+    size_t n = json_string_length(v);
+    if (n > DITD_GENREQ_MAX_PROMPT_BYTES)
+        return bad(e, key, "'%s' is %zu bytes; the limit is %d bytes of UTF-8 (the text encoders "
+                   "read at most max_sequence_length tokens of it)", key, n,
+                   DITD_GENREQ_MAX_PROMPT_BYTES);
+    if (!(*out = strdup(json_string_value(v)))) {
+        ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
+        return DITD_ENOMEM;
+    }
+    return 0;
+}
+
+static int get_number(json_t *root, const char *key, double lo, double hi, float *out,
+                      ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v) || !(json_number_value(v) >= lo && json_number_value(v) <= hi))
+        return bad(e, key, "'%s' must be a number in %g..%g", key, lo, hi);
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+/* The class of a class-conditional model: class_label (wins) or the prompt. */
+static int get_class(json_t *root, const ditd_model_info *m, ditd_genreq *r, ditd_api_error *e)
+{
+    json_t *v;
+    const char *prompt;
+    int id;
+    if ((v = json_object_get(root, "class_label")) && !json_is_null(v)) {
+        if (json_is_integer(v)) {
+            if (json_integer_value(v) < 0 || json_integer_value(v) >= m->num_classes) {
+                bad(e, "class_label", "class_label %lld is outside 0..%d",
+                    (long long)json_integer_value(v), m->num_classes - 1);
+                list_classes(m, e->message, sizeof e->message);
+                return DITD_EINVAL;
+            }
+            r->class_id = json_integer_value(v);
+            return 0;
+        }
+        if (json_is_string(v)) {
+            if (ditd_model_class_from_str(m, json_string_value(v), &id)) {
+                bad(e, "class_label", "unknown class '%s'", json_string_value(v));
+                list_classes(m, e->message, sizeof e->message);
+                return DITD_EINVAL;
+            }
+            r->class_id = id;
+            return 0;
+        }
+        return bad(e, "class_label", "'class_label' must be an integer or a label");
+    }
+    if (get_str(root, "prompt", &prompt, e))
+        return DITD_EINVAL;
+    if (!prompt) {
+        bad(e, "prompt", "'prompt' is required: it names a class of this class-conditional model (or give 'class_label')");
+        list_classes(m, e->message, sizeof e->message);
+        return DITD_EINVAL;
+    }
+    /* the prompt names a class, trimmed of surrounding blanks */
+    char word[256];
+    size_t a = 0, b = strlen(prompt);
+    while (a < b && (prompt[a] == ' ' || prompt[a] == '\t' || prompt[a] == '\n'))
+        a++;
+    while (b > a && (prompt[b - 1] == ' ' || prompt[b - 1] == '\t' || prompt[b - 1] == '\n' || prompt[b - 1] == '.'))
+        b--;
+    if (b - a >= sizeof word || ditd_model_class_from_str(m, (snprintf(word, sizeof word, "%.*s", (int)(b - a), prompt + a), word), &id)) {
+        bad(e, "prompt", "'%.200s' names no class of '%s' (a class-conditional model: the prompt is a class label or number)",
+            prompt, m->name);
+        list_classes(m, e->message, sizeof e->message);
+        return DITD_EINVAL;
+    }
+    r->class_id = id;
+    return 0;
+}
+
+/* The prompt, negative prompt, true CFG and T5 length of a text model. */
+static int get_text_fields(json_t *root, const ditd_model_info *m, ditd_genreq *r,
+                           ditd_api_error *e)
+{
+    json_t *v;
+    long l;
+    int given, err;
+    if ((v = json_object_get(root, "class_label")) && !json_is_null(v))
+        return bad(e, "class_label", "'class_label' is for class-conditional models; '%s' is "
+                   "text-conditioned: describe the image in 'prompt'", m->name);
+    if ((err = get_text(root, "prompt", 1, &r->prompt, e)) ||
+        (err = get_text(root, "negative_prompt", 0, &r->negative_prompt, e)))
+        return err;
+    r->true_cfg = 1.0f; /* FluxPipeline's: no unconditional pass */
+    if (get_number(root, "true_cfg_scale", 0, 100, &r->true_cfg, e))
+        return DITD_EINVAL;
+    r->max_sequence_length = m->default_max_sequence_length;
+    if (get_int(root, "max_sequence_length", 1, m->max_sequence_length, &l, &given, e))
+        return DITD_EINVAL;
+    if (given)
+        r->max_sequence_length = (int)l;
+    return 0;
+}
+
+/* "size": "WxH" in pixels (the image, not the latents), or "auto". A fixed
+ * model makes its one size; a resizable one any multiple of size_multiple
+ * within [min_size, max_size] per side. */
+static int get_size(json_t *root, const ditd_model_info *m, ditd_genreq *r, ditd_api_error *e)
+{
+    const char *s;
+    r->width = m->image_width;
+    r->height = m->image_height;
+    if (get_str(root, "size", &s, e))
+        return DITD_EINVAL;
+    if (!s || !strcmp(s, "auto"))
+        return 0;
+    int w = parse_dim(&s[0], 'x'), h = w > 0 ? parse_dim(strchr(s, 'x') + 1, '\0') : -1;
+    if (w <= 0 || h <= 0)
+        return bad(e, "size", "'size' must be \"WIDTHxHEIGHT\" (this model: \"%dx%d\"), got \"%s\"",
+                   m->image_width, m->image_height, s);
+    if (m->resizable && m->size_multiple > 0) {
+        if (w % m->size_multiple || h % m->size_multiple || w < m->min_size ||
+            h < m->min_size || w > m->max_size || h > m->max_size)
+            return bad(e, "size", "size \"%s\" is not supported by '%s': width and height must "
+                       "be multiples of %d in %d..%d pixels (default \"%dx%d\")", s, m->name,
+                       m->size_multiple, m->min_size, m->max_size, m->image_width,
+                       m->image_height);
+        r->width = w;
+        r->height = h;
+        return 0;
+    }
+    if (w != m->image_width || h != m->image_height)
+        return bad(e, "size", "size \"%s\" is not supported by '%s'; supported: \"%dx%d\"", s,
+                   m->name, m->image_width, m->image_height);
+    return 0;
+}
+
+int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
+                      ditd_genreq *r, ditd_api_error *e)
+{
+    const ditd_model_info *m = gm->info;
+    int text = m->shapes.cond.kind == DITD_COND_TEXT;
     json_error_t jerr;
     json_t *root, *v;
-    const char *s, *prompt;
+    const char *s;
     long l;
     int given, err = DITD_EINVAL;
 
@@ -178,12 +351,21 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
         bad(e, NULL, "the body must be a JSON object");
         goto done;
     }
-    /* model: absent means the served one */
+    /* model: absent means the served one; an alias reaches it too */
     if (get_str(root, "model", &s, e))
         goto done;
-    if (s && strcmp(s, m->name) != 0) {
+    if (s && !ditd_genreq_model_named(gm, s)) {
         ditd_api_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
                            "The model '%s' does not exist; this server has '%s'", s, m->name);
+        for (int i = 0; i < gm->n_aliases; i++) {
+            size_t at = strlen(e->message);
+            snprintf(e->message + at, sizeof e->message - at, "%s'%s'",
+                     i ? ", " : " (also named ", gm->aliases[i]);
+        }
+        if (gm->n_aliases) {
+            size_t at = strlen(e->message);
+            snprintf(e->message + at, sizeof e->message - at, ")");
+        }
         err = DITD_ENOENT;
         goto done;
     }
@@ -193,24 +375,8 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
         goto done;
     if (given)
         r->n = (int)l;
-    /* size: "WxH" in pixels (the image, not the latents), or "auto" */
-    r->width = m->image_width;
-    r->height = m->image_height;
-    if (get_str(root, "size", &s, e))
+    if (get_size(root, m, r, e))
         goto done;
-    if (s && strcmp(s, "auto") != 0) {
-        int w = parse_dim(&s[0], 'x'), h = w > 0 ? parse_dim(strchr(s, 'x') + 1, '\0') : -1;
-        if (w <= 0 || h <= 0) {
-            bad(e, "size", "'size' must be \"WIDTHxHEIGHT\" (this model: \"%dx%d\"), got \"%s\"",
-                m->image_width, m->image_height, s);
-            goto done;
-        }
-        if (w != m->image_width || h != m->image_height) {
-            bad(e, "size", "size \"%s\" is not supported by '%s'; supported: \"%dx%d\"", s, m->name,
-                m->image_width, m->image_height);
-            goto done;
-        }
-    }
     /* response_format, output_format */
     if (get_str(root, "response_format", &s, e))
         goto done;
@@ -259,14 +425,9 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
     if (given)
         r->steps = (int)l;
     r->guidance = m->default_guidance;
-    if ((v = json_object_get(root, "guidance_scale")) && !json_is_null(v)) {
-        if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 100)) {
-            bad(e, "guidance_scale", "'guidance_scale' must be a number in 0..100");
-            goto done;
-        }
-        r->guidance = (float)json_number_value(v);
-    }
-    r->sampler = sched_default;
+    if (get_number(root, "guidance_scale", 0, 100, &r->guidance, e))
+        goto done;
+    r->sampler = gm->sched_default;
     if (m->default_sampler[0])
         ditd_sampler_kind_from_str(m->default_sampler, &r->sampler);
     if (get_str(root, "sampler", &s, e))
@@ -277,54 +438,26 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
             ditd_sampler_kind_list(", ", list, sizeof list));
         goto done;
     }
-    /* class: class_label wins over the prompt */
-    if ((v = json_object_get(root, "class_label")) && !json_is_null(v)) {
-        int id;
-        if (json_is_integer(v)) {
-            if (json_integer_value(v) < 0 || json_integer_value(v) >= m->num_classes) {
-                bad(e, "class_label", "class_label %lld is outside 0..%d",
-                    (long long)json_integer_value(v), m->num_classes - 1);
-                list_classes(m, e->message, sizeof e->message);
-                goto done;
-            }
-            r->class_id = json_integer_value(v);
-        } else if (json_is_string(v)) {
-            if (ditd_model_class_from_str(m, json_string_value(v), &id)) {
-                bad(e, "class_label", "unknown class '%s'", json_string_value(v));
-                list_classes(m, e->message, sizeof e->message);
-                goto done;
-            }
-            r->class_id = id;
-        } else {
-            bad(e, "class_label", "'class_label' must be an integer or a label");
+    /* the conditioning: a class, or text */
+    if (text) {
+        if ((err = get_text_fields(root, m, r, e)))
             goto done;
-        }
     } else {
-        int id;
-        if (get_str(root, "prompt", &prompt, e))
+        static const char *const text_only[] = {"negative_prompt", "true_cfg_scale",
+                                                "max_sequence_length"};
+        for (size_t i = 0; i < sizeof text_only / sizeof text_only[0]; i++)
+            if ((v = json_object_get(root, text_only[i])) && !json_is_null(v)) {
+                bad(e, text_only[i], "'%s' is for text models; '%s' is class-conditional (its "
+                    "prompt names a class)", text_only[i], m->name);
+                goto done;
+            }
+        if (get_class(root, m, r, e))
             goto done;
-        if (!prompt) {
-            bad(e, "prompt", "'prompt' is required: it names a class of this class-conditional model (or give 'class_label')");
-            list_classes(m, e->message, sizeof e->message);
-            goto done;
-        }
-        /* the prompt names a class, trimmed of surrounding blanks */
-        char word[256];
-        size_t a = 0, b = strlen(prompt);
-        while (a < b && (prompt[a] == ' ' || prompt[a] == '\t' || prompt[a] == '\n'))
-            a++;
-        while (b > a && (prompt[b - 1] == ' ' || prompt[b - 1] == '\t' || prompt[b - 1] == '\n' || prompt[b - 1] == '.'))
-            b--;
-        if (b - a >= sizeof word || ditd_model_class_from_str(m, (snprintf(word, sizeof word, "%.*s", (int)(b - a), prompt + a), word), &id)) {
-            bad(e, "prompt", "'%.200s' names no class of '%s' (a class-conditional model: the prompt is a class label or number)",
-                prompt, m->name);
-            list_classes(m, e->message, sizeof e->message);
-            goto done;
-        }
-        r->class_id = id;
     }
     err = 0;
 done:
+    if (err)
+        ditd_genreq_free(r);
     json_decref(root);
     ditd_err_clear();
     return err;

@@ -2,6 +2,13 @@
  * once, into typed fields (JSON stops here). Validation names the field that
  * is wrong; nothing invalid reaches the scheduler.
  *
+ * What a request may say depends on the model's conditioning
+ * (engine/models/conditioning.h): a class model's prompt names a class (or
+ * class_label gives it); a text model's prompt is text, with
+ * negative_prompt, true_cfg_scale and max_sequence_length beside it. Sizes
+ * follow the model: its one size, or for a resizable model any multiple of
+ * size_multiple within [min_size, max_size] per side.
+ *
  * Also the OpenAI error envelope every route answers with. */
 #ifndef DITD_SERVER_GENREQ_H
 #define DITD_SERVER_GENREQ_H
@@ -13,14 +20,24 @@
 #include "engine/pipeline/sampler.h"
 
 #define DITD_GENREQ_MAX_N 10
+/* A prompt's (and a negative prompt's) limit in UTF-8 bytes: far past what
+ * the text encoders read (T5: max_sequence_length tokens, CLIP 77), so no
+ * real prompt meets it, and a request cannot park megabytes in the queue. */
+#define DITD_GENREQ_MAX_PROMPT_BYTES 8192
 
 typedef struct ditd_genreq {
     int n;                      /* 1..10 */
-    int width, height;
+    int width, height;          /* the image, in pixels */
     int steps;
     ditd_sampler_kind sampler;
     float guidance;
-    int64_t class_id;
+    int64_t class_id;           /* class models */
+    /* text models (both owned, NUL-terminated valid UTF-8; NULL for class
+     * models; negative_prompt NULL when not given) */
+    char *prompt;
+    char *negative_prompt;
+    float true_cfg;             /* FluxPipeline's true_cfg_scale, >= 0 (default 1) */
+    int max_sequence_length;    /* 1..the model's; 0 for class models */
     uint64_t seed;
     int seed_given;
     int stream;
@@ -37,11 +54,30 @@ typedef struct ditd_api_error {
     char message[1024];
 } ditd_api_error;
 
+/* The served model and the extra names a request's `model` may use to reach
+ * it (--served-model-name). Borrowed. */
+typedef struct ditd_genreq_model {
+    const ditd_model_info *info;
+    const char *const *aliases;
+    int n_aliases;
+    ditd_sampler_kind sched_default; /* the model's scheduler kind */
+} ditd_genreq_model;
+
+/* 1 when `name` reaches the model: its folder name or one of its aliases. */
+int ditd_genreq_model_named(const ditd_genreq_model *gm, const char *name);
+
 /* Parses and validates body (len bytes, not NUL-terminated) against the
- * model. sched_default is the model's scheduler kind. Returns 0, or
- * DITD_EINVAL / DITD_ENOENT (unknown model) with *e filled. */
-int ditd_genreq_parse(const char *body, size_t len, const ditd_model_info *m,
-                      ditd_sampler_kind sched_default, ditd_genreq *out, ditd_api_error *e);
+ * model. Returns 0 with *out filled (its strings owned: release with
+ * ditd_genreq_free, or hand them to a job, ditd_job_accept), or
+ * DITD_EINVAL / DITD_ENOENT (unknown model) with *e filled and nothing
+ * owned. */
+int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
+                      ditd_genreq *out, ditd_api_error *e);
+/* Frees what the request owns (its strings); the struct may be reused. */
+void ditd_genreq_free(ditd_genreq *r);
+
+/* Values per image of the request: channels x width x height. */
+size_t ditd_genreq_numel(const ditd_genreq *r, const ditd_model_info *m);
 
 /* The envelope {"error":{"message","type","param","code"}} as a malloc'd
  * string (NULL on out of memory). */

@@ -120,6 +120,7 @@ void ditd_job_unref(ditd_job *j)
     free(j->out);
     free(j->body);
     free(j->pixels);
+    ditd_genreq_free(&j->rq);
     free(j);
 }
 

@@ -82,7 +82,7 @@ struct ditd_job {
     ditd_job_outcome outcome;
     ditd_genreq rq;
     double t_arrive, t_dispatch;
-    size_t numel;                 /* values per image */
+    size_t numel;                 /* values per image (channels x the request's size) */
     uint8_t *pixels;              /* n x numel, as results arrive */
     int finished;                 /* samples back (done or dropped) */
     int channels;
@@ -135,7 +135,8 @@ void ditd_job_ref(ditd_job *j);
 void ditd_job_unref(ditd_job *j);
 
 /* BODY -> WAITING with the validated request; allocates the images'
- * buffer (numel values each). 0 or DITD_ENOMEM. */
+ * buffer (numel values each). On 0 the job steals the request's strings
+ * (prompts: freed with the job); on DITD_ENOMEM they stay the caller's. */
 int ditd_job_accept(ditd_job *j, const ditd_genreq *rq, size_t numel);
 /* -> ANSWERED with outcome ERROR, the sink not told (the caller answers):
  * refused before acceptance, or by the scheduler right after it (nothing

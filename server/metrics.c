@@ -289,6 +289,18 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     put(&b, "# HELP ditd_timeouts_total Requests that hit --request-timeout.\n"
             "# TYPE ditd_timeouts_total counter\nditd_timeouts_total{%s} %llu\n", ml,
         (unsigned long long)m->timeouts_total);
+    put(&b, "# HELP ditd_text_cache_hits_total Prompts whose embeddings came from a replica's cache.\n"
+            "# TYPE ditd_text_cache_hits_total counter\nditd_text_cache_hits_total{%s} %llu\n", ml,
+        (unsigned long long)g->text_cache_hits);
+    put(&b, "# HELP ditd_text_cache_misses_total Prompts a replica's text encoders had to encode.\n"
+            "# TYPE ditd_text_cache_misses_total counter\nditd_text_cache_misses_total{%s} %llu\n", ml,
+        (unsigned long long)g->text_cache_misses);
+    put(&b, "# HELP ditd_text_cache_entries Prompt embeddings held in the replicas' caches.\n"
+            "# TYPE ditd_text_cache_entries gauge\nditd_text_cache_entries{%s} %llu\n", ml,
+        (unsigned long long)g->text_cache_entries);
+    put(&b, "# HELP ditd_text_encode_seconds_total Time the replicas spent in their text encoders.\n"
+            "# TYPE ditd_text_encode_seconds_total counter\nditd_text_encode_seconds_total{%s} %.6f\n",
+        ml, g->text_encode_s);
     put(&b, "# HELP ditd_replica_batches_total Batches run, by replica.\n"
             "# TYPE ditd_replica_batches_total counter\n");
     for (int r = 0; r < g->replicas && r < DITD_METRICS_MAX_REPLICAS; r++)

@@ -79,6 +79,10 @@ typedef struct ditd_metrics_gauges {
     /* the HTTP edge (server/http.h) */
     int connections;
     uint64_t refused_capacity, refused_per_client, read_timeouts, evicted;
+    /* text models: the replicas' prompt-embedding caches and encoders,
+     * summed over their latest heartbeats (0 for class models) */
+    uint64_t text_cache_hits, text_cache_misses, text_cache_entries;
+    double text_encode_s;
 } ditd_metrics_gauges;
 
 /* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM.

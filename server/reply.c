@@ -262,7 +262,7 @@ static enc_work *enc_new(ditd_job *j, enc_kind kind, int n)
     enc_work *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
-    w->pixels = malloc((size_t)n * s->numel);
+    w->pixels = malloc((size_t)n * j->numel);
     if (!w->pixels) {
         free(w);
         return NULL;
@@ -373,18 +373,23 @@ static void on_complete(ditd_job *j)
         ditd_job_fail_encode(j, &e);
         return;
     }
-    memcpy(w->pixels, j->pixels, (size_t)j->rq.n * s->numel);
+    memcpy(w->pixels, j->pixels, (size_t)j->rq.n * j->numel);
     w->png_body = j->want_png && j->rq.n == 1 && !j->rq.stream;
     /* the fields besides the images, through jansson: the model's name is
      * the folder's and may hold any character */
     char size[32];
     snprintf(size, sizeof size, "%dx%d", j->rq.width, j->rq.height);
-    json_t *head = json_pack("{s:s,s:s,s:s,s:I,s:i,s:f,s:s,s:I}", "model", s->info.name, "size",
+    json_t *head = json_pack("{s:s,s:s,s:s,s:I,s:i,s:f,s:s}", "model", s->info.name, "size",
                              size, "output_format", "png", "seed", (json_int_t)j->rq.seed,
                              "num_inference_steps", j->rq.steps, "guidance_scale",
                              (double)j->rq.guidance, "sampler",
-                             ditd_sampler_kind_name(j->rq.sampler), "class_label",
-                             (json_int_t)j->rq.class_id);
+                             ditd_sampler_kind_name(j->rq.sampler));
+    if (head && j->rq.prompt) { /* a text model's request */
+        json_object_set_new(head, "max_sequence_length", json_integer(j->rq.max_sequence_length));
+        json_object_set_new(head, "true_cfg_scale", json_real((double)j->rq.true_cfg));
+    } else if (head) {
+        json_object_set_new(head, "class_label", json_integer((json_int_t)j->rq.class_id));
+    }
     char *hs = head ? json_dumps(head, JSON_COMPACT) : NULL;
     json_decref(head);
     if (!hs || strlen(hs) >= sizeof w->head) {
@@ -415,7 +420,7 @@ static void on_partial(ditd_job *j, int image, int partial_index, const uint8_t 
     enc_work *w = enc_new(j, ENC_PARTIAL, 1);
     if (!w)
         return;
-    memcpy(w->pixels, pixels, j->s->numel);
+    memcpy(w->pixels, pixels, j->numel);
     w->partial_index = partial_index;
     w->image_index = image;
     w->ev[0] = sse_push(j, NULL, 0, 0);

@@ -126,24 +126,67 @@ static int route_open(const ditd_srv *s, ditd_route r)
            (r == DITD_ROUTE_METRICS && !s->cfg.metrics_auth);
 }
 
-static json_t *model_json(ditd_srv *s)
+/* One entry of GET /v1/models: the served model under one of its names
+ * (its folder's or an alias; "root" is the folder's). docs/api.md shows
+ * the shape. NULL on out of memory. */
+static json_t *model_json(ditd_srv *s, const char *id)
 {
     const ditd_model_info *m = &s->info;
-    json_t *classes = json_array();
+    int text = m->shapes.cond.kind == DITD_COND_TEXT;
     char size[32];
-    for (int i = 0; i < m->num_classes; i++)
-        json_array_append_new(classes, json_pack("{s:i,s:s}", "id", i, "label", m->labels[i]));
+    json_t *o = json_object(), *sizes = json_array(), *samplers = json_array();
+    json_t *defaults = json_object(), *range = json_object();
+    if (!o || !sizes || !samplers || !defaults || !range) {
+        json_decref(o), json_decref(sizes), json_decref(samplers), json_decref(defaults),
+            json_decref(range);
+        return NULL;
+    }
     snprintf(size, sizeof size, "%dx%d", m->image_width, m->image_height);
-    json_t *samplers = json_array();
+    json_object_set_new(o, "id", json_string(id));
+    json_object_set_new(o, "object", json_string("model"));
+    json_object_set_new(o, "created", json_integer((json_int_t)s->t_wall));
+    json_object_set_new(o, "owned_by", json_string("ditd"));
+    json_object_set_new(o, "root", json_string(m->name));
+    json_object_set_new(o, "architecture", json_string(m->denoiser_class));
+    json_object_set_new(o, "conditioning", json_string(text ? "text" : "class"));
+    if (!text) {
+        json_t *classes = json_array();
+        for (int i = 0; classes && i < m->num_classes; i++)
+            json_array_append_new(classes, json_pack("{s:i,s:s}", "id", i, "label", m->labels[i]));
+        json_object_set_new(o, "classes", classes);
+        json_object_set_new(o, "num_classes", json_integer(m->num_classes));
+    } else {
+        json_object_set_new(o, "max_sequence_length", json_integer(m->max_sequence_length));
+        json_object_set_new(o, "max_prompt_bytes", json_integer(DITD_GENREQ_MAX_PROMPT_BYTES));
+    }
+    /* sizes: the one a fixed model makes; a resizable model's default,
+     * with the range it takes in size_range */
+    json_array_append_new(sizes, json_string(size));
+    json_object_set_new(o, "sizes", sizes);
+    json_object_set_new(range, "resizable", json_boolean(m->resizable));
+    json_object_set_new(range, "default", json_string(size));
+    if (m->resizable) {
+        json_object_set_new(range, "min", json_integer(m->min_size));
+        json_object_set_new(range, "max", json_integer(m->max_size));
+        json_object_set_new(range, "multiple", json_integer(m->size_multiple));
+    }
+    json_object_set_new(o, "size_range", range);
+    json_object_set_new(o, "channels", json_integer(m->image_channels));
+    json_object_set_new(defaults, "num_inference_steps", json_integer(m->default_steps));
+    json_object_set_new(defaults, "guidance_scale", json_real((double)m->default_guidance));
+    json_object_set_new(defaults, "sampler", json_string(ditd_sampler_kind_name(s->sched_default)));
+    json_object_set_new(defaults, "size", json_string(size));
+    if (text) {
+        json_object_set_new(defaults, "max_sequence_length",
+                            json_integer(m->default_max_sequence_length));
+        json_object_set_new(defaults, "true_cfg_scale", json_real(1.0));
+    }
+    json_object_set_new(o, "defaults", defaults);
     for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++)
         json_array_append_new(samplers, json_string(ditd_sampler_kind_name((ditd_sampler_kind)k)));
-    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:[s],s:i,s:{s:i,s:f,s:s,s:s},s:o,s:i}",
-                     "id", m->name, "object", "model", "created", (json_int_t)s->t_wall, "owned_by",
-                     "ditd", "architecture", m->denoiser_class, "classes", classes, "sizes", size,
-                     "channels", m->image_channels, "defaults", "num_inference_steps",
-                     m->default_steps, "guidance_scale", (double)m->default_guidance, "sampler",
-                     ditd_sampler_kind_name(s->sched_default), "size", size, "samplers", samplers,
-                     "max_n", DITD_GENREQ_MAX_N);
+    json_object_set_new(o, "samplers", samplers);
+    json_object_set_new(o, "max_n", json_integer(DITD_GENREQ_MAX_N));
+    return o;
 }
 
 static enum MHD_Result get_route(ditd_srv *s, struct MHD_Connection *c, ditd_route route,
@@ -154,14 +197,24 @@ static enum MHD_Result get_route(ditd_srv *s, struct MHD_Connection *c, ditd_rou
     switch (route) {
     case DITD_ROUTE_MODELS:
         if (!strncmp(url, "/v1/models/", 11)) {
-            if (strcmp(url + 11, s->info.name) != 0) {
+            if (!ditd_genreq_model_named(&s->gm, url + 11)) {
                 ditd_api_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
                                    "no model '%.200s'; this server has '%s'", url + 11, s->info.name);
                 return answer_err(s, c, route, &e, rid, 0, 0);
             }
-            return answer_json(s, c, route, 200, model_json(s), rid);
+            return answer_json(s, c, route, 200, model_json(s, url + 11), rid);
         }
-        root = json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(s));
+        {
+            /* every name is an entry (as vLLM lists its served names),
+             * the folder's first */
+            json_t *data = json_array();
+            int ok = data && !json_array_append_new(data, model_json(s, s->info.name));
+            for (int i = 0; ok && i < s->gm.n_aliases; i++)
+                ok = !json_array_append_new(data, model_json(s, s->gm.aliases[i]));
+            root = ok ? json_pack("{s:s,s:o}", "object", "list", "data", data) : NULL;
+            if (!ok)
+                json_decref(data);
+        }
         return answer_json(s, c, route, 200, root, rid);
     case DITD_ROUTE_HEALTHZ: {
         /* alive while one replica is: a stalled replica is reported, and
@@ -205,6 +258,12 @@ static enum MHD_Result get_route(ditd_srv *s, struct MHD_Connection *c, ditd_rou
                                  .evicted = s->http.evicted};
         for (ditd_job *j = s->jobs.head; j; j = j->all_next)
             g.inflight_requests += j->state == DITD_JOB_WAITING;
+        for (int r = 0; r < s->nrep; r++) {
+            g.text_cache_hits += s->rep[r].text_hits;
+            g.text_cache_misses += s->rep[r].text_misses;
+            g.text_cache_entries += s->rep[r].text_entries;
+            g.text_encode_s += s->rep[r].text_encode_ms / 1e3;
+        }
         size_t len = 0;
         char *text = ditd_metrics_render(&s->m, &g, &len);
         return answer(s, c, route, 200,
@@ -251,13 +310,14 @@ static enum MHD_Result start_generation(ditd_srv *s, struct MHD_Connection *c, d
     ditd_api_error e;
     ditd_genreq rq;
     int st;
-    if (ditd_genreq_parse(j->body ? j->body : "", j->body_len, &s->info, s->sched_default, &rq, &e)) {
+    if (ditd_genreq_parse(j->body ? j->body : "", j->body_len, &s->gm, &rq, &e)) {
         ditd_job_refuse(j);
         return answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid, 0, 0);
     }
     free(j->body);
     j->body = NULL;
-    if (ditd_job_accept(j, &rq, s->numel)) {
+    if (ditd_job_accept(j, &rq, ditd_genreq_numel(&rq, &s->info))) {
+        ditd_genreq_free(&rq);
         ditd_job_refuse(j);
         ditd_api_error_set(&e, 500, "server_error", "internal_error", NULL, "out of memory");
         return answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid, 0, 0);

@@ -91,7 +91,15 @@ static void q_remove(ditd_srv *s, ditd_job *j)
 
 uint64_t ditd__sched_cost(const ditd_srv *s, const ditd_genreq *rq)
 {
-    uint64_t tokens = (uint64_t)(s->info.shapes.tokens > 0 ? s->info.shapes.tokens : 1);
+    const ditd_model_info *m = &s->info;
+    uint64_t tokens = (uint64_t)(m->shapes.tokens > 0 ? m->shapes.tokens : 1);
+    /* the image tokens scale with the area (shapes.tokens is the default
+     * size's); a text model's joint sequence adds its T5 tokens */
+    if (m->image_width > 0 && m->image_height > 0 &&
+        (rq->width != m->image_width || rq->height != m->image_height))
+        tokens = tokens * (uint64_t)rq->width * (uint64_t)rq->height /
+                 ((uint64_t)m->image_width * (uint64_t)m->image_height);
+    tokens += (uint64_t)(rq->max_sequence_length > 0 ? rq->max_sequence_length : 0);
     return (uint64_t)rq->n * (uint64_t)rq->steps * (tokens ? tokens : 1);
 }
 
@@ -140,10 +148,12 @@ int ditd__sched_submit(ditd_srv *s, ditd_job *j, ditd_api_error *e)
     return 0;
 }
 
+/* One batch runs one size, step count, sampler and T5 length. */
 static int compatible(const ditd_job *a, const ditd_job *b)
 {
     return a->rq.steps == b->rq.steps && a->rq.sampler == b->rq.sampler &&
-           a->rq.width == b->rq.width && a->rq.height == b->rq.height;
+           a->rq.width == b->rq.width && a->rq.height == b->rq.height &&
+           a->rq.max_sequence_length == b->rq.max_sequence_length;
 }
 
 /* The idle replica with the least work: fewest samples served breaks ties,
@@ -215,6 +225,11 @@ void ditd__sched_kick(ditd_srv *s)
                 smp[i].class_id = j->rq.class_id;
                 smp[i].guidance = j->rq.guidance;
                 smp[i].partial_images = j->rq.stream ? (uint32_t)j->rq.partial_images : 0;
+                if (j->rq.prompt) /* text models; borrowed until the batch is packed */
+                    smp[i].prompt = j->rq.prompt;
+                if (j->rq.negative_prompt)
+                    smp[i].negative_prompt = j->rq.negative_prompt;
+                smp[i].true_cfg = j->rq.true_cfg;
                 smpp[i] = &smp[i];
                 b->job[i] = j;
                 b->idx[i] = j->dispatched;
@@ -236,6 +251,7 @@ void ditd__sched_kick(ditd_srv *s)
         bm.height = (uint32_t)head->rq.height;
         bm.steps = (uint32_t)b->steps;
         bm.sampler = (uint32_t)head->rq.sampler;
+        bm.max_sequence_length = (uint32_t)head->rq.max_sequence_length;
         bm.n_samples = (size_t)b->n;
         bm.samples = smpp;
         env.msg_case = DITD__ENVELOPE__MSG_BATCH;
@@ -371,6 +387,11 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
     s->rep[r].last_hb = ditd__now();
     switch (env->msg_case) {
     case DITD__ENVELOPE__MSG_HEARTBEAT:
+        /* cumulative on the replica: the latest one is its total */
+        s->rep[r].text_hits = env->heartbeat->text_cache_hits;
+        s->rep[r].text_misses = env->heartbeat->text_cache_misses;
+        s->rep[r].text_entries = env->heartbeat->text_cache_entries;
+        s->rep[r].text_encode_ms = env->heartbeat->text_encode_ms;
         if (env->heartbeat->ready && !s->rep[r].ready) {
             s->rep[r].ready = 1;
             ditd_metrics_replica_ready(&s->m, r, ditd__now() - s->t_start);
@@ -393,7 +414,7 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
         }
         for (size_t k = 0; k < p->n_previews; k++) {
             Ditd__Preview *pv = p->previews[k];
-            if (pv->slot >= (uint32_t)b->n || pv->pixels.len != s->numel)
+            if (pv->slot >= (uint32_t)b->n || pv->pixels.len != b->job[pv->slot]->numel)
                 continue;
             ditd_job_partial(b->job[pv->slot], b->idx[pv->slot], (int)pv->partial_index,
                              pv->pixels.data);
@@ -409,7 +430,7 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
             if (im->slot >= (uint32_t)b->n)
                 continue;
             ditd_job *j = b->job[im->slot];
-            int dropped = im->canceled || im->pixels.len != s->numel;
+            int dropped = im->canceled || im->pixels.len != j->numel;
             int was = ditd_job_terminal(j);
             if (!dropped && !was)
                 s->m.images_total++;

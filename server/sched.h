@@ -2,9 +2,11 @@
  * routing, and the messages to and from the replicas (proto/ditd.proto).
  * It moves jobs through server/job.h and never talks HTTP. Loop thread only.
  *
- * Batching: requests are compatible when steps, sampler and size agree; the
- * head of the queue waits at most --batch-window-ms for a fuller batch, and
- * a batch goes to the least-loaded live idle replica. */
+ * Batching: requests are compatible when steps, sampler, size and
+ * max_sequence_length (text models) agree; the head of the queue waits at
+ * most --batch-window-ms for a fuller batch, and a batch goes to the
+ * least-loaded live idle replica. A text model's samples carry their prompt
+ * text; the replica encodes it. */
 #ifndef DITD_SERVER_SCHED_H
 #define DITD_SERVER_SCHED_H
 
@@ -15,7 +17,9 @@
 #include "server/job.h"
 
 /* A request's cost: images x steps x tokens (the model's latent tokens per
- * image). What --max-cost bounds and what orders the queue. */
+ * image at the request's size, plus max_sequence_length text tokens for a
+ * text model: the joint sequence). What --max-cost bounds and what orders
+ * the queue. */
 uint64_t ditd__sched_cost(const ditd_srv *s, const ditd_genreq *rq);
 /* 0, or an HTTP status (400 over --max-cost, 429 queue full, 503 no replica
  * / draining) with *e. On 0 the queue holds a reference to the job.

@@ -52,6 +52,9 @@ typedef struct ditd_replica {
     double last_hb;
     ditd_fbatch *running;
     uint64_t samples;   /* total dispatched, for least-loaded routing ties */
+    /* its latest heartbeat's text counters (cumulative on the replica) */
+    uint64_t text_hits, text_misses, text_entries;
+    double text_encode_ms;
 } ditd_replica;
 
 struct ditd_srv {
@@ -59,7 +62,10 @@ struct ditd_srv {
     ditd_auth auth;
     ditd_model_info info;
     ditd_sampler_kind sched_default;
-    size_t numel;        /* C*S*S pixels per image */
+    /* what requests are checked against: info, the aliases (--served-model-name
+     * values other than the folder's name) and sched_default */
+    ditd_genreq_model gm;
+    const char *aliases[DITD_SERVE_MAX_NAMES];
     uv_loop_t *loop;
     ditd_http http;
     uv_async_t wake;

@@ -1,6 +1,7 @@
 /* libFuzzer target: what the HTTP edge validates of a request, the bytes a
  * client controls: the JSON body of POST /v1/images/generations
- * (ditd_genreq_parse against a fixed model), the error envelope every
+ * (ditd_genreq_parse against a fixed-size class model and a resizable
+ * text model with an alias), the error envelope every
  * refusal is written in (it must stay valid JSON whatever the message
  * quotes), and an Authorization header (ditd_auth_check). Any input gives a
  * typed request within its bounds or a 4xx naming the problem; never a
@@ -36,9 +37,43 @@ static void envelope_is_json(const ditd_api_error *e)
     free(js);
 }
 
+/* A request the parser accepted is within its bounds. */
+static void check_accepted(const ditd_model_info *m, const ditd_genreq *rq)
+{
+    int text = m->shapes.cond.kind == DITD_COND_TEXT;
+    if (rq->n < 1 || rq->n > DITD_GENREQ_MAX_N || rq->steps < 1 || rq->steps > 1000 ||
+        !(rq->guidance >= 0 && rq->guidance <= 100) || rq->partial_images < 0 ||
+        rq->partial_images > 3 || (unsigned)rq->sampler >= DITD_SAMPLER_KIND_COUNT ||
+        rq->seed > (uint64_t)INT64_MAX)
+        abort();
+    if (m->resizable) {
+        if (rq->width % m->size_multiple || rq->height % m->size_multiple ||
+            rq->width < m->min_size || rq->height < m->min_size || rq->width > m->max_size ||
+            rq->height > m->max_size)
+            abort();
+    } else if (rq->width != m->image_width || rq->height != m->image_height) {
+        abort();
+    }
+    if (text) {
+        if (!rq->prompt || strlen(rq->prompt) > DITD_GENREQ_MAX_PROMPT_BYTES ||
+            (rq->negative_prompt && strlen(rq->negative_prompt) > DITD_GENREQ_MAX_PROMPT_BYTES) ||
+            !(rq->true_cfg >= 0 && rq->true_cfg <= 100) || rq->max_sequence_length < 1 ||
+            rq->max_sequence_length > m->max_sequence_length)
+            abort();
+        json_t *js = json_string(rq->prompt); /* valid UTF-8 */
+        if (!js)
+            abort();
+        json_decref(js);
+    } else if (rq->class_id < 0 || rq->class_id >= m->num_classes || rq->prompt ||
+               rq->negative_prompt || rq->max_sequence_length) {
+        abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static ditd_model_info m;
+    static ditd_model_info m, t;
+    static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "dall-e-3"};
     static char *keys[] = {"k1", "a-longer-key-0123456789"};
     static ditd_auth auth = {keys, 2};
     ditd_genreq rq;
@@ -56,18 +91,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         m.labels = labels;
         m.default_steps = 4;
         m.default_guidance = 4.0f;
+        m.min_size = m.max_size = 28;
+        /* a FLUX-like text model: any multiple of 16 in 16..512 */
+        strcpy(t.name, "flux");
+        t.shapes.cond.kind = DITD_COND_TEXT;
+        t.shapes.height = t.shapes.width = 4;
+        t.shapes.in_channels = 16;
+        t.shapes.tokens = 4;
+        t.vae_scale = 8;
+        t.image_width = t.image_height = 32;
+        t.image_channels = 3;
+        t.resizable = 1;
+        t.size_multiple = 16;
+        t.min_size = 16;
+        t.max_size = 512;
+        t.max_sequence_length = 512;
+        t.default_max_sequence_length = 512;
+        t.default_steps = 28;
+        t.default_guidance = 3.5f;
     }
-    if (ditd_genreq_parse((const char *)data, size, &m, DITD_SAMPLER_DDIM, &rq, &e) == 0) {
-        if (rq.n < 1 || rq.n > DITD_GENREQ_MAX_N || rq.width != 28 || rq.height != 28 ||
-            rq.steps < 1 || rq.steps > 1000 || !(rq.guidance >= 0 && rq.guidance <= 100) ||
-            rq.class_id < 0 || rq.class_id >= m.num_classes || rq.partial_images < 0 ||
-            rq.partial_images > 3 || (unsigned)rq.sampler >= DITD_SAMPLER_KIND_COUNT ||
-            rq.seed > (uint64_t)INT64_MAX)
-            abort();
-    } else {
-        if (e.status != 400 && e.status != 404)
-            abort();
-        envelope_is_json(&e);
+    const ditd_genreq_model models[] = {{&m, NULL, 0, DITD_SAMPLER_DDIM},
+                                        {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER}};
+    for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
+        if (ditd_genreq_parse((const char *)data, size, &models[k], &rq, &e) == 0) {
+            check_accepted(models[k].info, &rq);
+            ditd_genreq_free(&rq);
+        } else {
+            if (e.status != 400 && e.status != 404)
+                abort();
+            envelope_is_json(&e);
+        }
     }
     /* the same bytes as a message (cut anywhere) and as a header */
     if (!(s = malloc(size + 1)))

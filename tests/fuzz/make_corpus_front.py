@@ -41,6 +41,20 @@ bodies = {
     "wrong-model": dict(base, model="nope"),
     "url": dict(base, response_format="url"),
 }
+# a text model's (fuzz_genreq.c's second model: "flux", multiples of 16 in 16..512)
+text = {"model": "black-forest-labs/FLUX.1-dev", "prompt": "a red fox in the snow, \u00e9t\u00e9 \u732b",
+        "size": "48x32", "seed": 3, "num_inference_steps": 4, "max_sequence_length": 77}
+bodies.update({
+    "text-valid": text,
+    "text-negative": dict(text, negative_prompt="blurry", true_cfg_scale=4.0),
+    "text-size-odd": dict(text, size="40x32"),
+    "text-size-big": dict(text, size="1024x1024"),
+    "text-msl-big": dict(text, max_sequence_length=513),
+    "text-class-label": dict(text, class_label=3),
+    "text-long-prompt": dict(text, prompt="a" * 8193),
+    "text-empty-prompt": dict(text, prompt=""),
+    "text-prompt-list": dict(text, prompt=["a", "b"]),
+})
 for name, b in bodies.items():
     write("genreq", name, json.dumps({k: v for k, v in b.items() if v is not None}))
 write("genreq", "not-object", "[1,2,3]")

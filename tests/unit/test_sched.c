@@ -2,7 +2,9 @@
  * (server/job.h) without HTTP: a ditd_srv with an in-process hub whose
  * replica ends this test reads, and a job sink that records what the HTTP
  * side would hear. Covers the batcher (compatibility, the window, the
- * queue's cost order, --max-cost), the replica router (least loaded, busy,
+ * queue's cost order, --max-cost), a text model's batches (grouped by size
+ * and max_sequence_length, carrying prompts; results of each size; the
+ * heartbeats' cache counters), the replica router (least loaded, busy,
  * a stalled replica), results and drops, and mutated replica messages
  * (each job still ends in at most one outcome, nothing crashes; ASan and
  * UBSan run this in CI). */
@@ -107,7 +109,6 @@ static void srv_init(const char *name, int nrep, int max_batch, int window_ms)
     S.info.shapes.tokens = 49;                          /* patch 4 */
     S.info.image_width = S.info.image_height = 28;
     S.info.image_channels = 1;
-    S.numel = 28 * 28;
     S.nrep = nrep;
     S.rep = calloc((size_t)nrep, sizeof *S.rep);
     S.t_start = ditd__now();
@@ -173,7 +174,7 @@ static ditd_job *submit_ex(int n, int steps, int sampler, int *status)
     rq.sampler = (ditd_sampler_kind)sampler;
     rq.guidance = 1.0f;
     rq.seed = 1;
-    ditd_job_accept(j, &rq, S.numel);
+    ditd_job_accept(j, &rq, ditd_genreq_numel(&rq, &S.info));
     *status = ditd__sched_submit(&S, j, &e);
     if (*status)
         ditd_job_refuse(j);
@@ -423,6 +424,160 @@ static void test_cost_order(void)
     srv_free();
 }
 
+/* A text model (FLUX-like: any multiple of 16 in 16..256, 8x VAE, 2x2
+ * patches): a request of its own size, T5 length and prompts. */
+static ditd_job *submit_text(int n, int w, int h, int msl, const char *prompt, const char *neg,
+                             float true_cfg)
+{
+    ditd_job *j = ditd_job_new(&S.jobs, &S, &sink, NULL);
+    ditd_genreq rq = {0};
+    ditd_api_error e;
+    rq.n = n;
+    rq.width = w;
+    rq.height = h;
+    rq.steps = 4;
+    rq.sampler = DITD_SAMPLER_FLOW_EULER;
+    rq.guidance = 3.5f;
+    rq.seed = 7;
+    rq.prompt = strdup(prompt);
+    rq.negative_prompt = neg ? strdup(neg) : NULL;
+    rq.true_cfg = true_cfg;
+    rq.max_sequence_length = msl;
+    CHECK(ditd_job_accept(j, &rq, ditd_genreq_numel(&rq, &S.info)) == 0, "accept");
+    int st = ditd__sched_submit(&S, j, &e);
+    CHECK(st == 0, "submit a text request %dx%d: status %d", w, h, st);
+    if (st)
+        ditd_job_refuse(j);
+    return j;
+}
+
+/* Replica r answers a text batch: RGB images of the batch's size. */
+static void answer_sized(int r, const Ditd__Batch *b)
+{
+    size_t numel = 3 * (size_t)b->width * b->height;
+    uint8_t *px = calloc(numel, 1);
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__Result res = DITD__RESULT__INIT;
+    Ditd__Image im[DITD_WORKER_MAX_BATCH], *imp[DITD_WORKER_MAX_BATCH];
+    for (size_t i = 0; i < b->n_samples; i++) {
+        ditd__image__init(&im[i]);
+        im[i].slot = (uint32_t)i;
+        im[i].pixels.data = px;
+        im[i].pixels.len = numel;
+        imp[i] = &im[i];
+    }
+    res.batch_id = b->batch_id;
+    res.width = b->width;
+    res.height = b->height;
+    res.channels = 3;
+    res.n_images = b->n_samples;
+    res.images = imp;
+    env.msg_case = DITD__ENVELOPE__MSG_RESULT;
+    env.result = &res;
+    deliver(r, &env);
+    free(px);
+}
+
+static void test_text_batches(void)
+{
+    srv_init("text batches", 1, 8, 0);
+    S.info.shapes.cond.kind = DITD_COND_TEXT;
+    S.info.shapes.height = S.info.shapes.width = 4; /* 32x32 px: 2x2 patches, 4 tokens */
+    S.info.shapes.in_channels = 16;
+    S.info.shapes.tokens = 4;
+    S.info.image_width = S.info.image_height = 32;
+    S.info.image_channels = 3;
+    S.info.vae_scale = 8;
+    S.info.resizable = 1;
+    S.info.size_multiple = 16;
+    S.info.min_size = 16;
+    S.info.max_size = 256;
+    S.info.max_sequence_length = S.info.default_max_sequence_length = 512;
+    ditd_fbatch busy = {0};
+    S.rep[0].running = &busy; /* they queue, then leave in compatible groups */
+    ditd_job *j[5];
+    j[0] = submit_text(2, 32, 32, 512, "a red fox", NULL, 1.0f);
+    j[1] = submit_text(1, 48, 32, 512, "a blue bird", "blurry", 4.0f);
+    j[2] = submit_text(1, 32, 32, 77, "a cat", NULL, 1.0f);
+    j[3] = submit_text(1, 32, 32, 512, "\xe7\x8c\xab, \xc3\xa9t\xc3\xa9", "", 1.5f);
+    j[4] = submit_text(1, 48, 32, 512, "a fox", NULL, 1.0f);
+    CHECK(ditd__sched_cost(&S, &j[0]->rq) == 2ull * 4 * (4 + 512),
+          "a text request's cost counts its joint sequence: %llu",
+          (unsigned long long)ditd__sched_cost(&S, &j[0]->rq));
+    CHECK(ditd__sched_cost(&S, &j[1]->rq) == 1ull * 4 * (6 + 512),
+          "and its size's image tokens (48x32: 6): %llu",
+          (unsigned long long)ditd__sched_cost(&S, &j[1]->rq));
+    S.rep[0].running = NULL;
+    ditd__sched_kick(&S);
+    /* 32x32 / 512: j0 (2 images) and j3; then 48x32: j1 and j4; then 32x32 / 77: j2 */
+    struct { int w, h, msl, n; uint64_t first, last; } want[3] = {
+        {32, 32, 512, 3, j[0]->id, j[3]->id}, {48, 32, 512, 2, j[1]->id, j[4]->id},
+        {32, 32, 77, 1, j[2]->id, j[2]->id}};
+    for (int k = 0; k < 3; k++) {
+        Ditd__Envelope *env = batch_to(0);
+        CHECK(env != NULL, "text batch %d sent", k);
+        if (!env)
+            break;
+        Ditd__Batch *b = env->batch;
+        CHECK((int)b->width == want[k].w && (int)b->height == want[k].h &&
+                  (int)b->max_sequence_length == want[k].msl && (int)b->n_samples == want[k].n,
+              "batch %d: %ux%u, max_sequence_length %u, %zu samples (want %dx%d, %d, %d)", k,
+              b->width, b->height, b->max_sequence_length, b->n_samples, want[k].w, want[k].h,
+              want[k].msl, want[k].n);
+        CHECK(b->n_samples > 0 && b->samples[0]->request_id == want[k].first &&
+                  b->samples[b->n_samples - 1]->request_id == want[k].last,
+              "batch %d holds the requests of its group, in queue order", k);
+        for (size_t i = 0; i < b->n_samples; i++) {
+            ditd_job *o = NULL;
+            for (int q = 0; q < 5; q++)
+                if (j[q]->id == b->samples[i]->request_id)
+                    o = j[q];
+            CHECK(o && !strcmp(b->samples[i]->prompt, o->rq.prompt) &&
+                      !strcmp(b->samples[i]->negative_prompt,
+                              o->rq.negative_prompt ? o->rq.negative_prompt : "") &&
+                      b->samples[i]->true_cfg == o->rq.true_cfg,
+                  "batch %d sample %zu carries its request's prompt \"%s\", negative prompt and "
+                  "true_cfg %g", k, i, b->samples[i]->prompt, (double)b->samples[i]->true_cfg);
+        }
+        answer_sized(0, b);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    for (int i = 0; i < 5; i++)
+        CHECK(heard_of(j[i])->complete == 1 && j[i]->numel == 3u * j[i]->rq.width * j[i]->rq.height,
+              "text request %d completed with %dx%d RGB images", i, j[i]->rq.width, j[i]->rq.height);
+    /* an image of another size than the request's is a drop, not a copy */
+    ditd_job *k = submit_text(1, 48, 48, 512, "a fox", NULL, 1.0f);
+    Ditd__Envelope *env = batch_to(0);
+    if (env) {
+        env->batch->width = 32; /* the replica answers 32x32 */
+        env->batch->height = 32;
+        answer_sized(0, env->batch);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    CHECK(heard_of(k)->failed == 1 && heard_of(k)->last_status == 500,
+          "an image of the wrong size fails its request with 500 (got %d)", heard_of(k)->last_status);
+    /* heartbeats: each replica's latest counters are kept */
+    Ditd__Envelope hb = DITD__ENVELOPE__INIT;
+    Ditd__Heartbeat h = DITD__HEARTBEAT__INIT;
+    h.ready = 1;
+    h.text_cache_hits = 5;
+    h.text_cache_misses = 3;
+    h.text_cache_entries = 3;
+    h.text_encode_ms = 12.5;
+    hb.msg_case = DITD__ENVELOPE__MSG_HEARTBEAT;
+    hb.heartbeat = &h;
+    deliver(0, &hb);
+    h.text_cache_hits = 7;
+    deliver(0, &hb);
+    CHECK(S.rep[0].text_hits == 7 && S.rep[0].text_misses == 3 && S.rep[0].text_entries == 3 &&
+              S.rep[0].text_encode_ms == 12.5,
+          "the latest heartbeat's text counters are kept (hits %llu)",
+          (unsigned long long)S.rep[0].text_hits);
+    release(j, 5);
+    release(&k, 1);
+    srv_free();
+}
+
 /* Mutated replica messages: nothing crashes, no job hears two outcomes. */
 static void test_mutated_messages(void)
 {
@@ -514,6 +669,7 @@ int main(void)
     test_least_loaded();
     test_stalled();
     test_cost_order();
+    test_text_batches();
     test_mutated_messages();
     printf("%d checks, %d failed\n", checks, failures);
     if (checks < 30) {
