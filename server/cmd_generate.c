@@ -109,8 +109,7 @@ static int fail(const char *what, int err)
 /* A text model's prompt (te[0]) and negative prompt (te[1], when true_cfg
  * > 1), encoded on the leader and broadcast to a group; every rank ends
  * with the same embeddings. *penc, *emb and *te are owned by the caller. */
-static int encode_prompts(const ditd_model_info *info, const ditd_backend_ops *ops,
-                          const ditd_mesh *mesh, int n, const char *prompt, const char *negative,
+static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh, int n, const char *prompt, const char *negative,
                           double true_cfg, int L, ditd_prompt_encoder **penc, float **emb,
                           ditd_text_embeds **te)
 {
@@ -125,7 +124,8 @@ static int encode_prompts(const ditd_model_info *info, const ditd_backend_ops *o
     if (!mesh || ditd_mesh_is_leader(mesh)) {
         ditd_prompt_encoder_opts o = {.max_sequence_length = L};
         const char *neg = negative ? negative : "";
-        if (!(err = ditd_prompt_encoder_new(info, ops, &o, penc)) &&
+        /* the encoders run on the CPU backend, whatever the denoiser's */
+        if (!(err = ditd_prompt_encoder_new(info, &ditd_backend_cpu, &o, penc)) &&
             !(err = ditd_prompt_encoder_encode(*penc, prompt, strlen(prompt), L, seq,
                                                seq + (size_t)L * info->shapes.cond.text_dim)) &&
             true_cfg > 1.0)
@@ -368,7 +368,7 @@ int ditd_cmd_generate(int argc, char **argv)
             goto done;
         }
     }
-    if (text && (err = encode_prompts(&info, ops, mesh, (int)n, prompt, negative, true_cfg,
+    if (text && (err = encode_prompts(&info, mesh, (int)n, prompt, negative, true_cfg,
                                       (int)max_seq, &penc, &emb, &te))) {
         fail("encoding the prompt", err);
         goto done;
@@ -468,7 +468,10 @@ int ditd_cmd_generate(int argc, char **argv)
             free(img_all);
             goto done;
         }
-        if (!pr.quiet)
+        if (!pr.quiet && text)
+            fprintf(stderr, "wrote %s (%dx%d, seed %ld, %d steps, guidance %g, %s)\n", path, pw, ph,
+                    seed, gp.steps, (double)samples[0].guidance, ditd_sampler_kind_name(gp.sampler));
+        else if (!pr.quiet)
             fprintf(stderr, "wrote %s (class %d \"%s\", seed %ld, %d steps, guidance %g, %s)\n", path,
                     class_id, info.labels[class_id], seed, gp.steps, (double)samples[0].guidance,
                     ditd_sampler_kind_name(gp.sampler));

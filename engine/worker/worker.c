@@ -638,7 +638,7 @@ static void follower_loop(worker *w)
 
 /* A text model: the encoders on the text-encoder rank, the embedding
  * buffers on every rank. The encoders' widths are the transformer's. */
-static int text_init(worker *w, const ditd_backend_ops *ops)
+static int text_init(worker *w)
 {
     const ditd_model_info *m = &w->info;
     const int G = in_group(w) ? w->mesh->size : 1, me = in_group(w) ? w->mesh->rank : 0;
@@ -661,7 +661,9 @@ static int text_init(worker *w, const ditd_backend_ops *ops)
         .cache_entries = w->cfg->text_cache_entries > 0 ? (size_t)w->cfg->text_cache_entries : 0,
         .cache_bytes = (size_t)(w->cfg->text_cache_mb > 0 ? w->cfg->text_cache_mb : 1) << 20,
     };
-    return ditd_prompt_encoder_new(m, ops, &o, &w->penc);
+    /* the encoders run on the CPU backend (on a GPU replica too: the GPU
+     * is the denoiser's) */
+    return ditd_prompt_encoder_new(m, &ditd_backend_cpu, &o, &w->penc);
 }
 
 /* Whether every rank of the group started: each says, all learn who did
@@ -764,7 +766,7 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
         err = plan_batch_buffers(w);
     }
     if (!err && w->info.shapes.cond.kind == DITD_COND_TEXT)
-        err = text_init(w, ops);
+        err = text_init(w);
     if (err) /* the caller logs this rank's own reason (ditd_err_detail) */
         snprintf(msg, sizeof msg, "%s: %s", ditd_strerror(err), ditd_err_detail());
     own = err;
