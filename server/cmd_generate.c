@@ -14,6 +14,7 @@
 #include "engine/models/model.h"
 #include "engine/io/npy.h"
 #include "engine/pipeline/pipeline.h"
+#include "engine/pipeline/prompt_encoder.h"
 #include "server/cli.h"
 #include "engine/pipeline/latent_image.h"
 #include "server/cmd.h"
@@ -27,7 +28,14 @@ static void usage(FILE *f)
             "usage: ditd generate [options] -o OUT.png\n"
             "\n"
             "  --model DIR          Diffusers model folder (default: the embedded model)\n"
-            "  --class N|NAME       class id or label from id2label (default 0)\n"
+            "  --class N|NAME       class models: class id or label from id2label (default 0)\n"
+            "  --prompt TEXT        text models (FLUX): the prompt\n"
+            "  --negative-prompt T  text models: the negative prompt of true guidance\n"
+            "  --true-cfg S         text models: true_cfg_scale (> 1 with a negative prompt\n"
+            "                       runs the unconditional pass; default 1)\n"
+            "  --size WxH           models that take any size: the image in pixels\n"
+            "                       (default: the model's)\n"
+            "  --max-sequence-length L  text models: T5 tokens (default: the model's, 512)\n"
             "  --seed S             noise seed (default 0)\n"
             "  --steps K            denoising steps (default: the model's)\n"
             "  --guidance G         classifier-free guidance scale, <= 1 turns it off\n"
@@ -77,6 +85,20 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     return 0;
 }
 
+/* "WxH", each 1..16384 */
+static int parse_size(const char *s, long *w, long *h)
+{
+    char *end;
+    *w = strtol(s, &end, 10);
+    if (end == s || (*end != 'x' && *end != 'X'))
+        return ditd_err_set(DITD_EINVAL, "--size \"%s\": expected WxH, e.g. 1024x768", s);
+    const char *s2 = end + 1;
+    *h = strtol(s2, &end, 10);
+    if (end == s2 || *end || *w < 1 || *h < 1 || *w > 16384 || *h > 16384)
+        return ditd_err_set(DITD_EINVAL, "--size \"%s\": expected WxH, each 1..16384", s);
+    return 0;
+}
+
 static int fail(const char *what, int err)
 {
     const char *d = ditd_err_detail();
@@ -84,10 +106,53 @@ static int fail(const char *what, int err)
     return 1;
 }
 
+/* A text model's prompt (te[0]) and negative prompt (te[1], when true_cfg
+ * > 1), encoded on the leader and broadcast to a group; every rank ends
+ * with the same embeddings. *penc, *emb and *te are owned by the caller. */
+static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh, int n, const char *prompt, const char *negative,
+                          double true_cfg, int L, ditd_prompt_encoder **penc, float **emb,
+                          ditd_text_embeds **te)
+{
+    const size_t one = (size_t)L * (size_t)info->shapes.cond.text_dim +
+                       (size_t)info->shapes.cond.pooled_dim;
+    int32_t st = 0;
+    int err = 0;
+    (void)n;
+    if (!(*emb = malloc(2 * one * sizeof **emb)) || !(*te = calloc(2, sizeof **te)))
+        return ditd_err_set(DITD_ENOMEM, "text embeddings");
+    float *seq = *emb, *nseq = *emb + one;
+    if (!mesh || ditd_mesh_is_leader(mesh)) {
+        ditd_prompt_encoder_opts o = {.max_sequence_length = L};
+        const char *neg = negative ? negative : "";
+        /* the encoders run on the CPU backend, whatever the denoiser's */
+        if (!(err = ditd_prompt_encoder_new(info, &ditd_backend_cpu, &o, penc)) &&
+            !(err = ditd_prompt_encoder_encode(*penc, prompt, strlen(prompt), L, seq,
+                                               seq + (size_t)L * info->shapes.cond.text_dim)) &&
+            true_cfg > 1.0)
+            err = ditd_prompt_encoder_encode(*penc, neg, strlen(neg), L, nseq,
+                                             nseq + (size_t)L * info->shapes.cond.text_dim);
+        st = err;
+    }
+    if (mesh && mesh->size > 1) { /* the leader's outcome, then its embeddings */
+        int e2;
+        if ((e2 = ditd_comm_bcast(mesh->group, &st, sizeof st, 0)) ||
+            (!st && (e2 = ditd_comm_bcast(mesh->group, *emb, 2 * one * sizeof(float), 0))))
+            return e2;
+        if (st && !err)
+            return ditd_err_set(st, "the leader could not encode the prompt (see its message)");
+    }
+    if (err)
+        return err;
+    (*te)[0] = (ditd_text_embeds){.seq = seq, .pooled = seq + (size_t)L * info->shapes.cond.text_dim};
+    (*te)[1] = (ditd_text_embeds){.seq = nseq, .pooled = nseq + (size_t)L * info->shapes.cond.text_dim};
+    return 0;
+}
+
 int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
-           O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE };
+           O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
+           O_SIZE, O_MAXSEQ };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -99,10 +164,21 @@ int ditd_cmd_generate(int argc, char **argv)
         {"device", required_argument, 0, O_DEVICE},
         {"dtype", required_argument, 0, O_DTYPE},
         {"comm-timeout-ms", required_argument, 0, O_COMM_TIMEOUT},
+        {"prompt", required_argument, 0, O_PROMPT},
+        {"negative-prompt", required_argument, 0, O_NEG},
+        {"true-cfg", required_argument, 0, O_TRUE_CFG},
+        {"size", required_argument, 0, O_SIZE},
+        {"max-sequence-length", required_argument, 0, O_MAXSEQ},
         DITD_LAYOUT_LONGOPTS,
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
-    const char *model_dir = NULL, *class_str = "0", *sampler_str = NULL, *latents_path = NULL;
+    const char *model_dir = NULL, *class_str = NULL, *sampler_str = NULL, *latents_path = NULL;
+    const char *prompt = NULL, *negative = NULL;
+    double true_cfg = 1.0;
+    long size_w = 0, size_h = 0, max_seq = 0;
+    ditd_prompt_encoder *penc = NULL; /* text models, on the leader */
+    float *emb = NULL;                /* text models: (2n, L Dt + Dp) */
+    ditd_text_embeds *te = NULL;
     const char *save_path = NULL, *out_path = NULL, *dtype_str = "auto";
     int vae_tiling = 0;
     ditd_latent_image *li = NULL; /* latent models: the VAE decode */
@@ -129,6 +205,11 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_VAE_TILING: vae_tiling = 1; break;
         case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
         case O_DTYPE: dtype_str = optarg; break;
+        case O_PROMPT: prompt = optarg; break;
+        case O_NEG: negative = optarg; break;
+        case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &true_cfg); break;
+        case O_SIZE: err = parse_size(optarg, &size_w, &size_h); break;
+        case O_MAXSEQ: err = ditd_parse_long(optarg, 1, 4096, "--max-sequence-length", &max_seq); break;
         case O_COMM_TIMEOUT:
             err = ditd_parse_long(optarg, 100, 86400000, "--comm-timeout-ms", &comm_timeout_ms);
             break;
@@ -215,7 +296,41 @@ int ditd_cmd_generate(int argc, char **argv)
             ditd_comm_mpi_finalize();
         return 1;
     }
-    if ((err = ditd_model_class_from_str(&info, class_str, &class_id))) {
+    int text = info.shapes.cond.kind == DITD_COND_TEXT;
+    class_id = 0;
+    if (text && class_str) {
+        fprintf(stderr, "ditd generate: --class: %s takes a text --prompt, not a class\n", info.name);
+        goto done_info;
+    }
+    if (!text && (prompt || negative || max_seq)) {
+        fprintf(stderr, "ditd generate: --prompt/--negative-prompt/--max-sequence-length: %s is "
+                "class-conditional: use --class\n", info.name);
+        goto done_info;
+    }
+    if (text && !prompt) {
+        fprintf(stderr, "ditd generate: %s is a text model: give --prompt TEXT\n", info.name);
+        goto done_info;
+    }
+    if (text && max_seq > info.max_sequence_length) {
+        fprintf(stderr, "ditd generate: --max-sequence-length %ld (1..%d)\n", max_seq,
+                info.max_sequence_length);
+        goto done_info;
+    }
+    if (!max_seq)
+        max_seq = info.default_max_sequence_length;
+    if (size_w && !info.resizable && (size_w != info.image_width || size_h != info.image_height)) {
+        fprintf(stderr, "ditd generate: --size %ldx%ld: %s makes %dx%d only\n", size_w, size_h,
+                info.name, info.image_width, info.image_height);
+        goto done_info;
+    }
+    if (size_w && info.resizable &&
+        (size_w % info.size_multiple || size_h % info.size_multiple || size_w < info.min_size ||
+         size_h < info.min_size || size_w > info.max_size || size_h > info.max_size)) {
+        fprintf(stderr, "ditd generate: --size %ldx%ld: width and height must be multiples of %d "
+                "in %d..%d\n", size_w, size_h, info.size_multiple, info.min_size, info.max_size);
+        goto done_info;
+    }
+    if (!text && (err = ditd_model_class_from_str(&info, class_str ? class_str : "0", &class_id))) {
         fprintf(stderr, "ditd generate: --class: %s; classes:", ditd_err_detail());
         for (int i = 0; i < info.num_classes && i < 50; i++)
             fprintf(stderr, "%s %d \"%s\"", i ? ";" : "", i, info.labels[i]);
@@ -244,6 +359,20 @@ int ditd_cmd_generate(int argc, char **argv)
         fail("loading the VAE", err);
         goto done;
     }
+    if (info.resizable) { /* the size asked for, else the model's default */
+        int sh = (size_h ? (int)size_h : info.image_height) / info.vae_scale;
+        int sw = (size_w ? (int)size_w : info.image_width) / info.vae_scale;
+        if ((err = ditd_pipeline_set_size(pipe, sh, sw, text ? (int)max_seq : 0)) ||
+            (li && (err = ditd_latent_image_set_size(li, sh, sw)))) {
+            fail("--size", err);
+            goto done;
+        }
+    }
+    if (text && (err = encode_prompts(&info, mesh, (int)n, prompt, negative, true_cfg,
+                                      (int)max_seq, &penc, &emb, &te))) {
+        fail("encoding the prompt", err);
+        goto done;
+    }
     gp.sampler = pipe->sched_base.kind;
     if (sampler_str && (err = ditd_sampler_kind_from_str(sampler_str, &gp.sampler))) {
         fail("--sampler", err);
@@ -252,8 +381,8 @@ int ditd_cmd_generate(int argc, char **argv)
     ops->set_threads((int)threads);
 
     /* latents (n, C, h, w); for a pixel-space model they are the image */
-    int C = info.shapes.in_channels, LH = info.shapes.height, LW = info.shapes.width;
-    size_t numel = ditd_denoiser_numel_in(&info.shapes);
+    int C = pipe->shapes.in_channels, LH = pipe->shapes.height, LW = pipe->shapes.width;
+    size_t numel = ditd_denoiser_numel_in(&pipe->shapes);
     if (latents_path) {
         int nd;
         int64_t shape[8];
@@ -282,7 +411,12 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].seed = (uint64_t)seed;
         samples[i].index = (uint64_t)i;
         samples[i].cond.class_id = class_id;
+        if (text) {
+            samples[i].cond.prompt = &te[0];
+            samples[i].cond.negative = true_cfg > 1.0 ? &te[1] : NULL;
+        }
         samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
+        samples[i].true_cfg = (float)true_cfg;
     }
     if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, NULL,
                                       leader ? on_step : NULL, &pr))) {
@@ -334,7 +468,10 @@ int ditd_cmd_generate(int argc, char **argv)
             free(img_all);
             goto done;
         }
-        if (!pr.quiet)
+        if (!pr.quiet && text)
+            fprintf(stderr, "wrote %s (%dx%d, seed %ld, %d steps, guidance %g, %s)\n", path, pw, ph,
+                    seed, gp.steps, (double)samples[0].guidance, ditd_sampler_kind_name(gp.sampler));
+        else if (!pr.quiet)
             fprintf(stderr, "wrote %s (class %d \"%s\", seed %ld, %d steps, guidance %g, %s)\n", path,
                     class_id, info.labels[class_id], seed, gp.steps, (double)samples[0].guidance,
                     ditd_sampler_kind_name(gp.sampler));
@@ -345,6 +482,9 @@ done:
     ditd_latent_image_free(li);
     ditd_pipeline_free(pipe);
 done_info:
+    ditd_prompt_encoder_free(penc);
+    free(emb);
+    free(te);
     ditd_model_info_free(&info);
     free(samples);
     free(noise);

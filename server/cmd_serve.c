@@ -377,6 +377,9 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
             targs[r].cfg.comm_timeout_ms = s->cfg.comm_timeout_ms;
             targs[r].cfg.vae_tiling = s->cfg.vae_tiling;
             targs[r].cfg.weight_dtype = s->cfg.weight_dtype;
+            targs[r].cfg.text_encoder_rank = s->cfg.text_encoder_rank;
+            targs[r].cfg.text_cache_entries = s->cfg.text_cache_entries;
+            targs[r].cfg.text_cache_mb = s->cfg.text_cache_mb;
             targs[r].t = ditd_hub_transport(s->hub, r);
             uv_thread_options_t to = {UV_THREAD_HAS_STACK_SIZE, 8u << 20};
             if (uv_thread_create_ex(&s->threads[r], &to, replica_main, &targs[r])) {
@@ -506,7 +509,10 @@ static int serve_worker(ditd_srv *s, const char *model_dir, const ditd_layout *l
     ditd_worker_config wc = {model_dir, NULL, (rank - 1) / G, s->cfg.max_batch, s->cfg.threads,
                              s->cfg.heartbeat_ms, s->cfg.device, s->cfg.comm_timeout_ms,
                              s->cfg.vae_tiling,
-                             s->cfg.weight_dtype};
+                             s->cfg.weight_dtype,
+                             s->cfg.text_encoder_rank,
+                             s->cfg.text_cache_entries,
+                             s->cfg.text_cache_mb};
     /* the mesh refuses a bad layout on every rank alike, before any split */
     if ((err = ditd_mesh_new(group, l, &mesh))) {
         fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());

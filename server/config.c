@@ -69,6 +69,9 @@ static const opt opts[] = {
     {"max-cost", "DITD_MAX_COST", T_LONG, OFF(max_cost), 0, 1e15, "0", "ceiling on a request's cost, images x steps x tokens (0: none); over it, 400"},
     {"tls-key", "DITD_TLS_KEY", T_STR, OFF(tls_key), 0, 0, "", "the private key (PEM) of --tls-cert"},
     {"vae-tiling", "DITD_VAE_TILING", T_BOOL, OFF(vae_tiling), 0, 1, "0", "latent models: decode tile by tile (Diffusers' enable_tiling)"},
+    {"text-encoder-rank", "DITD_TEXT_ENCODER_RANK", T_INT, OFF(text_encoder_rank), 0, 4095, "0", "text models: the rank of each replica's group that runs the text encoders (0: its leader); it sends the embeddings to the group once a batch"},
+    {"text-cache-entries", "DITD_TEXT_CACHE_ENTRIES", T_INT, OFF(text_cache_entries), 0, 1000000, "256", "text models: prompts whose embeddings each replica keeps (LRU; 0: no cache)"},
+    {"text-cache-mb", "DITD_TEXT_CACHE_MB", T_INT, OFF(text_cache_mb), 1, 1048576, "512", "text models: MiB of embeddings each replica's cache may hold"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 

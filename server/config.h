@@ -55,6 +55,9 @@ typedef struct ditd_serve_config {
     char pid_file[4096];        /* the front-end writes its pid here ("" none) */
     char log_file[4096];        /* "" = stderr */
     int vae_tiling;             /* latent models: tiled VAE decode */
+    int text_encoder_rank;      /* text models: group rank of the encoders */
+    int text_cache_entries;     /* text models: LRU of prompt embeddings, per replica */
+    int text_cache_mb;
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after

@@ -85,11 +85,16 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
                             dir, c->latent_channels, info->shapes.in_channels);
     }
     li->Cl = c->latent_channels;
-    li->h = info->shapes.height;
-    li->w = info->shapes.width;
+    li->h = li->max_h = info->shapes.height;
+    li->w = li->max_w = info->shapes.width;
     li->Co = c->out_channels;
     li->H = li->h * f;
     li->W = li->w * f;
+    snprintf(li->dir, sizeof li->dir, "%s", dir);
+    li->family = info->vae;
+    li->ops = ops;
+    li->group = group;
+    li->tiling = tiling;
     li->z = malloc((size_t)li->Cl * li->h * li->w * sizeof *li->z);
     li->img = malloc((size_t)li->Co * li->H * li->W * sizeof *li->img);
     if (!li->z || !li->img) {
@@ -97,6 +102,41 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
         return ditd_err_set(DITD_ENOMEM, "latent decoder buffers");
     }
     *out = li;
+    return 0;
+}
+
+int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w)
+{
+    if (h < 1 || w < 1)
+        return ditd_err_set(DITD_EINVAL, "latent size %dx%d", h, w);
+    if (h > li->max_h || w > li->max_w) {
+        int mh = h > li->max_h ? h : li->max_h, mw = w > li->max_w ? w : li->max_w;
+        ditd_vae_opts o = {.max_h = mh, .max_w = mw, .tiling = li->tiling, .comm = li->group};
+        const int f = ditd_vae_config_scale_factor(ditd_vae_config_of(li->vae));
+        ditd_vae *v = NULL;
+        float *z = malloc((size_t)li->Cl * mh * mw * sizeof *z);
+        float *img = malloc((size_t)li->Co * mh * f * mw * f * sizeof *img);
+        int err = !z || !img ? ditd_err_set(DITD_ENOMEM, "latent decoder buffers for %dx%d", mh, mw)
+                             : li->family->load(li->dir, li->ops, &o, &v);
+        if (err) {
+            free(z);
+            free(img);
+            return err;
+        }
+        ditd_vae_free(li->vae);
+        free(li->z);
+        free(li->img);
+        li->vae = v;
+        li->z = z;
+        li->img = img;
+        li->max_h = mh;
+        li->max_w = mw;
+    }
+    const int f = ditd_vae_config_scale_factor(ditd_vae_config_of(li->vae));
+    li->h = h;
+    li->w = w;
+    li->H = h * f;
+    li->W = w * f;
     return 0;
 }
 

@@ -41,6 +41,12 @@ typedef struct ditd_latent_image {
     ditd_vae *vae;          /* owned */
     int Cl, h, w;           /* latent channels, rows, columns */
     int Co, H, W;           /* image channels, rows, columns */
+    int max_h, max_w;       /* the largest latent the VAE and buffers are planned for */
+    char dir[DITD_MODEL_PATH_MAX + 8]; /* vae/, for a re-plan */
+    const struct ditd_vae_family *family;
+    const ditd_backend_ops *ops;
+    ditd_comm *group;
+    int tiling;
     float *z;               /* one latent, unscaled (host) */
     float *img;             /* one decoded image (host; the leader's) */
 } ditd_latent_image;
@@ -51,6 +57,12 @@ typedef struct ditd_latent_image {
 int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *ops,
                           ditd_comm *group, int tiling, ditd_latent_image **out);
 void ditd_latent_image_free(ditd_latent_image *li);
+
+/* Decodes latents of h x w from now on (a model that takes any size):
+ * within the planned largest size nothing is loaded; a larger one reloads
+ * the VAE planned for it. Between batches; every rank of the group calls it
+ * with the same size. 0, or the load's error (the old size stays). */
+int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w);
 
 /* Decodes n latents (n, Cl, h, w), host f32, into pixels (n, H, W, Co)
  * interleaved 8-bit on the leader (others may pass NULL). active: n flags

@@ -8,6 +8,8 @@
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
 
+static int plan_buffers(ditd_pipeline *p);
+
 int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
                       ditd_pipeline **out)
 {
@@ -30,6 +32,7 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     p->info = *info;
     p->mesh = mesh && mesh->size > 1 ? mesh : NULL;
     p->max_samples = max_samples;
+    p->true_cfg = strcmp(info->pipeline_class, "FluxPipeline") == 0;
     n2 = 2 * (size_t)max_samples;
     if ((err = ditd_sched_config_load(info->scheduler_config, &p->sched_base)))
         goto fail;
@@ -45,27 +48,13 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     p->shapes = p->den->shapes;
     p->numel = ditd_denoiser_numel_in(&p->shapes);
     p->numel_out = ditd_denoiser_numel_out(&p->shapes);
-    if ((err = ditd_cond_init(&p->cond, &p->shapes.cond, (int)n2)))
+    if ((err = ditd_cond_init(&p->cond, &p->shapes.cond, (int)n2)) || (err = plan_buffers(p)))
         goto fail;
-    /* Backend buffers for the model's input and output live in host memory
-     * on the CPU; the CUDA backend will carve them from its device arena. */
-    p->lat = malloc((size_t)max_samples * p->numel * sizeof(float));
-    p->x0 = malloc((size_t)max_samples * p->numel * sizeof(float));
-    if (ops->mem_alloc) { /* device memory, like the model's arenas */
-        if ((err = ops->mem_alloc(&p->model_in, n2 * p->numel * ditd_dtype_size(ops->act_dtype))) ||
-            (err = ops->mem_alloc(&p->model_out,
-                                  n2 * p->numel_out * ditd_dtype_size(ops->act_dtype))))
-            goto fail;
-    } else {
-        p->model_in = malloc(n2 * p->numel * ditd_dtype_size(ops->act_dtype));
-        p->model_out = malloc(n2 * p->numel_out * ditd_dtype_size(ops->act_dtype));
-    }
-    p->h_out = malloc(n2 * p->numel_out * sizeof(float));
     p->h_t = malloc(n2 * sizeof(float));
     p->cond_row = malloc((size_t)max_samples * sizeof(int));
     p->uncond_row = malloc((size_t)max_samples * sizeof(int));
     p->ctl = malloc(1 + (size_t)max_samples);
-    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->lat || !p->x0 || !p->model_in || !p->model_out || !p->h_out || !p->h_t) {
+    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->h_t) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
         goto fail;
     }
@@ -76,13 +65,8 @@ fail:
     return err;
 }
 
-void ditd_pipeline_free(ditd_pipeline *p)
+static void free_buffers(ditd_pipeline *p)
 {
-    if (!p)
-        return;
-    ditd_sampler_free(p->sampler);
-    ditd_denoiser_free(p->den);
-    ditd_cond_free(&p->cond);
     free(p->lat);
     free(p->x0);
     if (p->ops->mem_free) {
@@ -95,11 +79,93 @@ void ditd_pipeline_free(ditd_pipeline *p)
         free(p->model_out);
     }
     free(p->h_out);
+    p->lat = p->x0 = p->h_out = NULL;
+    p->model_in = p->model_out = NULL;
+    p->cap_numel = p->cap_numel_out = 0;
+}
+
+/* The per-sample buffers for p->numel / p->numel_out, kept when they are
+ * large enough already. Backend buffers for the model's input and output
+ * live in host memory on the CPU, in device memory on CUDA (mem_alloc). */
+static int plan_buffers(ditd_pipeline *p)
+{
+    const ditd_backend_ops *ops = p->ops;
+    size_t n1 = (size_t)p->max_samples, n2 = 2 * n1, es = ditd_dtype_size(ops->act_dtype);
+    size_t ni = p->numel, no = p->numel_out;
+    int err;
+    if (ni <= p->cap_numel && no <= p->cap_numel_out)
+        return 0;
+    free_buffers(p);
+    p->lat = malloc(n1 * ni * sizeof(float));
+    p->x0 = malloc(n1 * ni * sizeof(float));
+    p->h_out = malloc(n2 * no * sizeof(float));
+    if (ops->mem_alloc) {
+        if ((err = ops->mem_alloc(&p->model_in, n2 * ni * es)) ||
+            (err = ops->mem_alloc(&p->model_out, n2 * no * es))) {
+            free_buffers(p);
+            return err;
+        }
+    } else {
+        p->model_in = malloc(n2 * ni * es);
+        p->model_out = malloc(n2 * no * es);
+    }
+    if (!p->lat || !p->x0 || !p->h_out || !p->model_in || !p->model_out) {
+        free_buffers(p);
+        return ditd_err_set(DITD_ENOMEM, "pipeline buffers for %zu latent values a sample", ni);
+    }
+    p->cap_numel = ni;
+    p->cap_numel_out = no;
+    return 0;
+}
+
+int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len)
+{
+    const ditd_denoiser_shapes *s = &p->shapes;
+    int err;
+    if (height == s->height && width == s->width &&
+        (s->cond.kind != DITD_COND_TEXT || text_len == s->cond.text_len))
+        return 0;
+    if ((err = ditd_denoiser_set_size(p->den, height, width, text_len)))
+        return err;
+    p->shapes = p->den->shapes;
+    p->numel = ditd_denoiser_numel_in(&p->shapes);
+    p->numel_out = ditd_denoiser_numel_out(&p->shapes);
+    /* the sampler's state is per sample's numel and its mu per image tokens */
+    ditd_sampler_free(p->sampler);
+    p->sampler = NULL;
+    if (p->cond.shape.text_len != p->shapes.cond.text_len) {
+        ditd_cond_free(&p->cond);
+        if ((err = ditd_cond_init(&p->cond, &p->shapes.cond, 2 * p->max_samples)))
+            return err;
+    }
+    return plan_buffers(p);
+}
+
+void ditd_pipeline_free(ditd_pipeline *p)
+{
+    if (!p)
+        return;
+    ditd_sampler_free(p->sampler);
+    ditd_denoiser_free(p->den);
+    ditd_cond_free(&p->cond);
+    free_buffers(p);
     free(p->h_t);
     free(p->cond_row);
     free(p->uncond_row);
     free(p->ctl);
     free(p);
+}
+
+/* The scale of classifier-free guidance for a sample, 0 for none: the
+ * unconditional pass runs only then. DiTPipeline (and every class but
+ * FluxPipeline): guidance_scale > 1, unless the model embeds it.
+ * FluxPipeline: true_cfg_scale > 1 with a negative prompt (do_true_cfg);
+ * its guidance_scale goes to the model only. */
+static float cfg_scale(const ditd_pipeline *p, const ditd_gen_sample *s)
+{
+    if (p->true_cfg)
+        return s->true_cfg > 1.0f && s->cond.negative ? s->true_cfg : 0.0f;
+    return s->guidance > 1.0f && !p->shapes.guidance_embed ? s->guidance : 0.0f;
 }
 
 /* Makes p->sampler the one for (kind, steps); rebuilt only on a change. */
@@ -114,6 +180,7 @@ static int ensure_sampler(ditd_pipeline *p, ditd_sampler_kind kind, int steps)
     if ((err = ditd_sched_config_convert(&p->sched_base, kind, &cfg)))
         return err;
     cfg.image_seq_len = p->shapes.tokens; /* mu of dynamic shifting (flow only) */
+    cfg.pipeline_sigmas = p->true_cfg;    /* FluxPipeline passes linspace(1, 1/steps) */
     if ((err = ditd_sampler_new(&cfg, steps, p->max_samples, p->numel, &p->sampler)))
         return err;
     p->sampler_kind = kind;
@@ -139,6 +206,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             return err;
         if (!isfinite(samples[i].guidance) || samples[i].guidance < 0)
             return ditd_err_set(DITD_EINVAL, "guidance_scale %g", (double)samples[i].guidance);
+        if (!isfinite(samples[i].true_cfg) || samples[i].true_cfg < 0)
+            return ditd_err_set(DITD_EINVAL, "true_cfg_scale %g", (double)samples[i].true_cfg);
     }
     if ((err = ensure_sampler(p, gp->sampler, gp->steps)))
         return err;
@@ -196,7 +265,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         rows_c = rows;
         for (int i = 0; i < n; i++) {
             p->uncond_row[i] = -1;
-            if (p->cond_row[i] < 0 || !(samples[i].guidance > 1.0f) || p->shapes.guidance_embed)
+            if (p->cond_row[i] < 0 || cfg_scale(p, &samples[i]) == 0.0f)
                 continue;
             p->uncond_row[i] = rows;
             if ((err = ditd_cond_set_row(&p->cond, rows, &samples[i].cond, 1)))
@@ -242,7 +311,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             float *cond = p->h_out + (size_t)p->cond_row[i] * p->numel_out;
             if (p->uncond_row[i] >= 0) {
                 const float *unc = p->h_out + (size_t)p->uncond_row[i] * p->numel_out;
-                float g = samples[i].guidance;
+                float g = cfg_scale(p, &samples[i]);
                 for (size_t j = 0; j < numel; j++)
                     cond[j] = unc[j] + g * (cond[j] - unc[j]);
             }

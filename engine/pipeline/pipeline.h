@@ -1,7 +1,12 @@
-/* The denoising loop, as Diffusers' DiTPipeline: initial noise, then per
- * step: the denoiser's forward on the doubled batch when classifier-free
- * guidance is on, guidance on the epsilon half, a learned sigma dropped,
- * the sampler step. The output is the final latents; for a pixel-space
+/* The denoising loop, as Diffusers' DiTPipeline and FluxPipeline: initial
+ * noise, then per step: the denoiser's forward on the doubled batch when
+ * classifier-free guidance is on, guidance on the epsilon half, a learned
+ * sigma dropped, the sampler step. What differs by model_index.json's
+ * pipeline class: FluxPipeline passes guidance_scale to a model that embeds
+ * it and runs the unconditional pass only for true_cfg_scale > 1 with a
+ * negative prompt, and gives the scheduler its own sigmas
+ * (linspace(1, 1/steps)); every other class guides with guidance_scale and
+ * lets the scheduler plan its steps. The output is the final latents; for a pixel-space
  * model (no VAE) ditd_pipeline_to_pixels() maps them to 8-bit pixels as
  * DiTPipeline does ((x / 2 + 0.5) clamped, x 255, rounded).
  *
@@ -49,7 +54,11 @@ typedef struct ditd_gen_sample {
     uint64_t seed;              /* the request's seed */
     uint64_t index;             /* which image of the request: its noise stream */
     ditd_cond_input cond;       /* class id (0..K-1), or the prompt's embeddings */
-    float guidance;             /* guidance_scale; <= 1 runs no unconditional pass */
+    float guidance;             /* guidance_scale: classifier-free guidance (<= 1: no
+                                 * unconditional pass), or for a family that embeds it
+                                 * (FLUX.1-dev) the model's guidance input */
+    float true_cfg;             /* FluxPipeline's true_cfg_scale: > 1 with a negative
+                                 * prompt runs the unconditional pass; else unused */
 } ditd_gen_sample;
 
 /* Called after every step on the calling thread: step is 1-based. x0 is
@@ -71,7 +80,9 @@ typedef struct ditd_pipeline {
     ditd_sampler_kind sampler_kind;
     int sampler_steps;
     int max_samples;
+    int true_cfg;                /* FluxPipeline: guidance from true_cfg, its own sigmas */
     size_t numel;                /* C*h*w per sample (latent) */
+    size_t cap_numel, cap_numel_out; /* what the buffers below hold per sample */
     size_t numel_out;            /* Co*h*w per sample */
     float *lat;                  /* (n, C, h, w) host */
     float *x0;                   /* (n, C, h, w) host */
@@ -99,6 +110,14 @@ int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, 
 int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
                             int max_samples, const ditd_mesh *mesh, ditd_pipeline **out);
 void ditd_pipeline_free(ditd_pipeline *p);
+
+/* Re-plans for latents of height x width and text_len text tokens (a
+ * family with set_size: FLUX), keeping the weights; buffers grow when the
+ * new size needs more. 0 when the size is the current one. A family
+ * without set_size takes only its own size (DITD_EUNSUPPORTED naming it).
+ * Between batches; not collective (every rank of a group calls it with the
+ * same sizes, and a refusal is the same on every rank). */
+int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len);
 
 /* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
  * (n, C, h, w) host f32 and replaces the generator (Diffusers' latents=);

@@ -479,6 +479,25 @@ static int flow_plan(ditd_sampler *s, int num_steps, double *tmp, float *sig)
                 sig[i] = 1.0f - q;
             }
         }
+    } else if (c->pipeline_sigmas) {
+        /* set_timesteps(sigmas=np.linspace(1, 1/steps)): the float32 array
+         * shifted in float32 (numpy keeps float32 with Python scalars),
+         * then stretched to shift_terminal in float32 */
+        const float shift_f = (float)c->shift, shift_m1 = (float)(c->shift - 1.0);
+        np_linspace(1.0, 1.0 / num_steps, num_steps, tmp);
+        for (int i = 0; i < num_steps; i++) {
+            float sg = (float)tmp[i];
+            float num = shift_f * sg, den = 1.0f + shift_m1 * sg;
+            sig[i] = num / den;
+        }
+        if (c->has_shift_terminal && c->shift_terminal != 0) {
+            const float scale = (1.0f - sig[num_steps - 1]) / (float)(1 - c->shift_terminal);
+            for (int i = 0; i < num_steps; i++) {
+                float omz = 1.0f - sig[i];
+                float q = omz / scale;
+                sig[i] = 1.0f - q;
+            }
+        }
     } else {
         /* __init__: timesteps N..1 (float32), sigmas = timesteps / N,
          * shifted in float32 (static shift): only the ends are used, as

@@ -167,6 +167,12 @@ typedef struct ditd_sched_config {
      * needed (>= 1) by flow with use_dynamic_shifting, ignored otherwise.
      * 0 after _init / _load; _convert keeps base's. */
     int image_seq_len;
+    /* Not from the file either: the pipeline passes its own sigmas, as
+     * FluxPipeline does for every flow config (np.linspace(1, 1/steps,
+     * steps), then the scheduler's static shift or time shift); false: the
+     * scheduler's own set_timesteps(num_steps). Dynamic shifting always
+     * takes the pipeline's sigmas. false after _init / _load. */
+    bool pipeline_sigmas;
 
     /* Keys whose value must keep its default (true / non-null refused):
      * trained_betas, thresholding, use_exponential_sigmas, use_beta_sigmas,

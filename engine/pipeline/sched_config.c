@@ -682,6 +682,7 @@ int ditd_sched_config_convert(const ditd_sched_config *base, ditd_sampler_kind k
     out->given = b.given;
     out->bad = b.bad;
     out->image_seq_len = b.image_seq_len;
+    out->pipeline_sigmas = b.pipeline_sigmas;
     memcpy(out->bad_text, b.bad_text, sizeof out->bad_text);
     return ditd_sched_config_check(out);
 }

@@ -13,6 +13,7 @@
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/latent_image.h"
+#include "engine/pipeline/prompt_encoder.h"
 #include "proto/ditd.pb-c.h"
 
 static double now_ms(void)
@@ -50,6 +51,15 @@ typedef struct worker {
     ditd_model_info info;
     ditd_pipeline *pipe;
     ditd_latent_image *li; /* a latent model's VAE decode (the whole group), else NULL */
+    /* a text model: the encoders on the text-encoder rank (else NULL), and
+     * every rank's embeddings of the running batch: prompt i at te[i], its
+     * negative at te[max_batch + i] */
+    ditd_prompt_encoder *penc;
+    int text_rank;         /* group rank of the encoders */
+    int Dt, Dp;
+    float *emb;            /* (2 max_batch, Lmax Dt + Dp) */
+    ditd_text_embeds *te;  /* (2 max_batch) */
+    ditd_prompt_stats pstats; /* the text rank's, as its last broadcast said (leader) */
     uint64_t hb_seq;
     double next_hb;
     bool stop, stop_now;
@@ -62,7 +72,9 @@ typedef struct worker {
     double t_start, t_step;
     float *out;    /* max_batch latents of numel_lat (C h w) */
     uint8_t *pix;  /* max_batch images of numel_img (H W C pixels), previews and results (leader) */
-    size_t numel_lat, numel_img;
+    size_t numel_lat, numel_img;   /* at the running batch's size */
+    size_t cap_lat, cap_img;       /* what out and pix hold per sample */
+    int img_w, img_h;              /* the running batch's image, pixels */
     uint8_t *gbuf; /* a follower's copy of the batch Envelope */
     size_t gcap;
     int comm_err;  /* the transport failed */
@@ -104,6 +116,10 @@ static void send_heartbeat(worker *w, bool ready)
     hb.running_batch = w->batch ? w->batch->batch_id : 0;
     hb.max_batch = (uint32_t)w->cfg->max_batch;
     hb.ranks = w->mesh ? (uint32_t)w->mesh->size : 1;
+    hb.text_cache_hits = w->pstats.hits;
+    hb.text_cache_misses = w->pstats.misses;
+    hb.text_cache_entries = w->pstats.entries;
+    hb.text_encode_ms = w->pstats.encode_ms;
     env.msg_case = DITD__ENVELOPE__MSG_HEARTBEAT;
     env.heartbeat = &hb;
     send_env(w, &env);
@@ -229,7 +245,7 @@ static int preview_due(int k, int sent, int step, int total)
  * without (worker_init). */
 static void latents_to_image(const worker *w, const float *lat, uint8_t *px)
 {
-    const ditd_denoiser_shapes *sh = &w->info.shapes;
+    const ditd_denoiser_shapes *sh = &w->pipe->shapes;
     ditd_pipeline_to_pixels(lat, sh->in_channels, sh->height, sh->width, px);
 }
 
@@ -293,9 +309,25 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
-    if ((int)b->width != m->image_width || (int)b->height != m->image_height) {
+    if (!m->resizable && ((int)b->width != m->image_width || (int)b->height != m->image_height)) {
         snprintf(msg, sizeof msg, "size %ux%u pixels, the model makes %dx%d", b->width, b->height,
                  m->image_width, m->image_height);
+        send_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if (m->resizable &&
+        (b->width < (uint32_t)m->min_size || b->width > (uint32_t)m->max_size ||
+         b->height < (uint32_t)m->min_size || b->height > (uint32_t)m->max_size ||
+         b->width % (uint32_t)m->size_multiple || b->height % (uint32_t)m->size_multiple)) {
+        snprintf(msg, sizeof msg, "size %ux%u pixels: width and height must be multiples of %d in %d..%d",
+                 b->width, b->height, m->size_multiple, m->min_size, m->max_size);
+        send_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if (m->shapes.cond.kind == DITD_COND_TEXT &&
+        (b->max_sequence_length < 1 || b->max_sequence_length > (uint32_t)m->max_sequence_length)) {
+        snprintf(msg, sizeof msg, "max_sequence_length %u (1..%d)", b->max_sequence_length,
+                 m->max_sequence_length);
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
@@ -304,6 +336,122 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         return 0;
     }
     return 1;
+}
+
+/* The batch buffers for the pipeline's current size (out on every rank,
+ * pix on the leader), grown when a size needs more. */
+static int plan_batch_buffers(worker *w)
+{
+    const ditd_model_info *m = &w->info;
+    size_t nl = w->pipe->numel, ni;
+    if (w->li) {
+        w->img_w = w->li->W;
+        w->img_h = w->li->H;
+        ni = (size_t)w->li->W * (size_t)w->li->H * (size_t)w->li->Co;
+    } else {
+        w->img_w = w->pipe->shapes.width * (m->vae_scale > 0 ? m->vae_scale : 1);
+        w->img_h = w->pipe->shapes.height * (m->vae_scale > 0 ? m->vae_scale : 1);
+        ni = (size_t)w->img_w * (size_t)w->img_h * (size_t)m->image_channels;
+    }
+    w->numel_lat = nl;
+    w->numel_img = ni;
+    if (nl > w->cap_lat) {
+        free(w->out);
+        if (!(w->out = malloc((size_t)w->cfg->max_batch * nl * sizeof *w->out))) {
+            w->cap_lat = 0;
+            return ditd_err_set(DITD_ENOMEM, "batch buffers");
+        }
+        w->cap_lat = nl;
+    }
+    if (w->leader && ni > w->cap_img) {
+        free(w->pix);
+        if (!(w->pix = malloc((size_t)w->cfg->max_batch * ni))) {
+            w->cap_img = 0;
+            return ditd_err_set(DITD_ENOMEM, "image buffers");
+        }
+        w->cap_img = ni;
+    }
+    return 0;
+}
+
+/* Every rank: the batch's size. A model that takes any size re-plans its
+ * pipeline and VAE (same sizes on every rank, so the same outcome). */
+static int set_batch_size(worker *w, const Ditd__Batch *b)
+{
+    const ditd_model_info *m = &w->info;
+    int err;
+    if (m->resizable) {
+        int h = (int)b->height / m->vae_scale, wd = (int)b->width / m->vae_scale;
+        int L = m->shapes.cond.kind == DITD_COND_TEXT ? (int)b->max_sequence_length : 0;
+        if ((err = ditd_pipeline_set_size(w->pipe, h, wd, L)) ||
+            (w->li && (err = ditd_latent_image_set_size(w->li, h, wd))))
+            return err;
+    }
+    return plan_batch_buffers(w);
+}
+
+/* What the text-encoder rank tells its group before the embeddings. */
+typedef struct text_hdr {
+    int32_t err;
+    uint32_t pad;
+    ditd_prompt_stats st;
+    char msg[480];
+} text_hdr;
+
+/* Every rank: the batch's prompts (and the negative prompts of samples
+ * with true_cfg > 1) encoded once on the text-encoder rank, broadcast to
+ * the group; sample i's cond points at them. An encoder's error is every
+ * rank's (it travels in the header). */
+static int encode_prompts(worker *w, const Ditd__Batch *b)
+{
+    const int n = (int)b->n_samples, L = (int)b->max_sequence_length;
+    const size_t one = (size_t)L * (size_t)w->Dt + (size_t)w->Dp;
+    const int me = in_group(w) ? w->mesh->rank : 0;
+    text_hdr h;
+    int err = 0;
+
+    memset(&h, 0, sizeof h);
+    if (me == w->text_rank) {
+        for (int i = 0; i < n && !err; i++) {
+            const Ditd__Sample *sm = b->samples[i];
+            float *e = w->emb + (size_t)i * one, *ne = w->emb + (size_t)(n + i) * one;
+            const char *neg = sm->negative_prompt ? sm->negative_prompt : "";
+            err = ditd_prompt_encoder_encode(w->penc, sm->prompt ? sm->prompt : "",
+                                             sm->prompt ? strlen(sm->prompt) : 0, L, e,
+                                             e + (size_t)L * w->Dt);
+            if (!err && sm->true_cfg > 1.0f)
+                err = ditd_prompt_encoder_encode(w->penc, neg, strlen(neg), L, ne,
+                                                 ne + (size_t)L * w->Dt);
+            if (!err && w->t && now_ms() >= w->next_hb) /* long encoders: stay alive */
+                send_heartbeat(w, true);
+            if (err)
+                snprintf(h.msg, sizeof h.msg, "sample %d: %s", i, ditd_err_detail());
+        }
+        h.err = err;
+        ditd_prompt_encoder_stats(w->penc, &h.st);
+    }
+    if (in_group(w)) {
+        ditd_comm *g = w->mesh->group;
+        if ((err = ditd_comm_bcast(g, &h, sizeof h, w->text_rank)) ||
+            (!h.err && (err = ditd_comm_bcast(g, w->emb, 2 * (size_t)n * one * sizeof(float),
+                                              w->text_rank)))) {
+            w->group_err = err;
+            return err;
+        }
+    }
+    w->pstats = h.st;
+    if (h.err) {
+        h.msg[sizeof h.msg - 1] = '\0';
+        return ditd_err_set(h.err, "%s", h.msg);
+    }
+    for (int i = 0; i < n; i++) {
+        float *e = w->emb + (size_t)i * one, *ne = w->emb + (size_t)(n + i) * one;
+        w->te[i] = (ditd_text_embeds){.seq = e, .pooled = e + (size_t)L * w->Dt};
+        w->te[n + i] = (ditd_text_embeds){.seq = ne, .pooled = ne + (size_t)L * w->Dt};
+        w->samples[i].cond.prompt = &w->te[i];
+        w->samples[i].cond.negative = b->samples[i]->true_cfg > 1.0f ? &w->te[n + i] : NULL;
+    }
+    return 0;
 }
 
 /* Every rank of the group, with the same batch (checked by batch_ok on the
@@ -322,13 +470,18 @@ static void run_batch(worker *w, const Ditd__Batch *b)
         w->samples[i].index = b->samples[i]->index;
         w->samples[i].cond = (ditd_cond_input){.class_id = b->samples[i]->class_id};
         w->samples[i].guidance = b->samples[i]->guidance;
+        w->samples[i].true_cfg = b->samples[i]->true_cfg;
         w->active[i] = 1;
         w->partial_sent[i] = 0;
     }
     w->batch = b;
     w->t_start = w->t_step = now_ms();
-    err = ditd_pipeline_generate(w->pipe, &gp, n, w->samples, NULL, w->out, w->active,
-                                 w->leader ? on_step : NULL, w);
+    err = set_batch_size(w, b);
+    if (!err && w->te)
+        err = encode_prompts(w, b);
+    if (!err && !w->group_err)
+        err = ditd_pipeline_generate(w->pipe, &gp, n, w->samples, NULL, w->out, w->active,
+                                     w->leader ? on_step : NULL, w);
     w->batch = NULL;
     /* a latent model: the group decodes the latents together */
     if (!err && w->li)
@@ -355,8 +508,8 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     Ditd__Result r = DITD__RESULT__INIT;
     Ditd__Image im[DITD_WORKER_MAX_BATCH], *imp[DITD_WORKER_MAX_BATCH];
     r.batch_id = b->batch_id;
-    r.width = (uint32_t)m->image_width;
-    r.height = (uint32_t)m->image_height;
+    r.width = (uint32_t)w->img_w;
+    r.height = (uint32_t)w->img_h;
     r.channels = (uint32_t)m->image_channels;
     r.compute_ms = now_ms() - w->t_start;
     for (int i = 0; i < n; i++) {
@@ -483,6 +636,36 @@ static void follower_loop(worker *w)
     }
 }
 
+/* A text model: the encoders on the text-encoder rank, the embedding
+ * buffers on every rank. The encoders' widths are the transformer's. */
+static int text_init(worker *w)
+{
+    const ditd_model_info *m = &w->info;
+    const int G = in_group(w) ? w->mesh->size : 1, me = in_group(w) ? w->mesh->rank : 0;
+    const size_t one = (size_t)m->max_sequence_length * (size_t)m->shapes.cond.text_dim +
+                       (size_t)m->shapes.cond.pooled_dim;
+    if (w->cfg->text_encoder_rank < 0 || w->cfg->text_encoder_rank >= G)
+        return ditd_err_set(DITD_EINVAL, "text encoder rank %d: the replica's group has ranks 0..%d",
+                            w->cfg->text_encoder_rank, G - 1);
+    w->text_rank = w->cfg->text_encoder_rank;
+    w->Dt = m->shapes.cond.text_dim;
+    w->Dp = m->shapes.cond.pooled_dim;
+    w->emb = malloc(2 * (size_t)w->cfg->max_batch * one * sizeof *w->emb);
+    w->te = calloc(2 * (size_t)w->cfg->max_batch, sizeof *w->te);
+    if (!w->emb || !w->te)
+        return ditd_err_set(DITD_ENOMEM, "text embeddings for %d samples", w->cfg->max_batch);
+    if (me != w->text_rank)
+        return 0;
+    ditd_prompt_encoder_opts o = {
+        .max_sequence_length = m->max_sequence_length,
+        .cache_entries = w->cfg->text_cache_entries > 0 ? (size_t)w->cfg->text_cache_entries : 0,
+        .cache_bytes = (size_t)(w->cfg->text_cache_mb > 0 ? w->cfg->text_cache_mb : 1) << 20,
+    };
+    /* the encoders run on the CPU backend (on a GPU replica too: the GPU
+     * is the denoiser's) */
+    return ditd_prompt_encoder_new(m, &ditd_backend_cpu, &o, &w->penc);
+}
+
 /* Whether every rank of the group started: each says, all learn who did
  * not. The leader's message names the ranks. */
 static int group_agree(worker *w, int err, char *msg, size_t cap)
@@ -579,15 +762,11 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
         err = ditd_latent_image_new(&w->info, ops, in_group(w) ? w->mesh->group : NULL,
                                     cfg->vae_tiling, &w->li);
     if (!err) {
-        w->numel_lat = ditd_denoiser_numel_in(&w->info.shapes);
-        w->numel_img = (size_t)w->info.image_width * (size_t)w->info.image_height *
-                       (size_t)w->info.image_channels;
         ops->set_threads(cfg->threads);
-        w->out = malloc((size_t)cfg->max_batch * w->numel_lat * sizeof *w->out);
-        w->pix = w->leader ? malloc((size_t)cfg->max_batch * w->numel_img) : NULL;
-        if (!w->out || (w->leader && !w->pix))
-            err = ditd_err_set(DITD_ENOMEM, "batch buffers");
+        err = plan_batch_buffers(w);
     }
+    if (!err && w->info.shapes.cond.kind == DITD_COND_TEXT)
+        err = text_init(w);
     if (err) /* the caller logs this rank's own reason (ditd_err_detail) */
         snprintf(msg, sizeof msg, "%s: %s", ditd_strerror(err), ditd_err_detail());
     own = err;
@@ -614,6 +793,9 @@ done:
     if (w->leader && !w->comm_err)
         send_heartbeat(w, false); /* bye */
     free(w->gbuf);
+    ditd_prompt_encoder_free(w->penc);
+    free(w->emb);
+    free(w->te);
     free(w->pix);
     free(w->out);
     ditd_latent_image_free(w->li);

@@ -1,8 +1,11 @@
 /* The worker loop of a replica (the transports that carry its messages:
  * engine/worker/hub.h).
  *
- * A worker takes Batch messages (proto/ditd.proto) from a transport, runs
- * them through the pipeline, and sends back Progress after every step (with
+ * A worker takes Batch messages (proto/ditd.proto) from a transport, encodes
+ * a text model's prompts once per batch (on the text-encoder rank, which
+ * broadcasts the embeddings to its group; engine/pipeline/prompt_encoder.h),
+ * re-plans the pipeline for the batch's size when the model takes any size,
+ * runs the batch through the pipeline, and sends back Progress after every step (with
  * previews for samples that asked for partial images), one Result per batch
  * (raw 8-bit pixels per image, from ditd_pipeline_to_pixels) or an Error.
  * Cancel messages clear a sample's active flag at the next step boundary;
@@ -48,6 +51,13 @@ typedef struct ditd_worker_config {
     int vae_tiling;         /* latent models: tiled VAE decode (Diffusers' enable_tiling) */
     int weight_dtype;       /* ditd_dtype of CPU weights (F32, BF16); -1: auto, by
                              * the checkpoint (ditd_backend_for_weights) */
+    /* Text models: the group rank that loads the text encoders and encodes
+     * each batch's prompts once (0: the leader), then broadcasts the
+     * embeddings to the group; the LRU cache of prompt embeddings there
+     * (0 entries: none). */
+    int text_encoder_rank;
+    int text_cache_entries;
+    int text_cache_mb;
 } ditd_worker_config;
 
 /* Loads the model and serves batches until a Shutdown message or a
