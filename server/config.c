@@ -79,6 +79,8 @@ static const opt opts[] = {
  * printable ASCII or UTF-8 (no blanks at its ends, no control bytes). */
 static int add_names(ditd_serve_config *c, const char *val, const char *who)
 {
+    if (!*val)
+        return ditd_err_set(DITD_EINVAL, "%s: an empty model name", who);
     while (*val) {
         size_t n = strcspn(val, ",");
         const char *p = val;
@@ -216,7 +218,7 @@ int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv)
 
     memset(c, 0, sizeof *c);
     for (size_t i = 0; i < NOPTS; i++)
-        if ((err = set(c, &opts[i], opts[i].def, opts[i].flag)))
+        if (opts[i].type != T_NAMES && (err = set(c, &opts[i], opts[i].def, opts[i].flag)))
             return err;
     for (size_t i = 0; i < NOPTS; i++) {
         const char *v = getenv(opts[i].env);

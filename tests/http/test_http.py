@@ -5,7 +5,11 @@ http.client. One case per run (meson test names them); exit 0 pass, 1 fail,
 77 skip.
 
 usage: test_http.py --ditd BUILD/ditd CASE
-cases: api errors stream cancel drain load mpi mpi_fault
+cases: api errors names stream cancel drain load mpi mpi_fault latent text
+
+The text case serves the tiny FLUX pipeline the build makes
+(BUILD/tests/golden/flux_pipeline/dev, or DITD_TEXT_MODEL) and skips (77)
+when there is none.
 """
 import argparse
 import base64
@@ -378,6 +382,10 @@ def case_errors(ditd):
             (dict(GEN, partial_images=4), 400, "partial_images"),
             (dict(GEN, model="dall-e-3"), 404, "model"),
             ({"n": 1}, 400, "prompt"),
+            # a text model's fields, refused by a class model
+            (dict(GEN, negative_prompt="blurry"), 400, "negative_prompt"),
+            (dict(GEN, true_cfg_scale=4.0), 400, "true_cfg_scale"),
+            (dict(GEN, max_sequence_length=77), 400, "max_sequence_length"),
         ]
         for body, status, param in cases:
             st, h, data = d.generate(body)
@@ -386,6 +394,11 @@ def case_errors(ditd):
             check(ok, f"{status} param={param} for {json.dumps(body)[:60]}", (st, e["error"].get("param")))
         st, _, data = d.generate({"prompt": "spaceship"})
         check(b"ankle boot" in data, "unknown class: the message lists the valid ones")
+        st, _, data = d.generate(dict(GEN, negative_prompt="blurry"))
+        check(b"class-conditional" in data, "negative_prompt on a class model: the message says why",
+              data[:200])
+        st, _, data = d.generate(dict(GEN, negative_prompt=None, true_cfg_scale=None))
+        check(st == 200, "text fields given as null are absent (class model: 200)", st)
         st, _, data = d.generate("{not json", headers={"Content-Type": "application/json"})
         check(st == 400 and validate(json.loads(data), "ErrorResponse"), "400 bad JSON", st)
         st, _, data = d.generate("[]", headers={"Content-Type": "application/json"})
@@ -457,6 +470,69 @@ def case_errors(ditd):
             check(p.returncode not in (0, None) and p.returncode < 128 and b"--device cuda" in p.stderr,
                   f"serve {' '.join(args) or 'DITD_DEVICE=cuda'} without a GPU: refused, exit {p.returncode}",
                   p.stderr[-300:])
+
+
+def case_names(ditd):
+    """--served-model-name: extra names a request's model may use; the folder's
+    name stays; /v1/models lists each name as an entry whose root is the
+    folder's name; unknown names keep their 404; bad names refuse the start."""
+    aliases = ["black-forest-labs/FLUX.1-dev", "fashion"]
+    d = Daemon(ditd, "--served-model-name", aliases[0], "--served-model-name", aliases[1],
+               "--served-model-name", MODEL_ID)  # the folder's own name: not listed twice
+    try:
+        from openai import OpenAI
+        client = OpenAI(base_url=d.url("/v1"), api_key="unused")
+        want = None
+        for name in [MODEL_ID] + aliases:
+            res = client.images.generate(model=name, prompt="dress", n=1, size="28x28",
+                                         response_format="b64_json",
+                                         extra_body={"seed": 1, "num_inference_steps": 4})
+            png = base64.b64decode(res.data[0].b64_json)
+            want = want or png
+            check(png == want, f"model {name!r} reaches the model (the same bytes)")
+        ids = [m.id for m in client.models.list().data]
+        check(ids == [MODEL_ID] + aliases, "openai client: models.list lists every name, the folder's first", ids)
+        st, _, data = d.request("GET", "/v1/models")
+        body = json.loads(data)
+        check(st == 200 and validate(body, "ModelList") and
+              all(m["root"] == MODEL_ID and m["conditioning"] == "class" for m in body["data"]),
+              "/v1/models: each entry's root is the folder's name; class conditioning")
+        m = client.models.retrieve(aliases[0])
+        check(m.id == aliases[0], "openai client: models.retrieve by an alias with a slash", m.id)
+        st, _, data = d.request("GET", "/v1/models/" + aliases[1])
+        check(st == 200 and json.loads(data)["id"] == aliases[1], "GET /v1/models/<alias>: 200", st)
+        st, _, data = d.generate(dict(GEN, model="dall-e-3"))
+        e = json.loads(data)["error"]
+        check(st == 404 and e["code"] == "model_not_found" and e["param"] == "model" and
+              aliases[0] in e["message"], "an unknown name: 404 model_not_found naming the served names",
+              (st, e))
+        st, _, data = d.request("GET", "/v1/models/dall-e-3")
+        check(st == 404, "GET /v1/models/<unknown>: 404", st)
+        st, _, data = d.generate(dict(GEN, model="fashion"))
+        check(st == 200 and json.loads(data)["model"] == MODEL_ID,
+              "the response names the model by its folder's name", json.loads(data).get("model"))
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+    # the variable, comma-separated; a flag replaces it
+    d = Daemon(ditd, env={"DITD_SERVED_MODEL_NAME": "a, b"})
+    try:
+        ids = [m["id"] for m in json.loads(d.request("GET", "/v1/models")[2])["data"]]
+        check(ids == [MODEL_ID, "a", "b"], "DITD_SERVED_MODEL_NAME=\"a, b\": two names", ids)
+    finally:
+        d.stop()
+    d = Daemon(ditd, "--served-model-name", "c", env={"DITD_SERVED_MODEL_NAME": "a,b"})
+    try:
+        ids = [m["id"] for m in json.loads(d.request("GET", "/v1/models")[2])["data"]]
+        check(ids == [MODEL_ID, "c"], "a flag replaces the variable's names", ids)
+    finally:
+        d.stop()
+    for bad, why in [("", "empty model name"), ("a,,b", "empty model name"), ("x" * 300, "at most 255"),
+                     ("a\tb\x01", "control bytes")]:
+        p = subprocess.run([ditd, "serve", "--model", MODEL, "--port", "0", "--served-model-name", bad],
+                           capture_output=True, timeout=60)
+        check(p.returncode == 2 and why.encode() in p.stderr and b"--served-model-name" in p.stderr,
+              f"--served-model-name {bad[:12]!r}: refused, exit 2, says {why!r}", (p.returncode, p.stderr[-200:]))
 
 
 def case_stream(ditd):
@@ -915,9 +991,214 @@ def case_latent(ditd):
     return 0
 
 
-CASES = {"api": case_api, "errors": case_errors, "stream": case_stream, "cancel": case_cancel,
-         "drain": case_drain, "load": case_load, "mpi": case_mpi, "mpi_fault": case_mpi_fault,
-         "latent": case_latent}
+def text_model(ditd):
+    """The tiny FLUX pipeline folder (FluxPipeline layout, random weights,
+    real CLIP and T5 tokenizers) the build makes from
+    tests/fixtures/flux_pipeline, or DITD_TEXT_MODEL; None when neither is
+    there."""
+    d = os.environ.get("DITD_TEXT_MODEL") or os.path.join(
+        os.path.dirname(ditd), "tests", "golden", "flux_pipeline", "dev")
+    return d if os.path.exists(os.path.join(d, "model_index.json")) else None
+
+
+def text_counters(d):
+    """The text cache series of /metrics (summed over replicas)."""
+    m = d.metrics()
+    get = lambda name: sum(v for k, v in m.items() if k.split("{")[0] == name)
+    return {k: get("ditd_text_" + k) for k in
+            ["cache_hits_total", "cache_misses_total", "cache_entries", "encode_seconds_total"]}
+
+
+def wait_counters(d, pred, timeout=10):
+    """Polls /metrics until pred(counters) (heartbeats carry them): the last read."""
+    deadline = time.time() + timeout
+    while True:
+        c = text_counters(d)
+        if pred(c) or time.time() > deadline:
+            return c
+        time.sleep(0.1)
+
+
+def case_text(ditd):
+    """A text model (FluxPipeline) end to end: a text prompt through curl and
+    the openai client, any allowed size (two sizes in one run, batched
+    apart), streaming, negative prompt with true CFG, the refusals (each
+    naming its field), aliases, and the replicas' prompt cache in /metrics."""
+    model = text_model(ditd)
+    if not model:
+        print("skip: no text model (the build's tests/golden/flux_pipeline/dev; or set DITD_TEXT_MODEL)")
+        return 77
+    alias = "black-forest-labs/FLUX.1-dev"
+    d = Daemon(ditd, "--max-batch", "4", "--batch-window-ms", "200", "--heartbeat-ms", "100",
+               "--served-model-name", alias, model=model)
+    try:
+        st, _, data = d.request("GET", "/v1/models")
+        lst = json.loads(data)
+        info = lst["data"][0]
+        mid = info["id"]
+        check(st == 200 and validate(lst, "ModelList") and [m["id"] for m in lst["data"]] == [mid, alias],
+              "/v1/models: the folder's name and the alias", [m["id"] for m in lst["data"]])
+        r = info.get("size_range", {})
+        check(info.get("conditioning") == "text" and "classes" not in info and
+              info.get("max_sequence_length", 0) >= 1 and r.get("resizable") is True and
+              r.get("multiple", 0) > 0 and r.get("min", 0) > 0 and r.get("max", 0) >= r.get("min", 1),
+              "/v1/models: text conditioning, a size range, the T5 limit", info)
+        dflt = info["defaults"]
+        check(dflt.get("max_sequence_length") and dflt.get("true_cfg_scale") == 1 and
+              dflt.get("size") == r.get("default") == info["sizes"][0],
+              "/v1/models: the defaults (max_sequence_length, true_cfg_scale 1, size)", dflt)
+        mult, lo, hi, msl = r["multiple"], r["min"], r["max"], info["max_sequence_length"]
+        A = (max(lo, 4 * mult), max(lo, 2 * mult))   # wide
+        B = (max(lo, 2 * mult), max(lo, 3 * mult))   # tall
+        size = lambda wh: f"{wh[0]}x{wh[1]}"
+        base = {"model": mid, "prompt": "a red fox in the snow", "n": 1, "size": size(A), "seed": 11,
+                "num_inference_steps": 2}
+
+        # --- the openai client, through the alias
+        from openai import OpenAI
+        client = OpenAI(base_url=d.url("/v1"), api_key="unused")
+        res = client.images.generate(model=alias, prompt=base["prompt"], n=2, size=size(A),
+                                     response_format="b64_json",
+                                     extra_body={"seed": 11, "num_inference_steps": 2})
+        pngs = [base64.b64decode(x.b64_json) for x in res.data]
+        check(len(pngs) == 2 and all(png_info(p)[:2] == A and png_info(p)[3] == 2 for p in pngs),
+              f"openai client: two {size(A)} RGB PNGs", [png_info(p) for p in pngs])
+        check(len(set(pngs)) == 2, "n=2: two different images (noise per index)")
+        px = png_pixels(pngs[0])
+        check(len(set(px)) > 20, "a picture, not a flat image", len(set(px)))
+
+        # --- curl: the same request by the folder's name gives the same bytes
+        rc, out = curl("-X", "POST", d.url("/v1/images/generations"), "-H",
+                       "Content-Type: application/json", "-d", json.dumps(dict(base, n=2)))
+        body = json.loads(out)
+        check(rc == 0 and validate(body, "ImagesResponse") and
+              [base64.b64decode(x["b64_json"]) for x in body["data"]] == pngs,
+              "curl by the folder's name: the openai client's bytes (same seed)")
+        check(body.get("size") == size(A) and body.get("max_sequence_length") == dflt["max_sequence_length"]
+              and body.get("true_cfg_scale") == 1 and "class_label" not in body,
+              "the response says the size, max_sequence_length and true_cfg_scale",
+              {k: body.get(k) for k in ("size", "max_sequence_length", "true_cfg_scale", "class_label")})
+        rc, out = curl("-X", "POST", d.url("/v1/images/generations"), "-H",
+                       "Content-Type: application/json", "-H", "Accept: image/png",
+                       "-d", json.dumps(base))
+        check(out == pngs[0], "Accept: image/png: the PNG itself")
+        other = images(d.generate(dict(base, prompt="a blue bird over the sea")))
+        check(other and base64.b64decode(other[0]["b64_json"]) != pngs[0],
+              "another prompt, same seed: another image (the prompt conditions it)")
+        other = images(d.generate(dict(base, max_sequence_length=min(msl, 16))))
+        check(other is not None, "max_sequence_length 16: 200")
+        neg = images(d.generate(dict(base, negative_prompt="blurry, low quality", true_cfg_scale=4.0)))
+        check(neg and base64.b64decode(neg[0]["b64_json"]) != pngs[0],
+              "negative_prompt with true_cfg_scale 4: 200, another image (an unconditional pass)")
+
+        # --- two sizes in one run: sent together, batched apart, each its size
+        bodies = [dict(base, seed=20 + i, size=size(A if i % 2 == 0 else B)) for i in range(4)]
+        got = run_all(d, bodies)
+        dims = [png_info(base64.b64decode(images(g)[0]["b64_json"]))[:2] if images(g) else None for g in got]
+        check(dims == [A, B, A, B], f"two sizes at once: {size(A)} and {size(B)} each as asked", dims)
+        mm = d.metrics()
+        check(mm.get('ditd_http_requests_total{route="/v1/images/generations",status="200"}', 0) >= 10,
+              "metrics: the generations counted")
+
+        # --- streaming: progress per step, partial images, completed last;
+        # the streamed image is the plain one
+        st, ctype, evs = sse_events(d, dict(base, stream=True, partial_images=1, num_inference_steps=3))
+        steps = [x["step"] for e, x in evs if e == "image_generation.progress"]
+        kinds = [e for e, _ in evs if e != "comment"]
+        check(st == 200 and ctype.startswith("text/event-stream") and steps == [1, 2, 3],
+              "stream: progress after every step", (st, steps))
+        # (a latent model sends no partial images yet: its decode is the
+        # group's, the progress callback the leader's; docs/api.md)
+        check(kinds and kinds[-1] == "image_generation.completed" and
+              kinds.count("image_generation.completed") == 1, "stream: one completed event, last", kinds)
+        ok = all(validate(x, {"image_generation.progress": "ProgressEvent",
+                              "image_generation.partial_image": "PartialImageEvent",
+                              "image_generation.completed": "CompletedEvent"}[e])
+                 for e, x in evs if e != "comment")
+        check(ok, "stream: every event validates against the document")
+        plain = images(d.generate(dict(base, num_inference_steps=3)))
+        check(plain and evs and base64.b64decode(evs[-1][1]["b64_json"]) ==
+              base64.b64decode(plain[0]["b64_json"]), "the streamed image equals the plain one")
+        try:
+            stream = client.images.generate(model=alias, prompt=base["prompt"], size=size(B), stream=True,
+                                            partial_images=1, extra_body={"seed": 3, "num_inference_steps": 2})
+            evs = list(stream)
+            types = [getattr(ev, "type", None) for ev in evs]
+            check(types and types[-1] == "image_generation.completed" and
+                  png_info(base64.b64decode(evs[-1].b64_json))[:2] == B,
+                  f"openai client: a {size(B)} stream ends with the completed image", types)
+        except TypeError as e:  # an openai without images streaming
+            print(f"skip openai stream: {e}")
+
+        # --- the prompt cache: a new prompt three times is one miss, two hits
+        c0 = wait_counters(d, lambda c: c["cache_misses_total"] > 0)
+        check(c0["cache_misses_total"] > 0 and c0["encode_seconds_total"] > 0 and c0["cache_entries"] > 0,
+              "metrics: the encoders ran (misses, entries, seconds)", c0)
+        fresh = dict(base, prompt="a lighthouse at dusk, oil painting", seed=5)
+        for i in range(3):
+            check(d.generate(dict(fresh, seed=5 + i))[0] == 200, f"repeated prompt {i + 1}: 200")
+        c1 = wait_counters(d, lambda c: c["cache_hits_total"] >= c0["cache_hits_total"] + 2)
+        check(c1["cache_misses_total"] - c0["cache_misses_total"] == 1 and
+              c1["cache_hits_total"] - c0["cache_hits_total"] == 2,
+              "a prompt sent three times: one miss, then two cache hits",
+              {k: c1[k] - c0[k] for k in c0})
+        check(c1["cache_entries"] == c0["cache_entries"] + 1, "one more cache entry",
+              (c0["cache_entries"], c1["cache_entries"]))
+        _, _, text = d.request("GET", "/metrics")
+        text = text.decode()
+        for name, kind in [("ditd_text_cache_hits_total", "counter"), ("ditd_text_cache_misses_total", "counter"),
+                           ("ditd_text_cache_entries", "gauge"), ("ditd_text_encode_seconds_total", "counter")]:
+            check(f"# TYPE {name} {kind}\n" in text and f"# HELP {name} " in text and
+                  re.search(r"^%s\{model=\"[^\"]*\"\} [0-9.e+]+$" % name, text, re.M),
+                  f"metrics: {name} is a {kind} with HELP, TYPE and the model label")
+
+        # --- refusals, each naming its field
+        cases = [
+            (dict(base, class_label=3), "class_label"),
+            ({k: v for k, v in base.items() if k != "prompt"}, "prompt"),
+            (dict(base, prompt=None), "prompt"),
+            (dict(base, prompt=["a", "b"]), "prompt"),
+            (dict(base, prompt=7), "prompt"),
+            (dict(base, prompt="a" * 8193), "prompt"),
+            (dict(base, negative_prompt=3), "negative_prompt"),
+            (dict(base, negative_prompt="b" * 8193), "negative_prompt"),
+            (dict(base, true_cfg_scale=-1), "true_cfg_scale"),
+            (dict(base, true_cfg_scale="4"), "true_cfg_scale"),
+            (dict(base, max_sequence_length=0), "max_sequence_length"),
+            (dict(base, max_sequence_length=msl + 1), "max_sequence_length"),
+            (dict(base, max_sequence_length=1.5), "max_sequence_length"),
+            (dict(base, size=f"{A[0] + 1}x{A[1]}"), "size"),
+            (dict(base, size=f"{A[0]}x{A[1] + mult // 2 or 1}"), "size"),
+            (dict(base, size=f"{hi + mult}x{A[1]}"), "size"),
+            (dict(base, size=f"{A[0]}x{max(lo - mult, 0) or ''}"), "size"),
+            (dict(base, size="big"), "size"),
+            (dict(base, model="dall-e-3"), "model"),
+        ]
+        for body, param in cases:
+            st, _, data = d.generate(body)
+            e = json.loads(data)
+            want = 404 if param == "model" else 400
+            check(st == want and validate(e, "ErrorResponse") and e["error"]["param"] == param,
+                  f"{want} param={param} for {json.dumps(body)[:70]}", (st, e["error"].get("param")))
+        st, _, data = d.generate(dict(base, size=f"{A[0] + 1}x{A[1]}"))
+        msg = json.loads(data)["error"]["message"]
+        check(f"multiples of {mult}" in msg and f"{lo}..{hi}" in msg,
+              "a size off the grid: the message gives the multiple and the range", msg)
+        st, _, data = d.generate(dict(base, prompt="a" * 8193))
+        check("8192" in json.loads(data)["error"]["message"], "an over-long prompt: the message gives the limit")
+        st, _, data = d.generate(dict(base, prompt="a" * 8192))
+        check(st == 200, "a prompt of exactly 8192 bytes: 200 (cut to max_sequence_length tokens)", st)
+        st, _, data = d.generate(dict(base, prompt="", size=size(B)))
+        check(st == 200, "an empty prompt: 200 (as Diffusers encodes \"\")", st)
+        check(d.proc.poll() is None and d.ready(), "the daemon is still serving")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+CASES = {"api": case_api, "errors": case_errors, "names": case_names, "stream": case_stream,
+         "cancel": case_cancel, "drain": case_drain, "load": case_load, "mpi": case_mpi,
+         "mpi_fault": case_mpi_fault, "latent": case_latent, "text": case_text}
 
 
 def main():
