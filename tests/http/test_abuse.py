@@ -847,7 +847,63 @@ def case_garbage(ditd, n=150):
     check(rc == 0, "exit 0", rc)
 
 
-CASES = {"conn_limit": case_conn_limit, "slow_clients": case_slow_clients, "utf8": case_utf8,
+def case_text_prompts(ditd):
+    """A text model's prompts from careless and hostile clients: bytes that
+    are not UTF-8, NUL and lone surrogates are refused (400, a JSON body);
+    any real Unicode (CJK, emoji, RTL, combining marks, zero-width and
+    control characters, runs of blanks) is drawn; the byte limit holds at
+    its edge, in 4-byte characters too; sizes that wrap or sit off the grid
+    are refused; the daemon serves on. Skips without the text model."""
+    model = th.text_model(ditd)
+    if not model:
+        print("skip: no text model (the build's tests/golden/flux_pipeline/dev; or set DITD_TEXT_MODEL)")
+        return 77
+    d = Daemon(ditd, "--log-requests=0", model=model)
+    try:
+        info = json.loads(d.request("GET", "/v1/models")[2])["data"][0]
+        r = info["size_range"]
+        sz = f"{r['min']}x{r['min']}"
+        base = {"prompt": "x", "size": sz, "seed": 1, "num_inference_steps": 1}
+        raw = json.dumps(base).encode()
+        for bad, what in [(b'"\xff\xfe"', "bytes that are not UTF-8"), (b'"a\xc3"', "a cut UTF-8 sequence"),
+                          (b'"\xed\xa0\x80"', "an encoded surrogate"), (b'"a\\u0000b"', "an escaped NUL"),
+                          (b'"\\ud800"', "a lone surrogate escape")]:
+            body = raw.replace(b'"x"', bad)
+            st, _, data = d.generate(body, headers={"Content-Type": "application/json"})
+            ok = False
+            try:
+                ok = "error" in json.loads(data)
+            except ValueError:
+                pass
+            check(st == 400 and ok, f"a prompt with {what}: 400 with a JSON body", (st, data[:80]))
+        for prompt, what in [("\u732b\u304c\u5ea7\u3063\u3066\u3044\u308b", "CJK"),
+                             ("\U0001F98A\U0001F332\u2744\ufe0f", "emoji"),
+                             ("\u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627", "RTL"),
+                             ("e\u0301te\u0301 \u200b\u200d\ufeff", "combining and zero-width"),
+                             ("a\x01\x1f\x7f\tb\r\n", "control characters"),
+                             (" " * 3000 + "fox" + "\n" * 3000, "runs of blanks"),
+                             ("\U0001F98A" * 2048, "8192 bytes of 4-byte characters"),
+                             ("!" * 8192, "8192 bytes of '!'")]:
+            st, _, data = d.generate(dict(base, prompt=prompt))
+            check(st == 200 and json.loads(data)["data"][0]["b64_json"], f"a prompt of {what}: 200", (st, data[:80]))
+        for prompt, what in [("\U0001F98A" * 2048 + "a", "8193 bytes"), ("\u20ac" * 6000, "18000 bytes")]:
+            st, _, data = d.generate(dict(base, prompt=prompt))
+            e = json.loads(data)["error"]
+            check(st == 400 and e["param"] == "prompt" and "8192" in e["message"],
+                  f"a prompt of {what}: 400 naming the limit", (st, e))
+        st, _, _ = d.generate(dict(base, prompt="x" * 70000))
+        check(st == 413, "a body over --max-body-bytes: 413", st)
+        for size in ["4294967312x16", f"{r['min']}x0", f"{r['min'] + 1}x{r['min']}",
+                     f"{r['max'] + r['multiple']}x{r['min']}", f"{r['min']}x{r['max'] * 16}"]:
+            st, _, data = d.generate(dict(base, size=size))
+            check(st == 400 and json.loads(data)["error"]["param"] == "size", f"size {size!r}: 400", st)
+        check(d.proc.poll() is None and d.ready(), "the daemon is still serving")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+
+
+CASES = {"text_prompts": case_text_prompts, "conn_limit": case_conn_limit, "slow_clients": case_slow_clients, "utf8": case_utf8,
          "chunked": case_chunked, "signals": case_signals, "keepalive": case_keepalive,
          "quote_model": case_quote_model, "size": case_size, "half_close": case_half_close,
          "stalled": case_stalled, "logs": case_logs, "auth": case_auth, "tls": case_tls,

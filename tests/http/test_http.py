@@ -1194,6 +1194,29 @@ def case_text(ditd):
     finally:
         rc = d.stop()
     check(rc == 0, "exit 0", rc)
+    if not shutil.which("mpirun"):
+        return 0
+    # two replicas under mpirun: each has its own cache, /metrics sums them.
+    # A new prompt four times, one after another: the router alternates
+    # (least served first), so each replica misses once, then hits once.
+    d = Daemon(ditd, "--dp", "2", "--heartbeat-ms", "100", "--batch-window-ms", "0", model=model,
+               mpi_np=3)
+    try:
+        c0 = wait_counters(d, lambda c: True)
+        for i in range(4):
+            check(d.generate(dict(base, prompt="a windmill in a tulip field", seed=i))[0] == 200,
+                  f"--dp 2: request {i + 1}: 200")
+        c1 = wait_counters(d, lambda c: c["cache_hits_total"] + c["cache_misses_total"] >=
+                           c0["cache_hits_total"] + c0["cache_misses_total"] + 4)
+        dl = {k: c1[k] - c0[k] for k in c0}
+        check(dl["cache_misses_total"] == 2 and dl["cache_hits_total"] == 2 and dl["cache_entries"] == 2,
+              "--dp 2: /metrics sums both replicas' caches (2 misses, 2 hits, 2 entries)", dl)
+        m = d.metrics()
+        per = [m.get('ditd_replica_batches_total{replica="%d"}' % r, 0) for r in range(2)]
+        check(per == [2, 2], "--dp 2: the requests alternated between the replicas", per)
+    finally:
+        rc = d.stop()
+    check(rc == 0, "--dp 2: exit 0", rc)
 
 
 CASES = {"api": case_api, "errors": case_errors, "names": case_names, "stream": case_stream,

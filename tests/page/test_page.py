@@ -8,8 +8,13 @@ request made with curl (same seed: ditd is deterministic). It also checks
 the progress bar and previews the SSE stream fed, and that an error the
 server returns is shown on the page as the server worded it.
 
-usage: test_page.py --ditd BUILD/ditd [--model DIR] [--screenshot OUT.png]
-exit 0 pass, 1 fail, 77 skip (no Chromium)."""
+With --text it serves a text model instead (the tiny FLUX pipeline the
+build makes, BUILD/tests/golden/flux_pipeline/dev, or DITD_TEXT_MODEL): the
+page shows a prompt box, a negative prompt and width/height fields from the
+model's size range, no class picker, and its images equal curl's.
+
+usage: test_page.py --ditd BUILD/ditd [--model DIR] [--text] [--screenshot OUT.png]
+exit 0 pass, 1 fail, 77 skip (no Chromium; --text: no text model)."""
 import argparse
 import base64
 import json
@@ -147,6 +152,94 @@ def png_size(data):
     return struct.unpack(">II", data[16:24])
 
 
+def start_daemon(ditd, model, log):
+    """ditd serve on a free port: (process, base URL)."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    daemon = subprocess.Popen([ditd, "serve", "--model", model, "--host", "127.0.0.1",
+                               "--port", "0", "--threads", "1", "--max-batch", "8"],
+                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log.name).read())
+        if m:
+            return daemon, f"http://127.0.0.1:{m.group(1)}"
+        if daemon.poll() is not None:
+            break
+        time.sleep(0.05)
+    daemon.kill()
+    raise RuntimeError("ditd serve did not start:\n" + open(log.name).read())
+
+
+def text_page(args, exe):
+    """The page with a text model: its form, one generation, curl's bytes."""
+    model_dir = os.environ.get("DITD_TEXT_MODEL") or os.path.join(
+        os.path.dirname(os.path.abspath(args.ditd)), "tests", "golden", "flux_pipeline", "dev")
+    if not os.path.exists(os.path.join(model_dir, "model_index.json")):
+        print("skip: no text model (the build's tests/golden/flux_pipeline/dev; or set DITD_TEXT_MODEL)")
+        return 77
+    log = tempfile.NamedTemporaryFile("w+", prefix="ditd-page-", suffix=".log", delete=False)
+    daemon, browser = None, None
+    try:
+        daemon, base = start_daemon(args.ditd, model_dir, log)
+        model = curl_json(base + "/v1/models")["data"][0]
+        r = model["size_range"]
+        check(model["conditioning"] == "text" and r["resizable"], "the test model is a resizable text model")
+        browser = Browser(exe)
+        browser.open(base + "/")
+        browser.wait("document.getElementById('status')?.dataset.state === 'idle'")
+        shown = lambda i: browser.js(f"!document.getElementById('{i}').classList.contains('hidden')")
+        check(shown("prompt-row") and shown("negative-row") and shown("size-row") and not shown("class-row"),
+              "a text model: prompt, negative prompt and size shown, no class picker")
+        dw, dh = (int(x) for x in r["default"].split("x"))
+        got = browser.js("['width','height'].map(i => { const e = document.getElementById(i); "
+                         "return [Number(e.value), Number(e.min), Number(e.max), Number(e.step)]; })")
+        check(got == [[dw, r["min"], r["max"], r["multiple"]], [dh, r["min"], r["max"], r["multiple"]]],
+              "width and height: the default size, bounds and step from /v1/models", got)
+        w, h = max(r["min"], 4 * r["multiple"]), max(r["min"], 2 * r["multiple"])
+        prompt, seed, n, steps = "a red fox in the snow", 77, 2, 2
+        browser.js(f"""(() => {{
+            const set = (id, v) => {{ document.getElementById(id).value = v; }};
+            set('prompt', {json.dumps(prompt)}); set('width', '{w}'); set('height', '{h}');
+            set('steps', '{steps}'); set('seed', '{seed}'); set('n', '{n}'); set('partials', '0');
+            document.getElementById('go').click();
+            return true; }})()""")
+        final = browser.wait("['done', 'error'].includes(document.getElementById('status').dataset.state)"
+                             " && document.getElementById('status').dataset.state", timeout=120)
+        check(final == "done", "the page reports done", final,
+              browser.js("document.getElementById('error').textContent"))
+        srcs = browser.js("[...document.querySelectorAll('#grid figure.done')].sort((a, b) => "
+                          "a.dataset.index - b.dataset.index).map(f => f.querySelector('img').src)")
+        ref = curl_json(base + "/v1/images/generations",
+                        {"model": model["id"], "prompt": prompt, "n": n, "seed": seed, "size": f"{w}x{h}",
+                         "num_inference_steps": steps, "guidance_scale": model["defaults"]["guidance_scale"],
+                         "sampler": model["defaults"]["sampler"], "true_cfg_scale": 1})
+        want = [base64.b64decode(d["b64_json"]) for d in sorted(ref["data"], key=lambda d: d["index"])]
+        page = [base64.b64decode(x.split(",", 1)[1]) for x in srcs]
+        check(len(page) == n and all(png_size(p) == (w, h) for p in page),
+              f"{n} images of {w}x{h} in the grid", [png_size(p) for p in page])
+        check(page == want, "page bytes == curl bytes (prompt, size, seed)")
+        if args.screenshot:
+            browser.screenshot(args.screenshot)
+    except Exception as e:
+        check(False, f"test ran to the end ({type(e).__name__}: {e})")
+    finally:
+        if browser:
+            browser.close()
+        if daemon:
+            daemon.terminate()
+            try:
+                rc = daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, 9)
+                rc = daemon.wait()
+            check(rc == 0, "ditd serve drained and exited 0", rc, 0)
+        if failures:
+            print(open(log.name).read()[-3000:])
+        os.unlink(log.name)
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ditd", required=True)
@@ -155,12 +248,15 @@ def main():
     ap.add_argument("--class-label", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--text", action="store_true")
     args = ap.parse_args()
 
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if not exe:
         print("skip: no chromium (Debian: apt-get install chromium)")
         return 77
+    if args.text:
+        return text_page(args, exe)
 
     log = tempfile.NamedTemporaryFile("w+", prefix="ditd-page-", suffix=".log", delete=False)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
