@@ -12,8 +12,8 @@
 #include "engine/io/npy.h"
 #include "tests/test_util.h"
 
-static const char *const flux_models[] = {"tiny-c4", "tiny-c16", "deep-guidance"};
-#define FLUX_MODELS 3
+static const char *const flux_models[] = {"tiny-c4", "tiny-c16", "deep-guidance", "heads6"};
+#define FLUX_MODELS 4
 
 typedef struct flux_case {
     int B, h, w, L;

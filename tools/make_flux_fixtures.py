@@ -52,6 +52,10 @@ CONFIGS = [
     ("deep-guidance", 2003, dict(in_channels=64, guidance_embeds=True, num_layers=2,
                                  num_single_layers=3),
      [(2, 10, 14, 9), (1, 6, 10, 5)]),
+    # six heads: ulysses 3 and ulysses 3 x tp 2 under mpirun
+    ("heads6", 2004, dict(in_channels=64, guidance_embeds=True, num_attention_heads=6,
+                          attention_head_dim=8, axes_dims_rope=[2, 2, 4]),
+     [(1, 10, 6, 7), (2, 6, 6, 4)]),
 ]
 
 

@@ -13,7 +13,7 @@
 #include "tests/flux_case.h"
 
 #define TOL 1e-5
-#define MIN_CASES 5
+#define MIN_CASES 7
 
 static int run_model(const char *dir)
 {

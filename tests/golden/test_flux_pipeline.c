@@ -1,0 +1,228 @@
+/* FluxPipeline end to end against Diffusers run in float64 (the fixtures of
+ * tools/make_flux_pipeline_fixtures.py: tiny random FLUX.1-dev- and
+ * -schnell-like folders with the real CLIP and T5 tokenizers, assembled in
+ * the build tree; the expected arrays in tests/fixtures/flux_pipeline/).
+ * For every case:
+ *   - the tokenizers' ids equal transformers' (CLIP 77, T5 max_sequence_length);
+ *   - the prompt encoder's T5 sequence and CLIP pooled vector within 1e-5;
+ *   - the scheduler's timesteps (FluxPipeline's sigmas, dynamic shifting
+ *     from the image sequence length for dev, static shift for schnell)
+ *     equal Diffusers';
+ *   - the final latents of the whole pipeline (prompt encoding, guidance:
+ *     dev's embedded guidance, true CFG with a negative prompt, batches of
+ *     several prompts, any size through set_size) within 1e-4 relative;
+ *   - the decoded image (FluxPipeline's unscale, the 16-channel VAE) within
+ *     one 8-bit level of Diffusers'.
+ * At least 12 cases are checked. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend/backend.h"
+#include "engine/io/npy.h"
+#include "engine/models/model.h"
+#include "engine/pipeline/latent_image.h"
+#include "engine/pipeline/pipeline.h"
+#include "engine/pipeline/prompt_encoder.h"
+#include "engine/text/tokenizer.h"
+#include "tests/test_util.h"
+
+#define MIN_CASES 12
+#define MAXB 4
+
+static float *npy(const char *name, size_t *n)
+{
+    char path[4096];
+    int64_t shape[8];
+    int nd;
+    float *d = NULL;
+    snprintf(path, sizeof path, "%s/flux_pipeline/expected/%s", tu_fixtures(), name);
+    if (ditd_npy_read_f32(path, 8, &nd, shape, &d)) {
+        TU_CHECK(0, "%s: %s", path, ditd_err_detail());
+        return NULL;
+    }
+    *n = 1;
+    for (int i = 0; i < nd; i++)
+        *n *= (size_t)shape[i];
+    return d;
+}
+
+static const char *str_at(json_t *v, int i)
+{
+    if (json_is_string(v))
+        return json_string_value(v);
+    if (json_is_array(v) && json_is_string(json_array_get(v, (size_t)i)))
+        return json_string_value(json_array_get(v, (size_t)i));
+    return NULL;
+}
+
+static int jint(json_t *c, const char *k) { return (int)json_integer_value(json_object_get(c, k)); }
+static double jnum(json_t *c, const char *k) { return json_number_value(json_object_get(c, k)); }
+static const char *jstr(json_t *c, const char *k) { return json_string_value(json_object_get(c, k)); }
+
+/* One token-id check: the tokenizer of `component` on prompt p vs the
+ * fixture's row. */
+static void check_ids(const char *dir, const char *component, const char *p, int N,
+                      const float *want, const char *what)
+{
+    ditd_tokenizer *tok = NULL;
+    int32_t *ids = malloc((size_t)N * sizeof *ids);
+    int bad = 0;
+    TU_OK(ditd_tokenizer_load_component(dir, component, &tok));
+    if (tok && ids) {
+        TU_OK(ditd_tokenizer_encode(tok, p, strlen(p), N, ids, NULL, NULL));
+        for (int i = 0; i < N; i++)
+            bad += ids[i] != (int32_t)want[i];
+        TU_CHECK(bad == 0, "%s: %s ids: %d of %d differ from transformers'", what, component, bad, N);
+    }
+    ditd_tokenizer_free(tok);
+    free(ids);
+}
+
+/* One case; 1 when it was checked to the end. */
+static int run_case(json_t *c)
+{
+    char dir[4096], what[512];
+    const char *name = jstr(c, "name");
+    int nb = jint(c, "batch"), per = jint(c, "num_images_per_prompt");
+    int B = nb * (per > 0 ? per : 1), L = jint(c, "max_sequence_length");
+    int lh = jint(c, "latent_height"), lw = jint(c, "latent_width");
+    int steps = jint(c, "num_inference_steps");
+    float g = (float)jnum(c, "guidance_scale"), tcfg = (float)jnum(c, "true_cfg_scale");
+    json_t *prompts = json_object_get(c, "prompt"), *negs = json_object_get(c, "negative_prompt");
+    int done = 0;
+    size_t n_emb, n_pool, n_noise, n_fin, n_img, n_ts, n_cid, n_tid;
+
+    snprintf(dir, sizeof dir, "%s/%s", FLUX_PIPELINE_DIR, jstr(c, "folder"));
+    float *emb = npy(jstr(c, "prompt_embeds"), &n_emb), *pool = npy(jstr(c, "pooled"), &n_pool);
+    float *noise = npy(jstr(c, "noise"), &n_noise), *fin = npy(jstr(c, "final_latents"), &n_fin);
+    float *img = npy(jstr(c, "image_u8"), &n_img), *ts = npy(jstr(c, "timesteps"), &n_ts);
+    float *cid = npy(jstr(c, "clip_ids"), &n_cid), *tid = npy(jstr(c, "t5_ids"), &n_tid);
+    ditd_model_info info;
+    ditd_prompt_encoder *pe = NULL;
+    ditd_pipeline *p = NULL;
+    ditd_latent_image *li = NULL;
+    float *seq = NULL, *pooled = NULL, *out = NULL;
+    uint8_t *pix = NULL;
+    ditd_text_embeds te[2 * MAXB];
+    ditd_gen_sample smp[MAXB];
+    memset(&info, 0, sizeof info);
+
+    if (!emb || !pool || !noise || !fin || !img || !ts || !cid || !tid || B > MAXB || B < 1)
+        goto out;
+    TU_OK(ditd_model_info_load(dir, &info));
+    ditd_prompt_encoder_opts o = {.max_sequence_length = L};
+    TU_OK(ditd_prompt_encoder_new(&info, &ditd_backend_cpu, &o, &pe));
+    if (!pe)
+        goto out;
+    const int Dt = ditd_prompt_encoder_text_dim(pe), Dp = ditd_prompt_encoder_pooled_dim(pe);
+    TU_CHECK(n_emb == (size_t)B * L * Dt && n_pool == (size_t)B * Dp &&
+                 n_noise == (size_t)B * 16 * lh * lw && n_fin == n_noise && n_cid == (size_t)B * 77 &&
+                 n_tid == (size_t)B * L,
+             "%s: fixture sizes (%zu, %zu, %zu, %zu, %zu)", name, n_emb, n_pool, n_noise, n_cid, n_tid);
+    seq = malloc(2 * (size_t)B * L * Dt * sizeof *seq);
+    pooled = malloc(2 * (size_t)B * Dp * sizeof *pooled);
+    if (!seq || !pooled || n_emb != (size_t)B * L * Dt || n_tid != (size_t)B * L)
+        goto out;
+
+    /* prompts: sample b is prompt b / per (num_images_per_prompt repeats) */
+    for (int b = 0; b < B; b++) {
+        const char *pr = str_at(prompts, b / per), *ng = str_at(negs, b / per);
+        float *s = seq + (size_t)b * L * Dt, *pv = pooled + (size_t)b * Dp;
+        TU_CHECK(pr != NULL, "%s: prompt %d", name, b / per);
+        if (!pr)
+            goto out;
+        check_ids(dir, "tokenizer", pr, 77, cid + (size_t)b * 77, name);
+        check_ids(dir, "tokenizer_2", pr, L, tid + (size_t)b * L, name);
+        TU_OK(ditd_prompt_encoder_encode(pe, pr, strlen(pr), L, s, pv));
+        te[b] = (ditd_text_embeds){.seq = s, .pooled = pv};
+        smp[b] = (ditd_gen_sample){.seed = 0, .index = (uint64_t)b, .guidance = g, .true_cfg = tcfg};
+        smp[b].cond.prompt = &te[b];
+        if (tcfg > 1.0f && ng) {
+            float *ns = seq + (size_t)(B + b) * L * Dt, *np_ = pooled + (size_t)(B + b) * Dp;
+            TU_OK(ditd_prompt_encoder_encode(pe, ng, strlen(ng), L, ns, np_));
+            te[B + b] = (ditd_text_embeds){.seq = ns, .pooled = np_};
+            smp[b].cond.negative = &te[B + b];
+        }
+    }
+    snprintf(what, sizeof what, "%s: T5 prompt_embeds (%d, %d, %d)", name, B, L, Dt);
+    TU_CLOSE(what, seq, emb, n_emb, 1e-5);
+    snprintf(what, sizeof what, "%s: CLIP pooled (%d, %d)", name, B, Dp);
+    TU_CLOSE(what, pooled, pool, n_pool, 1e-5);
+
+    /* the pipeline at the case's size */
+    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, B, &p));
+    if (!p)
+        goto out;
+    TU_OK(ditd_pipeline_set_size(p, lh, lw, L));
+    ditd_gen_params gp = {.steps = steps, .sampler = p->sched_base.kind};
+    out = malloc(n_fin * sizeof *out);
+    TU_OK(ditd_pipeline_generate(p, &gp, B, smp, noise, out, NULL, NULL, NULL));
+    TU_CHECK(p->sampler && ditd_sampler_num_steps(p->sampler) == (int)n_ts, "%s: %zu timesteps",
+             name, n_ts);
+    if (p->sampler && ditd_sampler_num_steps(p->sampler) == (int)n_ts) {
+        const float *t = ditd_sampler_timesteps(p->sampler);
+        int same = 0;
+        for (size_t i = 0; i < n_ts; i++)
+            same += t[i] == ts[i];
+        TU_CHECK(same == (int)n_ts, "%s: timesteps equal Diffusers' (%d of %zu; first %.9g vs %.9g)",
+                 name, same, n_ts, (double)t[0], (double)ts[0]);
+    }
+    snprintf(what, sizeof what, "%s: final latents (%d, 16, %d, %d), %d steps", name, B, lh, lw, steps);
+    TU_CLOSE(what, out, fin, n_fin, 1e-4);
+
+    /* the image */
+    TU_OK(ditd_latent_image_new(&info, &ditd_backend_cpu, NULL, 0, &li));
+    if (!li)
+        goto out;
+    TU_OK(ditd_latent_image_set_size(li, lh, lw));
+    size_t pn = (size_t)li->Co * li->H * li->W;
+    TU_CHECK(n_img == (size_t)B * pn, "%s: image %zu values, ditd %zu", name, n_img, (size_t)B * pn);
+    if (n_img != (size_t)B * pn)
+        goto out;
+    pix = malloc(n_img);
+    TU_OK(ditd_latent_image_run(li, out, B, NULL, pix));
+    int worst = 0;
+    size_t off = 0;
+    for (size_t i = 0; i < n_img; i++) {
+        int d = abs((int)pix[i] - (int)img[i]);
+        worst = d > worst ? d : worst;
+        off += d != 0;
+    }
+    TU_CHECK(worst <= 1, "%s: image %dx%d: worst %d levels (%zu of %zu values off by one)", name,
+             li->W, li->H, worst, off, n_img);
+    printf("ok   %s: image %dx%d x%d within %d level(s) (%zu of %zu off)\n", name, li->W, li->H, B,
+           worst, off, n_img);
+    done = 1;
+out:
+    ditd_latent_image_free(li);
+    ditd_pipeline_free(p);
+    ditd_prompt_encoder_free(pe);
+    if (info.dir[0])
+        ditd_model_info_free(&info);
+    free(emb), free(pool), free(noise), free(fin), free(img), free(ts), free(cid), free(tid);
+    free(seq), free(pooled), free(out), free(pix);
+    return done;
+}
+
+int main(void)
+{
+    char path[4096];
+    json_error_t jerr;
+    json_t *root, *cases, *c;
+    size_t i;
+    int checked = 0;
+
+    ditd_backend_cpu.set_threads(1);
+    snprintf(path, sizeof path, "%s/flux_pipeline/expected/cases.json", tu_fixtures());
+    root = json_load_file(path, 0, &jerr);
+    TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
+    cases = json_object_get(root, "cases");
+    json_array_foreach(cases, i, c)
+        checked += run_case(c);
+    TU_CHECK(checked >= MIN_CASES, "FluxPipeline cases checked to the end: %d (at least %d)", checked,
+             MIN_CASES);
+    json_decref(root);
+    return tu_exit();
+}
