@@ -69,8 +69,8 @@ int ditd_genreq_model_named(const ditd_genreq_model *gm, const char *name);
 /* Parses and validates body (len bytes, not NUL-terminated) against the
  * model. Returns 0 with *out filled (its strings owned: release with
  * ditd_genreq_free, or hand them to a job, ditd_job_accept), or
- * DITD_EINVAL / DITD_ENOENT (unknown model) with *e filled and nothing
- * owned. */
+ * DITD_EINVAL (400) / DITD_ENOENT (404, unknown model) / DITD_ENOMEM (500)
+ * with *e filled and nothing owned. */
 int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
                       ditd_genreq *out, ditd_api_error *e);
 /* Frees what the request owns (its strings); the struct may be reused. */

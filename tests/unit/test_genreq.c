@@ -1,0 +1,235 @@
+/* The request validator (server/genreq.h) against a class model and a
+ * resizable text model, without a daemon: which bodies it accepts (with
+ * their defaults filled: size, max_sequence_length, true_cfg_scale, the
+ * model's steps and guidance; prompts copied), and which it refuses, with
+ * the status, the `param` and words of the message each refusal must have.
+ * The http suite checks the same over HTTP with a served text model; this
+ * runs everywhere, ASan/UBSan included. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "server/genreq.h"
+
+static int failures, checks;
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        checks++;                                                                          \
+        if (!(cond)) {                                                                     \
+            failures++;                                                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
+            printf(__VA_ARGS__);                                                           \
+            printf("\n");                                                                  \
+        }                                                                                  \
+    } while (0)
+
+static char *labels[] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"};
+static ditd_model_info cls, txt;
+static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "flux"};
+static ditd_genreq_model gm_cls, gm_txt;
+
+static void models(void)
+{
+    strcpy(cls.name, "fashion");
+    cls.shapes.height = cls.shapes.width = 28;
+    cls.shapes.in_channels = 1;
+    cls.shapes.tokens = 49;
+    cls.image_width = cls.image_height = 28;
+    cls.image_channels = 1;
+    cls.num_classes = 5;
+    cls.labels = labels;
+    cls.min_size = cls.max_size = 28;
+    cls.default_steps = 25;
+    cls.default_guidance = 4.0f;
+    gm_cls = (ditd_genreq_model){&cls, NULL, 0, DITD_SAMPLER_DDIM};
+
+    strcpy(txt.name, "dev");
+    txt.shapes.cond.kind = DITD_COND_TEXT;
+    txt.shapes.height = txt.shapes.width = 128;
+    txt.shapes.in_channels = 16;
+    txt.shapes.tokens = 4096;
+    txt.vae_scale = 8;
+    txt.image_width = txt.image_height = 1024;
+    txt.image_channels = 3;
+    txt.resizable = 1;
+    txt.size_multiple = 16;
+    txt.min_size = 16;
+    txt.max_size = 2048;
+    txt.max_sequence_length = 512;
+    txt.default_max_sequence_length = 512;
+    txt.default_steps = 28;
+    txt.default_guidance = 3.5f;
+    gm_txt = (ditd_genreq_model){&txt, aliases, 2, DITD_SAMPLER_FLOW_EULER};
+}
+
+/* body refused by the model: status, param ("" for none) and a word of the message */
+typedef struct refusal {
+    int text;
+    const char *body;
+    int status;
+    const char *param;
+    const char *says;
+} refusal;
+
+static const refusal refusals[] = {
+    /* a text model's fields on a class model */
+    {0, "{\"prompt\":\"dress\",\"negative_prompt\":\"x\"}", 400, "negative_prompt", "class-conditional"},
+    {0, "{\"prompt\":\"dress\",\"true_cfg_scale\":2}", 400, "true_cfg_scale", "for text models"},
+    {0, "{\"prompt\":\"dress\",\"max_sequence_length\":77}", 400, "max_sequence_length", "for text models"},
+    {0, "{\"prompt\":\"dress\",\"size\":\"32x32\"}", 400, "size", "\"28x28\""},
+    {0, "{\"prompt\":\"fox\"}", 400, "prompt", "names no class"},
+    {0, "{\"model\":\"flux\",\"prompt\":\"dress\"}", 404, "model", "does not exist"},
+    /* a text model */
+    {1, "{\"prompt\":\"a fox\",\"class_label\":3}", 400, "class_label", "text-conditioned"},
+    {1, "{\"n\":1}", 400, "prompt", "required"},
+    {1, "{\"prompt\":null}", 400, "prompt", "required"},
+    {1, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", "must be a string"},
+    {1, "{\"prompt\":3}", 400, "prompt", "must be a string"},
+    {1, "{\"prompt\":\"a\",\"negative_prompt\":{}}", 400, "negative_prompt", "must be a string"},
+    {1, "{\"prompt\":\"a\",\"true_cfg_scale\":-0.5}", 400, "true_cfg_scale", "0..100"},
+    {1, "{\"prompt\":\"a\",\"true_cfg_scale\":\"2\"}", 400, "true_cfg_scale", "0..100"},
+    {1, "{\"prompt\":\"a\",\"true_cfg_scale\":101}", 400, "true_cfg_scale", "0..100"},
+    {1, "{\"prompt\":\"a\",\"max_sequence_length\":0}", 400, "max_sequence_length", "1..512"},
+    {1, "{\"prompt\":\"a\",\"max_sequence_length\":513}", 400, "max_sequence_length", "1..512"},
+    {1, "{\"prompt\":\"a\",\"max_sequence_length\":77.5}", 400, "max_sequence_length", "integer"},
+    {1, "{\"prompt\":\"a\",\"size\":\"1000x1024\"}", 400, "size", "multiples of 16 in 16..2048"},
+    {1, "{\"prompt\":\"a\",\"size\":\"1024x1000\"}", 400, "size", "multiples of 16 in 16..2048"},
+    {1, "{\"prompt\":\"a\",\"size\":\"2064x1024\"}", 400, "size", "multiples of 16 in 16..2048"},
+    {1, "{\"prompt\":\"a\",\"size\":\"8x16\"}", 400, "size", "(default \"1024x1024\")"},
+    {1, "{\"prompt\":\"a\",\"size\":\"0x16\"}", 400, "size", "WIDTHxHEIGHT"},
+    {1, "{\"prompt\":\"a\",\"size\":\"16x16 \"}", 400, "size", "WIDTHxHEIGHT"},
+    {1, "{\"prompt\":\"a\",\"size\":\"4294967312x16\"}", 400, "size", "WIDTHxHEIGHT"},
+    {1, "{\"prompt\":\"a\",\"guidance_scale\":-1}", 400, "guidance_scale", "0..100"},
+    {1, "{\"prompt\":\"a\\u0000b\"}", 400, "", "not valid JSON"},
+    {1, "{\"prompt\":\"\\ud800\"}", 400, "", "not valid JSON"},
+    {1, "{\"prompt\":\"\xff\"}", 400, "", "not valid JSON"},
+    {1, "{\"model\":\"dall-e-3\",\"prompt\":\"a\"}", 404, "model", "'black-forest-labs/FLUX.1-dev', 'flux'"},
+    {1, "{\"model\":\"fashion\",\"prompt\":\"a\"}", 404, "model", "does not exist"},
+};
+
+static void test_refusals(void)
+{
+    int n = 0;
+    for (size_t i = 0; i < sizeof refusals / sizeof refusals[0]; i++) {
+        const refusal *r = &refusals[i];
+        ditd_genreq rq;
+        ditd_api_error e;
+        int err = ditd_genreq_parse(r->body, strlen(r->body), r->text ? &gm_txt : &gm_cls, &rq, &e);
+        CHECK(err != 0 && e.status == r->status && !strcmp(e.param, r->param) &&
+                  strstr(e.message, r->says),
+              "%s model, %s: want %d param '%s' saying '%s'; got err %d, %d '%s': %s",
+              r->text ? "text" : "class", r->body, r->status, r->param, r->says, err, e.status,
+              e.param, e.message);
+        char *js = ditd_api_error_json(&e);
+        CHECK(js && strstr(js, "\"error\""), "the envelope of %s", r->body);
+        free(js);
+        n++;
+    }
+    CHECK(n >= 30, "%d refusals checked", n);
+}
+
+/* The byte limit of prompt and negative_prompt, at its edge. */
+static void test_prompt_limit(void)
+{
+    size_t cap = DITD_GENREQ_MAX_PROMPT_BYTES + 64;
+    char *body = malloc(cap + 64), *p;
+    for (int neg = 0; neg < 2; neg++) {
+        for (int extra = 0; extra < 2; extra++) {
+            /* 4-byte characters (U+1F98A) up to the limit, plus one byte */
+            p = body + sprintf(body, "{\"prompt\":\"%s", neg ? "a\",\"negative_prompt\":\"" : "");
+            for (int k = 0; k < DITD_GENREQ_MAX_PROMPT_BYTES / 4; k++)
+                p += sprintf(p, "\xf0\x9f\xa6\x8a");
+            p += sprintf(p, "%s\"}", extra ? "x" : "");
+            ditd_genreq rq;
+            ditd_api_error e;
+            int err = ditd_genreq_parse(body, strlen(body), &gm_txt, &rq, &e);
+            const char *field = neg ? "negative_prompt" : "prompt";
+            if (extra) {
+                CHECK(err && e.status == 400 && !strcmp(e.param, field) && strstr(e.message, "8193 bytes") &&
+                          strstr(e.message, "8192"),
+                      "%s of 8193 bytes: 400 naming the limit (got %d %s: %s)", field, e.status, e.param,
+                      e.message);
+            } else {
+                const char *got = neg ? rq.negative_prompt : rq.prompt;
+                CHECK(!err && got && strlen(got) == DITD_GENREQ_MAX_PROMPT_BYTES,
+                      "%s of exactly 8192 bytes: accepted whole", field);
+                if (!err)
+                    ditd_genreq_free(&rq);
+            }
+        }
+    }
+    free(body);
+}
+
+static void test_accepted(void)
+{
+    ditd_genreq rq;
+    ditd_api_error e;
+    const char *b;
+
+    /* a text model's defaults */
+    b = "{\"prompt\":\"a red fox \\u732b\"}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_txt, &rq, &e) == 0, "a bare text prompt: %s", e.message);
+    CHECK(rq.prompt && !strcmp(rq.prompt, "a red fox \xe7\x8c\xab") && !rq.negative_prompt,
+          "the prompt, decoded to UTF-8; no negative prompt");
+    CHECK(rq.width == 1024 && rq.height == 1024 && rq.max_sequence_length == 512 &&
+              rq.true_cfg == 1.0f && rq.steps == 28 && rq.guidance == 3.5f &&
+              rq.sampler == DITD_SAMPLER_FLOW_EULER && rq.n == 1,
+          "defaults: 1024x1024, max_sequence_length 512, true_cfg 1, 28 steps, guidance 3.5 "
+          "(got %dx%d %d %g %d %g)", rq.width, rq.height, rq.max_sequence_length, (double)rq.true_cfg,
+          rq.steps, (double)rq.guidance);
+    CHECK(ditd_genreq_numel(&rq, &txt) == 3u * 1024 * 1024, "numel: 3 x 1024 x 1024");
+    ditd_genreq_free(&rq);
+    CHECK(!rq.prompt && !rq.negative_prompt, "free clears the strings");
+
+    /* every field, through an alias */
+    b = "{\"model\":\"black-forest-labs/FLUX.1-dev\",\"prompt\":\"\",\"negative_prompt\":\"blurry\","
+        "\"true_cfg_scale\":4,\"max_sequence_length\":77,\"size\":\"48x2048\",\"n\":3,"
+        "\"guidance_scale\":0,\"class_label\":null,\"seed\":9}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_txt, &rq, &e) == 0, "every text field: %s", e.message);
+    CHECK(rq.prompt && !strcmp(rq.prompt, "") && rq.negative_prompt &&
+              !strcmp(rq.negative_prompt, "blurry") && rq.true_cfg == 4.0f &&
+              rq.max_sequence_length == 77 && rq.width == 48 && rq.height == 2048 && rq.n == 3 &&
+              rq.guidance == 0.0f && rq.seed == 9,
+          "the fields as given (an empty prompt is a prompt; class_label null is absent)");
+    ditd_genreq_free(&rq);
+    b = "{\"model\":\"dev\",\"prompt\":\"a\",\"size\":\"16x16\"}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_txt, &rq, &e) == 0 && rq.width == 16,
+          "the folder's name, the least size");
+    ditd_genreq_free(&rq);
+    b = "{\"model\":\"flux\",\"prompt\":\"a\",\"size\":\"auto\"}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_txt, &rq, &e) == 0 && rq.width == 1024,
+          "the second alias; size auto is the default");
+    ditd_genreq_free(&rq);
+
+    /* a class model as before: no text kept */
+    b = "{\"model\":\"fashion\",\"prompt\":\" Dress. \",\"negative_prompt\":null,\"size\":\"28x28\"}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 && rq.class_id == 3 && !rq.prompt &&
+              rq.max_sequence_length == 0,
+          "a class model: the prompt names class 3, no text kept (%s)", e.message);
+    ditd_genreq_free(&rq);
+    b = "{\"class_label\":\"coat\",\"prompt\":\"dress\"}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 && rq.class_id == 4,
+          "class_label wins over the prompt");
+    ditd_genreq_free(&rq);
+    CHECK(ditd_genreq_model_named(&gm_txt, "flux") && ditd_genreq_model_named(&gm_txt, "dev") &&
+              !ditd_genreq_model_named(&gm_txt, "Flux") && !ditd_genreq_model_named(&gm_cls, "flux"),
+          "names: exact, case-sensitive, per model");
+}
+
+int main(void)
+{
+    models();
+    test_refusals();
+    test_prompt_limit();
+    test_accepted();
+    ditd_err_clear();
+    printf("%d checks, %d failed\n", checks, failures);
+    if (checks < 60) {
+        printf("FAIL: only %d checks ran\n", checks);
+        return 1;
+    }
+    return failures ? 1 : 0;
+}
