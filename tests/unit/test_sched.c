@@ -578,6 +578,60 @@ static void test_text_batches(void)
     srv_free();
 }
 
+/* Sizes do not break the queue's fairness: a light request of another size
+ * overtakes a heavy one that waits; lights that arrive after the heavy
+ * one's deadline queue behind it, and may only ride along in a batch that
+ * leaves anyway (a light head's, up to --max-batch): the heavy one goes
+ * next, before the lights left over. */
+static void test_text_fairness(void)
+{
+    srv_init("text fairness", 1, 4, 0);
+    S.info.shapes.cond.kind = DITD_COND_TEXT;
+    S.info.shapes.height = S.info.shapes.width = 4;
+    S.info.shapes.in_channels = 16;
+    S.info.shapes.tokens = 4;
+    S.info.image_width = S.info.image_height = 32;
+    S.info.image_channels = 3;
+    S.info.vae_scale = 8;
+    S.info.resizable = 1;
+    S.info.size_multiple = 16;
+    S.info.min_size = 16;
+    S.info.max_size = 256;
+    S.info.max_sequence_length = S.info.default_max_sequence_length = 512;
+    ditd_fbatch busy = {0};
+    S.rep[0].running = &busy;
+    S.sec_per_cost = 1e-6; /* heavy: 4 x 4 x (256 + 512) units, ~12 ms */
+    ditd_job *j[6];
+    j[0] = submit_text(4, 256, 256, 512, "heavy", NULL, 1.0f);
+    j[1] = submit_text(1, 32, 32, 16, "light early", NULL, 1.0f);
+    CHECK(S.q_head == j[1], "a light request of another size overtakes a heavy one that waits");
+    usleep(30000); /* past the heavy one's deadline */
+    for (int i = 2; i < 6; i++)
+        j[i] = submit_text(1, 32, 32, 16, "light late", NULL, 1.0f);
+    CHECK(S.q_head == j[1] && S.q_head->q_next == j[0] && S.q_tail == j[5],
+          "lights arriving after the heavy one's deadline queue behind it");
+    S.rep[0].running = NULL;
+    ditd__sched_kick(&S);
+    /* (side, samples, first request) of each batch, in turn */
+    struct { int side, n; ditd_job *first; } order[3] = {{32, 4, j[1]}, {256, 4, j[0]}, {32, 1, j[5]}};
+    for (int k = 0; k < 3; k++) {
+        Ditd__Envelope *env = batch_to(0);
+        CHECK(env && (int)env->batch->width == order[k].side && (int)env->batch->n_samples == order[k].n &&
+                  env->batch->samples[0]->request_id == order[k].first->id,
+              "batch %d: %dx%d with %d sample(s) (got %ux%u, %zu)", k, order[k].side, order[k].side,
+              order[k].n, env ? env->batch->width : 0, env ? env->batch->height : 0,
+              env ? env->batch->n_samples : 0);
+        if (!env)
+            break;
+        answer_sized(0, env->batch);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    for (int i = 0; i < 6; i++)
+        CHECK(heard_of(j[i])->complete == 1, "request %d completed", i);
+    release(j, 6);
+    srv_free();
+}
+
 /* Mutated replica messages: nothing crashes, no job hears two outcomes. */
 static void test_mutated_messages(void)
 {
@@ -670,6 +724,7 @@ int main(void)
     test_stalled();
     test_cost_order();
     test_text_batches();
+    test_text_fairness();
     test_mutated_messages();
     printf("%d checks, %d failed\n", checks, failures);
     if (checks < 30) {
