@@ -1029,6 +1029,7 @@ def case_text(ditd):
         print("skip: no text model (the build's tests/golden/flux_pipeline/dev; or set DITD_TEXT_MODEL)")
         return 77
     alias = "black-forest-labs/FLUX.1-dev"
+    single = None
     d = Daemon(ditd, "--max-batch", "4", "--batch-window-ms", "200", "--heartbeat-ms", "100",
                "--served-model-name", alias, model=model)
     try:
@@ -1094,6 +1095,7 @@ def case_text(ditd):
         # --- two sizes in one run: sent together, batched apart, each its size
         bodies = [dict(base, seed=20 + i, size=size(A if i % 2 == 0 else B)) for i in range(4)]
         got = run_all(d, bodies)
+        single = got
         dims = [png_info(base64.b64decode(images(g)[0]["b64_json"]))[:2] if images(g) else None for g in got]
         check(dims == [A, B, A, B], f"two sizes at once: {size(A)} and {size(B)} each as asked", dims)
         mm = d.metrics()
@@ -1196,6 +1198,20 @@ def case_text(ditd):
     check(rc == 0, "exit 0", rc)
     if not shutil.which("mpirun"):
         return 0
+    # one replica of two ranks (ulysses), the text encoders on its second
+    # rank: the single process's pictures, at both sizes
+    want = [images(d0) for d0 in single] if single else None
+    d = Daemon(ditd, "--ulysses-degree", "2", "--text-encoder-rank", "1", "--max-batch", "4",
+               model=model, mpi_np=3)
+    try:
+        got = run_all(d, bodies)
+        same = [same_pictures(images(g), w) for g, w in zip(got, want or [None] * len(got))]
+        check(want and all(x[0] for x in same),
+              f"mpirun -np 3 --ulysses-degree 2 --text-encoder-rank 1: the single process's pictures "
+              f"at {size(A)} and {size(B)} (worst {max((x[1] or 0) for x in same)})", same)
+    finally:
+        rc = d.stop()
+    check(rc == 0, "--ulysses-degree 2: exit 0", rc)
     # two replicas under mpirun: each has its own cache, /metrics sums them.
     # A new prompt four times, one after another: the router alternates
     # (least served first), so each replica misses once, then hits once.
