@@ -390,7 +390,9 @@ def make_case(pipe, exp, index, case, watch):
 
     p = f"{name}_"
     entry = dict(
-        name=name, folder=pname, prompt=prompt, negative_prompt=neg, height=H, width=W,
+        name=name, folder=pname, prompts=prompts,
+        negative_prompts=None if neg is None else ([neg] if isinstance(neg, str) else list(neg)),
+        prompt_is_list=not isinstance(prompt, str), height=H, width=W,
         num_inference_steps=steps, guidance_scale=gs, true_cfg_scale=tcfg, max_sequence_length=msl,
         num_images_per_prompt=nimg, batch=B, latent_channels=C, latent_height=h, latent_width=w,
         vae_scale_factor=vsf, image_seq_len=seq, mu=mu,
