@@ -1218,6 +1218,9 @@ def case_text(ditd):
     d = Daemon(ditd, "--dp", "2", "--heartbeat-ms", "100", "--batch-window-ms", "0", model=model,
                mpi_np=3)
     try:
+        deadline = time.time() + 60  # /readyz wants one replica; this needs both
+        while d.metrics().get("ditd_replicas_up") != 2 and time.time() < deadline:
+            time.sleep(0.1)
         c0 = wait_counters(d, lambda c: True)
         for i in range(4):
             check(d.generate(dict(base, prompt="a windmill in a tulip field", seed=i))[0] == 200,

@@ -152,8 +152,17 @@ def png_size(data):
     return struct.unpack(">II", data[16:24])
 
 
+def ready(base):
+    import urllib.request
+    try:
+        with urllib.request.urlopen(base + "/readyz", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def start_daemon(ditd, model, log):
-    """ditd serve on a free port: (process, base URL)."""
+    """ditd serve on a free port, its replica ready: (process, base URL)."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     daemon = subprocess.Popen([ditd, "serve", "--model", model, "--host", "127.0.0.1",
                                "--port", "0", "--threads", "1", "--max-batch", "8"],
@@ -161,7 +170,7 @@ def start_daemon(ditd, model, log):
     deadline = time.time() + 60
     while time.time() < deadline:
         m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log.name).read())
-        if m:
+        if m and ready(f"http://127.0.0.1:{m.group(1)}"):
             return daemon, f"http://127.0.0.1:{m.group(1)}"
         if daemon.poll() is not None:
             break
