@@ -161,11 +161,11 @@ def ready(base):
         return False
 
 
-def start_daemon(ditd, model, log):
+def start_daemon(ditd, model, log, *extra):
     """ditd serve on a free port, its replica ready: (process, base URL)."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     daemon = subprocess.Popen([ditd, "serve", "--model", model, "--host", "127.0.0.1",
-                               "--port", "0", "--threads", "1", "--max-batch", "8"],
+                               "--port", "0", "--threads", "1", "--max-batch", "8", *extra],
                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -189,13 +189,15 @@ def text_page(args, exe):
     log = tempfile.NamedTemporaryFile("w+", prefix="ditd-page-", suffix=".log", delete=False)
     daemon, browser = None, None
     try:
-        daemon, base = start_daemon(args.ditd, model_dir, log)
+        daemon, base = start_daemon(args.ditd, model_dir, log, "--served-model-name", "flux-alias")
         model = curl_json(base + "/v1/models")["data"][0]
         r = model["size_range"]
         check(model["conditioning"] == "text" and r["resizable"], "the test model is a resizable text model")
         browser = Browser(exe)
         browser.open(base + "/")
         browser.wait("document.getElementById('status')?.dataset.state === 'idle'")
+        opts = browser.js("[...document.getElementById('model').options].map(o => o.value)")
+        check(opts == [model["id"]], "the model picker lists the model once, not its aliases", opts)
         shown = lambda i: browser.js(f"!document.getElementById('{i}').classList.contains('hidden')")
         check(shown("prompt-row") and shown("negative-row") and shown("size-row") and not shown("class-row"),
               "a text model: prompt, negative prompt and size shown, no class picker")
