@@ -195,7 +195,9 @@ def text_page(args, exe):
         check(model["conditioning"] == "text" and r["resizable"], "the test model is a resizable text model")
         browser = Browser(exe)
         browser.open(base + "/")
-        browser.wait("document.getElementById('status')?.dataset.state === 'idle'")
+        # "idle" is also the state before /v1/models answers: wait for the list
+        browser.wait("document.getElementById('status')?.dataset.state === 'idle' && "
+                     "document.getElementById('model').options.length")
         opts = browser.js("[...document.getElementById('model').options].map(o => o.value)")
         check(opts == [model["id"]], "the model picker lists the model once, not its aliases", opts)
         shown = lambda i: browser.js(f"!document.getElementById('{i}').classList.contains('hidden')")
