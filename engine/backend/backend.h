@@ -120,8 +120,8 @@ typedef struct ditd_backend_ops {
      * CPU backend always returns 0 (its ops assert instead). */
     int (*status)(void);
 
-    /* ---- FLUX's attention inputs (kernels/cpu/rope.h); NULL on a backend
-     * that lacks them yet (CUDA today): the FLUX family then refuses to load.
+    /* ---- FLUX's attention inputs (kernels/cpu/rope.h, kernels/cuda/rope.cu);
+     * NULL on a backend that lacks them: the FLUX family then refuses to load.
      * rope: x (B, N, H, Dh) rows of stride ld rotated in place, pair i of
      * token n by cos/sin (N, Dh/2) (activations). rmsnorm_heads: x (rows, H,
      * Dh) rows of stride ld, each head RMS-normalized in place times w (Dh,

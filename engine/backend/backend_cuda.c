@@ -249,6 +249,19 @@ static void cu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t
     keep(ditd_cuda_copy2d(dst, ldd, src, lds, rows, cols, 2, CS), "copy2d");
 }
 
+/* ---- FLUX's attention inputs (kernels/cuda/rope.cu) ---- */
+
+static void cu_rope(void *x, size_t ld, const void *cos, const void *sin, int B, int N, int H,
+                    int Dh)
+{
+    keep(ditd_cuda_rope(x, ld, cos, sin, B, N, H, Dh, CS), "rope");
+}
+
+static void cu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H, int Dh, float eps)
+{
+    keep(ditd_cuda_rmsnorm_heads(x, ld, w, rows, H, Dh, eps, CS), "rmsnorm_heads");
+}
+
 /* ---- per-step arguments in device memory (for graphs) ---- */
 
 static void cu_upload_args(float *d_t, const float *h_t, int64_t *d_y, const int64_t *h_y, int B)
@@ -399,6 +412,8 @@ static const ditd_backend_ops cuda_ops = {
     .upsample_nearest2x = cu_upsample_nearest2x,
     .planes_to_tokens = cu_planes_to_tokens,
     .tokens_to_planes = cu_tokens_to_planes,
+    .rope = cu_rope,
+    .rmsnorm_heads = cu_rmsnorm_heads,
 };
 
 /* ---- lifetime ---- */
