@@ -49,6 +49,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/flux_case.h"
 #include "tests/gpu/flux_bounds.h"
+#include "tests/gpu/st_bf16_writer.h"
 
 #define ROPE_BF16 4e-3
 #define ROPE_TABLE 8e-3
@@ -285,6 +286,12 @@ static void same_weight(const char *what, const void *dw, const void *hw, size_t
     free(got);
 }
 
+static int fill_from(size_t i, const st_entry *e, float *buf, size_t numel, void *ud)
+{
+    (void)i, (void)numel;
+    return ditd_safetensors_read_f32(ud, e->name, e->nd, e->shape, buf);
+}
+
 /* A bf16 copy of dir's checkpoint (every tensor rounded to nearest even, as
  * torch's .to(torch.bfloat16)) at tmp/diffusion_pytorch_model.safetensors. */
 static int write_bf16_copy(const char *dir, const char *tmp)
@@ -294,52 +301,22 @@ static int write_bf16_copy(const char *dir, const char *tmp)
     int err = ditd_safetensors_open(dir, &st);
     if (err)
         return err;
-    size_t n = ditd_safetensors_count(st), cap = 4096, len = 0, off = 0;
-    char *hdr = malloc(cap);
-    len += (size_t)snprintf(hdr, cap, "{");
-    for (size_t i = 0; i < n; i++) {
+    size_t n = ditd_safetensors_count(st);
+    st_entry *e = calloc(n, sizeof *e);
+    for (size_t i = 0; e && i < n; i++) {
         const ditd_st_tensor *t = ditd_safetensors_at(st, i);
-        size_t numel = 1;
-        char shape[256] = "";
-        int o = 0;
-        for (int d = 0; d < t->ndim; d++) {
-            numel *= (size_t)t->shape[d];
-            o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%lld", d ? "," : "",
-                          (long long)t->shape[d]);
-        }
-        while (cap - len < strlen(t->name) + 400)
-            hdr = realloc(hdr, cap *= 2);
-        len += (size_t)snprintf(hdr + len, cap - len,
-                                "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
-                                i ? "," : "", t->name, shape, off, off + 2 * numel);
-        off += 2 * numel;
+        snprintf(e[i].name, sizeof e[i].name, "%s", t->name);
+        e[i].nd = t->ndim;
+        for (int d = 0; d < t->ndim && d < 2; d++)
+            e[i].shape[d] = t->shape[d];
+        TU_CHECK(t->ndim >= 1 && t->ndim <= 2, "%s: %d dims", t->name, t->ndim);
     }
-    len += (size_t)snprintf(hdr + len, cap - len, "}");
     snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", tmp);
-    FILE *f = fopen(path, "wb");
-    uint64_t hl = len;
-    TU_CHECK(f && fwrite(&hl, 8, 1, f) == 1 && fwrite(hdr, 1, len, f) == len, "write %s", path);
-    for (size_t i = 0; f && i < n; i++) {
-        const ditd_st_tensor *t = ditd_safetensors_at(st, i);
-        size_t numel = 1;
-        for (int d = 0; d < t->ndim; d++)
-            numel *= (size_t)t->shape[d];
-        float *v = malloc((numel ? numel : 1) * sizeof *v);
-        uint16_t *b = malloc((numel ? numel : 1) * sizeof *b);
-        TU_OK(ditd_safetensors_read_f32(st, t->name, t->ndim, t->shape, v));
-        for (size_t j = 0; j < numel; j++) {
-            uint32_t u;
-            memcpy(&u, &v[j], 4);
-            b[j] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        }
-        TU_CHECK(fwrite(b, 2, numel, f) == numel, "write %s", path);
-        free(v), free(b);
-    }
-    if (f)
-        fclose(f);
-    free(hdr);
+    if (!e || st_write_bf16(path, e, n, fill_from, st))
+        err = ditd_err_set(DITD_EIO, "cannot write %s", path);
+    free(e);
     ditd_safetensors_free(st);
-    return 0;
+    return err;
 }
 
 /* The same forward from a bf16 checkpoint: the CUDA backend keeps bf16
