@@ -113,6 +113,16 @@ static void cu_upload(void *dst, const float *h_src, size_t n)
     keep(ditd_cuda_f32_to_bf16(g.stage, dst, n, CS), "upload (f32 -> bf16)");
 }
 
+/* fp32 tables (the RoPE cos/sin) as they are; from pageable memory the copy
+ * returns once h_src has been read */
+static void cu_upload_f32(void *dst, const float *h_src, size_t n)
+{
+    if (n == 0)
+        return;
+    keep((int)cudaMemcpyAsync(dst, h_src, n * sizeof(float), cudaMemcpyHostToDevice, g.compute),
+         "upload_f32");
+}
+
 static void cu_download(float *h_dst, const void *src, size_t n)
 {
     if (n == 0 || stage_reserve(n))
@@ -254,7 +264,7 @@ static void cu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t
 static void cu_rope(void *x, size_t ld, const void *cos, const void *sin, int B, int N, int H,
                     int Dh)
 {
-    keep(ditd_cuda_rope(x, ld, cos, sin, B, N, H, Dh, CS), "rope");
+    keep(ditd_cuda_rope(x, ld, (const float *)cos, (const float *)sin, B, N, H, Dh, CS), "rope");
 }
 
 static void cu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H, int Dh, float eps)
@@ -414,6 +424,7 @@ static const ditd_backend_ops cuda_ops = {
     .tokens_to_planes = cu_tokens_to_planes,
     .rope = cu_rope,
     .rmsnorm_heads = cu_rmsnorm_heads,
+    .upload_f32 = cu_upload_f32,
 };
 
 /* ---- lifetime ---- */

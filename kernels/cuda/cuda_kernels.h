@@ -130,10 +130,10 @@ int ditd_cuda_gated_residual(void *h, const void *y, int B, int N, int D, const 
  * As ditd_cpu_rope / ditd_cpu_rmsnorm_heads (kernels/cpu/rope.h), in place,
  * fp32 arithmetic; bf16 storage, or f32 with the _f32 entries.
  * rope: x (B, N, H, Dh) rows of stride ld >= H*Dh, pair i of head h of
- * token n rotated by cos/sin (N, Dh/2) (same storage type as x):
+ * token n rotated by cos/sin (N, Dh/2), fp32 for either storage of x:
  *   x[2i] <- x[2i] c - x[2i+1] s,  x[2i+1] <- x[2i+1] c + x[2i] s.
  * Dh even and > 0. */
-int ditd_cuda_rope(void *x, size_t ld, const void *cos_t, const void *sin_t, int B, int N, int H,
+int ditd_cuda_rope(void *x, size_t ld, const float *cos_t, const float *sin_t, int B, int N, int H,
                    int Dh, ditd_cuda_stream s);
 int ditd_cuda_rope_f32(float *x, size_t ld, const float *cos_t, const float *sin_t, int B, int N,
                        int H, int Dh, ditd_cuda_stream s);

@@ -4,7 +4,8 @@
  * backend's activations) or f32, arithmetic and statistics in fp32.
  *
  * What it is not: the RoPE table (built on the host in double by
- * ditd_cpu_rope_table and uploaded once per size), or any model knowledge.
+ * ditd_cpu_rope_table and uploaded once per size, kept in fp32 as Diffusers
+ * keeps it, whatever x's storage), or any model knowledge.
  *
  * Layout (cuda_kernels.h): x (B, N, H, Dh) rows of stride ld elements, one
  * row per token; both ops work in place, so q and k of a fused qkv buffer
@@ -35,8 +36,8 @@ static __device__ __forceinline__ void st_any(float *p, float v)
 /* ---- RoPE: one thread per (token, head, pair) ---- */
 
 template <typename T>
-static __global__ void rope_kernel(T *x, size_t ld, const T *cos_t, const T *sin_t, size_t pairs,
-                                   int N, int H, int half)
+static __global__ void rope_kernel(T *x, size_t ld, const float *cos_t, const float *sin_t,
+                                   size_t pairs, int N, int H, int half)
 {
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < pairs;
          idx += (size_t)gridDim.x * blockDim.x) {
@@ -46,18 +47,19 @@ static __global__ void rope_kernel(T *x, size_t ld, const T *cos_t, const T *sin
         const size_t row = rh / (size_t)H; /* b * N + n */
         const size_t n = row % (size_t)N;
         T *v = x + row * ld + (size_t)h * (size_t)(2 * half) + 2 * (size_t)i;
-        const float c = ld_any(cos_t + n * (size_t)half + i);
-        const float s = ld_any(sin_t + n * (size_t)half + i);
+        const float c = cos_t[n * (size_t)half + i];
+        const float s = sin_t[n * (size_t)half + i];
         const float a = ld_any(v), b = ld_any(v + 1);
         /* Diffusers apply_rotary_emb (use_real, unbind_dim -1): out =
-         * x cos + rotate(x) sin with rotate(a, b) = (-b, a) */
+         * (x.float() cos + rotate(x).float() sin).to(x.dtype), rotate(a, b)
+         * = (-b, a) */
         st_any(v, a * c - b * s);
         st_any(v + 1, b * c + a * s);
     }
 }
 
 template <typename T>
-static int rope_launch(void *x, size_t ld, const void *cos_t, const void *sin_t, int B, int N,
+static int rope_launch(void *x, size_t ld, const float *cos_t, const float *sin_t, int B, int N,
                        int H, int Dh, ditd_cuda_stream s)
 {
     if (B < 0 || N < 0 || H <= 0 || Dh <= 0 || Dh % 2 || !x || !cos_t || !sin_t ||
@@ -67,11 +69,11 @@ static int rope_launch(void *x, size_t ld, const void *cos_t, const void *sin_t,
     if (pairs == 0)
         return 0;
     rope_kernel<T><<<ew_blocks(pairs), DITD_CUDA_EW_THREADS, 0, (cudaStream_t)s>>>(
-        (T *)x, ld, (const T *)cos_t, (const T *)sin_t, pairs, N, H, Dh / 2);
+        (T *)x, ld, cos_t, sin_t, pairs, N, H, Dh / 2);
     return launch_check();
 }
 
-extern "C" int ditd_cuda_rope(void *x, size_t ld, const void *cos_t, const void *sin_t, int B,
+extern "C" int ditd_cuda_rope(void *x, size_t ld, const float *cos_t, const float *sin_t, int B,
                               int N, int H, int Dh, ditd_cuda_stream s)
 {
     return rope_launch<bf16>(x, ld, cos_t, sin_t, B, N, H, Dh, s);
