@@ -120,15 +120,18 @@ typedef struct ditd_backend_ops {
      * CPU backend always returns 0 (its ops assert instead). */
     int (*status)(void);
 
-    /* ---- FLUX's attention inputs (kernels/cpu/rope.h); NULL on a backend
-     * that lacks them yet (CUDA today): the FLUX family then refuses to load.
+    /* ---- FLUX's attention inputs (kernels/cpu/rope.h, kernels/cuda/rope.cu);
+     * NULL on a backend that lacks them: the FLUX family then refuses to load.
      * rope: x (B, N, H, Dh) rows of stride ld rotated in place, pair i of
-     * token n by cos/sin (N, Dh/2) (activations). rmsnorm_heads: x (rows, H,
-     * Dh) rows of stride ld, each head RMS-normalized in place times w (Dh,
-     * a weight). */
+     * token n by cos/sin (N, Dh/2), fp32 on every backend (as Diffusers keeps
+     * the table), put there by upload_f32. rmsnorm_heads: x (rows, H, Dh)
+     * rows of stride ld, each head RMS-normalized in place times w (Dh, a
+     * weight). upload_f32: n host floats into device memory as they are
+     * (no conversion to the activation type). */
     void (*rope)(void *x, size_t ld, const void *cos, const void *sin, int B, int N, int H,
                  int Dh);
     void (*rmsnorm_heads)(void *x, size_t ld, const void *w, int rows, int H, int Dh, float eps);
+    void (*upload_f32)(void *dst, const float *h_src, size_t n);
 
     /* ---- optional: NULL on the CPU, where the forward runs op by op ----
      *

@@ -296,6 +296,7 @@ const ditd_backend_ops ditd_backend_cpu = {
     .tokens_to_planes = cpu_tokens_to_planes,
     .rope = cpu_rope,
     .rmsnorm_heads = cpu_rmsnorm_heads,
+    .upload_f32 = cpu_upload, /* activations are f32 here */
 };
 
 /* The same table with bf16 weights: only the ops that read weights differ. */
@@ -327,6 +328,7 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
     /* activation-only ops, the same as the f32 table's (FLUX) */
     .rope = cpu_rope,
     .rmsnorm_heads = cpu_rmsnorm_heads,
+    .upload_f32 = cpu_upload,
 };
 
 const char *ditd_backend_cpu_gemm_info(void)

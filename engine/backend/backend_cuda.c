@@ -113,6 +113,16 @@ static void cu_upload(void *dst, const float *h_src, size_t n)
     keep(ditd_cuda_f32_to_bf16(g.stage, dst, n, CS), "upload (f32 -> bf16)");
 }
 
+/* fp32 tables (the RoPE cos/sin) as they are; from pageable memory the copy
+ * returns once h_src has been read */
+static void cu_upload_f32(void *dst, const float *h_src, size_t n)
+{
+    if (n == 0)
+        return;
+    keep((int)cudaMemcpyAsync(dst, h_src, n * sizeof(float), cudaMemcpyHostToDevice, g.compute),
+         "upload_f32");
+}
+
 static void cu_download(float *h_dst, const void *src, size_t n)
 {
     if (n == 0 || stage_reserve(n))
@@ -247,6 +257,19 @@ static void cu_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t
                       size_t cols)
 {
     keep(ditd_cuda_copy2d(dst, ldd, src, lds, rows, cols, 2, CS), "copy2d");
+}
+
+/* ---- FLUX's attention inputs (kernels/cuda/rope.cu) ---- */
+
+static void cu_rope(void *x, size_t ld, const void *cos, const void *sin, int B, int N, int H,
+                    int Dh)
+{
+    keep(ditd_cuda_rope(x, ld, (const float *)cos, (const float *)sin, B, N, H, Dh, CS), "rope");
+}
+
+static void cu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H, int Dh, float eps)
+{
+    keep(ditd_cuda_rmsnorm_heads(x, ld, w, rows, H, Dh, eps, CS), "rmsnorm_heads");
 }
 
 /* ---- per-step arguments in device memory (for graphs) ---- */
@@ -399,6 +422,9 @@ static const ditd_backend_ops cuda_ops = {
     .upsample_nearest2x = cu_upsample_nearest2x,
     .planes_to_tokens = cu_planes_to_tokens,
     .tokens_to_planes = cu_tokens_to_planes,
+    .rope = cu_rope,
+    .rmsnorm_heads = cu_rmsnorm_heads,
+    .upload_f32 = cu_upload_f32,
 };
 
 /* ---- lifetime ---- */

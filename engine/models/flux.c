@@ -94,7 +94,9 @@ static int carve_acts(ditd_flux *m)
     err |= carve(a, &m->tmp, at, B * D) | carve(a, &m->vec, at, B * D);
     err |= carve(a, &m->svec, at, B * D);
     err |= carve(a, &m->mod, at, B * 6 * D) | carve(a, &m->mod_c, at, B * 6 * D);
-    err |= carve(a, &m->rope_cos, at, N * Dh / 2) | carve(a, &m->rope_sin, at, N * Dh / 2);
+    /* the RoPE table stays fp32 on every backend, as Diffusers keeps it */
+    err |= carve(a, &m->rope_cos, DITD_DTYPE_F32, N * Dh / 2) |
+           carve(a, &m->rope_sin, DITD_DTYPE_F32, N * Dh / 2);
     err |= carve(a, &m->scratch, at, B * N * Ci);
     err |= carve(a, &m->tok_out, at, B * N * Co);
     if (m->lay.ring * m->lay.ulysses > 1) {
@@ -125,8 +127,8 @@ static int rope_tables(ditd_flux *m)
             id[2] = (float)col;
         }
     ditd_cpu_rope_table(ids, (int)N, DITD_FLUX_AXES, m->cfg.axes_dims, 10000.0, cs, cs + N * half);
-    m->ops->upload(m->rope_cos, cs, N * half);
-    m->ops->upload(m->rope_sin, cs + N * half, N * half);
+    m->ops->upload_f32(m->rope_cos, cs, N * half);
+    m->ops->upload_f32(m->rope_sin, cs + N * half, N * half);
     free(ids);
     free(cs);
     return 0;
@@ -497,9 +499,9 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
 
     if (max_batch <= 0 || max_batch > 4096)
         return ditd_err_set(DITD_EINVAL, "max batch %d (1..4096)", max_batch);
-    if (!ops->rope || !ops->rmsnorm_heads)
+    if (!ops->rope || !ops->rmsnorm_heads || !ops->upload_f32)
         return ditd_err_set(DITD_EUNSUPPORTED,
-                            "FluxTransformer2DModel needs the rope and rmsnorm_heads ops, which the %s backend lacks yet",
+                            "FluxTransformer2DModel needs the rope, rmsnorm_heads and upload_f32 ops, which the %s backend lacks yet",
                             ops->name);
     if (!(m = calloc(1, sizeof *m)))
         return ditd_err_set(DITD_ENOMEM, "FLUX model");

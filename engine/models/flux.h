@@ -126,7 +126,7 @@ typedef struct ditd_flux {
     void *vec;              /* (B, D) conditioning */
     void *svec;             /* (B, D) SiLU(vec), what every modulation reads */
     void *mod, *mod_c;      /* (B, 6D) */
-    void *rope_cos, *rope_sin; /* (N, Dh/2) of the image tokens */
+    void *rope_cos, *rope_sin; /* (N, Dh/2) of the image tokens, fp32 on every backend */
     void *scratch;          /* (B, N, 4C) im2col of the packing */
     void *tok_out;          /* (B, N, 4Co) */
     float *h_freq;          /* (B, 256) host features before upload */
@@ -153,7 +153,7 @@ typedef struct ditd_flux {
  * index or folder), as one rank of `mesh` (borrowed; NULL = one rank).
  * height and width even. Refused (DITD_EUNSUPPORTED / DITD_EINVAL, on every
  * rank alike): a layout the heads or tokens cannot take, a backend
- * without the rope and rmsnorm_heads ops. *out owned: ditd_flux_free. */
+ * without the rope, rmsnorm_heads and upload_f32 ops. *out owned: ditd_flux_free. */
 int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops, int max_batch,
                        int height, int width, int text_len, const char *weights_path,
                        const ditd_mesh *mesh, ditd_flux **out);

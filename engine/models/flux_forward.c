@@ -100,8 +100,8 @@ static int joint_attention(ditd_flux *m, int B, const ditd_flux_lin *qkv, const 
     ops->rmsnorm_heads(m->pqkv, ld3, pnq, B * L, H, Dh, eps);
     ops->rmsnorm_heads(at(m, m->pqkv, (size_t)A), ld3, pnk, B * L, H, Dh, eps);
     /* this rank's image tokens take their own rows of the table */
-    const void *cs = at(m, m->rope_cos, (size_t)m->tok0 * half);
-    const void *sn = at(m, m->rope_sin, (size_t)m->tok0 * half);
+    const float *cs = (const float *)m->rope_cos + (size_t)m->tok0 * half; /* fp32 */
+    const float *sn = (const float *)m->rope_sin + (size_t)m->tok0 * half;
     ops->rope(m->qkv, ld3, cs, sn, B, Nl, H, Dh);
     ops->rope(at(m, m->qkv, (size_t)A), ld3, cs, sn, B, Nl, H, Dh);
     return ditd_cp_attention_run(m->cpa, B, m->qkv, at(m, m->qkv, (size_t)A),

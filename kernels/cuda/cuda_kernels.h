@@ -125,6 +125,26 @@ int ditd_cuda_layernorm_modulate(const void *x, void *y, int B, int N, int D, fl
 int ditd_cuda_gated_residual(void *h, const void *y, int B, int N, int D, const void *gate,
                              size_t ld_gate, ditd_cuda_stream s);
 
+/* ---- the FLUX family's attention inputs (rope.cu) ----
+ *
+ * As ditd_cpu_rope / ditd_cpu_rmsnorm_heads (kernels/cpu/rope.h), in place,
+ * fp32 arithmetic; bf16 storage, or f32 with the _f32 entries.
+ * rope: x (B, N, H, Dh) rows of stride ld >= H*Dh, pair i of head h of
+ * token n rotated by cos/sin (N, Dh/2), fp32 for either storage of x:
+ *   x[2i] <- x[2i] c - x[2i+1] s,  x[2i+1] <- x[2i+1] c + x[2i] s.
+ * Dh even and > 0. */
+int ditd_cuda_rope(void *x, size_t ld, const float *cos_t, const float *sin_t, int B, int N, int H,
+                   int Dh, ditd_cuda_stream s);
+int ditd_cuda_rope_f32(float *x, size_t ld, const float *cos_t, const float *sin_t, int B, int N,
+                       int H, int Dh, ditd_cuda_stream s);
+/* rmsnorm_heads: x (rows, H, Dh) rows of stride ld >= H*Dh, each head's Dh
+ * values x <- x / sqrt(mean(x^2) + eps) * w, w (Dh) or NULL (no weight);
+ * the mean square in fp32, one rounding of the output. eps >= 0. */
+int ditd_cuda_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H, int Dh, float eps,
+                            ditd_cuda_stream s);
+int ditd_cuda_rmsnorm_heads_f32(float *x, size_t ld, const float *w, int rows, int H, int Dh,
+                                float eps, ditd_cuda_stream s);
+
 /* ---- attention ---- */
 
 /* Largest head dimension ditd_cuda_attention takes (tiles padded to 32, 64,

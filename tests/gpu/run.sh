@@ -21,6 +21,10 @@
 #   memcheck      compute-sanitizer memcheck on test_cuda_ops (another seed)
 #   model         test_cuda_model (fixture forwards vs float64 Diffusers,
 #                 samplings vs the CPU)
+#   flux          test_cuda_flux (rope and rmsnorm_heads vs the CPU; the FLUX
+#                 fixtures' weights bf16 on the device; their forwards vs the
+#                 CPU backend and float64 Diffusers)
+#   memcheck-flux compute-sanitizer memcheck on test_cuda_flux
 #   nccl1         test_nccl_one (a one-rank NCCL communicator: splits, every
 #                 collective, send/recv to self, fail-stop, finalize)
 #   gen-graphs, gen-nographs, graphs-cmp
@@ -28,6 +32,9 @@
 #                 the latents must be identical (cmp) and the graphs used
 #   bench-xl      one ditd bench process: DiT-XL/2, 1024 tokens, batch 2
 #   bench-kernels bench_cuda: GEMM vs plain cuBLAS, attention TFLOP/s
+#   bench-flux    bench_cuda_flux: FLUX.1-dev-width blocks at 1024x1024 (4096
+#                 image + 512 text tokens): ms per double / single block and
+#                 a projection of the full model
 #   racecheck     compute-sanitizer racecheck on the kernels with shared
 #                 memory (attention, merge, layernorm), if time is left
 #
@@ -49,7 +56,7 @@ while [ $# -gt 0 ]; do
     --source) mode=source; shift ;;
     --out) out=$2; shift 2 ;;
     --deadline) deadline=$2; shift 2 ;;
-    -h | --help) sed -n '2,38p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,42p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (--prebuilt [DIR], --source, --out DIR, --deadline S)" >&2; exit 2 ;;
     esac
 done
@@ -86,7 +93,7 @@ else
     kit_step setup 120 10 "${cfg[@]}" -Dcuda=enabled -Dwerror=true
     if [ "$(kit_result setup)" != PASS ]; then kit_summary; exit 1; fi
     targets=()
-    for t in ditd tests/gpu/test_cuda_ops tests/gpu/test_cuda_model tests/gpu/bench_cuda tests/gpu/test_nccl_one; do
+    for t in ditd tests/gpu/test_cuda_ops tests/gpu/test_cuda_model tests/gpu/test_cuda_flux tests/gpu/bench_cuda tests/gpu/bench_cuda_flux tests/gpu/test_nccl_one; do
         ninja -C "$build" -t query "$t" >/dev/null 2>&1 && targets+=("$t") # test_nccl_one: with NCCL
     done
     kit_step build 300 30 ninja -C "$build" "${targets[@]}"
@@ -225,6 +232,7 @@ seed=${DITD_TEST_SEED:-$(date +%s)}
 echo "seed $seed (DITD_TEST_SEED=$seed repeats the ops run)"
 # each binary, through the bundled loader where the glibc is older
 ops=("${RUN[@]}" "$bin/test_cuda_ops") model=("${RUN[@]}" "$bin/test_cuda_model")
+flux=("${RUN[@]}" "$bin/test_cuda_flux") benchf=("${RUN[@]}" "$bin/bench_cuda_flux")
 ditd=("${RUN[@]}" "$bin/ditd") benchk=("${RUN[@]}" "$bin/bench_cuda") nccl1=("${RUN[@]}" "$bin/test_nccl_one")
 
 kit_step ops 150 20 env DITD_TEST_SEED="$seed" DITD_TEST_OUT="$out/ops" "${ops[@]}"
@@ -239,6 +247,7 @@ else
     kit_record memcheck SKIP 0 0 "compute-sanitizer not found"
 fi
 kit_step model 180 30 env DITD_FIXTURES="$fix" DITD_TEST_OUT="$out/model" "${model[@]}"
+kit_step flux 120 20 env DITD_FIXTURES="$fix" DITD_TEST_SEED="$seed" "${flux[@]}"
 if [ -x "$bin/test_nccl_one" ]; then
     kit_step nccl1 60 15 "${nccl1[@]}"
 else
@@ -255,12 +264,21 @@ if [ "$(kit_result gen-graphs)" = PASS ] && [ "$(kit_result gen-nographs)" = PAS
 else
     kit_record graphs-cmp SKIP 0 0 "nothing to compare: a generate run failed"
 fi
+if [ -n "$SAN" ]; then
+    kit_step memcheck-flux 180 40 env DITD_FIXTURES="$fix" DITD_TEST_SEED=$((seed + 3)) \
+        "$SAN" --tool memcheck --target-processes all --leak-check no --error-exitcode 9 --print-limit 100 "${flux[@]}"
+else
+    kit_record memcheck-flux SKIP 0 0 "compute-sanitizer not found"
+fi
 if kit_step bench-xl 120 45 "${ditd[@]}" bench --device cuda --config DiT-XL/2 --tokens 1024 --batch 2 \
         --iters 10 --warmup 2 --no-gemm; then
     ms=$(awk -F'|' '$3 ~ /cuda/ { gsub(/ /, "", $8); print $8; exit }' "$out/bench-xl.log")
     kit_note bench-xl "DiT-XL/2 1024 tokens batch 2: ${ms:-?} ms/forward (median)"
 fi
 kit_step bench-kernels 90 60 "${benchk[@]}"
+if kit_step bench-flux 150 60 "${benchf[@]}"; then
+    kit_note bench-flux "$(grep -o 'projection.*' "$out/bench-flux.log" | head -n 1)"
+fi
 if [ -n "$SAN" ]; then
     kit_step racecheck 300 120 env DITD_TEST_SEED=$((seed + 2)) DITD_OPS_FILTER=attention,layernorm,merge \
         DITD_TEST_OUT="$out/racecheck" "$SAN" --tool racecheck --target-processes all --error-exitcode 9 "${ops[@]}"

@@ -1,6 +1,7 @@
 /* GPU: every op of the CUDA backend table (and the kernels beside it: Philox
  * noise, guidance, the sampler's linear update) against the CPU backend, on
- * fresh random inputs. Exits 77 (skipped) without a GPU.
+ * fresh random inputs; FLUX's rope and rmsnorm_heads are test_cuda_flux's.
+ * Exits 77 (skipped) without a GPU.
  *
  * Method: inputs are drawn in f32, uploaded (rounded to bf16) and downloaded
  * again, so both backends compute on the same bf16-representable values;
