@@ -229,7 +229,10 @@ void ditd__sched_kick(ditd_srv *s)
                     smp[i].prompt = j->rq.prompt;
                 if (j->rq.negative_prompt)
                     smp[i].negative_prompt = j->rq.negative_prompt;
-                smp[i].true_cfg = j->rq.true_cfg;
+                /* FluxPipeline's do_true_cfg: true_cfg_scale > 1 and a
+                 * negative prompt given ("" counts); the worker encodes a
+                 * negative prompt whenever true_cfg > 1 */
+                smp[i].true_cfg = j->rq.negative_prompt ? j->rq.true_cfg : 1.0f;
                 smpp[i] = &smp[i];
                 b->job[i] = j;
                 b->idx[i] = j->dispatched;
