@@ -530,6 +530,8 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     env.msg_case = DITD__ENVELOPE__MSG_RESULT;
     env.result = &r;
     send_env(w, &env);
+    if (w->te) /* the text cache's counters moved: /metrics hears it now */
+        send_heartbeat(w, true);
 }
 
 /* The leader: one message outside a batch. Takes ownership of buf. */
