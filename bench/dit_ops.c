@@ -50,7 +50,7 @@ static op_row *row(const char *name, double flops)
     for (int i = 0; i < g_nrows; i++)
         if (strcmp(g_rows[i].name, name) == 0)
             return &g_rows[i];
-    if (g_nrows == MAX_KEYS)
+    if (g_nrows == MAX_KEYS) /* more distinct ops than a DiT has: pooled in the last row */
         return &g_rows[MAX_KEYS - 1];
     op_row *r = &g_rows[g_nrows++];
     snprintf(r->name, sizeof r->name, "%s", name);
@@ -186,8 +186,8 @@ int main(int argc, char **argv)
         }
     }
     int side = (int)lround(sqrt((double)tokens));
-    if (side * side != tokens || B < 1 || iters < 1 || iters > MAX_ITERS) {
-        fprintf(stderr, "dit_ops: --tokens must be a square, --iters 1..%d, --batch >= 1\n", MAX_ITERS);
+    if (side * side != tokens || B < 1 || B > 64 || iters < 1 || iters > MAX_ITERS) {
+        fprintf(stderr, "dit_ops: --tokens must be a square, --iters 1..%d, --batch 1..64\n", MAX_ITERS);
         return 2;
     }
     const ditd_backend_ops *base = ditd_backend_for_weights(&ditd_backend_cpu, dtype, DITD_DTYPE_F32);
@@ -231,8 +231,10 @@ int main(int argc, char **argv)
     float *x = malloc(nx * sizeof *x), *out = malloc(no * sizeof *out), t[64];
     int64_t y[64];
     double total[MAX_ITERS + 1] = {0};
-    if (!x || !out || B > 64)
+    if (!x || !out) {
+        fprintf(stderr, "dit_ops: out of memory for the input and output\n");
         goto done;
+    }
     ditd_philox_normal(7, 0, 0, nx, x);
     for (int b = 0; b < B; b++) {
         t[b] = 500.0f;
