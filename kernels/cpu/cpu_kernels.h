@@ -55,6 +55,12 @@ void ditd_cpu_linear_bf16(const float *x, size_t ldx, const uint16_t *w, const u
 void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int w_bf16, float *y,
                    size_t ldy, int M, int N, int K);
 
+/* As ditd_cpu_gemm, and act fused into oneDNN's matmul as a post-op where
+ * oneDNN runs the product (M > 16 rows). Returns 1 when act was applied, 0
+ * when the caller still has to apply it (few rows, OpenBLAS). */
+int ditd_cpu_gemm_act(const float *x, size_t ldx, const void *w, const void *b, int w_bf16,
+                      float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act);
+
 /* One line naming the GEMM library, the CPU's instruction set as the library
  * sees it and the kernels it picked for f32 and bf16 ("oneDNN 2.6.3, cpu isa
  * avx512_core_bf16; f32 brg:avx512_core, bf16 brg:avx512_core_bf16").

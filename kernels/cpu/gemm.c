@@ -8,7 +8,9 @@
  * OpenBLAS's cblas_sgemm is the fallback: when ditd is built without oneDNN,
  * when DITD_CPU_GEMM=openblas is set (to compare), or when oneDNN refuses a
  * shape. bf16 runs bf16 x bf16 with fp32 accumulation; x is rounded to bf16
- * (nearest-even) first, as PyTorch's bf16 matmul sees it.
+ * (nearest-even) first, as PyTorch's bf16 matmul sees it. Through oneDNN the
+ * bias and the activation (GELU-tanh, SiLU: eltwise post-ops) are applied to
+ * each output block inside the matmul; elsewhere the caller applies them.
  *
  * State: a small table of oneDNN primitives, one per (dtype, M, N, K, ldx,
  * ldy, bias) met so far, built on first use (the first forward) and kept for
@@ -65,9 +67,11 @@ void ditd_cpu_bf16_to_f32(const uint16_t *src, float *dst, size_t n)
         dst[i] = bf16_to_f32(src[i]);
 }
 
-/* x (M, K) rows of stride ldx to a dense bf16 (M, K). */
+/* x (M, K) rows of stride ldx to a dense bf16 (M, K): once per GEMM, over
+ * the threads for a token-sized x (fc2's input at DiT-XL/2 is 2.4M values). */
 static void rows_to_bf16(const float *x, size_t ldx, uint16_t *xb, int M, int K)
 {
+#pragma omp parallel for schedule(static) if ((size_t)M * (size_t)K > 262144)
     for (int i = 0; i < M; i++) {
         const float *r = x + (size_t)i * ldx;
         uint16_t *d = xb + (size_t)i * (size_t)K;
@@ -140,7 +144,7 @@ static int g_use_dnnl; /* 1 when oneDNN runs the GEMMs */
 #define DNNL_SLOTS 96
 
 typedef struct dnnl_slot {
-    int used, bf16, M, N, K, bias;
+    int used, bf16, M, N, K, bias, act;
     size_t ldx, ldy;
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, bia, dst;
@@ -180,7 +184,7 @@ static void slot_release(dnnl_slot *s)
 /* Builds the matmul for one shape into s; 0 or -1 (oneDNN refused). impl,
  * when not NULL, receives oneDNN's implementation name ("brg:avx512_core"). */
 static int slot_build(dnnl_slot *s, int bf16, int M, int N, int K, size_t ldx, size_t ldy,
-                      int bias, char *impl, size_t impl_len)
+                      int bias, int act, char *impl, size_t impl_len)
 {
     dnnl_data_type_t wt = bf16 ? dnnl_bf16 : dnnl_f32;
     dnnl_memory_desc_t src_md, wei_md, bia_md, dst_md;
@@ -190,13 +194,35 @@ static int slot_build(dnnl_slot *s, int bf16, int M, int N, int K, size_t ldx, s
     dnnl_dims_t dd = {M, N}, ds = {(dnnl_dim_t)ldy, 1};
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
     memset(s, 0, sizeof *s);
     if (dnnl_memory_desc_init_by_strides(&src_md, 2, sd, wt, ss) ||
         dnnl_memory_desc_init_by_strides(&wei_md, 2, wd, wt, ws) ||
         dnnl_memory_desc_init_by_strides(&bia_md, 2, bd, wt, bs) ||
         dnnl_memory_desc_init_by_strides(&dst_md, 2, dd, dnnl_f32, ds) ||
-        dnnl_matmul_desc_init(&md, &src_md, &wei_md, bias ? &bia_md : NULL, &dst_md) ||
-        dnnl_primitive_desc_create(&pd, &md, NULL, g_eng, NULL))
+        dnnl_matmul_desc_init(&md, &src_md, &wei_md, bias ? &bia_md : NULL, &dst_md))
+        return -1;
+    /* the activation as an eltwise post-op, applied to each output block
+     * while it is in registers: GELU(tanh) as PyTorch's approximate='tanh',
+     * SiLU as swish with alpha 1 (x sigmoid(x)) */
+    if (act != DITD_CPU_ACT_NONE) {
+        dnnl_alg_kind_t alg = act == DITD_CPU_ACT_GELU_TANH ? dnnl_eltwise_gelu_tanh : dnnl_eltwise_swish;
+        int bad_attr = dnnl_primitive_attr_create(&attr) || dnnl_post_ops_create(&po) ||
+                       dnnl_post_ops_append_eltwise(po, 1.0f, alg, 1.0f, 0.0f) ||
+                       dnnl_primitive_attr_set_post_ops(attr, po);
+        if (po)
+            dnnl_post_ops_destroy(po);
+        if (bad_attr) {
+            if (attr)
+                dnnl_primitive_attr_destroy(attr);
+            return -1;
+        }
+    }
+    int refused = dnnl_primitive_desc_create(&pd, &md, attr, g_eng, NULL) != dnnl_success;
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    if (refused)
         return -1;
     if (impl) {
         const char *name = NULL;
@@ -223,6 +249,7 @@ static int slot_build(dnnl_slot *s, int bf16, int M, int N, int K, size_t ldx, s
     s->ldx = ldx;
     s->ldy = ldy;
     s->bias = bias;
+    s->act = act;
     return 0;
 }
 
@@ -243,7 +270,7 @@ static int slot_run(dnnl_slot *s, const void *x, const void *w, const void *b, f
 
 /* One GEMM through oneDNN under g_lock; -1 when oneDNN cannot run it. */
 static int dnnl_run_gemm(int bf16, const void *x, size_t ldx, const void *w, const void *b, float *y,
-                     size_t ldy, int M, int N, int K)
+                         size_t ldy, int M, int N, int K, int act)
 {
     int bias = b != NULL, free_slot = -1;
     for (int i = 0; i < DNNL_SLOTS; i++) {
@@ -254,17 +281,17 @@ static int dnnl_run_gemm(int bf16, const void *x, size_t ldx, const void *w, con
             continue;
         }
         if (s->bf16 == bf16 && s->M == M && s->N == N && s->K == K && s->ldx == ldx &&
-            s->ldy == ldy && s->bias == bias)
+            s->ldy == ldy && s->bias == bias && s->act == act)
             return slot_run(s, x, w, b, y);
     }
     if (free_slot >= 0) {
-        if (slot_build(&g_slots[free_slot], bf16, M, N, K, ldx, ldy, bias, NULL, 0))
+        if (slot_build(&g_slots[free_slot], bf16, M, N, K, ldx, ldy, bias, act, NULL, 0))
             return -1;
         return slot_run(&g_slots[free_slot], x, w, b, y);
     }
     /* table full (more shapes than a model has): build, run, drop */
     dnnl_slot tmp;
-    if (slot_build(&tmp, bf16, M, N, K, ldx, ldy, bias, NULL, 0))
+    if (slot_build(&tmp, bf16, M, N, K, ldx, ldy, bias, act, NULL, 0))
         return -1;
     int err = slot_run(&tmp, x, w, b, y);
     slot_release(&tmp);
@@ -278,9 +305,9 @@ static void dnnl_probe(void)
     dnnl_slot s;
     snprintf(g_impl_f32, sizeof g_impl_f32, "refused");
     snprintf(g_impl_bf16, sizeof g_impl_bf16, "refused");
-    if (!slot_build(&s, 0, 512, 1152, 1152, 1152, 1152, 1, g_impl_f32, sizeof g_impl_f32))
+    if (!slot_build(&s, 0, 512, 1152, 1152, 1152, 1152, 1, 0, g_impl_f32, sizeof g_impl_f32))
         slot_release(&s);
-    if (!slot_build(&s, 1, 512, 1152, 1152, 1152, 1152, 1, g_impl_bf16, sizeof g_impl_bf16))
+    if (!slot_build(&s, 1, 512, 1152, 1152, 1152, 1152, 1, 0, g_impl_bf16, sizeof g_impl_bf16))
         slot_release(&s);
 }
 
@@ -401,15 +428,15 @@ static void *need(void **p, size_t *len, size_t n, size_t es)
     return *p;
 }
 
-void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int w_bf16, float *y,
-                   size_t ldy, int M, int N, int K)
+int ditd_cpu_gemm_act(const float *x, size_t ldx, const void *w, const void *b, int w_bf16,
+                      float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act)
 {
     assert(x && w && y);
     assert(M >= 0 && N > 0 && K > 0);
     assert(ldx >= (size_t)K && ldy >= (size_t)N);
     assert(!omp_in_parallel()); /* the libraries must not run inside our region */
     if (M == 0)
-        return;
+        return 1;
     pthread_once(&g_once, gemm_init);
     pthread_mutex_lock(&g_lock);
     const size_t mk = (size_t)M * (size_t)K;
@@ -420,12 +447,19 @@ void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int
         small_m_gemm(w_bf16 ? (const void *)g_xb : x, w_bf16 ? (size_t)K : ldx, w, b, w_bf16, y,
                      ldy, M, N, K);
         pthread_mutex_unlock(&g_lock);
-        return;
+        return 0;
     }
 #if DITD_HAVE_DNNL
+    /* with the activation fused; if oneDNN refuses that, without it */
+    if (g_use_dnnl && act != DITD_CPU_ACT_NONE &&
+        dnnl_run_gemm(w_bf16, w_bf16 ? (const void *)g_xb : x, w_bf16 ? (size_t)K : ldx, w, b, y,
+                      ldy, M, N, K, (int)act) == 0) {
+        pthread_mutex_unlock(&g_lock);
+        return 1;
+    }
     if (g_use_dnnl)
         ok = dnnl_run_gemm(w_bf16, w_bf16 ? (const void *)g_xb : x, w_bf16 ? (size_t)K : ldx, w, b, y,
-                       ldy, M, N, K) == 0;
+                           ldy, M, N, K, 0) == 0;
 #endif
     if (!ok && !w_bf16) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, (int)ldx, w, K,
@@ -443,4 +477,11 @@ void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int
     if (!ok && b)
         add_bias(y, ldy, b, w_bf16, M, N);
     pthread_mutex_unlock(&g_lock);
+    return act == DITD_CPU_ACT_NONE;
+}
+
+void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int w_bf16, float *y,
+                   size_t ldy, int M, int N, int K)
+{
+    (void)ditd_cpu_gemm_act(x, ldx, w, b, w_bf16, y, ldy, M, N, K, DITD_CPU_ACT_NONE);
 }

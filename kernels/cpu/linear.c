@@ -76,10 +76,9 @@ static void linear_any(const float *x, size_t ldx, const void *w, const void *b,
     if (M == 0)
         return;
 
-    /* y = x @ w^T + b: x (M, K) row-major, w (N, K) row-major used transposed. */
-    ditd_cpu_gemm(x, ldx, w, b, w_bf16, y, ldy, M, N, K);
-
-    if (act == DITD_CPU_ACT_NONE)
+    /* y = x @ w^T + b: x (M, K) row-major, w (N, K) row-major used transposed;
+     * the activation fused into the GEMM where the library runs it */
+    if (ditd_cpu_gemm_act(x, ldx, w, b, w_bf16, y, ldy, M, N, K, act) || act == DITD_CPU_ACT_NONE)
         return;
 #pragma omp parallel for schedule(static) if ((size_t)M * (size_t)N > 16384)
     for (int i = 0; i < M; ++i)
