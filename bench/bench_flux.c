@@ -243,6 +243,9 @@ int main(int argc, char **argv)
                "forward (%d reps)\n",
                cfg.inner_dim, nd, ns, w, h, m->N, L, B, nt, mesh ? mesh->size : 1, U, R,
                ditd_ring_rotate_name(lay.rotate), lay.tp, med[MODE_FULL], reps);
+        printf("rank 0 memory: weights %.1f MB, activations %.1f MB (planned arenas, %s)\n",
+               (double)ditd_flux_weight_bytes(m) / 1e6, (double)ditd_flux_act_bytes(m) / 1e6,
+               ditd_dtype_name(ops->act_dtype));
         if (mesh)
             printf("rank 0 inside collectives: %.1f ms per forward (mean)\n", comm_ms[MODE_FULL]);
     }
