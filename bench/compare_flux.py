@@ -21,6 +21,7 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -162,12 +163,13 @@ def main():
     rows, details = [], []
     if not args.no_diffusers:
         fwd, td, ts = time_diffusers(args, n_img, args.lock)
+        print(f"[Diffusers: {fwd:.0f} ms per forward]", file=sys.stderr, flush=True)
         rows.append(("Diffusers (PyTorch CPU)", f"1 x {args.threads}", fwd, td, ts))
     for layout in [None] + layouts:
         label, thr, fwd, td, ts, out = run_ditd(args, layout, args.lock)
+        print(f"[{label}: {fwd:.0f} ms per forward]", file=sys.stderr, flush=True)
         rows.append((f"ditd {label}" if layout else label, thr, fwd, td, ts))
-        if layout:
-            details.append((label, out))
+        details.append((label, out))
     ref = rows[0]
     B = args.batch
     print(f"\nmedian of {args.reps} (after 1 warm-up); ratio = this row's ms / the first row's\n")
@@ -178,8 +180,7 @@ def main():
         print(f"| {name} | {thr} | {fwd:.0f} | {td:.0f} | {B * fd / td / 1e6:.0f} | {ts:.0f} "
               f"| {B * fs / ts / 1e6:.0f} | {fwd / ref[2]:.2f} | {td / ref[3]:.2f} | {ts / ref[4]:.2f} |")
     for label, out in details:
-        tab = out[out.index("| axis |"):] if "| axis |" in out else out
-        print(f"\n{label}: bytes per collective (rank 0)\n\n{tab.strip()}")
+        print(f"\n{label}, bench_flux's output:\n\n{out.strip()}")
 
 
 if __name__ == "__main__":
