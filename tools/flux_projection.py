@@ -237,6 +237,12 @@ def main():
     GB = 1e9
     print(f"\nbf16 (2 bytes). Encoders and VAE on a rank that runs them: T5-XXL {2 * t5 / GB:.2f} GB, "
           f"CLIP-L {2 * clip / GB:.2f} GB, VAE {2 * vae / GB:.2f} GB\n")
+    chk = [(act_elems(1, 1, 1)[0] + act_elems(1, 1, 1)[1]) * 4 / 1e6,
+           (act_elems(1, 2, 1)[0] + act_elems(1, 2, 1)[1]) * 4 / 1e6,
+           (act_elems(2, 1, 1)[0] + act_elems(2, 1, 1)[1]) * 4 / 1e6]
+    print("check against the arenas bench_flux plans on the CPU (f32): the formula gives "
+          f"{chk[0]:.1f} / {chk[1]:.1f} / {chk[2]:.1f} MB for one rank / ulysses 2 / ring 2; "
+          "bench_flux printed 642.8 / 669.1 / 524.5 MB (arena alignment aside)\n")
     print("| ranks | layout | transformer weights GB/rank | activations GB/rank (ditd plan) "
           "| transformer total GB/rank | + T5, CLIP, VAE on the rank GB |")
     print("|---|---|---|---|---|---|")
