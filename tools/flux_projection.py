@@ -105,9 +105,10 @@ def layouts(P):
 
 # xDiT's published FLUX.1-dev 1024px 28-step latencies on H100 (seconds: PyTorch, torch.compile),
 # https://github.com/xdit-project/xDiT/blob/main/docs/performance/flux.md
-XDIT = {"1 GPU": (6.71, 4.30), "ulysses 2": (4.38, 2.68), "ring 2 (allgather)": (5.31, 2.60),
-        "ring 2 (p2p)": (5.31, 2.60), "usp ulysses 2 x ring 2": (5.19, 1.80),
-        "ulysses 4": (4.24, 1.63), "ring 4 (allgather)": (5.11, 1.98), "ring 4 (p2p)": (5.11, 1.98)}
+# (their ring attention passes K/V blocks peer to peer: beside ditd's p2p rows)
+XDIT = {"1 GPU": (6.71, 4.30), "ulysses 2": (4.38, 2.68), "ring 2 (p2p)": (5.31, 2.60),
+        "usp ulysses 2 x ring 2": (5.19, 1.80), "ulysses 4": (4.24, 1.63),
+        "ring 4 (p2p)": (5.11, 1.98)}
 
 
 def flux_params():
