@@ -67,7 +67,7 @@ def tp_bytes(T, R, U, es, single):
     if T == 1:
         return {}
     return {"tp all-reduce": ((1 if single else 2) * (n + L_TXT) * D * es * 2 * (T - 1) / T,
-                              1 if single else 4)}
+                              2 if single else 4)}
 
 
 def step_cost(R, U, T, args, split_text=False, p2p=False):
