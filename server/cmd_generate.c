@@ -355,7 +355,8 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done_info;
     }
     if (out_path && info.needs_vae &&
-        (err = ditd_latent_image_new(&info, ops, mesh ? mesh->group : NULL, vae_tiling, &li))) {
+        (err = ditd_latent_image_new(&info, &ditd_backend_cpu, mesh ? mesh->group : NULL, vae_tiling,
+                                     &li))) { /* on the CPU, whatever the denoiser's device */
         fail("loading the VAE", err);
         goto done;
     }

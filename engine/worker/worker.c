@@ -761,7 +761,10 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     if (!err)
         err = ditd_pipeline_new_group(&w->info, wops, cfg->max_batch, w->mesh, &w->pipe);
     if (!err && w->info.needs_vae)
-        err = ditd_latent_image_new(&w->info, ops, in_group(w) ? w->mesh->group : NULL,
+        /* the decode runs on each rank's CPU backend (also on a GPU replica:
+         * the VAE has no device decode yet, docs/vae.md); the group's comm
+         * is host MPI */
+        err = ditd_latent_image_new(&w->info, &ditd_backend_cpu, in_group(w) ? w->mesh->group : NULL,
                                     cfg->vae_tiling, &w->li);
     if (!err) {
         ops->set_threads(cfg->threads);
