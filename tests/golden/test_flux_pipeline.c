@@ -21,8 +21,9 @@
  * in memory, bf16 x bf16 -> fp32 GEMMs; the text encoders and the VAE as
  * above). The bound, as tests/golden/test_bf16.c's for the DiT: ditd's bf16
  * final latents are no farther from the float64 reference than Diffusers'
- * bf16 run is, in both measures (max|d| / max|ref| and relative L2); and the
- * FLUX weights take half (within 1%) of the f32 table's bytes. The bf16 table
+ * bf16 run is, in both measures (max|d| / max|ref| and relative L2), and
+ * within BF16_TOL of ditd's own f32 run; and the FLUX weights take half
+ * (within 1%) of the f32 table's bytes. The bf16 table
  * runs on every x86 CPU (bf16 dot products in hardware where
  * ditd_backend_cpu_has_bf16, else widened to f32 per tile), so, as
  * test_bf16.c, the check runs everywhere; the log says which. At least 6 bf16
@@ -52,6 +53,11 @@
 #define TEXT_TOL 5e-5
 #define MAXB 4
 #define MIN_BF16_CASES 6
+/* ditd bf16 vs ditd f32, max|d| / max|ref|, as test_bf16.c's BF16_TOL: a
+ * ceiling of its own, as Diffusers' bf16 error is large on these cases
+ * (0.2 to 0.4 where guidance x 1000 is not a bf16 value); ditd measures
+ * 1.3e-3 to 6.4e-3 here. */
+#define BF16_TOL 1e-2
 
 static float *npy(const char *name, size_t *n)
 {
@@ -165,6 +171,9 @@ static int run_bf16(json_t *c, const ditd_model_info *info, const ditd_pipeline 
              e_d.rel_l2, e_t.rel_l2);
     /* the weights were rounded: the bf16 run is not the f32 one */
     TU_CHECK(e_s.rel > 1e-6, "%s: bf16 equals f32 (rel %.3g): weights not rounded?", what, e_s.rel);
+    char w2[700];
+    snprintf(w2, sizeof w2, "%s vs ditd f32", what);
+    TU_CLOSE(w2, got, f32, n, BF16_TOL);
     done = 1;
 out:
     ditd_pipeline_free(p);
