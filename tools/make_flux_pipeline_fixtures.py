@@ -24,7 +24,12 @@ loads them with FluxPipeline.from_pretrained(folder, torch_dtype=torch.float64),
 every weight is float64 and equal to the stored (rounded) value, and runs the cases of
 CASES with explicit noise (latents=, recorded), writing expected/cases.json and the .npy
 files it lists: noise, token ids, prompt embeddings, sigmas and timesteps, the latents
-after every step, the final latents, and the decoded image as float and as uint8.
+after every step, the final latents, and the decoded image as float and as uint8. Then it
+loads the same folders with torch_dtype=torch.bfloat16 (Diffusers' own bf16 run: nothing is
+kept in float32 by these classes; the tool records which parameters are, per component, in
+cases.json "bf16_float32_kept") and runs every case again from the same noise, writing
+<case>_final_latents_bf16.npy and the bf16 run's errors against the float64 final latents
+(bf16_rel, bf16_rel_l2): the bound ditd's bf16 CPU path is held to.
 README.md next to the fixtures gives every layout and dtype.
 
 What it is not: part of the build or the tests (tests never need PyTorch). Re-run only
@@ -425,6 +430,51 @@ def make_case(pipe, exp, index, case, watch):
     return entry
 
 
+def errors(got, ref):
+    """max|d| / max|ref| and the relative L2 norm, in float64 on the stored float32 arrays (the
+    measures tests/test_util.h's tu_compare takes)."""
+    got = np.asarray(got, np.float32).astype(np.float64)
+    ref = np.asarray(ref, np.float32).astype(np.float64)
+    d = np.abs(got - ref)
+    return float(d.max() / np.abs(ref).max()), float(np.sqrt((d * d).sum() / (ref * ref).sum()))
+
+
+def float32_in_bf16(pipe):
+    """The parameters and buffers Diffusers / transformers keep in float32 when the pipeline is
+    loaded with torch_dtype=torch.bfloat16 (names per component)."""
+    out = {}
+    for cname in ("text_encoder", "text_encoder_2", "transformer", "vae"):
+        m = getattr(pipe, cname)
+        kept = sorted(k for k, t in list(m.named_parameters()) + list(m.named_buffers())
+                      if t.is_floating_point() and t.dtype != torch.bfloat16)
+        out[cname] = kept
+    return out
+
+
+def make_bf16(pipe16, exp, index, case, entry):
+    """The same case with Diffusers loaded in bfloat16 (FluxPipeline.from_pretrained(...,
+    torch_dtype=torch.bfloat16)): the same prompts and the same float32 noise (the pipeline casts
+    the latents to the text encoders' dtype, bf16, as it does for any latents= it is given; the
+    scheduler steps in float32 and casts back to bf16). Writes <name>_final_latents_bf16.npy and
+    the errors against the float64 final latents into entry."""
+    name, _, _, _, _, H, W, _, _, _, _ = case
+    vsf = pipe16.vae_scale_factor
+    noise = np.load(exp / entry["noise"])
+    ref = np.load(exp / entry["final_latents"])
+    B, C, h, w = noise.shape
+    packed = FluxPipeline._pack_latents(torch.from_numpy(noise), B, C, h, w)
+    lat = run(pipe16, case, packed, "latent")
+    assert lat.dtype == torch.bfloat16 and lat.shape == packed.shape, (name, lat.dtype, lat.shape)
+    fin = FluxPipeline._unpack_latents(lat, H, W, vsf).float()
+    again = FluxPipeline._unpack_latents(run(pipe16, case, packed, "latent"), H, W, vsf).float()
+    assert torch.equal(fin, again), f"{name}: the bf16 run is not deterministic"
+    entry["final_latents_bf16"] = npy(exp, f"{name}_final_latents_bf16.npy", fin)
+    rel, rel_l2 = errors(np.load(exp / entry["final_latents_bf16"]), ref)
+    assert 1e-5 < rel < 0.5, f"{name}: bf16 rel error {rel:.2e}"
+    entry["bf16_rel"], entry["bf16_rel_l2"] = rel, rel_l2
+    print(f"{name}: Diffusers bf16 vs float64 final latents: rel {rel:.3e} rel_l2 {rel_l2:.3e}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -462,10 +512,19 @@ def main():
             cases.append(make_case(pipe, exp, i, case, watch))
             for hnd in watch.handles:
                 hnd.remove()
-    assert len(cases) >= 10
+        # the same cases in bfloat16 (Diffusers' own bf16 run: what ditd's bf16 CPU path is held to)
+        kept32 = {}
+        for name in PIPELINES:
+            pipe16 = FluxPipeline.from_pretrained(tmp / "pipes" / name, torch_dtype=torch.bfloat16)
+            pipe16.set_progress_bar_config(disable=True)
+            kept32[name] = float32_in_bf16(pipe16)
+            for i, case in enumerate(CASES):
+                if case[1] == name:
+                    make_bf16(pipe16, exp, i, case, cases[i])
+    assert len(cases) >= 10 and sum("bf16_rel" in c for c in cases) >= 6
     meta = dict(diffusers=diffusers.__version__, transformers=transformers.__version__,
                 torch=torch.__version__, compute="float64", stored="float32 (ids int64, image_u8 uint8)",
-                cases=cases)
+                bf16_float32_kept=kept32, cases=cases)
     write_json(exp / "cases.json", meta)
     print(f"{len(cases)} cases -> {exp}")
 

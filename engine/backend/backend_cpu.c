@@ -251,6 +251,21 @@ static void cpu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H
     ditd_cpu_rmsnorm_heads(x, ld, w, rows, H, Dh, eps);
 }
 
+/* The bf16 table's: w (Dh) is a weight (backend.h), so bf16 here; widened
+ * before the f32 kernel reads it. Reading it as f32 (the f32 table's op)
+ * took FLUX's QK-norm gains from the wrong bytes. Dh is at most
+ * DITD_CPU_ATTN_MAX_DH (flux_config refuses more). */
+static void cpu_rmsnorm_heads_bf16(void *x, size_t ld, const void *w, int rows, int H, int Dh,
+                                   float eps)
+{
+    float wf[DITD_CPU_ATTN_MAX_DH];
+    if (Dh <= 0 || Dh > DITD_CPU_ATTN_MAX_DH)
+        return;
+    if (w)
+        ditd_cpu_bf16_to_f32(w, wf, (size_t)Dh);
+    ditd_cpu_rmsnorm_heads(x, ld, w ? wf : NULL, rows, H, Dh, eps);
+}
+
 static int cpu_status(void)
 {
     return 0;
@@ -325,9 +340,10 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
     .mem_alloc = NULL,
     .mem_free = NULL,
     .status = cpu_status,
-    /* activation-only ops, the same as the f32 table's (FLUX) */
+    /* FLUX's: rope reads activations and the fp32 table, as the f32
+     * table's; rmsnorm_heads reads a bf16 weight */
     .rope = cpu_rope,
-    .rmsnorm_heads = cpu_rmsnorm_heads,
+    .rmsnorm_heads = cpu_rmsnorm_heads_bf16,
     .upload_f32 = cpu_upload,
 };
 
