@@ -59,6 +59,9 @@ import diffusers
 from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_flux_fixtures import pack, unpack  # noqa: E402  (FluxPipeline's 2x2 packing)
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "flux_pipeline"
 UNPACK = REPO / "tests" / "fixtures" / "tokenizers" / "unpack.py"
@@ -259,20 +262,6 @@ def check_float64(pipe, folder):
             n += 1
         params = {k for k, _ in m.named_parameters()}
         assert n >= len(params) - 1, f"{cname}: {n} stored tensors for {len(params)} parameters"
-
-
-def pack(x):
-    # FluxPipeline._pack_latents: (B, C, h, w) -> (B, h/2 * w/2, C * 4)
-    b, c, h, w = x.shape
-    x = x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack(x, h, w):
-    # FluxPipeline._unpack_latents on latent sizes: (B, N, C * 4) -> (B, C, h, w)
-    b, n, c4 = x.shape
-    x = x.view(b, h // 2, w // 2, c4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return x.reshape(b, c4 // 4, h, w)
 
 
 def npy(exp, name, a, dtype=np.float32):
