@@ -74,32 +74,29 @@ static double flops_single(double B, double S, double D, double F)
 
 /* Logical bytes one rank sends (engine/parallel/comm.h's conventions) in one
  * double or single block (both have one joint attention) for an even split
- * of N image tokens, L text tokens (the replicated prefix), es bytes per
- * element, per axis and collective. The attention (cp_attention.c):
+ * of the N image + L text tokens over the cp ranks (each rank holds its
+ * [text slice; image slice], as Diffusers' Flux _cp_plan; one rank and tp
+ * alone keep the whole text), es bytes per element, per axis and
+ * collective. The attention (cp_attention.c, split mode), S = N + L:
  *   ulysses alltoallv: q, k, v to the peers' heads and the output back,
- *     4 B n (H/T) Dh (U-1)/U,  n = N/(R U)
- *   ulysses allgatherv: the text's output heads, B L (H/T)/U Dh (U-1)
- *   ring: K and V of this ring chunk to R-1 peers, 2 B (N/R) (H/T)/U Dh (R-1)
- *     (allgatherv, or sendrecv under p2p), and the text queries' partials
- *     gathered: (B L (H/T)/U Dh + B (H/T)/U L fp32 lse) (R-1)
+ *     4 B n (H/T) Dh (U-1)/U,  n = S/(R U)
+ *   ring: K and V of this ring chunk to R-1 peers, 2 B (S/R) (H/T)/U Dh (R-1)
+ *     (allgatherv, or sendrecv under p2p)
  * Tensor parallel all-reduces (payload x 2 (T-1)/T): double block
- *   to_out + ff.net.2 on (B, n, D) and to_add_out + ff_context.net.2 on
- *   (B, L, D); single block proj_out on (B, n + L, D) (one or two calls). */
+ *   to_out + ff.net.2 on the image tokens and to_add_out +
+ *   ff_context.net.2 on the text tokens; single block proj_out on both
+ *   (B, n, D) in all. */
 static void analytic_block(const ditd_flux_config *c, const ditd_layout *l, int single, double B,
                            double N, double L, double es,
                            double out[DITD_AXIS_COUNT][DITD_COLL_COUNT])
 {
     double D = c->inner_dim, Dh = c->head_dim, T = l->tp, U = l->ulysses, R = l->ring;
-    double Hl = (double)c->num_heads / T, n = N / (R * U);
+    double Hl = (double)c->num_heads / T, S = N + L, n = S / (R * U);
     memset(out, 0, sizeof(double) * DITD_AXIS_COUNT * DITD_COLL_COUNT);
     out[DITD_AXIS_ULYSSES][DITD_COLL_ALLTOALLV] = 4 * B * n * Hl * Dh * (U - 1) / U * es;
-    out[DITD_AXIS_ULYSSES][DITD_COLL_ALLGATHERV] = B * L * (Hl / U) * Dh * (U - 1) * es;
     out[DITD_AXIS_RING][l->rotate == DITD_RING_P2P ? DITD_COLL_SENDRECV : DITD_COLL_ALLGATHERV] =
-        2 * B * (N / R) * (Hl / U) * Dh * (R - 1) * es;
-    out[DITD_AXIS_RING][DITD_COLL_ALLGATHERV] +=
-        (B * L * (Hl / U) * Dh * es + B * (Hl / U) * L * 4) * (R - 1);
-    out[DITD_AXIS_TP][DITD_COLL_ALLREDUCE] =
-        (single ? 1 : 2) * B * (n + L) * D * es * 2 * (T - 1) / T;
+        2 * B * (S / R) * (Hl / U) * Dh * (R - 1) * es;
+    out[DITD_AXIS_TP][DITD_COLL_ALLREDUCE] = (single ? 1 : 2) * B * n * D * es * 2 * (T - 1) / T;
 }
 
 typedef struct stats {

@@ -76,7 +76,7 @@ static int carve_weights(ditd_flux *m)
 static int carve_acts(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
-    size_t B = (size_t)m->max_batch, N = (size_t)m->N, Nl = (size_t)m->n_loc, L = (size_t)m->L;
+    size_t B = (size_t)m->max_batch, N = (size_t)m->N, Nl = (size_t)m->n_loc, L = (size_t)m->l_loc;
     size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
     size_t A = (size_t)m->A, F = (size_t)m->fc;
     size_t Ci = (size_t)c->in_channels, Co = (size_t)c->out_channels;
@@ -103,6 +103,8 @@ static int carve_acts(ditd_flux *m)
         err |= carve(a, &m->embed, at, B * N * D);
         err |= carve(a, &m->tok_loc, at, B * Nl * Co);
         err |= carve(a, &m->tok_gath, at, B * N * Co);
+        err |= carve(a, &m->jqkv, at, B * (L + Nl) * 3 * A);
+        err |= carve(a, &m->jo, at, B * (L + Nl) * A);
     }
     return err ? DITD_ENOMEM : 0;
 }
@@ -135,7 +137,7 @@ static int rope_tables(ditd_flux *m)
 }
 
 /* The parallel plan and the activations for the current (h, w, L): the
- * split of the image tokens, the attention, every buffer, the RoPE table.
+ * split of the text and image tokens, the attention, every buffer, the RoPE table.
  * Run at load and again by ditd_flux_set_size (the old ones freed first). */
 static int plan_acts(ditd_flux *m)
 {
@@ -144,12 +146,38 @@ static int plan_acts(ditd_flux *m)
     ditd_cp_attention_free(m->cpa);
     m->cpa = NULL;
     ditd_arena_free(&m->acts);
-    /* the joint attention: image tokens split, text tokens the prefix */
-    if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, m->L, m->hc,
-                                     c->head_dim, &m->cpa)))
-        return err;
-    m->n_loc = m->cpa->n_loc;
-    m->tok0 = m->cpa->tok0;
+    int RU = m->lay.ring * m->lay.ulysses;
+    if (RU > 1) {
+        /* the joint attention over every cp rank's [text slice; image slice],
+         * no prefix (Diffusers' _cp_plan splits both streams) */
+        int s = m->mesh->ring_rank * m->lay.ulysses + m->mesh->ulysses_rank, toff, tcnt;
+        for (int j = 0; j < RU; j++) {
+            ditd_split(m->N, RU, j, &m->ioff[j], &m->icnt[j]);
+            ditd_split(m->L, RU, j, &toff, &tcnt);
+            m->jcnt[j] = tcnt + m->icnt[j];
+            m->jlead[j] = tcnt;
+            if (j == s) {
+                m->txt0 = toff;
+                m->l_loc = tcnt;
+            }
+        }
+        /* lead: each rank's text slice comes first (ulysses alone then
+         * attends segment-wise, the bits of one rank's text prefix path) */
+        if ((err = ditd_cp_attention_new_counts(m->ops, m->mesh, m->max_batch, m->jcnt, m->jlead,
+                                                m->hc, c->head_dim, &m->cpa)))
+            return err;
+        m->n_loc = m->icnt[s];
+        m->tok0 = m->ioff[s];
+    } else {
+        /* one rank (or tp alone): the whole text is the attention's prefix */
+        if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, m->L, m->hc,
+                                         c->head_dim, &m->cpa)))
+            return err;
+        m->n_loc = m->cpa->n_loc;
+        m->tok0 = m->cpa->tok0;
+        m->l_loc = m->L;
+        m->txt0 = 0;
+    }
     if ((err = carve_acts(m)) || (err = ditd_arena_commit(&m->acts, m->acts.peak_plan)) ||
         (err = carve_acts(m)))
         return err;
@@ -169,10 +197,14 @@ static int plan(ditd_flux *m, const ditd_mesh *mesh)
     ditd_split(m->cfg.mlp_dim, m->lay.tp, m->tp_rank, &m->f0, &m->fc);
     m->A = m->hc * m->cfg.head_dim;
     int RU = m->lay.ring * m->lay.ulysses;
-    if (!(m->cnt_a = calloc(2 * (size_t)RU, sizeof(int))) ||
+    if (!(m->cnt_a = calloc(6 * (size_t)RU, sizeof(int))) ||
         !(m->h_freq = malloc((size_t)m->max_batch * TFREQ * sizeof(float))))
         return ditd_err_set(DITD_ENOMEM, "FLUX plan");
     m->dsp_a = m->cnt_a + RU;
+    m->icnt = m->dsp_a + RU;
+    m->ioff = m->icnt + RU;
+    m->jcnt = m->ioff + RU;
+    m->jlead = m->jcnt + RU;
     if ((err = carve_weights(m)) || (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
         (err = carve_weights(m)))
         return err;

@@ -34,13 +34,19 @@
  * ditd_flux_set_size when the size changes (the family table's set_size);
  * the forward allocates nothing.
  *
- * Parallel (a mesh): ring x ulysses context parallel, the image tokens
- * split over the cp ranks after x_embedder (cp rank s holds tokens
- * ditd_split(N, R*U, s)), the text tokens replicated on every rank and
- * passed to engine/parallel/cp_attention.h as its prefix (Diffusers' Flux
- * context-parallel plan: text and image tokens both in the joint
- * attention). RoPE is applied to each rank's own image tokens. The proj_out
- * tokens are all-gathered before unpacking.
+ * Parallel (a mesh): ring x ulysses context parallel over the joint text +
+ * image sequence, as Diffusers' Flux _cp_plan splits both hidden_states and
+ * encoder_hidden_states: cp rank s holds the text tokens
+ * ditd_split(L, R*U, s) and the image tokens ditd_split(N, R*U, s) (after
+ * x_embedder), runs the text stream of the double blocks on its own text
+ * slice only and the single blocks on its [text slice; image slice], and
+ * the joint attention goes through engine/parallel/cp_attention.h's plain
+ * split mode over every rank's [text slice; image slice] (no replicated
+ * prefix; keys in rank order, which attention does not see). A rank may
+ * hold 0 text tokens (L < R*U): its text stream is skipped. RoPE is applied
+ * to each rank's own tokens (text ids are zeros: the identity). The
+ * proj_out image tokens are all-gathered before unpacking. One rank (and tp
+ * alone) keeps the whole text as the attention's prefix, as before.
  * Tensor parallel (Diffusers' Flux _tp_plan, Megatron): to_q/k/v,
  * add_q/k/v_proj, ff(.context).net.0.proj and proj_mlp by output rows
  * (heads, MLP columns); to_out.0, to_add_out, ff(.context).net.2 by input
@@ -100,7 +106,7 @@ typedef struct ditd_flux {
     int max_batch;
     int h, w;               /* latent size */
     int gh, gw, N;          /* packed token grid (h/2, w/2), N image tokens */
-    int L;                  /* text tokens */
+    int L;                  /* text tokens (all of them) */
 
     ditd_arena weights, acts;
 
@@ -114,12 +120,13 @@ typedef struct ditd_flux {
     ditd_flux_double *dbl;  /* num_layers */
     ditd_flux_single *sgl;  /* num_single_layers */
 
-    /* activations for max_batch samples; Nl = this rank's image tokens */
-    void *img, *txt;        /* (B, Nl, D), (B, L, D) residual streams */
-    void *xn, *tn;          /* (B, Nl, D), (B, L, D) modulated / projected */
-    void *qkv, *pqkv;       /* (B, Nl, 3D), (B, L, 3D) */
-    void *cat, *pcat;       /* (B, Nl, D + F), (B, L, D + F): [attention | MLP hidden] */
-    void *text_in;          /* (B, L, Dt) */
+    /* activations for max_batch samples; Nl = this rank's image tokens,
+     * Ll = its text tokens (l_loc; L on one rank) */
+    void *img, *txt;        /* (B, Nl, D), (B, Ll, D) residual streams */
+    void *xn, *tn;          /* (B, Nl, D), (B, Ll, D) modulated / projected */
+    void *qkv, *pqkv;       /* (B, Nl, 3D), (B, Ll, 3D) */
+    void *cat, *pcat;       /* (B, Nl, D + F), (B, Ll, D + F): [attention | MLP hidden] */
+    void *text_in;          /* (B, Ll, Dt) */
     void *pooled_in;        /* (B, Dp) */
     void *tfreq;            /* (B, 256) sinusoidal features */
     void *tmp;              /* (B, D) */
@@ -140,9 +147,15 @@ typedef struct ditd_flux {
     int hc, h0;             /* this tp rank's heads */
     int fc, f0;             /* this tp rank's MLP columns */
     int A;                  /* hc * Dh */
-    int n_loc, tok0;
+    int n_loc, tok0;        /* this rank's image tokens [tok0, tok0 + n_loc) */
+    int l_loc, txt0;        /* this rank's text tokens [txt0, txt0 + l_loc) (cp); L, 0 */
     ditd_cp_attention *cpa;
     int *cnt_a, *dsp_a;     /* (R*U) counts of the final gather */
+    int *icnt, *ioff;       /* (R*U) image tokens per cp rank */
+    int *jcnt;              /* (R*U) joint tokens per cp rank: text + image */
+    int *jlead;             /* (R*U) text tokens per cp rank (the leading segment) */
+    void *jqkv;             /* (B, Ll + Nl, 3A) [text; image] q|k|v (cp) */
+    void *jo;               /* (B, Ll + Nl, A) the attention's output (cp) */
     void *embed;            /* (B, N, D) the whole image's embedding (cp) */
     void *tok_loc;          /* (B, Nl, 4Co) (cp) */
     void *tok_gath;         /* (B*N, 4Co) rank blocks (cp) */

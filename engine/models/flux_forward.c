@@ -79,35 +79,62 @@ static void conditioning(ditd_flux *m, int B, const float *h_t, const float *h_g
 
 /* The joint attention of one block over [text; image]:
  *   q, k, v of the image tokens xn (B, Nl, D) and of the text tokens tn
- *   (B, L, D), each q and k RMS-normalized per head, RoPE on the image
+ *   (B, Ll, D), each q and k RMS-normalized per head, RoPE on the image
  *   tokens (the text's ids are zeros: RoPE is the identity there), then
  *   softmax attention over all L + N tokens; outputs into the first A
- *   columns of cat (B, Nl, A + Fl) and pcat (B, L, A + Fl). Under tp: this
- *   rank's hc heads (A = hc Dh). */
+ *   columns of cat (B, Nl, A + Fl) and pcat (B, Ll, A + Fl). Under tp: this
+ *   rank's hc heads (A = hc Dh). One rank: the text is the attention's
+ *   prefix. Under cp: this rank's [text slice; image slice] q|k|v side by
+ *   side in jqkv (B, Ll + Nl, 3A), the plain split attention over every
+ *   rank's, the output jo (B, Ll + Nl, A) copied back to cat and pcat. */
 static int joint_attention(ditd_flux *m, int B, const ditd_flux_lin *qkv, const ditd_flux_lin *pqkv,
                            const void *nq, const void *nk, const void *pnq, const void *pnk)
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_flux_config *c = &m->cfg;
-    int D = c->inner_dim, H = m->hc, Dh = c->head_dim, Nl = m->n_loc, L = m->L, A = m->A;
+    int D = c->inner_dim, H = m->hc, Dh = c->head_dim, Nl = m->n_loc, L = m->l_loc, A = m->A;
     size_t ld3 = 3 * (size_t)A, ldc = (size_t)A + (size_t)m->fc, half = (size_t)Dh / 2;
     float eps = FLUX_EPS;
+    int err;
 
     lin(m, m->xn, (size_t)D, qkv, m->qkv, ld3, B * Nl, 3 * A, D, DITD_ACT_NONE);
-    lin(m, m->tn, (size_t)D, pqkv, m->pqkv, ld3, B * L, 3 * A, D, DITD_ACT_NONE);
     ops->rmsnorm_heads(m->qkv, ld3, nq, B * Nl, H, Dh, eps);
     ops->rmsnorm_heads(at(m, m->qkv, (size_t)A), ld3, nk, B * Nl, H, Dh, eps);
-    ops->rmsnorm_heads(m->pqkv, ld3, pnq, B * L, H, Dh, eps);
-    ops->rmsnorm_heads(at(m, m->pqkv, (size_t)A), ld3, pnk, B * L, H, Dh, eps);
+    if (L > 0) {
+        lin(m, m->tn, (size_t)D, pqkv, m->pqkv, ld3, B * L, 3 * A, D, DITD_ACT_NONE);
+        ops->rmsnorm_heads(m->pqkv, ld3, pnq, B * L, H, Dh, eps);
+        ops->rmsnorm_heads(at(m, m->pqkv, (size_t)A), ld3, pnk, B * L, H, Dh, eps);
+    }
     /* this rank's image tokens take their own rows of the table */
     const float *cs = (const float *)m->rope_cos + (size_t)m->tok0 * half; /* fp32 */
     const float *sn = (const float *)m->rope_sin + (size_t)m->tok0 * half;
     ops->rope(m->qkv, ld3, cs, sn, B, Nl, H, Dh);
     ops->rope(at(m, m->qkv, (size_t)A), ld3, cs, sn, B, Nl, H, Dh);
-    return ditd_cp_attention_run(m->cpa, B, m->qkv, at(m, m->qkv, (size_t)A),
-                                 at(m, m->qkv, 2 * (size_t)A), ld3, m->cat, ldc, m->pqkv,
-                                 at(m, m->pqkv, (size_t)A), at(m, m->pqkv, 2 * (size_t)A), ld3,
-                                 m->pcat, ldc);
+    if (m->lay.ring * m->lay.ulysses == 1)
+        return ditd_cp_attention_run(m->cpa, B, m->qkv, at(m, m->qkv, (size_t)A),
+                                     at(m, m->qkv, 2 * (size_t)A), ld3, m->cat, ldc, m->pqkv,
+                                     at(m, m->pqkv, (size_t)A), at(m, m->pqkv, 2 * (size_t)A),
+                                     ld3, m->pcat, ldc);
+    size_t J = (size_t)L + (size_t)Nl, Lz = (size_t)L, Nz = (size_t)Nl;
+    for (size_t b = 0; b < (size_t)B; b++) {
+        if (L > 0)
+            ops->copy2d(at(m, m->jqkv, b * J * ld3), ld3, at(m, m->pqkv, b * Lz * ld3), ld3, Lz,
+                        ld3);
+        ops->copy2d(at(m, m->jqkv, (b * J + Lz) * ld3), ld3, at(m, m->qkv, b * Nz * ld3), ld3, Nz,
+                    ld3);
+    }
+    if ((err = ditd_cp_attention_run(m->cpa, B, m->jqkv, at(m, m->jqkv, (size_t)A),
+                                     at(m, m->jqkv, 2 * (size_t)A), ld3, m->jo, (size_t)A, NULL,
+                                     NULL, NULL, 0, NULL, 0)))
+        return err;
+    for (size_t b = 0; b < (size_t)B; b++) {
+        if (L > 0)
+            ops->copy2d(at(m, m->pcat, b * Lz * ldc), ldc, at(m, m->jo, b * J * (size_t)A),
+                        (size_t)A, Lz, (size_t)A);
+        ops->copy2d(at(m, m->cat, b * Nz * ldc), ldc, at(m, m->jo, (b * J + Lz) * (size_t)A),
+                    (size_t)A, Nz, (size_t)A);
+    }
+    return 0;
 }
 
 /* h (B, n, D) += gate * FF(LN(h) (1 + scale) + shift), FF = Linear(F -> D)
@@ -134,27 +161,33 @@ static int mlp(ditd_flux *m, int B, int n, void *h, void *xn, void *hid, const v
 static int double_block(ditd_flux *m, const ditd_flux_double *b, int B)
 {
     const ditd_backend_ops *ops = m->ops;
-    int D = m->cfg.inner_dim, Nl = m->n_loc, L = m->L, A = m->A;
+    int D = m->cfg.inner_dim, Nl = m->n_loc, L = m->l_loc, A = m->A;
     size_t ld6 = 6 * (size_t)D, ldc = (size_t)A + (size_t)m->fc;
     int err;
 
+    /* L = 0 (a cp rank with no text token): its text stream is skipped */
     lin(m, m->svec, (size_t)D, &b->ada, m->mod, ld6, B, 6 * D, D, DITD_ACT_NONE);
     lin(m, m->svec, (size_t)D, &b->ada_c, m->mod_c, ld6, B, 6 * D, D, DITD_ACT_NONE);
     ops->layernorm_modulate(m->img, m->xn, B, Nl, D, FLUX_EPS, m->mod, at(m, m->mod, (size_t)D), ld6);
-    ops->layernorm_modulate(m->txt, m->tn, B, L, D, FLUX_EPS, m->mod_c, at(m, m->mod_c, (size_t)D),
-                            ld6);
+    if (L > 0)
+        ops->layernorm_modulate(m->txt, m->tn, B, L, D, FLUX_EPS, m->mod_c,
+                                at(m, m->mod_c, (size_t)D), ld6);
     if ((err = joint_attention(m, B, &b->qkv, &b->qkv_c, b->nq, b->nk, b->nq_c, b->nk_c)))
         return err;
     /* to_out.0 / to_add_out, gated into each stream */
     if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A)))
         return err;
     ops->gated_residual(m->img, m->xn, B, Nl, D, at(m, m->mod, 2 * (size_t)D), ld6);
-    if ((err = row_lin(m, m->pcat, ldc, &b->out_c, m->tn, B * L, A)))
-        return err;
-    ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod_c, 2 * (size_t)D), ld6);
+    if (L > 0) {
+        if ((err = row_lin(m, m->pcat, ldc, &b->out_c, m->tn, B * L, A)))
+            return err;
+        ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod_c, 2 * (size_t)D), ld6);
+    }
     /* the MLPs (hidden in the MLP columns of cat / pcat) */
     if ((err = mlp(m, B, Nl, m->img, m->xn, at(m, m->cat, (size_t)A), m->mod, &b->ff1, &b->ff2)))
         return err;
+    if (L == 0)
+        return 0;
     return mlp(m, B, L, m->txt, m->tn, at(m, m->pcat, (size_t)A), m->mod_c, &b->ff1_c, &b->ff2_c);
 }
 
@@ -164,26 +197,31 @@ static int double_block(ditd_flux *m, const ditd_flux_double *b, int B)
 static int single_block(ditd_flux *m, const ditd_flux_single *b, int B)
 {
     const ditd_backend_ops *ops = m->ops;
-    int D = m->cfg.inner_dim, F = m->fc, Nl = m->n_loc, L = m->L, A = m->A;
+    int D = m->cfg.inner_dim, F = m->fc, Nl = m->n_loc, L = m->l_loc, A = m->A;
     size_t ld3 = 3 * (size_t)D, ldc = (size_t)A + (size_t)F;
     int err;
 
     lin(m, m->svec, (size_t)D, &b->ada, m->mod, ld3, B, 3 * D, D, DITD_ACT_NONE);
     ops->layernorm_modulate(m->img, m->xn, B, Nl, D, FLUX_EPS, m->mod, at(m, m->mod, (size_t)D), ld3);
-    ops->layernorm_modulate(m->txt, m->tn, B, L, D, FLUX_EPS, m->mod, at(m, m->mod, (size_t)D), ld3);
+    if (L > 0)
+        ops->layernorm_modulate(m->txt, m->tn, B, L, D, FLUX_EPS, m->mod, at(m, m->mod, (size_t)D),
+                                ld3);
     lin(m, m->xn, (size_t)D, &b->mlp, at(m, m->cat, (size_t)A), ldc, B * Nl, F, D,
         DITD_ACT_GELU_TANH);
-    lin(m, m->tn, (size_t)D, &b->mlp, at(m, m->pcat, (size_t)A), ldc, B * L, F, D,
-        DITD_ACT_GELU_TANH);
+    if (L > 0)
+        lin(m, m->tn, (size_t)D, &b->mlp, at(m, m->pcat, (size_t)A), ldc, B * L, F, D,
+            DITD_ACT_GELU_TANH);
     if ((err = joint_attention(m, B, &b->qkv, &b->qkv, b->nq, b->nk, b->nq, b->nk)))
         return err;
     /* proj_out over [attention | MLP] (tp: this rank's columns of both) */
     if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A + F)))
         return err;
     ops->gated_residual(m->img, m->xn, B, Nl, D, at(m, m->mod, 2 * (size_t)D), ld3);
-    if ((err = row_lin(m, m->pcat, ldc, &b->out, m->tn, B * L, A + F)))
-        return err;
-    ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod, 2 * (size_t)D), ld3);
+    if (L > 0) {
+        if ((err = row_lin(m, m->pcat, ldc, &b->out, m->tn, B * L, A + F)))
+            return err;
+        ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod, 2 * (size_t)D), ld3);
+    }
     return 0;
 }
 
@@ -193,7 +231,7 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_flux_config *c = &m->cfg;
-    int D = c->inner_dim, N = m->N, Nl = m->n_loc, L = m->L, Co = c->out_channels;
+    int D = c->inner_dim, N = m->N, Nl = m->n_loc, L = m->l_loc, Co = c->out_channels;
     int C = c->latent_channels, cp = m->lay.ring * m->lay.ulysses > 1;
     int err;
 
@@ -207,10 +245,18 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
             ops->copy2d(at(m, m->img, b * (size_t)Nl * D), (size_t)D,
                         at(m, m->embed, (b * (size_t)N + (size_t)m->tok0) * D), (size_t)D,
                         (size_t)Nl, (size_t)D);
-    /* context_embedder: text (B, L, Dt) -> txt (B, L, D), on every rank */
-    ops->upload(m->text_in, h_text, (size_t)B * (size_t)L * (size_t)c->joint_attention_dim);
-    lin(m, m->text_in, (size_t)c->joint_attention_dim, &m->ctx_emb, m->txt, (size_t)D, B * L, D,
-        c->joint_attention_dim, DITD_ACT_NONE);
+    /* context_embedder: text (B, Ll, Dt) -> txt (B, Ll, D), this rank's text
+     * tokens [txt0, txt0 + Ll) of each sample (all of them on one rank) */
+    size_t Dt = (size_t)c->joint_attention_dim;
+    if (L == m->L)
+        ops->upload(m->text_in, h_text, (size_t)B * (size_t)L * Dt);
+    else
+        for (size_t b = 0; b < (size_t)B && L > 0; b++)
+            ops->upload(at(m, m->text_in, b * (size_t)L * Dt),
+                        h_text + (b * (size_t)m->L + (size_t)m->txt0) * Dt, (size_t)L * Dt);
+    if (L > 0)
+        lin(m, m->text_in, Dt, &m->ctx_emb, m->txt, (size_t)D, B * L, D, c->joint_attention_dim,
+            DITD_ACT_NONE);
     ops->upload(m->pooled_in, h_pooled, (size_t)B * (size_t)c->pooled_dim);
     conditioning(m, B, h_t, h_guidance);
 
@@ -230,7 +276,7 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
         DITD_ACT_NONE);
     if (cp) { /* gather the image tokens: cp rank s's block is (B, N_s, 4Co) */
         int RU = m->lay.ring * m->lay.ulysses;
-        const int *cnt = m->cpa->tok_cnt, *off = m->cpa->tok_off;
+        const int *cnt = m->icnt, *off = m->ioff;
         for (int s = 0; s < RU; s++) {
             m->cnt_a[s] = B * cnt[s] * Co;
             m->dsp_a[s] = B * off[s] * Co;

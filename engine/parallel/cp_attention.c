@@ -1,5 +1,5 @@
-/* Context-parallel attention (Ulysses, Ring allgather/p2p, USP, uneven, with
- * an unsplit prefix), for any family. */
+/* Context-parallel attention (Ulysses, Ring allgather/p2p, USP, uneven or
+ * per-rank token counts, with an optional unsplit prefix), for any family. */
 #include "engine/parallel/cp_attention.h"
 
 #include <math.h>
@@ -44,7 +44,7 @@ static int carve_all(ditd_cp_attention *a)
                 err |= carve(ar, &a->kv2, at, B * mr * 2 * huD);
         }
     }
-    if (R > 1 || L > 0) {
+    if (R > 1 || L > 0 || a->seg) {
         err |= carve(ar, &a->o_blk, at, B * nr * huD);
         err |= carve(ar, (void **)&a->lse_acc, DITD_DTYPE_F32, B * hu * nr);
         err |= carve(ar, (void **)&a->lse_blk, DITD_DTYPE_F32, B * hu * nr);
@@ -61,10 +61,10 @@ static int carve_all(ditd_cp_attention *a)
 }
 
 /* The split: pure arithmetic on (layout, rank, N, H), the same on every rank. */
-static int plan_split(ditd_cp_attention *a)
+static int plan_split(ditd_cp_attention *a, const int *counts, const int *lead)
 {
     int R = a->R, U = a->U, RU = R * U;
-    int *ints = calloc((size_t)(6 * RU + 2 * R + 2 * U + 8), sizeof(int));
+    int *ints = calloc((size_t)(7 * RU + 2 * R + 2 * U + 8), sizeof(int));
     if (!ints)
         return ditd_err_set(DITD_ENOMEM, "context-parallel plan");
     a->tok_cnt = ints;
@@ -77,8 +77,15 @@ static int plan_split(ditd_cp_attention *a)
     a->ring_off = a->ring_cnt + R;
     a->uh_cnt = a->ring_off + R;
     a->uh_off = a->uh_cnt + U;
-    for (int s = 0; s < RU; s++)
-        ditd_split(a->N, RU, s, &a->tok_off[s], &a->tok_cnt[s]);
+    a->lead = a->uh_off + U;
+    for (int s = 0; s < RU; s++) {
+        if (counts) {
+            a->tok_off[s] = s ? a->tok_off[s - 1] + a->tok_cnt[s - 1] : 0;
+            a->tok_cnt[s] = counts[s];
+        } else {
+            ditd_split(a->N, RU, s, &a->tok_off[s], &a->tok_cnt[s]);
+        }
+    }
     a->max_ring = 0;
     for (int j = 0; j < R; j++) {
         a->ring_off[j] = a->tok_off[j * U];
@@ -97,11 +104,22 @@ static int plan_split(ditd_cp_attention *a)
     a->ring0 = a->ring_off[a->ring_rank];
     a->hu = a->uh_cnt[a->uly_rank];
     a->hu0 = a->uh_off[a->uly_rank];
+    /* segments: only ulysses alone runs them segment-wise */
+    a->seg = lead && R == 1 && U > 1;
+    a->nf = 0;
+    for (int v = 0; lead && v < RU; v++) {
+        a->lead[v] = lead[v];
+        if (v / U == a->ring_rank)
+            a->nf += lead[v];
+    }
     return 0;
 }
 
-int ditd_cp_attention_new(const ditd_backend_ops *ops, const ditd_mesh *mesh, int max_batch,
-                          int N, int L, int H, int Dh, ditd_cp_attention **out)
+/* The constructor behind both entry points: counts (R*U, or NULL for the
+ * even split of N) already checked by the caller. */
+static int cp_new(const ditd_backend_ops *ops, const ditd_mesh *mesh, int max_batch, int N,
+                  const int *counts, const int *lead, int L, int H, int Dh,
+                  ditd_cp_attention **out)
 {
     ditd_cp_attention *a;
     int err;
@@ -130,13 +148,47 @@ int ditd_cp_attention_new(const ditd_backend_ops *ops, const ditd_mesh *mesh, in
     a->H = H;
     a->Dh = Dh;
     ditd_arena_init_mem(&a->acts, ops->mem_alloc, ops->mem_free);
-    if ((err = plan_split(a)) || (err = carve_all(a)) ||
+    if ((err = plan_split(a, a->mesh ? counts : NULL, a->mesh ? lead : NULL)) ||
+        (err = carve_all(a)) ||
         (err = ditd_arena_commit(&a->acts, a->acts.peak_plan)) || (err = carve_all(a))) {
         ditd_cp_attention_free(a);
         return err;
     }
     *out = a;
     return 0;
+}
+
+int ditd_cp_attention_new(const ditd_backend_ops *ops, const ditd_mesh *mesh, int max_batch,
+                          int N, int L, int H, int Dh, ditd_cp_attention **out)
+{
+    return cp_new(ops, mesh, max_batch, N, NULL, NULL, L, H, Dh, out);
+}
+
+int ditd_cp_attention_new_counts(const ditd_backend_ops *ops, const ditd_mesh *mesh,
+                                 int max_batch, const int *counts, const int *lead, int H, int Dh,
+                                 ditd_cp_attention **out)
+{
+    int RU = mesh && mesh->size > 1 ? mesh->layout.ring * mesh->layout.ulysses : 1;
+    long N = 0;
+    *out = NULL;
+    if (!counts)
+        return ditd_err_set(DITD_EINVAL, "context-parallel attention: no token counts");
+    for (int s = 0; s < RU; s++) {
+        if (counts[s] <= 0)
+            return ditd_err_set(DITD_EINVAL,
+                                "context-parallel attention: cp rank %d of %d would hold %d tokens "
+                                "(every rank needs at least one)",
+                                s, RU, counts[s]);
+        if (lead && (lead[s] < 0 || lead[s] > counts[s]))
+            return ditd_err_set(DITD_EINVAL,
+                                "context-parallel attention: cp rank %d's leading segment of %d "
+                                "tokens is outside 0..%d",
+                                s, lead[s], counts[s]);
+        N += counts[s];
+    }
+    if (N > 1 << 30)
+        return ditd_err_set(DITD_EINVAL, "context-parallel attention: %ld tokens", N);
+    return cp_new(ops, mesh, max_batch, (int)N, counts, lead, 0, H, Dh, out);
 }
 
 void ditd_cp_attention_free(ditd_cp_attention *a)
@@ -158,6 +210,49 @@ static void copy2d(const ditd_backend_ops *ops, void *dst, size_t ldd, const voi
                    size_t lds, size_t rows, size_t cols)
 {
     ops->copy2d(dst, ldd, src, lds, rows, cols);
+}
+
+/* Where rank v's token i (of nv, its first fv the leading segment) sits in
+ * this ring chunk's buffers under seg: the leading segments of all ranks
+ * first, (B, nf) rows, then the rest, (B, nr - nf) rows; row index of
+ * sample b's token, in rows of the buffer. */
+static size_t seg_row(const ditd_cp_attention *a, int v, size_t b, size_t i, size_t Bz)
+{
+    size_t tf = 0, ti = 0, nf = (size_t)a->nf, ni = (size_t)a->nr - nf;
+    int r = a->ring_rank, U = a->U;
+    for (int u = 0; u < v; u++) {
+        tf += (size_t)a->lead[r * U + u];
+        ti += (size_t)(a->tok_cnt[r * U + u] - a->lead[r * U + u]);
+    }
+    size_t fv = (size_t)a->lead[r * U + v];
+    return i < fv ? b * nf + tf + i : Bz * nf + b * ni + ti + (i - fv);
+}
+
+/* Ulysses alone with segments: the chunk's attention as one rank runs its
+ * prefix path (run_one_rank), the leading segment as the prefix. q (B*nr,
+ * H_u Dh), kv (B*nr, 2 H_u Dh) and o (B*nr, H_u Dh) in seg_row's layout. */
+static void run_seg(ditd_cp_attention *a, int B, const void *q, const void *kv, void *o)
+{
+    const ditd_backend_ops *ops = a->ops;
+    int hu = a->hu, Dh = a->Dh, NF = a->nf, NI = a->nr - a->nf;
+    size_t huD = (size_t)hu * (size_t)Dh, Bz = (size_t)B;
+    float scale = 1.0f / sqrtf((float)Dh);
+    const void *qT = q, *qI = ditd_ptr_act(ops, q, Bz * (size_t)NF * huD);
+    const void *kT = kv, *kI = ditd_ptr_act(ops, kv, Bz * (size_t)NF * 2 * huD);
+    const void *vT = ditd_ptr_act(ops, kT, huD), *vI = ditd_ptr_act(ops, kI, huD);
+    void *oT = o, *oI = ditd_ptr_act(ops, o, Bz * (size_t)NF * huD);
+
+    ops->attention(qI, huD, kI, 2 * huD, vI, 2 * huD, oI, huD, a->lse_acc, B, NI, NI, hu, Dh,
+                   scale);
+    if (!NF)
+        return;
+    ops->attention(qI, huD, kT, 2 * huD, vT, 2 * huD, a->o_blk, huD, a->lse_blk, B, NI, NF, hu, Dh,
+                   scale);
+    ops->attention_merge(oI, huD, a->lse_acc, a->o_blk, huD, a->lse_blk, B, NI, hu, Dh);
+    ops->attention(qT, huD, kI, 2 * huD, vI, 2 * huD, oT, huD, a->lse_acc, B, NF, NI, hu, Dh, scale);
+    ops->attention(qT, huD, kT, 2 * huD, vT, 2 * huD, a->o_blk, huD, a->lse_blk, B, NF, NF, hu, Dh,
+                   scale);
+    ops->attention_merge(oT, huD, a->lse_acc, a->o_blk, huD, a->lse_blk, B, NF, hu, Dh);
 }
 
 /* One rank: the split tokens' attention is one call, as without a prefix;
@@ -238,7 +333,23 @@ int ditd_cp_attention_run(ditd_cp_attention *a, int B, const void *q_in, const v
         for (int v = 0; v < U; v++) {
             size_t nv = (size_t)a->tok_cnt[r * U + v];
             size_t off = (size_t)(a->tok_off[r * U + v] - a->ring0);
-            for (size_t b = 0; b < Bz; b++) {
+            for (size_t b = 0; a->seg && b < Bz; b++) { /* segment by segment */
+                const void *s = ditd_ptr_act(ops, a->a2a_recv, (size_t)a->dsp_b[v] + b * 3 * nv * huD);
+                size_t fv = (size_t)a->lead[r * U + v];
+                size_t parts[2][2] = {{0, fv}, {fv, nv - fv}}; /* first row, rows */
+                for (int p = 0; p < 2; p++) {
+                    if (!parts[p][1])
+                        continue;
+                    size_t row = seg_row(a, v, b, parts[p][0], Bz), i0 = parts[p][0];
+                    copy2d(ops, ditd_ptr_act(ops, a->q, row * huD), huD,
+                           ditd_ptr_act(ops, s, i0 * huD), huD, parts[p][1], huD);
+                    for (size_t j = 1; j < 3; j++)
+                        copy2d(ops, ditd_ptr_act(ops, kv_own, row * 2 * huD + (j - 1) * huD),
+                               2 * huD, ditd_ptr_act(ops, s, (j * nv + i0) * huD), huD,
+                               parts[p][1], huD);
+                }
+            }
+            for (size_t b = 0; !a->seg && b < Bz; b++) {
                 const void *s = ditd_ptr_act(ops, a->a2a_recv, (size_t)a->dsp_b[v] + b * 3 * nv * huD);
                 copy2d(ops, ditd_ptr_act(ops, a->q, (b * nr + off) * huD), huD, s, huD, nv, huD);
                 for (size_t j = 1; j < 3; j++)
@@ -277,7 +388,9 @@ int ditd_cp_attention_run(ditd_cp_attention *a, int B, const void *q_in, const v
         }
     }
 
-    if (R == 1) {
+    if (a->seg) {
+        run_seg(a, B, q, kv_own, o);
+    } else if (R == 1) {
         ops->attention(q, ldq, kv_own, 2 * huD, ditd_ptr_act(ops, kv_own, huD), 2 * huD, o, ldo_r,
                        L ? a->lse_acc : NULL, B, (int)nr, (int)nr, a->hu, Dh, scale);
     } else {
@@ -330,9 +443,21 @@ int ditd_cp_attention_run(ditd_cp_attention *a, int B, const void *q_in, const v
         for (int v = 0; v < U; v++) {
             size_t vD = (size_t)a->uh_cnt[v] * Dh, nv = (size_t)a->tok_cnt[r * U + v];
             size_t off = (size_t)(a->tok_off[r * U + v] - a->ring0);
-            for (size_t b = 0; b < Bz; b++)
-                copy2d(ops, ditd_ptr_act(ops, a->a2a_send, sd + b * nv * huD), huD,
-                       ditd_ptr_act(ops, o, (b * nr + off) * huD), huD, nv, huD);
+            size_t fv = a->seg ? (size_t)a->lead[r * U + v] : 0;
+            for (size_t b = 0; b < Bz; b++) {
+                if (!a->seg) {
+                    copy2d(ops, ditd_ptr_act(ops, a->a2a_send, sd + b * nv * huD), huD,
+                           ditd_ptr_act(ops, o, (b * nr + off) * huD), huD, nv, huD);
+                    continue;
+                }
+                if (fv)
+                    copy2d(ops, ditd_ptr_act(ops, a->a2a_send, sd + b * nv * huD), huD,
+                           ditd_ptr_act(ops, o, seg_row(a, v, b, 0, Bz) * huD), huD, fv, huD);
+                if (nv > fv)
+                    copy2d(ops, ditd_ptr_act(ops, a->a2a_send, sd + (b * nv + fv) * huD), huD,
+                           ditd_ptr_act(ops, o, seg_row(a, v, b, fv, Bz) * huD), huD, nv - fv,
+                           huD);
+            }
             a->cnt_a[v] = (int)(Bz * nv * huD);
             a->dsp_a[v] = (int)sd;
             sd += Bz * nv * huD;

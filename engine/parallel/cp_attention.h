@@ -3,12 +3,13 @@
  * and any (B, N, H, Dh). Every family calls this; none writes its own.
  *
  *   tokens: N "split" tokens (image patches) over R*U cp ranks, cp rank
- *     s = r*U + u holding ditd_split(N, R*U, s) (uneven is fine), and an
- *     optional prefix of L tokens (FLUX's text tokens in joint attention)
- *     that is NOT split: every cp rank holds the whole prefix, the same
- *     values (the text stream is cheap next to the image and each rank
- *     needs all of it as keys anyway). The attention is over the
- *     concatenation [prefix; all N tokens], queries of both kinds.
+ *     s = r*U + u holding ditd_split(N, R*U, s) (uneven is fine), or
+ *     counts[s] tokens as the caller gives them (_new_counts: FLUX under cp
+ *     passes each rank's [text slice; image slice]), and an optional
+ *     prefix of L tokens (FLUX's text on one rank or under tp alone) that
+ *     is NOT split: every cp rank holds the whole prefix, the same values.
+ *     The attention is over the concatenation [prefix; all N tokens],
+ *     queries of both kinds.
  *   heads: H is what the caller holds (after its own tensor-parallel
  *     split); ulysses splits them again, ditd_split(H, U, u).
  *
@@ -58,6 +59,9 @@ typedef struct ditd_cp_attention {
     int *ring_cnt, *ring_off;/* (R) tokens per ring chunk */
     int *uh_cnt, *uh_off;    /* (U) heads per ulysses rank */
     int *cnt_a, *dsp_a, *cnt_b, *dsp_b; /* (max(R*U, 2)) collective counts */
+    int *lead;               /* (R*U) leading-segment tokens per cp rank (_new_counts) */
+    int seg;                 /* ulysses alone with segments: segment-wise attention */
+    int nf;                  /* leading-segment tokens of this ring chunk (seg) */
     ditd_arena acts;
     void *a2a_send, *a2a_recv;
     void *q;                 /* (B, N_ring, H_u Dh) */
@@ -78,6 +82,20 @@ typedef struct ditd_cp_attention {
  * on every rank alike). Not collective. *out owned: _free. */
 int ditd_cp_attention_new(const ditd_backend_ops *ops, const ditd_mesh *mesh, int max_batch,
                           int N, int L, int H, int Dh, ditd_cp_attention **out);
+/* The same without a prefix, the tokens split as given: cp rank s (= r*U + u)
+ * holds counts[s] > 0 tokens (R*U counts, the same on every rank; cp rank s's
+ * tokens follow s-1's in the attention's order). lead (R*U, or NULL): the
+ * first lead[s] <= counts[s] of rank s's tokens form a leading segment
+ * (FLUX: its text slice before its image slice). Under ulysses alone (R = 1)
+ * the attention then runs as one rank runs it with that segment as the
+ * prefix: queries of the rest against the rest, then against the segment,
+ * merged; the segment's queries against the rest, then against itself,
+ * merged; so its bits equal one rank's prefix path. Under ring the segments
+ * are attended like any tokens. Without a cp group (one rank) counts (and
+ * lead) hold one entry. */
+int ditd_cp_attention_new_counts(const ditd_backend_ops *ops, const ditd_mesh *mesh,
+                                 int max_batch, const int *counts, const int *lead, int H, int Dh,
+                                 ditd_cp_attention **out);
 void ditd_cp_attention_free(ditd_cp_attention *a);
 
 /* o = softmax(q k^T / sqrt(Dh)) v over [prefix; all N tokens].

@@ -1,7 +1,13 @@
 /* The FLUX.1 transformer under mpirun: context parallel over the joint
- * text + image sequence (text tokens the unsplit prefix of
- * engine/parallel/cp_attention.h, image tokens split unevenly), for every
- * fixture model and case of tests/fixtures/flux:
+ * text + image sequence (text and image tokens both split over the cp
+ * ranks, unevenly, as Diffusers' Flux _cp_plan), for every fixture model
+ * and case of tests/fixtures/flux:
+ *   - each cp rank holds only its share of the text and of the image:
+ *     ditd_split(L, R*U, s) and ditd_split(N, R*U, s) for cp rank s (the
+ *     whole text when R*U = 1), and under cp some case has a text length
+ *     the cp degree does not divide;
+ *   - the same forward at a text length of 1 (the case's first text token),
+ *     so that every cp rank but the first holds no text token;
  *   - the mesh's output equal to one rank's (no mesh) within 1e-4 relative
  *     (max|a-b|/max|b|), and to Diffusers' float64 output within 1e-4;
  *   - every rank of the group gets the same bits (the leader's);
@@ -29,6 +35,52 @@
 #define MIN_CASES 7
 
 static int rank_world;
+static int uneven_text; /* cases whose text length the cp degree does not divide */
+
+/* This rank's text and image shares, against ditd_split of L and N. */
+static void check_shares(const ditd_flux *par, const ditd_mesh *mesh, const char *what)
+{
+    const ditd_layout *l = &mesh->layout;
+    int RU = l->ring * l->ulysses, s = mesh->ring_rank * l->ulysses + mesh->ulysses_rank;
+    int toff, tcnt, ioff, icnt;
+    ditd_split(par->L, RU, s, &toff, &tcnt);
+    ditd_split(par->N, RU, s, &ioff, &icnt);
+    TU_CHECK(par->l_loc == tcnt && par->txt0 == toff,
+             "%s: cp rank %d of %d holds text tokens [%d, +%d), its share of %d is [%d, +%d)", what,
+             s, RU, par->txt0, par->l_loc, par->L, toff, tcnt);
+    TU_CHECK(par->n_loc == icnt && par->tok0 == ioff,
+             "%s: cp rank %d of %d holds image tokens [%d, +%d), its share of %d is [%d, +%d)",
+             what, s, RU, par->tok0, par->n_loc, par->N, ioff, icnt);
+}
+
+/* The case at text length 1 (each sample's first text token): the mesh's
+ * model (re-planned) against one rank's; every cp rank but 0 holds no text. */
+static void check_one_text_token(const ditd_flux_config *cfg, const char *dir, const flux_case *fc,
+                                 ditd_flux *par, const ditd_mesh *mesh)
+{
+    char what[512];
+    size_t Dt = (size_t)cfg->joint_attention_dim, B = (size_t)fc->B;
+    const float *g = cfg->guidance_embeds ? fc->guidance : NULL;
+    ditd_flux *one = NULL;
+    float *text1 = calloc(B * Dt, sizeof *text1);
+    float *a = calloc(fc->n_out, sizeof *a), *b = calloc(fc->n_out, sizeof *b);
+    for (size_t i = 0; i < B; i++)
+        memcpy(text1 + i * Dt, fc->text + i * (size_t)fc->L * Dt, Dt * sizeof *text1);
+    TU_OK(ditd_flux_new_mesh(cfg, &ditd_backend_cpu, fc->B, fc->h, fc->w, 1, dir, NULL, &one));
+    TU_OK(ditd_flux_set_size(par, fc->h, fc->w, 1));
+    if (one) {
+        snprintf(what, sizeof what, "rank %d %s: 1 text token (%d here)", rank_world, dir,
+                 par->l_loc);
+        check_shares(par, mesh, what);
+        TU_OK(ditd_flux_forward(one, fc->B, fc->x, fc->t, text1, fc->pooled, g, a));
+        TU_OK(ditd_flux_forward(par, fc->B, fc->x, fc->t, text1, fc->pooled, g, b));
+        TU_CLOSE(what, b, a, fc->n_out, TOL);
+    }
+    ditd_flux_free(one);
+    free(text1);
+    free(a);
+    free(b);
+}
 
 /* Runs the model's cases; -1 when the layout cannot split its heads (a
  * model with fewer heads than ulysses x tp ranks need: not this layout's). */
@@ -64,8 +116,12 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
             float *lead = calloc(fc.n_out, sizeof *lead);
             TU_OK(ditd_flux_forward(one, fc.B, fc.x, fc.t, fc.text, fc.pooled, g, a));
             TU_OK(ditd_flux_forward(par, fc.B, fc.x, fc.t, fc.text, fc.pooled, g, b));
-            snprintf(what, sizeof what, "rank %d %s[%zu] %d image tokens (%d here), %d text: mesh vs one rank",
-                     rank_world, dir, i, par->N, par->n_loc, fc.L);
+            snprintf(what, sizeof what,
+                     "rank %d %s[%zu] %d image tokens (%d here), %d text (%d here): mesh vs one rank",
+                     rank_world, dir, i, par->N, par->n_loc, fc.L, par->l_loc);
+            check_shares(par, mesh, what);
+            if (fc.L % (l->ring * l->ulysses))
+                uneven_text++;
             TU_CLOSE(what, b, a, fc.n_out, TOL);
             snprintf(what, sizeof what, "rank %d %s[%zu]: mesh vs Diffusers", rank_world, dir, i);
             TU_CLOSE(what, b, fc.out, fc.n_out, TOL);
@@ -73,6 +129,8 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
             TU_OK(ditd_comm_bcast(mesh->group, lead, fc.n_out * sizeof *lead, 0));
             TU_CHECK(memcmp(lead, b, fc.n_out * sizeof *lead) == 0,
                      "%s[%zu]: rank %d's output differs from the leader's", dir, i, rank_world);
+            if (i == 0)
+                check_one_text_token(&cfg, dir, &fc, par, mesh);
             checked++;
             free(a);
             free(b);
@@ -144,6 +202,8 @@ int main(int argc, char **argv)
         TU_CHECK(checked >= floor && models >= 1,
                  "FLUX cases checked under the mesh: %d of %d models (at least %d cases)", checked,
                  models, floor);
+        TU_CHECK(l.ring * l.ulysses == 1 || uneven_text >= 1,
+                 "no case with a text length that cp degree %d does not divide", l.ring * l.ulysses);
     }
     ditd_mesh_free(mesh);
 out:;
