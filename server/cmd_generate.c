@@ -318,16 +318,8 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     if (!max_seq)
         max_seq = info.default_max_sequence_length;
-    if (size_w && !info.resizable && (size_w != info.image_width || size_h != info.image_height)) {
-        fprintf(stderr, "ditd generate: --size %ldx%ld: %s makes %dx%d only\n", size_w, size_h,
-                info.name, info.image_width, info.image_height);
-        goto done_info;
-    }
-    if (size_w && info.resizable &&
-        (size_w % info.size_multiple || size_h % info.size_multiple || size_w < info.min_size ||
-         size_h < info.min_size || size_w > info.max_size || size_h > info.max_size)) {
-        fprintf(stderr, "ditd generate: --size %ldx%ld: width and height must be multiples of %d "
-                "in %d..%d\n", size_w, size_h, info.size_multiple, info.min_size, info.max_size);
+    if (size_w && ditd_model_check_size(&info, (int)size_w, (int)size_h)) {
+        fprintf(stderr, "ditd generate: --size: %s\n", ditd_err_detail());
         goto done_info;
     }
     if (!text && (err = ditd_model_class_from_str(&info, class_str ? class_str : "0", &class_id))) {

@@ -312,20 +312,10 @@ static int get_size(json_t *root, const ditd_model_info *m, ditd_genreq *r, ditd
     if (w <= 0 || h <= 0)
         return bad(e, "size", "'size' must be \"WIDTHxHEIGHT\" (this model: \"%dx%d\"), got \"%s\"",
                    m->image_width, m->image_height, s);
-    if (m->resizable && m->size_multiple > 0) {
-        if (w % m->size_multiple || h % m->size_multiple || w < m->min_size ||
-            h < m->min_size || w > m->max_size || h > m->max_size)
-            return bad(e, "size", "size \"%s\" is not supported by '%s': width and height must "
-                       "be multiples of %d in %d..%d pixels (default \"%dx%d\")", s, m->name,
-                       m->size_multiple, m->min_size, m->max_size, m->image_width,
-                       m->image_height);
-        r->width = w;
-        r->height = h;
-        return 0;
-    }
-    if (w != m->image_width || h != m->image_height)
-        return bad(e, "size", "size \"%s\" is not supported by '%s'; supported: \"%dx%d\"", s,
-                   m->name, m->image_width, m->image_height);
+    if (ditd_model_check_size(m, w, h))
+        return bad(e, "size", "%s", ditd_err_detail());
+    r->width = w;
+    r->height = h;
     return 0;
 }
 

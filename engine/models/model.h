@@ -83,6 +83,13 @@ void ditd_model_info_free(ditd_model_info *m);
  * family's load says what is missing). */
 int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out);
 
+/* Whether the model makes width x height pixels: any multiple of
+ * size_multiple in [min_size, max_size] per side for a resizable model,
+ * its one image size otherwise. 0, or DITD_EINVAL with a detail naming the
+ * size, the model and what it takes (the server, the worker and generate
+ * all say the same). */
+int ditd_model_check_size(const ditd_model_info *m, int width, int height);
+
 /* Class id from a request's words: a number "0".."K-1", or a label from
  * id2label (case-insensitive; a label with commas has each part as a
  * synonym, as DiTPipeline.get_label_ids). DITD_EINVAL when none matches. */

@@ -1,6 +1,7 @@
-/* A class-conditional model's class names (id2label) as requests use them:
- * a number or a label. Apart from model.c, which reads the folder, so that
- * request validation (and its fuzz target) needs no model loading code. */
+/* What a request may ask of a loaded model folder: a class-conditional
+ * model's class names (id2label, a number or a label) and the image sizes
+ * it makes. Apart from model.c, which reads the folder, so that request
+ * validation (and its fuzz target) needs no model loading code. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -58,4 +59,22 @@ int ditd_model_class_from_str(const ditd_model_info *m, const char *s, int *out)
         }
     }
     return ditd_err_set(DITD_EINVAL, "unknown class \"%s\"", s);
+}
+
+int ditd_model_check_size(const ditd_model_info *m, int width, int height)
+{
+    if (m->resizable && m->size_multiple > 0) {
+        if (width % m->size_multiple || height % m->size_multiple || width < m->min_size ||
+            height < m->min_size || width > m->max_size || height > m->max_size)
+            return ditd_err_set(DITD_EINVAL,
+                                "size \"%dx%d\" is not supported by '%s': width and height must be "
+                                "multiples of %d in %d..%d pixels (default \"%dx%d\")",
+                                width, height, m->name, m->size_multiple, m->min_size, m->max_size,
+                                m->image_width, m->image_height);
+        return 0;
+    }
+    if (width != m->image_width || height != m->image_height)
+        return ditd_err_set(DITD_EINVAL, "size \"%dx%d\" is not supported by '%s'; supported: \"%dx%d\"",
+                            width, height, m->name, m->image_width, m->image_height);
+    return 0;
 }

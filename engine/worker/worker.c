@@ -309,18 +309,12 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
-    if (!m->resizable && ((int)b->width != m->image_width || (int)b->height != m->image_height)) {
-        snprintf(msg, sizeof msg, "size %ux%u pixels, the model makes %dx%d", b->width, b->height,
-                 m->image_width, m->image_height);
-        send_error(w, b->batch_id, DITD_EINVAL, msg);
-        return 0;
-    }
-    if (m->resizable &&
-        (b->width < (uint32_t)m->min_size || b->width > (uint32_t)m->max_size ||
-         b->height < (uint32_t)m->min_size || b->height > (uint32_t)m->max_size ||
-         b->width % (uint32_t)m->size_multiple || b->height % (uint32_t)m->size_multiple)) {
-        snprintf(msg, sizeof msg, "size %ux%u pixels: width and height must be multiples of %d in %d..%d",
-                 b->width, b->height, m->size_multiple, m->min_size, m->max_size);
+    if (b->width > 16384 || b->height > 16384 ||
+        ditd_model_check_size(m, (int)b->width, (int)b->height)) {
+        if (b->width > 16384 || b->height > 16384)
+            snprintf(msg, sizeof msg, "size %ux%u pixels", b->width, b->height);
+        else
+            snprintf(msg, sizeof msg, "%s", ditd_err_detail());
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
