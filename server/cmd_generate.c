@@ -109,15 +109,14 @@ static int fail(const char *what, int err)
 /* A text model's prompt (te[0]) and negative prompt (te[1], when true_cfg
  * > 1), encoded on the leader and broadcast to a group; every rank ends
  * with the same embeddings. *penc, *emb and *te are owned by the caller. */
-static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh, int n, const char *prompt, const char *negative,
-                          double true_cfg, int L, ditd_prompt_encoder **penc, float **emb,
+static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh, const char *prompt,
+                          const char *negative, double true_cfg, int L, ditd_prompt_encoder **penc, float **emb,
                           ditd_text_embeds **te)
 {
     const size_t one = (size_t)L * (size_t)info->shapes.cond.text_dim +
                        (size_t)info->shapes.cond.pooled_dim;
     int32_t st = 0;
     int err = 0;
-    (void)n;
     if (!(*emb = malloc(2 * one * sizeof **emb)) || !(*te = calloc(2, sizeof **te)))
         return ditd_err_set(DITD_ENOMEM, "text embeddings");
     float *seq = *emb, *nseq = *emb + one;
@@ -361,7 +360,7 @@ int ditd_cmd_generate(int argc, char **argv)
             goto done;
         }
     }
-    if (text && (err = encode_prompts(&info, mesh, (int)n, prompt, negative, true_cfg,
+    if (text && (err = encode_prompts(&info, mesh, prompt, negative, true_cfg,
                                       (int)max_seq, &penc, &emb, &te))) {
         fail("encoding the prompt", err);
         goto done;

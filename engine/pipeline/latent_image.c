@@ -107,12 +107,12 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
 
 int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w)
 {
+    const int f = ditd_vae_config_scale_factor(ditd_vae_config_of(li->vae));
     if (h < 1 || w < 1)
         return ditd_err_set(DITD_EINVAL, "latent size %dx%d", h, w);
     if (h > li->max_h || w > li->max_w) {
         int mh = h > li->max_h ? h : li->max_h, mw = w > li->max_w ? w : li->max_w;
         ditd_vae_opts o = {.max_h = mh, .max_w = mw, .tiling = li->tiling, .comm = li->group};
-        const int f = ditd_vae_config_scale_factor(ditd_vae_config_of(li->vae));
         ditd_vae *v = NULL;
         float *z = malloc((size_t)li->Cl * mh * mw * sizeof *z);
         float *img = malloc((size_t)li->Co * mh * f * mw * f * sizeof *img);
@@ -132,7 +132,6 @@ int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w)
         li->max_h = mh;
         li->max_w = mw;
     }
-    const int f = ditd_vae_config_scale_factor(ditd_vae_config_of(li->vae));
     li->h = h;
     li->w = w;
     li->H = h * f;

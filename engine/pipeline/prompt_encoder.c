@@ -26,7 +26,8 @@ struct ditd_prompt_encoder {
     int32_t *ids32;                /* (max(clip_len, max_len)) */
     int64_t *ids;
     float *packed;                 /* (max_len Dt + Dp): what the cache stores */
-    ditd_prompt_stats st;
+    uint64_t encodes;              /* prompts through the encoders */
+    double encode_ms;
 };
 
 static double now_ms(void)
@@ -180,47 +181,45 @@ int ditd_prompt_encoder_encode(ditd_prompt_encoder *e, const char *text, size_t 
     int err;
     if (L < 1 || L > e->max_len)
         return ditd_err_set(DITD_EINVAL, "max_sequence_length %d (1..%d)", L, e->max_len);
-    /* the cache keys on C strings: a prompt with a NUL byte is never cached */
-    int cacheable = e->cache && memchr(text, '\0', len) == NULL;
-    if (cacheable) {
-        char *z = strndup(text, len);
-        int found = z && ditd_text_cache_get(e->cache, e->key, z, L, &hit, &n);
-        free(z);
-        if (found && n == nseq + (size_t)e->Dp) {
-            memcpy(seq, hit, nseq * sizeof(float));
-            memcpy(pooled, hit + nseq, (size_t)e->Dp * sizeof(float));
-            e->st.hits++;
-            return 0;
-        }
-        e->st.misses++;
+    /* the cache keys on C strings: a prompt with a NUL byte is never cached
+     * (nor one whose key finds no memory); it counts the hits and misses */
+    char *key = e->cache && memchr(text, '\0', len) == NULL ? strndup(text, len) : NULL;
+    if (key && ditd_text_cache_get(e->cache, e->key, key, L, &hit, &n) &&
+        n == nseq + (size_t)e->Dp) {
+        memcpy(seq, hit, nseq * sizeof(float));
+        memcpy(pooled, hit + nseq, (size_t)e->Dp * sizeof(float));
+        free(key);
+        return 0;
     }
     double t0 = now_ms();
     ditd_clip_text_out co = {.pooled = pooled};
     if ((err = tokenize(e, e->tok_clip, text, len, e->clip_len)) ||
         (err = ditd_clip_text_encode(e->clip, 1, e->clip_len, e->ids, NULL, &co)) ||
         (err = tokenize(e, e->tok_t5, text, len, L)) ||
-        (err = ditd_t5_encoder_encode(e->t5, 1, L, e->ids, NULL, seq)))
+        (err = ditd_t5_encoder_encode(e->t5, 1, L, e->ids, NULL, seq))) {
+        free(key);
         return err;
-    e->st.encodes++;
-    e->st.encode_ms += now_ms() - t0;
-    if (cacheable) {
+    }
+    e->encodes++;
+    e->encode_ms += now_ms() - t0;
+    if (key) { /* the cache stores sequence and pooled vector as one value */
         memcpy(e->packed, seq, nseq * sizeof(float));
         memcpy(e->packed + nseq, pooled, (size_t)e->Dp * sizeof(float));
-        char *z = strndup(text, len);
-        if (z) /* a put that finds no memory only loses the entry */
-            ditd_text_cache_put(e->cache, e->key, z, L, e->packed, nseq + (size_t)e->Dp);
-        free(z);
+        /* a put that finds no memory only loses the entry */
+        ditd_text_cache_put(e->cache, e->key, key, L, e->packed, nseq + (size_t)e->Dp);
+        free(key);
     }
     return 0;
 }
 
 void ditd_prompt_encoder_stats(const ditd_prompt_encoder *e, ditd_prompt_stats *out)
 {
-    *out = e->st;
-    out->entries = 0;
+    *out = (ditd_prompt_stats){.encodes = e->encodes, .encode_ms = e->encode_ms};
     if (e->cache) {
         ditd_text_cache_stats cs;
         ditd_text_cache_stats_get(e->cache, &cs);
+        out->hits = cs.hits;
+        out->misses = cs.misses;
         out->entries = cs.entries;
     }
 }
