@@ -8,7 +8,10 @@
  *     when that is set, so the row names the core it chose);
  *   - BLIS cblas_sgemm (dlopen'ed from Debian's blis-openmp, when present);
  *   - oneDNN dnnl_sgemm and the oneDNN matmul primitive (f32, and bf16 x bf16
- *     -> f32), weights in the plain (N, K) layout, as ditd stores them.
+ *     -> f32), weights in nn.Linear's plain (N, K) layout;
+ *   - ditd's packed kernel (kernels/cpu/gemm_packed.c, f32 and bf16), on the
+ *     same weights re-laid once by ditd_cpu_pack_weight, as ditd loads them
+ *     (the bf16 row includes rounding x to bf16 on each call, as ditd runs).
  * Beside them the FMA peak of this run (ditd_cpu_fma_peak_gflops: 24
  * independent 512-bit accumulators per thread; fewer, or 256-bit registers,
  * read about half of it here).
@@ -104,6 +107,23 @@ static void run_blas(void *vc, int si)
     const shape *s = &shapes[si];
     c->sgemm(101 /* RowMajor */, 111 /* NoTrans */, 112 /* Trans */, c->M, s->N, s->K, 1.0f, c->x,
              s->K, c->w[si], s->K, 0.0f, c->y, s->N);
+}
+
+/* ---- ditd's packed kernel ---- */
+
+typedef struct packed_ctx {
+    const float *x;
+    const void *w[NSHAPES]; /* packed */
+    float *y;
+    int M, bf16;
+} packed_ctx;
+
+static void run_packed(void *vc, int si)
+{
+    packed_ctx *c = vc;
+    const shape *s = &shapes[si];
+    ditd_cpu_gemm_packed(c->x, (size_t)s->K, c->w[si], NULL, c->bf16, c->y, (size_t)s->N, c->M,
+                         s->N, s->K, DITD_CPU_ACT_NONE);
 }
 
 /* ---- oneDNN ---- */
@@ -297,5 +317,25 @@ int main(int argc, char **argv)
     snprintf(label, sizeof label, "onednn matmul bf16 (%s)", impl);
     time_row(label, run_dnnl_matmul, &c, M, reps, peak);
     dnnl_release(&c);
+
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        if (!ditd_cpu_gemm_packs(bf16)) {
+            printf("%-42s (this CPU does not run it)\n", bf16 ? "ditd packed bf16" : "ditd packed f32");
+            continue;
+        }
+        packed_ctx pc = {.x = x, .y = y, .M = M, .bf16 = bf16};
+        for (int si = 0; si < NSHAPES; si++) {
+            size_t n = (size_t)shapes[si].N * shapes[si].K, es = bf16 ? 2 : 4;
+            void *copy = aligned_alloc(64, (n * es + 63) / 64 * 64);
+            memcpy(copy, bf16 ? (void *)wb[si] : (void *)w[si], n * es);
+            if (ditd_cpu_pack_weight(copy, bf16, shapes[si].N, shapes[si].K))
+                return 1;
+            pc.w[si] = copy;
+        }
+        time_row(bf16 ? "ditd packed bf16 (avx512_bf16, 6x64)" : "ditd packed f32 (avx512, 6x64)",
+                 run_packed, &pc, M, reps, peak);
+        for (int si = 0; si < NSHAPES; si++)
+            free((void *)pc.w[si]);
+    }
     return 0;
 }

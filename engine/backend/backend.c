@@ -78,3 +78,8 @@ const ditd_backend_ops *ditd_backend_open(ditd_device d)
     }
     return ops;
 }
+
+int ditd_pack_linear(const ditd_backend_ops *ops, void *w, int N, int K)
+{
+    return ops->pack_linear ? ops->pack_linear(w, N, K) : 0;
+}

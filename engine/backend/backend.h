@@ -74,6 +74,14 @@ typedef struct ditd_backend_ops {
     /* y (M, N) = act(x (M, K) @ w^T + b); w (N, K); b may be NULL. */
     void (*linear)(const void *x, size_t ldx, const void *w, const void *b,
                    void *y, size_t ldy, int M, int N, int K, ditd_act act);
+    /* Re-lays a linear layer's weight w (N, K), once it is wholly loaded,
+     * in place into the order this backend's linear reads (the same bytes:
+     * the CPU's packed panels, kernels/cpu/gemm_packed.c); NULL where linear
+     * reads nn.Linear's layout as it is. Model loaders call it through
+     * ditd_pack_linear for every weight they pass to linear, and then read
+     * that weight only through linear (never a row of it, never another
+     * op). 0, or DITD_ENOMEM (w unchanged). */
+    int (*pack_linear)(void *w, int N, int K);
     /* y = act(x), elementwise; y == x allowed. */
     void (*act)(const void *x, void *y, size_t n, ditd_act act);
     /* y += x, elementwise. */
@@ -221,6 +229,9 @@ const char *ditd_backend_cpu_gemm_info(void);
 /* Whether this CPU computes bf16 dot products in hardware (AVX512-BF16 or
  * AMX): where bf16 weights are the default for 16-bit checkpoints. */
 int ditd_backend_cpu_has_bf16(void);
+
+/* ops->pack_linear(w, N, K) where the backend has it, else 0. */
+int ditd_pack_linear(const ditd_backend_ops *ops, void *w, int N, int K);
 /* The CPU's FMA peak in GFLOP/s with `threads` threads, measured for about
  * `seconds` (24 independent 512-bit accumulators per thread; *bits = 512, or
  * 256 without AVX-512). For benchmarks. */

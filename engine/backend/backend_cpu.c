@@ -101,16 +101,43 @@ static int cpu_set_threads(int n)
     return omp_get_max_threads();
 }
 
+/* Linear layers: on packed weights where this CPU runs ditd's packed
+ * kernel (kernels/cpu/gemm_packed.c; decided once per process, so a weight
+ * packed at load is read packed), else through the library. */
 static void cpu_linear(const void *x, size_t ldx, const void *w, const void *b, void *y,
                        size_t ldy, int M, int N, int K, ditd_act act)
 {
-    ditd_cpu_linear(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+    if (ditd_cpu_gemm_packs(0))
+        ditd_cpu_gemm_packed(x, ldx, w, b, 0, y, ldy, M, N, K, cpu_act(act));
+    else
+        ditd_cpu_linear(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
 }
 
 static void cpu_linear_bf16(const void *x, size_t ldx, const void *w, const void *b, void *y,
                             size_t ldy, int M, int N, int K, ditd_act act)
 {
-    ditd_cpu_linear_bf16(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+    if (ditd_cpu_gemm_packs(1))
+        ditd_cpu_gemm_packed(x, ldx, w, b, 1, y, ldy, M, N, K, cpu_act(act));
+    else
+        ditd_cpu_linear_bf16(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+}
+
+static int pack_any(void *w, int bf16, int N, int K)
+{
+    if (ditd_cpu_pack_weight(w, bf16, N, K))
+        return ditd_err_set(DITD_ENOMEM, "packing a (%d, %d) linear weight: no memory for its copy",
+                            N, K);
+    return 0;
+}
+
+static int cpu_pack_linear(void *w, int N, int K)
+{
+    return pack_any(w, 0, N, K);
+}
+
+static int cpu_pack_linear_bf16(void *w, int N, int K)
+{
+    return pack_any(w, 1, N, K);
 }
 
 static void cpu_act_apply(const void *x, void *y, size_t n, ditd_act act)
@@ -282,6 +309,7 @@ const ditd_backend_ops ditd_backend_cpu = {
     .sync = cpu_sync,
     .set_threads = cpu_set_threads,
     .linear = cpu_linear,
+    .pack_linear = cpu_pack_linear,
     .act = cpu_act_apply,
     .add = cpu_add,
     .embedding = cpu_embedding,
@@ -326,6 +354,7 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
     .sync = cpu_sync,
     .set_threads = cpu_set_threads,
     .linear = cpu_linear_bf16,
+    .pack_linear = cpu_pack_linear_bf16,
     .act = cpu_act_apply,
     .add = cpu_add,
     .embedding = cpu_embedding_bf16,

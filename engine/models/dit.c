@@ -348,6 +348,32 @@ done:
     return err;
 }
 
+/* Every weight the forward passes to linear, re-laid for the backend
+ * (backend.h pack_linear; nothing where the backend reads them as they are).
+ * After the whole model is in place: qkv_w is filled in three parts. */
+static int pack_linears(ditd_dit *m)
+{
+    const ditd_dit_config *c = &m->cfg;
+    const ditd_backend_ops *ops = m->ops;
+    int D = c->inner_dim, hcD = m->hc * c->head_dim, Fl = m->fc;
+    int po = c->patch_size * c->patch_size * c->out_channels;
+    int err = 0;
+    err = err ? err : ditd_pack_linear(ops, m->out1_w, 2 * D, D);
+    err = err ? err : ditd_pack_linear(ops, m->out2_w, po, D);
+    for (int l = 0; l < c->num_layers && !err; l++) {
+        ditd_dit_block *b = &m->blocks[l];
+        if ((err = ditd_pack_linear(ops, b->t1_w, D, TFREQ)) ||
+            (err = ditd_pack_linear(ops, b->t2_w, D, D)) ||
+            (err = ditd_pack_linear(ops, b->ada_w, 6 * D, D)) ||
+            (err = ditd_pack_linear(ops, b->qkv_w, 3 * hcD, D)) ||
+            (err = ditd_pack_linear(ops, b->o_w, D, hcD)) ||
+            (err = ditd_pack_linear(ops, b->ff1_w, Fl, D)) ||
+            (err = ditd_pack_linear(ops, b->ff2_w, D, Fl)))
+            break;
+    }
+    return err;
+}
+
 int ditd_dit_new(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
                  const char *weights_path, ditd_dit **out)
 {
@@ -365,7 +391,7 @@ int ditd_dit_new_mesh(const ditd_dit_config *cfg, const ditd_backend_ops *ops, i
         return err;
     if ((err = dit_alloc(cfg, ops, max_batch, mesh, &m)))
         goto fail_alloc;
-    if ((err = load_weights(m, st)))
+    if ((err = load_weights(m, st)) || (err = pack_linears(m)))
         goto fail_load;
     ditd_safetensors_free(st);
     *out = m;
@@ -465,6 +491,10 @@ int ditd_dit_new_random_mesh(const ditd_dit_config *cfg, const ditd_backend_ops 
         fill_random(ops, b->ff2_b, D, seed, id++, 0.02f, stage);
     }
     free(stage);
+    if ((err = pack_linears(m))) {
+        ditd_dit_free(m);
+        return err;
+    }
     *out = m;
     return 0;
 }

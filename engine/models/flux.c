@@ -521,6 +521,55 @@ done:
     return err;
 }
 
+/* Every weight the forward passes to linear, re-laid for the backend
+ * (backend.h pack_linear), once all are loaded (qkv comes in three parts).
+ * Not x_embedder: patch_embed reads it as a conv weight. */
+static int pack_linears(ditd_flux *m)
+{
+    const ditd_flux_config *c = &m->cfg;
+    const ditd_backend_ops *ops = m->ops;
+    int D = c->inner_dim, A = m->A, F = m->fc;
+    int err = 0;
+#define PACK(l, n, k)                                               \
+    do {                                                            \
+        if (!err)                                                   \
+            err = ditd_pack_linear(ops, (l).w, (int)(n), (int)(k)); \
+    } while (0)
+    PACK(m->ctx_emb, D, c->joint_attention_dim);
+    PACK(m->t1, D, TFREQ);
+    PACK(m->t2, D, D);
+    if (c->guidance_embeds) {
+        PACK(m->g1, D, TFREQ);
+        PACK(m->g2, D, D);
+    }
+    PACK(m->p1, D, c->pooled_dim);
+    PACK(m->p2, D, D);
+    PACK(m->norm_out, 2 * D, D);
+    PACK(m->proj, c->out_channels, D);
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_flux_double *b = &m->dbl[l];
+        PACK(b->ada, 6 * D, D);
+        PACK(b->ada_c, 6 * D, D);
+        PACK(b->qkv, 3 * A, D);
+        PACK(b->qkv_c, 3 * A, D);
+        PACK(b->out, D, A);
+        PACK(b->out_c, D, A);
+        PACK(b->ff1, F, D);
+        PACK(b->ff2, D, F);
+        PACK(b->ff1_c, F, D);
+        PACK(b->ff2_c, D, F);
+    }
+    for (int l = 0; l < c->num_single_layers; l++) {
+        ditd_flux_single *b = &m->sgl[l];
+        PACK(b->ada, 3 * D, D);
+        PACK(b->qkv, 3 * A, D);
+        PACK(b->mlp, F, D);
+        PACK(b->out, D, A + F);
+    }
+#undef PACK
+    return err;
+}
+
 int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops, int max_batch,
                        int height, int width, int text_len, const char *weights_path,
                        const ditd_mesh *mesh, ditd_flux **out)
@@ -550,7 +599,8 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
         goto fail;
     }
     if ((err = set_sizes(m, height, width, text_len)) || (err = plan(m, mesh)) ||
-        (err = ditd_safetensors_open(weights_path, &st)) || (err = load_weights(m, st)))
+        (err = ditd_safetensors_open(weights_path, &st)) || (err = load_weights(m, st)) ||
+        (err = pack_linears(m)))
         goto fail;
     ditd_safetensors_free(st);
     *out = m;

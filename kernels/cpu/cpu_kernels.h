@@ -61,6 +61,23 @@ void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int
 int ditd_cpu_gemm_act(const float *x, size_t ldx, const void *w, const void *b, int w_bf16,
                       float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act);
 
+/* Linear layers on packed weights (kernels/cpu/gemm_packed.c): on a CPU
+ * with AVX-512 (F, BW, VL; bf16 also AVX512-BF16), unless DITD_CPU_GEMM
+ * names a library (onednn, openblas), a linear weight is re-laid once, in
+ * place and in the same bytes, by ditd_cpu_pack_weight, and every product
+ * with it goes through ditd_cpu_gemm_packed. ditd_cpu_gemm_packs(w_bf16)
+ * says whether that is so in this process (decided once); where it is not,
+ * ditd_cpu_pack_weight leaves w as it is and returns 0, and w stays in
+ * nn.Linear's layout for ditd_cpu_linear. ditd_cpu_pack_weight returns -1
+ * when its temporary copy of w cannot be allocated (w unchanged). */
+int ditd_cpu_gemm_packs(int w_bf16);
+int ditd_cpu_pack_weight(void *w, int w_bf16, int N, int K);
+/* y (M, N) = act(x (M, K) @ w^T + b) for a packed w, f32 (w_bf16 = 0) or
+ * bf16 (x rounded to bf16 first, fp32 sums); b as w's type, or NULL. Bias
+ * and activation applied inside. */
+void ditd_cpu_gemm_packed(const float *x, size_t ldx, const void *wp, const void *b, int w_bf16,
+                          float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act);
+
 /* One line naming the GEMM library, the CPU's instruction set as the library
  * sees it and the kernels it picked for f32 and bf16 ("oneDNN 2.6.3, cpu isa
  * avx512_core_bf16; f32 brg:avx512_core, bf16 brg:avx512_core_bf16").

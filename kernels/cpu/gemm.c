@@ -1,24 +1,33 @@
 /* The CPU GEMM: y (M, N) = x (M, K) @ w^T (+ b), w (N, K) as nn.Linear stores
  * it, x and y f32, w and b f32 or bf16.
  *
- * Which library runs it was chosen by measurement (docs/cpu.md): oneDNN's
- * matmul primitive, whose instruction set is picked at run time from the CPU
- * (AVX-512 where there is AVX-512, AVX512-BF16 / AMX for bf16), so its speed
- * does not depend on an OpenBLAS environment pin such as OPENBLAS_CORETYPE.
- * OpenBLAS's cblas_sgemm is the fallback: when ditd is built without oneDNN,
- * when DITD_CPU_GEMM=openblas is set (to compare), or when oneDNN refuses a
- * shape. bf16 runs bf16 x bf16 with fp32 accumulation; x is rounded to bf16
- * (nearest-even) first, as PyTorch's bf16 matmul sees it. Through oneDNN the
- * bias and the activation (GELU-tanh, SiLU: eltwise post-ops) are applied to
- * each output block inside the matmul; elsewhere the caller applies them.
+ * Which code runs it was chosen by measurement (docs/cpu.md):
+ *   - On a CPU with AVX-512 (F, BW, VL), linear layers' weights are re-laid
+ *     at load (ditd_cpu_pack_weight) and run through ditd's own kernel,
+ *     gemm_packed.c (bf16 also needs AVX512-BF16). This is the default; the
+ *     backend asks ditd_cpu_gemm_packs before it packs or calls.
+ *   - Otherwise, for weights in nn.Linear's layout (the text encoders'
+ *     linear_wt, CPUs without AVX-512, DITD_CPU_GEMM=onednn or openblas to
+ *     compare): oneDNN's matmul primitive, whose instruction set is picked at
+ *     run time from the CPU, so its speed does not depend on an OpenBLAS
+ *     environment pin such as OPENBLAS_CORETYPE. OpenBLAS's cblas_sgemm is
+ *     the fallback: when ditd is built without oneDNN, with
+ *     DITD_CPU_GEMM=openblas, or when oneDNN refuses a shape.
+ * bf16 runs bf16 x bf16 with fp32 accumulation; x is rounded to bf16
+ * (nearest-even) first, as PyTorch's bf16 matmul sees it. The packed kernel
+ * and oneDNN apply the bias and the activation (GELU-tanh, SiLU) to each
+ * output block inside the product; elsewhere the caller applies them.
  *
- * State: a small table of oneDNN primitives, one per (dtype, M, N, K, ldx,
- * ldy, bias) met so far, built on first use (the first forward) and kept for
- * the process; a workspace for x in bf16 that grows to the largest M*K seen.
- * Both sit behind one mutex, held while a primitive runs (its memory objects
- * are part of the entry). What it is not: a GEMM for other layouts.
+ * State: which path runs (decided once, from the CPU and DITD_CPU_GEMM); a
+ * small table of oneDNN primitives, one per (dtype, M, N, K, ldx, ldy,
+ * bias) met so far, built on first use (the first forward) and kept for the
+ * process; a workspace for x in bf16 that grows to the largest M*K seen.
+ * All behind one mutex, held while a product runs (a oneDNN primitive's
+ * memory objects are part of its entry). What it is not: a GEMM for other
+ * layouts.
  */
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/gemm_packed.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -122,6 +131,7 @@ static uint16_t *g_xb;                 /* x in bf16 */
 static size_t g_xb_len;                /* elements */
 static float *g_wf;                    /* fallback: bf16 x, then w, widened */
 static size_t g_wf_len;
+static int g_packs_f32, g_packs_bf16;   /* the packed kernel runs linear layers */
 
 static int grow(void **p, size_t *len, size_t n, size_t es)
 {
@@ -313,12 +323,29 @@ static void dnnl_probe(void)
 
 #endif /* DITD_HAVE_DNNL */
 
+/* The packed kernel's instruction sets, asked of the CPU. */
+static void packed_decide(const char *want)
+{
+    int pick = !want || !*want || strcmp(want, "ditd") == 0;
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
+    g_packs_f32 = pick && avx512;
+    g_packs_bf16 = g_packs_f32 && __builtin_cpu_supports("avx512bf16");
+}
+
 static void gemm_init(void)
 {
     const char *want = getenv("DITD_CPU_GEMM");
     int force_blas = want && strcmp(want, "openblas") == 0;
-    char blas[96];
+    char blas[96], packed[160];
+    packed_decide(want);
     snprintf(blas, sizeof blas, "OpenBLAS %s", openblas_get_corename());
+    if (g_packs_f32)
+        snprintf(packed, sizeof packed, "linear layers: ditd's packed kernel (f32 avx512 fma%s); ",
+                 g_packs_bf16 ? ", bf16 avx512_bf16" : "; bf16 through the library");
+    else
+        snprintf(packed, sizeof packed, "linear layers: the library (%s); ",
+                 want && *want ? "DITD_CPU_GEMM set" : "no AVX-512 for the packed kernel");
 #if DITD_HAVE_DNNL
     if (!force_blas && dnnl_engine_create(&g_eng, dnnl_cpu, 0) == dnnl_success &&
         dnnl_stream_create(&g_stream, g_eng, dnnl_stream_default_flags) == dnnl_success) {
@@ -326,14 +353,14 @@ static void gemm_init(void)
         g_use_dnnl = 1;
         dnnl_probe();
         snprintf(g_info, sizeof g_info,
-                 "oneDNN %d.%d.%d, cpu isa %s; f32 %s, bf16 %s; M <= %d rows: ditd's own kernel",
-                 v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),
+                 "%soneDNN %d.%d.%d, cpu isa %s; f32 %s, bf16 %s; M <= %d rows: ditd's own kernel",
+                 packed, v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),
                  g_impl_f32, g_impl_bf16, SMALL_M);
         return;
     }
 #endif
-    snprintf(g_info, sizeof g_info, "%s (%s); bf16 weights widened to f32; M <= %d rows: ditd's own kernel",
-             blas, force_blas ? "DITD_CPU_GEMM=openblas"
+    snprintf(g_info, sizeof g_info, "%s%s (%s); bf16 weights widened to f32; M <= %d rows: ditd's own kernel",
+             packed, blas, force_blas ? "DITD_CPU_GEMM=openblas"
                               : DITD_HAVE_DNNL ? "oneDNN did not start" : "built without oneDNN",
              SMALL_M);
 }
@@ -342,6 +369,20 @@ const char *ditd_cpu_gemm_info(void)
 {
     pthread_once(&g_once, gemm_init);
     return g_info;
+}
+
+int ditd_cpu_gemm_packs(int w_bf16)
+{
+    pthread_once(&g_once, gemm_init);
+    return w_bf16 ? g_packs_bf16 : g_packs_f32;
+}
+
+int ditd_cpu_pack_weight(void *w, int w_bf16, int N, int K)
+{
+    assert(w && N > 0 && K > 0);
+    if (!ditd_cpu_gemm_packs(w_bf16))
+        return 0;
+    return ditd__cpu_pack_in_place(w, w_bf16, N, K);
 }
 
 /* Adds b (f32 or bf16) to every row of y. */
@@ -484,4 +525,26 @@ void ditd_cpu_gemm(const float *x, size_t ldx, const void *w, const void *b, int
                    size_t ldy, int M, int N, int K)
 {
     (void)ditd_cpu_gemm_act(x, ldx, w, b, w_bf16, y, ldy, M, N, K, DITD_CPU_ACT_NONE);
+}
+
+void ditd_cpu_gemm_packed(const float *x, size_t ldx, const void *wp, const void *b, int w_bf16,
+                          float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act)
+{
+    assert(x && wp && y);
+    assert(M >= 0 && N > 0 && K > 0);
+    assert(ldx >= (size_t)K && ldy >= (size_t)N);
+    assert(!omp_in_parallel());
+    assert(ditd_cpu_gemm_packs(w_bf16));
+    if (M == 0)
+        return;
+    pthread_mutex_lock(&g_lock);
+    const void *a = x;
+    if (w_bf16) {
+        uint16_t *xb = need((void **)&g_xb, &g_xb_len, (size_t)M * (size_t)K, sizeof *g_xb);
+        rows_to_bf16(x, ldx, xb, M, K);
+        a = xb;
+        ldx = (size_t)K;
+    }
+    ditd__cpu_gemm_packed_run(a, ldx, wp, b, w_bf16, y, ldy, M, N, K, act);
+    pthread_mutex_unlock(&g_lock);
 }

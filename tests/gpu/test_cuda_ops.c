@@ -232,7 +232,14 @@ static void check_linear(int M, int N, int K, size_t ldx, size_t ldy, int bias, 
     float *b = rnd((size_t)N, 0.5f), *y = zeros((size_t)M * ldy);
     void *dx = dev_in(x, (size_t)M * ldx), *dw = dev_in(w, (size_t)N * K);
     void *db = dev_in(b, (size_t)N), *dy = dev_out((size_t)M * ldy);
-    C->linear(x, ldx, w, bias ? b : NULL, y, ldy, M, N, K, act);
+    /* the CPU reference reads its weights re-laid (backend.h pack_linear) */
+    float *wc = malloc(sizeof(float) * (size_t)N * K);
+    if (!wc || ditd_pack_linear(C, memcpy(wc, w, sizeof(float) * (size_t)N * K), N, K)) {
+        fprintf(stderr, "check_linear: no memory for the CPU's copy of w\n");
+        exit(1);
+    }
+    C->linear(x, ldx, wc, bias ? b : NULL, y, ldy, M, N, K, act);
+    free(wc);
     G->linear(dx, ldx, dw, bias ? db : NULL, dy, ldy, M, N, K, act);
     float *gy = down(dy, (size_t)M * ldy);
     /* compare the written columns only */

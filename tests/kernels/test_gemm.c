@@ -12,6 +12,15 @@
  * - ditd_cpu_patch_embed_bf16 the same way against Conv2d in float64.
  * - ditd_cpu_gemm f32 with bias against float64: 2e-6, on both sides of the
  *   few-rows kernel's threshold (M <= 16).
+ * - The packed kernel (kernels/cpu/gemm_packed.c), f32 and bf16, where this
+ *   CPU runs it: w packed in place by ditd_cpu_pack_weight (the bytes after
+ *   w untouched, the packed bytes a permutation of the original), then
+ *   ditd_cpu_gemm_packed against the float64 reference, 2e-6 as above
+ *   (bf16: over the bf16-rounded inputs): every M from 1 to 13 and 97 (the
+ *   6-row blocks and their tails), N across the 16-column vectors and
+ *   64-column panels, K 1 to 129 and across the k passes (2048 f32, 4096
+ *   bf16, an odd K), strided x and y (padding untouched), bias f32/bf16 or
+ *   none, each activation, M = 0.
  * The suite runs this program twice: as built (oneDNN when found) and with
  * DITD_CPU_GEMM=openblas (the fallback), which must agree with the same
  * references. The first line printed names the library in use.
@@ -101,6 +110,12 @@ static void round_bf16(const float *a, uint16_t *h, double *d, size_t n)
         ditd_cpu_bf16_to_f32(&h[i], &f, 1);
         d[i] = f;
     }
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
 }
 
 static double ref_act(double x, ditd_cpu_act act)
@@ -229,6 +244,130 @@ static int check_patch_bf16(kt_rng *rng, int B, int C, int Hi, int Wi, int p, in
     return fail;
 }
 
+/* The packed kernel on one shape: see the header. Returns 0 when this CPU
+ * does not run it for this dtype (nothing checked; *ran stays). */
+static int check_packed(kt_rng *rng, int bf16, int M, int N, int K, size_t pad_x, size_t pad_y,
+                        int with_bias, ditd_cpu_act act, int *ran)
+{
+    if (!ditd_cpu_gemm_packs(bf16))
+        return 0;
+    const size_t ldx = (size_t)K + pad_x, ldy = (size_t)N + pad_y, nw = (size_t)N * K;
+    const size_t es = bf16 ? 2 : 4, tail = 64;
+    float *x = kt_alloc(sizeof(float) * ((size_t)M * ldx + 1));
+    float *w = kt_alloc(sizeof(float) * nw), *b = kt_alloc(sizeof(float) * (size_t)N);
+    unsigned char *wp = kt_alloc(nw * es + tail), *orig = kt_alloc(nw * es);
+    uint16_t *bh = kt_alloc(2 * (size_t)N), *xh = kt_alloc(2 * ((size_t)M * ldx + 1));
+    double *xd = kt_alloc(sizeof(double) * ((size_t)M * ldx + 1)), *wd = kt_alloc(8 * nw);
+    double *bd = kt_alloc(sizeof(double) * (size_t)N);
+    float *y = kt_alloc(sizeof(float) * ((size_t)M * ldy + 1));
+    float *got = kt_alloc(sizeof(float) * ((size_t)M * N + 1));
+    double *ref = kt_alloc(sizeof(double) * ((size_t)M * N + 1));
+    kt_fill(rng, x, (size_t)M * ldx, -1.0f, 1.0f);
+    const float ws = 1.7f / sqrtf((float)K);
+    kt_fill(rng, w, nw, -ws, ws);
+    kt_fill(rng, b, (size_t)N, -0.5f, 0.5f);
+    if (bf16) {
+        round_bf16(x, xh, xd, (size_t)M * ldx);
+        round_bf16(w, (uint16_t *)wp, wd, nw);
+        round_bf16(b, bh, bd, (size_t)N);
+    } else {
+        memcpy(wp, w, nw * es);
+        for (size_t i = 0; i < (size_t)M * ldx; i++)
+            xd[i] = x[i];
+        for (size_t i = 0; i < nw; i++)
+            wd[i] = w[i];
+        for (int j = 0; j < N; j++)
+            bd[j] = b[j];
+    }
+    memcpy(orig, wp, nw * es);
+    memset(wp + nw * es, 0xa5, tail);
+    int fail = 0;
+    if (ditd_cpu_pack_weight(wp, bf16, N, K) != 0) {
+        printf("    pack_weight failed\n");
+        fail = 1;
+    }
+    for (size_t i = 0; i < tail; i++)
+        if (wp[nw * es + i] != 0xa5) {
+            printf("    packing wrote past the weight (byte %zu)\n", i);
+            fail = 1;
+            break;
+        }
+    /* the same values: compare the sorted element multisets */
+    {
+        size_t n = nw;
+        uint32_t *a = kt_alloc(4 * n), *c = kt_alloc(4 * n);
+        for (size_t i = 0; i < n; i++) {
+            if (bf16) {
+                a[i] = ((uint16_t *)wp)[i];
+                c[i] = ((uint16_t *)orig)[i];
+            } else {
+                memcpy(&a[i], wp + 4 * i, 4);
+                memcpy(&c[i], orig + 4 * i, 4);
+            }
+        }
+        qsort(a, n, 4, cmp_u32);
+        qsort(c, n, 4, cmp_u32);
+        if (memcmp(a, c, 4 * n) != 0) {
+            printf("    packed weight is not a permutation of the original\n");
+            fail = 1;
+        }
+        free(a), free(c);
+    }
+    const float sentinel = 12345.0f;
+    for (size_t i = 0; i < (size_t)M * ldy; ++i)
+        y[i] = sentinel;
+    const void *bias = with_bias ? (bf16 ? (const void *)bh : (const void *)b) : NULL;
+    ditd_cpu_gemm_packed(x, ldx, wp, bias, bf16, y, ldy, M, N, K, act);
+    for (int i = 0; i < M; ++i) {
+        for (int j = 0; j < N; ++j) {
+            double s = with_bias ? bd[j] : 0.0;
+            for (int k = 0; k < K; ++k)
+                s += xd[(size_t)i * ldx + k] * wd[(size_t)j * K + k];
+            ref[(size_t)i * N + j] = ref_act(s, act);
+            got[(size_t)i * N + j] = y[(size_t)i * ldy + j];
+        }
+        for (size_t j = (size_t)N; j < ldy; ++j)
+            if (y[(size_t)i * ldy + j] != sentinel) {
+                printf("    row %d: padding column %zu overwritten\n", i, j);
+                fail = 1;
+            }
+    }
+    char what[160];
+    snprintf(what, sizeof what, "packed %s M=%d N=%d K=%d ldx=%zu ldy=%zu bias=%d act=%d",
+             bf16 ? "bf16" : "f32", M, N, K, ldx, ldy, with_bias, (int)act);
+    if (M > 0)
+        fail |= kt_check(what, got, ref, (size_t)M * N, 0.0, 2e-6);
+    free(x), free(w), free(b), free(wp), free(orig), free(bh), free(xh), free(xd), free(wd);
+    free(bd), free(y), free(got), free(ref);
+    (*ran)++;
+    return fail;
+}
+
+/* Every shape of the packed kernel's header, both dtypes. */
+static int check_packed_all(kt_rng *rng, int *ran)
+{
+    static const int Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 97};
+    static const int Ns[] = {1, 15, 16, 17, 48, 64, 65, 130};
+    static const int Ks[] = {1, 2, 3, 64, 129};
+    const ditd_cpu_act acts[] = {DITD_CPU_ACT_NONE, DITD_CPU_ACT_GELU_TANH, DITD_CPU_ACT_SILU};
+    int fail = 0, n = 0;
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        for (size_t m = 0; m < sizeof Ms / sizeof *Ms; m++)
+            for (size_t j = 0; j < sizeof Ns / sizeof *Ns; j++)
+                for (size_t k = 0; k < sizeof Ks / sizeof *Ks; k++, n++)
+                    fail |= check_packed(rng, bf16, Ms[m], Ns[j], Ks[k], (size_t)(n % 3),
+                                         (size_t)(n % 5 == 0 ? 3 : 0), n % 4 != 3, acts[n % 3],
+                                         ran);
+        fail |= check_packed(rng, bf16, 512, 1152, 1152, 0, 0, 1, DITD_CPU_ACT_GELU_TANH, ran);
+        fail |= check_packed(rng, bf16, 2, 6912, 1152, 0, 0, 1, DITD_CPU_ACT_NONE, ran);
+        fail |= check_packed(rng, bf16, 300, 32, 1152, 5, 0, 1, DITD_CPU_ACT_NONE, ran);
+        fail |= check_packed(rng, bf16, 70, 96, 2050, 0, 3, 1, DITD_CPU_ACT_SILU, ran);
+        fail |= check_packed(rng, bf16, 40, 70, 4097, 1, 0, 1, DITD_CPU_ACT_GELU_TANH, ran);
+        fail |= check_packed(rng, bf16, 0, 64, 64, 0, 0, 1, DITD_CPU_ACT_NONE, ran);
+    }
+    return fail;
+}
+
 int main(void)
 {
     kt_rng rng = {0x5eed0b16u};
@@ -254,6 +393,17 @@ int main(void)
     fail |= check_gemm_f32(&rng, 512, 96, 1152, 1152, 96), checks++;
     fail |= check_patch_bf16(&rng, 2, 4, 16, 16, 2, 40), checks++;
     fail |= check_patch_bf16(&rng, 1, 3, 8, 12, 4, 24), checks++;
+    int packed = 0;
+    fail |= check_packed_all(&rng, &packed);
+    /* 14 x 8 x 5 + 6 shapes per dtype the CPU runs the packed kernel in;
+     * none where it runs neither (no AVX-512, or DITD_CPU_GEMM names a
+     * library) */
+    int want = (ditd_cpu_gemm_packs(0) ? 566 : 0) + (ditd_cpu_gemm_packs(1) ? 566 : 0);
+    if (packed != want) {
+        printf("test_gemm: %d packed-kernel checks ran, %d expected\n", packed, want);
+        fail = 1;
+    }
+    checks += packed;
     if (checks < 24) {
         printf("test_gemm: only %d checks ran\n", checks);
         fail = 1;
