@@ -377,6 +377,14 @@ static void run_item(const pk_job *j, int p, int m0, int m1)
             float *c = yp + (size_t)m * j->ldy;
             if (next)
                 prefetch_slice(next, next_bytes, blk, blocks);
+            /* the next block's rows of y, for writing: in a forward they
+             * are far from the core (the weights streamed through since
+             * the buffer was last used), and the block's store of 24 lines
+             * would otherwise wait on them */
+            if (m + PK_MR < m1)
+                for (int i = 0; i < PK_MR && m + PK_MR + i < m1; i++)
+                    for (size_t o = 0; o < nw; o += 16)
+                        __builtin_prefetch(c + (size_t)(PK_MR + i) * j->ldy + o, 1, 3);
             if (j->bf16)
                 g_ukr_bf16[masked][mr - 1][nv - 1](j, last, m, (const uint16_t *)j->w + off, nw,
                                                    k0, k1, c, bias);
