@@ -126,7 +126,7 @@ int ditd_cpu_has_bf16_dot(void)
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static char g_info[256];               /* what ditd_cpu_gemm_info returns */
+static char g_info[512];               /* what ditd_cpu_gemm_info returns */
 static uint16_t *g_xb;                 /* x in bf16 */
 static size_t g_xb_len;                /* elements */
 static float *g_wf;                    /* fallback: bf16 x, then w, widened */
@@ -337,15 +337,21 @@ static void gemm_init(void)
 {
     const char *want = getenv("DITD_CPU_GEMM");
     int force_blas = want && strcmp(want, "openblas") == 0;
-    char blas[96], packed[160];
+    char blas[96], packed[192];
     packed_decide(want);
     snprintf(blas, sizeof blas, "OpenBLAS %s", openblas_get_corename());
     if (g_packs_f32)
         snprintf(packed, sizeof packed, "linear layers: ditd's packed kernel (f32 avx512 fma%s); ",
                  g_packs_bf16 ? ", bf16 avx512_bf16" : "; bf16 through the library");
+    else if (want && *want && strcmp(want, "ditd") && strcmp(want, "onednn") &&
+             strcmp(want, "openblas"))
+        snprintf(packed, sizeof packed,
+                 "linear layers: the library (DITD_CPU_GEMM=\"%.32s\" is none of ditd, onednn, "
+                 "openblas); ", want);
     else
         snprintf(packed, sizeof packed, "linear layers: the library (%s); ",
-                 want && *want ? "DITD_CPU_GEMM set" : "no AVX-512 for the packed kernel");
+                 want && *want && strcmp(want, "ditd") ? "DITD_CPU_GEMM set"
+                                                       : "no AVX-512 for the packed kernel");
 #if DITD_HAVE_DNNL
     if (!force_blas && dnnl_engine_create(&g_eng, dnnl_cpu, 0) == dnnl_success &&
         dnnl_stream_create(&g_stream, g_eng, dnnl_stream_default_flags) == dnnl_success) {
