@@ -491,19 +491,11 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
     const size_t hoff = (size_t)h * (size_t)Dh;
     const float *q0 = q + ((size_t)b * Nq + i_begin) * ldq + hoff; /* query i: + i*ldq */
 
-    /* qt = (scale Q)^T, 16 x 16 blocks; rows of ot past Dh (read by the
-     * last transpose out, never stored) zeroed. The first key tile is
-     * fetched meanwhile. */
+    /* qt = (scale Q)^T, 16 x 16 blocks (all rows requested first: they are
+     * in L2 unless this is a thread's first task); rows of ot past Dh (read
+     * by the last transpose out, never stored) zeroed. */
     prefetch_rows(q0, ldq, nq, Dh);
-    {
-        const int nk0 = Nk < ATT_BK6 ? Nk : ATT_BK6;
-        prefetch_rows(k + (size_t)b * Nk * ldk + hoff, ldk, nk0, Dh);
-    }
     load_qt(NV, q0, ldq, nq, Dh, scale, qt);
-    if (next->nq > 0) { /* the queries and output rows of this thread's next task, into L2 */
-        prefetch_rows_l2(next->q0, ldq, next->nq, Dh, 0);
-        prefetch_rows_l2(next->o0, ldo, next->nq, Dh, 1);
-    }
     for (int d = Dh; d < Dh16; ++d)
         memset(ot + (size_t)d * ATT_BQ, 0, sizeof(float) * ATT_BQ);
 
@@ -512,6 +504,12 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
         m[u] = _mm512_set1_ps(-INFINITY);
         l[u] = _mm512_setzero_ps();
     }
+    /* The next task's query and output rows go into L2 a few per register
+     * block of S, spread over this task (a burst of ~600 prefetches would
+     * stall on the cache's miss queue). */
+    const int nqn = next->nq;
+    const int qn_step = nqn > 0 ? (nqn * ATT_R + Nk - 1) / (Nk > 0 ? Nk : 1) + 1 : 0;
+    int qn_done = 0;
 
     for (int k0 = 0; k0 < Nk; k0 += ATT_BK6) {
         const int nk = Nk - k0 < ATT_BK6 ? Nk - k0 : ATT_BK6;
@@ -543,6 +541,12 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
                 prefetch_rows_l2(kn + (size_t)j0 * ldk, ldk, np, Dh, 0);
                 prefetch_rows_l2(vn + (size_t)j0 * ldv, ldv, np, Dh, 0);
             }
+            if (qn_done < nqn) {
+                const int np = nqn - qn_done < qn_step ? nqn - qn_done : qn_step;
+                prefetch_rows_l2(next->q0 + (size_t)qn_done * ldq, ldq, np, Dh, 0);
+                prefetch_rows_l2(next->o0 + (size_t)qn_done * ldo, ldo, np, Dh, 1);
+                qn_done += np;
+            }
         }
 #define ATT_S_TAIL(R) \
     s_rows(R, NV, Dh, kt0 + (size_t)j0 * ldk, ldk, qt, st + (size_t)j0 * ATT_BQ, mx)
@@ -565,6 +569,11 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
 #define ATT_PV_TAIL(R) pv_rows(R, NV, nk, vt0 + d0, ldv, st, ot + (size_t)d0 * ATT_BQ, alpha, mode)
         ATT_ROW_TAIL(Dh - d0, ATT_PV_TAIL)
 #undef ATT_PV_TAIL
+    }
+
+    if (qn_done < nqn) {
+        prefetch_rows_l2(next->q0 + (size_t)qn_done * ldq, ldq, nqn - qn_done, Dh, 0);
+        prefetch_rows_l2(next->o0 + (size_t)qn_done * ldo, ldo, nqn - qn_done, Dh, 1);
     }
 
     /* o = O / l, transposed back; lse = m + log l. */
