@@ -26,6 +26,7 @@
 #include <assert.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -239,6 +240,7 @@ typedef struct att_next {
     float *o0;       /* its first output row, likewise; rows ldo apart */
     const float *k0, *v0; /* its first key and value rows, likewise */
     int nq;
+    int fetch_kv; /* whether its K and V need fetching (see attention_run512) */
 } att_next;
 
 #define ATT_AVX512_INLINE static inline __attribute__((target("avx512f"), always_inline))
@@ -295,17 +297,24 @@ static inline __mmask16 lanes_below(int n)
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
 
-/* Prefetch (into L1) rows [0, n) of Dh floats at p + r * ld: the rows of a
- * head are scattered one per (B, N) row of the activations, which the
- * hardware prefetchers do not follow. */
-ATT_AVX512_INLINE void prefetch_rows(const float *p, size_t ld, int n, int Dh)
+/* Prefetch the cache lines of rows [0, n) of Dh floats at p + r * ld: into
+ * L1 (l1) or L2, for reading or writing (w). The rows of a head are
+ * scattered one per (B, N) row of the activations, which the hardware
+ * prefetchers do not follow. */
+ATT_AVX512_INLINE void prefetch_rows(const float *p, size_t ld, int n, int Dh, int l1, int w)
 {
     for (int r = 0; r < n; ++r) {
-        const char *a = (const char *)(p + (size_t)r * ld);
-        const char *end = (const char *)(p + (size_t)r * ld + Dh - 1);
-        for (; a <= end; a += 64)
-            _mm_prefetch(a, _MM_HINT_T0);
-        _mm_prefetch(end, _MM_HINT_T0);
+        const uintptr_t a = (uintptr_t)(p + (size_t)r * ld);
+        const uintptr_t last = (a + sizeof(float) * (size_t)Dh - 1) & ~(uintptr_t)63;
+        for (uintptr_t line = a & ~(uintptr_t)63; line <= last; line += 64) {
+            const char *c = (const char *)line;
+            if (l1)
+                _mm_prefetch(c, _MM_HINT_T0);
+            else if (w)
+                __builtin_prefetch(c, 1, 2);
+            else
+                _mm_prefetch(c, _MM_HINT_T1);
+        }
     }
 }
 
@@ -346,24 +355,6 @@ ATT_AVX512_INLINE void store_o(const int NV, const float *ot, const float *l, fl
                 _mm512_mask_storeu_ps(o0 + (size_t)(16 * g + t) * ldo + c0, cm,
                                       _mm512_mul_ps(r[t], _mm512_set1_ps(1.0f / l[16 * g + t])));
         }
-}
-
-/* The same into L2, ahead of the task that needs them (for writing: w). */
-ATT_AVX512_INLINE void prefetch_rows_l2(const float *p, size_t ld, int n, int Dh, int w)
-{
-    for (int r = 0; r < n; ++r) {
-        const char *a = (const char *)(p + (size_t)r * ld);
-        const char *end = (const char *)(p + (size_t)r * ld + Dh - 1);
-        if (w) {
-            for (; a <= end; a += 64)
-                __builtin_prefetch(a, 1, 2);
-            __builtin_prefetch(end, 1, 2);
-        } else {
-            for (; a <= end; a += 64)
-                _mm_prefetch(a, _MM_HINT_T1);
-            _mm_prefetch(end, _MM_HINT_T1);
-        }
-    }
 }
 
 /* S^T rows [0, R) of a tile (R keys x NV query vectors):
@@ -481,7 +472,7 @@ ATT_AVX512_INLINE int softmax_tile(const int NV, int nk, float *st, const __m512
 ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const float *k,
                                size_t ldk, const float *v, size_t ldv, float *o, size_t ldo,
                                float *lse, int b, int h, int i_begin, int nq, int Nq, int Nk,
-                               int H, int Dh, float scale, const att_next *next)
+                               int H, int Dh, float scale, int fetch_kv, const att_next *next)
 {
     _Alignas(64) float qt[ATT_MAX_DH * ATT_BQ]; /* (scale Q)^T, (Dh, BQ), zero past nq */
     _Alignas(64) float ot[ATT_MAX_DH * ATT_BQ]; /* O^T unnormalized, (Dh16, BQ) */
@@ -494,7 +485,7 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
     /* qt = (scale Q)^T, 16 x 16 blocks (all rows requested first: they are
      * in L2 unless this is a thread's first task); rows of ot past Dh (read
      * by the last transpose out, never stored) zeroed. */
-    prefetch_rows(q0, ldq, nq, Dh);
+    prefetch_rows(q0, ldq, nq, Dh, 1, 0);
     load_qt(NV, q0, ldq, nq, Dh, scale, qt);
     for (int d = Dh; d < Dh16; ++d)
         memset(ot + (size_t)d * ATT_BQ, 0, sizeof(float) * ATT_BQ);
@@ -521,11 +512,11 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
          * fetched into L2, six rows per register block. */
         const float *kn = NULL, *vn = NULL;
         int nkn = 0;
-        if (k0 + nk < Nk) {
+        if (k0 + nk < Nk && fetch_kv) {
             kn = kt0 + (size_t)nk * ldk;
             vn = vt0 + (size_t)nk * ldv;
             nkn = Nk - k0 - nk < ATT_BK6 ? Nk - k0 - nk : ATT_BK6;
-        } else if (next->nq > 0) {
+        } else if (k0 + nk >= Nk && next->nq > 0 && next->fetch_kv) {
             kn = next->k0;
             vn = next->v0;
             nkn = Nk < ATT_BK6 ? Nk : ATT_BK6;
@@ -538,13 +529,13 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
             s_rows(ATT_R, NV, Dh, kt0 + (size_t)j0 * ldk, ldk, qt, st + (size_t)j0 * ATT_BQ, mx);
             if (j0 < nkn) {
                 const int np = nkn - j0 < ATT_R ? nkn - j0 : ATT_R;
-                prefetch_rows_l2(kn + (size_t)j0 * ldk, ldk, np, Dh, 0);
-                prefetch_rows_l2(vn + (size_t)j0 * ldv, ldv, np, Dh, 0);
+                prefetch_rows(kn + (size_t)j0 * ldk, ldk, np, Dh, 0, 0);
+                prefetch_rows(vn + (size_t)j0 * ldv, ldv, np, Dh, 0, 0);
             }
             if (qn_done < nqn) {
                 const int np = nqn - qn_done < qn_step ? nqn - qn_done : qn_step;
-                prefetch_rows_l2(next->q0 + (size_t)qn_done * ldq, ldq, np, Dh, 0);
-                prefetch_rows_l2(next->o0 + (size_t)qn_done * ldo, ldo, np, Dh, 1);
+                prefetch_rows(next->q0 + (size_t)qn_done * ldq, ldq, np, Dh, 0, 0);
+                prefetch_rows(next->o0 + (size_t)qn_done * ldo, ldo, np, Dh, 0, 1);
                 qn_done += np;
             }
         }
@@ -553,8 +544,8 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
         ATT_ROW_TAIL(nk - j0, ATT_S_TAIL)
 #undef ATT_S_TAIL
         if (j0 < nkn) {
-            prefetch_rows_l2(kn + (size_t)j0 * ldk, ldk, nkn - j0, Dh, 0);
-            prefetch_rows_l2(vn + (size_t)j0 * ldv, ldv, nkn - j0, Dh, 0);
+            prefetch_rows(kn + (size_t)j0 * ldk, ldk, nkn - j0, Dh, 0, 0);
+            prefetch_rows(vn + (size_t)j0 * ldv, ldv, nkn - j0, Dh, 0, 0);
         }
 
         /* Online softmax: rescale factors, P^T = exp(S^T - m), sums. */
@@ -572,8 +563,8 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
     }
 
     if (qn_done < nqn) {
-        prefetch_rows_l2(next->q0 + (size_t)qn_done * ldq, ldq, nqn - qn_done, Dh, 0);
-        prefetch_rows_l2(next->o0 + (size_t)qn_done * ldo, ldo, nqn - qn_done, Dh, 1);
+        prefetch_rows(next->q0 + (size_t)qn_done * ldq, ldq, nqn - qn_done, Dh, 0, 0);
+        prefetch_rows(next->o0 + (size_t)qn_done * ldo, ldo, nqn - qn_done, Dh, 0, 1);
     }
 
     /* o = O / l, transposed back; lse = m + log l. */
@@ -591,10 +582,12 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
 __attribute__((target("avx512f"))) static void
 attention_task512(const float *q, size_t ldq, const float *k, size_t ldk, const float *v,
                   size_t ldv, float *o, size_t ldo, float *lse, int b, int h, int i_begin,
-                  int nq, int Nq, int Nk, int H, int Dh, float scale, const att_next *next)
+                  int nq, int Nq, int Nk, int H, int Dh, float scale, int fetch_kv,
+                  const att_next *next)
 {
 #define ATT_TASK(NV)                                                                               \
-    task512(NV, q, ldq, k, ldk, v, ldv, o, ldo, lse, b, h, i_begin, nq, Nq, Nk, H, Dh, scale, next)
+    task512(NV, q, ldq, k, ldk, v, ldv, o, ldo, lse, b, h, i_begin, nq, Nq, Nk, H, Dh, scale,     \
+            fetch_kv, next)
     switch ((nq + 15) / 16) {
     case 1: ATT_TASK(1); break;
     case 2: ATT_TASK(2); break;
@@ -613,17 +606,25 @@ attention_task512(const float *q, size_t ldq, const float *k, size_t ldk, const 
  * and its queries and output rows, scattered over 64 rows of the
  * activations, are fetched while the current task computes: read in place
  * they cost 10-15% of the time at DiT-XL/2's shape. Each task computes
- * the same bits whichever thread runs it. */
+ * the same bits whichever thread runs it.
+ *
+ * K and V are fetched ahead (a tile ahead, and the next task's first tile)
+ * only where they are not in this thread's L2 already: for a new head, or
+ * when a head's K and V are larger than ATT_KV_RESIDENT bytes; the query
+ * blocks of a head follow each other in a range, so at 256 tokens the
+ * second to last of them find K and V in L2, and the prefetches (5% of the
+ * time) would only repeat what is there. */
 static void attention_run512(const float *q, size_t ldq, const float *k, size_t ldk,
                              const float *v, size_t ldv, float *o, size_t ldo, float *lse, int B,
                              int Nq, int Nk, int H, int Dh, float scale, long ntasks)
 {
-    enum { ATT_MAX_PARTS = 64 };
+    enum { ATT_MAX_PARTS = 64, ATT_KV_RESIDENT = 256 << 10 };
     struct {
         _Alignas(64) long next; /* the range's next unclaimed task */
     } part[ATT_MAX_PARTS];
     (void)B;
     const int nqt = (Nq + ATT_BQ - 1) / ATT_BQ;
+    const int kv_big = 2.0 * Nk * Dh * sizeof(float) > ATT_KV_RESIDENT;
     int nparts = omp_get_max_threads();
     nparts = nparts < 1 ? 1 : nparts > ATT_MAX_PARTS ? ATT_MAX_PARTS : nparts;
     for (int p = 0; p < nparts; ++p)
@@ -632,6 +633,7 @@ static void attention_run512(const float *q, size_t ldq, const float *k, size_t 
 #pragma omp parallel
     {
         const int me = omp_get_thread_num() % nparts;
+        long last_bh = -1; /* the (b, h) of this thread's previous task */
         for (int s = 0; s < nparts; ++s) {
             const int p = (me + s) % nparts;
             const long end = ntasks * (p + 1) / nparts;
@@ -642,7 +644,8 @@ static void attention_run512(const float *q, size_t ldq, const float *k, size_t 
                 const int qb = (int)(t % nqt), h = (int)(t / nqt % H), b = (int)(t / nqt / H);
                 const int i_begin = qb * ATT_BQ;
                 const int nq = Nq - i_begin < ATT_BQ ? Nq - i_begin : ATT_BQ;
-                att_next next = {NULL, NULL, NULL, NULL, 0};
+                const long bh = t / nqt;
+                att_next next = {NULL, NULL, NULL, NULL, 0, 0};
                 if (s == 0 && t + 1 < end) {
                     const long tn = t + 1;
                     const int qn = (int)(tn % nqt), hn = (int)(tn / nqt % H);
@@ -653,9 +656,11 @@ static void attention_run512(const float *q, size_t ldq, const float *k, size_t 
                     next.k0 = k + (size_t)bn * Nk * ldk + hoffn;
                     next.v0 = v + (size_t)bn * Nk * ldv + hoffn;
                     next.nq = Nq - in < ATT_BQ ? Nq - in : ATT_BQ;
+                    next.fetch_kv = kv_big || tn / nqt != bh;
                 }
                 attention_task512(q, ldq, k, ldk, v, ldv, o, ldo, lse, b, h, i_begin, nq, Nq,
-                                  Nk, H, Dh, scale, &next);
+                                  Nk, H, Dh, scale, kv_big || bh != last_bh, &next);
+                last_bh = bh;
             }
         }
     }
