@@ -231,7 +231,7 @@ static void attention_task(const float *q, size_t ldq, const float *k, size_t ld
 enum {
     ATT_R = 6,             /* rows of the register block */
     ATT_NV = ATT_BQ / 16,  /* query vectors per task */
-    ATT_BK6 = 64,          /* keys per tile, a multiple of ATT_R */
+    ATT_BK6 = 96,          /* keys per tile, a multiple of ATT_R */
 };
 
 /* The rows of the task a thread runs next, to prefetch (nq = 0: none). */
@@ -242,6 +242,8 @@ typedef struct att_next {
     int nq;
     int fetch_kv; /* whether its K and V need fetching (see attention_run512) */
 } att_next;
+
+_Static_assert(ATT_BK6 % ATT_R == 0, "a key tile is whole register blocks");
 
 #define ATT_AVX512_INLINE static inline __attribute__((target("avx512f"), always_inline))
 
@@ -358,10 +360,10 @@ ATT_AVX512_INLINE void store_o(const int NV, const float *ot, const float *l, fl
 }
 
 /* S^T rows [0, R) of a tile (R keys x NV query vectors):
- *   st[r, :] = sum_{d < Dh} K[r, d] qt[d, :],   mx = max(mx, st[r, :]).
+ *   st[r, :] = sum_{d < Dh} K[r, d] qt[d, :],   mx = max(mx, st[r, :]) for r < nmax.
  * K row r at k + r * ldk. */
 ATT_AVX512_INLINE void s_rows(const int R, const int NV, int Dh, const float *k, size_t ldk,
-                              const float *qt, float *st, __m512 *mx)
+                              const float *qt, float *st, __m512 *mx, int nmax)
 {
     __m512 c[ATT_R][ATT_NV];
 #pragma GCC unroll 8
@@ -387,7 +389,8 @@ ATT_AVX512_INLINE void s_rows(const int R, const int NV, int Dh, const float *k,
 #pragma GCC unroll 4
         for (int u = 0; u < NV; ++u) {
             _mm512_store_ps(st + (size_t)r * ATT_BQ + 16 * u, c[r][u]);
-            mx[u] = _mm512_max_ps(mx[u], c[r][u]);
+            if (r < nmax)
+                mx[u] = _mm512_max_ps(mx[u], c[r][u]);
         }
 }
 
@@ -477,6 +480,7 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
     _Alignas(64) float qt[ATT_MAX_DH * ATT_BQ]; /* (scale Q)^T, (Dh, BQ), zero past nq */
     _Alignas(64) float ot[ATT_MAX_DH * ATT_BQ]; /* O^T unnormalized, (Dh16, BQ) */
     _Alignas(64) float st[ATT_BK6 * ATT_BQ];    /* S^T, then P^T, (BK6, BQ) */
+    _Alignas(64) float kpad[ATT_R * ATT_MAX_DH]; /* a last partial block of keys */
     _Alignas(64) float mb[ATT_BQ], lb[ATT_BQ];
     const int Dh16 = (Dh + 15) / 16 * 16;
     const size_t hoff = (size_t)h * (size_t)Dh;
@@ -526,7 +530,8 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
             mx[u] = m[u];
         int j0 = 0;
         for (; j0 + ATT_R <= nk; j0 += ATT_R) {
-            s_rows(ATT_R, NV, Dh, kt0 + (size_t)j0 * ldk, ldk, qt, st + (size_t)j0 * ATT_BQ, mx);
+            s_rows(ATT_R, NV, Dh, kt0 + (size_t)j0 * ldk, ldk, qt, st + (size_t)j0 * ATT_BQ, mx,
+                   ATT_R);
             if (j0 < nkn) {
                 const int np = nkn - j0 < ATT_R ? nkn - j0 : ATT_R;
                 prefetch_rows(kn + (size_t)j0 * ldk, ldk, np, Dh, 0, 0);
@@ -539,10 +544,21 @@ ATT_AVX512_INLINE void task512(const int NV, const float *q, size_t ldq, const f
                 qn_done += np;
             }
         }
-#define ATT_S_TAIL(R) \
-    s_rows(R, NV, Dh, kt0 + (size_t)j0 * ldk, ldk, qt, st + (size_t)j0 * ATT_BQ, mx)
-        ATT_ROW_TAIL(nk - j0, ATT_S_TAIL)
-#undef ATT_S_TAIL
+        if (j0 < nk) {
+            /* The last rt < ATT_R keys as a full block over zero-padded
+             * keys (a smaller block runs at about half the FMA rate): the
+             * rows past nk are stored (st has room: nk <= ATT_BK6, a
+             * multiple of ATT_R), left out of the max, never read. */
+            const int rt = nk - j0;
+            for (int r = 0; r < ATT_R; ++r) {
+                if (r < rt)
+                    memcpy(kpad + (size_t)r * Dh, kt0 + (size_t)(j0 + r) * ldk,
+                           sizeof(float) * (size_t)Dh);
+                else
+                    memset(kpad + (size_t)r * Dh, 0, sizeof(float) * (size_t)Dh);
+            }
+            s_rows(ATT_R, NV, Dh, kpad, (size_t)Dh, qt, st + (size_t)j0 * ATT_BQ, mx, rt);
+        }
         if (j0 < nkn) {
             prefetch_rows(kn + (size_t)j0 * ldk, ldk, nkn - j0, Dh, 0, 0);
             prefetch_rows(vn + (size_t)j0 * ldv, ldv, nkn - j0, Dh, 0, 0);
