@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #define ATT_X86 1
@@ -207,21 +208,21 @@ static void attention_task(const float *q, size_t ldq, const float *k, size_t ld
 
 /* ---- The AVX-512 path -------------------------------------------------
  *
- * The same tiles and the same order of operations as attention_task (queries
- * on the vector axis, keys and channels broadcast, online softmax per key
- * tile), written with intrinsics so that nothing depends on what the
- * vectorizer makes of it:
+ * The same scheme as attention_task (queries on the vector axis, keys and
+ * channels broadcast, online softmax per key tile), written with intrinsics
+ * so that nothing depends on what the vectorizer makes of it:
  *   - a register block of ATT_R rows (keys for S, channels for O) x NV
  *     vectors of 16 queries (NV <= 4: 64 queries) whose accumulators stay
  *     in registers over the whole contraction (Dh for S, the key tile for
- *     O); only the row tail (Dh or a key tile not a multiple of ATT_R) takes
- *     a smaller block, so Dh needs no padding and no mask;
+ *     O); a channel tail (Dh not a multiple of ATT_R) takes a smaller block
+ *     and the last partial block of keys a full one over zero-padded keys,
+ *     so Dh needs no padding and no mask;
  *   - the running max of a tile taken from the S accumulators as they are
  *     stored, the exp 16-wide in base 2 (exp16), and the rescale of O by
  *     alpha folded into the load of the O accumulators;
- *   - key tiles of ATT_BK6 = 96 keys (a multiple of ATT_R, so only a
- *     sequence's last tile has a row tail), the next tile's K and V fetched
- *     into L2 while the current one computes;
+ *   - key tiles of ATT_BK6 = 96 keys (whole register blocks); K and V a
+ *     tile ahead, and the next task's rows, fetched into L2 while the
+ *     current tile computes (see attention_run512);
  *   - Q^T in and O^T out through 16 x 16 register transposes.
  * Compiled for AVX-512F by function attribute and chosen at run time
  * (__builtin_cpu_supports), so a build without -march=native still has it
@@ -626,21 +627,27 @@ attention_task512(const float *q, size_t ldq, const float *k, size_t ldk, const 
  *
  * K and V are fetched ahead (a tile ahead, and the next task's first tile)
  * only where they are not in this thread's L2 already: for a new head, or
- * when a head's K and V are larger than ATT_KV_RESIDENT bytes; the query
- * blocks of a head follow each other in a range, so at 256 tokens the
- * second to last of them find K and V in L2, and the prefetches (5% of the
- * time) would only repeat what is there. */
+ * when a head's K and V fill more than 3/4 of the L2 (sysconf; 256 KiB if
+ * unknown); the query blocks of a head follow each other in a range, so
+ * below that the second to last of them find K and V in L2, and the
+ * prefetches (5% of the time at 256 tokens) would only repeat what is
+ * there. */
 static void attention_run512(const float *q, size_t ldq, const float *k, size_t ldk,
                              const float *v, size_t ldv, float *o, size_t ldo, float *lse, int B,
                              int Nq, int Nk, int H, int Dh, float scale, long ntasks)
 {
-    enum { ATT_MAX_PARTS = 64, ATT_KV_RESIDENT = 256 << 10 };
+    enum { ATT_MAX_PARTS = 64 };
     struct {
         _Alignas(64) long next; /* the range's next unclaimed task */
     } part[ATT_MAX_PARTS];
     (void)B;
     const int nqt = (Nq + ATT_BQ - 1) / ATT_BQ;
-    const int kv_big = 2.0 * Nk * Dh * sizeof(float) > ATT_KV_RESIDENT;
+    long l2 = 0; /* bytes, 0 if unknown */
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    const double kv_resident = l2 > 0 ? 0.75 * (double)l2 : 256.0 * 1024;
+    const int kv_big = 2.0 * Nk * Dh * sizeof(float) > kv_resident;
     int nparts = omp_get_max_threads();
     nparts = nparts < 1 ? 1 : nparts > ATT_MAX_PARTS ? ATT_MAX_PARTS : nparts;
     for (int p = 0; p < nparts; ++p)
