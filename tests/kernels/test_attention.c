@@ -8,11 +8,14 @@
  *   over all keys: the same tolerances.
  * Also: padding columns of o (ld > H*Dh) are never written; results do not
  * depend on the number of threads (bitwise); Nk = 0 is the empty result.
+ * Every case runs twice: on the kernel's default path (AVX-512 where the CPU
+ * has it) and on the portable one (DITD_CPU_ATTN_ISA=portable).
  */
 #include "kernels/cpu/cpu_kernels.h"
 #include "tests/kernels/kt_common.h"
 
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct shape {
@@ -199,10 +202,34 @@ int main(void)
          * max changes between key tiles and most weights underflow */
         {1, 100, 300, 2, 64, 1.0f, 3.0f},
         {2, 49, 150, 3, 72, 4.0f, 2.0f},
+        /* several key tiles with a partial last one, every query-vector
+         * count (1..4 of 16) in the last query block: DiT-XL/2's Dh = 72,
+         * FLUX's 128, an odd Dh, the largest */
+        {1, 243, 389, 2, 72, 1.0f, 1.0f},
+        {2, 130, 197, 2, 128, 1.0f, 2.0f},
+        {1, 97, 100, 2, 100, 1.0f, 1.0f},
+        {1, 17, 40, 1, DITD_CPU_ATTN_MAX_DH, 1.0f, 1.0f},
     };
+    const size_t nshapes = sizeof shapes / sizeof shapes[0];
+    const char *paths[] = {NULL, "portable"}; /* DITD_CPU_ATTN_ISA */
     int fail = 0;
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i)
-        fail |= check_shape(&rng, shapes[i]);
+    size_t checked = 0;
+    for (int p = 0; p < 2; ++p) {
+        if (paths[p])
+            setenv("DITD_CPU_ATTN_ISA", paths[p], 1);
+        else
+            unsetenv("DITD_CPU_ATTN_ISA");
+        printf("path: %s\n", paths[p] ? paths[p] : "default");
+        for (size_t i = 0; i < nshapes; ++i) {
+            fail |= check_shape(&rng, shapes[i]);
+            ++checked;
+        }
+    }
+    unsetenv("DITD_CPU_ATTN_ISA");
+    if (checked < 2 * nshapes || nshapes < 17) {
+        printf("test_attention: only %zu cases checked\n", checked);
+        fail = 1;
+    }
     printf(fail ? "test_attention: FAILED\n" : "test_attention: ok\n");
     return fail;
 }
