@@ -22,6 +22,7 @@
  */
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/cpu_math.h"
+#include "kernels/cpu/cpu_math_avx512.h"
 
 #include <assert.h>
 #include <math.h>
@@ -218,7 +219,7 @@ static void attention_task(const float *q, size_t ldq, const float *k, size_t ld
  *     and the last partial block of keys a full one over zero-padded keys,
  *     so Dh needs no padding and no mask;
  *   - the running max of a tile taken from the S accumulators as they are
- *     stored, the exp 16-wide in base 2 (exp16), and the rescale of O by
+ *     stored, the exp 16-wide in base 2 (ditd__exp16, cpu_math_avx512.h), and the rescale of O by
  *     alpha folded into the load of the O accumulators;
  *   - key tiles of ATT_BK6 = 96 keys (whole register blocks); K and V a
  *     tile ahead, and the next task's rows, fetched into L2 while the
@@ -247,28 +248,6 @@ typedef struct att_next {
 _Static_assert(ATT_BK6 % ATT_R == 0, "a key tile is whole register blocks");
 
 #define ATT_AVX512_INLINE static inline __attribute__((target("avx512f"), always_inline))
-
-/* exp(x) for x <= 0 (the only arguments here: a score minus the running
- * max, an old max minus a new one), 16 lanes, in base 2: 2^(x log2 e) =
- * 2^n 2^f, n = round(x log2 e), |f| <= 1/2, 2^f by Cephes' exp2f
- * polynomial (relative error ~2e-7, as ditd__expf), 2^n by vscalefps (exact).
- * Lanes below -87.33 (2^-126), -inf included, give 0 as in ditd__expf.
- * 11 operations where ditd__expf's method takes 18. */
-ATT_AVX512_INLINE __m512 exp16(__m512 x)
-{
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    const __m512 y = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(
-        _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33f), _CMP_NLT_UQ), y, n);
-}
 
 /* In-register transpose: r[i][j] -> r[j][i]. */
 ATT_AVX512_INLINE void transpose16(__m512 r[16])
@@ -445,7 +424,7 @@ ATT_AVX512_INLINE int softmax_tile(const int NV, int nk, float *st, const __m512
 {
     __mmask16 changed = 0;
     for (int u = 0; u < NV; ++u) {
-        alpha[u] = exp16(_mm512_sub_ps(m[u], mx[u])); /* 0 on the first tile */
+        alpha[u] = ditd__exp16(_mm512_sub_ps(m[u], mx[u])); /* 0 on the first tile */
         changed |= _mm512_cmp_ps_mask(alpha[u], _mm512_set1_ps(1.0f), _CMP_NEQ_UQ);
         m[u] = mx[u];
         l[u] = _mm512_mul_ps(l[u], alpha[u]);
@@ -454,7 +433,7 @@ ATT_AVX512_INLINE int softmax_tile(const int NV, int nk, float *st, const __m512
 #pragma GCC unroll 4
         for (int u = 0; u < NV; ++u) {
             float *sj = st + (size_t)j * ATT_BQ + 16 * u;
-            const __m512 p = exp16(_mm512_sub_ps(_mm512_load_ps(sj), m[u]));
+            const __m512 p = ditd__exp16(_mm512_sub_ps(_mm512_load_ps(sj), m[u]));
             _mm512_store_ps(sj, p);
             l[u] = _mm512_add_ps(l[u], p);
         }

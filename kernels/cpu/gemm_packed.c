@@ -34,6 +34,7 @@
  * process (gemm.c, ditd_cpu_gemm_packs).
  */
 #include "kernels/cpu/gemm_packed.h"
+#include "kernels/cpu/cpu_math_avx512.h"
 
 #include <assert.h>
 #include <immintrin.h>
@@ -122,33 +123,12 @@ int ditd__cpu_pack_in_place(void *w, int w_bf16, int N, int K)
     return 0;
 }
 
-/* ---- the activations, 16 lanes at a time ----
- *
- * The same method as ditd__expf (kernels/cpu/cpu_math.h: Cephes, within 2
- * ulp of expf on [-87.33, 88], 0 below), with 2^n applied by scalef. */
-PK_INLINE PK_TARGET_F32 __m512 exp16(__m512 x)
-{
-    const __m512 lo = _mm512_set1_ps(-87.33f), hi = _mm512_set1_ps(88.0f);
-    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    y = _mm512_scalef_ps(y, n);
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y);
-}
+/* ---- the activations, 16 lanes at a time (exp: cpu_math_avx512.h) ---- */
 
 /* x sigmoid(z) = x / (1 + exp(-z)) */
 PK_INLINE PK_TARGET_F32 __m512 times_sigmoid16(__m512 x, __m512 z)
 {
-    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
+    __m512 e = ditd__exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
     return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 

@@ -127,6 +127,31 @@ static double ref_act(double x, ditd_cpu_act act)
     return x;
 }
 
+/* The float64 reference of act(x w^T + b) over xd (M, K rows of stride
+ * ldx), wd (N, K), bd (N, or NULL) into ref, y's written columns copied to
+ * got; 1 if y's padding columns [N, ldy) no longer hold the sentinel. */
+static int reference_and_padding(const double *xd, size_t ldx, const double *wd, const double *bd,
+                                 ditd_cpu_act act, const float *y, size_t ldy, float sentinel,
+                                 int M, int N, int K, double *ref, float *got)
+{
+    int fail = 0;
+    for (int i = 0; i < M; ++i) {
+        for (int j = 0; j < N; ++j) {
+            double s = bd ? bd[j] : 0.0;
+            for (int k = 0; k < K; ++k)
+                s += xd[(size_t)i * ldx + k] * wd[(size_t)j * K + k];
+            ref[(size_t)i * N + j] = ref_act(s, act);
+            got[(size_t)i * N + j] = y[(size_t)i * ldy + j];
+        }
+        for (size_t j = (size_t)N; j < ldy; ++j)
+            if (y[(size_t)i * ldy + j] != sentinel) {
+                printf("    row %d: padding column %zu overwritten\n", i, j);
+                fail = 1;
+            }
+    }
+    return fail;
+}
+
 static int check_linear_bf16(kt_rng *rng, int M, int N, int K, size_t pad_x, size_t pad_y,
                              int with_bias, ditd_cpu_act act)
 {
@@ -154,21 +179,8 @@ static int check_linear_bf16(kt_rng *rng, int M, int N, int K, size_t pad_x, siz
 
     ditd_cpu_linear_bf16(x, ldx, wh, with_bias ? bh : NULL, y, ldy, M, N, K, act);
 
-    int fail = 0;
-    for (int i = 0; i < M; ++i) {
-        for (int j = 0; j < N; ++j) {
-            double s = with_bias ? bd[j] : 0.0;
-            for (int k = 0; k < K; ++k)
-                s += xd[(size_t)i * ldx + k] * wd[(size_t)j * K + k];
-            ref[(size_t)i * N + j] = ref_act(s, act);
-            got[(size_t)i * N + j] = y[(size_t)i * ldy + j];
-        }
-        for (size_t j = (size_t)N; j < ldy; ++j)
-            if (y[(size_t)i * ldy + j] != sentinel) {
-                printf("    row %d: padding column %zu overwritten\n", i, j);
-                fail = 1;
-            }
-    }
+    int fail = reference_and_padding(xd, ldx, wd, with_bias ? bd : NULL, act, y, ldy, sentinel,
+                                     M, N, K, ref, got);
     char what[160];
     snprintf(what, sizeof what, "linear_bf16 M=%d N=%d K=%d ldx=%zu ldy=%zu bias=%d act=%d", M,
              N, K, ldx, ldy, with_bias, (int)act);
@@ -318,20 +330,8 @@ static int check_packed(kt_rng *rng, int bf16, int M, int N, int K, size_t pad_x
         y[i] = sentinel;
     const void *bias = with_bias ? (bf16 ? (const void *)bh : (const void *)b) : NULL;
     ditd_cpu_gemm_packed(x, ldx, wp, bias, bf16, y, ldy, M, N, K, act);
-    for (int i = 0; i < M; ++i) {
-        for (int j = 0; j < N; ++j) {
-            double s = with_bias ? bd[j] : 0.0;
-            for (int k = 0; k < K; ++k)
-                s += xd[(size_t)i * ldx + k] * wd[(size_t)j * K + k];
-            ref[(size_t)i * N + j] = ref_act(s, act);
-            got[(size_t)i * N + j] = y[(size_t)i * ldy + j];
-        }
-        for (size_t j = (size_t)N; j < ldy; ++j)
-            if (y[(size_t)i * ldy + j] != sentinel) {
-                printf("    row %d: padding column %zu overwritten\n", i, j);
-                fail = 1;
-            }
-    }
+    fail |= reference_and_padding(xd, ldx, wd, with_bias ? bd : NULL, act, y, ldy, sentinel, M, N,
+                                  K, ref, got);
     char what[160];
     snprintf(what, sizeof what, "packed %s M=%d N=%d K=%d ldx=%zu ldy=%zu bias=%d act=%d",
              bf16 ? "bf16" : "f32", M, N, K, ldx, ldy, with_bias, (int)act);
