@@ -388,8 +388,15 @@ static void run_item(const pk_job *j, int p, int m0, int m1)
 }
 
 /* Items: P panels times R row ranges (multiples of PK_MR rows), R chosen so
- * that every thread gets several items; thread t runs the contiguous items
- * [t * I / T, (t + 1) * I / T), panel-major. */
+ * that every thread gets several items, cut into one contiguous range of
+ * items per thread, panel-major. A thread takes the items of its own range
+ * from the front, then helps drain the other ranges through the same atomic
+ * counters (as attention.c's AVX-512 path does), so that a thread slowed
+ * down by other work on the machine does not hold up the whole product; the
+ * next-panel prefetch of run_item stays right as long as a range is walked
+ * from its front. Which thread computes an item changes no bit of y. */
+enum { PK_MAX_PARTS = 64 };
+
 static void run(const pk_job *j)
 {
     const int P = (j->N + PK_NR - 1) / PK_NR;
@@ -402,15 +409,28 @@ static void run(const pk_job *j)
         R = blocks;
     const long items = (long)P * R;
     const int par = (double)j->M * j->N * j->K > 2e5 && T > 1;
+    struct {
+        _Alignas(64) long next; /* the range's next unclaimed item */
+    } part[PK_MAX_PARTS];
+    int nparts = par ? T : 1;
+    nparts = nparts > PK_MAX_PARTS ? PK_MAX_PARTS : nparts;
+    for (int q = 0; q < nparts; q++)
+        part[q].next = items * q / nparts;
 #pragma omp parallel if (par)
     {
-        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        const long i0 = items * t / nt, i1 = items * (t + 1) / nt;
-        for (long it = i0; it < i1; it++) {
-            int p = (int)(it / R), r = (int)(it % R);
-            int m0 = (int)((long)blocks * r / R) * PK_MR;
-            int m1 = (int)((long)blocks * (r + 1) / R) * PK_MR;
-            run_item(j, p, m0, m1 < j->M ? m1 : j->M);
+        const int me = omp_get_thread_num() % nparts;
+        for (int s = 0; s < nparts; s++) {
+            const int q = (me + s) % nparts;
+            const long end = items * (q + 1) / nparts;
+            for (;;) {
+                const long it = __atomic_fetch_add(&part[q].next, 1, __ATOMIC_RELAXED);
+                if (it >= end)
+                    break;
+                int p = (int)(it / R), r = (int)(it % R);
+                int m0 = (int)((long)blocks * r / R) * PK_MR;
+                int m1 = (int)((long)blocks * (r + 1) / R) * PK_MR;
+                run_item(j, p, m0, m1 < j->M ? m1 : j->M);
+            }
         }
     }
 }
