@@ -320,7 +320,8 @@ int main(int argc, char **argv)
 
     for (int bf16 = 0; bf16 < 2; bf16++) {
         if (!ditd_cpu_gemm_packs(bf16)) {
-            printf("%-42s (this CPU does not run it)\n", bf16 ? "ditd packed bf16" : "ditd packed f32");
+            printf("%-42s (this CPU does not run it)\n",
+                   bf16 ? "ditd packed bf16" : "ditd packed f32");
             continue;
         }
         packed_ctx pc = {.x = x, .y = y, .M = M, .bf16 = bf16};

@@ -365,7 +365,8 @@ static void gemm_init(void)
         return;
     }
 #endif
-    snprintf(g_info, sizeof g_info, "%s%s (%s); bf16 weights widened to f32; M <= %d rows: ditd's own kernel",
+    snprintf(g_info, sizeof g_info,
+             "%s%s (%s); bf16 weights widened to f32; M <= %d rows: ditd's own kernel",
              packed, blas, force_blas ? "DITD_CPU_GEMM=openblas"
                               : DITD_HAVE_DNNL ? "oneDNN did not start" : "built without oneDNN",
              SMALL_M);

@@ -5,10 +5,11 @@
  *
  * Why our own: a library GEMM (oneDNN, OpenBLAS) is handed w in nn.Linear's
  * layout on every call and copies it into its own panel order each time;
- * at DiT-XL/2's shapes (M = 512 tokens) that copy and the generic blocking
- * hold oneDNN at ~80% of the FMA peak. Packing the weights once and keeping
- * each 64-column panel in L2 while every 6-row block of x streams past it
- * reaches 90-95% (docs/cpu.md has the tables).
+ * at DiT-XL/2's shapes (M = 512 tokens) oneDNN's f32 matmul runs at 84-85%
+ * of the FMA peak, 82-85% inside a forward. Packing the weights once and
+ * keeping each 64-column panel in L2 while every 6-row block of x streams
+ * past it reaches 92-94% alone and 88-91% inside the forward (docs/cpu.md
+ * has the tables).
  *
  * The packed layout has exactly the bytes of the original, so packing is in
  * place and a model's memory does not grow:
@@ -23,10 +24,11 @@
  * The micro-kernel holds a 6 x 64 block of y in 24 zmm registers and, per k,
  * loads 4 vectors of the panel and broadcasts 6 values of x: 24 FMAs (f32) or
  * 24 bf16 dot products of two k (bf16, x rounded to bf16 first, fp32 sums).
- * The bias and the activation are applied to the block in registers before
- * its one store. Work is split over OpenMP threads by (panel, row range);
- * a thread runs its items panel by panel, so each panel is read from memory
- * once per thread.
+ * The bias and the activation are applied to the block right after its
+ * store, while it is in L1 (the epilogue). Work is split over OpenMP threads
+ * by (panel, row range) items, one contiguous range per thread walked panel
+ * by panel (each panel read from memory once), and a thread done with its
+ * range helps drain the others' (run, below).
  *
  * What it is not: a GEMM for arbitrary layouts, or for CPUs without
  * AVX-512F (there gemm.c's library path runs and nothing is packed; bf16
@@ -39,7 +41,6 @@
 #include <assert.h>
 #include <immintrin.h>
 #include <omp.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,7 +179,8 @@ static PK_TARGET_F32 void epilogue(float *c, size_t ldc, int mr, size_t nw, cons
         __m512 bv = bias16(bias, bias_bf16, j, m);
         for (int i = 0; i < mr; i++) {
             float *ci = c + (size_t)i * ldc + j;
-            _mm512_mask_storeu_ps(ci, m, act16(_mm512_add_ps(_mm512_maskz_loadu_ps(m, ci), bv), act));
+            __m512 t = _mm512_add_ps(_mm512_maskz_loadu_ps(m, ci), bv);
+            _mm512_mask_storeu_ps(ci, m, act16(t, act));
         }
     }
 }
@@ -189,7 +191,7 @@ static PK_TARGET_F32 void epilogue(float *c, size_t ldc, int mr, size_t nw, cons
  * constants and lives in registers (indexed by a loop that stays a loop,
  * r is kept in memory and every k stores the 24 accumulators to the
  * stack). */
-#define PK_STORE_BLOCK(MR, NV, bias_bf16)                                                                  \
+#define PK_STORE_BLOCK(MR, NV, bias_bf16) \
     for (int i = 0; i < MR; i++)                                                                   \
         for (int v = 0; v < NV; v++) {                                                             \
             __mmask16 m = v == NV - 1 ? last : (__mmask16)0xffff;                                 \
@@ -208,9 +210,9 @@ static PK_TARGET_F32 void epilogue(float *c, size_t ldc, int mr, size_t nw, cons
  * last vector loaded by its own statement, masked only in the instances
  * for a panel whose width is not a multiple of 16 (with a masked load in
  * the loop GCC stores all of r on every k: those rare tail panels run
- * slower, the full ones at full speed). In scope: last, a, lda, b, nw, k0, k1, c, ldc, acc, fin,
- * bias, act (and K for bf16). */
-#define PK_F32_BODY(MR, NV, MASKED)                                                                        \
+ * slower, the full ones at full speed). In scope: last, a, lda, b, nw, k0,
+ * k1, c, ldc, acc, fin, bias, act (and K for bf16). */
+#define PK_F32_BODY(MR, NV, MASKED) \
     __m512 r[MR][NV];                                                                              \
     for (int i = 0; i < MR; i++)                                                                   \
         for (int v = 0; v < NV; v++)                                                               \
@@ -232,7 +234,7 @@ static PK_TARGET_F32 void epilogue(float *c, size_t ldc, int mr, size_t nw, cons
 
 /* bf16: a is x in bf16, dense rows of K; k0 even. Pairs of k by one
  * vdpbf16ps; an odd K's last k (k1 == K odd) as the pair (value, 0). */
-#define PK_BF16_BODY(MR, NV, MASKED)                                                                       \
+#define PK_BF16_BODY(MR, NV, MASKED) \
     __m512 r[MR][NV];                                                                              \
     for (int i = 0; i < MR; i++)                                                                   \
         for (int v = 0; v < NV; v++)                                                               \
@@ -268,7 +270,8 @@ static PK_TARGET_F32 void epilogue(float *c, size_t ldc, int mr, size_t nw, cons
     PK_STORE_BLOCK(MR, NV, 1)
 
 /* One instance per (mr, nv, masked). */
-#define PK_CASES_NV(F, MR, MASKED) F(MR, 1, MASKED) F(MR, 2, MASKED) F(MR, 3, MASKED) F(MR, 4, MASKED)
+#define PK_CASES_NV(F, MR, MASKED)                                                                 \
+    F(MR, 1, MASKED) F(MR, 2, MASKED) F(MR, 3, MASKED) F(MR, 4, MASKED)
 #define PK_CASES_MR(F, MASKED)                                                                     \
     PK_CASES_NV(F, 1, MASKED) PK_CASES_NV(F, 2, MASKED) PK_CASES_NV(F, 3, MASKED)                 \
     PK_CASES_NV(F, 4, MASKED) PK_CASES_NV(F, 5, MASKED) PK_CASES_NV(F, 6, MASKED)
@@ -328,7 +331,8 @@ static const ukr_bf16_fn g_ukr_bf16[2][PK_MR][PK_NV] = {PK_CASES(PK_BF16_ENTRY)}
  * not wait on DRAM. */
 static void prefetch_slice(const char *p, size_t bytes, int slice, int slices)
 {
-    size_t lo = bytes * (size_t)slice / (size_t)slices, hi = bytes * (size_t)(slice + 1) / (size_t)slices;
+    size_t lo = bytes * (size_t)slice / (size_t)slices;
+    size_t hi = bytes * (size_t)(slice + 1) / (size_t)slices;
     for (size_t o = lo & ~(size_t)63; o < hi; o += 64)
         _mm_prefetch(p + o, _MM_HINT_T1);
 }
