@@ -430,18 +430,21 @@ def case_errors(ditd):
         rc = d.stop()
     check(rc == 0, "exit 0", rc)
 
-    # 429 (queue full, Retry-After) and 504 (timeout) on a small daemon
-    d = Daemon(ditd, "--max-batch", "1", "--max-queue", "2", "--request-timeout", "1.0")
+    # 429 (queue full, Retry-After) and 504 (timeout) on a small daemon. The
+    # long requests are 10 batches of 1 x 1000 steps: over a second even with
+    # the fastest kernels (0.1-0.2 s per 1000 steps of this model), twice the
+    # timeout; the third request comes at 0.3 s, while both are in.
+    d = Daemon(ditd, "--max-batch", "1", "--max-queue", "2", "--request-timeout", "0.5")
     try:
         results = []
-        long_body = dict(GEN, num_inference_steps=1000, n=8)  # 8 batches of 1: seconds
+        long_body = dict(GEN, num_inference_steps=1000, n=10)
 
         def run(body):
             results.append(d.generate(body))
         ts = [threading.Thread(target=run, args=(long_body,)) for _ in range(2)]
         for t in ts:
             t.start()
-            time.sleep(0.3)
+            time.sleep(0.15)
         st, h, data = d.generate(GEN)
         check(st == 429 and int(h.get("retry-after", "0")) >= 1 and
               validate(json.loads(data), "ErrorResponse"), "429 with Retry-After when the queue is full",
@@ -583,8 +586,8 @@ def case_stream(ditd):
         rc = d.stop()
     check(rc == 0, "exit 0", rc)
     d = Daemon(ditd, "--request-timeout", "0.5")
-    try:
-        st, _, evs = sse_events(d, dict(GEN, stream=True, num_inference_steps=1000, n=8))
+    try:  # 10 x 1000 steps: over a second, twice the timeout (see case_errors)
+        st, _, evs = sse_events(d, dict(GEN, stream=True, num_inference_steps=1000, n=10))
         check(evs and evs[-1][0] == "error" and evs[-1][1]["error"]["code"] == "timeout"
               and validate(evs[-1][1], "ErrorResponse"), "stream: a timeout ends it with an error event",
               evs[-1:] and evs[-1][0])
