@@ -104,22 +104,27 @@ static int cpu_set_threads(int n)
 /* Linear layers: on packed weights where this CPU runs ditd's packed
  * kernel (kernels/cpu/gemm_packed.c; decided once per process, so a weight
  * packed at load is read packed), else through the library. */
+static void linear_any(const void *x, size_t ldx, const void *w, const void *b, int bf16,
+                       void *y, size_t ldy, int M, int N, int K, ditd_act act)
+{
+    if (ditd_cpu_gemm_packs(bf16))
+        ditd_cpu_gemm_packed(x, ldx, w, b, bf16, y, ldy, M, N, K, cpu_act(act));
+    else if (bf16)
+        ditd_cpu_linear_bf16(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+    else
+        ditd_cpu_linear(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+}
+
 static void cpu_linear(const void *x, size_t ldx, const void *w, const void *b, void *y,
                        size_t ldy, int M, int N, int K, ditd_act act)
 {
-    if (ditd_cpu_gemm_packs(0))
-        ditd_cpu_gemm_packed(x, ldx, w, b, 0, y, ldy, M, N, K, cpu_act(act));
-    else
-        ditd_cpu_linear(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+    linear_any(x, ldx, w, b, 0, y, ldy, M, N, K, act);
 }
 
 static void cpu_linear_bf16(const void *x, size_t ldx, const void *w, const void *b, void *y,
                             size_t ldy, int M, int N, int K, ditd_act act)
 {
-    if (ditd_cpu_gemm_packs(1))
-        ditd_cpu_gemm_packed(x, ldx, w, b, 1, y, ldy, M, N, K, cpu_act(act));
-    else
-        ditd_cpu_linear_bf16(x, ldx, w, b, y, ldy, M, N, K, cpu_act(act));
+    linear_any(x, ldx, w, b, 1, y, ldy, M, N, K, act);
 }
 
 static int pack_any(void *w, int bf16, int N, int K)

@@ -357,10 +357,11 @@ static int pack_linears(ditd_dit *m)
     const ditd_backend_ops *ops = m->ops;
     int D = c->inner_dim, hcD = m->hc * c->head_dim, Fl = m->fc;
     int po = c->patch_size * c->patch_size * c->out_channels;
-    int err = 0;
-    err = err ? err : ditd_pack_linear(ops, m->out1_w, 2 * D, D);
-    err = err ? err : ditd_pack_linear(ops, m->out2_w, po, D);
-    for (int l = 0; l < c->num_layers && !err; l++) {
+    int err;
+    if ((err = ditd_pack_linear(ops, m->out1_w, 2 * D, D)) ||
+        (err = ditd_pack_linear(ops, m->out2_w, po, D)))
+        return err;
+    for (int l = 0; l < c->num_layers; l++) {
         ditd_dit_block *b = &m->blocks[l];
         if ((err = ditd_pack_linear(ops, b->t1_w, D, TFREQ)) ||
             (err = ditd_pack_linear(ops, b->t2_w, D, D)) ||

@@ -323,35 +323,42 @@ static void dnnl_probe(void)
 
 #endif /* DITD_HAVE_DNNL */
 
-/* The packed kernel's instruction sets, asked of the CPU. */
-static void packed_decide(const char *want)
+/* DITD_CPU_GEMM: unset or "ditd" (the default choice), "onednn",
+ * "openblas", or a value ditd does not know (the library runs; the info
+ * line names the value). */
+typedef enum gemm_want { WANT_DITD, WANT_ONEDNN, WANT_OPENBLAS, WANT_UNKNOWN } gemm_want;
+
+static gemm_want want_of(const char *s)
 {
-    int pick = !want || !*want || strcmp(want, "ditd") == 0;
-    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl");
-    g_packs_f32 = pick && avx512;
-    g_packs_bf16 = g_packs_f32 && __builtin_cpu_supports("avx512bf16");
+    if (!s || !*s || strcmp(s, "ditd") == 0)
+        return WANT_DITD;
+    if (strcmp(s, "onednn") == 0)
+        return WANT_ONEDNN;
+    return strcmp(s, "openblas") == 0 ? WANT_OPENBLAS : WANT_UNKNOWN;
 }
 
 static void gemm_init(void)
 {
-    const char *want = getenv("DITD_CPU_GEMM");
-    int force_blas = want && strcmp(want, "openblas") == 0;
+    const char *env = getenv("DITD_CPU_GEMM");
+    const gemm_want want = want_of(env);
+    const int force_blas = want == WANT_OPENBLAS;
     char blas[96], packed[192];
-    packed_decide(want);
+    /* the packed kernel's instruction sets, asked of the CPU */
+    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl");
+    g_packs_f32 = want == WANT_DITD && avx512;
+    g_packs_bf16 = g_packs_f32 && __builtin_cpu_supports("avx512bf16");
     snprintf(blas, sizeof blas, "OpenBLAS %s", openblas_get_corename());
     if (g_packs_f32)
         snprintf(packed, sizeof packed, "linear layers: ditd's packed kernel (f32 avx512 fma%s); ",
                  g_packs_bf16 ? ", bf16 avx512_bf16" : "; bf16 through the library");
-    else if (want && *want && strcmp(want, "ditd") && strcmp(want, "onednn") &&
-             strcmp(want, "openblas"))
+    else if (want == WANT_UNKNOWN)
         snprintf(packed, sizeof packed,
                  "linear layers: the library (DITD_CPU_GEMM=\"%.32s\" is none of ditd, onednn, "
-                 "openblas); ", want);
+                 "openblas); ", env);
     else
         snprintf(packed, sizeof packed, "linear layers: the library (%s); ",
-                 want && *want && strcmp(want, "ditd") ? "DITD_CPU_GEMM set"
-                                                       : "no AVX-512 for the packed kernel");
+                 want == WANT_DITD ? "no AVX-512 for the packed kernel" : "DITD_CPU_GEMM set");
 #if DITD_HAVE_DNNL
     if (!force_blas && dnnl_engine_create(&g_eng, dnnl_cpu, 0) == dnnl_success &&
         dnnl_stream_create(&g_stream, g_eng, dnnl_stream_default_flags) == dnnl_success) {
