@@ -1,4 +1,4 @@
-/* Times the FLUX transformer's forward (engine/models/flux.h) on a model
+/* Times the FLUX transformer's forward (engine/models/flux/flux.h) on a model
  * folder: median milliseconds per forward over --reps runs after one
  * warm-up, with random inputs (timing does not depend on values), and with
  * --blocks the milliseconds and GFLOP/s of one double and one single block.
@@ -28,7 +28,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 #include "engine/parallel/comm.h"
 #include "engine/parallel/mesh.h"
 

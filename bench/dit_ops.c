@@ -21,8 +21,8 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
-#include "engine/models/dit.h"
-#include "engine/models/dit_config.h"
+#include "engine/models/dit/dit.h"
+#include "engine/models/dit/dit_config.h"
 
 static double now_ms(void)
 {

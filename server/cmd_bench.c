@@ -12,7 +12,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/parallel/comm.h"
-#include "engine/models/dit.h"
+#include "engine/models/dit/dit.h"
 #include "engine/core/error.h"
 #include "engine/models/model.h"
 #include "engine/core/philox.h"
@@ -482,7 +482,7 @@ int ditd_cmd_bench(int argc, char **argv)
     if (ops->mem_alloc) {
         if (!m->acts.mem_alloc) {
             fprintf(stderr, "ditd bench: the model's arenas are host memory; --device %s needs "
-                            "engine/models/dit.c to commit them through ops->mem_alloc (docs/cuda.md)\n",
+                            "engine/models/dit/dit.c to commit them through ops->mem_alloc (docs/cuda.md)\n",
                     ops->name);
             goto done_bufs;
         }

@@ -17,7 +17,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
-#include "engine/models/dit.h"
+#include "engine/models/dit/dit.h"
 #include "engine/models/vae/autoencoder_kl.h"
 #include "engine/parallel/comm.h"
 #include "server/cli.h"

@@ -6,7 +6,7 @@ activations, bf16) per layout. Prints markdown tables for docs/flux.md.
 Everything is computed from the model's shapes:
   - FLOPs per block (2 per multiply-add; GEMMs and the attention's two products), the same
     count as bench/bench_flux.c: 24 S D^2 + 4 S^2 D for both block kinds (F = 4D), S = N + L;
-  - per-rank FLOPs under ditd's plan (engine/models/flux.h: image tokens split over the cp
+  - per-rank FLOPs under ditd's plan (engine/models/flux/flux.h: image tokens split over the cp
     ranks, the 512 text tokens replicated on every cp rank; tp splits heads and MLP columns),
     and beside it the even split (text split too, as Diffusers' Flux _cp_plan does);
   - the logical bytes per collective (engine/parallel/comm.h's conventions; the formulas are
@@ -16,7 +16,7 @@ Everything is computed from the model's shapes:
   - memory: the transformer's parameters by the FluxTransformer2DModel shapes (checked against
     Diffusers instantiated on the meta device when torch is there), the encoders' and the VAE's
     from their configs on the meta device; activations by ditd's planned buffers
-    (engine/models/flux.c carve_acts, engine/parallel/cp_attention.c carve_all).
+    (engine/models/flux/flux.c carve_acts, engine/parallel/cp_attention.c carve_all).
 
     /root/ditd-venv/bin/python tools/flux_projection.py [--fraction 0.5] [--peak 989e12]
         [--bw 450e9] [--bw-eff 0.7] [--latency 15e-6]
@@ -162,7 +162,7 @@ def meta_counts():
 
 def act_elems(R, U, T, p2p=False):
     """ditd's planned activations of one rank, elements (bf16) and fp32 elements, batch 1:
-    engine/models/flux.c carve_acts + engine/parallel/cp_attention.c carve_all."""
+    engine/models/flux/flux.c carve_acts + engine/parallel/cp_attention.c carve_all."""
     N, L = N_IMG, L_TXT
     nl, A, Fl = N / (R * U), D / T, F / T
     hu, nr = H / T / U, N / R

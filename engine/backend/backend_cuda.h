@@ -3,7 +3,7 @@
  * and one communication stream per process, ordered by events.
  *
  * What it is not: the collectives (engine/parallel/comm_nccl.c runs them, on the
- * stream this backend hands out), or the model (engine/models/dit.c calls the ops
+ * stream this backend hands out), or the model (engine/models/dit/dit.c calls the ops
  * table and never asks which device it is on).
  *
  * State: one set per process (the device current when the backend is first

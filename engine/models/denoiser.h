@@ -4,8 +4,8 @@
  * ditd_denoiser_family` table of function pointers, found by its Diffusers
  * `_class_name` in the registry (engine/models/registry.h):
  *
- *     DiTTransformer2DModel   engine/models/dit_denoiser.c (class ids)
- *     FluxTransformer2DModel  engine/models/flux_denoiser.c (text: joint
+ *     DiTTransformer2DModel   engine/models/dit/dit_denoiser.c (class ids)
+ *     FluxTransformer2DModel  engine/models/flux/flux_denoiser.c (text: joint
  *                             attention over a text prefix, RoPE, pooled
  *                             vector, guidance embedding; any latent size
  *                             through set_size)

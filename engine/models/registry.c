@@ -10,8 +10,8 @@
 #include "engine/models/denoiser.h"
 #include "engine/models/vae/autoencoder_kl.h"
 
-extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit_denoiser.c */
-extern const ditd_denoiser_family ditd_flux_family; /* engine/models/flux_denoiser.c */
+extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit/dit_denoiser.c */
+extern const ditd_denoiser_family ditd_flux_family; /* engine/models/flux/flux_denoiser.c */
 
 typedef struct entry {
     ditd_component comp;

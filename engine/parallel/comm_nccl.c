@@ -25,7 +25,7 @@
  * The price: each collective returns only once it has finished (one host
  * wait per collective, the p2p ring's at _wait, after the overlapped
  * attention is queued). Collectives are therefore never captured into a
- * CUDA graph (engine/models/dit.c captures only forwards without collectives).
+ * CUDA graph (engine/models/dit/dit.c captures only forwards without collectives).
  *
  * Built with the CUDA backend when nccl.h and libnccl are found (NCCL >=
  * 2.14 for non-blocking init and ncclCommSplit); it compiles here and runs

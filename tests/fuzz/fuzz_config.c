@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "engine/models/dit_config.h"
+#include "engine/models/dit/dit_config.h"
 #include "engine/models/vae/vae_config.h"
 #include "engine/core/error.h"
 #include "engine/pipeline/sampler.h"

@@ -14,7 +14,7 @@
 #include "engine/backend/backend.h"
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
-#include "engine/models/dit.h"
+#include "engine/models/dit/dit.h"
 #include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
 

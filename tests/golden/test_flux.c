@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "engine/backend/backend.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 #include "engine/models/registry.h"
 #include "tests/flux_case.h"
 

@@ -36,7 +36,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/io/npy.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/pipeline.h"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "engine/backend/backend.h"
-#include "engine/models/dit.h"
+#include "engine/models/dit/dit.h"
 #include "engine/models/model.h"
 #include "engine/io/npy.h"
 #include "tests/test_util.h"

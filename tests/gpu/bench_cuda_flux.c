@@ -25,7 +25,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/backend_cuda.h"
 #include "engine/core/error.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 #include "tests/gpu/st_bf16_writer.h"
 
 typedef struct spec {
@@ -62,7 +62,7 @@ static int lin(spec *s, const char *pre, int64_t n, int64_t k)
     return add(s, name, n, 0);
 }
 
-/* The tensors of FluxTransformer2DModel with config c (engine/models/flux.c's names). */
+/* The tensors of FluxTransformer2DModel with config c (engine/models/flux/flux.c's names). */
 static int flux_tensors(const ditd_flux_config *c, spec *s)
 {
     int64_t D = c->inner_dim, F = c->mlp_dim, Dh = c->head_dim;

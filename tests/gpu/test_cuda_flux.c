@@ -41,7 +41,7 @@
 #include "engine/backend/backend.h"
 #include "engine/backend/backend_cuda.h"
 #include "engine/io/safetensors.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/flux_case.h"

@@ -19,7 +19,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/backend/backend_cuda.h"
-#include "engine/models/dit.h"
+#include "engine/models/dit/dit.h"
 #include "engine/models/model.h"
 #include "engine/io/npy.h"
 #include "engine/pipeline/pipeline.h"
@@ -99,7 +99,7 @@ static void forward_cases(const char *dir, const ditd_model_info *info, json_t *
         if (!m)
             goto next;
         if (!ditd_backend_cuda_is_device_ptr(m->h)) {
-            TU_CHECK(0, "%s: the model's arenas are host memory: engine/models/dit.c must commit them "
+            TU_CHECK(0, "%s: the model's arenas are host memory: engine/models/dit/dit.c must commit them "
                         "through ops->mem_alloc (ditd_arena_init_mem), see docs/cuda.md",
                      info->name);
             goto next;

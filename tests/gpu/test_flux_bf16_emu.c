@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "engine/backend/backend.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 #include "tests/flux_case.h"
 #include "tests/gpu/flux_bounds.h"
 

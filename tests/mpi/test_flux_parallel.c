@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "engine/backend/backend.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 #include "engine/parallel/comm.h"
 #include "engine/parallel/mesh.h"
 #include "tests/flux_case.h"

@@ -1,10 +1,10 @@
 /* DiTTransformer2DModel as a denoiser family: the table the registry hands
- * out. It maps the interface onto engine/models/dit.h (class ids from the
+ * out. It maps the interface onto engine/models/dit/dit.h (class ids from the
  * conditioning rows); the model itself lives in dit.c. */
 #include <stdio.h>
 
 #include "engine/core/error.h"
-#include "engine/models/dit.h"
+#include "engine/models/dit/dit.h"
 
 static int config_at(const char *dir, ditd_dit_config *c)
 {

@@ -13,7 +13,7 @@
  * and the value.
  *
  * What it is not: no weights, no request sizes (the latent size and the
- * text length are the loader's, engine/models/flux.h).
+ * text length are the loader's, engine/models/flux/flux.h).
  */
 #ifndef DITD_ENGINE_FLUX_CONFIG_H
 #define DITD_ENGINE_FLUX_CONFIG_H

@@ -66,7 +66,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/tensor.h"
 #include "engine/models/denoiser.h"
-#include "engine/models/flux_config.h"
+#include "engine/models/flux/flux_config.h"
 #include "engine/parallel/cp_attention.h"
 #include "engine/parallel/mesh.h"
 
@@ -192,7 +192,7 @@ int ditd_flux_forward(ditd_flux *m, int B, const void *x, const float *h_t, cons
 void ditd_flux_shapes(const ditd_flux_config *c, int height, int width, int text_len,
                       ditd_denoiser_shapes *out);
 
-/* The FluxTransformer2DModel family (engine/models/flux_denoiser.c). */
+/* The FluxTransformer2DModel family (engine/models/flux/flux_denoiser.c). */
 extern const ditd_denoiser_family ditd_flux_family;
 
 size_t ditd_flux_weight_bytes(const ditd_flux *m);

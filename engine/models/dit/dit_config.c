@@ -1,5 +1,5 @@
 /* transformer/config.json -> ditd_dit_config. */
-#include "engine/models/dit_config.h"
+#include "engine/models/dit/dit_config.h"
 
 #include <ctype.h>
 #include <jansson.h>

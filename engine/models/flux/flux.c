@@ -1,6 +1,6 @@
 /* Diffusers FluxTransformer2DModel: loading and planning (the forward is
  * flux_forward.c). */
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 
 #include <stdio.h>
 #include <stdlib.h>

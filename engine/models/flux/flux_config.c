@@ -1,5 +1,5 @@
 /* transformer/config.json -> ditd_flux_config (FluxTransformer2DModel). */
-#include "engine/models/flux_config.h"
+#include "engine/models/flux/flux_config.h"
 
 #include <jansson.h>
 #include <string.h>

@@ -1,10 +1,10 @@
-/* Diffusers FluxTransformer2DModel forward (engine/models/flux.h): the
+/* Diffusers FluxTransformer2DModel forward (engine/models/flux/flux.h): the
  * embeddings, the double- and single-stream blocks, the output layer. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "engine/core/error.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 #include "engine/parallel/comm.h"
 #include "kernels/cpu/rope.h"
 

@@ -1,5 +1,5 @@
 /* FluxTransformer2DModel as a denoiser family: the table the registry hands
- * out. It maps the interface onto engine/models/flux.h (text sequence,
+ * out. It maps the interface onto engine/models/flux/flux.h (text sequence,
  * pooled vector and guidance from the conditioning rows); the model lives
  * in flux.c and flux_forward.c.
  *
@@ -9,7 +9,7 @@
 #include <stdio.h>
 
 #include "engine/core/error.h"
-#include "engine/models/flux.h"
+#include "engine/models/flux/flux.h"
 
 static int config_at(const char *dir, ditd_flux_config *c)
 {

@@ -1,5 +1,5 @@
 /* Diffusers DiTTransformer2DModel forward: patch embed, blocks, final layer. */
-#include "engine/models/dit.h"
+#include "engine/models/dit/dit.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #include "engine/backend/backend.h"
-#include "engine/models/dit_config.h"
+#include "engine/models/dit/dit_config.h"
 #include "engine/parallel/cp_attention.h"
 #include "engine/parallel/mesh.h"
 #include "engine/core/tensor.h"
@@ -160,7 +160,7 @@ void ditd_dit_free(ditd_dit *m);
 int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const int64_t *h_y,
                      void *out);
 
-/* The family table of DiTTransformer2DModel (engine/models/dit_denoiser.c):
+/* The family table of DiTTransformer2DModel (engine/models/dit/dit_denoiser.c):
  * its load makes a ditd_dit whose base is a complete ditd_denoiser (a
  * ditd_dit made by ditd_dit_new* directly has base.shapes but no family). */
 extern const ditd_denoiser_family ditd_dit_family;
