@@ -29,13 +29,19 @@ static void usage(FILE *f)
             "\n"
             "  --model DIR          Diffusers model folder (default: the embedded model)\n"
             "  --class N|NAME       class models: class id or label from id2label (default 0)\n"
-            "  --prompt TEXT        text models (FLUX): the prompt\n"
-            "  --negative-prompt T  text models: the negative prompt of true guidance\n"
-            "  --true-cfg S         text models: true_cfg_scale (> 1 with a negative prompt\n"
+            "  --prompt TEXT        text models (FLUX, SD3): the prompt\n"
+            "  --prompt-2 T, --prompt-3 T  the pipeline's prompt_2 / prompt_3 (FLUX: T5's;\n"
+            "                       SD3: CLIP-G's, T5's); default: the prompt\n"
+            "  --negative-prompt T  text models: the unconditional input of guidance\n"
+            "                       (--negative-prompt-2/-3 as --prompt-2/-3)\n"
+            "  --true-cfg S         FLUX: true_cfg_scale (> 1 with a negative prompt\n"
             "                       runs the unconditional pass; default 1)\n"
+            "  --skip-layers L,...  SD3: skip-layer guidance on these blocks\n"
+            "                       (--slg-scale S, --slg-start F, --slg-stop F: 2.8, 0.01, 0.2)\n"
             "  --size WxH           models that take any size: the image in pixels\n"
             "                       (default: the model's)\n"
-            "  --max-sequence-length L  text models: T5 tokens (default: the model's, 512)\n"
+            "  --max-sequence-length L  text models: T5 tokens (default: the pipeline's:\n"
+            "                       FLUX 512, SD3 256)\n"
             "  --seed S             noise seed (default 0)\n"
             "  --steps K            denoising steps (default: the model's)\n"
             "  --guidance G         classifier-free guidance scale, <= 1 turns it off\n"
@@ -106,15 +112,29 @@ static int fail(const char *what, int err)
     return 1;
 }
 
-/* A text model's prompt (te[0]) and negative prompt (te[1], when true_cfg
- * > 1), encoded on the leader and broadcast to a group; every rank ends
- * with the same embeddings. *penc, *emb and *te are owned by the caller. */
-static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh, const char *prompt,
-                          const char *negative, double true_cfg, int L, ditd_prompt_encoder **penc, float **emb,
+/* The prompts of each encoder, as given ("" / NULL: the first one). */
+static ditd_prompt_texts prompt_texts(const char *const t[3])
+{
+    ditd_prompt_texts pt;
+    for (int k = 0; k < 3; k++) {
+        pt.texts[k] = t[k] ? t[k] : "";
+        pt.lens[k] = strlen(pt.texts[k]);
+    }
+    return pt;
+}
+
+/* A text model's prompts (te[0]) and negative prompts (te[1], when the
+ * pipeline row's rule runs the unconditional pass: want_neg), encoded on
+ * the leader and broadcast to a group; every rank ends with the same
+ * embeddings. *penc, *emb and *te are owned by the caller. */
+static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh,
+                          const char *const prompts[3], const char *const negatives[3],
+                          int want_neg, int L, ditd_prompt_encoder **penc, float **emb,
                           ditd_text_embeds **te)
 {
-    const size_t one = (size_t)L * (size_t)info->shapes.cond.text_dim +
-                       (size_t)info->shapes.cond.pooled_dim;
+    const size_t T = (size_t)ditd_pipeline_class_text_len(info->pipeline, L);
+    const size_t one = T * (size_t)info->shapes.cond.text_dim + (size_t)info->shapes.cond.pooled_dim;
+    const int has_pooled = info->shapes.cond.pooled_dim > 0;
     int32_t st = 0;
     int err = 0;
     if (!(*emb = malloc(2 * one * sizeof **emb)) || !(*te = calloc(2, sizeof **te)))
@@ -122,14 +142,14 @@ static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh, co
     float *seq = *emb, *nseq = *emb + one;
     if (!mesh || ditd_mesh_is_leader(mesh)) {
         ditd_prompt_encoder_opts o = {.max_sequence_length = L};
-        const char *neg = negative ? negative : "";
+        ditd_prompt_texts pt = prompt_texts(prompts), nt = prompt_texts(negatives);
         /* the encoders run on the CPU backend, whatever the denoiser's */
         if (!(err = ditd_prompt_encoder_new(info, &ditd_backend_cpu, &o, penc)) &&
-            !(err = ditd_prompt_encoder_encode(*penc, prompt, strlen(prompt), L, seq,
-                                               seq + (size_t)L * info->shapes.cond.text_dim)) &&
-            true_cfg > 1.0)
-            err = ditd_prompt_encoder_encode(*penc, neg, strlen(neg), L, nseq,
-                                             nseq + (size_t)L * info->shapes.cond.text_dim);
+            !(err = ditd_prompt_encoder_encode_n(*penc, &pt, L, seq,
+                                                 seq + T * info->shapes.cond.text_dim)) &&
+            want_neg)
+            err = ditd_prompt_encoder_encode_n(*penc, &nt, L, nseq,
+                                               nseq + T * info->shapes.cond.text_dim);
         st = err;
     }
     if (mesh && mesh->size > 1) { /* the leader's outcome, then its embeddings */
@@ -142,8 +162,10 @@ static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh, co
     }
     if (err)
         return err;
-    (*te)[0] = (ditd_text_embeds){.seq = seq, .pooled = seq + (size_t)L * info->shapes.cond.text_dim};
-    (*te)[1] = (ditd_text_embeds){.seq = nseq, .pooled = nseq + (size_t)L * info->shapes.cond.text_dim};
+    (*te)[0] = (ditd_text_embeds){
+        .seq = seq, .pooled = has_pooled ? seq + T * info->shapes.cond.text_dim : NULL};
+    (*te)[1] = (ditd_text_embeds){
+        .seq = nseq, .pooled = has_pooled ? nseq + T * info->shapes.cond.text_dim : NULL};
     return 0;
 }
 
@@ -151,7 +173,8 @@ int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
-           O_SIZE, O_MAXSEQ };
+           O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
+           O_SLG_START, O_SLG_STOP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -168,12 +191,21 @@ int ditd_cmd_generate(int argc, char **argv)
         {"true-cfg", required_argument, 0, O_TRUE_CFG},
         {"size", required_argument, 0, O_SIZE},
         {"max-sequence-length", required_argument, 0, O_MAXSEQ},
+        {"prompt-2", required_argument, 0, O_PROMPT2},
+        {"prompt-3", required_argument, 0, O_PROMPT3},
+        {"negative-prompt-2", required_argument, 0, O_NEG2},
+        {"negative-prompt-3", required_argument, 0, O_NEG3},
+        {"skip-layers", required_argument, 0, O_SKIP},
+        {"slg-scale", required_argument, 0, O_SLG_SCALE},
+        {"slg-start", required_argument, 0, O_SLG_START},
+        {"slg-stop", required_argument, 0, O_SLG_STOP},
         DITD_LAYOUT_LONGOPTS,
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
     const char *model_dir = NULL, *class_str = NULL, *sampler_str = NULL, *latents_path = NULL;
-    const char *prompt = NULL, *negative = NULL;
-    double true_cfg = 1.0;
+    const char *prompts[3] = {NULL, NULL, NULL}, *negatives[3] = {NULL, NULL, NULL};
+    const char *skip_str = NULL;
+    double true_cfg = 1.0, slg_scale = -1, slg_start = -1, slg_stop = -1;
     long size_w = 0, size_h = 0, max_seq = 0;
     ditd_prompt_encoder *penc = NULL; /* text models, on the leader */
     float *emb = NULL;                /* text models: (2n, L Dt + Dp) */
@@ -204,8 +236,16 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_VAE_TILING: vae_tiling = 1; break;
         case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
         case O_DTYPE: dtype_str = optarg; break;
-        case O_PROMPT: prompt = optarg; break;
-        case O_NEG: negative = optarg; break;
+        case O_PROMPT: prompts[0] = optarg; break;
+        case O_PROMPT2: prompts[1] = optarg; break;
+        case O_PROMPT3: prompts[2] = optarg; break;
+        case O_NEG: negatives[0] = optarg; break;
+        case O_NEG2: negatives[1] = optarg; break;
+        case O_NEG3: negatives[2] = optarg; break;
+        case O_SKIP: skip_str = optarg; break;
+        case O_SLG_SCALE: err = ditd_parse_double(optarg, 0, 100, "--slg-scale", &slg_scale); break;
+        case O_SLG_START: err = ditd_parse_double(optarg, 0, 1, "--slg-start", &slg_start); break;
+        case O_SLG_STOP: err = ditd_parse_double(optarg, 0, 1, "--slg-stop", &slg_stop); break;
         case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &true_cfg); break;
         case O_SIZE: err = parse_size(optarg, &size_w, &size_h); break;
         case O_MAXSEQ: err = ditd_parse_long(optarg, 1, 4096, "--max-sequence-length", &max_seq); break;
@@ -301,7 +341,10 @@ int ditd_cmd_generate(int argc, char **argv)
         fprintf(stderr, "ditd generate: --class: %s takes a text --prompt, not a class\n", info.name);
         goto done_info;
     }
-    if (!text && (prompt || negative || max_seq)) {
+    const ditd_pipeline_class *pc = info.pipeline;
+    const char *prompt = prompts[0], *negative = negatives[0];
+    if (!text && (prompt || prompts[1] || prompts[2] || negative || negatives[1] ||
+                  negatives[2] || max_seq)) {
         fprintf(stderr, "ditd generate: --prompt/--negative-prompt/--max-sequence-length: %s is "
                 "class-conditional: use --class\n", info.name);
         goto done_info;
@@ -310,6 +353,42 @@ int ditd_cmd_generate(int argc, char **argv)
         fprintf(stderr, "ditd generate: %s is a text model: give --prompt TEXT\n", info.name);
         goto done_info;
     }
+    for (int k = 1; k < 3; k++)
+        if ((prompts[k] || negatives[k]) && k >= ditd_pipeline_class_prompts(pc)) {
+            fprintf(stderr, "ditd generate: --prompt-%d/--negative-prompt-%d: %s takes %d prompt(s)\n",
+                    k + 1, k + 1, pc->name, ditd_pipeline_class_prompts(pc));
+            goto done_info;
+        }
+    if (true_cfg != 1.0 && pc->guidance != DITD_GUIDANCE_TRUE_CFG) {
+        fprintf(stderr, "ditd generate: --true-cfg: %s guides with --guidance\n", pc->name);
+        goto done_info;
+    }
+    memset(&gp, 0, sizeof gp);
+    if (skip_str) {
+        if (!(pc->request & DITD_REQ_SKIP_LAYERS)) {
+            fprintf(stderr, "ditd generate: --skip-layers: %s has no skip-layer guidance\n", pc->name);
+            goto done_info;
+        }
+        char *end;
+        const char *q = skip_str;
+        while (*q) {
+            long v = strtol(q, &end, 10);
+            if (end == q || v < 0 || v > 1000 || gp.n_skip_layers == DITD_MAX_SKIP_LAYERS ||
+                (*end && *end != ',')) {
+                fprintf(stderr, "ditd generate: --skip-layers \"%s\": up to %d block indices, "
+                        "comma-separated\n", skip_str, DITD_MAX_SKIP_LAYERS);
+                goto done_info;
+            }
+            gp.skip_layers[gp.n_skip_layers++] = (int)v;
+            q = *end ? end + 1 : end;
+        }
+    } else if (slg_scale >= 0 || slg_start >= 0 || slg_stop >= 0) {
+        fprintf(stderr, "ditd generate: --slg-scale/--slg-start/--slg-stop need --skip-layers\n");
+        goto done_info;
+    }
+    gp.slg_scale = slg_scale >= 0 ? (float)slg_scale : pc->slg_scale;
+    gp.slg_start = slg_start >= 0 ? (float)slg_start : pc->slg_start;
+    gp.slg_stop = slg_stop >= 0 ? (float)slg_stop : pc->slg_stop;
     if (text && max_seq > info.max_sequence_length) {
         fprintf(stderr, "ditd generate: --max-sequence-length %ld (1..%d)\n", max_seq,
                 info.max_sequence_length);
@@ -354,14 +433,18 @@ int ditd_cmd_generate(int argc, char **argv)
     if (info.resizable) { /* the size asked for, else the model's default */
         int sh = (size_h ? (int)size_h : info.image_height) / info.vae_scale;
         int sw = (size_w ? (int)size_w : info.image_width) / info.vae_scale;
-        if ((err = ditd_pipeline_set_size(pipe, sh, sw, text ? (int)max_seq : 0)) ||
+        if ((err = ditd_pipeline_set_size(
+                 pipe, sh, sw, text ? ditd_pipeline_class_text_len(pc, (int)max_seq) : 0)) ||
             (li && (err = ditd_latent_image_set_size(li, sh, sw)))) {
             fail("--size", err);
             goto done;
         }
     }
-    if (text && (err = encode_prompts(&info, mesh, prompt, negative, true_cfg,
-                                      (int)max_seq, &penc, &emb, &te))) {
+    float g_eff = guidance >= 0 ? (float)guidance : info.default_guidance;
+    int want_neg = ditd_pipeline_class_needs_negative(pc, g_eff, (float)true_cfg, negative != NULL,
+                                                      info.shapes.guidance_embed);
+    if (text && (err = encode_prompts(&info, mesh, prompts, negatives, want_neg, (int)max_seq,
+                                      &penc, &emb, &te))) {
         fail("encoding the prompt", err);
         goto done;
     }
@@ -405,7 +488,7 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].cond.class_id = class_id;
         if (text) {
             samples[i].cond.prompt = &te[0];
-            samples[i].cond.negative = true_cfg > 1.0 ? &te[1] : NULL;
+            samples[i].cond.negative = want_neg ? &te[1] : NULL;
         }
         samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
         samples[i].true_cfg = (float)true_cfg;

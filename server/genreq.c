@@ -175,6 +175,11 @@ void ditd_genreq_free(ditd_genreq *r)
     free(r->prompt);
     free(r->negative_prompt);
     r->prompt = r->negative_prompt = NULL;
+    for (int k = 0; k < 2; k++) {
+        free(r->prompt_23[k]);
+        free(r->negative_23[k]);
+        r->prompt_23[k] = r->negative_23[k] = NULL;
+    }
 }
 
 size_t ditd_genreq_numel(const ditd_genreq *r, const ditd_model_info *m)
@@ -272,21 +277,95 @@ static int get_class(json_t *root, const ditd_model_info *m, ditd_genreq *r, dit
     return 0;
 }
 
-/* The prompt, negative prompt, true CFG and T5 length of a text model. */
+/* A field the model's pipeline does not take: refused by name. */
+static int not_taken(json_t *root, const char *key, const ditd_model_info *m, const char *what,
+                     ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return 0;
+    return bad(e, key, "'%s' is not taken by '%s' (%s): %s", key, m->name, m->pipeline->name, what);
+}
+
+/* skip_guidance_layers (block indices) and their scale, start, stop. */
+static int get_skip_layers(json_t *root, const ditd_model_info *m, ditd_genreq *r,
+                           ditd_api_error *e)
+{
+    const ditd_pipeline_class *pc = m->pipeline;
+    json_t *v = json_object_get(root, "skip_guidance_layers");
+    r->slg_scale = pc->slg_scale;
+    r->slg_start = pc->slg_start;
+    r->slg_stop = pc->slg_stop;
+    if (!(pc->request & DITD_REQ_SKIP_LAYERS)) {
+        static const char *const keys[] = {"skip_guidance_layers", "skip_layer_guidance_scale",
+                                           "skip_layer_guidance_start", "skip_layer_guidance_stop"};
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            if (not_taken(root, keys[i], m, "it has no skip-layer guidance", e))
+                return DITD_EINVAL;
+        return 0;
+    }
+    if (v && !json_is_null(v)) {
+        if (!json_is_array(v) || json_array_size(v) > DITD_MAX_SKIP_LAYERS)
+            return bad(e, "skip_guidance_layers", "'skip_guidance_layers' must be an array of at "
+                       "most %d block indices", DITD_MAX_SKIP_LAYERS);
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *x = json_array_get(v, i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 1000)
+                return bad(e, "skip_guidance_layers", "'skip_guidance_layers'[%zu] must be a block "
+                           "index in 0..1000", i);
+            r->skip_layers[r->n_skip_layers++] = (int)json_integer_value(x);
+        }
+    }
+    if (get_number(root, "skip_layer_guidance_scale", 0, 100, &r->slg_scale, e) ||
+        get_number(root, "skip_layer_guidance_start", 0, 1, &r->slg_start, e) ||
+        get_number(root, "skip_layer_guidance_stop", 0, 1, &r->slg_stop, e))
+        return DITD_EINVAL;
+    return 0;
+}
+
+/* The prompts, negative prompts, true CFG, T5 length and skip-layer
+ * guidance of a text model, as its pipeline row takes them. */
 static int get_text_fields(json_t *root, const ditd_model_info *m, ditd_genreq *r,
                            ditd_api_error *e)
 {
+    static const char *const p23[2] = {"prompt_2", "prompt_3"};
+    static const char *const n23[2] = {"negative_prompt_2", "negative_prompt_3"};
+    const ditd_pipeline_class *pc = m->pipeline;
+    const int prompts = ditd_pipeline_class_prompts(pc);
     json_t *v;
     long l;
     int given, err;
     if ((v = json_object_get(root, "class_label")) && !json_is_null(v))
         return bad(e, "class_label", "'class_label' is for class-conditional models; '%s' is "
                    "text-conditioned: describe the image in 'prompt'", m->name);
-    if ((err = get_text(root, "prompt", 1, &r->prompt, e)) ||
-        (err = get_text(root, "negative_prompt", 0, &r->negative_prompt, e)))
+    if ((err = get_text(root, "prompt", 1, &r->prompt, e)))
         return err;
+    if (!(pc->request & DITD_REQ_NEGATIVE_PROMPT)) {
+        if (not_taken(root, "negative_prompt", m, "it runs no unconditional pass", e))
+            return DITD_EINVAL;
+    } else if ((err = get_text(root, "negative_prompt", 0, &r->negative_prompt, e))) {
+        return err;
+    }
+    for (int k = 0; k < 2; k++) {
+        if (k + 1 >= prompts) {
+            if (not_taken(root, p23[k], m, "its text encoders all read 'prompt'", e) ||
+                not_taken(root, n23[k], m, "its text encoders all read 'negative_prompt'", e))
+                return DITD_EINVAL;
+            continue;
+        }
+        if ((err = get_text(root, p23[k], 0, &r->prompt_23[k], e)) ||
+            ((pc->request & DITD_REQ_NEGATIVE_PROMPT) &&
+             (err = get_text(root, n23[k], 0, &r->negative_23[k], e))))
+            return err;
+    }
     r->true_cfg = 1.0f; /* FluxPipeline's: no unconditional pass */
-    if (get_number(root, "true_cfg_scale", 0, 100, &r->true_cfg, e))
+    if (!(pc->request & DITD_REQ_TRUE_CFG)) {
+        if (not_taken(root, "true_cfg_scale", m, "it guides with guidance_scale", e))
+            return DITD_EINVAL;
+    } else if (get_number(root, "true_cfg_scale", 0, 100, &r->true_cfg, e)) {
+        return DITD_EINVAL;
+    }
+    if (get_skip_layers(root, m, r, e))
         return DITD_EINVAL;
     r->max_sequence_length = m->default_max_sequence_length;
     if (get_int(root, "max_sequence_length", 1, m->max_sequence_length, &l, &given, e))
@@ -433,8 +512,10 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
         if ((err = get_text_fields(root, m, r, e)))
             goto done;
     } else {
-        static const char *const text_only[] = {"negative_prompt", "true_cfg_scale",
-                                                "max_sequence_length"};
+        static const char *const text_only[] = {
+            "negative_prompt",   "true_cfg_scale",    "max_sequence_length",
+            "prompt_2",          "prompt_3",          "negative_prompt_2",
+            "negative_prompt_3", "skip_guidance_layers"};
         for (size_t i = 0; i < sizeof text_only / sizeof text_only[0]; i++)
             if ((v = json_object_get(root, text_only[i])) && !json_is_null(v)) {
                 bad(e, text_only[i], "'%s' is for text models; '%s' is class-conditional (its "

@@ -3,9 +3,12 @@
  * is wrong; nothing invalid reaches the scheduler.
  *
  * What a request may say depends on the model's conditioning
- * (engine/models/conditioning.h): a class model's prompt names a class (or
- * class_label gives it); a text model's prompt is text, with
- * negative_prompt, true_cfg_scale and max_sequence_length beside it. Sizes
+ * (engine/models/conditioning.h) and its pipeline row
+ * (engine/models/pipeline_class.h): a class model's prompt names a class
+ * (or class_label gives it); a text model's prompt is text, with what its
+ * pipeline takes beside it (negative_prompt, max_sequence_length; FLUX's
+ * true_cfg_scale and prompt_2; SD3's prompt_2, prompt_3 and skip-layer
+ * guidance); anything else is refused naming the field. Sizes
  * follow the model: its one size, or for a resizable model any multiple of
  * size_multiple within [min_size, max_size] per side.
  *
@@ -17,6 +20,7 @@
 #include <stdint.h>
 
 #include "engine/models/model.h"
+#include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/sampler.h"
 
 #define DITD_GENREQ_MAX_N 10
@@ -36,8 +40,14 @@ typedef struct ditd_genreq {
      * models; negative_prompt NULL when not given) */
     char *prompt;
     char *negative_prompt;
+    char *prompt_23[2];         /* prompt_2, prompt_3 (NULL when not given) */
+    char *negative_23[2];       /* negative_prompt_2, negative_prompt_3 */
     float true_cfg;             /* FluxPipeline's true_cfg_scale, >= 0 (default 1) */
     int max_sequence_length;    /* 1..the model's; 0 for class models */
+    /* skip-layer guidance (StableDiffusion3Pipeline): 0 layers = off */
+    int n_skip_layers;
+    int skip_layers[DITD_MAX_SKIP_LAYERS];
+    float slg_scale, slg_start, slg_stop;
     uint64_t seed;
     int seed_given;
     int stream;

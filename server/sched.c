@@ -148,12 +148,26 @@ int ditd__sched_submit(ditd_srv *s, ditd_job *j, ditd_api_error *e)
     return 0;
 }
 
-/* One batch runs one size, step count, sampler and T5 length. */
+/* Whether two requests ask for the same skip-layer guidance (it is one
+ * forward for the whole batch). */
+static int same_slg(const ditd_genreq *a, const ditd_genreq *b)
+{
+    if (a->n_skip_layers != b->n_skip_layers)
+        return 0;
+    if (a->n_skip_layers == 0)
+        return 1;
+    return a->slg_scale == b->slg_scale && a->slg_start == b->slg_start &&
+           a->slg_stop == b->slg_stop &&
+           memcmp(a->skip_layers, b->skip_layers, (size_t)a->n_skip_layers * sizeof(int)) == 0;
+}
+
+/* One batch runs one size, step count, sampler, T5 length and skip-layer
+ * guidance. */
 static int compatible(const ditd_job *a, const ditd_job *b)
 {
     return a->rq.steps == b->rq.steps && a->rq.sampler == b->rq.sampler &&
            a->rq.width == b->rq.width && a->rq.height == b->rq.height &&
-           a->rq.max_sequence_length == b->rq.max_sequence_length;
+           a->rq.max_sequence_length == b->rq.max_sequence_length && same_slg(&a->rq, &b->rq);
 }
 
 /* The idle replica with the least work: fewest samples served breaks ties,
@@ -229,10 +243,19 @@ void ditd__sched_kick(ditd_srv *s)
                     smp[i].prompt = j->rq.prompt;
                 if (j->rq.negative_prompt)
                     smp[i].negative_prompt = j->rq.negative_prompt;
-                /* FluxPipeline's do_true_cfg: true_cfg_scale > 1 and a
-                 * negative prompt given ("" counts); the worker encodes a
-                 * negative prompt whenever true_cfg > 1 */
-                smp[i].true_cfg = j->rq.negative_prompt ? j->rq.true_cfg : 1.0f;
+                if (j->rq.prompt_23[0])
+                    smp[i].prompt_2 = j->rq.prompt_23[0];
+                if (j->rq.prompt_23[1])
+                    smp[i].prompt_3 = j->rq.prompt_23[1];
+                if (j->rq.negative_23[0])
+                    smp[i].negative_prompt_2 = j->rq.negative_23[0];
+                if (j->rq.negative_23[1])
+                    smp[i].negative_prompt_3 = j->rq.negative_23[1];
+                /* whether the unconditional pass runs is the pipeline
+                 * row's rule, on the worker (FluxPipeline: a negative
+                 * prompt given, "" counts) */
+                smp[i].has_negative = j->rq.negative_prompt != NULL;
+                smp[i].true_cfg = j->rq.true_cfg;
                 smpp[i] = &smp[i];
                 b->job[i] = j;
                 b->idx[i] = j->dispatched;
@@ -255,6 +278,14 @@ void ditd__sched_kick(ditd_srv *s)
         bm.steps = (uint32_t)b->steps;
         bm.sampler = (uint32_t)head->rq.sampler;
         bm.max_sequence_length = (uint32_t)head->rq.max_sequence_length;
+        uint32_t skip[DITD_MAX_SKIP_LAYERS];
+        for (int i = 0; i < head->rq.n_skip_layers; i++)
+            skip[i] = (uint32_t)head->rq.skip_layers[i];
+        bm.n_skip_layers = (size_t)head->rq.n_skip_layers;
+        bm.skip_layers = skip;
+        bm.slg_scale = head->rq.slg_scale;
+        bm.slg_start = head->rq.slg_start;
+        bm.slg_stop = head->rq.slg_stop;
         bm.n_samples = (size_t)b->n;
         bm.samples = smpp;
         env.msg_case = DITD__ENVELOPE__MSG_BATCH;

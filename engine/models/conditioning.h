@@ -61,6 +61,13 @@ typedef struct ditd_cond {
     uint8_t *mask;       /* (B, L) text */
     float *pooled;       /* (B, Dp) text, when Dp > 0 */
     float *guidance;     /* (B) guidance_scale per row, for families that embed it */
+    /* Skip-layer guidance (StableDiffusion3Pipeline's skip_layers): the
+     * blocks of these indices are skipped for every row of the forward this
+     * cond is passed to; NULL / 0 = none. Borrowed; a family without
+     * skip-layer support is never given any (the pipeline table says which
+     * pipelines may ask). */
+    const int *skip_layers;
+    int n_skip_layers;
 } ditd_cond;
 
 /* Plans host buffers for max_rows rows of `shape`. Owned: ditd_cond_free. */

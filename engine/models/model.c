@@ -79,15 +79,13 @@ static int load_defaults(ditd_model_info *m)
     json_t *root, *v;
     int err = 0;
 
-    m->default_steps = 25;
-    m->default_guidance = 4.0f;
-    if (strcmp(m->pipeline_class, "FluxPipeline") == 0) { /* FluxPipeline.__call__'s */
-        m->default_steps = 28;
-        m->default_guidance = 3.5f;
-    }
+    m->default_steps = m->pipeline->default_steps;          /* the pipeline's __call__ */
+    m->default_guidance = m->pipeline->default_guidance;
     m->default_sampler[0] = '\0';
-    if (m->shapes.cond.kind == DITD_COND_TEXT)
-        m->max_sequence_length = m->default_max_sequence_length = DITD_MODEL_MAX_SEQUENCE_LENGTH;
+    if (m->shapes.cond.kind == DITD_COND_TEXT) {
+        m->max_sequence_length = m->pipeline->max_sequence_length;
+        m->default_max_sequence_length = m->pipeline->default_max_sequence_length;
+    }
     if ((err = path_join(path, sizeof path, m->dir, "ditd.json")))
         return err;
     if (!is_file(path))
@@ -117,9 +115,10 @@ static int load_defaults(ditd_model_info *m)
     }
     if ((v = json_object_get(root, "max_sequence_length"))) {
         if (m->shapes.cond.kind != DITD_COND_TEXT || !json_is_integer(v) ||
-            json_integer_value(v) < 1 || json_integer_value(v) > DITD_MODEL_MAX_SEQUENCE_LENGTH) {
+            json_integer_value(v) < 1 || json_integer_value(v) > m->max_sequence_length) {
             err = ditd_err_set(DITD_EFORMAT, "%s: max_sequence_length must be an integer in 1..%d, "
-                               "for a text model", path, DITD_MODEL_MAX_SEQUENCE_LENGTH);
+                               "for a text model", path,
+                               m->max_sequence_length > 0 ? m->max_sequence_length : 1);
             goto done;
         }
         m->default_max_sequence_length = (int)json_integer_value(v);
@@ -226,8 +225,17 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
         goto fail;
     }
     json_t *pc = json_object_get(index, "_class_name");
-    if (json_is_string(pc))
-        snprintf(m->pipeline_class, sizeof m->pipeline_class, "%s", json_string_value(pc));
+    if (!json_is_string(pc) || strlen(json_string_value(pc)) >= sizeof m->pipeline_class) {
+        err = ditd_err_set(DITD_EFORMAT, "%s: no \"_class_name\" string (the pipeline class)", path);
+        goto fail;
+    }
+    snprintf(m->pipeline_class, sizeof m->pipeline_class, "%s", json_string_value(pc));
+    if ((err = ditd_registry_find_pipeline(m->pipeline_class, &m->pipeline))) {
+        char d[600];
+        snprintf(d, sizeof d, "%s", ditd_err_detail());
+        err = ditd_err_set(err, "%s: %s", path, d);
+        goto fail;
+    }
     /* A component entry is ["library", "Class"]; null means absent. */
     vae = json_object_get(index, "vae");
     m->needs_vae = vae && json_is_array(vae) && json_array_size(vae) == 2 &&
@@ -257,7 +265,15 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
     }
     m->denoiser = fam;
     if ((err = m->denoiser->shapes(m->transformer_dir, &m->shapes)) ||
-        (err = ditd_denoiser_shapes_check(&m->shapes, cfg)) || (err = load_vae(m)))
+        (err = ditd_denoiser_shapes_check(&m->shapes, cfg)))
+        goto fail;
+    if ((err = ditd_pipeline_class_check(m->pipeline, m->denoiser_class, m->shapes.cond.kind))) {
+        char d[600];
+        snprintf(d, sizeof d, "%s", ditd_err_detail());
+        err = ditd_err_set(err, "%s: %s", path, d);
+        goto fail;
+    }
+    if ((err = load_vae(m)))
         goto fail;
     m->num_classes = m->shapes.cond.kind == DITD_COND_CLASS ? m->shapes.cond.num_classes : 0;
     if ((err = load_labels(m, index, path)) || (err = load_defaults(m)))

@@ -26,6 +26,7 @@
 #include "engine/core/tensor.h"
 
 #include "engine/models/denoiser.h"
+#include "engine/models/pipeline_class.h"
 
 #define DITD_MODEL_PATH_MAX 4096
 #define DITD_MODEL_MAX_IMAGE_SIZE 2048    /* pixels per side, unless ditd.json says */
@@ -36,7 +37,9 @@ typedef struct ditd_model_info {
     char name[256];              /* the folder's base name: the API's model id */
     char transformer_dir[DITD_MODEL_PATH_MAX];
     char scheduler_config[DITD_MODEL_PATH_MAX];
-    char pipeline_class[128];    /* model_index.json's _class_name ("" when absent) */
+    char pipeline_class[128];    /* model_index.json's _class_name */
+    const ditd_pipeline_class *pipeline; /* its row of the pipeline table (static, borrowed):
+                                          * everything that depends on the class asks it */
     char denoiser_class[128];    /* transformer/config.json's _class_name */
     const ditd_denoiser_family *denoiser; /* its family (static table, from the registry) */
     ditd_denoiser_shapes shapes; /* latent shape, heads, tokens, conditioning */
@@ -60,19 +63,22 @@ typedef struct ditd_model_info {
     int size_multiple;
     int min_size, max_size;      /* per side; ditd.json "max_image_size" (default 2048) */
     /* Text models (shapes.cond.kind DITD_COND_TEXT): the T5 length a request
-     * may ask for (FluxPipeline's max_sequence_length, <= 512) and its
-     * default; 0 for class models. */
+     * may ask for (the pipeline's max_sequence_length, <= 512) and its
+     * default (FLUX 512, SD3 256; ditd.json may change it); 0 for class
+     * models. */
     int max_sequence_length;
     int default_max_sequence_length;
     /* defaults for requests that give none (ditd.json, else the pipeline
-     * class's: DiTPipeline 25 steps, guidance 4; FluxPipeline 28, 3.5) */
+     * row's: DiTPipeline 25 steps, guidance 4; FluxPipeline 28, 3.5;
+     * StableDiffusion3Pipeline 28, 7) */
     int default_steps;
     float default_guidance;
     char default_sampler[32];    /* "" = the scheduler_config's own class */
 } ditd_model_info;
 
-/* Reads the folder. Errors name the file and key. *out is owned: release
- * with ditd_model_info_free(). */
+/* Reads the folder. Errors name the file and key; a pipeline class the
+ * table lacks, or one that does not drive the folder's transformer, is
+ * refused naming both. *out is owned: release with ditd_model_info_free(). */
 int ditd_model_info_load(const char *dir, ditd_model_info *out);
 void ditd_model_info_free(ditd_model_info *m);
 

@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/denoiser.h"
+#include "engine/models/pipeline_class.h"
 #include "engine/models/vae/autoencoder_kl.h"
 
 extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit/dit_denoiser.c */
@@ -24,13 +25,17 @@ static const entry builtin[] = {
     {DITD_COMPONENT_TRANSFORMER, "DiTTransformer2DModel", &ditd_dit_family},
     {DITD_COMPONENT_TRANSFORMER, "FluxTransformer2DModel", &ditd_flux_family},
     {DITD_COMPONENT_VAE, "AutoencoderKL", &ditd_autoencoder_kl_family},
+    {DITD_COMPONENT_PIPELINE, "DiTPipeline", &ditd_pipeline_dit},
+    {DITD_COMPONENT_PIPELINE, "FluxPipeline", &ditd_pipeline_flux},
+    {DITD_COMPONENT_PIPELINE, "StableDiffusion3Pipeline", &ditd_pipeline_sd3},
 };
 
 #define EXTRA_MAX 16
 static entry extra[EXTRA_MAX];
 static int n_extra;
 
-static const char *const comp_names[DITD_COMPONENT_COUNT] = {"transformer", "vae", "text_encoder"};
+static const char *const comp_names[DITD_COMPONENT_COUNT] = {"transformer", "vae", "text_encoder",
+                                                             "pipeline"};
 
 const char *ditd_component_name(ditd_component c)
 {
@@ -45,7 +50,7 @@ int ditd_component_from_str(const char *s, ditd_component *out)
             return 0;
         }
     }
-    return ditd_err_set(DITD_EINVAL, "component \"%s\" (transformer, vae, text_encoder)",
+    return ditd_err_set(DITD_EINVAL, "component \"%s\" (transformer, vae, text_encoder, pipeline)",
                         s ? s : "(null)");
 }
 
@@ -107,6 +112,15 @@ int ditd_registry_find(ditd_component c, const char *class_name, const void **ou
     }
     *out = e->table;
     return 0;
+}
+
+int ditd_registry_find_pipeline(const char *name, const ditd_pipeline_class **out)
+{
+    const void *t;
+    int err = ditd_registry_find(DITD_COMPONENT_PIPELINE, name && *name ? name : "(none)", &t);
+    if (!err)
+        *out = t;
+    return err;
 }
 
 int ditd_registry_config_class(const char *path, char *out, size_t cap)

@@ -8,46 +8,6 @@
 #include "engine/core/error.h"
 #include "engine/pipeline/pipeline.h"
 
-static const char *const rule_names[DITD_LATENT_RULE_COUNT] = {"dit", "shifted"};
-
-const char *ditd_latent_rule_name(ditd_latent_rule r)
-{
-    return (unsigned)r < DITD_LATENT_RULE_COUNT ? rule_names[r] : "?";
-}
-
-int ditd_latent_rule_from_str(const char *s, ditd_latent_rule *out)
-{
-    for (int i = 0; i < DITD_LATENT_RULE_COUNT; i++)
-        if (!strcmp(s, rule_names[i])) {
-            *out = (ditd_latent_rule)i;
-            return 0;
-        }
-    return ditd_err_set(DITD_EINVAL, "unknown latent rule \"%s\" (dit, shifted)", s);
-}
-
-/* The pipelines whose decode step ditd follows, each with its own rule. */
-static const struct {
-    const char *pipeline;
-    ditd_latent_rule rule;
-} pipeline_rules[] = {
-    {"DiTPipeline", DITD_LATENT_RULE_DIT},
-    {"FluxPipeline", DITD_LATENT_RULE_SHIFTED},
-    {"StableDiffusion3Pipeline", DITD_LATENT_RULE_SHIFTED},
-};
-
-int ditd_latent_rule_for_pipeline(const char *pipeline_class, ditd_latent_rule *out)
-{
-    for (size_t i = 0; i < sizeof pipeline_rules / sizeof pipeline_rules[0]; i++)
-        if (!strcmp(pipeline_class, pipeline_rules[i].pipeline)) {
-            *out = pipeline_rules[i].rule;
-            return 0;
-        }
-    return ditd_err_set(DITD_EUNSUPPORTED,
-                        "pipeline \"%s\": ditd does not know how it unscales latents before the "
-                        "VAE (known: DiTPipeline, FluxPipeline, StableDiffusion3Pipeline)",
-                        pipeline_class);
-}
-
 int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *ops,
                           ditd_comm *group, int tiling, ditd_latent_image **out)
 {
@@ -63,12 +23,7 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: no vae/config.json: the latents cannot be decoded",
                             info->dir);
     }
-    if ((err = ditd_latent_rule_for_pipeline(info->pipeline_class, &li->rule))) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", ditd_err_detail());
-        free(li);
-        return ditd_err_set(err, "%s/model_index.json: %s", info->dir, d);
-    }
+    li->rule = info->pipeline->unscale;
     snprintf(dir, sizeof dir, "%s", info->vae_dir);
     ditd_vae_opts o = {.max_h = info->shapes.height, .max_w = info->shapes.width,
                        .tiling = tiling, .comm = group};

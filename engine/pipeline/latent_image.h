@@ -4,11 +4,11 @@
  *   samples = vae.decode(latents).sample
  *   samples = (samples / 2 + 0.5).clamp(0, 1)           (float32)
  *   uint8   = (samples * 255).round()                    (half to even)
- * That is DiTPipeline's unscale. Each pipeline keeps its own
- * (ditd_latent_rule, chosen by model_index.json's _class_name): FluxPipeline
- * and StableDiffusion3Pipeline unscale as (latents / scaling_factor) +
- * shift_factor; the image mapping after the decode is the same for all
- * (VaeImageProcessor's). Another pipeline class is refused, not guessed.
+ * That is DiTPipeline's unscale. Each pipeline keeps its own (the
+ * ditd_latent_rule of its row in the pipeline table,
+ * engine/models/pipeline_class.h): FluxPipeline and StableDiffusion3Pipeline
+ * unscale as (latents / scaling_factor) + shift_factor; the image mapping
+ * after the decode is the same for all (VaeImageProcessor's).
  *
  * What it is not: the VAE (engine/models/vae/autoencoder_kl.h) or the
  * sampling loop (engine/pipeline/pipeline.h). Buffers are planned at _new.
@@ -23,21 +23,8 @@
 #include "engine/models/vae/autoencoder_kl.h"
 #include "engine/parallel/comm.h"
 
-/* How a pipeline turns its final latents into the VAE's input. */
-typedef enum ditd_latent_rule {
-    DITD_LATENT_RULE_DIT = 0,  /* latents / scaling_factor (DiTPipeline) */
-    DITD_LATENT_RULE_SHIFTED,  /* latents / scaling_factor + shift_factor (FLUX, SD3) */
-} ditd_latent_rule;
-#define DITD_LATENT_RULE_COUNT 2
-
-const char *ditd_latent_rule_name(ditd_latent_rule r);
-int ditd_latent_rule_from_str(const char *s, ditd_latent_rule *out);
-/* The rule of a Diffusers pipeline class; DITD_EUNSUPPORTED naming it and
- * the known ones otherwise. */
-int ditd_latent_rule_for_pipeline(const char *pipeline_class, ditd_latent_rule *out);
-
 typedef struct ditd_latent_image {
-    ditd_latent_rule rule;  /* from the model folder's pipeline class */
+    ditd_latent_rule rule;  /* the pipeline row's (ditd_latent_rule: engine/models/pipeline_class.h) */
     ditd_vae *vae;          /* owned */
     int Cl, h, w;           /* latent channels, rows, columns */
     int Co, H, W;           /* image channels, rows, columns */

@@ -32,17 +32,25 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     p->info = *info;
     p->mesh = mesh && mesh->size > 1 ? mesh : NULL;
     p->max_samples = max_samples;
-    p->true_cfg = strcmp(info->pipeline_class, "FluxPipeline") == 0;
-    n2 = 2 * (size_t)max_samples;
+    p->pc = info->pipeline;
+    if (!p->pc) {
+        err = ditd_err_set(DITD_EINVAL, "%s: no pipeline class", info->dir);
+        goto fail;
+    }
+    /* conditional + unconditional rows, and a third set for skip-layer guidance */
+    n2 = (p->pc->request & DITD_REQ_SKIP_LAYERS ? 3 : 2) * (size_t)max_samples;
+    p->max_rows = (int)n2;
     if ((err = ditd_sched_config_load(info->scheduler_config, &p->sched_base)))
         goto fail;
     if (!info->denoiser) {
         err = ditd_err_set(DITD_EINVAL, "%s: no denoiser family", info->dir);
         goto fail;
     }
-    /* under cfg parallel each half runs at most max_samples rows */
+    /* one forward runs at most 2n rows (n under cfg parallel, where each
+     * half and the skip-layer rows are forwards of their own) */
     if ((err = ditd_denoiser_load(info->denoiser, info->transformer_dir, ops,
-                                  p->mesh && p->mesh->layout.cfg == 2 ? max_samples : (int)n2,
+                                  p->mesh && p->mesh->layout.cfg == 2 ? max_samples
+                                                                      : 2 * max_samples,
                                   p->mesh, &p->den)))
         goto fail;
     p->shapes = p->den->shapes;
@@ -53,8 +61,9 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     p->h_t = malloc(n2 * sizeof(float));
     p->cond_row = malloc((size_t)max_samples * sizeof(int));
     p->uncond_row = malloc((size_t)max_samples * sizeof(int));
+    p->skip_row = malloc((size_t)max_samples * sizeof(int));
     p->ctl = malloc(1 + (size_t)max_samples);
-    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->h_t) {
+    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->skip_row || !p->h_t) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
         goto fail;
     }
@@ -90,7 +99,7 @@ static void free_buffers(ditd_pipeline *p)
 static int plan_buffers(ditd_pipeline *p)
 {
     const ditd_backend_ops *ops = p->ops;
-    size_t n1 = (size_t)p->max_samples, n2 = 2 * n1, es = ditd_dtype_size(ops->act_dtype);
+    size_t n1 = (size_t)p->max_samples, n2 = (size_t)p->max_rows, es = ditd_dtype_size(ops->act_dtype);
     size_t ni = p->numel, no = p->numel_out;
     int err;
     if (ni <= p->cap_numel && no <= p->cap_numel_out)
@@ -135,7 +144,7 @@ int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len
     p->sampler = NULL;
     if (p->cond.shape.text_len != p->shapes.cond.text_len) {
         ditd_cond_free(&p->cond);
-        if ((err = ditd_cond_init(&p->cond, &p->shapes.cond, 2 * p->max_samples)))
+        if ((err = ditd_cond_init(&p->cond, &p->shapes.cond, p->max_rows)))
             return err;
     }
     return plan_buffers(p);
@@ -152,20 +161,25 @@ void ditd_pipeline_free(ditd_pipeline *p)
     free(p->h_t);
     free(p->cond_row);
     free(p->uncond_row);
+    free(p->skip_row);
     free(p->ctl);
     free(p);
 }
 
 /* The scale of classifier-free guidance for a sample, 0 for none: the
- * unconditional pass runs only then. DiTPipeline (and every class but
- * FluxPipeline): guidance_scale > 1, unless the model embeds it.
- * FluxPipeline: true_cfg_scale > 1 with a negative prompt (do_true_cfg);
- * its guidance_scale goes to the model only. */
+ * unconditional pass runs only then (the pipeline row's rule). */
 static float cfg_scale(const ditd_pipeline *p, const ditd_gen_sample *s)
 {
-    if (p->true_cfg)
-        return s->true_cfg > 1.0f && s->cond.negative ? s->true_cfg : 0.0f;
-    return s->guidance > 1.0f && !p->shapes.guidance_embed ? s->guidance : 0.0f;
+    return ditd_pipeline_class_cfg_scale(p->pc, s->guidance, s->true_cfg, s->cond.negative != NULL,
+                                         p->shapes.guidance_embed);
+}
+
+/* Whether skip-layer guidance runs at 0-based step i of steps
+ * (StableDiffusion3Pipeline: steps * start < i < steps * stop). */
+static int slg_due(const ditd_gen_params *gp, int i, int steps)
+{
+    return gp->n_skip_layers > 0 && (double)i > (double)steps * (double)gp->slg_start &&
+           (double)i < (double)steps * (double)gp->slg_stop;
 }
 
 /* Makes p->sampler the one for (kind, steps); rebuilt only on a change. */
@@ -180,12 +194,53 @@ static int ensure_sampler(ditd_pipeline *p, ditd_sampler_kind kind, int steps)
     if ((err = ditd_sched_config_convert(&p->sched_base, kind, &cfg)))
         return err;
     cfg.image_seq_len = p->shapes.tokens; /* mu of dynamic shifting (flow only) */
-    cfg.pipeline_sigmas = p->true_cfg;    /* FluxPipeline passes linspace(1, 1/steps) */
+    cfg.pipeline_sigmas = p->pc->pipeline_sigmas; /* FluxPipeline passes linspace(1, 1/steps) */
     if ((err = ditd_sampler_new(&cfg, steps, p->max_samples, p->numel, &p->sampler)))
         return err;
     p->sampler_kind = kind;
     p->sampler_steps = steps;
     return 0;
+}
+
+/* One forward of rows [r0, r0 + nr) of the planned inputs, with the
+ * layers skipped when skip is set. */
+static int forward_rows(ditd_pipeline *p, int r0, int nr, const ditd_gen_params *skip)
+{
+    const ditd_backend_ops *ops = p->ops;
+    ditd_cond c = ditd_cond_view(&p->cond, r0);
+    if (nr <= 0)
+        return 0;
+    if (skip) {
+        c.skip_layers = skip->skip_layers;
+        c.n_skip_layers = skip->n_skip_layers;
+    }
+    return ditd_denoiser_forward(p->den, nr, ditd_ptr_act(ops, p->model_in, (size_t)r0 * p->numel),
+                                 p->h_t + r0, &c,
+                                 ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out));
+}
+
+/* The step's forwards: rows [0, rc) conditional, [rc, ru) unconditional,
+ * [ru, rows) skip-layer. On one group the first two run as one forward (as
+ * the pipelines batch them), the skip-layer rows as another. Under cfg
+ * parallel cfg rank 0 runs the conditional rows and rank 1 the rest (a
+ * half with no rows skips its forward: its whole sub-group agrees, the rows
+ * come from the same batch), then the outputs are all-gathered. */
+static int run_forwards(ditd_pipeline *p, int rc, int ru, int rows, int cfg_par,
+                        const ditd_gen_params *gp)
+{
+    int err;
+    if (!cfg_par)
+        return (err = forward_rows(p, 0, ru, NULL)) ? err : forward_rows(p, ru, rows - ru, gp);
+    if (p->mesh->cfg_rank == 0)
+        err = forward_rows(p, 0, rc, NULL);
+    else if (!(err = forward_rows(p, rc, ru - rc, NULL)))
+        err = forward_rows(p, ru, rows - ru, gp);
+    if (err)
+        return err;
+    int counts[2] = {(int)((size_t)rc * p->numel_out), (int)((size_t)(rows - rc) * p->numel_out)};
+    int displs[2] = {0, counts[0]};
+    return ditd_comm_allgatherv(p->mesh->cfg_comm, p->ops->act_dtype, NULL, p->model_out, counts,
+                                displs);
 }
 
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
@@ -201,6 +256,19 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         return ditd_err_set(DITD_EINVAL, "%d samples (1..%d)", n, p->max_samples);
     if (gp->steps < 1 || gp->steps > 1000)
         return ditd_err_set(DITD_EINVAL, "num_inference_steps %d (1..1000)", gp->steps);
+    if (gp->n_skip_layers < 0 || gp->n_skip_layers > DITD_MAX_SKIP_LAYERS)
+        return ditd_err_set(DITD_EINVAL, "%d skip_guidance_layers (0..%d)", gp->n_skip_layers,
+                            DITD_MAX_SKIP_LAYERS);
+    if (gp->n_skip_layers > 0) {
+        if (!(p->pc->request & DITD_REQ_SKIP_LAYERS))
+            return ditd_err_set(DITD_EINVAL, "%s has no skip-layer guidance", p->pc->name);
+        if (!isfinite(gp->slg_scale) || !isfinite(gp->slg_start) || !isfinite(gp->slg_stop))
+            return ditd_err_set(DITD_EINVAL, "skip-layer guidance scale/start/stop not finite");
+        for (int i = 0; i < gp->n_skip_layers; i++)
+            if (gp->skip_layers[i] < 0)
+                return ditd_err_set(DITD_EINVAL, "skip_guidance_layers[%d] = %d", i,
+                                    gp->skip_layers[i]);
+    }
     for (int i = 0; i < n; i++) {
         if ((err = ditd_cond_check(&p->shapes.cond, &samples[i].cond)))
             return err;
@@ -276,29 +344,24 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                         p->lat + (size_t)i * numel, numel);
             rows++;
         }
-        if (!cfg_par) {
-            if ((err = ditd_denoiser_forward(p->den, rows, p->model_in, p->h_t, &p->cond,
-                                             p->model_out)))
+        /* skip-layer guidance: the guided samples' conditional input once
+         * more, through a forward of its own with the layers skipped */
+        int rows_u = rows, slg = slg_due(gp, s, steps);
+        for (int i = 0; i < n; i++) {
+            p->skip_row[i] = -1;
+            if (!slg || p->uncond_row[i] < 0)
+                continue;
+            p->skip_row[i] = rows;
+            if ((err = ditd_cond_set_row(&p->cond, rows, &samples[i].cond, 0)))
                 return err;
-        } else {
-            /* cfg parallel: rows [0, rows_c) on cfg rank 0, the rest on 1;
-             * a half with no rows skips its forward (its whole sub-group
-             * agrees: the rows come from the same batch) */
-            int half = p->mesh->cfg_rank, r0 = half ? rows_c : 0, nr = half ? rows - rows_c : rows_c;
-            int counts[2] = {(int)((size_t)rows_c * p->numel_out),
-                             (int)((size_t)(rows - rows_c) * p->numel_out)};
-            int displs[2] = {0, counts[0]};
-            ditd_cond half_cond = ditd_cond_view(&p->cond, r0);
-            if (nr > 0 &&
-                (err = ditd_denoiser_forward(p->den, nr,
-                                             ditd_ptr_act(ops, p->model_in, (size_t)r0 * numel),
-                                             p->h_t + r0, &half_cond,
-                                             ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out))))
-                return err;
-            if ((err = ditd_comm_allgatherv(p->mesh->cfg_comm, ops->act_dtype, NULL, p->model_out,
-                                            counts, displs)))
-                return err;
+            p->cond.guidance[rows] = samples[i].guidance;
+            p->h_t[rows] = ts[s];
+            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
+                        p->lat + (size_t)i * numel, numel);
+            rows++;
         }
+        if ((err = run_forwards(p, rows_c, rows_u, rows, cfg_par, gp)))
+            return err;
         ops->download(p->h_out, p->model_out, (size_t)rows * p->numel_out);
         if ((err = ops->status()))
             return err;
@@ -312,8 +375,18 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             if (p->uncond_row[i] >= 0) {
                 const float *unc = p->h_out + (size_t)p->uncond_row[i] * p->numel_out;
                 float g = cfg_scale(p, &samples[i]);
-                for (size_t j = 0; j < numel; j++)
-                    cond[j] = unc[j] + g * (cond[j] - unc[j]);
+                if (p->skip_row[i] >= 0) {
+                    /* noise_pred + (noise_pred_text - noise_pred_skip_layers) * scale,
+                     * in the pipeline's order of operations */
+                    const float *sk = p->h_out + (size_t)p->skip_row[i] * p->numel_out;
+                    for (size_t j = 0; j < numel; j++) {
+                        float guided = unc[j] + g * (cond[j] - unc[j]);
+                        cond[j] = guided + (cond[j] - sk[j]) * gp->slg_scale;
+                    }
+                } else {
+                    for (size_t j = 0; j < numel; j++)
+                        cond[j] = unc[j] + g * (cond[j] - unc[j]);
+                }
             }
             if ((err = ditd_sampler_step(p->sampler, s, i, cond, p->lat + (size_t)i * numel,
                                          p->x0 + (size_t)i * numel)))

@@ -2,11 +2,13 @@
  * noise, then per step: the denoiser's forward on the doubled batch when
  * classifier-free guidance is on, guidance on the epsilon half, a learned
  * sigma dropped, the sampler step. What differs by model_index.json's
- * pipeline class: FluxPipeline passes guidance_scale to a model that embeds
- * it and runs the unconditional pass only for true_cfg_scale > 1 with a
- * negative prompt, and gives the scheduler its own sigmas
- * (linspace(1, 1/steps)); every other class guides with guidance_scale and
- * lets the scheduler plan its steps. The output is the final latents; for a pixel-space
+ * pipeline class is its row in the pipeline table
+ * (engine/models/pipeline_class.h): the guidance kind (FluxPipeline passes
+ * guidance_scale to a model that embeds it and runs the unconditional pass
+ * only for true_cfg_scale > 1 with a negative prompt; the others guide with
+ * guidance_scale), skip-layer guidance (StableDiffusion3Pipeline), and
+ * whether the scheduler gets the pipeline's own sigmas (FluxPipeline's
+ * linspace(1, 1/steps)). The output is the final latents; for a pixel-space
  * model (no VAE) ditd_pipeline_to_pixels() maps them to 8-bit pixels as
  * DiTPipeline does ((x / 2 + 0.5) clamped, x 255, rounded).
  *
@@ -43,10 +45,20 @@
 #include "engine/models/model.h"
 #include "engine/pipeline/sampler.h"
 
+#define DITD_MAX_SKIP_LAYERS 16
+
 /* What every sample of a batch shares (the batcher groups on these). */
 typedef struct ditd_gen_params {
     int steps;                  /* num_inference_steps, 1..1000 */
     ditd_sampler_kind sampler;
+    /* skip-layer guidance (StableDiffusion3Pipeline's skip_guidance_layers,
+     * for a pipeline whose row has DITD_REQ_SKIP_LAYERS): at steps i with
+     * steps * slg_start < i < steps * slg_stop (0-based), the samples that
+     * run classifier-free guidance also run a conditional pass with these
+     * blocks skipped s, and eps += slg_scale (c - s). 0 layers: off. */
+    int n_skip_layers;
+    int skip_layers[DITD_MAX_SKIP_LAYERS];
+    float slg_scale, slg_start, slg_stop;
 } ditd_gen_params;
 
 /* One image of a batch. */
@@ -57,8 +69,9 @@ typedef struct ditd_gen_sample {
     float guidance;             /* guidance_scale: classifier-free guidance (<= 1: no
                                  * unconditional pass), or for a family that embeds it
                                  * (FLUX.1-dev) the model's guidance input */
-    float true_cfg;             /* FluxPipeline's true_cfg_scale: > 1 with a negative
-                                 * prompt runs the unconditional pass; else unused */
+    float true_cfg;             /* true_cfg_scale of a DITD_GUIDANCE_TRUE_CFG pipeline
+                                 * (FluxPipeline): > 1 with a negative prompt runs the
+                                 * unconditional pass; else unused */
 } ditd_gen_sample;
 
 /* Called after every step on the calling thread: step is 1-based. x0 is
@@ -80,18 +93,19 @@ typedef struct ditd_pipeline {
     ditd_sampler_kind sampler_kind;
     int sampler_steps;
     int max_samples;
-    int true_cfg;                /* FluxPipeline: guidance from true_cfg, its own sigmas */
+    const ditd_pipeline_class *pc; /* the model's row of the pipeline table (info.pipeline) */
+    int max_rows;                /* forward rows planned: 2 max_samples, 3 with skip-layer guidance */
     size_t numel;                /* C*h*w per sample (latent) */
     size_t cap_numel, cap_numel_out; /* what the buffers below hold per sample */
     size_t numel_out;            /* Co*h*w per sample */
     float *lat;                  /* (n, C, h, w) host */
     float *x0;                   /* (n, C, h, w) host */
-    void *model_in;              /* (2n, C, h, w) backend */
-    void *model_out;             /* (2n, Co, h, w) backend */
-    float *h_out;                /* (2n, Co, h, w) host */
-    float *h_t;                  /* (2n) */
-    ditd_cond cond;              /* (2n) rows: conditional, then unconditional */
-    int *cond_row, *uncond_row;  /* (n) forward row of each sample, -1 = none */
+    void *model_in;              /* (max_rows, C, h, w) backend */
+    void *model_out;             /* (max_rows, Co, h, w) backend */
+    float *h_out;                /* (max_rows, Co, h, w) host */
+    float *h_t;                  /* (max_rows) */
+    ditd_cond cond;              /* (max_rows) rows: conditional, unconditional, skip-layer */
+    int *cond_row, *uncond_row, *skip_row; /* (n) forward row of each sample, -1 = none */
     const ditd_mesh *mesh;       /* borrowed; NULL = one rank */
     uint8_t *ctl;                /* (1 + max_samples) leader's stop flag + active flags */
 } ditd_pipeline;

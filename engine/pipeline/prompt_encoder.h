@@ -1,17 +1,21 @@
 /* A text model's prompt encoder, as its Diffusers pipeline encodes a
- * prompt: the tokenizers and text encoders the model folder names, run
- * once per prompt (not per step), with a bounded LRU cache of the results.
+ * prompt: the tokenizers and text encoders its pipeline row's recipe names
+ * (engine/models/pipeline_class.h), run once per prompt (not per step), their
+ * outputs joined as the recipe says, with a bounded LRU cache of the
+ * results. The recipes built in:
  *
- * FluxPipeline (the one text pipeline today), its encode_prompt:
- *   tokenizer   + text_encoder   (CLIPTextModel): 77 tokens, padded and
- *                truncated; its pooler_output is the pooled vector (Dp)
- *   tokenizer_2 + text_encoder_2 (T5EncoderModel): max_sequence_length
- *                tokens; its last_hidden_state is the sequence (L, Dt)
- * Neither encoder gets an attention mask (the pipeline passes none): the
- * padding is attended to, as in Diffusers. Another pipeline class is
- * refused by name.
+ *   FluxPipeline: CLIP's pooler_output at 77 tokens is the pooled vector;
+ *     T5's last_hidden_state at max_sequence_length (prompt_2) the sequence.
+ *   StableDiffusion3Pipeline: both CLIPs' hidden_states[-2] at 77 tokens
+ *     joined on channels and zero-padded to the transformer's width, then
+ *     T5's last_hidden_state at max_sequence_length (prompt_3; zeros when
+ *     the folder has no text_encoder_3); the pooled vector is both CLIPs'
+ *     projected text_embeds.
  *
- * The cache is keyed by (model folder, prompt, max_sequence_length) and
+ * No encoder gets an attention mask (the pipelines pass none): the padding
+ * is attended to, as in Diffusers.
+ *
+ * The cache is keyed by (model folder, prompts, max_sequence_length) and
  * holds sequence and pooled vector together; its bounds are the caller's.
  * A hit returns the very floats the encoders gave (bit for bit).
  *
@@ -31,7 +35,7 @@
 typedef struct ditd_prompt_encoder ditd_prompt_encoder;
 
 typedef struct ditd_prompt_encoder_opts {
-    int max_sequence_length; /* the longest T5 sequence asked for (1..512) */
+    int max_sequence_length; /* the longest T5 sequence asked for (1..the pipeline's) */
     size_t cache_entries;    /* LRU bounds; 0 entries: no cache */
     size_t cache_bytes;
 } ditd_prompt_encoder_opts;
@@ -43,11 +47,20 @@ typedef struct ditd_prompt_stats {
     double encode_ms;        /* time in tokenizers and encoders, since start */
 } ditd_prompt_stats;
 
+/* Up to three prompts, as the pipelines take prompt, prompt_2, prompt_3 (or
+ * the negative ones): texts[k] with lens[k] bytes; an absent (NULL) or empty
+ * texts[k] for k > 0 falls back to texts[0] ("prompt_2 or prompt"). */
+typedef struct ditd_prompt_texts {
+    const char *texts[3];
+    size_t lens[3];
+} ditd_prompt_texts;
+
 /* Loads the text components of info's folder (a text model: its
- * shapes.cond.kind is DITD_COND_TEXT) on the CPU backend `ops`. The
- * encoders' widths must be the transformer's (T5 d_model =
- * joint_attention_dim = cond.text_dim, CLIP hidden = cond.pooled_dim):
- * refused naming both otherwise. *out owned: ditd_prompt_encoder_free. */
+ * shapes.cond.kind is DITD_COND_TEXT) as its pipeline row's recipe names
+ * them, on the CPU backend `ops`. The joined widths must be the
+ * transformer's (the sequence's cond.text_dim, the pooled vector's
+ * cond.pooled_dim): refused naming the encoders and the transformer's keys
+ * otherwise. *out owned: ditd_prompt_encoder_free. */
 int ditd_prompt_encoder_new(const ditd_model_info *info, const ditd_backend_ops *ops,
                             const ditd_prompt_encoder_opts *opts, ditd_prompt_encoder **out);
 void ditd_prompt_encoder_free(ditd_prompt_encoder *e);
@@ -55,11 +68,16 @@ void ditd_prompt_encoder_free(ditd_prompt_encoder *e);
 /* Widths of the outputs: Dt and Dp. */
 int ditd_prompt_encoder_text_dim(const ditd_prompt_encoder *e);
 int ditd_prompt_encoder_pooled_dim(const ditd_prompt_encoder *e);
+/* Tokens of the sequence at max_sequence_length L (FLUX: L; SD3: 77 + L). */
+int ditd_prompt_encoder_text_len(const ditd_prompt_encoder *e, int max_sequence_length);
 
-/* Encodes `len` bytes of UTF-8 text at max_sequence_length L (1..the
- * opts' maximum): seq (L, Dt) and pooled (Dp), host f32, caller's. From
- * the cache when it holds the key. 0, DITD_EINVAL (invalid UTF-8, L out of
- * range; named), or an encoder's error. */
+/* Encodes the prompts at max_sequence_length L (1..the opts' maximum): seq
+ * (text_len(L), Dt) and pooled (Dp), host f32, caller's. From the cache when
+ * it holds the key. 0, DITD_EINVAL (invalid UTF-8, L out of range; named),
+ * or an encoder's error. */
+int ditd_prompt_encoder_encode_n(ditd_prompt_encoder *e, const ditd_prompt_texts *t,
+                                 int max_sequence_length, float *seq, float *pooled);
+/* The same with one text for every encoder. */
 int ditd_prompt_encoder_encode(ditd_prompt_encoder *e, const char *text, size_t len,
                                int max_sequence_length, float *seq, float *pooled);
 

@@ -57,7 +57,7 @@ typedef struct worker {
     ditd_prompt_encoder *penc;
     int text_rank;         /* group rank of the encoders */
     int Dt, Dp;
-    float *emb;            /* (2 max_batch, Lmax Dt + Dp) */
+    float *emb;            /* (2 max_batch, text_len(Lmax) Dt + Dp) */
     ditd_text_embeds *te;  /* (2 max_batch) */
     ditd_prompt_stats pstats; /* the text rank's, as its last broadcast said (leader) */
     uint64_t hb_seq;
@@ -329,6 +329,14 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         send_error(w, b->batch_id, DITD_EINVAL, "unknown sampler");
         return 0;
     }
+    if (b->n_skip_layers > DITD_MAX_SKIP_LAYERS ||
+        (b->n_skip_layers > 0 && !(m->pipeline->request & DITD_REQ_SKIP_LAYERS))) {
+        snprintf(msg, sizeof msg, "%zu skip_guidance_layers (%s takes %d)", b->n_skip_layers,
+                 m->pipeline->name,
+                 m->pipeline->request & DITD_REQ_SKIP_LAYERS ? DITD_MAX_SKIP_LAYERS : 0);
+        send_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
     return 1;
 }
 
@@ -376,7 +384,9 @@ static int set_batch_size(worker *w, const Ditd__Batch *b)
     int err;
     if (m->resizable) {
         int h = (int)b->height / m->vae_scale, wd = (int)b->width / m->vae_scale;
-        int L = m->shapes.cond.kind == DITD_COND_TEXT ? (int)b->max_sequence_length : 0;
+        int L = m->shapes.cond.kind == DITD_COND_TEXT
+                    ? ditd_pipeline_class_text_len(m->pipeline, (int)b->max_sequence_length)
+                    : 0;
         if ((err = ditd_pipeline_set_size(w->pipe, h, wd, L)) ||
             (w->li && (err = ditd_latent_image_set_size(w->li, h, wd))))
             return err;
@@ -392,14 +402,28 @@ typedef struct text_hdr {
     char msg[480];
 } text_hdr;
 
+/* Whether sample sm runs the unconditional pass on a negative prompt: the
+ * pipeline row's rule. */
+static int wants_negative(const worker *w, const Ditd__Sample *sm)
+{
+    return ditd_pipeline_class_needs_negative(w->info.pipeline, sm->guidance, sm->true_cfg,
+                                              sm->has_negative, w->info.shapes.guidance_embed);
+}
+
+static const char *or_empty(const char *s)
+{
+    return s ? s : "";
+}
+
 /* Every rank: the batch's prompts (and the negative prompts of samples
- * with true_cfg > 1) encoded once on the text-encoder rank, broadcast to
- * the group; sample i's cond points at them. An encoder's error is every
- * rank's (it travels in the header). */
+ * whose unconditional pass runs) encoded once on the text-encoder rank,
+ * broadcast to the group; sample i's cond points at them. An encoder's
+ * error is every rank's (it travels in the header). */
 static int encode_prompts(worker *w, const Ditd__Batch *b)
 {
     const int n = (int)b->n_samples, L = (int)b->max_sequence_length;
-    const size_t one = (size_t)L * (size_t)w->Dt + (size_t)w->Dp;
+    const int T = ditd_pipeline_class_text_len(w->info.pipeline, L);
+    const size_t one = (size_t)T * (size_t)w->Dt + (size_t)w->Dp;
     const int me = in_group(w) ? w->mesh->rank : 0;
     text_hdr h;
     int err = 0;
@@ -409,13 +433,18 @@ static int encode_prompts(worker *w, const Ditd__Batch *b)
         for (int i = 0; i < n && !err; i++) {
             const Ditd__Sample *sm = b->samples[i];
             float *e = w->emb + (size_t)i * one, *ne = w->emb + (size_t)(n + i) * one;
-            const char *neg = sm->negative_prompt ? sm->negative_prompt : "";
-            err = ditd_prompt_encoder_encode(w->penc, sm->prompt ? sm->prompt : "",
-                                             sm->prompt ? strlen(sm->prompt) : 0, L, e,
-                                             e + (size_t)L * w->Dt);
-            if (!err && sm->true_cfg > 1.0f)
-                err = ditd_prompt_encoder_encode(w->penc, neg, strlen(neg), L, ne,
-                                                 ne + (size_t)L * w->Dt);
+            ditd_prompt_texts pt = {
+                .texts = {or_empty(sm->prompt), or_empty(sm->prompt_2), or_empty(sm->prompt_3)}};
+            ditd_prompt_texts nt = {.texts = {or_empty(sm->negative_prompt),
+                                              or_empty(sm->negative_prompt_2),
+                                              or_empty(sm->negative_prompt_3)}};
+            for (int k = 0; k < 3; k++) {
+                pt.lens[k] = strlen(pt.texts[k]);
+                nt.lens[k] = strlen(nt.texts[k]);
+            }
+            err = ditd_prompt_encoder_encode_n(w->penc, &pt, L, e, e + (size_t)T * w->Dt);
+            if (!err && wants_negative(w, sm))
+                err = ditd_prompt_encoder_encode_n(w->penc, &nt, L, ne, ne + (size_t)T * w->Dt);
             if (!err && w->t && now_ms() >= w->next_hb) /* long encoders: stay alive */
                 send_heartbeat(w, true);
             if (err)
@@ -440,10 +469,11 @@ static int encode_prompts(worker *w, const Ditd__Batch *b)
     }
     for (int i = 0; i < n; i++) {
         float *e = w->emb + (size_t)i * one, *ne = w->emb + (size_t)(n + i) * one;
-        w->te[i] = (ditd_text_embeds){.seq = e, .pooled = e + (size_t)L * w->Dt};
-        w->te[n + i] = (ditd_text_embeds){.seq = ne, .pooled = ne + (size_t)L * w->Dt};
+        w->te[i] = (ditd_text_embeds){.seq = e, .pooled = w->Dp ? e + (size_t)T * w->Dt : NULL};
+        w->te[n + i] = (ditd_text_embeds){.seq = ne,
+                                          .pooled = w->Dp ? ne + (size_t)T * w->Dt : NULL};
         w->samples[i].cond.prompt = &w->te[i];
-        w->samples[i].cond.negative = b->samples[i]->true_cfg > 1.0f ? &w->te[n + i] : NULL;
+        w->samples[i].cond.negative = wants_negative(w, b->samples[i]) ? &w->te[n + i] : NULL;
     }
     return 0;
 }
@@ -457,8 +487,15 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     ditd_gen_params gp;
     char msg[512];
 
+    memset(&gp, 0, sizeof gp);
     gp.steps = (int)b->steps;
     gp.sampler = (ditd_sampler_kind)b->sampler;
+    gp.n_skip_layers = (int)b->n_skip_layers; /* batch_ok checked the count */
+    for (int i = 0; i < gp.n_skip_layers; i++)
+        gp.skip_layers[i] = (int)b->skip_layers[i];
+    gp.slg_scale = b->slg_scale;
+    gp.slg_start = b->slg_start;
+    gp.slg_stop = b->slg_stop;
     for (int i = 0; i < n; i++) {
         w->samples[i].seed = b->samples[i]->seed;
         w->samples[i].index = b->samples[i]->index;
@@ -638,8 +675,10 @@ static int text_init(worker *w)
 {
     const ditd_model_info *m = &w->info;
     const int G = in_group(w) ? w->mesh->size : 1, me = in_group(w) ? w->mesh->rank : 0;
-    const size_t one = (size_t)m->max_sequence_length * (size_t)m->shapes.cond.text_dim +
-                       (size_t)m->shapes.cond.pooled_dim;
+    const size_t one =
+        (size_t)ditd_pipeline_class_text_len(m->pipeline, m->max_sequence_length) *
+            (size_t)m->shapes.cond.text_dim +
+        (size_t)m->shapes.cond.pooled_dim;
     if (w->cfg->text_encoder_rank < 0 || w->cfg->text_encoder_rank >= G)
         return ditd_err_set(DITD_EINVAL, "text encoder rank %d: the replica's group has ranks 0..%d",
                             w->cfg->text_encoder_rank, G - 1);

@@ -60,6 +60,11 @@ static void check_accepted(const ditd_model_info *m, const ditd_genreq *rq)
             !(rq->true_cfg >= 0 && rq->true_cfg <= 100) || rq->max_sequence_length < 1 ||
             rq->max_sequence_length > m->max_sequence_length)
             abort();
+        if (rq->n_skip_layers < 0 || rq->n_skip_layers > DITD_MAX_SKIP_LAYERS ||
+            (rq->n_skip_layers && !(m->pipeline->request & DITD_REQ_SKIP_LAYERS)) ||
+            ((rq->prompt_23[0] || rq->negative_23[0]) && ditd_pipeline_class_prompts(m->pipeline) < 2) ||
+            ((rq->prompt_23[1] || rq->negative_23[1]) && ditd_pipeline_class_prompts(m->pipeline) < 3))
+            abort();
         json_t *js = json_string(rq->prompt); /* valid UTF-8 */
         if (!js)
             abort();
@@ -72,7 +77,7 @@ static void check_accepted(const ditd_model_info *m, const ditd_genreq *rq)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static ditd_model_info m, t;
+    static ditd_model_info m, t, s3;
     static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "dall-e-3"};
     static char *keys[] = {"k1", "a-longer-key-0123456789"};
     static ditd_auth auth = {keys, 2};
@@ -92,6 +97,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         m.default_steps = 4;
         m.default_guidance = 4.0f;
         m.min_size = m.max_size = 28;
+        m.pipeline = &ditd_pipeline_dit;
         /* a FLUX-like text model: any multiple of 16 in 16..512 */
         strcpy(t.name, "flux");
         t.shapes.cond.kind = DITD_COND_TEXT;
@@ -109,9 +115,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         t.default_max_sequence_length = 512;
         t.default_steps = 28;
         t.default_guidance = 3.5f;
+        t.pipeline = &ditd_pipeline_flux;
+        /* an SD3-like one: three prompts, skip-layer guidance */
+        s3 = t;
+        strcpy(s3.name, "sd3");
+        s3.pipeline = &ditd_pipeline_sd3;
+        s3.default_max_sequence_length = 256;
+        s3.default_guidance = 7.0f;
     }
     const ditd_genreq_model models[] = {{&m, NULL, 0, DITD_SAMPLER_DDIM},
-                                        {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER}};
+                                        {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER},
+                                        {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER}};
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         if (ditd_genreq_parse((const char *)data, size, &models[k], &rq, &e) == 0) {
             check_accepted(models[k].info, &rq);

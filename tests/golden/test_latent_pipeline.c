@@ -13,6 +13,7 @@
 #include "engine/backend/backend.h"
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
+#include "engine/models/registry.h"
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
@@ -105,19 +106,20 @@ int main(void)
      * is checked against Diffusers above and in test_vae. */
     if (li) {
         ditd_latent_rule r;
+        const ditd_pipeline_class *pc = NULL;
         TU_CHECK(li->rule == DITD_LATENT_RULE_DIT, "DiTPipeline's rule: %s", ditd_latent_rule_name(li->rule));
-        TU_OK(ditd_latent_rule_for_pipeline("FluxPipeline", &r));
-        TU_CHECK(r == DITD_LATENT_RULE_SHIFTED, "FluxPipeline's rule: %s", ditd_latent_rule_name(r));
+        TU_OK(ditd_registry_find_pipeline("FluxPipeline", &pc));
+        TU_CHECK(pc && pc->unscale == DITD_LATENT_RULE_SHIFTED, "FluxPipeline's rule: %s",
+                 pc ? ditd_latent_rule_name(pc->unscale) : "?");
         TU_OK(ditd_latent_rule_from_str(ditd_latent_rule_name(DITD_LATENT_RULE_SHIFTED), &r));
         TU_CHECK(r == DITD_LATENT_RULE_SHIFTED, "rule name round trip");
         ditd_model_info fi = info;
         ditd_latent_image *lf = NULL;
-        snprintf(fi.pipeline_class, sizeof fi.pipeline_class, "FluxPipeline");
+        fi.pipeline = pc; /* the same folder decoded by FluxPipeline's rule */
         TU_OK(ditd_latent_image_new(&fi, &ditd_backend_cpu, NULL, 0, &lf));
-        snprintf(fi.pipeline_class, sizeof fi.pipeline_class, "FooPipeline");
-        ditd_latent_image *lx = NULL;
-        int e = ditd_latent_image_new(&fi, &ditd_backend_cpu, NULL, 0, &lx);
-        TU_CHECK(e == DITD_EUNSUPPORTED && lx == NULL && strstr(ditd_err_detail(), "FooPipeline"),
+        int e = ditd_registry_find_pipeline("FooPipeline", &pc);
+        TU_CHECK(e == DITD_EUNSUPPORTED && strstr(ditd_err_detail(), "FooPipeline") &&
+                     strstr(ditd_err_detail(), "FluxPipeline"),
                  "an unknown pipeline is refused by name: %s", ditd_err_detail());
         const size_t zn = (size_t)li->Cl * li->h * li->w, pn = (size_t)li->Co * li->H * li->W;
         float *z = malloc(zn * sizeof *z), *zs = malloc(zn * sizeof *zs);

@@ -116,6 +116,7 @@ static void make_batch(tt *x, int k, const ditd_model_info *info)
         s[i].guidance = 3.5f;
         s[i].true_cfg = i == 1 ? 2.0f : 1.0f;
         s[i].negative_prompt = i == 1 ? "blurry" : "";
+        s[i].has_negative = i == 1; /* FluxPipeline: a negative prompt given */
         sp[i] = &s[i];
     }
     b.batch_id = (uint64_t)k + 1;

@@ -1,8 +1,10 @@
 /* The model-family seam: a second, toy denoiser family registered through
  * the interface (engine/models/denoiser.h + registry.h), without touching
- * the pipeline, the worker or the server, then:
+ * the pipeline, the worker or the server, with toy rows of the pipeline
+ * table (engine/models/pipeline_class.h) beside it, then:
  *   - the registry: the toy class found by its _class_name; a duplicate
- *     refused; an unknown class refused naming every supported class;
+ *     refused; an unknown class refused naming every supported class; an
+ *     unknown pipeline class, and one that does not drive the toy, refused;
  *   - the model folder: shapes from the family, latent vs image size (a
  *     vae/config.json's block_out_channels gives the scale factor);
  *   - the pipeline with class conditioning and with text conditioning
@@ -26,6 +28,7 @@
 #include "engine/core/philox.h"
 #include "engine/models/denoiser.h"
 #include "engine/models/model.h"
+#include "engine/models/pipeline_class.h"
 #include "engine/models/registry.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/worker/worker.h"
@@ -176,9 +179,13 @@ static void make_model_g(const char *dir, const char *cls, const char *cond, con
     TU_CHECK(mkdir(sub, 0700) == 0, "mkdir %s", sub);
     snprintf(sub, sizeof sub, "%s/scheduler", dir);
     TU_CHECK(mkdir(sub, 0700) == 0, "mkdir %s", sub);
-    write_file(dir, "model_index.json",
-               "{\"_class_name\": \"ToyPipeline\", \"transformer\": [\"test\", \"x\"], "
-               "\"scheduler\": [\"diffusers\", \"x\"], \"id2label\": {\"0\": \"zero\", \"1\": \"one\", \"2\": \"two\"}}");
+    char index[512];
+    snprintf(index, sizeof index,
+             "{\"_class_name\": \"%s\", \"transformer\": [\"test\", \"x\"], "
+             "\"scheduler\": [\"diffusers\", \"x\"], \"id2label\": {\"0\": \"zero\", \"1\": \"one\", "
+             "\"2\": \"two\"}}",
+             strcmp(cond, "text") == 0 ? "ToyTextPipeline" : "ToyPipeline");
+    write_file(dir, "model_index.json", index);
     snprintf(cfg, sizeof cfg,
              "{\"_class_name\": \"%s\", \"in_channels\": 2, \"height\": 6, \"width\": 5, "
              "\"conditioning\": \"%s\", \"num_classes\": 3, \"text_len\": 4, \"text_dim\": 3, "
@@ -342,6 +349,32 @@ static void worker_batch(const char *dir, const ditd_model_info *info, const dit
     free(tt.batch);
 }
 
+/* ---- the toy pipelines: rows of the pipeline table, registered ---- */
+
+static const ditd_pipeline_class toy_pipeline = {
+    .name = "ToyPipeline",
+    .transformers = {TOY_CLASS, NULL},
+    .cond = DITD_COND_CLASS,
+    .guidance = DITD_GUIDANCE_CFG,
+    .unscale = DITD_LATENT_RULE_DIT,
+    .default_steps = 25,
+    .default_guidance = 4.0f,
+};
+
+/* text: the test hands the pipeline embeddings itself (no recipe) */
+static const ditd_pipeline_class toy_text_pipeline = {
+    .name = "ToyTextPipeline",
+    .transformers = {TOY_CLASS, NULL},
+    .cond = DITD_COND_TEXT,
+    .guidance = DITD_GUIDANCE_CFG,
+    .unscale = DITD_LATENT_RULE_SHIFTED,
+    .default_steps = 7,
+    .default_guidance = 3.0f,
+    .default_max_sequence_length = 4,
+    .max_sequence_length = 4,
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE,
+};
+
 /* ---- the tests ---- */
 
 static void test_registry(const char *tmp)
@@ -357,13 +390,71 @@ static void test_registry(const char *tmp)
     TU_CHECK_ERR(ditd_registry_add(DITD_COMPONENT_TRANSFORMER, TOY_CLASS, &toy_family), DITD_EINVAL,
                  "already");
     TU_CHECK_ERR(ditd_registry_find(DITD_COMPONENT_VAE, TOY_CLASS, &f), DITD_EUNSUPPORTED, "vae");
+    /* the toy pipelines: found by name once registered, their rules asked */
+    const ditd_pipeline_class *pc = NULL;
+    TU_CHECK_ERR(ditd_registry_find_pipeline("ToyPipeline", &pc), DITD_EUNSUPPORTED, "ToyPipeline",
+                 "DiTPipeline, FluxPipeline, StableDiffusion3Pipeline");
+    TU_OK(ditd_registry_add(DITD_COMPONENT_PIPELINE, "ToyPipeline", &toy_pipeline));
+    TU_OK(ditd_registry_add(DITD_COMPONENT_PIPELINE, "ToyTextPipeline", &toy_text_pipeline));
+    TU_OK(ditd_registry_find_pipeline("ToyPipeline", &pc));
+    TU_CHECK(pc == &toy_pipeline, "the registry hands back the toy pipeline's row");
+    TU_OK(ditd_pipeline_class_check(pc, TOY_CLASS, DITD_COND_CLASS));
+    TU_CHECK_ERR(ditd_pipeline_class_check(pc, "DiTTransformer2DModel", DITD_COND_CLASS),
+                 DITD_EUNSUPPORTED, "ToyPipeline drives " TOY_CLASS);
+    TU_CHECK_ERR(ditd_pipeline_class_check(pc, TOY_CLASS, DITD_COND_TEXT), DITD_EUNSUPPORTED,
+                 "class conditioning");
+    /* the rules, for each built-in row */
+    TU_CHECK(ditd_pipeline_class_text_len(&ditd_pipeline_flux, 256) == 256 &&
+                 ditd_pipeline_class_text_len(&ditd_pipeline_sd3, 256) == 77 + 256 &&
+                 ditd_pipeline_class_text_len(&ditd_pipeline_dit, 256) == 0,
+             "text lengths: flux %d, sd3 %d", ditd_pipeline_class_text_len(&ditd_pipeline_flux, 256),
+             ditd_pipeline_class_text_len(&ditd_pipeline_sd3, 256));
+    TU_CHECK(ditd_pipeline_class_prompts(&ditd_pipeline_flux) == 2 &&
+                 ditd_pipeline_class_prompts(&ditd_pipeline_sd3) == 3 &&
+                 ditd_pipeline_class_prompts(&ditd_pipeline_dit) == 0,
+             "prompt counts");
+    /* guidance: DiT/SD3 run the pass on guidance_scale > 1 (not when the
+     * model embeds it); FLUX on true_cfg > 1 with a negative prompt only */
+    TU_CHECK(ditd_pipeline_class_cfg_scale(&ditd_pipeline_sd3, 7.0f, 1.0f, 0, 0) == 7.0f &&
+                 ditd_pipeline_class_cfg_scale(&ditd_pipeline_sd3, 1.0f, 5.0f, 1, 0) == 0.0f &&
+                 ditd_pipeline_class_cfg_scale(&ditd_pipeline_dit, 4.0f, 1.0f, 0, 1) == 0.0f &&
+                 ditd_pipeline_class_cfg_scale(&ditd_pipeline_flux, 3.5f, 4.0f, 1, 1) == 4.0f &&
+                 ditd_pipeline_class_cfg_scale(&ditd_pipeline_flux, 3.5f, 4.0f, 0, 1) == 0.0f &&
+                 ditd_pipeline_class_cfg_scale(&ditd_pipeline_flux, 3.5f, 1.0f, 1, 0) == 0.0f,
+             "the guidance rules");
+    TU_CHECK(ditd_pipeline_class_needs_negative(&ditd_pipeline_sd3, 7.0f, 1.0f, 0, 0) &&
+                 !ditd_pipeline_class_needs_negative(&ditd_pipeline_dit, 4.0f, 1.0f, 0, 0) &&
+                 !ditd_pipeline_class_needs_negative(&ditd_pipeline_flux, 3.5f, 4.0f, 0, 1),
+             "which samples encode a negative prompt");
+    for (int k = 0; k < DITD_GUIDANCE_KIND_COUNT; k++) {
+        ditd_guidance_kind g;
+        TU_OK(ditd_guidance_kind_from_str(ditd_guidance_kind_name((ditd_guidance_kind)k), &g));
+        TU_CHECK(g == (ditd_guidance_kind)k, "guidance kind %d round trip", k);
+    }
+    {   /* model folders: an unknown pipeline class, and one that drives another transformer */
+        char pdir[4300];
+        ditd_model_info pi;
+        snprintf(pdir, sizeof pdir, "%s/foo-pipeline", tmp);
+        TU_CHECK(mkdir(pdir, 0700) == 0, "mkdir %s", pdir);
+        make_model(pdir, TOY_CLASS, "class", sched_flow);
+        write_file(pdir, "model_index.json",
+                   "{\"_class_name\": \"FooPipeline\", \"transformer\": [\"test\", \"x\"]}");
+        TU_CHECK_ERR(ditd_model_info_load(pdir, &pi), DITD_EUNSUPPORTED, "FooPipeline",
+                     "DiTPipeline, FluxPipeline, StableDiffusion3Pipeline, ToyPipeline");
+        write_file(pdir, "model_index.json",
+                   "{\"_class_name\": \"DiTPipeline\", \"transformer\": [\"test\", \"x\"]}");
+        TU_CHECK_ERR(ditd_model_info_load(pdir, &pi), DITD_EUNSUPPORTED,
+                     "DiTPipeline drives DiTTransformer2DModel, not a " TOY_CLASS);
+        write_file(pdir, "model_index.json", "{\"transformer\": [\"test\", \"x\"]}");
+        TU_CHECK_ERR(ditd_model_info_load(pdir, &pi), DITD_EFORMAT, "_class_name");
+    }
 
     /* a folder with an unknown transformer class: refused at load, naming the supported */
     snprintf(dir, sizeof dir, "%s/unknown", tmp);
     TU_CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
-    make_model(dir, "SD3Transformer2DModel", "text", sched_flow);
+    make_model(dir, "NoSuchTransformer2DModel", "text", sched_flow);
     ditd_model_info info;
-    TU_CHECK_ERR(ditd_model_info_load(dir, &info), DITD_EUNSUPPORTED, "SD3Transformer2DModel",
+    TU_CHECK_ERR(ditd_model_info_load(dir, &info), DITD_EUNSUPPORTED, "NoSuchTransformer2DModel",
                  "DiTTransformer2DModel, FluxTransformer2DModel, " TOY_CLASS);
     /* enums round-trip; bad shapes and conditioning refused with their numbers */
     for (int k = 0; k < DITD_COND_KIND_COUNT; k++) {
@@ -461,7 +552,7 @@ static void test_text_pipeline(const char *tmp)
                "\"UpDecoderBlock2D\"], \"latent_channels\": 2, \"norm_num_groups\": 8, "
                "\"out_channels\": 3}");
     write_file(dir, "model_index.json",
-               "{\"_class_name\": \"ToyPipeline\", \"transformer\": [\"test\", \"x\"], "
+               "{\"_class_name\": \"ToyTextPipeline\", \"transformer\": [\"test\", \"x\"], "
                "\"vae\": [\"diffusers\", \"AutoencoderKL\"], \"scheduler\": [\"diffusers\", \"x\"]}");
     TU_OK(ditd_model_info_load(dir, &info));
     TU_CHECK(info.shapes.cond.kind == DITD_COND_TEXT && info.num_classes == 0 && info.needs_vae,
@@ -481,7 +572,7 @@ static void test_text_pipeline(const char *tmp)
         TU_CHECK(mkdir(bv, 0700) == 0, "mkdir %s", bv);
         write_file(bv, "config.json", "{\"_class_name\": \"AutoencoderTiny\"}");
         write_file(bdir, "model_index.json",
-                   "{\"_class_name\": \"ToyPipeline\", \"transformer\": [\"test\", \"x\"], "
+                   "{\"_class_name\": \"ToyTextPipeline\", \"transformer\": [\"test\", \"x\"], "
                    "\"vae\": [\"diffusers\", \"AutoencoderTiny\"], \"scheduler\": [\"diffusers\", \"x\"]}");
         int e = ditd_model_info_load(bdir, &bi);
         TU_CHECK(e == DITD_EUNSUPPORTED && strstr(ditd_err_detail(), "AutoencoderTiny") &&
@@ -497,7 +588,7 @@ static void test_text_pipeline(const char *tmp)
         TU_CHECK(mkdir(ndir, 0700) == 0, "mkdir %s", ndir);
         make_model(ndir, TOY_CLASS, "text", sched_flow);
         write_file(ndir, "model_index.json",
-                   "{\"_class_name\": \"ToyPipeline\", \"transformer\": [\"test\", \"x\"], "
+                   "{\"_class_name\": \"ToyTextPipeline\", \"transformer\": [\"test\", \"x\"], "
                    "\"vae\": [\"diffusers\", \"AutoencoderKL\"], \"scheduler\": [\"diffusers\", \"x\"]}");
         TU_OK(ditd_model_info_load(ndir, &ni));
         TU_CHECK(ni.needs_vae && ni.vae_scale == 0 && ni.image_width == 0 && ni.image_height == 0 &&

@@ -26,9 +26,9 @@ static int failures, checks;
     } while (0)
 
 static char *labels[] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"};
-static ditd_model_info cls, txt;
+static ditd_model_info cls, txt, sd3;
 static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "flux"};
-static ditd_genreq_model gm_cls, gm_txt;
+static ditd_genreq_model gm_cls, gm_txt, gm_sd3;
 
 static void models(void)
 {
@@ -43,6 +43,7 @@ static void models(void)
     cls.min_size = cls.max_size = 28;
     cls.default_steps = 25;
     cls.default_guidance = 4.0f;
+    cls.pipeline = &ditd_pipeline_dit;
     gm_cls = (ditd_genreq_model){&cls, NULL, 0, DITD_SAMPLER_DDIM};
 
     strcpy(txt.name, "dev");
@@ -61,7 +62,16 @@ static void models(void)
     txt.default_max_sequence_length = 512;
     txt.default_steps = 28;
     txt.default_guidance = 3.5f;
+    txt.pipeline = &ditd_pipeline_flux;
     gm_txt = (ditd_genreq_model){&txt, aliases, 2, DITD_SAMPLER_FLOW_EULER};
+
+    sd3 = txt; /* StableDiffusion3Pipeline's row: three prompts, skip-layer guidance */
+    strcpy(sd3.name, "sd3");
+    sd3.pipeline = &ditd_pipeline_sd3;
+    sd3.default_max_sequence_length = 256;
+    sd3.default_steps = 28;
+    sd3.default_guidance = 7.0f;
+    gm_sd3 = (ditd_genreq_model){&sd3, NULL, 0, DITD_SAMPLER_FLOW_EULER};
 }
 
 /* body refused by the model: status, param ("" for none) and a word of the message */
@@ -213,6 +223,45 @@ static void test_accepted(void)
     b = "{\"class_label\":\"coat\",\"prompt\":\"dress\"}";
     CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 && rq.class_id == 4,
           "class_label wins over the prompt");
+    ditd_genreq_free(&rq);
+    /* what each pipeline row takes: SD3 three prompts and skip-layer
+     * guidance, no true_cfg_scale; FLUX prompt_2 only; DiT none */
+    b = "{\"prompt\":\"a\",\"prompt_2\":\"b\",\"prompt_3\":\"c\",\"negative_prompt\":\"n\","
+        "\"negative_prompt_3\":\"n3\",\"skip_guidance_layers\":[7,8,9],"
+        "\"skip_layer_guidance_scale\":2.5,\"skip_layer_guidance_stop\":0.5}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_sd3, &rq, &e) == 0, "SD3's fields: %s", e.message);
+    CHECK(rq.prompt_23[0] && !strcmp(rq.prompt_23[0], "b") && rq.prompt_23[1] &&
+              !strcmp(rq.prompt_23[1], "c") && !rq.negative_23[0] && rq.negative_23[1] &&
+              !strcmp(rq.negative_23[1], "n3") && rq.n_skip_layers == 3 && rq.skip_layers[0] == 7 &&
+              rq.skip_layers[2] == 9 && rq.slg_scale == 2.5f && rq.slg_start == 0.01f &&
+              rq.slg_stop == 0.5f && rq.max_sequence_length == 256 && rq.guidance == 7.0f,
+          "SD3: prompts, skip layers 7..9, scale 2.5, start 0.01 (default), stop 0.5, L 256, g 7");
+    ditd_genreq_free(&rq);
+    CHECK(!rq.prompt_23[0] && !rq.prompt_23[1] && !rq.negative_23[1], "free clears them all");
+    static const struct {
+        const ditd_genreq_model *gm;
+        const char *body, *param;
+    } not_taken[] = {
+        {&gm_sd3, "{\"prompt\":\"a\",\"true_cfg_scale\":4}", "true_cfg_scale"},
+        {&gm_txt, "{\"prompt\":\"a\",\"prompt_3\":\"c\"}", "prompt_3"},
+        {&gm_txt, "{\"prompt\":\"a\",\"skip_guidance_layers\":[1]}", "skip_guidance_layers"},
+        {&gm_sd3, "{\"prompt\":\"a\",\"skip_guidance_layers\":[-1]}", "skip_guidance_layers"},
+        {&gm_sd3, "{\"prompt\":\"a\",\"skip_guidance_layers\":\"7\"}", "skip_guidance_layers"},
+        {&gm_sd3, "{\"prompt\":\"a\",\"skip_layer_guidance_start\":2}", "skip_layer_guidance_start"},
+        {&gm_cls, "{\"prompt\":\"dress\",\"prompt_2\":\"b\"}", "prompt_2"},
+    };
+    for (size_t i = 0; i < sizeof not_taken / sizeof not_taken[0]; i++) {
+        b = not_taken[i].body;
+        int rc = ditd_genreq_parse(b, strlen(b), not_taken[i].gm, &rq, &e);
+        CHECK(rc == DITD_EINVAL && e.status == 400 && !strcmp(e.param, not_taken[i].param),
+              "%s refused naming %s: %d %s (%s)", b, not_taken[i].param, rc, e.param, e.message);
+        if (!rc)
+            ditd_genreq_free(&rq);
+    }
+    b = "{\"prompt\":\"a\",\"prompt_2\":\"t5\",\"true_cfg_scale\":2}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_txt, &rq, &e) == 0 && rq.prompt_23[0] &&
+              !strcmp(rq.prompt_23[0], "t5") && rq.true_cfg == 2.0f && rq.n_skip_layers == 0,
+          "FLUX: prompt_2 and true_cfg_scale (%s)", e.message);
     ditd_genreq_free(&rq);
     CHECK(ditd_genreq_model_named(&gm_txt, "flux") && ditd_genreq_model_named(&gm_txt, "dev") &&
               !ditd_genreq_model_named(&gm_txt, "Flux") && !ditd_genreq_model_named(&gm_cls, "flux"),

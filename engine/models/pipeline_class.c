@@ -1,0 +1,177 @@
+/* The pipeline table: one row per Diffusers pipeline class, and its rules. */
+#include "engine/models/pipeline_class.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+
+/* DiTPipeline: a class id, guidance_scale 4 over the null class, the
+ * scheduler's own steps, latents / scaling_factor. */
+const ditd_pipeline_class ditd_pipeline_dit = {
+    .name = "DiTPipeline",
+    .transformers = {"DiTTransformer2DModel", NULL},
+    .cond = DITD_COND_CLASS,
+    .guidance = DITD_GUIDANCE_CFG,
+    .unscale = DITD_LATENT_RULE_DIT,
+    .default_steps = 25,
+    .default_guidance = 4.0f,
+};
+
+/* FluxPipeline.encode_prompt: CLIP's pooler_output at 77 tokens (prompt),
+ * T5's last_hidden_state at max_sequence_length (prompt_2, else prompt);
+ * dev's guidance embedded, true CFG with a negative prompt; the
+ * scheduler gets linspace(1, 1/steps). */
+const ditd_pipeline_class ditd_pipeline_flux = {
+    .name = "FluxPipeline",
+    .transformers = {"FluxTransformer2DModel", NULL},
+    .cond = DITD_COND_TEXT,
+    .n_parts = 2,
+    .parts = {
+        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_CLIP,
+         .tokens = 77, .prompt = 0, .seq = DITD_PROMPT_SEQ_NONE, .seq_group = -1,
+         .pooled = DITD_PROMPT_POOLED_POOLER},
+        {.tokenizer = "tokenizer_2", .encoder = "text_encoder_2", .kind = DITD_PROMPT_ENC_T5,
+         .tokens = 0, .prompt = 1, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 0,
+         .pooled = DITD_PROMPT_POOLED_NONE},
+    },
+    .guidance = DITD_GUIDANCE_TRUE_CFG,
+    .pipeline_sigmas = 1,
+    .unscale = DITD_LATENT_RULE_SHIFTED,
+    .default_steps = 28,
+    .default_guidance = 3.5f,
+    .default_max_sequence_length = 512,
+    .max_sequence_length = 512,
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_TRUE_CFG | DITD_REQ_MAX_SEQUENCE,
+};
+
+/* StableDiffusion3Pipeline.encode_prompt: both CLIPs' hidden_states[-2] at
+ * 77 tokens joined on channels and zero-padded to joint_attention_dim,
+ * then T5's last_hidden_state at max_sequence_length (zeros without
+ * text_encoder_3); the pooled vector is both CLIPs' projected text_embeds.
+ * guidance_scale 7 over the negative prompt ("" when none), skip-layer
+ * guidance, the scheduler's own steps (shift, mu from the image tokens). */
+const ditd_pipeline_class ditd_pipeline_sd3 = {
+    .name = "StableDiffusion3Pipeline",
+    .transformers = {"SD3Transformer2DModel", NULL},
+    .cond = DITD_COND_TEXT,
+    .n_parts = 3,
+    .parts = {
+        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_CLIP,
+         .tokens = 77, .prompt = 0, .seq = DITD_PROMPT_SEQ_PENULTIMATE, .seq_group = 0,
+         .pooled = DITD_PROMPT_POOLED_PROJECTED},
+        {.tokenizer = "tokenizer_2", .encoder = "text_encoder_2", .kind = DITD_PROMPT_ENC_CLIP,
+         .tokens = 77, .prompt = 1, .seq = DITD_PROMPT_SEQ_PENULTIMATE, .seq_group = 0,
+         .pooled = DITD_PROMPT_POOLED_PROJECTED},
+        {.tokenizer = "tokenizer_3", .encoder = "text_encoder_3", .kind = DITD_PROMPT_ENC_T5,
+         .tokens = 0, .prompt = 2, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 1,
+         .pooled = DITD_PROMPT_POOLED_NONE, .optional = 1},
+    },
+    .guidance = DITD_GUIDANCE_CFG,
+    .unscale = DITD_LATENT_RULE_SHIFTED,
+    .default_steps = 28,
+    .default_guidance = 7.0f,
+    .default_max_sequence_length = 256,
+    .max_sequence_length = 512,
+    .slg_scale = 2.8f,
+    .slg_start = 0.01f,
+    .slg_stop = 0.2f,
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_SKIP_LAYERS,
+};
+
+static const char *const rule_names[DITD_LATENT_RULE_COUNT] = {"dit", "shifted"};
+static const char *const guidance_names[DITD_GUIDANCE_KIND_COUNT] = {"cfg", "true_cfg"};
+
+const char *ditd_latent_rule_name(ditd_latent_rule r)
+{
+    return (unsigned)r < DITD_LATENT_RULE_COUNT ? rule_names[r] : "?";
+}
+
+int ditd_latent_rule_from_str(const char *s, ditd_latent_rule *out)
+{
+    for (int i = 0; i < DITD_LATENT_RULE_COUNT; i++)
+        if (s && !strcmp(s, rule_names[i])) {
+            *out = (ditd_latent_rule)i;
+            return 0;
+        }
+    return ditd_err_set(DITD_EINVAL, "unknown latent rule \"%s\" (dit, shifted)", s ? s : "(null)");
+}
+
+const char *ditd_guidance_kind_name(ditd_guidance_kind k)
+{
+    return (unsigned)k < DITD_GUIDANCE_KIND_COUNT ? guidance_names[k] : "?";
+}
+
+int ditd_guidance_kind_from_str(const char *s, ditd_guidance_kind *out)
+{
+    for (int i = 0; i < DITD_GUIDANCE_KIND_COUNT; i++)
+        if (s && !strcmp(s, guidance_names[i])) {
+            *out = (ditd_guidance_kind)i;
+            return 0;
+        }
+    return ditd_err_set(DITD_EINVAL, "unknown guidance kind \"%s\" (cfg, true_cfg)",
+                        s ? s : "(null)");
+}
+
+int ditd_pipeline_class_check(const ditd_pipeline_class *pc, const char *tcls, ditd_cond_kind kind)
+{
+    char list[256];
+    size_t len = 0;
+    int ok = pc->transformers[0] == NULL;
+    list[0] = '\0';
+    for (int i = 0; i < 4 && pc->transformers[i]; i++) {
+        ok = ok || strcmp(pc->transformers[i], tcls) == 0;
+        int n = snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", pc->transformers[i]);
+        if (n > 0 && len + (size_t)n < sizeof list)
+            len += (size_t)n;
+    }
+    if (!ok)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s drives %s, not a %s", pc->name, list, tcls);
+    if (kind != pc->cond)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s takes %s conditioning; the %s is %s-conditioned",
+                            pc->name, ditd_cond_kind_name(pc->cond), tcls, ditd_cond_kind_name(kind));
+    return 0;
+}
+
+int ditd_pipeline_class_text_len(const ditd_pipeline_class *pc, int L)
+{
+    int total = 0;
+    for (int g = 0; g < DITD_PROMPT_MAX_PARTS; g++) {
+        for (int i = 0; i < pc->n_parts; i++) {
+            const ditd_prompt_part *pp = &pc->parts[i];
+            if (pp->seq != DITD_PROMPT_SEQ_NONE && pp->seq_group == g) {
+                total += pp->tokens > 0 ? pp->tokens : L;
+                break; /* one length a group */
+            }
+        }
+    }
+    return total;
+}
+
+int ditd_pipeline_class_prompts(const ditd_pipeline_class *pc)
+{
+    int n = 0;
+    for (int i = 0; i < pc->n_parts; i++)
+        if (pc->parts[i].prompt + 1 > n)
+            n = pc->parts[i].prompt + 1;
+    return n;
+}
+
+float ditd_pipeline_class_cfg_scale(const ditd_pipeline_class *pc, float guidance, float true_cfg,
+                                    int has_negative, int embeds)
+{
+    switch (pc->guidance) {
+    case DITD_GUIDANCE_TRUE_CFG:
+        return true_cfg > 1.0f && has_negative ? true_cfg : 0.0f;
+    case DITD_GUIDANCE_CFG:
+    default:
+        return guidance > 1.0f && !embeds ? guidance : 0.0f;
+    }
+}
+
+int ditd_pipeline_class_needs_negative(const ditd_pipeline_class *pc, float guidance,
+                                       float true_cfg, int has_negative, int embeds)
+{
+    return pc->cond == DITD_COND_TEXT &&
+           ditd_pipeline_class_cfg_scale(pc, guidance, true_cfg, has_negative, embeds) > 0.0f;
+}

@@ -1,0 +1,169 @@
+/* The pipeline table: what each Diffusers pipeline class means, as data.
+ *
+ * A model folder's model_index.json names its pipeline class
+ * ("_class_name": "FluxPipeline"); that name finds one `static const
+ * ditd_pipeline_class` row here (through the registry,
+ * engine/models/registry.h, component DITD_COMPONENT_PIPELINE), and from
+ * then on nothing in ditd names a pipeline: the model folder, the sampling
+ * loop, the prompt encoder, the latent decode, the worker, the batcher and
+ * the command line ask the row. A row says
+ *
+ *   - which transformer classes it drives and which conditioning they take;
+ *   - the prompt recipe: which tokenizers and text encoders, which of their
+ *     outputs (last or penultimate hidden states, pooled or projected
+ *     vector), how many tokens each, and how the outputs are joined into the
+ *     one sequence and the one pooled vector the transformer reads;
+ *   - the guidance kind: classifier-free guidance on guidance_scale (the
+ *     null class or the negative prompt; "" when none is given), or FLUX's
+ *     rule (guidance_scale is the model's input, true_cfg_scale > 1 with a
+ *     negative prompt runs the unconditional pass); skip-layer guidance;
+ *   - the scheduler rules: whether the pipeline hands the scheduler its own
+ *     sigmas (FluxPipeline's linspace(1, 1/steps));
+ *   - the latent unscale rule before the VAE;
+ *   - defaults (steps, guidance, max_sequence_length) and what a request may
+ *     carry (DITD_REQ_* bits: the HTTP layer refuses the rest by name).
+ *
+ * Built in: DiTPipeline, FluxPipeline, StableDiffusion3Pipeline. A test or
+ * an embedding program adds its own with ditd_registry_add(
+ * DITD_COMPONENT_PIPELINE, name, &row) before any model loads, and
+ * ditd_registry_find_pipeline() finds a row by name.
+ *
+ * What it is not: no code runs here; the loop that follows a row is
+ * engine/pipeline (pipeline.c, prompt_encoder.c, latent_image.c).
+ */
+#ifndef DITD_ENGINE_PIPELINE_CLASS_H
+#define DITD_ENGINE_PIPELINE_CLASS_H
+
+#include "engine/models/conditioning.h"
+
+/* How a pipeline turns its final latents into the VAE's input. */
+typedef enum ditd_latent_rule {
+    DITD_LATENT_RULE_DIT = 0,  /* latents / scaling_factor (DiTPipeline) */
+    DITD_LATENT_RULE_SHIFTED,  /* latents / scaling_factor + shift_factor (FLUX, SD3) */
+} ditd_latent_rule;
+#define DITD_LATENT_RULE_COUNT 2
+
+const char *ditd_latent_rule_name(ditd_latent_rule r);
+int ditd_latent_rule_from_str(const char *s, ditd_latent_rule *out);
+
+/* When the unconditional pass runs, and with which scale. */
+typedef enum ditd_guidance_kind {
+    /* "cfg": guidance_scale > 1 runs it (DiTPipeline: the null class;
+     * StableDiffusion3Pipeline: the negative prompt, "" when none), unless
+     * the model embeds the guidance; eps = u + g (c - u) */
+    DITD_GUIDANCE_CFG = 0,
+    /* "true_cfg" (FluxPipeline): guidance_scale goes to a model that embeds
+     * it and nowhere else; true_cfg_scale > 1 with a negative prompt given
+     * ("" counts) runs the pass, eps = u + true_cfg (c - u) */
+    DITD_GUIDANCE_TRUE_CFG,
+} ditd_guidance_kind;
+#define DITD_GUIDANCE_KIND_COUNT 2
+
+const char *ditd_guidance_kind_name(ditd_guidance_kind k);
+int ditd_guidance_kind_from_str(const char *s, ditd_guidance_kind *out);
+
+/* A text encoder's kind, as its tokenizer and config say. */
+typedef enum ditd_prompt_encoder_kind {
+    DITD_PROMPT_ENC_CLIP = 0, /* "clip": CLIPTextModel / CLIPTextModelWithProjection */
+    DITD_PROMPT_ENC_T5,       /* "t5": T5EncoderModel */
+} ditd_prompt_encoder_kind;
+
+/* Which hidden states of an encoder join the sequence. */
+typedef enum ditd_prompt_seq {
+    DITD_PROMPT_SEQ_NONE = 0,    /* none (FLUX's CLIP gives only its pooled vector) */
+    DITD_PROMPT_SEQ_LAST,        /* last_hidden_state */
+    DITD_PROMPT_SEQ_PENULTIMATE, /* hidden_states[-2], before the final norm (SD3's CLIPs) */
+} ditd_prompt_seq;
+
+/* Which vector of an encoder joins the pooled vector. */
+typedef enum ditd_prompt_pooled {
+    DITD_PROMPT_POOLED_NONE = 0,
+    DITD_PROMPT_POOLED_POOLER,    /* pooler_output (CLIPTextModel's output[1]) */
+    DITD_PROMPT_POOLED_PROJECTED, /* text_embeds (CLIPTextModelWithProjection's output[0]) */
+} ditd_prompt_pooled;
+
+/* One tokenizer + text encoder of a recipe. */
+typedef struct ditd_prompt_part {
+    const char *tokenizer;           /* component folder: "tokenizer", "tokenizer_2", ... */
+    const char *encoder;             /* "text_encoder", ... */
+    ditd_prompt_encoder_kind kind;
+    int tokens;                      /* a fixed length (CLIP: 77; a pooled-only part takes the
+                                      * tokenizer's shorter model_max_length), 0: the request's
+                                      * max_sequence_length */
+    int prompt;                      /* which prompt it reads: 0 prompt, 1 prompt_2, 2 prompt_3
+                                      * (an empty or absent one falls back to prompt) */
+    ditd_prompt_seq seq;
+    int seq_group;                   /* the sequence is the groups one after the other (group
+                                      * 0 first); the parts of one group are joined on channels
+                                      * in part order, then zero-padded to the transformer's
+                                      * text width. All parts of a group have one length. */
+    ditd_prompt_pooled pooled;       /* joined on channels in part order */
+    int optional;                    /* model_index.json may name it null: its sequence is
+                                      * zeros (SD3 without T5) */
+} ditd_prompt_part;
+
+#define DITD_PROMPT_MAX_PARTS 4
+
+/* What a request may carry besides prompt/class, size, n, seed, steps,
+ * guidance_scale, sampler (the HTTP layer refuses the rest by name). */
+enum {
+    DITD_REQ_NEGATIVE_PROMPT = 1u << 0, /* negative_prompt */
+    DITD_REQ_TRUE_CFG = 1u << 1,        /* true_cfg_scale */
+    DITD_REQ_MAX_SEQUENCE = 1u << 2,    /* max_sequence_length */
+    DITD_REQ_SKIP_LAYERS = 1u << 3,     /* skip_guidance_layers and their scale, start, stop */
+};
+/* prompt_2 / prompt_3 (and their negative_prompt_2 / _3) are what the
+ * recipe's parts read: ditd_pipeline_class_prompts(). */
+
+typedef struct ditd_pipeline_class {
+    const char *name;                    /* model_index.json's _class_name */
+    const char *transformers[4];         /* the transformer classes it drives, NULL-ended;
+                                          * [0] NULL: any */
+    ditd_cond_kind cond;                 /* what the transformer is conditioned on */
+    int n_parts;                         /* text: the prompt recipe */
+    ditd_prompt_part parts[DITD_PROMPT_MAX_PARTS];
+    ditd_guidance_kind guidance;
+    int pipeline_sigmas;                 /* 1: the scheduler gets linspace(1, 1/steps) */
+    ditd_latent_rule unscale;
+    int default_steps;
+    float default_guidance;
+    int default_max_sequence_length;     /* text: max_sequence_length when a request gives none */
+    int max_sequence_length;             /* text: the most it may ask for */
+    /* skip-layer guidance defaults (StableDiffusion3Pipeline's __call__) */
+    float slg_scale, slg_start, slg_stop;
+    unsigned request;                    /* DITD_REQ_* */
+} ditd_pipeline_class;
+
+/* Whether row pc drives transformer class `tcls` with conditioning `kind`:
+ * 0, or DITD_EUNSUPPORTED naming both and what the row takes. */
+int ditd_pipeline_class_check(const ditd_pipeline_class *pc, const char *tcls,
+                              ditd_cond_kind kind);
+
+/* The transformer's text length for a request's max_sequence_length L: the
+ * sum over the recipe's sequence groups of their token counts (FLUX: L;
+ * SD3: 77 + L). 0 for a class pipeline. */
+int ditd_pipeline_class_text_len(const ditd_pipeline_class *pc, int L);
+
+/* How many prompts a request may give: 1 + the highest `prompt` a part
+ * reads (FLUX 2: prompt, prompt_2; SD3 3); 0 for a class pipeline. */
+int ditd_pipeline_class_prompts(const ditd_pipeline_class *pc);
+
+/* The guidance scale of one sample's unconditional pass, 0 for none.
+ * guidance: its guidance_scale; true_cfg: its true_cfg_scale; has_negative:
+ * a negative prompt was given (text; "" counts); embeds: the model takes
+ * guidance as an input. The one rule the batcher, the worker, the loop and
+ * the command line share. */
+float ditd_pipeline_class_cfg_scale(const ditd_pipeline_class *pc, float guidance, float true_cfg,
+                                    int has_negative, int embeds);
+
+/* Whether a sample's negative prompt must be encoded: its pass runs
+ * (ditd_pipeline_class_cfg_scale > 0) on a text pipeline. */
+int ditd_pipeline_class_needs_negative(const ditd_pipeline_class *pc, float guidance,
+                                       float true_cfg, int has_negative, int embeds);
+
+/* The built-in rows (for tests and documentation). */
+extern const ditd_pipeline_class ditd_pipeline_dit;
+extern const ditd_pipeline_class ditd_pipeline_flux;
+extern const ditd_pipeline_class ditd_pipeline_sd3;
+
+#endif
