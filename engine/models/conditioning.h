@@ -61,6 +61,13 @@ typedef struct ditd_cond {
     uint8_t *mask;       /* (B, L) text */
     float *pooled;       /* (B, Dp) text, when Dp > 0 */
     float *guidance;     /* (B) guidance_scale per row, for families that embed it */
+    /* Skip-layer guidance (SD3: StableDiffusion3Pipeline's skip_guidance_layers
+     * call the transformer with skip_layers=[...]): the block indices this
+     * forward call skips, for every row of it. Borrowed, set by the caller
+     * around the one forward it applies to; NULL / 0 = none (what
+     * ditd_cond_init leaves). Families without such layers ignore it. */
+    const int *skip_layers;
+    int n_skip_layers;
 } ditd_cond;
 
 /* Plans host buffers for max_rows rows of `shape`. Owned: ditd_cond_free. */
