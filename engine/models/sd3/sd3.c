@@ -37,15 +37,13 @@ static int carve_weights(ditd_sd3 *m)
     const ditd_sd3_config *c = &m->cfg;
     size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
     size_t A = (size_t)m->A, F = (size_t)m->fc; /* this tp rank's */
-    size_t p = (size_t)c->patch_size, M = (size_t)c->pos_embed_max_size;
+    size_t p = (size_t)c->patch_size;
     ditd_dtype wt = m->ops->weight_dtype;
     ditd_arena *a = &m->weights;
     int err = 0, qk = c->qk_norm == DITD_SD3_QK_RMS;
 
     err |= carve(a, &m->patch_w, wt, D * (size_t)c->in_channels * p * p);
     err |= carve(a, &m->patch_b, wt, D);
-    /* the table is added to activations: the activation dtype */
-    err |= carve(a, &m->pos_full, m->ops->act_dtype, M * M * D);
     err |= carve_lin(a, &m->ctx_emb, wt, D, (size_t)c->joint_attention_dim);
     err |= carve_lin(a, &m->t1, wt, D, TFREQ);
     err |= carve_lin(a, &m->t2, wt, D, D);
@@ -118,13 +116,38 @@ static int carve_acts(ditd_sd3 *m)
 }
 
 /* pos (N, D) := the positional table's (gh, gw) window, centred as
- * PatchEmbed.cropped_pos_embed: top = (M - gh) / 2, left = (M - gw) / 2. */
-static void crop_pos(ditd_sd3 *m)
+ * PatchEmbed.cropped_pos_embed: top = (M - gh) / 2, left = (M - gw) / 2;
+ * window token (r, c) is table token (top + r) M + left + c. From the
+ * checkpoint: one slice of gw tokens per window row. Computed: Diffusers'
+ * first D/2 channels encode the column, the last D/2 the row, each a
+ * function of its own coordinate on the M grid alone. */
+static int crop_pos(ditd_sd3 *m)
 {
     size_t M = (size_t)m->cfg.pos_embed_max_size, D = (size_t)m->cfg.inner_dim;
-    size_t top = (M - (size_t)m->gh) / 2, left = (M - (size_t)m->gw) / 2;
-    m->ops->copy2d(m->pos, (size_t)m->gw * D, ditd_ptr_act(m->ops, m->pos_full, (top * M + left) * D),
-                   M * D, (size_t)m->gh, (size_t)m->gw * D);
+    size_t gh = (size_t)m->gh, gw = (size_t)m->gw, half = D / 2;
+    size_t top = (M - gh) / 2, left = (M - gw) / 2;
+    int64_t shape[3] = {1, (int64_t)(M * M), (int64_t)D};
+    float *win = malloc(gh * gw * D * sizeof(float));
+    int err = 0;
+    if (!win)
+        return ditd_err_set(DITD_ENOMEM, "SD3 positional window %zux%zu", gw, gh);
+    for (size_t r = 0; r < gh && !err; r++) {
+        float *dst = win + r * gw * D;
+        if (m->pos_st) {
+            err = ditd_safetensors_read_f32_slice(m->pos_st, "pos_embed.pos_embed", 3, shape, 1,
+                                                  (int64_t)((top + r) * M + left), (int64_t)gw,
+                                                  dst);
+            continue;
+        }
+        for (size_t c = 0; c < gw; c++) {
+            memcpy(dst + c * D, m->pos_cols + (left + c) * D, half * sizeof(float));
+            memcpy(dst + c * D + half, m->pos_rows + (top + r) * D + half, half * sizeof(float));
+        }
+    }
+    if (!err)
+        m->ops->upload(m->pos, win, gh * gw * D);
+    free(win);
+    return err;
 }
 
 /* The parallel plan and the activations for the current (h, w, L): the
@@ -180,9 +203,8 @@ static int plan_acts(ditd_sd3 *m)
         }
     }
     if ((err = carve_acts(m)) || (err = ditd_arena_commit(&m->acts, m->acts.peak_plan)) ||
-        (err = carve_acts(m)))
+        (err = carve_acts(m)) || (err = crop_pos(m)))
         goto fail;
-    crop_pos(m);
     return 0;
 fail:
     /* no half plan: the forward refuses until a set_size succeeds */
@@ -267,6 +289,10 @@ void ditd_sd3_free(ditd_sd3 *m)
     ditd_arena_free(&m->acts);
     ditd_cp_attention_free(m->cpa);
     ditd_cp_attention_free(m->cpa2);
+    if (m->pos_st)
+        ditd_safetensors_free(m->pos_st);
+    free(m->pos_cols);
+    free(m->pos_rows);
     free(m->blk);
     free(m->cnt_a);
     free(m->h_freq);
@@ -424,28 +450,32 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
         }                                                                                  \
     } while (0)
 
-/* The positional table: the checkpoint's persistent buffer
- * pos_embed.pos_embed (1, M*M, D) when it has one, else what PatchEmbed
+/* The positional table's source: the checkpoint's persistent buffer
+ * pos_embed.pos_embed (1, M*M, D) when it has one (its shape checked here,
+ * the checkpoint kept open for set_size's windows), else what PatchEmbed
  * computes (get_2d_sincos_pos_embed over the M x M grid, base_size =
- * sample_size / patch_size, interpolation_scale 1). */
-static int load_pos(ditd_sd3 *m, loader *ld)
+ * sample_size / patch_size, interpolation_scale 1): the column halves of
+ * one table row and the row halves of one table column, which give every
+ * token's. *st is taken (NULL after) when kept. */
+static int pos_source(ditd_sd3 *m, ditd_safetensors **st)
 {
     const ditd_sd3_config *c = &m->cfg;
-    int64_t M = c->pos_embed_max_size, D = c->inner_dim;
-    int64_t shape[3] = {1, M * M, D};
-    size_t n = (size_t)(M * M * D);
-    int err;
-    snprintf(ld->name, sizeof ld->name, "pos_embed.pos_embed");
-    if ((err = grow(ld, n)))
-        return err;
-    if (ditd_safetensors_find(ld->st, ld->name)) {
-        if ((err = ditd_safetensors_read_f32(ld->st, ld->name, 3, shape, ld->stage)))
-            return err;
-    } else {
-        ditd_cpu_pos_embed_2d(ld->stage, (int)D, (int)M, (int)M, c->sample_size / c->patch_size,
-                              1.0f);
+    int M = c->pos_embed_max_size, D = c->inner_dim, base = c->sample_size / c->patch_size;
+    const ditd_st_tensor *t = ditd_safetensors_find(*st, "pos_embed.pos_embed");
+    if (t) {
+        if (t->ndim != 3 || t->shape[0] != 1 || t->shape[1] != (int64_t)M * M || t->shape[2] != D)
+            return ditd_err_set(DITD_EFORMAT,
+                                "tensor 'pos_embed.pos_embed' is not (1, %d, %d): pos_embed_max_size %d, inner dim %d",
+                                M * M, D, M, D);
+        m->pos_st = *st;
+        *st = NULL;
+        return 0;
     }
-    m->ops->upload(m->pos_full, ld->stage, n);
+    if (!(m->pos_cols = malloc((size_t)M * (size_t)D * sizeof(float))) ||
+        !(m->pos_rows = malloc((size_t)M * (size_t)D * sizeof(float))))
+        return ditd_err_set(DITD_ENOMEM, "SD3 positional table halves");
+    ditd_cpu_pos_embed_2d(m->pos_cols, D, 1, M, base, 1.0f); /* token c: column c's half first */
+    ditd_cpu_pos_embed_2d(m->pos_rows, D, M, 1, base, 1.0f); /* token r: row r's half second */
     return 0;
 }
 
@@ -468,8 +498,6 @@ static int load_weights(ditd_sd3 *m, const ditd_safetensors *st)
             goto done;
         GET(m->patch_b, D, 0, "pos_embed.proj.bias");
     }
-    if ((err = load_pos(m, &ld)))
-        goto done;
     LIN(m->ctx_emb, D, c->joint_attention_dim, "context_embedder");
     LIN(m->t1, D, TFREQ, "time_text_embed.timestep_embedder.linear_1");
     LIN(m->t2, D, D, "time_text_embed.timestep_embedder.linear_2");
@@ -598,12 +626,14 @@ int ditd_sd3_new_mesh(const ditd_sd3_config *cfg, const ditd_backend_ops *ops, i
         m->blk[l].dual = cfg->dual[l];
     }
     set_sizes(m, height, width, text_len);
-    /* the weights (the positional table among them) before the activations:
-     * plan_acts crops the loaded table */
+    /* the weights and the positional table's source before the
+     * activations: plan_acts crops the table */
     if ((err = plan(m, mesh)) || (err = ditd_safetensors_open(weights_path, &st)) ||
-        (err = load_weights(m, st)) || (err = pack_linears(m)) || (err = plan_acts(m)))
+        (err = load_weights(m, st)) || (err = pack_linears(m)) || (err = pos_source(m, &st)) ||
+        (err = plan_acts(m)))
         goto fail;
-    ditd_safetensors_free(st);
+    if (st)
+        ditd_safetensors_free(st);
     *out = m;
     return 0;
 fail:

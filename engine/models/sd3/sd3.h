@@ -22,7 +22,8 @@
  * Parameter names and numerics follow Diffusers, so a checkpoint Diffusers
  * loads gives the same tensors here. The positional table is the
  * checkpoint's pos_embed.pos_embed (a persistent buffer) when it has one,
- * else computed as PatchEmbed computes it (base_size = sample_size / p).
+ * else computed as PatchEmbed computes it (base_size = sample_size / p);
+ * only the window of the current size is kept on the device.
  *
  * Timesteps: t is the scheduler's (sigma * 1000), which is what
  * StableDiffusion3Pipeline passes the model. Skip-layer guidance: a forward
@@ -100,7 +101,13 @@ typedef struct ditd_sd3 {
     ditd_arena weights, acts;
 
     void *patch_w, *patch_b; /* pos_embed.proj (D, C, p, p), (D) */
-    void *pos_full;          /* (M*M, D) the positional table, activation dtype */
+    /* the positional table (M*M, D), not kept whole (SD3.5-medium's is
+     * 384^2 x 1536): set_size reads its window from the checkpoint's
+     * pos_embed.pos_embed (pos_st, kept open: a mapping, no copy), or, for
+     * a checkpoint without one, assembles it from the table's column and
+     * row halves (pos_cols, pos_rows: (M, D) host, computed at load) */
+    struct ditd_safetensors *pos_st;
+    float *pos_cols, *pos_rows;
     ditd_sd3_lin ctx_emb;   /* context_embedder (D, Dt) */
     ditd_sd3_lin t1, t2;    /* time_text_embed.timestep_embedder linear_1 (D, 256), linear_2 */
     ditd_sd3_lin p1, p2;    /* .text_embedder linear_1 (D, Dp), linear_2 (D, D) */

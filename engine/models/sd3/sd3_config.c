@@ -2,6 +2,7 @@
 #include "engine/models/sd3/sd3_config.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engine/core/error.h"
@@ -13,6 +14,21 @@ const char *ditd_sd3_qk_norm_name(ditd_sd3_qk_norm q)
     return q == DITD_SD3_QK_RMS ? "rms_norm" : "none";
 }
 
+int ditd_sd3_qk_norm_from_str(const char *s, ditd_sd3_qk_norm *out)
+{
+    if (s && strcmp(s, "none") == 0) {
+        *out = DITD_SD3_QK_NONE;
+        return 0;
+    }
+    if (s && strcmp(s, "rms_norm") == 0) {
+        *out = DITD_SD3_QK_RMS;
+        return 0;
+    }
+    return ditd_err_set(DITD_EUNSUPPORTED,
+                        "qk_norm = \"%s\" is not supported (null or \"rms_norm\", as SD3 and SD3.5 use)",
+                        s ? s : "(null)");
+}
+
 static int get_qk_norm(json_t *root, const char *path, ditd_sd3_qk_norm *out)
 {
     json_t *v = json_object_get(root, "qk_norm");
@@ -21,13 +37,16 @@ static int get_qk_norm(json_t *root, const char *path, ditd_sd3_qk_norm *out)
         return 0;
     if (!json_is_string(v))
         return ditd_err_set(DITD_EFORMAT, "%s: qk_norm must be null or a string", path);
-    if (strcmp(json_string_value(v), "rms_norm") == 0) {
-        *out = DITD_SD3_QK_RMS;
-        return 0;
+    /* "none" is this struct's name for null, not a value Diffusers takes */
+    if (strcmp(json_string_value(v), "none") == 0 ||
+        ditd_sd3_qk_norm_from_str(json_string_value(v), out)) {
+        char d[400];
+        snprintf(d, sizeof d, "%s", json_string_value(v));
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: qk_norm = \"%s\" is not supported (null or \"rms_norm\", as SD3 and SD3.5 use)",
+                            path, d);
     }
-    return ditd_err_set(DITD_EUNSUPPORTED,
-                        "%s: qk_norm = \"%s\" is not supported (null or \"rms_norm\", as SD3 and SD3.5 use)",
-                        path, json_string_value(v));
+    return 0;
 }
 
 /* out_channels: absent = 16 (the __init__ default), null = in_channels. */

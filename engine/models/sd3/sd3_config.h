@@ -62,7 +62,9 @@ int ditd_sd3_config_parse(const char *text, size_t len, const char *name, ditd_s
 /* Fills the derived fields and checks the numbers; `what` names the config. */
 int ditd_sd3_config_finish(ditd_sd3_config *c, const char *what);
 
-/* "none" or "rms_norm". */
+/* "none" or "rms_norm" (the config's null is "none"). */
 const char *ditd_sd3_qk_norm_name(ditd_sd3_qk_norm q);
+/* 0, or DITD_EUNSUPPORTED naming s and the accepted names. */
+int ditd_sd3_qk_norm_from_str(const char *s, ditd_sd3_qk_norm *out);
 
 #endif
