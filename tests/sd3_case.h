@@ -1,7 +1,7 @@
 /* One SD3 forward case of the committed fixtures (tests/fixtures/sd3/<model>/,
  * made by tools/make_sd3_fixtures.py): the inputs as the denoiser interface
- * takes them, the blocks skip-layer guidance skips, and Diffusers' float64
- * output. Shared by the golden and mpi tests. */
+ * takes them, the blocks skip-layer guidance skips, Diffusers' float64
+ * output and how far Diffusers' own bf16 run is from it. Shared by the golden and mpi tests. */
 #ifndef DITD_TESTS_SD3_CASE_H
 #define DITD_TESTS_SD3_CASE_H
 
@@ -21,6 +21,7 @@ typedef struct sd3_case {
     int skip[SD3_MAX_SKIP], n_skip;
     float *x, *t, *text, *pooled, *out;
     size_t n_out;
+    double bf16_rel, bf16_rel_l2; /* Diffusers in bf16 against its float64 out */
 } sd3_case;
 
 static float *sd3_npy(const char *dir, json_t *c, const char *key, size_t *n)
@@ -62,6 +63,8 @@ static int sd3_case_load(const char *dir, json_t *c, sd3_case *fc)
     fc->h = (int)json_integer_value(json_object_get(c, "height"));
     fc->w = (int)json_integer_value(json_object_get(c, "width"));
     fc->L = (int)json_integer_value(json_object_get(c, "text_len"));
+    fc->bf16_rel = json_number_value(json_object_get(c, "bf16_rel"));
+    fc->bf16_rel_l2 = json_number_value(json_object_get(c, "bf16_rel_l2"));
     fc->n_skip = 0;
     json_array_foreach(sk, i, e) {
         if (fc->n_skip < SD3_MAX_SKIP)

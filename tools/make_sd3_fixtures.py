@@ -22,6 +22,13 @@ cases of a non-square latent (an odd token count, the positional table cropped
 off-centre), an odd text length, batch 2, and skip-layer guidance
 (StableDiffusion3Pipeline's skip_guidance_layers: forward(skip_layers=[...])).
 
+Every case also records Diffusers run in bfloat16 (the model as
+from_pretrained(torch_dtype=torch.bfloat16) gives it: weights, activations and
+attention in bf16, on the CPU) and that run's error against the float64
+reference (forward<i>_out_bf16.npy, "bf16_rel" and "bf16_rel_l2" in
+cases.json): the yardstick tests/golden/test_sd3.c holds ditd's bf16-weight CPU
+table to.
+
 Inputs are stored as ditd's denoiser interface takes them: latents (B, C, h, w),
 the scheduler's timestep t (sigma * 1000, what StableDiffusion3Pipeline passes the
 model), the text sequence (B, L, joint_attention_dim) and the pooled vector
@@ -98,6 +105,9 @@ def make(out_root, name, seed, over, dtype, keep_pos, cases):
     missing, unexpected = ref.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
     assert not unexpected and missing == ([] if keep_pos else ["pos_embed.pos_embed"]), missing
     ref = ref.to(torch.float64).eval()
+    rbf = SD3Transformer2DModel(**cfg)
+    rbf.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    rbf = rbf.to(torch.bfloat16).eval()
     C = cfg["in_channels"]
     listed = []
     g = torch.Generator().manual_seed(seed + 1)
@@ -112,11 +122,19 @@ def make(out_root, name, seed, over, dtype, keep_pos, cases):
         with torch.no_grad():
             out = ref(hidden_states=x, encoder_hidden_states=text, pooled_projections=pooled,
                       timestep=t, skip_layers=skip or None, return_dict=False)[0]
+            bf = rbf(hidden_states=x.bfloat16(), encoder_hidden_states=text.bfloat16(),
+                     pooled_projections=pooled.bfloat16(), timestep=t.float(),
+                     skip_layers=skip or None, return_dict=False)[0].double()
         names = {}
-        for key, val in (("x", x), ("t", t), ("text", text), ("pooled", pooled), ("out", out)):
+        for key, val in (("x", x), ("t", t), ("text", text), ("pooled", pooled), ("out", out),
+                         ("out_bf16", bf)):
             names[key] = f"forward{i}_{key}.npy"
             save(d / "expected" / names[key], val)
-        listed.append(dict(B=B, height=h, width=w, text_len=L, skip_layers=skip, **names))
+        diff = (bf - out).abs()
+        bf16_rel = float(diff.max() / out.abs().max())
+        bf16_rel_l2 = float(diff.norm() / out.norm())
+        listed.append(dict(B=B, height=h, width=w, text_len=L, skip_layers=skip, **names,
+                           bf16_rel=bf16_rel, bf16_rel_l2=bf16_rel_l2))
     cfg_json = dict(cfg, dual_attention_layers=list(cfg["dual_attention_layers"]))
     meta = dict(diffusers=diffusers.__version__, torch=torch.__version__, compute="float64",
                 weights=str(dtype).replace("torch.", ""), pos_embed_in_checkpoint=keep_pos,

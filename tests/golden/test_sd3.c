@@ -6,7 +6,8 @@
  * the table cropped off-centre, odd text lengths, batch 2, skip-layer
  * guidance on and off.
  * Bound: max|ours - ref| / max|ref| <= 1e-5 on every output; at least 10
- * cases must be checked. Also: the registry hands out the SD3 family, its
+ * cases must be checked. The bf16-weight CPU table on the same cases: no
+ * farther from the reference than Diffusers' own bf16 run. Also: the registry hands out the SD3 family, its
  * shapes come from the config, the table's set_size and forward (with
  * conditioning rows and ditd_cond.skip_layers) give the same numbers, sizes
  * and skip lists it cannot take are refused, and bad configs are refused
@@ -52,6 +53,48 @@ static int run_model(const char *dir)
                 TU_CHECK(e.rel > 100 * TOL, "%s: skipping %d blocks changes the output (rel %.3g)",
                          what, fc.n_skip, e.rel);
             }
+            free(got);
+            ditd_sd3_free(m);
+        }
+        sd3_case_free(&fc);
+    }
+    json_decref(cases);
+    return checked;
+}
+
+/* ditd's bf16-weight CPU table (ditd_backend_cpu_bf16: weights rounded to
+ * bf16, activations f32) on every case: no farther from the float64
+ * reference than Diffusers' own bf16 run (from_pretrained(torch_dtype=
+ * torch.bfloat16)) is, in both measures (rel and rel_l2), as
+ * test_bf16.c holds the DiT. Returns the cases checked. */
+static int run_model_bf16(const char *dir)
+{
+    char path[4200];
+    ditd_sd3_config cfg;
+    int checked = 0;
+    size_t i;
+    json_t *c, *cases = sd3_cases(dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_sd3_config_load(path, &cfg));
+    json_array_foreach(cases, i, c) {
+        sd3_case fc;
+        ditd_sd3 *m = NULL;
+        if (sd3_case_load(dir, c, &fc) == 0)
+            TU_OK(ditd_sd3_new_mesh(&cfg, &ditd_backend_cpu_bf16, fc.B, fc.h, fc.w, fc.L, dir,
+                                    NULL, &m));
+        if (m) {
+            float *got = calloc(fc.n_out, sizeof *got);
+            TU_OK(ditd_sd3_forward(m, fc.B, fc.x, fc.t, fc.text, fc.pooled, fc.skip, fc.n_skip,
+                                   got));
+            tu_err e = tu_compare(got, fc.out, fc.n_out);
+            TU_CHECK(fc.bf16_rel > 0 && e.rel <= fc.bf16_rel && e.rel_l2 <= fc.bf16_rel_l2,
+                     "%s forward[%zu] in bf16: rel %.3g, rel_l2 %.3g; Diffusers' bf16 %.3g, %.3g",
+                     dir, i, e.rel, e.rel_l2, fc.bf16_rel, fc.bf16_rel_l2);
+            printf("%s %s forward[%zu] bf16 weights: rel %.3g rel_l2 %.3g (Diffusers bf16: %.3g "
+                   "%.3g)\n",
+                   e.rel <= fc.bf16_rel && e.rel_l2 <= fc.bf16_rel_l2 ? "ok  " : "FAIL", dir, i,
+                   e.rel, e.rel_l2, fc.bf16_rel, fc.bf16_rel_l2);
+            checked++;
             free(got);
             ditd_sd3_free(m);
         }
@@ -235,6 +278,12 @@ int main(void)
         cases += run_model(dir);
     }
     TU_CHECK(cases >= MIN_CASES, "SD3 golden cases checked: %d (at least %d)", cases, MIN_CASES);
+    cases = 0;
+    for (int i = 0; i < SD3_MODELS; i++) {
+        snprintf(dir, sizeof dir, "%s/sd3/%s", tu_fixtures(), sd3_models[i]);
+        cases += run_model_bf16(dir);
+    }
+    TU_CHECK(cases >= MIN_CASES, "SD3 bf16 cases checked: %d (at least %d)", cases, MIN_CASES);
     snprintf(dir, sizeof dir, "%s/sd3/sd35-tiny", tu_fixtures());
     TU_CHECK(family(dir) >= 4, "SD3 cases through the family table");
     checkpoint_refusals();

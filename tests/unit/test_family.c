@@ -361,10 +361,10 @@ static void test_registry(const char *tmp)
     /* a folder with an unknown transformer class: refused at load, naming the supported */
     snprintf(dir, sizeof dir, "%s/unknown", tmp);
     TU_CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
-    make_model(dir, "SD3Transformer2DModel", "text", sched_flow);
+    make_model(dir, "NoSuchTransformer2DModel", "text", sched_flow);
     ditd_model_info info;
-    TU_CHECK_ERR(ditd_model_info_load(dir, &info), DITD_EUNSUPPORTED, "SD3Transformer2DModel",
-                 "DiTTransformer2DModel, FluxTransformer2DModel, " TOY_CLASS);
+    TU_CHECK_ERR(ditd_model_info_load(dir, &info), DITD_EUNSUPPORTED, "NoSuchTransformer2DModel",
+                 "DiTTransformer2DModel, FluxTransformer2DModel, SD3Transformer2DModel, " TOY_CLASS);
     /* enums round-trip; bad shapes and conditioning refused with their numbers */
     for (int k = 0; k < DITD_COND_KIND_COUNT; k++) {
         ditd_cond_kind v;
