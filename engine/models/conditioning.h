@@ -61,11 +61,12 @@ typedef struct ditd_cond {
     uint8_t *mask;       /* (B, L) text */
     float *pooled;       /* (B, Dp) text, when Dp > 0 */
     float *guidance;     /* (B) guidance_scale per row, for families that embed it */
-    /* Skip-layer guidance (StableDiffusion3Pipeline's skip_layers): the
-     * blocks of these indices are skipped for every row of the forward this
-     * cond is passed to; NULL / 0 = none. Borrowed; a family without
-     * skip-layer support is never given any (the pipeline table says which
-     * pipelines may ask). */
+    /* Skip-layer guidance (SD3: StableDiffusion3Pipeline's skip_guidance_layers
+     * call the transformer with skip_layers=[...]): the block indices this
+     * forward call skips, for every row of it. Borrowed, set by the caller
+     * around the one forward it applies to (the pipeline, only for a
+     * pipeline row with DITD_REQ_SKIP_LAYERS); NULL / 0 = none (what
+     * ditd_cond_init leaves). Families without such layers ignore it. */
     const int *skip_layers;
     int n_skip_layers;
 } ditd_cond;

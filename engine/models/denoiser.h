@@ -9,6 +9,9 @@
  *                             attention over a text prefix, RoPE, pooled
  *                             vector, guidance embedding; any latent size
  *                             through set_size)
+ *     SD3Transformer2DModel   engine/models/sd3/sd3_denoiser.c (text: SD3 /
+ *                             SD3.5's MMDiT, joint attention, pooled vector,
+ *                             skip-layer guidance; any size through set_size)
  *
  * A loaded model is a ditd_denoiser: the family's own struct, whose first
  * member is this base, so the pipeline holds a `ditd_denoiser *` and never

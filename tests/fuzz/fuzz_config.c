@@ -1,12 +1,13 @@
 /* libFuzzer target: the two JSON configs a model folder brings,
  * scheduler/scheduler_config.json (typed, then converted to every sampler
- * and built for a few step counts), transformer/config.json and
+ * and built for a few step counts), transformer/config.json (DiT, SD3) and
  * vae/config.json (AutoencoderKL). Any input
  * must give 0 or an error with a detail, never a crash or a leak. */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "engine/models/dit/dit_config.h"
+#include "engine/models/sd3/sd3_config.h"
 #include "engine/models/vae/vae_config.h"
 #include "engine/core/error.h"
 #include "engine/pipeline/sampler.h"
@@ -18,6 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ditd_sched_config base, cfg;
     ditd_dit_config dit;
     ditd_vae_config vae;
+    ditd_sd3_config sd3;
 
     if (ditd_sched_config_parse((const char *)data, size, "fuzz.json", &base) == 0) {
         for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++) {
@@ -42,6 +44,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ditd_err_clear();
     if (ditd_dit_config_parse((const char *)data, size, "fuzz.json", &dit) == 0) {
         if (dit.inner_dim != dit.num_heads * dit.head_dim || dit.inner_dim % 4)
+            abort();
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
+    }
+    ditd_err_clear();
+    if (ditd_sd3_config_parse((const char *)data, size, "fuzz.json", &sd3) == 0) {
+        /* what the SD3 model relies on */
+        int n_dual = 0;
+        for (int l = 0; l < DITD_SD3_MAX_LAYERS; l++) {
+            if (sd3.dual[l] && l >= sd3.num_layers)
+                abort();
+            n_dual += sd3.dual[l] != 0;
+        }
+        if (n_dual != sd3.n_dual || sd3.inner_dim != sd3.num_heads * sd3.head_dim ||
+            sd3.inner_dim % 4 || sd3.caption_projection_dim != sd3.inner_dim ||
+            sd3.pos_embed_max_size < 1 || sd3.sample_size < sd3.patch_size ||
+            sd3.out_channels < 1 || sd3.mlp_dim != 4 * sd3.inner_dim)
             abort();
     } else if (ditd_err_detail()[0] == '\0') {
         abort();

@@ -455,7 +455,7 @@ static void test_registry(const char *tmp)
     make_model(dir, "NoSuchTransformer2DModel", "text", sched_flow);
     ditd_model_info info;
     TU_CHECK_ERR(ditd_model_info_load(dir, &info), DITD_EUNSUPPORTED, "NoSuchTransformer2DModel",
-                 "DiTTransformer2DModel, FluxTransformer2DModel, " TOY_CLASS);
+                 "DiTTransformer2DModel, FluxTransformer2DModel, SD3Transformer2DModel, " TOY_CLASS);
     /* enums round-trip; bad shapes and conditioning refused with their numbers */
     for (int k = 0; k < DITD_COND_KIND_COUNT; k++) {
         ditd_cond_kind v;

@@ -1,0 +1,644 @@
+/* Diffusers SD3Transformer2DModel: loading and planning (the forward is
+ * sd3_forward.c). */
+#include "engine/models/sd3/sd3.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "engine/io/safetensors.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+#define TFREQ 256 /* Timesteps(num_channels=256) of CombinedTimestepTextProjEmbeddings */
+
+/* ---- planning: the same carve sequence runs twice (count, then hand out) ---- */
+
+static int carve(ditd_arena *a, void **p, ditd_dtype dt, size_t n)
+{
+    int err;
+    *p = ditd_arena_bytes(a, n * ditd_dtype_size(dt), &err);
+    return err;
+}
+
+static int carve_lin(ditd_arena *a, ditd_sd3_lin *l, ditd_dtype dt, size_t n, size_t k)
+{
+    return carve(a, &l->w, dt, n * k) | carve(a, &l->b, dt, n);
+}
+
+/* a row-parallel Linear: weight (n, k) of this rank's k columns, the whole bias */
+static int carve_row(ditd_arena *a, ditd_sd3_lin *l, ditd_dtype dt, size_t n, size_t k)
+{
+    return carve_lin(a, l, dt, n, k);
+}
+
+static int carve_weights(ditd_sd3 *m)
+{
+    const ditd_sd3_config *c = &m->cfg;
+    size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
+    size_t A = (size_t)m->A, F = (size_t)m->fc; /* this tp rank's */
+    size_t p = (size_t)c->patch_size;
+    ditd_dtype wt = m->ops->weight_dtype;
+    ditd_arena *a = &m->weights;
+    int err = 0, qk = c->qk_norm == DITD_SD3_QK_RMS;
+
+    err |= carve(a, &m->patch_w, wt, D * (size_t)c->in_channels * p * p);
+    err |= carve(a, &m->patch_b, wt, D);
+    err |= carve_lin(a, &m->ctx_emb, wt, D, (size_t)c->joint_attention_dim);
+    err |= carve_lin(a, &m->t1, wt, D, TFREQ);
+    err |= carve_lin(a, &m->t2, wt, D, D);
+    err |= carve_lin(a, &m->p1, wt, D, (size_t)c->pooled_dim);
+    err |= carve_lin(a, &m->p2, wt, D, D);
+    err |= carve_lin(a, &m->norm_out, wt, 2 * D, D);
+    err |= carve_lin(a, &m->proj, wt, p * p * (size_t)c->out_channels, D);
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_sd3_block *b = &m->blk[l];
+        err |= carve_lin(a, &b->ada, wt, (b->dual ? 9 : 6) * D, D);
+        err |= carve_lin(a, &b->ada_c, wt, (b->pre_only ? 2 : 6) * D, D);
+        err |= carve_lin(a, &b->qkv, wt, 3 * A, D);
+        err |= carve_lin(a, &b->qkv_c, wt, 3 * A, D);
+        if (qk) {
+            err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
+            err |= carve(a, &b->nq_c, wt, Dh) | carve(a, &b->nk_c, wt, Dh);
+        }
+        err |= carve_row(a, &b->out, wt, D, A);
+        err |= carve_lin(a, &b->ff1, wt, F, D);
+        err |= carve_row(a, &b->ff2, wt, D, F);
+        if (!b->pre_only) {
+            err |= carve_row(a, &b->out_c, wt, D, A);
+            err |= carve_lin(a, &b->ff1_c, wt, F, D);
+            err |= carve_row(a, &b->ff2_c, wt, D, F);
+        }
+        if (b->dual) {
+            err |= carve_lin(a, &b->qkv2, wt, 3 * A, D);
+            err |= carve_row(a, &b->out2, wt, D, A);
+            if (qk)
+                err |= carve(a, &b->nq2, wt, Dh) | carve(a, &b->nk2, wt, Dh);
+        }
+    }
+    return err ? DITD_ENOMEM : 0;
+}
+
+static int carve_acts(ditd_sd3 *m)
+{
+    const ditd_sd3_config *c = &m->cfg;
+    size_t B = (size_t)m->max_batch, N = (size_t)m->N, Nl = (size_t)m->n_loc, L = (size_t)m->l_loc;
+    size_t D = (size_t)c->inner_dim, A = (size_t)m->A, F = (size_t)m->fc;
+    size_t p = (size_t)c->patch_size;
+    size_t Ci = (size_t)c->in_channels * p * p, Co = (size_t)c->out_channels * p * p;
+    ditd_dtype at = m->ops->act_dtype;
+    ditd_arena *a = &m->acts;
+    int err = 0;
+
+    err |= carve(a, &m->pos, at, N * D);
+    err |= carve(a, &m->img, at, B * Nl * D) | carve(a, &m->txt, at, B * L * D);
+    err |= carve(a, &m->xn, at, B * Nl * D) | carve(a, &m->tn, at, B * L * D);
+    if (c->n_dual)
+        err |= carve(a, &m->xn2, at, B * Nl * D);
+    err |= carve(a, &m->qkv, at, B * Nl * 3 * A) | carve(a, &m->pqkv, at, B * L * 3 * A);
+    err |= carve(a, &m->cat, at, B * Nl * (A + F)) | carve(a, &m->pcat, at, B * L * (A + F));
+    err |= carve(a, &m->text_in, at, B * L * (size_t)c->joint_attention_dim);
+    err |= carve(a, &m->pooled_in, at, B * (size_t)c->pooled_dim);
+    err |= carve(a, &m->tfreq, at, B * TFREQ);
+    err |= carve(a, &m->tmp, at, B * D) | carve(a, &m->vec, at, B * D);
+    err |= carve(a, &m->svec, at, B * D);
+    err |= carve(a, &m->mod, at, B * 9 * D) | carve(a, &m->mod_c, at, B * 6 * D);
+    err |= carve(a, &m->scratch, at, B * N * Ci);
+    err |= carve(a, &m->tok_out, at, B * N * Co);
+    if (m->lay.ring * m->lay.ulysses > 1) {
+        err |= carve(a, &m->embed, at, B * N * D);
+        err |= carve(a, &m->tok_loc, at, B * Nl * Co);
+        err |= carve(a, &m->tok_gath, at, B * N * Co);
+        err |= carve(a, &m->jqkv, at, B * (L + Nl) * 3 * A);
+        err |= carve(a, &m->jo, at, B * (L + Nl) * A);
+    }
+    return err ? DITD_ENOMEM : 0;
+}
+
+/* pos (N, D) := the positional table's (gh, gw) window, centred as
+ * PatchEmbed.cropped_pos_embed: top = (M - gh) / 2, left = (M - gw) / 2;
+ * window token (r, c) is table token (top + r) M + left + c. From the
+ * checkpoint: one slice of gw tokens per window row. Computed: Diffusers'
+ * first D/2 channels encode the column, the last D/2 the row, each a
+ * function of its own coordinate on the M grid alone. */
+static int crop_pos(ditd_sd3 *m)
+{
+    size_t M = (size_t)m->cfg.pos_embed_max_size, D = (size_t)m->cfg.inner_dim;
+    size_t gh = (size_t)m->gh, gw = (size_t)m->gw, half = D / 2;
+    size_t top = (M - gh) / 2, left = (M - gw) / 2;
+    int64_t shape[3] = {1, (int64_t)(M * M), (int64_t)D};
+    float *win = malloc(gh * gw * D * sizeof(float));
+    int err = 0;
+    if (!win)
+        return ditd_err_set(DITD_ENOMEM, "SD3 positional window %zux%zu", gw, gh);
+    for (size_t r = 0; r < gh && !err; r++) {
+        float *dst = win + r * gw * D;
+        if (m->pos_st) {
+            err = ditd_safetensors_read_f32_slice(m->pos_st, "pos_embed.pos_embed", 3, shape, 1,
+                                                  (int64_t)((top + r) * M + left), (int64_t)gw,
+                                                  dst);
+            continue;
+        }
+        for (size_t c = 0; c < gw; c++) {
+            memcpy(dst + c * D, m->pos_cols + (left + c) * D, half * sizeof(float));
+            memcpy(dst + c * D + half, m->pos_rows + (top + r) * D + half, half * sizeof(float));
+        }
+    }
+    if (!err)
+        m->ops->upload(m->pos, win, gh * gw * D);
+    free(win);
+    return err;
+}
+
+/* The parallel plan and the activations for the current (h, w, L): the
+ * split of the text and image tokens, the attentions, every buffer, the
+ * cropped positional table. Run at load and again by ditd_sd3_set_size. */
+static int plan_acts(ditd_sd3 *m)
+{
+    const ditd_sd3_config *c = &m->cfg;
+    int err;
+    ditd_cp_attention_free(m->cpa);
+    ditd_cp_attention_free(m->cpa2);
+    m->cpa = m->cpa2 = NULL;
+    ditd_arena_free(&m->acts);
+    int RU = m->lay.ring * m->lay.ulysses;
+    if (RU > 1) {
+        /* the joint attention over every cp rank's [text slice; image
+         * slice], no prefix; each rank's text slice leads (FLUX's plan) */
+        int s = m->mesh->ring_rank * m->lay.ulysses + m->mesh->ulysses_rank, toff, tcnt;
+        for (int j = 0; j < RU; j++) {
+            ditd_split(m->N, RU, j, &m->ioff[j], &m->icnt[j]);
+            ditd_split(m->L, RU, j, &toff, &tcnt);
+            m->jcnt[j] = tcnt + m->icnt[j];
+            m->jlead[j] = tcnt;
+            if (j == s) {
+                m->txt0 = toff;
+                m->l_loc = tcnt;
+            }
+        }
+        if ((err = ditd_cp_attention_new_counts(m->ops, m->mesh, m->max_batch, m->jcnt, m->jlead,
+                                                m->hc, c->head_dim, &m->cpa)))
+            goto fail;
+        m->n_loc = m->icnt[s];
+        m->tok0 = m->ioff[s];
+    } else {
+        /* one rank (or tp alone): the whole text is the attention's prefix */
+        if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, m->L, m->hc,
+                                         c->head_dim, &m->cpa)))
+            goto fail;
+        m->n_loc = m->cpa->n_loc;
+        m->tok0 = m->cpa->tok0;
+        m->l_loc = m->L;
+        m->txt0 = 0;
+    }
+    /* attn2: the image tokens alone, split as the joint attention splits them */
+    if (c->n_dual) {
+        if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, 0, m->hc,
+                                         c->head_dim, &m->cpa2)))
+            goto fail;
+        if (m->cpa2->n_loc != m->n_loc || m->cpa2->tok0 != m->tok0) {
+            err = ditd_err_set(DITD_EINVAL, "SD3 attn2's image split [%d, +%d) is not the joint one [%d, +%d)",
+                               m->cpa2->tok0, m->cpa2->n_loc, m->tok0, m->n_loc);
+            goto fail;
+        }
+    }
+    if ((err = carve_acts(m)) || (err = ditd_arena_commit(&m->acts, m->acts.peak_plan)) ||
+        (err = carve_acts(m)) || (err = crop_pos(m)))
+        goto fail;
+    return 0;
+fail:
+    /* no half plan: the forward refuses until a set_size succeeds */
+    ditd_cp_attention_free(m->cpa);
+    ditd_cp_attention_free(m->cpa2);
+    m->cpa = m->cpa2 = NULL;
+    return err;
+}
+
+static int plan(ditd_sd3 *m, const ditd_mesh *mesh)
+{
+    int err;
+    m->mesh = mesh && mesh->size > 1 ? mesh : NULL;
+    m->lay = m->mesh ? mesh->layout : DITD_LAYOUT_SINGLE;
+    if (m->mesh && (err = ditd_layout_check_attention(&m->lay, m->cfg.num_heads, m->N)))
+        return err;
+    /* tp: this rank's heads and MLP columns, as evenly as they go */
+    m->tp_rank = m->mesh ? mesh->tp_rank : 0;
+    ditd_split(m->cfg.num_heads, m->lay.tp, m->tp_rank, &m->h0, &m->hc);
+    ditd_split(m->cfg.mlp_dim, m->lay.tp, m->tp_rank, &m->f0, &m->fc);
+    m->A = m->hc * m->cfg.head_dim;
+    int RU = m->lay.ring * m->lay.ulysses;
+    if (!(m->cnt_a = calloc(6 * (size_t)RU, sizeof(int))) ||
+        !(m->h_freq = malloc((size_t)m->max_batch * TFREQ * sizeof(float))))
+        return ditd_err_set(DITD_ENOMEM, "SD3 plan");
+    m->dsp_a = m->cnt_a + RU;
+    m->icnt = m->dsp_a + RU;
+    m->ioff = m->icnt + RU;
+    m->jcnt = m->ioff + RU;
+    m->jlead = m->jcnt + RU;
+    if ((err = carve_weights(m)) || (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
+        (err = carve_weights(m)))
+        return err;
+    return 0;
+}
+
+/* (height, width, text_len) checked; m's sizes and shapes set to them. */
+static int check_sizes(const ditd_sd3_config *c, int height, int width, int text_len)
+{
+    int p = c->patch_size, lim = c->pos_embed_max_size * p;
+    if (height <= 0 || width <= 0 || height % p || width % p || height > lim || width > lim)
+        return ditd_err_set(DITD_EINVAL,
+                            "SD3 latent size %dx%d: width and height must be positive multiples of patch_size %d, at most pos_embed_max_size x patch_size = %d",
+                            width, height, p, lim);
+    if (text_len <= 0 || text_len > 65536)
+        return ditd_err_set(DITD_EINVAL, "SD3 text length %d (1..65536)", text_len);
+    return 0;
+}
+
+static void set_sizes(ditd_sd3 *m, int height, int width, int text_len)
+{
+    m->h = height;
+    m->w = width;
+    m->gh = height / m->cfg.patch_size;
+    m->gw = width / m->cfg.patch_size;
+    m->N = m->gh * m->gw;
+    m->L = text_len;
+    ditd_sd3_shapes(&m->cfg, height, width, text_len, &m->base.shapes);
+}
+
+int ditd_sd3_set_size(ditd_sd3 *m, int height, int width, int text_len)
+{
+    int err;
+    if (m->cpa && height == m->h && width == m->w && text_len == m->L)
+        return 0;
+    /* every check first: a refusal leaves the model as it was */
+    if ((err = check_sizes(&m->cfg, height, width, text_len)))
+        return err;
+    int p = m->cfg.patch_size;
+    if (m->mesh && (err = ditd_layout_check_attention(&m->lay, m->cfg.num_heads,
+                                                      (height / p) * (width / p))))
+        return err;
+    set_sizes(m, height, width, text_len);
+    return plan_acts(m);
+}
+
+void ditd_sd3_free(ditd_sd3 *m)
+{
+    if (!m)
+        return;
+    ditd_arena_free(&m->weights);
+    ditd_arena_free(&m->acts);
+    ditd_cp_attention_free(m->cpa);
+    ditd_cp_attention_free(m->cpa2);
+    if (m->pos_st)
+        ditd_safetensors_free(m->pos_st);
+    free(m->pos_cols);
+    free(m->pos_rows);
+    free(m->blk);
+    free(m->cnt_a);
+    free(m->h_freq);
+    free(m);
+}
+
+size_t ditd_sd3_weight_bytes(const ditd_sd3 *m)
+{
+    return m->weights.size;
+}
+
+size_t ditd_sd3_act_bytes(const ditd_sd3 *m)
+{
+    return m->acts.size + (m->cpa ? ditd_cp_attention_bytes(m->cpa) : 0) +
+           (m->cpa2 ? ditd_cp_attention_bytes(m->cpa2) : 0);
+}
+
+void ditd_sd3_shapes(const ditd_sd3_config *c, int height, int width, int text_len,
+                     ditd_denoiser_shapes *out)
+{
+    int p = c->patch_size;
+    memset(out, 0, sizeof *out);
+    out->in_channels = c->in_channels;
+    out->out_channels = c->out_channels;
+    out->height = height;
+    out->width = width;
+    out->heads = c->num_heads;
+    out->tokens = (height / p) * (width / p);
+    out->prefix_tokens = text_len;
+    out->guidance_embed = 0; /* classifier-free guidance */
+    out->latent_multiple = p;
+    out->cond.kind = DITD_COND_TEXT;
+    out->cond.text_len = text_len;
+    out->cond.text_dim = c->joint_attention_dim;
+    out->cond.pooled_dim = c->pooled_dim;
+}
+
+/* ---- loading ---- */
+
+typedef struct loader {
+    const ditd_safetensors *st;
+    const ditd_backend_ops *ops;
+    float *stage;
+    size_t cap;
+    char name[256];
+} loader;
+
+static int grow(loader *ld, size_t n)
+{
+    if (n <= ld->cap)
+        return 0;
+    float *s = realloc(ld->stage, n * sizeof(float));
+    if (!s)
+        return ditd_err_set(DITD_ENOMEM, "staging %zu floats for %s", n, ld->name);
+    ld->stage = s;
+    ld->cap = n;
+    return 0;
+}
+
+/* dst := tensor `name` of shape (nd dims), uploaded as a weight. */
+static int get_nd(loader *ld, void *dst, int nd, const int64_t *shape)
+{
+    size_t n = 1;
+    int err;
+    for (int i = 0; i < nd; i++)
+        n *= (size_t)shape[i];
+    if ((err = grow(ld, n)) ||
+        (err = ditd_safetensors_read_f32(ld->st, ld->name, nd, shape, ld->stage)))
+        return err;
+    ld->ops->upload_weight(dst, ld->stage, n);
+    return 0;
+}
+
+/* dst := tensor (d0[, d1]); d1 = 0 for a vector. */
+static int get(loader *ld, void *dst, int64_t d0, int64_t d1)
+{
+    int64_t shape[2] = {d0, d1};
+    return get_nd(ld, dst, d1 > 0 ? 2 : 1, shape);
+}
+
+/* dst := the slice [start, start + len) along `axis` of the 2-D tensor
+ * (d0, d1) (a tp rank's rows or columns), or of the vector (d0) when d1 = 0. */
+static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, int64_t start,
+                     int64_t len)
+{
+    int64_t shape[2] = {d0, d1};
+    int nd = d1 > 0 ? 2 : 1, err;
+    size_t n = (size_t)(axis == 0 ? len : d0) * (size_t)(nd == 2 ? (axis == 1 ? len : d1) : 1);
+    if ((err = grow(ld, n)))
+        return err;
+    err = start == 0 && len == shape[axis]
+              ? ditd_safetensors_read_f32(ld->st, ld->name, nd, shape, ld->stage)
+              : ditd_safetensors_read_f32_slice(ld->st, ld->name, nd, shape, axis, start, len,
+                                                ld->stage);
+    if (!err)
+        ld->ops->upload_weight(dst, ld->stage, n);
+    return err;
+}
+
+#define NAME(...) snprintf(ld.name, sizeof ld.name, __VA_ARGS__)
+#define GET(dst, d0, d1, ...)                            \
+    do {                                                 \
+        NAME(__VA_ARGS__);                               \
+        if ((err = get(&ld, (dst), (d0), (d1))))         \
+            goto done;                                   \
+    } while (0)
+/* a Linear "<prefix>.weight" (n, k) and "<prefix>.bias" (n) */
+#define LIN(l, n, k, ...)                                \
+    do {                                                 \
+        char pre_[200];                                  \
+        snprintf(pre_, sizeof pre_, __VA_ARGS__);        \
+        GET((l).w, (n), (k), "%s.weight", pre_);         \
+        GET((l).b, (n), 0, "%s.bias", pre_);             \
+    } while (0)
+/* column-parallel Linear (n, k): rows [start, start + len) of weight and bias */
+#define COL(l, n, k, start, len, ...)                                             \
+    do {                                                                          \
+        char pre_[200];                                                           \
+        snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
+        NAME("%s.weight", pre_);                                                  \
+        if ((err = get_slice(&ld, (l).w, (n), (k), 0, (start), (len))))           \
+            goto done;                                                            \
+        NAME("%s.bias", pre_);                                                    \
+        if ((err = get_slice(&ld, (l).b, (n), 0, 0, (start), (len))))             \
+            goto done;                                                            \
+    } while (0)
+/* row-parallel Linear (n, k): weight columns [start, start + len), the whole bias */
+#define ROW(l, n, k, start, len, ...)                                             \
+    do {                                                                          \
+        char pre_[200];                                                           \
+        snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
+        NAME("%s.weight", pre_);                                                  \
+        if ((err = get_slice(&ld, (l).w, (n), (k), 1, (start), (len))))           \
+            goto done;                                                            \
+        GET((l).b, (n), 0, "%s.bias", pre_);                                      \
+    } while (0)
+/* q|k|v fused by rows, this rank's heads of each: "<prefix>.<names[j]>" */
+#define QKV(l, names, ...)                                                                 \
+    do {                                                                                   \
+        char qpre_[160];                                                                   \
+        snprintf(qpre_, sizeof qpre_, __VA_ARGS__);                                        \
+        for (int j = 0; j < 3; j++) {                                                      \
+            ditd_sd3_lin part = {ditd_ptr_w(ops, (l).w, (size_t)(j * A * D)),              \
+                                 ditd_ptr_w(ops, (l).b, (size_t)(j * A))};                 \
+            COL(part, D, D, a0, A, "%s.%s", qpre_, (names)[j]);                            \
+        }                                                                                  \
+    } while (0)
+/* a tensor the config says the checkpoint must not have */
+#define ABSENT(why, ...)                                                                   \
+    do {                                                                                   \
+        NAME(__VA_ARGS__);                                                                 \
+        if (ditd_safetensors_find(st, ld.name)) {                                          \
+            err = ditd_err_set(DITD_EFORMAT, "checkpoint has %s but %s", ld.name, (why));  \
+            goto done;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+/* The positional table's source: the checkpoint's persistent buffer
+ * pos_embed.pos_embed (1, M*M, D) when it has one (its shape checked here,
+ * the checkpoint kept open for set_size's windows), else what PatchEmbed
+ * computes (get_2d_sincos_pos_embed over the M x M grid, base_size =
+ * sample_size / patch_size, interpolation_scale 1): the column halves of
+ * one table row and the row halves of one table column, which give every
+ * token's. *st is taken (NULL after) when kept. */
+static int pos_source(ditd_sd3 *m, ditd_safetensors **st)
+{
+    const ditd_sd3_config *c = &m->cfg;
+    int M = c->pos_embed_max_size, D = c->inner_dim, base = c->sample_size / c->patch_size;
+    const ditd_st_tensor *t = ditd_safetensors_find(*st, "pos_embed.pos_embed");
+    if (t) {
+        if (t->ndim != 3 || t->shape[0] != 1 || t->shape[1] != (int64_t)M * M || t->shape[2] != D)
+            return ditd_err_set(DITD_EFORMAT,
+                                "tensor 'pos_embed.pos_embed' is not (1, %d, %d): pos_embed_max_size %d, inner dim %d",
+                                M * M, D, M, D);
+        m->pos_st = *st;
+        *st = NULL;
+        return 0;
+    }
+    if (!(m->pos_cols = malloc((size_t)M * (size_t)D * sizeof(float))) ||
+        !(m->pos_rows = malloc((size_t)M * (size_t)D * sizeof(float))))
+        return ditd_err_set(DITD_ENOMEM, "SD3 positional table halves");
+    ditd_cpu_pos_embed_2d(m->pos_cols, D, 1, M, base, 1.0f); /* token c: column c's half first */
+    ditd_cpu_pos_embed_2d(m->pos_rows, D, M, 1, base, 1.0f); /* token r: row r's half second */
+    return 0;
+}
+
+static int load_weights(ditd_sd3 *m, const ditd_safetensors *st)
+{
+    const ditd_sd3_config *c = &m->cfg;
+    const ditd_backend_ops *ops = m->ops;
+    int64_t D = c->inner_dim, F = c->mlp_dim, Dh = c->head_dim, p = c->patch_size;
+    int64_t A = m->A, a0 = (int64_t)m->h0 * Dh, Fl = m->fc, f0 = m->f0; /* this tp rank's */
+    int qk = c->qk_norm == DITD_SD3_QK_RMS;
+    const char *qkv[3] = {"to_q", "to_k", "to_v"};
+    const char *qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
+    loader ld = {.st = st, .ops = ops};
+    int err = 0;
+
+    {
+        int64_t shape[4] = {D, c->in_channels, p, p};
+        NAME("pos_embed.proj.weight");
+        if ((err = get_nd(&ld, m->patch_w, 4, shape)))
+            goto done;
+        GET(m->patch_b, D, 0, "pos_embed.proj.bias");
+    }
+    LIN(m->ctx_emb, D, c->joint_attention_dim, "context_embedder");
+    LIN(m->t1, D, TFREQ, "time_text_embed.timestep_embedder.linear_1");
+    LIN(m->t2, D, D, "time_text_embed.timestep_embedder.linear_2");
+    LIN(m->p1, D, c->pooled_dim, "time_text_embed.text_embedder.linear_1");
+    LIN(m->p2, D, D, "time_text_embed.text_embedder.linear_2");
+    LIN(m->norm_out, 2 * D, D, "norm_out.linear");
+    /* proj_out's rows are (dy, dx, c) already: the unpatchify op's order */
+    LIN(m->proj, p * p * c->out_channels, D, "proj_out");
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_sd3_block *b = &m->blk[l];
+        LIN(b->ada, (b->dual ? 9 : 6) * D, D, "transformer_blocks.%d.norm1.linear", l);
+        LIN(b->ada_c, (b->pre_only ? 2 : 6) * D, D, "transformer_blocks.%d.norm1_context.linear", l);
+        QKV(b->qkv, qkv, "transformer_blocks.%d.attn", l);
+        QKV(b->qkv_c, qkv_c, "transformer_blocks.%d.attn", l);
+        if (qk) {
+            GET(b->nq, Dh, 0, "transformer_blocks.%d.attn.norm_q.weight", l);
+            GET(b->nk, Dh, 0, "transformer_blocks.%d.attn.norm_k.weight", l);
+            GET(b->nq_c, Dh, 0, "transformer_blocks.%d.attn.norm_added_q.weight", l);
+            GET(b->nk_c, Dh, 0, "transformer_blocks.%d.attn.norm_added_k.weight", l);
+        } else {
+            ABSENT("config says qk_norm null", "transformer_blocks.%d.attn.norm_q.weight", l);
+        }
+        ROW(b->out, D, D, a0, A, "transformer_blocks.%d.attn.to_out.0", l);
+        COL(b->ff1, F, D, f0, Fl, "transformer_blocks.%d.ff.net.0.proj", l);
+        ROW(b->ff2, D, F, f0, Fl, "transformer_blocks.%d.ff.net.2", l);
+        if (!b->pre_only) {
+            ROW(b->out_c, D, D, a0, A, "transformer_blocks.%d.attn.to_add_out", l);
+            COL(b->ff1_c, F, D, f0, Fl, "transformer_blocks.%d.ff_context.net.0.proj", l);
+            ROW(b->ff2_c, D, F, f0, Fl, "transformer_blocks.%d.ff_context.net.2", l);
+        }
+        if (b->dual) {
+            QKV(b->qkv2, qkv, "transformer_blocks.%d.attn2", l);
+            ROW(b->out2, D, D, a0, A, "transformer_blocks.%d.attn2.to_out.0", l);
+            if (qk) {
+                GET(b->nq2, Dh, 0, "transformer_blocks.%d.attn2.norm_q.weight", l);
+                GET(b->nk2, Dh, 0, "transformer_blocks.%d.attn2.norm_k.weight", l);
+            }
+        } else {
+            ABSENT("config's dual_attention_layers does not list that block",
+                   "transformer_blocks.%d.attn2.to_q.weight", l);
+        }
+    }
+    /* more blocks in the checkpoint than the config says would silently
+     * drop layers: refuse */
+    ABSENT("config says num_layers fewer", "transformer_blocks.%d.norm1.linear.weight",
+           c->num_layers);
+done:
+    free(ld.stage);
+    return err;
+}
+
+/* Every weight the forward passes to linear, re-laid for the backend
+ * (backend.h pack_linear), once all are loaded (q|k|v come in three parts).
+ * Not pos_embed.proj: patch_embed reads it as a conv weight. */
+static int pack_linears(ditd_sd3 *m)
+{
+    const ditd_sd3_config *c = &m->cfg;
+    const ditd_backend_ops *ops = m->ops;
+    int D = c->inner_dim, A = m->A, F = m->fc, p = c->patch_size;
+    int err = 0;
+#define PACK(l, n, k)                                               \
+    do {                                                            \
+        if (!err)                                                   \
+            err = ditd_pack_linear(ops, (l).w, (int)(n), (int)(k)); \
+    } while (0)
+    PACK(m->ctx_emb, D, c->joint_attention_dim);
+    PACK(m->t1, D, TFREQ);
+    PACK(m->t2, D, D);
+    PACK(m->p1, D, c->pooled_dim);
+    PACK(m->p2, D, D);
+    PACK(m->norm_out, 2 * D, D);
+    PACK(m->proj, p * p * c->out_channels, D);
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_sd3_block *b = &m->blk[l];
+        PACK(b->ada, (b->dual ? 9 : 6) * D, D);
+        PACK(b->ada_c, (b->pre_only ? 2 : 6) * D, D);
+        PACK(b->qkv, 3 * A, D);
+        PACK(b->qkv_c, 3 * A, D);
+        PACK(b->out, D, A);
+        PACK(b->ff1, F, D);
+        PACK(b->ff2, D, F);
+        if (!b->pre_only) {
+            PACK(b->out_c, D, A);
+            PACK(b->ff1_c, F, D);
+            PACK(b->ff2_c, D, F);
+        }
+        if (b->dual) {
+            PACK(b->qkv2, 3 * A, D);
+            PACK(b->out2, D, A);
+        }
+    }
+#undef PACK
+    return err;
+}
+
+int ditd_sd3_new_mesh(const ditd_sd3_config *cfg, const ditd_backend_ops *ops, int max_batch,
+                      int height, int width, int text_len, const char *weights_path,
+                      const ditd_mesh *mesh, ditd_sd3 **out)
+{
+    ditd_safetensors *st = NULL;
+    ditd_sd3 *m;
+    int err;
+
+    if (max_batch <= 0 || max_batch > 4096)
+        return ditd_err_set(DITD_EINVAL, "max batch %d (1..4096)", max_batch);
+    if (cfg->qk_norm == DITD_SD3_QK_RMS && !ops->rmsnorm_heads)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "SD3Transformer2DModel with qk_norm rms_norm needs the rmsnorm_heads op, which the %s backend lacks",
+                            ops->name);
+    if ((err = check_sizes(cfg, height, width, text_len)))
+        return err;
+    if (!(m = calloc(1, sizeof *m)))
+        return ditd_err_set(DITD_ENOMEM, "SD3 model");
+    m->cfg = *cfg;
+    m->ops = ops;
+    m->max_batch = max_batch;
+    m->base.max_batch = max_batch;
+    ditd_arena_init_mem(&m->weights, ops->mem_alloc, ops->mem_free);
+    ditd_arena_init_mem(&m->acts, ops->mem_alloc, ops->mem_free);
+    if (!(m->blk = calloc((size_t)cfg->num_layers, sizeof *m->blk))) {
+        err = ditd_err_set(DITD_ENOMEM, "SD3 blocks");
+        goto fail;
+    }
+    for (int l = 0; l < cfg->num_layers; l++) {
+        m->blk[l].pre_only = l == cfg->num_layers - 1;
+        m->blk[l].dual = cfg->dual[l];
+    }
+    set_sizes(m, height, width, text_len);
+    /* the weights and the positional table's source before the
+     * activations: plan_acts crops the table */
+    if ((err = plan(m, mesh)) || (err = ditd_safetensors_open(weights_path, &st)) ||
+        (err = load_weights(m, st)) || (err = pack_linears(m)) || (err = pos_source(m, &st)) ||
+        (err = plan_acts(m)))
+        goto fail;
+    if (st)
+        ditd_safetensors_free(st);
+    *out = m;
+    return 0;
+fail:
+    if (st)
+        ditd_safetensors_free(st);
+    ditd_sd3_free(m);
+    return err;
+}

@@ -1,0 +1,90 @@
+/* SD3Transformer2DModel as a denoiser family: the table the registry hands
+ * out. It maps the interface onto engine/models/sd3/sd3.h (text sequence
+ * and pooled vector from the conditioning rows, the forward's skip-layer
+ * list from ditd_cond.skip_layers); the model lives in sd3.c and
+ * sd3_forward.c.
+ *
+ * Size: the table loads SD3 at the config's sample_size (128 for SD3 and
+ * SD3.5: 1024x1024 pixels) and StableDiffusion3Pipeline's 77 + 256 text
+ * tokens (DITD_SD3_DEFAULT_TEXT_LEN); set_size re-plans it for another
+ * latent size or text length (docs/sd3.md). */
+#include <stdio.h>
+
+#include "engine/core/error.h"
+#include "engine/models/sd3/sd3.h"
+
+static int config_at(const char *dir, ditd_sd3_config *c)
+{
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path)
+        return ditd_err_set(DITD_EINVAL, "path too long: %s", dir);
+    return ditd_sd3_config_load(path, c);
+}
+
+/* The default latent size: sample_size, as a multiple of patch_size within
+ * the positional table. */
+static int default_latent(const ditd_sd3_config *c)
+{
+    int p = c->patch_size, s = c->sample_size / p * p, lim = c->pos_embed_max_size * p;
+    return s < lim ? s : lim;
+}
+
+static int sd3_shapes(const char *dir, ditd_denoiser_shapes *out)
+{
+    ditd_sd3_config c;
+    int err = config_at(dir, &c);
+    if (!err)
+        ditd_sd3_shapes(&c, default_latent(&c), default_latent(&c), DITD_SD3_DEFAULT_TEXT_LEN,
+                        out);
+    return err;
+}
+
+static int sd3_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
+                    const ditd_mesh *mesh, ditd_denoiser **out)
+{
+    ditd_sd3_config c;
+    ditd_sd3 *m;
+    int err;
+    if ((err = config_at(dir, &c)) ||
+        (err = ditd_sd3_new_mesh(&c, ops, max_batch, default_latent(&c), default_latent(&c),
+                                 DITD_SD3_DEFAULT_TEXT_LEN, dir, mesh, &m)))
+        return err;
+    m->base.family = &ditd_sd3_family;
+    *out = &m->base;
+    return 0;
+}
+
+static int sd3_forward(ditd_denoiser *d, int B, const void *x, const float *t,
+                       const ditd_cond *cond, void *out)
+{
+    ditd_sd3 *m = (ditd_sd3 *)d;
+    const ditd_cond_shape *s = &cond->shape;
+    if (s->kind != DITD_COND_TEXT || s->text_len != m->L ||
+        s->text_dim != m->cfg.joint_attention_dim || s->pooled_dim != m->cfg.pooled_dim ||
+        !cond->pooled)
+        return ditd_err_set(DITD_EINVAL,
+                            "SD3 takes text (%d tokens of %d) and a pooled vector of %d, not (%d, %d, %d)",
+                            m->L, m->cfg.joint_attention_dim, m->cfg.pooled_dim, s->text_len,
+                            s->text_dim, s->pooled_dim);
+    return ditd_sd3_forward(m, B, x, t, cond->text, cond->pooled, cond->skip_layers,
+                            cond->n_skip_layers, out);
+}
+
+static int sd3_set_size(ditd_denoiser *d, int height, int width, int text_len)
+{
+    return ditd_sd3_set_size((ditd_sd3 *)d, height, width, text_len);
+}
+
+static void sd3_free(ditd_denoiser *d)
+{
+    ditd_sd3_free((ditd_sd3 *)d);
+}
+
+const ditd_denoiser_family ditd_sd3_family = {
+    .class_name = "SD3Transformer2DModel",
+    .shapes = sd3_shapes,
+    .load = sd3_load,
+    .forward = sd3_forward,
+    .free = sd3_free,
+    .set_size = sd3_set_size,
+};
