@@ -1,8 +1,10 @@
 /* A text model's replica under mpirun: the worker loop of every rank of one
  * group (the world), the text encoders on --text-rank R, fed by a test
  * transport on the leader with two batches: two prompts at 64x48 (one with
- * a negative prompt and true_cfg 2), then the first prompt again at 32x32
- * (a re-plan, and a cache hit). Each result equals, within one 8-bit level,
+ * a negative prompt and true_cfg 2; guidance 3.5, which a pipeline that
+ * guides on guidance_scale (SD3) runs as CFG over both negatives, with
+ * skip-layer guidance on block 1 where the pipeline row has it), then the
+ * first prompt again at 32x32 (a re-plan, and a cache hit). Each result equals, within one 8-bit level,
  * what one rank alone (no mesh, encoders on itself) makes of the same
  * batches, run first on world rank 0; the last heartbeat of the group run
  * counts the cache hit.
@@ -126,6 +128,16 @@ static void make_batch(tt *x, int k, const ditd_model_info *info)
     b.steps = 2;
     b.sampler = 0;
     b.max_sequence_length = 32;
+    uint32_t skip[1] = {1};
+    if (k == 0 && (info->pipeline->request & DITD_REQ_SKIP_LAYERS)) {
+        /* skip-layer guidance on block 1 at every step but the first
+         * (StableDiffusion3Pipeline: steps * start < i < steps * stop) */
+        b.n_skip_layers = 1;
+        b.skip_layers = skip;
+        b.slg_scale = 2.8f;
+        b.slg_start = 0.0f;
+        b.slg_stop = 1.0f;
+    }
     b.n_samples = (size_t)n;
     b.samples = sp;
     env.msg_case = DITD__ENVELOPE__MSG_BATCH;
