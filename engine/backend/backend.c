@@ -13,6 +13,31 @@
 #include "engine/backend/backend_cuda.h"
 #endif
 
+int ditd_backend_check_head_dim(const ditd_backend_ops *ops, int head_dim, const char *what)
+{
+    if (head_dim >= 1 && head_dim <= ops->attn_max_head_dim)
+        return 0;
+    return ditd_err_set(DITD_EUNSUPPORTED,
+                        "%s = %d: the %s backend's attention takes heads of 1..%d", what, head_dim,
+                        ops->name, ops->attn_max_head_dim);
+}
+
+const ditd_backend_ops *ditd_backend_table(ditd_device d)
+{
+    switch (d) {
+    case DITD_DEVICE_CPU: return &ditd_backend_cpu;
+    case DITD_DEVICE_CUDA:
+#if DITD_HAVE_CUDA
+        return ditd_backend_cuda_table();
+#else
+        break;
+#endif
+    }
+    ditd_err_set(DITD_EUNSUPPORTED, "backend \"%s\" is not built into this binary",
+                 ditd_device_name(d));
+    return NULL;
+}
+
 const ditd_backend_ops *ditd_backend_get(ditd_device d)
 {
     switch (d) {

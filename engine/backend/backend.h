@@ -59,6 +59,10 @@ typedef struct ditd_backend_ops {
     ditd_device device;
     ditd_dtype act_dtype;
     ditd_dtype weight_dtype;
+    /* What the table supports (ggml's supports_op), which the checks of a
+     * component that runs on it ask (ditd_backend_check_head_dim): the
+     * attention kernels' largest head size. An op the table lacks is NULL. */
+    int attn_max_head_dim;
 
     /* Memory the arena hands out is reachable by the device: on the CPU it
      * is host memory. upload/download convert from/to host f32. */
@@ -243,6 +247,16 @@ double ditd_backend_cpu_fma_peak(int threads, double seconds, int *bits);
  * set for a dtype the device cannot keep. Borrowed. */
 const ditd_backend_ops *ditd_backend_for_weights(const ditd_backend_ops *ops, const char *want,
                                                  ditd_dtype ckpt);
+
+/* Whether ops's attention takes heads of head_dim: 0, or DITD_EUNSUPPORTED
+ * naming `what` (e.g. "transformer/config.json: attention_head_dim"), the
+ * device and its limit. For start-up checks; touches no device. */
+int ditd_backend_check_head_dim(const ditd_backend_ops *ops, int head_dim, const char *what);
+
+/* The built-in table of a device, for capability questions only (the
+ * device is not opened: run on ditd_backend_open's), or NULL with a detail
+ * when the device is not built into this binary. */
+const ditd_backend_ops *ditd_backend_table(ditd_device d);
 
 /* The table for a device, or NULL (with a detail) when not built in. */
 const ditd_backend_ops *ditd_backend_get(ditd_device d);

@@ -306,6 +306,7 @@ static int cpu_status(void)
 const ditd_backend_ops ditd_backend_cpu = {
     .name = "cpu",
     .device = DITD_DEVICE_CPU,
+    .attn_max_head_dim = DITD_CPU_ATTN_MAX_DH,
     .act_dtype = DITD_DTYPE_F32,
     .weight_dtype = DITD_DTYPE_F32,
     .upload = cpu_upload,
@@ -351,6 +352,7 @@ const ditd_backend_ops ditd_backend_cpu = {
 const ditd_backend_ops ditd_backend_cpu_bf16 = {
     .name = "cpu-bf16",
     .device = DITD_DEVICE_CPU,
+    .attn_max_head_dim = DITD_CPU_ATTN_MAX_DH,
     .act_dtype = DITD_DTYPE_F32,
     .weight_dtype = DITD_DTYPE_BF16,
     .upload = cpu_upload,

@@ -389,6 +389,7 @@ static const ditd_backend_ops cuda_ops = {
     .device = DITD_DEVICE_CUDA,
     .act_dtype = DITD_DTYPE_BF16,
     .weight_dtype = DITD_DTYPE_BF16,
+    .attn_max_head_dim = DITD_CUDA_ATTN_MAX_DH,
     .upload = cu_upload,
     .download = cu_download,
     .upload_weight = cu_upload,
@@ -490,6 +491,11 @@ void ditd_backend_cuda_shutdown(void)
     cudaStreamDestroy(g.compute);
     cudaStreamDestroy(g.comm);
     memset(&g, 0, sizeof g);
+}
+
+const ditd_backend_ops *ditd_backend_cuda_table(void)
+{
+    return &cuda_ops;
 }
 
 const ditd_backend_ops *ditd_backend_cuda_get(void)

@@ -25,6 +25,8 @@
  * (DITD_EDEVICE) when there is no usable GPU or the initialization fails.
  * Borrowed; lives until ditd_backend_cuda_shutdown(). */
 const ditd_backend_ops *ditd_backend_cuda_get(void);
+/* The table itself, without touching the device: for capability questions. */
+const ditd_backend_ops *ditd_backend_cuda_table(void);
 
 /* Releases the streams, the cuBLASLt context and the staging buffers (not
  * the arenas: their owners free them first). Safe when never initialized. */

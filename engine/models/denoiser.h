@@ -39,6 +39,8 @@ typedef struct ditd_denoiser_shapes {
     int out_channels;     /* Co: C, or 2C with a learned sigma (the pipeline keeps the first C) */
     int height, width;    /* latent size the model runs at (pixel-space model: the image) */
     int heads;            /* H attention heads (tp and ulysses split them) */
+    int head_dim;         /* Dh of each head: what the backend's attention must take
+                           * (ditd_backend_check_head_dim); 0 for a family with none */
     int tokens;           /* N image tokens at height x width (ring x ulysses split them) */
     int prefix_tokens;    /* tokens outside that split (FLUX's text tokens); 0 for DiT */
     int guidance_embed;   /* 1: the model takes guidance_scale as an input (FLUX.1-dev's

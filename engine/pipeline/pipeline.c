@@ -2,6 +2,7 @@
 #include "engine/pipeline/pipeline.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +46,13 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     if (!info->denoiser) {
         err = ditd_err_set(DITD_EINVAL, "%s: no denoiser family", info->dir);
         goto fail;
+    }
+    /* what the backend supports, before a weight is read (on every rank alike) */
+    if (info->shapes.head_dim > 0) {
+        char what[DITD_MODEL_PATH_MAX + 64];
+        snprintf(what, sizeof what, "%s/config.json: attention_head_dim", info->transformer_dir);
+        if ((err = ditd_backend_check_head_dim(ops, info->shapes.head_dim, what)))
+            goto fail;
     }
     /* one forward runs at most 2n rows (n under cfg parallel, where each
      * half and the skip-layer rows are forwards of their own) */

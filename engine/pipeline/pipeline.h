@@ -120,7 +120,9 @@ int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, 
  * borrowed and must outlive the pipeline; NULL or a mesh of one is the
  * single-rank pipeline. A layout that cannot run this model (heads, tokens:
  * ditd_layout_check_attention) is refused with DITD_EINVAL on every rank alike,
- * before any collective. Not collective itself. */
+ * before any collective; a head size the backend's attention does not take
+ * (ditd_backend_check_head_dim) with DITD_EUNSUPPORTED naming the device and
+ * its limit, before any weight is read. Not collective itself. */
 int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
                             int max_samples, const ditd_mesh *mesh, ditd_pipeline **out);
 void ditd_pipeline_free(ditd_pipeline *p);

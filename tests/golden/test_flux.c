@@ -124,7 +124,6 @@ static void refusals(void)
         {"{\"out_channels\": 32}", "out_channels = 32"},
         {"{\"axes_dims_rope\": [16, 56, 54]}", "axes_dims_rope [16, 56, 54]"},
         {"{\"axes_dims_rope\": [16, 56]}", "axes_dims_rope"},
-        {"{\"attention_head_dim\": 1024, \"axes_dims_rope\": [256, 384, 384]}", "attention_head_dim = 1024"},
         {"{\"num_attention_heads\": 0}", "num_attention_heads = 0"},
         {"{\"guidance_embeds\": 1}", "guidance_embeds"},
         {"{\"joint_attention_dim\": -1}", "joint_attention_dim = -1"},

@@ -231,7 +231,6 @@ static void refusals(void)
         {"{\"pos_embed_max_size\": null}", "pos_embed_max_size = 0"},
         {"{\"caption_projection_dim\": 1536}", "caption_projection_dim = 1536"},
         {"{\"num_attention_heads\": 0}", "num_attention_heads = 0"},
-        {"{\"attention_head_dim\": 1024}", "attention_head_dim = 1024"},
         {"{\"patch_size\": 0}", "patch_size = 0"},
         {"{\"num_layers\": 0}", "num_layers = 0"},
         {"{\"sample_size\": 1}", "sample_size = 1"},

@@ -63,6 +63,7 @@ static int toy_shapes(const char *dir, ditd_denoiser_shapes *out)
         .prefix_tokens = 0,
     };
     out->guidance_embed = json_is_true(json_object_get(r, "guidance_embed"));
+    out->head_dim = (int)json_integer_value(json_object_get(r, "attention_head_dim")); /* 0: none */
     int err = ditd_cond_kind_from_str(json_string_value(json_object_get(r, "conditioning")),
                                       &out->cond.kind);
     out->cond.num_classes = (int)json_integer_value(json_object_get(r, "num_classes"));
@@ -430,6 +431,41 @@ static void test_registry(const char *tmp)
         ditd_guidance_kind g;
         TU_OK(ditd_guidance_kind_from_str(ditd_guidance_kind_name((ditd_guidance_kind)k), &g));
         TU_CHECK(g == (ditd_guidance_kind)k, "guidance kind %d round trip", k);
+    }
+    {   /* backend capabilities: a head size the backend's attention does not
+         * take is refused where the model loads, before any weight, naming
+         * the device and its limit (the CUDA table is asked without a GPU) */
+        char hdir[4300], cfg[1024];
+        ditd_model_info hi;
+        ditd_pipeline *hp = NULL;
+        snprintf(hdir, sizeof hdir, "%s/big-heads", tmp);
+        TU_CHECK(mkdir(hdir, 0700) == 0, "mkdir %s", hdir);
+        make_model(hdir, TOY_CLASS, "class", sched_flow);
+        snprintf(cfg, sizeof cfg,
+                 "{\"_class_name\": \"%s\", \"in_channels\": 2, \"height\": 6, \"width\": 5, "
+                 "\"conditioning\": \"class\", \"num_classes\": 3, \"attention_head_dim\": 1024}",
+                 TOY_CLASS);
+        write_file(hdir, "transformer/config.json", cfg);
+        TU_OK(ditd_model_info_load(hdir, &hi));
+        TU_CHECK_ERR(ditd_pipeline_new(&hi, &ditd_backend_cpu, 1, &hp), DITD_EUNSUPPORTED,
+                     "attention_head_dim = 1024", "the cpu backend", "1..512");
+        TU_CHECK(hp == NULL, "nothing loaded");
+        const ditd_backend_ops *cu = ditd_backend_table(DITD_DEVICE_CUDA);
+        if (cu) {
+            snprintf(cfg, sizeof cfg,
+                     "{\"_class_name\": \"%s\", \"in_channels\": 2, \"height\": 6, \"width\": 5, "
+                     "\"conditioning\": \"class\", \"num_classes\": 3, \"attention_head_dim\": 256}",
+                     TOY_CLASS);
+            write_file(hdir, "transformer/config.json", cfg);
+            ditd_model_info_free(&hi);
+            TU_OK(ditd_model_info_load(hdir, &hi));
+            TU_CHECK_ERR(ditd_pipeline_new(&hi, cu, 1, &hp), DITD_EUNSUPPORTED,
+                         "attention_head_dim = 256", "the cuda backend", "1..128");
+            TU_OK(ditd_backend_check_head_dim(&ditd_backend_cpu, 256, "256 on the cpu"));
+        } else {
+            printf("the cuda backend is not built in: its head-size refusal is not checked here\n");
+        }
+        ditd_model_info_free(&hi);
     }
     {   /* model folders: an unknown pipeline class, and one that drives another transformer */
         char pdir[4300];

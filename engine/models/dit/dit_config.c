@@ -50,9 +50,8 @@ int ditd_dit_config_finish(ditd_dit_config *c, const char *what)
     if (c->num_heads <= 0 || c->num_heads > 1024 || c->head_dim <= 0 || c->head_dim > 1024)
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: num_attention_heads = %d, attention_head_dim = %d",
                             what, c->num_heads, c->head_dim);
-    if (c->head_dim > DITD_CPU_ATTN_MAX_DH)
-        return ditd_err_set(DITD_EUNSUPPORTED, "%s: attention_head_dim = %d (the attention kernels take up to %d)",
-                            what, c->head_dim, DITD_CPU_ATTN_MAX_DH);
+    /* the attention's limit is the backend's: asked where the model loads
+     * (ditd_backend_check_head_dim) */
     c->inner_dim = c->num_heads * c->head_dim;
     if (c->inner_dim % 4)
         return ditd_err_set(DITD_EUNSUPPORTED,
@@ -192,6 +191,7 @@ void ditd_dit_config_shapes(const ditd_dit_config *c, ditd_denoiser_shapes *out)
         .height = c->sample_size,
         .width = c->sample_size,
         .heads = c->num_heads,
+        .head_dim = c->head_dim,
         .tokens = g * g,
         .prefix_tokens = 0,
         .cond = {.kind = DITD_COND_CLASS, .num_classes = c->num_embeds_ada_norm},

@@ -278,6 +278,7 @@ void ditd_flux_shapes(const ditd_flux_config *c, int height, int width, int text
     out->height = height;
     out->width = width;
     out->heads = c->num_heads;
+    out->head_dim = c->head_dim;
     out->tokens = (height / 2) * (width / 2);
     out->prefix_tokens = text_len;
     out->guidance_embed = c->guidance_embeds;

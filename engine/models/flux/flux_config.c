@@ -55,10 +55,10 @@ int ditd_flux_config_finish(ditd_flux_config *c, const char *what)
     if (c->num_heads <= 0 || c->num_heads > 1024)
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: num_attention_heads = %d (1..1024)", what,
                             c->num_heads);
-    if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim > DITD_CPU_ATTN_MAX_DH)
-        return ditd_err_set(DITD_EUNSUPPORTED,
-                            "%s: attention_head_dim = %d (even, up to %d: the attention kernels' limit)",
-                            what, c->head_dim, DITD_CPU_ATTN_MAX_DH);
+    /* the attention's limit is the backend's (ditd_backend_check_head_dim, at load) */
+    if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim > 65536)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: attention_head_dim = %d (even, 2..65536)", what,
+                            c->head_dim);
     int sum = 0;
     for (int a = 0; a < DITD_FLUX_AXES; a++)
         sum += c->axes_dims[a];

@@ -320,6 +320,7 @@ void ditd_sd3_shapes(const ditd_sd3_config *c, int height, int width, int text_l
     out->height = height;
     out->width = width;
     out->heads = c->num_heads;
+    out->head_dim = c->head_dim;
     out->tokens = (height / p) * (width / p);
     out->prefix_tokens = text_len;
     out->guidance_embed = 0; /* classifier-free guidance */

@@ -276,8 +276,9 @@ static int pack_linears(ditd_vae *v)
     return err;
 }
 
-static int check_backend(const ditd_backend_ops *ops)
+static int check_backend(const ditd_backend_ops *ops, const ditd_vae_config *cfg)
 {
+    int err;
     if (ops->device != DITD_DEVICE_CPU)
         return ditd_err_set(DITD_EUNSUPPORTED,
                             "the VAE runs on the cpu backend for now (the %s backend has its image "
@@ -287,6 +288,10 @@ static int check_backend(const ditd_backend_ops *ops)
     if (!ops->conv2d || !ops->groupnorm_stats || !ops->groupnorm_apply || !ops->upsample_nearest2x ||
         !ops->planes_to_tokens || !ops->tokens_to_planes)
         return ditd_err_set(DITD_EUNSUPPORTED, "the %s backend has no VAE kernels yet", ops->name);
+    if (cfg->mid_block_add_attention &&
+        (err = ditd_backend_check_head_dim(ops, cfg->block_out_channels[cfg->n_blocks - 1],
+                                           "the mid-block attention's head (block_out_channels[-1])")))
+        return err;
     return 0;
 }
 
@@ -299,7 +304,7 @@ static int vae_build(const ditd_vae_config *cfg, const ditd_backend_ops *ops,
     int err;
 
     *out = NULL;
-    if ((err = check_backend(ops)))
+    if ((err = check_backend(ops, cfg)))
         return err;
     if (opts->max_h < 1 || opts->max_w < 1 || opts->max_h > 16384 || opts->max_w > 16384)
         return ditd_err_set(DITD_EINVAL, "VAE: largest latent %d x %d", opts->max_h, opts->max_w);
