@@ -85,6 +85,7 @@ static void on_watch(uv_timer_t *t)
     double now = ditd__now();
     ditd__jobs_watch(s);
     ditd__sched_watch(s);
+    ditd_jobrun_watch(s);
     /* fail-stop: every replica failed */
     int alive = 0;
     for (int r = 0; r < s->nrep; r++)
@@ -352,6 +353,11 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     if (!(s->rep = calloc((size_t)s->nrep, sizeof *s->rep)))
         goto fail_info;
 
+    if ((err = ditd_jobrun_open(s))) {
+        ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
+        goto fail_rep;
+    }
+
     uv_async_init(loop, &s->wake, on_wake);
     s->wake.data = s;
     if (s->mpi)
@@ -452,6 +458,7 @@ join:
     uv_run(loop, UV_RUN_DEFAULT);
     free(targs);
     free(s->threads);
+    ditd_jobrun_close(s);
     free(s->rep);
     uv_loop_close(loop);
     ditd_model_info_free(&s->info);
@@ -477,6 +484,8 @@ fail_async:
     uv_run(loop, UV_RUN_DEFAULT);
     free(targs);
     free(s->threads);
+    ditd_jobrun_close(s);
+fail_rep:
     free(s->rep);
 fail_info:
     ditd_model_info_free(&s->info);

@@ -88,25 +88,31 @@ static int same(const char *a, const char *b)
     return d == 0;
 }
 
-int ditd_auth_check(const ditd_auth *a, const char *h)
+int ditd_auth_match(const ditd_auth *a, const char *h)
 {
-    int ok = 0;
+    int hit = -1;
     if (!h)
-        return 0;
+        return -1;
     while (*h == ' ')
         h++;
     if (strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t'))
-        return 0;
+        return -1;
     h += 6;
     while (*h == ' ' || *h == '\t')
         h++;
     char key[4096];
     size_t n = strcspn(h, " \t\r\n");
     if (n == 0 || n >= sizeof key)
-        return 0;
+        return -1;
     memcpy(key, h, n);
     key[n] = '\0';
-    for (int i = 0; i < a->n; i++)
-        ok |= same(key, a->keys[i]);
-    return ok;
+    for (int i = 0; i < a->n; i++) /* every key compared: the time says nothing */
+        if (same(key, a->keys[i]) && hit < 0)
+            hit = i;
+    return hit;
+}
+
+int ditd_auth_check(const ditd_auth *a, const char *h)
+{
+    return ditd_auth_match(a, h) >= 0;
 }

@@ -24,5 +24,7 @@ static inline int ditd_auth_enabled(const ditd_auth *a)
 }
 /* 1 when the header (NULL when absent) carries one of the keys. */
 int ditd_auth_check(const ditd_auth *a, const char *authorization);
+/* The index of the key the header carries, or -1. */
+int ditd_auth_match(const ditd_auth *a, const char *authorization);
 
 #endif

@@ -72,6 +72,9 @@ static const opt opts[] = {
     {"text-encoder-rank", "DITD_TEXT_ENCODER_RANK", T_INT, OFF(text_encoder_rank), 0, 4095, "0", "text models: the rank of each replica's group that runs the text encoders (0: its leader); it sends the embeddings to the group once a batch"},
     {"text-cache-entries", "DITD_TEXT_CACHE_ENTRIES", T_INT, OFF(text_cache_entries), 0, 1000000, "256", "text models: prompts whose embeddings each replica keeps (LRU; 0: no cache)"},
     {"text-cache-mb", "DITD_TEXT_CACHE_MB", T_INT, OFF(text_cache_mb), 1, 1048576, "512", "text models: MiB of embeddings each replica's cache may hold"},
+    {"data-dir", "DITD_DATA_DIR", T_STR, OFF(data_dir), 0, 0, "", "background jobs: the folder of their store (SQLite, jobs.db) and results; they survive a restart. Empty: in memory, lost when the process ends"},
+    {"job-ttl", "DITD_JOB_TTL", T_SECS, OFF(job_ttl_s), 0, 1e9, "86400", "background jobs: seconds a finished job (and its result) is kept, then deleted (0: until DELETE)"},
+    {"data-max-gb", "DITD_DATA_MAX_GB", T_SECS, OFF(data_max_gb), 0, 1e6, "0", "background jobs: the store's size budget in GB (1e9 bytes; 0: none); past it new jobs get 507"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 

@@ -58,6 +58,10 @@ typedef struct ditd_serve_config {
     int text_encoder_rank;      /* text models: group rank of the encoders */
     int text_cache_entries;     /* text models: LRU of prompt embeddings, per replica */
     int text_cache_mb;
+    /* background jobs (server/daemon/jobrun.h) */
+    char data_dir[4096];        /* the job store's folder ("" in memory) */
+    double job_ttl_s;           /* a finished job is deleted this long after it ended (0: never) */
+    double data_max_gb;         /* the store's budget, GB (0: none); past it new jobs get 507 */
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after

@@ -118,7 +118,6 @@ void ditd_job_unref(ditd_job *j)
     if (j->resp)
         MHD_destroy_response(j->resp);
     free(j->out);
-    free(j->body);
     free(j->pixels);
     ditd_genreq_free(&j->rq);
     free(j);
@@ -193,7 +192,7 @@ void ditd_job_sample_back(ditd_job *j, int index, const uint8_t *pixels, int cha
 
 void ditd_job_progress(ditd_job *j, int step, int total)
 {
-    if (!ditd_job_terminal(j) && j->rq.stream && j->state == DITD_JOB_WAITING)
+    if (!ditd_job_terminal(j) && (j->rq.stream || j->background) && j->state == DITD_JOB_WAITING)
         j->sink->progress(j, step, total);
 }
 

@@ -95,12 +95,18 @@ struct ditd_job {
     int dispatched;               /* samples handed to batches */
     struct { uint64_t batch; int replica; int slot; } loc[DITD_GENREQ_MAX_N];
 
+    /* a stored (background) job's (jobrun.c): no connection, no
+     * --request-timeout, progress heard whatever stream says */
+    int background;
+    char store_id[40];
+    int store_running;            /* the row says in_progress */
+    int store_pct;                /* the progress the row has */
+    double store_t;               /* when the row's progress was written */
+
     /* the HTTP side's (routes.c) */
     struct MHD_Connection *conn;  /* NULL once libmicrohttpd is done with it */
     int suspended;
     int want_png;
-    char *body;
-    size_t body_len, body_cap;
     struct MHD_Response *resp;    /* answer to queue when resumed */
     size_t resp_len;
     int resp_status;
@@ -164,7 +170,8 @@ int ditd_job_cancel(ditd_job *j);
  * only counted; the scheduler fails the job). When every one is back with
  * pixels the outcome becomes RESULT (sink->complete). */
 void ditd_job_sample_back(ditd_job *j, int index, const uint8_t *pixels, int channels);
-/* Progress of a streaming job; ignored once terminal or when not streaming. */
+/* Progress of a streaming or background job; ignored once terminal or for
+ * a plain request. */
 void ditd_job_progress(ditd_job *j, int step, int total);
 void ditd_job_partial(ditd_job *j, int image, int partial_index, const uint8_t *pixels);
 

@@ -23,7 +23,7 @@ static const double size_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 const char *ditd_route_name(ditd_route r)
 {
     static const char *names[] = {"/v1/images/generations", "/v1/models", "/healthz", "/readyz",
-                                  "/metrics", "/openapi.json", "other", "/"};
+                                  "/metrics", "/openapi.json", "other", "/", "/v1/jobs"};
     return (unsigned)r < DITD_ROUTE_COUNT ? names[r] : "?";
 }
 
@@ -324,6 +324,22 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     put(&b, "# HELP ditd_http_evicted_total Connections waiting for headers closed at the limit for a newcomer.\n"
             "# TYPE ditd_http_evicted_total counter\nditd_http_evicted_total %llu\n",
         (unsigned long long)g->evicted);
+    static const char *const jstates[] = {"queued", "in_progress", "completed", "failed",
+                                          "cancelled"};
+    put(&b, "# HELP ditd_jobs Background jobs in the store, by status.\n# TYPE ditd_jobs gauge\n");
+    for (int i = 0; i < 5; i++)
+        put(&b, "ditd_jobs{status=\"%s\"} %lld\n", jstates[i], g->jobs[i]);
+    put(&b, "# HELP ditd_job_store_bytes Bytes the job store holds: results, database, WAL.\n"
+            "# TYPE ditd_job_store_bytes gauge\nditd_job_store_bytes %lld\n", g->store_bytes);
+    put(&b, "# HELP ditd_jobs_created_total Background jobs accepted.\n"
+            "# TYPE ditd_jobs_created_total counter\nditd_jobs_created_total %llu\n", g->jobs_created);
+    put(&b, "# HELP ditd_jobs_expired_total Finished jobs deleted by --job-ttl.\n"
+            "# TYPE ditd_jobs_expired_total counter\nditd_jobs_expired_total %llu\n", g->jobs_expired);
+    put(&b, "# HELP ditd_jobs_deleted_total Jobs deleted by DELETE /v1/jobs/{id}.\n"
+            "# TYPE ditd_jobs_deleted_total counter\nditd_jobs_deleted_total %llu\n", g->jobs_deleted);
+    put(&b, "# HELP ditd_jobs_refused_storage_total New jobs refused with 507 (--data-max-gb).\n"
+            "# TYPE ditd_jobs_refused_storage_total counter\nditd_jobs_refused_storage_total %llu\n",
+        g->jobs_refused_full);
     char dev[2 * sizeof m->device], com[128];
     label_value(dev, sizeof dev, m->device[0] ? m->device : "unknown");
     label_value(com, sizeof com, ditd_build_commit);

@@ -30,8 +30,9 @@ typedef enum ditd_route {
     DITD_ROUTE_OPENAPI,
     DITD_ROUTE_OTHER,
     DITD_ROUTE_PAGE,
+    DITD_ROUTE_JOBS,          /* /v1/jobs and /v1/jobs/{id}... */
 } ditd_route;
-#define DITD_ROUTE_COUNT 8
+#define DITD_ROUTE_COUNT 9
 const char *ditd_route_name(ditd_route r);
 
 #define DITD_METRICS_MAX_REPLICAS 64
@@ -83,6 +84,12 @@ typedef struct ditd_metrics_gauges {
      * summed over their latest heartbeats (0 for class models) */
     uint64_t text_cache_hits, text_cache_misses, text_cache_entries;
     double text_encode_s;
+    /* background jobs (server/daemon/jobrun.h): rows by status (queued,
+     * in_progress, completed, failed, cancelled), the store's bytes, and
+     * the runner's counters */
+    long long jobs[5];
+    long long store_bytes;
+    unsigned long long jobs_created, jobs_expired, jobs_deleted, jobs_refused_full;
 } ditd_metrics_gauges;
 
 /* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM.

@@ -1,6 +1,8 @@
-/* HTTP routes: the request callbacks of libmicrohttpd, authentication,
- * validation and submission of generations, the GET routes, and the watch
- * over waiting requests. Loop thread only. Responses and streams are
+/* The route table of `ditd serve` and its dispatch (server/daemon/routes.h):
+ * libmicrohttpd's request and completion callbacks, what every route gets
+ * from its row (the key check, 404/405/413/415, the body kept or read
+ * away), and the watch over waiting requests. Loop thread only. The
+ * handlers are route_info.c's and route_gen.c's; responses and streams are
  * reply.c's; connection limits and read deadlines are http.c's.
  *
  * Every request is answered from the handler's last call (after its body,
@@ -18,25 +20,142 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <gnutls/crypto.h>
 
 #include "engine/core/error.h"
-#include "proto/openapi.h"
 #include "server/daemon/log.h"
-#include "server/daemon/page.h"
 #include "server/daemon/reply.h"
 #include "server/daemon/sched.h"
 #include "server/daemon/serve.h"
 
-/* One request, from its headers to its end. */
-typedef struct route_req {
-    ditd_route route;
-    int head;                 /* HEAD: no body is sent */
-    ditd_job *job;            /* generations: a ref (the connection's) */
-    ditd_api_error refuse;    /* decided at the headers, answered at the end */
-    int refused;
-    size_t body_seen;         /* bytes of a body that is not kept */
-    int too_large;            /* the body passed --max-body-bytes */
-} route_req;
+/* ------------------------------------------------------------------ */
+/* the table                                                           */
+
+#define JSON "application/json"
+
+/* One row per route: docs/api.md lists them, proto/openapi.json describes
+ * them. The un-versioned /images/generations is the OpenAI client's path
+ * under a base URL without /v1. */
+const ditd_route_row ditd_routes[] = {
+    /* method, path, metrics label, handler, who may call, flags, body limit (0: --max-body-bytes),
+     * accepted Content-Types (NULL: any) */
+    {"POST", "/v1/images/generations", DITD_ROUTE_GENERATIONS, ditd_route_generate, DITD_ROUTE_KEY,
+     DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 0, JSON},
+    {"POST", "/images/generations", DITD_ROUTE_GENERATIONS, ditd_route_generate, DITD_ROUTE_KEY,
+     DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 0, JSON},
+    {"GET", "/v1/models", DITD_ROUTE_MODELS, ditd_route_models, DITD_ROUTE_KEY, 0, 0, NULL},
+    {"GET", "/v1/models/{name}", DITD_ROUTE_MODELS, ditd_route_model, DITD_ROUTE_KEY, 0, 0, NULL},
+    {"GET", "/v1/jobs", DITD_ROUTE_JOBS, ditd_route_jobs_list, DITD_ROUTE_KEY, 0, 0, NULL},
+    {"GET", "/v1/jobs/{id}", DITD_ROUTE_JOBS, ditd_route_job_get, DITD_ROUTE_KEY, 0, 0, NULL},
+    {"DELETE", "/v1/jobs/{id}", DITD_ROUTE_JOBS, ditd_route_job_delete, DITD_ROUTE_KEY, 0, 0, NULL},
+    {"GET", "/v1/jobs/{id}/content", DITD_ROUTE_JOBS, ditd_route_job_content, DITD_ROUTE_KEY, 0, 0,
+     NULL},
+    {"GET", "/healthz", DITD_ROUTE_HEALTHZ, ditd_route_healthz, DITD_ROUTE_OPEN, 0, 0, NULL},
+    {"GET", "/readyz", DITD_ROUTE_READYZ, ditd_route_readyz, DITD_ROUTE_OPEN, 0, 0, NULL},
+    {"GET", "/metrics", DITD_ROUTE_METRICS, ditd_route_metrics, DITD_ROUTE_METRICS_KEY, 0, 0, NULL},
+    {"GET", "/openapi.json", DITD_ROUTE_OPENAPI, ditd_route_openapi, DITD_ROUTE_OPEN, 0, 0, NULL},
+    {"GET", "/", DITD_ROUTE_PAGE, ditd_route_page, DITD_ROUTE_OPEN, 0, 0, NULL},
+};
+const size_t ditd_routes_count = sizeof ditd_routes / sizeof ditd_routes[0];
+
+/* path against pattern; on a match with a {id} or {name} segment, *id,
+ * *id_len point into path. {id} is one segment (no '/'); {name}, which
+ * ends a pattern, is the rest of the path (a model's name may hold '/'). */
+static int path_match(const char *pat, const char *path, const char **id, size_t *id_len)
+{
+    const char *brace = strchr(pat, '{');
+    *id = NULL;
+    *id_len = 0;
+    if (!brace)
+        return !strcmp(pat, path);
+    int rest = !strncmp(brace, "{name}", 6);
+    size_t pre = (size_t)(brace - pat), plen = strlen(path);
+    const char *suf = brace + (rest ? 6 : 4);
+    size_t sl = strlen(suf);
+    if (strncmp(pat, path, pre) || plen < pre + sl || strcmp(path + plen - sl, suf))
+        return 0;
+    *id = path + pre;
+    *id_len = plen - pre - sl;
+    return rest || (*id_len > 0 && !memchr(*id, '/', *id_len));
+}
+
+static int method_match(const char *row, const char *method)
+{
+    return !strcmp(row, method) || (!strcmp(row, "GET") && !strcmp(method, "HEAD"));
+}
+
+const ditd_route_row *ditd_route_find(const char *method, const char *path, char **id,
+                                      char *allow, size_t allow_n, ditd_route *label)
+{
+    size_t at = 0;
+    *id = NULL;
+    if (allow_n)
+        allow[0] = 0;
+    *label = DITD_ROUTE_OTHER;
+    for (size_t i = 0; i < ditd_routes_count; i++) {
+        const ditd_route_row *r = &ditd_routes[i];
+        const char *p;
+        size_t n;
+        if (!path_match(r->path, path, &p, &n))
+            continue;
+        *label = r->route;
+        if (method_match(r->method, method)) {
+            if (p && !(*id = strndup(p, n)))
+                return NULL;
+            return r;
+        }
+        if (at < allow_n) {
+            int w = snprintf(allow + at, allow_n - at, "%s%s%s", at ? ", " : "", r->method,
+                             !strcmp(r->method, "GET") ? ", HEAD" : "");
+            at += w > 0 ? (size_t)w : 0;
+        }
+    }
+    return NULL;
+}
+
+/* A Content-Type against a row's list ("application/json" takes any
+ * "+json" type too). */
+static int type_accepted(const char *types, const char *ct)
+{
+    size_t n;
+    if (!types)
+        return 1;
+    if (!ct)
+        return 0;
+    while (*ct == ' ')
+        ct++;
+    n = strcspn(ct, "; ");
+    for (const char *t = types; *t;) {
+        size_t tl = strcspn(t, ",");
+        if ((n == tl && !strncasecmp(ct, t, tl)) ||
+            (tl == 16 && !strncmp(t, JSON, 16) && n > 5 && !strncasecmp(ct + n - 5, "+json", 5)))
+            return 1;
+        t += tl;
+        while (*t == ',' || *t == ' ')
+            t++;
+    }
+    return 0;
+}
+
+void ditd_route_owner(const char *key, char out[65])
+{
+    unsigned char d[32];
+    static const char hex[] = "0123456789abcdef";
+    if (gnutls_hash_fast(GNUTLS_DIG_SHA256, key, strlen(key), d) != 0) {
+        out[0] = 0; /* cannot happen with GnuTLS's own digest; owns nothing then */
+        return;
+    }
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = hex[d[i] >> 4];
+        out[2 * i + 1] = hex[d[i] & 15];
+    }
+    out[64] = 0;
+}
+
+static long row_max_body(const ditd_srv *s, const ditd_route_row *r)
+{
+    return r && r->max_body > 0 ? r->max_body : s->cfg.max_body_bytes;
+}
 
 /* ------------------------------------------------------------------ */
 /* answering                                                           */
@@ -45,10 +164,8 @@ static const char oom_body[] =
     "{\"error\":{\"message\":\"the server could not build the answer\",\"type\":\"server_error\","
     "\"param\":null,\"code\":\"internal_error\"}}";
 
-/* Queues r (NULL: a fixed 500, so that a request is never dropped without
- * an answer), counts it and records it for the access log. */
-static enum MHD_Result answer(ditd_srv *s, struct MHD_Connection *c, ditd_route route, int status,
-                              struct MHD_Response *r, size_t body_len)
+enum MHD_Result ditd_route_answer(ditd_srv *s, struct MHD_Connection *c, ditd_route route,
+                                  int status, struct MHD_Response *r, size_t body_len)
 {
     ditd_http_conn *hc = ditd_http_conn_of(c);
     enum MHD_Result ret;
@@ -71,282 +188,68 @@ static enum MHD_Result answer(ditd_srv *s, struct MHD_Connection *c, ditd_route 
     return ret;
 }
 
-static enum MHD_Result answer_json(ditd_srv *s, struct MHD_Connection *c, ditd_route route,
-                                   int status, json_t *root, const char *rid)
+enum MHD_Result ditd_route_answer_json(ditd_srv *s, struct MHD_Connection *c, ditd_route route,
+                                       int status, json_t *root, const char *rid)
 {
     char *txt = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     size_t n = txt ? strlen(txt) : 0;
-    return answer(s, c, route, status, txt ? ditd_reply_buffer(txt, n, "application/json", rid) : NULL, n);
+    return ditd_route_answer(s, c, route, status,
+                             txt ? ditd_reply_buffer(txt, n, "application/json", rid) : NULL, n);
 }
 
-static enum MHD_Result answer_err(ditd_srv *s, struct MHD_Connection *c, ditd_route route,
-                                  const ditd_api_error *e, const char *rid, int retry_after,
-                                  int close)
+static enum MHD_Result answer_err_allow(ditd_srv *s, struct MHD_Connection *c, ditd_route route,
+                                        const ditd_api_error *e, const char *rid, int retry_after,
+                                        int close, const char *allow)
 {
     size_t n = 0;
     struct MHD_Response *r = ditd_reply_error(e, rid, retry_after, &n);
-    if (r && e->status == 405)
-        MHD_add_response_header(r, "Allow", route == DITD_ROUTE_GENERATIONS ? "POST" : "GET, HEAD");
+    if (r && e->status == 405 && allow && *allow)
+        MHD_add_response_header(r, "Allow", allow);
     if (r && e->status == 401)
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     if (r && close)
         MHD_add_response_header(r, "Connection", "close");
-    return answer(s, c, route, e->status, r, n);
+    return ditd_route_answer(s, c, route, e->status, r, n);
+}
+
+enum MHD_Result ditd_route_answer_err(ditd_srv *s, struct MHD_Connection *c, ditd_route route,
+                                      const ditd_api_error *e, const char *rid, int retry_after,
+                                      int close)
+{
+    return answer_err_allow(s, c, route, e, rid, retry_after, close, NULL);
 }
 
 /* ------------------------------------------------------------------ */
-/* routes                                                              */
+/* dispatch                                                            */
 
-static ditd_route route_of(const char *url)
+/* What the dispatch keeps beside the handler's request. */
+typedef struct route_conn {
+    ditd_route_req rq;        /* first: the handlers see this */
+    char allow[64];           /* a 405's Allow */
+} route_conn;
+
+static int needs_key(const ditd_srv *s, const ditd_route_row *r)
 {
-    if (!strcmp(url, "/v1/images/generations") || !strcmp(url, "/images/generations"))
-        return DITD_ROUTE_GENERATIONS;
-    if (!strcmp(url, "/v1/models") || !strncmp(url, "/v1/models/", 11))
-        return DITD_ROUTE_MODELS;
-    if (!strcmp(url, "/healthz"))
-        return DITD_ROUTE_HEALTHZ;
-    if (!strcmp(url, "/readyz"))
-        return DITD_ROUTE_READYZ;
-    if (!strcmp(url, "/metrics"))
-        return DITD_ROUTE_METRICS;
-    if (!strcmp(url, "/openapi.json"))
-        return DITD_ROUTE_OPENAPI;
-    if (!strcmp(url, "/"))
-        return DITD_ROUTE_PAGE;
-    return DITD_ROUTE_OTHER;
+    if (!r)
+        return 1; /* an unknown path hears 401 before 404: it does not probe the table */
+    return r->auth == DITD_ROUTE_KEY || (r->auth == DITD_ROUTE_METRICS_KEY && s->cfg.metrics_auth);
 }
 
-/* Routes open without a key: probes, the API's description, and the page
- * (static; the calls it makes carry the key its user types in). */
-static int route_open(const ditd_srv *s, ditd_route r)
-{
-    return r == DITD_ROUTE_HEALTHZ || r == DITD_ROUTE_READYZ || r == DITD_ROUTE_OPENAPI ||
-           r == DITD_ROUTE_PAGE ||
-           (r == DITD_ROUTE_METRICS && !s->cfg.metrics_auth);
-}
-
-/* One entry of GET /v1/models: the served model under one of its names
- * (its folder's or an alias; "root" is the folder's). docs/api.md shows
- * the shape. NULL on out of memory. */
-static json_t *model_json(ditd_srv *s, const char *id)
-{
-    const ditd_model_info *m = &s->info;
-    int text = m->shapes.cond.kind == DITD_COND_TEXT;
-    char size[32];
-    json_t *o = json_object(), *sizes = json_array(), *samplers = json_array();
-    json_t *defaults = json_object(), *range = json_object();
-    if (!o || !sizes || !samplers || !defaults || !range) {
-        json_decref(o), json_decref(sizes), json_decref(samplers), json_decref(defaults),
-            json_decref(range);
-        return NULL;
-    }
-    snprintf(size, sizeof size, "%dx%d", m->image_width, m->image_height);
-    json_object_set_new(o, "id", json_string(id));
-    json_object_set_new(o, "object", json_string("model"));
-    json_object_set_new(o, "created", json_integer((json_int_t)s->t_wall));
-    json_object_set_new(o, "owned_by", json_string("ditd"));
-    json_object_set_new(o, "root", json_string(m->name));
-    json_object_set_new(o, "architecture", json_string(m->denoiser_class));
-    json_object_set_new(o, "conditioning", json_string(text ? "text" : "class"));
-    if (!text) {
-        json_t *classes = json_array();
-        for (int i = 0; classes && i < m->num_classes; i++)
-            json_array_append_new(classes, json_pack("{s:i,s:s}", "id", i, "label", m->labels[i]));
-        json_object_set_new(o, "classes", classes);
-        json_object_set_new(o, "num_classes", json_integer(m->num_classes));
-    } else {
-        json_object_set_new(o, "max_sequence_length", json_integer(m->max_sequence_length));
-        json_object_set_new(o, "max_prompt_bytes", json_integer(DITD_GENREQ_MAX_PROMPT_BYTES));
-    }
-    /* sizes: the one a fixed model makes; a resizable model's default,
-     * with the range it takes in size_range */
-    json_array_append_new(sizes, json_string(size));
-    json_object_set_new(o, "sizes", sizes);
-    json_object_set_new(range, "resizable", json_boolean(m->resizable));
-    json_object_set_new(range, "default", json_string(size));
-    if (m->resizable) {
-        json_object_set_new(range, "min", json_integer(m->min_size));
-        json_object_set_new(range, "max", json_integer(m->max_size));
-        json_object_set_new(range, "multiple", json_integer(m->size_multiple));
-    }
-    json_object_set_new(o, "size_range", range);
-    json_object_set_new(o, "channels", json_integer(m->image_channels));
-    json_object_set_new(defaults, "num_inference_steps", json_integer(m->default_steps));
-    json_object_set_new(defaults, "guidance_scale", json_real((double)m->default_guidance));
-    json_object_set_new(defaults, "sampler", json_string(ditd_sampler_kind_name(s->sched_default)));
-    json_object_set_new(defaults, "size", json_string(size));
-    if (text) {
-        json_object_set_new(defaults, "max_sequence_length",
-                            json_integer(m->default_max_sequence_length));
-        json_object_set_new(defaults, "true_cfg_scale", json_real(1.0));
-    }
-    json_object_set_new(o, "defaults", defaults);
-    for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++)
-        json_array_append_new(samplers, json_string(ditd_sampler_kind_name((ditd_sampler_kind)k)));
-    json_object_set_new(o, "samplers", samplers);
-    json_object_set_new(o, "max_n", json_integer(DITD_GENREQ_MAX_N));
-    return o;
-}
-
-static enum MHD_Result get_route(ditd_srv *s, struct MHD_Connection *c, ditd_route route,
-                                 const char *url, const char *rid)
-{
-    ditd_api_error e;
-    json_t *root;
-    switch (route) {
-    case DITD_ROUTE_MODELS:
-        if (!strncmp(url, "/v1/models/", 11)) {
-            if (!ditd_genreq_model_named(&s->gm, url + 11)) {
-                ditd_api_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
-                                   "no model '%.200s'; this server has '%s'", url + 11, s->info.name);
-                return answer_err(s, c, route, &e, rid, 0, 0);
-            }
-            return answer_json(s, c, route, 200, model_json(s, url + 11), rid);
-        }
-        {
-            /* every name is an entry (as vLLM lists its served names),
-             * the folder's first */
-            json_t *data = json_array();
-            int ok = data && !json_array_append_new(data, model_json(s, s->info.name));
-            for (int i = 0; ok && i < s->gm.n_aliases; i++)
-                ok = !json_array_append_new(data, model_json(s, s->gm.aliases[i]));
-            root = ok ? json_pack("{s:s,s:o}", "object", "list", "data", data) : NULL;
-            if (!ok)
-                json_decref(data);
-        }
-        return answer_json(s, c, route, 200, root, rid);
-    case DITD_ROUTE_HEALTHZ: {
-        /* alive while one replica is: a stalled replica is reported, and
-         * routed around, but does not make the process look dead */
-        double now = ditd__now();
-        int alive_n = 0;
-        json_t *reps = json_array();
-        for (int r = 0; r < s->nrep; r++) {
-            double age = s->rep[r].last_hb > 0 ? now - s->rep[r].last_hb : -1;
-            int alive = ditd__sched_replica_alive(s, r);
-            alive_n += alive;
-            json_array_append_new(reps, json_pack("{s:i,s:b,s:b,s:f,s:b}", "replica", r, "alive",
-                                                  alive, "ready", s->rep[r].ready,
-                                                  "last_heartbeat_s", age, "busy",
-                                                  s->rep[r].running != NULL));
-        }
-        const char *st = alive_n == 0 ? "unhealthy" : alive_n < s->nrep ? "degraded" : "ok";
-        root = json_pack("{s:s,s:i,s:i,s:o}", "status", st, "replicas_alive", alive_n,
-                         "replicas_total", s->nrep, "replicas", reps);
-        return answer_json(s, c, route, alive_n ? 200 : 503, root, rid);
-    }
-    case DITD_ROUTE_READYZ: {
-        int up = ditd__sched_replicas_up(s);
-        const char *why = s->draining ? "draining" : up == 0 ? "no replica ready"
-                          : s->q_len >= s->cfg.max_queue ? "queue full" : NULL;
-        root = json_pack("{s:s,s:i,s:i,s:i,s:b}", "status", why ? why : "ready", "replicas_up", up,
-                         "queue_depth", s->q_len, "max_queue", s->cfg.max_queue, "draining", s->draining);
-        return answer_json(s, c, route, why ? 503 : 200, root, rid);
-    }
-    case DITD_ROUTE_METRICS: {
-        ditd_metrics_gauges g = {.model = s->info.name,
-                                 .queue_depth = s->q_len,
-                                 .running_batches = ditd__sched_running(s),
-                                 .replicas = s->nrep,
-                                 .replicas_up = ditd__sched_replicas_up(s),
-                                 .draining = s->draining,
-                                 .connections = s->http.n_conns,
-                                 .refused_capacity = s->http.refused_capacity,
-                                 .refused_per_client = s->http.refused_per_client,
-                                 .read_timeouts = s->http.read_timeouts,
-                                 .evicted = s->http.evicted};
-        for (ditd_job *j = s->jobs.head; j; j = j->all_next)
-            g.inflight_requests += j->state == DITD_JOB_WAITING;
-        for (int r = 0; r < s->nrep; r++) {
-            g.text_cache_hits += s->rep[r].text_hits;
-            g.text_cache_misses += s->rep[r].text_misses;
-            g.text_cache_entries += s->rep[r].text_entries;
-            g.text_encode_s += s->rep[r].text_encode_ms / 1e3;
-        }
-        size_t len = 0;
-        char *text = ditd_metrics_render(&s->m, &g, &len);
-        return answer(s, c, route, 200,
-                      text ? ditd_reply_buffer(text, len, "text/plain; version=0.0.4; charset=utf-8", rid)
-                           : NULL,
-                      len);
-    }
-    case DITD_ROUTE_OPENAPI: {
-        struct MHD_Response *r = MHD_create_response_from_buffer(
-            ditd_openapi_json_len, (void *)ditd_openapi_json, MHD_RESPMEM_PERSISTENT);
-        if (r) {
-            MHD_add_response_header(r, "Content-Type", "application/json");
-            ditd_reply_headers(r, rid);
-        }
-        return answer(s, c, route, 200, r, ditd_openapi_json_len);
-    }
-    case DITD_ROUTE_PAGE: {
-        struct MHD_Response *r = ditd_page_response();
-        if (r)
-            ditd_reply_headers(r, rid);
-        return answer(s, c, route, 200, r, ditd_page_html_len);
-    }
-    default:
-        ditd_api_error_set(&e, 404, "invalid_request_error", "not_found", NULL, "no route %.200s", url);
-        return answer_err(s, c, route, &e, rid, 0, 0);
-    }
-}
-
-static int is_json_type(const char *ct)
-{
-    size_t n;
-    if (!ct)
-        return 0;
-    while (*ct == ' ')
-        ct++;
-    n = strcspn(ct, "; ");
-    return (n == 16 && !strncasecmp(ct, "application/json", 16)) ||
-           (n > 5 && !strncasecmp(ct + n - 5, "+json", 5));
-}
-
-/* The body is in: validate, queue, and either stream or wait. */
-static enum MHD_Result start_generation(ditd_srv *s, struct MHD_Connection *c, ditd_job *j)
-{
-    ditd_api_error e;
-    ditd_genreq rq;
-    int st;
-    if (ditd_genreq_parse(j->body ? j->body : "", j->body_len, &s->gm, &rq, &e)) {
-        ditd_job_refuse(j);
-        return answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid, 0, 0);
-    }
-    free(j->body);
-    j->body = NULL;
-    if (ditd_job_accept(j, &rq, ditd_genreq_numel(&rq, &s->info))) {
-        ditd_genreq_free(&rq);
-        ditd_job_refuse(j);
-        ditd_api_error_set(&e, 500, "server_error", "internal_error", NULL, "out of memory");
-        return answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid, 0, 0);
-    }
-    if ((st = ditd__sched_submit(s, j, &e))) {
-        ditd_job_refuse(j); /* nothing of it is out */
-        return answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid,
-                          st == 429 ? ditd__sched_retry_after(s) : st == 503 ? 5 : 0, 0);
-    }
-    if (j->rq.stream) {
-        j->status = 200;
-        return answer(s, c, DITD_ROUTE_GENERATIONS, 200, ditd_reply_stream(j), 0);
-    }
-    j->suspended = 1;
-    MHD_suspend_connection(c);
-    return MHD_YES;
-}
-
-/* The request's headers are in: what is decided before the body. */
+/* The request's headers are in: what its row decides before the body. */
 static enum MHD_Result on_headers(ditd_srv *s, struct MHD_Connection *c, const char *url,
-                                  const char *method, route_req *rq)
+                                  const char *method, route_conn *rc)
 {
+    ditd_route_req *rq = &rc->rq;
     ditd_http_conn *hc = ditd_http_conn_of(c);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     const char *rid_in = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
-    int is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    const char *authz = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     ditd_api_error *e = &rq->refuse;
+    const ditd_route_row *row;
 
-    rq->route = route_of(url);
+    row = ditd_route_find(method, url, &rq->id, rc->allow, sizeof rc->allow, &rq->route);
+    rq->row = row;
     rq->head = !strcmp(method, "HEAD");
     if (hc) {
         hc->requests++;
@@ -361,89 +264,91 @@ static enum MHD_Result on_headers(ditd_srv *s, struct MHD_Connection *c, const c
     }
     /* a declared body over the limit is refused unread (the connection
      * closes: what follows the headers is not a request) */
-    if (cl && strtoll(cl, NULL, 10) > s->cfg.max_body_bytes) {
+    long max = row_max_body(s, row);
+    if (cl && strtoll(cl, NULL, 10) > max) {
         ditd_api_error_set(e, 413, "invalid_request_error", "body_too_large", NULL,
-                           "the body (%.20s bytes) is over the limit of %ld bytes", cl,
-                           s->cfg.max_body_bytes);
-        return answer_err(s, c, rq->route, e, hc ? hc->rid : NULL, 0, 1);
+                           "the body (%.20s bytes) is over the limit of %ld bytes", cl, max);
+        return ditd_route_answer_err(s, c, rq->route, e, hc ? hc->rid : NULL, 0, 1);
     }
-    if (ditd_auth_enabled(&s->auth) && !route_open(s, rq->route) &&
-        !ditd_auth_check(&s->auth, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
-        rq->refused = 1;
-        ditd_api_error_set(e, 401, "invalid_request_error", "invalid_api_key", NULL,
-                           MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")
-                               ? "Incorrect API key provided. Send Authorization: Bearer <key>."
-                               : "You didn't provide an API key. Send Authorization: Bearer <key>.");
-        return MHD_YES;
+    /* a 405 is judged by the first row of the path */
+    const ditd_route_row *path_row = row;
+    if (!row && rc->allow[0])
+        for (size_t i = 0; i < ditd_routes_count && !path_row; i++)
+            if (ditd_routes[i].route == rq->route)
+                path_row = &ditd_routes[i];
+    if (ditd_auth_enabled(&s->auth) && needs_key(s, path_row)) {
+        int k = ditd_auth_match(&s->auth, authz);
+        if (k < 0) {
+            rq->refused = 1;
+            ditd_api_error_set(e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                               authz ? "Incorrect API key provided. Send Authorization: Bearer <key>."
+                                     : "You didn't provide an API key. Send Authorization: Bearer <key>.");
+            return MHD_YES;
+        }
+        ditd_route_owner(s->auth.keys[k], rq->owner);
     }
-    if (rq->route != DITD_ROUTE_GENERATIONS) {
-        if (rq->route != DITD_ROUTE_OTHER && !is_get) {
+    if (!row) {
+        if (rc->allow[0]) {
             rq->refused = 1;
             ditd_api_error_set(e, 405, "invalid_request_error", "method_not_allowed", NULL,
-                               "%.20s is not allowed on %.200s; allowed: GET, HEAD", method, url);
+                               "%.20s is not allowed on %.200s; allowed: %s", method, url, rc->allow);
         }
-        return MHD_YES;
+        return MHD_YES; /* no route: 404 once the body is read away */
     }
-    if (strcmp(method, "POST") != 0) {
-        rq->refused = 1;
-        ditd_api_error_set(e, 405, "invalid_request_error", "method_not_allowed", NULL,
-                           "%.20s is not allowed on %.200s; allowed: POST", method, url);
-        return MHD_YES;
-    }
-    if (s->draining) {
+    if ((row->flags & DITD_ROUTE_NEW_WORK) && s->draining) {
         rq->refused = 1;
         ditd_api_error_set(e, 503, "server_error", "draining", NULL,
                            "the server is shutting down; retry on another instance");
         return MHD_YES;
     }
-    if (!is_json_type(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"))) {
+    if (!type_accepted(row->types, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"))) {
         rq->refused = 1;
-        ditd_api_error_set(e, 415, "invalid_request_error", "unsupported_media_type", NULL,
-                           "the body must be JSON: send Content-Type: application/json");
+        if (!strcmp(row->types, JSON))
+            ditd_api_error_set(e, 415, "invalid_request_error", "unsupported_media_type", NULL,
+                               "the body must be JSON: send Content-Type: application/json");
+        else
+            ditd_api_error_set(e, 415, "invalid_request_error", "unsupported_media_type", NULL,
+                               "the body must be one of: %s", row->types);
         return MHD_YES;
     }
-    if (!(rq->job = ditd_job_new(&s->jobs, s, &ditd_reply_sink, hc ? hc->rid : NULL)))
-        return MHD_NO;
-    rq->job->conn = c;
-    const char *acc = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept");
-    rq->job->want_png = acc && strstr(acc, "image/png") != NULL;
     return MHD_YES;
 }
 
-/* Part of a body: kept for a generation, counted and dropped otherwise. */
-static void on_body(ditd_srv *s, route_req *rq, const char *data, size_t n)
+/* Part of a body: kept for a row that keeps it, counted and dropped
+ * otherwise. */
+static void on_body(ditd_srv *s, ditd_route_req *rq, const char *data, size_t n)
 {
-    ditd_job *j = rq->job;
+    size_t max = (size_t)row_max_body(s, rq->row);
     if (rq->too_large)
         return;
-    if (!j || rq->refused) {
+    if (!rq->row || rq->refused || !(rq->row->flags & DITD_ROUTE_KEEP_BODY)) {
         rq->body_seen += n;
-        rq->too_large = rq->body_seen > (size_t)s->cfg.max_body_bytes;
+        rq->too_large = rq->body_seen > max;
         return;
     }
-    if (j->body_len + n > (size_t)s->cfg.max_body_bytes) {
+    if (rq->body_len + n > max) {
         /* a chunked body gets here: the rest is read away (within
          * --body-timeout) and the answer is 413 */
         rq->too_large = 1;
-        free(j->body);
-        j->body = NULL;
-        j->body_len = j->body_cap = 0;
+        free(rq->body);
+        rq->body = NULL;
+        rq->body_len = rq->body_cap = 0;
         return;
     }
-    if (j->body_len + n > j->body_cap) {
-        size_t cap = (j->body_len + n) * 2;
-        if (cap > (size_t)s->cfg.max_body_bytes)
-            cap = (size_t)s->cfg.max_body_bytes;
-        char *p = realloc(j->body, cap);
+    if (rq->body_len + n > rq->body_cap) {
+        size_t cap = (rq->body_len + n) * 2;
+        if (cap > max)
+            cap = max;
+        char *p = realloc(rq->body, cap);
         if (!p) {
             rq->too_large = 1; /* cannot keep it: answered as too large */
             return;
         }
-        j->body = p;
-        j->body_cap = cap;
+        rq->body = p;
+        rq->body_cap = cap;
     }
-    memcpy(j->body + j->body_len, data, n);
-    j->body_len += n;
+    memcpy(rq->body + rq->body_len, data, n);
+    rq->body_len += n;
 }
 
 enum MHD_Result ditd__on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -451,17 +356,17 @@ enum MHD_Result ditd__on_request(void *cls, struct MHD_Connection *c, const char
                                  size_t *upload_size, void **ctx)
 {
     ditd_srv *s = cls;
-    route_req *rq = *ctx;
+    route_conn *rc = *ctx;
     (void)version;
 
-    if (!rq) {
-        if (!(rq = calloc(1, sizeof *rq)))
+    if (!rc) {
+        if (!(rc = calloc(1, sizeof *rc)))
             return MHD_NO;
-        *ctx = rq;
-        return on_headers(s, c, url, method, rq);
+        *ctx = rc;
+        return on_headers(s, c, url, method, rc);
     }
-    ditd_job *j = rq->job;
-    if (!j || j->state == DITD_JOB_BODY) {
+    ditd_route_req *rq = &rc->rq;
+    if (!rq->handled) {
         if (*upload_size) {
             on_body(s, rq, upload, *upload_size);
             *upload_size = 0;
@@ -471,26 +376,33 @@ enum MHD_Result ditd__on_request(void *cls, struct MHD_Connection *c, const char
         ditd_http_conn *hc = ditd_http_conn_of(c);
         const char *rid = hc ? hc->rid : NULL;
         ditd_http_conn_set_phase(hc, DITD_HTTP_BUSY);
+        rq->handled = 1;
         if (rq->too_large) {
             ditd_api_error e;
-            if (j)
-                ditd_job_refuse(j);
             ditd_api_error_set(&e, 413, "invalid_request_error", "body_too_large", NULL,
-                               "the body is over the limit of %ld bytes", s->cfg.max_body_bytes);
-            return answer_err(s, c, rq->route, &e, rid, 0, 1);
+                               "the body is over the limit of %ld bytes", row_max_body(s, rq->row));
+            return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 1);
         }
         if (rq->refused)
-            return answer_err(s, c, rq->route, &rq->refuse, rid, rq->refuse.status == 503 ? 5 : 0, 0);
-        if (!j)
-            return get_route(s, c, rq->route, url, rid);
-        return start_generation(s, c, j);
+            return answer_err_allow(s, c, rq->route, &rq->refuse, rid,
+                                    rq->refuse.status == 503 ? 5 : 0, 0, rc->allow);
+        if (!rq->row) {
+            ditd_api_error e;
+            ditd_api_error_set(&e, 404, "invalid_request_error", "not_found", NULL,
+                               "no route %.200s", url);
+            return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 0);
+        }
+        return rq->row->fn(s, c, rq, rid);
     }
-    /* resumed with an answer */
+    /* resumed (a waiting generation) */
+    ditd_job *j = rq->job;
+    if (!j)
+        return MHD_NO;
     if (j->resp) {
         struct MHD_Response *r = j->resp;
         j->resp = NULL;
         j->status = j->resp_status;
-        return answer(s, c, DITD_ROUTE_GENERATIONS, j->resp_status, r, j->resp_len);
+        return ditd_route_answer(s, c, rq->route, j->resp_status, r, j->resp_len);
     }
     if (j->outcome == DITD_JOB_CANCELED)
         return MHD_NO; /* the client is gone: close */
@@ -504,7 +416,7 @@ void ditd__on_completed(void *cls, struct MHD_Connection *c, void **ctx,
                         enum MHD_RequestTerminationCode toe)
 {
     ditd_srv *s = cls;
-    route_req *rq = *ctx;
+    ditd_route_req *rq = *ctx;
     ditd_http_conn *hc = ditd_http_conn_of(c);
     ditd_job *j = rq ? rq->job : NULL;
     *ctx = NULL;
@@ -532,6 +444,10 @@ void ditd__on_completed(void *cls, struct MHD_Connection *c, void **ctx,
         j->conn = NULL;
         j->suspended = 0;
         ditd_job_unref(j);
+    }
+    if (rq) {
+        free(rq->id);
+        free(rq->body);
     }
     free(rq);
 }
@@ -584,7 +500,7 @@ void ditd__jobs_watch(ditd_srv *s)
     ditd_job *next;
     for (ditd_job *j = s->jobs.head; j; j = next) {
         ditd_job_ref(j);
-        if (!ditd_job_terminal(j) && j->state == DITD_JOB_WAITING) {
+        if (!ditd_job_terminal(j) && j->state == DITD_JOB_WAITING && !j->background) {
             if (now - j->t_arrive > s->cfg.request_timeout_s) {
                 s->m.timeouts_total++;
                 ditd__sched_fail(s, j, 504, "server_error", "timeout",

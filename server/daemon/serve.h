@@ -9,10 +9,13 @@
  *             limits and read deadlines
  *   reply.c   responses, SSE streams, PNG/base64 encoding on the libuv work
  *             queue: the jobs' sink (what the HTTP side hears of a job)
- *   routes.c  the routes: auth, validation, submit, GET routes, the watch
+ *   jobstore.c  the job store (SQLite rows, result files); jobrun.c feeds
+ *             its queued jobs to the scheduler and stores their results
+ *   routes.c  the route table and its dispatch (auth, 404/405/413/415), the
+ *             watch; its handlers in route_info.c, route_gen.c, route_jobs.c
  *   cmd_serve.c  start-up, the libuv loop, signals, drain, shutdown; MPI
  *             worker ranks
- * Calls point down this list only (routes -> reply -> sched -> job -> log;
+ * Calls point down this list only (routes -> reply -> jobrun -> sched -> job -> log;
  * http is called by routes, reply and cmd_serve and calls none of them).
  *
  * Threads: everything here runs on the loop thread, except the encode work
@@ -32,6 +35,7 @@
 #include "server/daemon/genreq.h"
 #include "server/daemon/http.h"
 #include "server/daemon/job.h"
+#include "server/daemon/jobrun.h"
 #include "server/daemon/metrics.h"
 
 /* A batch on a replica, as the front-end sees it. */
@@ -86,6 +90,7 @@ struct ditd_srv {
     double avg_batch_s;
     double sec_per_cost;  /* measured: batch seconds per unit of cost (0: not yet) */
     ditd_metrics m;
+    ditd_jobrun jobrun;  /* background jobs and their store */
     int draining;
     double drain_deadline;
     int aborted_left;    /* drain deadline passed, the rest got errors */
