@@ -29,6 +29,7 @@
 #include "engine/pipeline/pipeline.h"
 #include "server/cmd/cli.h"
 #include "server/cmd/cmd.h"
+#include "server/daemon/jobrun.h"
 #include "server/daemon/log.h"
 #include "server/daemon/routes.h"
 #include "server/daemon/sched.h"
@@ -355,6 +356,7 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
 
     if ((err = ditd_jobrun_open(s))) {
         ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
+        ditd_jobrun_close(s);
         goto fail_rep;
     }
 

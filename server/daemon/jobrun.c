@@ -81,7 +81,7 @@ static void write_work_done(uv_work_t *req, int status)
 {
     write_work *w = req->data;
     ditd_srv *s = w->s;
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = s->jobrun;
     ditd_jrow row;
     (void)status;
     r->n_writing--;
@@ -119,7 +119,7 @@ static void write_work_done(uv_work_t *req, int status)
 
 static void job_progress(ditd_job *j, int step, int total)
 {
-    ditd_jobrun *r = &j->s->jobrun;
+    ditd_jobrun *r = j->s->jobrun;
     int pct = total > 0 ? step * 100 / total : 0;
     double now = ditd__now();
     if (pct > 99)
@@ -144,7 +144,7 @@ static void job_partial(ditd_job *j, int image, int partial_index, const uint8_t
 static void job_complete(ditd_job *j)
 {
     ditd_srv *s = j->s;
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = s->jobrun;
     write_work *w = calloc(1, sizeof *w);
     long long now = wall();
     ditd_job_answered(j);
@@ -182,7 +182,7 @@ static void job_complete(ditd_job *j)
 static void job_failed(ditd_job *j, const ditd_api_error *e)
 {
     ditd_srv *s = j->s;
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = s->jobrun;
     long long now = wall();
     ditd_job_answered(j);
     if (s->draining) {
@@ -205,10 +205,12 @@ static const ditd_job_sink store_sink = {job_progress, job_partial, job_complete
 
 int ditd_jobrun_open(ditd_srv *s)
 {
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = calloc(1, sizeof *r);
     ditd_jobstore_recovery rec;
     int err;
-    memset(r, 0, sizeof *r);
+    if (!r)
+        return DITD_ENOMEM;
+    s->jobrun = r;
     r->ttl_s = s->cfg.job_ttl_s;
     r->max_bytes = (long long)(s->cfg.data_max_gb * 1e9);
     r->max_inflight = s->nrep < DITD_JOBRUN_MAX_INFLIGHT ? s->nrep : DITD_JOBRUN_MAX_INFLIGHT;
@@ -230,17 +232,20 @@ int ditd_jobrun_open(ditd_srv *s)
 
 void ditd_jobrun_close(ditd_srv *s)
 {
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = s->jobrun;
+    if (!r)
+        return;
     while (r->n_fl)
         fl_drop(r, r->n_fl - 1);
     ditd_jobstore_close(r->st);
-    r->st = NULL;
+    free(r);
+    s->jobrun = NULL;
 }
 
 int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *body, size_t len,
                        ditd_jrow *row, ditd_api_error *e)
 {
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = s->jobrun;
     ditd_genreq rq;
     json_error_t je;
     int err;
@@ -295,7 +300,7 @@ int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *body, size_t 
 
 int ditd_jobrun_delete(ditd_srv *s, const char *id)
 {
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = s->jobrun;
     for (int i = 0; i < r->n_fl; i++) {
         ditd_job *j = r->fl[i];
         if (!strcmp(j->store_id, id)) {
@@ -320,7 +325,7 @@ int ditd_jobrun_delete(ditd_srv *s, const char *id)
  * none could (none queued, or the scheduler cannot take it now). */
 static int hand_over(ditd_srv *s)
 {
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = s->jobrun;
     ditd_jrow row;
     ditd_genreq rq;
     ditd_api_error e;
@@ -366,9 +371,9 @@ static int hand_over(ditd_srv *s)
 
 void ditd_jobrun_watch(ditd_srv *s)
 {
-    ditd_jobrun *r = &s->jobrun;
+    ditd_jobrun *r = s->jobrun;
     double now = ditd__now();
-    if (!r->st)
+    if (!r || !r->st)
         return;
     if (s->draining) {
         if (!r->drained) {

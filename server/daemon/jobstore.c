@@ -22,20 +22,30 @@ struct ditd_jobstore {
     char results[4200];        /* dir/results */
 };
 
-static const char *const status_names[] = {"queued", "in_progress", "completed", "failed",
-                                           "cancelled"};
+static const char *const status_names[] = {"queued", "in_progress", "completed", "failed"};
 
 const char *ditd_jstatus_name(ditd_jstatus s)
 {
     return (unsigned)s < DITD_JS_COUNT ? status_names[s] : "?";
 }
 
-static ditd_jstatus status_of(const char *t)
+int ditd_jstatus_from_str(const char *t, ditd_jstatus *out)
 {
     for (int i = 0; i < DITD_JS_COUNT; i++)
-        if (t && !strcmp(t, status_names[i]))
-            return (ditd_jstatus)i;
-    return DITD_JS_FAILED;
+        if (t && !strcmp(t, status_names[i])) {
+            *out = (ditd_jstatus)i;
+            return 0;
+        }
+    return DITD_EINVAL;
+}
+
+/* A row's status (only this file writes them: an unknown one is a store
+ * from elsewhere, shown failed). */
+static ditd_jstatus status_of(const char *t)
+{
+    ditd_jstatus st = DITD_JS_FAILED;
+    ditd_jstatus_from_str(t, &st);
+    return st;
 }
 
 static const char schema[] =
@@ -683,7 +693,7 @@ int ditd_jobstore_expire(ditd_jobstore *st, long long now, int *n)
     int k = 0, rc;
     *n = 0;
     sqlite3_stmt *q = prep(st, "SELECT id FROM jobs WHERE expires_at > 0 AND expires_at <= ?"
-                               " AND status IN ('completed', 'failed', 'cancelled') LIMIT 256");
+                               " AND status IN ('completed', 'failed') LIMIT 256");
     if (!q)
         return DITD_EIO;
     sqlite3_bind_int64(q, 1, now);

@@ -34,10 +34,10 @@ typedef enum ditd_jstatus {
     DITD_JS_RUNNING,      /* "in_progress" */
     DITD_JS_COMPLETED,
     DITD_JS_FAILED,
-    DITD_JS_CANCELLED,
-} ditd_jstatus;
-#define DITD_JS_COUNT 5
+} ditd_jstatus;     /* a deleted job is gone: no "cancelled" row */
+#define DITD_JS_COUNT 4
 const char *ditd_jstatus_name(ditd_jstatus s);
+int ditd_jstatus_from_str(const char *s, ditd_jstatus *out);
 
 typedef struct ditd_jrow {
     char id[40];              /* "job_" + 24 hex */

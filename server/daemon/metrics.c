@@ -324,10 +324,9 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     put(&b, "# HELP ditd_http_evicted_total Connections waiting for headers closed at the limit for a newcomer.\n"
             "# TYPE ditd_http_evicted_total counter\nditd_http_evicted_total %llu\n",
         (unsigned long long)g->evicted);
-    static const char *const jstates[] = {"queued", "in_progress", "completed", "failed",
-                                          "cancelled"};
+    static const char *const jstates[] = {"queued", "in_progress", "completed", "failed"};
     put(&b, "# HELP ditd_jobs Background jobs in the store, by status.\n# TYPE ditd_jobs gauge\n");
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 4; i++)
         put(&b, "ditd_jobs{status=\"%s\"} %lld\n", jstates[i], g->jobs[i]);
     put(&b, "# HELP ditd_job_store_bytes Bytes the job store holds: results, database, WAL.\n"
             "# TYPE ditd_job_store_bytes gauge\nditd_job_store_bytes %lld\n", g->store_bytes);

@@ -85,9 +85,9 @@ typedef struct ditd_metrics_gauges {
     uint64_t text_cache_hits, text_cache_misses, text_cache_entries;
     double text_encode_s;
     /* background jobs (server/daemon/jobrun.h): rows by status (queued,
-     * in_progress, completed, failed, cancelled), the store's bytes, and
-     * the runner's counters */
-    long long jobs[5];
+     * in_progress, completed, failed), the store's bytes, and the
+     * runner's counters */
+    long long jobs[4];
     long long store_bytes;
     unsigned long long jobs_created, jobs_expired, jobs_deleted, jobs_refused_full;
 } ditd_metrics_gauges;

@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "proto/openapi.h"
+#include "server/daemon/jobrun.h"
 #include "server/daemon/log.h"
 #include "server/daemon/page.h"
 #include "server/daemon/reply.h"
@@ -163,14 +164,14 @@ enum MHD_Result ditd_route_metrics(ditd_srv *s, struct MHD_Connection *c, ditd_r
         g.text_cache_entries += s->rep[r].text_entries;
         g.text_encode_s += s->rep[r].text_encode_ms / 1e3;
     }
-    if (s->jobrun.st) {
-        ditd_jobstore_counts(s->jobrun.st, g.jobs);
-        g.store_bytes = ditd_jobstore_bytes(s->jobrun.st);
+    if (s->jobrun && s->jobrun->st) {
+        ditd_jobstore_counts(s->jobrun->st, g.jobs);
+        g.store_bytes = ditd_jobstore_bytes(s->jobrun->st);
+        g.jobs_created = s->jobrun->created;
+        g.jobs_expired = s->jobrun->expired;
+        g.jobs_deleted = s->jobrun->deleted;
+        g.jobs_refused_full = s->jobrun->refused_full;
     }
-    g.jobs_created = s->jobrun.created;
-    g.jobs_expired = s->jobrun.expired;
-    g.jobs_deleted = s->jobrun.deleted;
-    g.jobs_refused_full = s->jobrun.refused_full;
     size_t len = 0;
     char *text = ditd_metrics_render(&s->m, &g, &len);
     return ditd_route_answer(

@@ -96,7 +96,7 @@ enum MHD_Result ditd_route_job_get(ditd_srv *s, struct MHD_Connection *c, ditd_r
                                    const char *rid)
 {
     ditd_jrow row;
-    int err = ditd_jobstore_get(s->jobrun.st, rq->id, rq->owner, &row, 0);
+    int err = ditd_jobstore_get(s->jobrun->st, rq->id, rq->owner, &row, 0);
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err)
@@ -108,7 +108,7 @@ enum MHD_Result ditd_route_job_delete(ditd_srv *s, struct MHD_Connection *c, dit
                                       const char *rid)
 {
     ditd_jrow row;
-    int err = ditd_jobstore_get(s->jobrun.st, rq->id, rq->owner, &row, 0);
+    int err = ditd_jobstore_get(s->jobrun->st, rq->id, rq->owner, &row, 0);
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err || ditd_jobrun_delete(s, row.id))
@@ -125,7 +125,7 @@ enum MHD_Result ditd_route_job_content(ditd_srv *s, struct MHD_Connection *c, di
     ditd_api_error e;
     ditd_jrow row;
     long index = 0;
-    int err = ditd_jobstore_get(s->jobrun.st, rq->id, rq->owner, &row, 0);
+    int err = ditd_jobstore_get(s->jobrun->st, rq->id, rq->owner, &row, 0);
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err)
@@ -146,7 +146,7 @@ enum MHD_Result ditd_route_job_content(ditd_srv *s, struct MHD_Connection *c, di
     }
     uint8_t *data;
     size_t len;
-    if ((err = ditd_jobstore_read(s->jobrun.st, row.id, (int)index, "png", &data, &len)))
+    if ((err = ditd_jobstore_read(s->jobrun->st, row.id, (int)index, "png", &data, &len)))
         return store_error(s, c, rq, rid);
     struct MHD_Response *r = ditd_reply_buffer((char *)data, len, "image/png", rid);
     if (r) {
@@ -181,7 +181,7 @@ enum MHD_Result ditd_route_jobs_list(ditd_srv *s, struct MHD_Connection *c, ditd
     ditd_jrow *rows = calloc(DITD_JOBSTORE_MAX_LIST, sizeof *rows);
     if (!rows)
         return ditd_route_answer(s, c, rq->route, 500, NULL, 0);
-    err = ditd_jobstore_list(s->jobrun.st, rq->owner, after && *after ? after : NULL, (int)limit,
+    err = ditd_jobstore_list(s->jobrun->st, rq->owner, after && *after ? after : NULL, (int)limit,
                              desc, rows, &n, &more);
     if (err == DITD_ENOENT) {
         free(rows);

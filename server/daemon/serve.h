@@ -35,7 +35,6 @@
 #include "server/daemon/genreq.h"
 #include "server/daemon/http.h"
 #include "server/daemon/job.h"
-#include "server/daemon/jobrun.h"
 #include "server/daemon/metrics.h"
 
 /* A batch on a replica, as the front-end sees it. */
@@ -90,7 +89,7 @@ struct ditd_srv {
     double avg_batch_s;
     double sec_per_cost;  /* measured: batch seconds per unit of cost (0: not yet) */
     ditd_metrics m;
-    ditd_jobrun jobrun;  /* background jobs and their store */
+    struct ditd_jobrun *jobrun; /* background jobs and their store (jobrun.h; owned) */
     int draining;
     double drain_deadline;
     int aborted_left;    /* drain deadline passed, the rest got errors */

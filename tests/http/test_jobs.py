@@ -57,7 +57,7 @@ def wait_status(d, jid, want, timeout=120, key=None, progress_over=None):
         st, o = job(d, jid, key)
         if st == 200 and o["status"] in want and (progress_over is None or o["progress"] > progress_over):
             return o
-        if st != 200 or o["status"] in ("failed", "cancelled") and "failed" not in want:
+        if st != 200 or (o["status"] == "failed" and "failed" not in want):
             return o
         time.sleep(0.05)
     return o
