@@ -256,6 +256,15 @@ int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *body, size_t 
         return ditd_api_error_set(e, 400, "invalid_request_error", "invalid_value", "stream",
                                   "a background job is polled, not streamed: drop 'stream'");
     }
+    uint64_t cost = ditd__sched_cost(s, &rq);
+    if (s->cfg.max_cost > 0 && cost > (uint64_t)s->cfg.max_cost) {
+        /* refused now, as the synchronous request is, not failed later */
+        ditd_genreq_free(&rq);
+        return ditd_api_error_set(e, 400, "invalid_request_error", "cost_too_high", "n",
+                                  "the job costs %llu (n x num_inference_steps x tokens) and this "
+                                  "server takes at most %ld (--max-cost): ask for fewer images or "
+                                  "steps", (unsigned long long)cost, s->cfg.max_cost);
+    }
     if (r->max_bytes > 0) {
         long long have = ditd_jobstore_bytes(r->st);
         if (have >= r->max_bytes) {

@@ -295,6 +295,18 @@ def case_jobs_limits(ditd):
         check(job(d, o["id"])[0] == 404, "the in-memory store: a restart loses the job")
     finally:
         d.stop()
+    # --max-cost: refused at creation, as the synchronous request
+    d = Daemon(ditd, "--max-cost", str(2 * 4 * 49))
+    try:
+        st, _, data = d.generate(dict(SMALL, background=True, n=3))
+        check(st == 400 and json.loads(data)["error"]["code"] == "cost_too_high",
+              "a job over --max-cost: 400 cost_too_high at creation", (st, data[:120]))
+        st, _, o = create(d, SMALL)
+        check(st == 202 and wait_status(d, o["id"], ("completed",))["status"] == "completed",
+              "a job at --max-cost runs")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
     # --data-max-gb: past the budget new jobs get 507; the rest is kept
     data_dir = tempfile.mkdtemp(prefix="ditd-jobs-")
     d = Daemon(ditd, "--data-max-gb", "0.0000001", "--data-dir", data_dir)  # 100 bytes
