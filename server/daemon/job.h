@@ -102,6 +102,7 @@ struct ditd_job {
     int store_running;            /* the row says in_progress */
     int store_pct;                /* the progress the row has */
     double store_t;               /* when the row's progress was written */
+    int store_done;               /* its outcome reached the store: the runner lets go */
 
     /* the HTTP side's (routes.c) */
     struct MHD_Connection *conn;  /* NULL once libmicrohttpd is done with it */

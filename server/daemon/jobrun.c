@@ -26,14 +26,6 @@ static long long expiry(const ditd_jobrun *r, long long now)
     return r->ttl_s > 0 ? now + (long long)(r->ttl_s + 0.999) : 0;
 }
 
-static int fl_find(const ditd_jobrun *r, const ditd_job *j)
-{
-    for (int i = 0; i < r->n_fl; i++)
-        if (r->fl[i] == j)
-            return i;
-    return -1;
-}
-
 /* Drops the runner's hold on j (the ref it had from ditd_job_new). */
 static void fl_drop(ditd_jobrun *r, int i)
 {
@@ -174,9 +166,8 @@ static void job_complete(ditd_job *j)
             write_work_done(&w->req, 0);
         }
     }
-    int i = fl_find(r, j);
-    if (i >= 0)
-        fl_drop(r, i);
+    /* let go at the next watch, not here: a caller may still walk the job */
+    j->store_done = 1;
 }
 
 static void job_failed(ditd_job *j, const ditd_api_error *e)
@@ -193,9 +184,7 @@ static void job_failed(ditd_job *j, const ditd_api_error *e)
         r->failed++;
         ditd_log(DITD_LOG_WARN, "job %s: failed: %s", j->store_id, e->message);
     }
-    int i = fl_find(r, j);
-    if (i >= 0)
-        fl_drop(r, i);
+    j->store_done = 1; /* let go at the next watch */
 }
 
 static const ditd_job_sink store_sink = {job_progress, job_partial, job_complete, job_failed};
@@ -384,6 +373,9 @@ void ditd_jobrun_watch(ditd_srv *s)
     double now = ditd__now();
     if (!r || !r->st)
         return;
+    for (int i = r->n_fl - 1; i >= 0; i--)
+        if (r->fl[i]->store_done)
+            fl_drop(r, i);
     if (s->draining) {
         if (!r->drained) {
             r->drained = 1;
@@ -391,9 +383,11 @@ void ditd_jobrun_watch(ditd_srv *s)
                 ditd_log(DITD_LOG_INFO, "draining: %d running job(s) stop and stay queued", r->n_fl);
             while (r->n_fl) {
                 ditd_job *j = r->fl[r->n_fl - 1];
-                ditd_jobstore_requeue(r->st, j->store_id);
-                ditd_job_cancel(j);
-                ditd__sched_withdraw(s, j);
+                if (!ditd_job_terminal(j)) {
+                    ditd_jobstore_requeue(r->st, j->store_id);
+                    ditd_job_cancel(j);
+                    ditd__sched_withdraw(s, j);
+                }
                 fl_drop(r, r->n_fl - 1);
             }
         }
