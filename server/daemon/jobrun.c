@@ -112,10 +112,17 @@ static void write_work_done(uv_work_t *req, int status)
 static void job_progress(ditd_job *j, int step, int total)
 {
     ditd_jobrun *r = j->s->jobrun;
-    int pct = total > 0 ? step * 100 / total : 0;
+    /* of the job's samples: those back, and those in flight at step/total
+     * (a job of more samples than a batch runs in several) */
+    int n = j->rq.n, out = j->dispatched - j->finished;
+    int pct = total > 0 && n > 0
+                  ? (int)((100.0 * j->finished + 100.0 * out * step / total) / n)
+                  : 0;
     double now = ditd__now();
     if (pct > 99)
         pct = 99; /* 100 once the result is stored */
+    if (pct < j->store_pct)
+        pct = j->store_pct; /* never back */
     if (!j->store_running) {
         j->store_running = 1;
         ditd_jobstore_set_running(r->st, j->store_id, wall());

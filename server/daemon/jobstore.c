@@ -353,12 +353,19 @@ static int recover(ditd_jobstore *st, ditd_jobstore_recovery *rec)
     sqlite3_stmt *q = prep(st, "SELECT id, n_outputs FROM jobs WHERE status = 'completed'");
     if (!q)
         return DITD_EIO;
-    char lost[64][40];
-    int nl = 0;
+    char (*lost)[40] = NULL;
+    int nl = 0, cap = 0;
     while (sqlite3_step(q) == SQLITE_ROW) {
         const char *id = (const char *)sqlite3_column_text(q, 0);
-        if (!outputs_present(st, id, sqlite3_column_int(q, 1)) && nl < 64)
-            snprintf(lost[nl++], sizeof lost[0], "%s", id);
+        if (outputs_present(st, id, sqlite3_column_int(q, 1)))
+            continue;
+        if (nl == cap) {
+            void *p = realloc(lost, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *lost);
+            if (!p)
+                break; /* the rest is found at the next start */
+            lost = p;
+        }
+        snprintf(lost[nl++], sizeof lost[0], "%s", id);
     }
     sqlite3_finalize(q);
     for (int i = 0; i < nl; i++) {
@@ -366,6 +373,7 @@ static int recover(ditd_jobstore *st, ditd_jobstore_recovery *rec)
                                  "the job completed but its result files are gone", 0, 0);
         rec->lost++;
     }
+    free(lost);
     /* folders of no completed job, and temporary files */
     DIR *d = opendir(st->results);
     if (!d)

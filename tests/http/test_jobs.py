@@ -394,12 +394,18 @@ def case_jobs_restart(ditd):
     os.makedirs(os.path.join(data_dir, "results", killed))
     open(os.path.join(data_dir, "results", killed, ".0.png.tmp"), "wb").write(b"partial")
     open(os.path.join(data_dir, "results", done, ".1.png.tmp"), "wb").write(b"partial")
+    # a completed job whose file went missing
+    os.unlink(os.path.join(data_dir, "results", queued, "0.png"))
     d = Daemon(ditd, *args)
     try:
         log = d.logtext()
-        check("1 requeued, 1 failed (interrupted too often)" in log and "2 orphan files removed" in log,
-              "recovery logged: 1 requeued, 1 failed, 2 orphans removed",
+        check("1 requeued, 1 failed (interrupted too often), 1 lost results, 3 orphan files removed" in log,
+              "recovery logged: 1 requeued, 1 failed, 1 lost result, 3 orphans removed "
+              "(a stray folder, a temporary file, the lost job's folder)",
               [line for line in log.splitlines() if "recovery" in line])
+        st, o = job(d, queued)
+        check(st == 200 and o["status"] == "failed" and o["error"]["code"] == "result_lost",
+              "a completed job without its file: failed, result_lost", o)
         st, o = job(d, cursed)
         check(st == 200 and o["status"] == "failed" and o["error"]["code"] == "interrupted",
               "interrupted 3 times: failed with the reason", o)
