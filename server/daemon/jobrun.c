@@ -214,6 +214,8 @@ int ditd_jobrun_open(ditd_srv *s)
         r->max_inflight = 1;
     if ((err = ditd_jobstore_open(s->cfg.data_dir, &r->st, &rec)))
         return err;
+    if (r->ttl_s > 0 && (err = ditd_jobstore_expire_unset(r->st, (long long)(r->ttl_s + 0.999), NULL)))
+        return err;
     if (s->cfg.data_dir[0]) {
         long long counts[DITD_JS_COUNT];
         ditd_jobstore_counts(r->st, counts);

@@ -183,8 +183,14 @@ int ditd_jobstore_write_file(const char *dir, const char *id, int index, const c
     char jd[4400], tmp[4500], fin[4500];
     int fd, e;
     snprintf(jd, sizeof jd, "%s/results/%s", dir, id);
-    if (mkdir(jd, 0755) && errno != EEXIST)
-        return ditd_err_set(DITD_EIO, "%s: %s", jd, strerror(errno));
+    if (mkdir(jd, 0755)) {
+        if (errno != EEXIST)
+            return ditd_err_set(DITD_EIO, "%s: %s", jd, strerror(errno));
+    } else {
+        char rd[4200];
+        snprintf(rd, sizeof rd, "%s/results", dir);
+        fsync_path(rd); /* the new folder's entry, before a file in it counts */
+    }
     snprintf(tmp, sizeof tmp, "%s/.%d.%s.tmp", jd, index, ext);
     snprintf(fin, sizeof fin, "%s/%d.%s", jd, index, ext);
     if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
@@ -712,6 +718,19 @@ int ditd_jobstore_expire(ditd_jobstore *st, long long now, int *n)
         if (!ditd_jobstore_delete(st, ids[i]))
             (*n)++;
     return 0;
+}
+
+int ditd_jobstore_expire_unset(ditd_jobstore *st, long long ttl_s, int *n)
+{
+    sqlite3_stmt *q = prep(st, "UPDATE jobs SET expires_at = completed_at + ? WHERE expires_at = 0"
+                               " AND status IN ('completed', 'failed')");
+    int err;
+    if (q)
+        sqlite3_bind_int64(q, 1, ttl_s);
+    err = run_update(st, q, "setting expiry");
+    if (!err && n)
+        *n = sqlite3_changes(st->db);
+    return err;
 }
 
 int ditd_jobstore_counts(ditd_jobstore *st, long long counts[DITD_JS_COUNT])

@@ -116,6 +116,10 @@ int ditd_jobstore_read(ditd_jobstore *st, const char *id, int index, const char 
 void ditd_jobstore_remove_files(ditd_jobstore *st, const char *id);
 const char *ditd_jobstore_dir(const ditd_jobstore *st);
 
+/* Finished rows without an expiry (failed by recovery, or finished under
+ * --job-ttl 0) get completed_at + ttl_s; *n how many. */
+int ditd_jobstore_expire_unset(ditd_jobstore *st, long long ttl_s, int *n);
+
 /* For /metrics and the disk budget: rows by status, and the bytes the store
  * holds (the results plus the database and its WAL). */
 int ditd_jobstore_counts(ditd_jobstore *st, long long counts[DITD_JS_COUNT]);

@@ -407,8 +407,9 @@ def case_jobs_restart(ditd):
         check(st == 200 and o["status"] == "failed" and o["error"]["code"] == "result_lost",
               "a completed job without its file: failed, result_lost", o)
         st, o = job(d, cursed)
-        check(st == 200 and o["status"] == "failed" and o["error"]["code"] == "interrupted",
-              "interrupted 3 times: failed with the reason", o)
+        check(st == 200 and o["status"] == "failed" and o["error"]["code"] == "interrupted"
+              and o["expires_at"] == o["completed_at"] + 86400,
+              "interrupted 3 times: failed with the reason, expiring after --job-ttl", o)
         o = wait_status(d, killed, ("completed",), timeout=180)
         check(o["status"] == "completed", "the killed job runs again to completed", o)
         check(get(d, f"/v1/jobs/{done}/content?index=1")[2] == png, "the first job's content is still the same")
