@@ -10,6 +10,7 @@ pkgs=(
   libutf8proc-dev
   libdnnl-dev
   libmicrohttpd-dev libuv1-dev libprotobuf-c-dev protobuf-c-compiler
+  libsqlite3-dev libgnutls28-dev
   libopenmpi-dev openmpi-bin
   clang libclang-rt-14-dev
   curl python3 python3-venv ca-certificates openssl

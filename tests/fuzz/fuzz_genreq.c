@@ -15,8 +15,8 @@
 
 #include "engine/core/error.h"
 #include "engine/models/model.h"
-#include "server/auth.h"
-#include "server/genreq.h"
+#include "server/daemon/auth.h"
+#include "server/daemon/genreq.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,4 +1,4 @@
-/* The request validator (server/genreq.h) against a class model and a
+/* The request validator (server/daemon/genreq.h) against a class model and a
  * resizable text model, without a daemon: which bodies it accepts (with
  * their defaults filled: size, max_sequence_length, true_cfg_scale, the
  * model's steps and guidance; prompts copied), and which it refuses, with
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "server/genreq.h"
+#include "server/daemon/genreq.h"
 
 static int failures, checks;
 

@@ -1,5 +1,5 @@
-/* The front-end's scheduler (server/sched.h) and job lifecycle
- * (server/job.h) without HTTP: a ditd_srv with an in-process hub whose
+/* The front-end's scheduler (server/daemon/sched.h) and job lifecycle
+ * (server/daemon/job.h) without HTTP: a ditd_srv with an in-process hub whose
  * replica ends this test reads, and a job sink that records what the HTTP
  * side would hear. Covers the batcher (compatibility, the window, the
  * queue's cost order, --max-cost), a text model's batches (grouped by size
@@ -14,10 +14,10 @@
 #include <unistd.h>
 
 #include "proto/ditd.pb-c.h"
-#include "server/job.h"
-#include "server/log.h"
-#include "server/sched.h"
-#include "server/serve.h"
+#include "server/daemon/job.h"
+#include "server/daemon/log.h"
+#include "server/daemon/sched.h"
+#include "server/daemon/serve.h"
 
 static int failures, checks;
 

@@ -1,0 +1,256 @@
+/* `ditd bench --vae NAME|DIR`: times the AutoencoderKL decode (random
+ * weights for a published config, or a vae/ folder's weights) and prints
+ * median ms per image, GFLOP/s and peak RSS. Under mpirun the decode runs
+ * on all G ranks (the exact parallel decode) and the leader prints compute
+ * and communication time and, per collective, calls and bytes measured
+ * beside the analytic count. With --steps K and a DiT config it also prints
+ * the end-to-end split for one image: K DiT forwards (CFG-doubled batch of
+ * 2, random weights) and the decode. A benchmark prints; it asserts nothing.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "engine/backend/backend.h"
+#include "engine/core/error.h"
+#include "engine/core/philox.h"
+#include "engine/models/dit/dit.h"
+#include "engine/models/vae/autoencoder_kl.h"
+#include "engine/parallel/comm.h"
+#include "server/cmd/cli.h"
+#include "server/cmd/cmd.h"
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double peak_rss_mib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+static int fail(const char *what, int err)
+{
+    const char *d = ditd_err_detail();
+    fprintf(stderr, "ditd bench --vae: %s: %s%s%s\n", what, ditd_strerror(err), *d ? ": " : "", d);
+    return 1;
+}
+
+/* What the leader's band moves in one decode of an h x w latent split in
+ * units of m rows over P ranks (the logical bytes of engine/parallel/comm.h):
+ * two halo rows sent per 3x3 conv, the GroupNorm partials of its units, its
+ * K and V rows to the P - 1 others. The final gather: the leader sends
+ * nothing. */
+static void analytic(const ditd_vae_config *c, int h, int w, int m, int P, double *halo_b,
+                     double *halo_calls, double *ag_b, double *ag_calls)
+{
+    const int n = c->n_blocks, top = c->block_out_channels[n - 1], G = c->norm_num_groups;
+    const int U = (h + m - 1) / m, u0 = 0, u1 = U / P; /* the leader's units: floor(U / P) */
+    int rows = (u1 - u0) * m;
+    double halo = 0, hc = 0, ag = 0, ac = 0;
+    (void)u0;
+#define CONV(cin, W) (halo += 2.0 * (cin) * (W) * 4, hc += 2)
+#define NORM() (ag += (double)(u1 - u0) * 2 * G * 8 * (P - 1), ac += 1)
+    CONV(c->latent_channels, w);
+    for (int r = 0; r < 2; r++) {
+        NORM(), CONV(top, w), NORM(), CONV(top, w);
+        if (r == 0 && c->mid_block_add_attention) {
+            NORM();
+            ag += 2.0 * rows * w * top * 4 * (P - 1), ac += 2;
+        }
+    }
+    int prev = top, s = 1;
+    for (int i = 0; i < n; i++) {
+        int ch = c->block_out_channels[n - 1 - i];
+        for (int j = 0; j <= c->layers_per_block; j++) {
+            NORM(), CONV(j == 0 ? prev : ch, w * s), NORM(), CONV(ch, w * s);
+        }
+        if (i != n - 1) {
+            s *= 2;
+            CONV(ch, w * s);
+        }
+        prev = ch;
+    }
+    NORM(), CONV(c->block_out_channels[0], w * s);
+#undef CONV
+#undef NORM
+    *halo_b = halo;
+    *halo_calls = hc + (P - 1); /* + the leader's receives of the final rows */
+    *ag_b = ag;
+    *ag_calls = ac;
+}
+
+int ditd_cmd_bench_vae(int argc, char **argv)
+{
+    enum { O_VAE = 256, O_SIZE, O_THREADS, O_ITERS, O_WARMUP, O_TILING, O_UNIT, O_STEPS, O_CONFIG };
+    static const struct option opts[] = {
+        {"vae", required_argument, 0, O_VAE},         {"size", required_argument, 0, O_SIZE},
+        {"threads", required_argument, 0, O_THREADS}, {"iters", required_argument, 0, O_ITERS},
+        {"warmup", required_argument, 0, O_WARMUP},   {"vae-tiling", no_argument, 0, O_TILING},
+        {"row-unit", required_argument, 0, O_UNIT},   {"steps", required_argument, 0, O_STEPS},
+        {"config", required_argument, 0, O_CONFIG},   {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *vae_name = NULL, *dit_name = "DiT-XL/2";
+    long size = 256, threads = 0, iters = 3, warmup = 1, unit = 0, steps = 0;
+    int c, err = 0, tiling = 0, rc = 1, mpi = ditd_comm_launched_by_mpi(), rank = 0, P = 1;
+    ditd_comm *world = NULL;
+    ditd_vae *v = NULL;
+    ditd_vae_config cfg;
+    float *z = NULL, *img = NULL;
+    double *t = NULL;
+
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_VAE: vae_name = optarg; break;
+        case O_SIZE: err = ditd_parse_long(optarg, 8, 16384, "--size", &size); break;
+        case O_THREADS: err = ditd_parse_long(optarg, 1, 1024, "--threads", &threads); break;
+        case O_ITERS: err = ditd_parse_long(optarg, 1, 1000, "--iters", &iters); break;
+        case O_WARMUP: err = ditd_parse_long(optarg, 0, 1000, "--warmup", &warmup); break;
+        case O_TILING: tiling = 1; break;
+        case O_UNIT: err = ditd_parse_long(optarg, 0, 8, "--row-unit", &unit); break;
+        case O_STEPS: err = ditd_parse_long(optarg, 0, 1000, "--steps", &steps); break;
+        case O_CONFIG: dit_name = optarg; break;
+        case 'h':
+            printf("usage: ditd bench --vae sd-vae-ft-ema|flux-vae|DIR [--size PIXELS] [--threads T]\n"
+                   "       [--iters K] [--warmup W] [--vae-tiling] [--row-unit M]\n"
+                   "       [--steps K --config DiT-XL/2]   (end to end: K forwards + the decode)\n"
+                   "  under mpirun -np G: the parallel decode on G ranks\n");
+            return 0;
+        default: return 2;
+        }
+        if (err) {
+            fprintf(stderr, "ditd bench: %s\n", ditd_err_detail());
+            return 2;
+        }
+    }
+    if (mpi) {
+        if ((err = ditd_comm_mpi_init(&argc, &argv)) || (err = ditd_comm_mpi_world(&world)))
+            return fail("MPI", err);
+        rank = ditd_comm_rank(world);
+        P = ditd_comm_size(world);
+    }
+    const ditd_backend_ops *ops = &ditd_backend_cpu;
+    int nth = ops->set_threads((int)threads);
+    if ((err = ditd_vae_config_named(vae_name, &cfg))) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/config.json", vae_name);
+        if ((err = ditd_vae_config_load(path, &cfg))) {
+            fail(vae_name, err);
+            goto done;
+        }
+    }
+    const int f = ditd_vae_config_scale_factor(&cfg), h = (int)size / f;
+    ditd_vae_opts o = {.max_h = h, .max_w = h, .tiling = tiling, .comm = P > 1 ? world : NULL,
+                       .row_unit = (int)unit};
+    double t0 = now_ms();
+    err = ditd_vae_config_named(vae_name, &cfg) == 0
+              ? ditd_vae_new_random(&cfg, ops, &o, 42, &v)
+              : ditd_vae_load(vae_name, ops, &o, &v);
+    if (err) {
+        fail("loading", err);
+        goto done;
+    }
+    double load_ms = now_ms() - t0;
+    size_t zn = (size_t)cfg.latent_channels * h * h, pn = (size_t)cfg.out_channels * h * f * h * f;
+    z = malloc(zn * sizeof *z);
+    img = rank == 0 ? malloc(pn * sizeof *img) : NULL;
+    t = calloc((size_t)iters, sizeof *t);
+    if (!z || (rank == 0 && !img) || !t) {
+        fail("buffers", DITD_ENOMEM);
+        goto done;
+    }
+    ditd_philox_normal(7, 0, 0, zn, z);
+    ditd_vae_stats st = {0};
+    for (long i = 0; i < warmup + iters; i++) {
+        if (world)
+            ditd_comm_barrier(world);
+        if (world)
+            ditd_comm_stats_reset(world);
+        t0 = now_ms();
+        if ((err = ditd_vae_decode(v, z, 1, h, h, img))) {
+            fail("decoding", err);
+            goto done;
+        }
+        if (i >= warmup) {
+            t[i - warmup] = now_ms() - t0;
+            st = ditd_vae_last_stats(v);
+        }
+    }
+    qsort(t, (size_t)iters, sizeof *t, cmp_double);
+    double med = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+    double fl = ditd_vae_config_decode_flops(&cfg, h, h);
+    if (rank == 0) {
+        printf("vae decode  %-14s %4ldx%-4ld latent %dx%dx%d  ranks %d  threads %d%s\n", vae_name, size,
+               size, cfg.latent_channels, h, h, P, nth, tiling ? "  tiled" : "");
+        printf("  median %.1f ms (min %.1f, %ld iters)  %.1f GFLOP/s  load %.0f ms  peak RSS %.0f MiB (rank 0)\n",
+               med, t[0], iters, fl / (med * 1e6), load_ms, peak_rss_mib());
+    }
+    if (P > 1) {
+        const ditd_comm_stat *cs = ditd_comm_stats(world);
+        double hb, hc, ab, ac;
+        int m = unit > 0 ? (int)unit : (512 + h - 1) / h;
+        m = m > 8 ? 8 : m;
+        analytic(&cfg, h, h, m, P, &hb, &hc, &ab, &ac);
+        if (rank == 0) {
+            printf("  rank 0: compute %.1f ms, communication %.1f ms (last run; unit %d latent rows)\n",
+                   st.compute_ms, st.comm_ms, m);
+            printf("  %-11s %8s %12s   %8s %12s\n", "collective", "calls", "bytes", "analytic", "bytes");
+            printf("  %-11s %8llu %12llu   %8.0f %12.0f\n", "sendrecv",
+                   (unsigned long long)cs[DITD_COLL_SENDRECV].calls,
+                   (unsigned long long)cs[DITD_COLL_SENDRECV].bytes, hc, hb);
+            printf("  %-11s %8llu %12llu   %8.0f %12.0f\n", "allgatherv",
+                   (unsigned long long)cs[DITD_COLL_ALLGATHERV].calls,
+                   (unsigned long long)cs[DITD_COLL_ALLGATHERV].bytes, ac, ab);
+        }
+    }
+    if (steps > 0 && rank == 0 && P == 1) {
+        /* end to end for one image with guidance: K forwards of a batch of 2 */
+        ditd_dit_config dc;
+        ditd_dit *m = NULL;
+        if ((err = ditd_dit_config_named(dit_name, h, &dc)) ||
+            (err = ditd_dit_new_random(&dc, ops, 2, 1, &m))) {
+            fail(dit_name, err);
+            goto done;
+        }
+        size_t xn = (size_t)dc.in_channels * h * h, on = (size_t)dc.out_channels * h * h;
+        float *x = malloc(2 * xn * sizeof *x), *y = malloc(2 * on * sizeof *y), ht[2] = {500, 500};
+        int64_t hy[2] = {207, 1000};
+        ditd_philox_normal(9, 0, 0, 2 * xn, x);
+        ditd_dit_forward(m, 2, x, ht, hy, y); /* warm-up */
+        t0 = now_ms();
+        for (long s = 0; s < steps; s++)
+            ditd_dit_forward(m, 2, x, ht, hy, y);
+        double den = now_ms() - t0;
+        printf("end to end  %s-%d + %s, %ld steps, guidance (batch 2): denoising %.0f ms (%.0f ms/step), "
+               "decoding %.0f ms, %.0f ms per image\n",
+               dit_name, (int)size, vae_name, steps, den, den / steps, med, den + med);
+        free(x);
+        free(y);
+        ditd_dit_free(m);
+    }
+    rc = 0;
+done:
+    ditd_vae_free(v);
+    free(z);
+    free(img);
+    free(t);
+    ditd_comm_free(world);
+    if (mpi)
+        ditd_comm_mpi_finalize();
+    return rc;
+}

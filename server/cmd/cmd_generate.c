@@ -1,0 +1,573 @@
+/* `ditd generate`: one batch of images to PNG files, no server. Also the
+ * way to reproduce a Diffusers run exactly: --latents gives the initial
+ * noise, --save-latents writes the final latents. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/backend/backend.h"
+#include "engine/parallel/comm.h"
+#include "engine/core/error.h"
+#include "engine/parallel/mesh.h"
+#include "engine/models/model.h"
+#include "engine/io/npy.h"
+#include "engine/pipeline/pipeline.h"
+#include "engine/pipeline/prompt_encoder.h"
+#include "server/cmd/cli.h"
+#include "engine/pipeline/latent_image.h"
+#include "server/cmd/cmd.h"
+#include "server/common/image.h"
+
+static void usage(FILE *f)
+{
+    char samplers[256];
+    ditd_sampler_kind_list(" | ", samplers, sizeof samplers);
+    fprintf(f,
+            "usage: ditd generate [options] -o OUT.png\n"
+            "\n"
+            "  --model DIR          Diffusers model folder (default: the embedded model)\n"
+            "  --class N|NAME       class models: class id or label from id2label (default 0)\n"
+            "  --prompt TEXT        text models (FLUX, SD3): the prompt\n"
+            "  --prompt-2 T, --prompt-3 T  the pipeline's prompt_2 / prompt_3 (FLUX: T5's;\n"
+            "                       SD3: CLIP-G's, T5's); default: the prompt\n"
+            "  --negative-prompt T  text models: the unconditional input of guidance\n"
+            "                       (--negative-prompt-2/-3 as --prompt-2/-3)\n"
+            "  --true-cfg S         FLUX: true_cfg_scale (> 1 with a negative prompt\n"
+            "                       runs the unconditional pass; default 1)\n"
+            "  --skip-layers L,...  SD3: skip-layer guidance on these blocks\n"
+            "                       (--slg-scale S, --slg-start F, --slg-stop F: 2.8, 0.01, 0.2)\n"
+            "  --size WxH           models that take any size: the image in pixels\n"
+            "                       (default: the model's)\n"
+            "  --max-sequence-length L  text models: T5 tokens (default: the pipeline's:\n"
+            "                       FLUX 512, SD3 256)\n"
+            "  --seed S             noise seed (default 0)\n"
+            "  --steps K            denoising steps (default: the model's)\n"
+            "  --guidance G         classifier-free guidance scale, <= 1 turns it off\n"
+            "                       (default: the model's)\n"
+            "  --sampler NAME       %s (default: the model's)\n"
+            "  -n N                 images (1..64); N > 1 writes OUT-0.png, OUT-1.png, ...\n"
+            "  --threads T          CPU threads (default: all)\n"
+            "  --device D           cpu (default) | cuda: the GPU of this node-local rank\n"
+            "  --dtype T            CPU weights: f32 | bf16 | auto (default: bf16 for a bf16\n"
+            "                       checkpoint on a CPU with AVX512-BF16/AMX, else f32)\n"
+            "                       (OMPI_COMM_WORLD_LOCAL_RANK, else 0)\n"
+            "  --comm-timeout-ms MS cuda groups: a NCCL collective not done in MS aborts\n"
+            "                       its communicator and fails the run (default 60000)\n"
+            "  --latents FILE.npy   initial noise (N, C, h, w) float (latent shape), instead\n"
+            "                       of the generator\n"
+            "  --save-latents FILE.npy  write the final latents (N, C, h, w) float32\n"
+            "  --vae-tiling         decode a latent model's image tile by tile (Diffusers' enable_tiling)\n"
+            "  -o, --output OUT.png output file\n"
+            "  -q, --quiet          no progress on stderr\n"
+            "\n"
+            "parallel (one group of G = C*R*U*T ranks: mpirun -np G ditd generate ...;\n"
+            "the images are written by rank 0):\n"
+            "  --ulysses-degree U   Ulysses sequence parallel (all-to-all over heads)\n"
+            "  --ring-degree R      Ring attention (K/V blocks travel the ring)\n"
+            "  --ring-rotate M      allgather (default) | p2p\n"
+            "  --tp-degree T        Megatron tensor parallel\n"
+            "  --cfg-degree C       1 or 2: conditional and unconditional halves apart\n",
+            samplers);
+}
+
+typedef struct progress {
+    int quiet;
+    int tty;
+} progress;
+
+static int on_step(void *ud, int step, int total, const float *x0, uint8_t *active)
+{
+    progress *pr = ud;
+    (void)x0;
+    (void)active;
+    if (pr->quiet)
+        return 0;
+    if (pr->tty)
+        fprintf(stderr, "\rstep %d/%d%s", step, total, step == total ? "\n" : "");
+    else if (step == total || step % 10 == 0)
+        fprintf(stderr, "step %d/%d\n", step, total);
+    return 0;
+}
+
+/* "WxH", each 1..16384 */
+static int parse_size(const char *s, long *w, long *h)
+{
+    char *end;
+    *w = strtol(s, &end, 10);
+    if (end == s || (*end != 'x' && *end != 'X'))
+        return ditd_err_set(DITD_EINVAL, "--size \"%s\": expected WxH, e.g. 1024x768", s);
+    const char *s2 = end + 1;
+    *h = strtol(s2, &end, 10);
+    if (end == s2 || *end || *w < 1 || *h < 1 || *w > 16384 || *h > 16384)
+        return ditd_err_set(DITD_EINVAL, "--size \"%s\": expected WxH, each 1..16384", s);
+    return 0;
+}
+
+static int fail(const char *what, int err)
+{
+    const char *d = ditd_err_detail();
+    fprintf(stderr, "ditd generate: %s: %s%s%s\n", what, ditd_strerror(err), *d ? ": " : "", d);
+    return 1;
+}
+
+/* The prompts of each encoder, as given ("" / NULL: the first one). */
+static ditd_prompt_texts prompt_texts(const char *const t[3])
+{
+    ditd_prompt_texts pt;
+    for (int k = 0; k < 3; k++) {
+        pt.texts[k] = t[k] ? t[k] : "";
+        pt.lens[k] = strlen(pt.texts[k]);
+    }
+    return pt;
+}
+
+/* A text model's prompts (te[0]) and negative prompts (te[1], when the
+ * pipeline row's rule runs the unconditional pass: want_neg), encoded on
+ * the leader and broadcast to a group; every rank ends with the same
+ * embeddings. *penc, *emb and *te are owned by the caller. */
+static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh,
+                          const char *const prompts[3], const char *const negatives[3],
+                          int want_neg, int L, ditd_prompt_encoder **penc, float **emb,
+                          ditd_text_embeds **te)
+{
+    const size_t T = (size_t)ditd_pipeline_class_text_len(info->pipeline, L);
+    const size_t one = T * (size_t)info->shapes.cond.text_dim + (size_t)info->shapes.cond.pooled_dim;
+    const int has_pooled = info->shapes.cond.pooled_dim > 0;
+    int32_t st = 0;
+    int err = 0;
+    if (!(*emb = malloc(2 * one * sizeof **emb)) || !(*te = calloc(2, sizeof **te)))
+        return ditd_err_set(DITD_ENOMEM, "text embeddings");
+    float *seq = *emb, *nseq = *emb + one;
+    if (!mesh || ditd_mesh_is_leader(mesh)) {
+        ditd_prompt_encoder_opts o = {.max_sequence_length = L};
+        ditd_prompt_texts pt = prompt_texts(prompts), nt = prompt_texts(negatives);
+        /* the encoders run on the CPU backend, whatever the denoiser's */
+        if (!(err = ditd_prompt_encoder_new(info, &ditd_backend_cpu, &o, penc)) &&
+            !(err = ditd_prompt_encoder_encode_n(*penc, &pt, L, seq,
+                                                 seq + T * info->shapes.cond.text_dim)) &&
+            want_neg)
+            err = ditd_prompt_encoder_encode_n(*penc, &nt, L, nseq,
+                                               nseq + T * info->shapes.cond.text_dim);
+        st = err;
+    }
+    if (mesh && mesh->size > 1) { /* the leader's outcome, then its embeddings */
+        int e2;
+        if ((e2 = ditd_comm_bcast(mesh->group, &st, sizeof st, 0)) ||
+            (!st && (e2 = ditd_comm_bcast(mesh->group, *emb, 2 * one * sizeof(float), 0))))
+            return e2;
+        if (st && !err)
+            return ditd_err_set(st, "the leader could not encode the prompt (see its message)");
+    }
+    if (err)
+        return err;
+    (*te)[0] = (ditd_text_embeds){
+        .seq = seq, .pooled = has_pooled ? seq + T * info->shapes.cond.text_dim : NULL};
+    (*te)[1] = (ditd_text_embeds){
+        .seq = nseq, .pooled = has_pooled ? nseq + T * info->shapes.cond.text_dim : NULL};
+    return 0;
+}
+
+int ditd_cmd_generate(int argc, char **argv)
+{
+    enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
+           O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
+           O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
+           O_SLG_START, O_SLG_STOP };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
+        {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
+        {"guidance", required_argument, 0, O_GUIDANCE}, {"sampler", required_argument, 0, O_SAMPLER},
+        {"threads", required_argument, 0, O_THREADS}, {"latents", required_argument, 0, O_LATENTS},
+        {"save-latents", required_argument, 0, O_SAVE},
+        {"vae-tiling", no_argument, 0, O_VAE_TILING}, {"output", required_argument, 0, 'o'},
+        {"quiet", no_argument, 0, 'q'},               {"help", no_argument, 0, 'h'},
+        {"device", required_argument, 0, O_DEVICE},
+        {"dtype", required_argument, 0, O_DTYPE},
+        {"comm-timeout-ms", required_argument, 0, O_COMM_TIMEOUT},
+        {"prompt", required_argument, 0, O_PROMPT},
+        {"negative-prompt", required_argument, 0, O_NEG},
+        {"true-cfg", required_argument, 0, O_TRUE_CFG},
+        {"size", required_argument, 0, O_SIZE},
+        {"max-sequence-length", required_argument, 0, O_MAXSEQ},
+        {"prompt-2", required_argument, 0, O_PROMPT2},
+        {"prompt-3", required_argument, 0, O_PROMPT3},
+        {"negative-prompt-2", required_argument, 0, O_NEG2},
+        {"negative-prompt-3", required_argument, 0, O_NEG3},
+        {"skip-layers", required_argument, 0, O_SKIP},
+        {"slg-scale", required_argument, 0, O_SLG_SCALE},
+        {"slg-start", required_argument, 0, O_SLG_START},
+        {"slg-stop", required_argument, 0, O_SLG_STOP},
+        DITD_LAYOUT_LONGOPTS,
+        {0, 0, 0, 0}};
+    ditd_layout layout = DITD_LAYOUT_SINGLE;
+    const char *model_dir = NULL, *class_str = NULL, *sampler_str = NULL, *latents_path = NULL;
+    const char *prompts[3] = {NULL, NULL, NULL}, *negatives[3] = {NULL, NULL, NULL};
+    const char *skip_str = NULL;
+    double true_cfg = 1.0, slg_scale = -1, slg_start = -1, slg_stop = -1;
+    long size_w = 0, size_h = 0, max_seq = 0;
+    ditd_prompt_encoder *penc = NULL; /* text models, on the leader */
+    float *emb = NULL;                /* text models: (2n, L Dt + Dp) */
+    ditd_text_embeds *te = NULL;
+    const char *save_path = NULL, *out_path = NULL, *dtype_str = "auto";
+    int vae_tiling = 0;
+    ditd_latent_image *li = NULL; /* latent models: the VAE decode */
+    long seed = 0, steps = -1, n = 1, threads = 0, comm_timeout_ms = DITD_NCCL_DEFAULT_TIMEOUT_MS;
+    ditd_device device = DITD_DEVICE_CPU;
+    double guidance = -1;
+    progress pr = {0};
+    int c, err, rc = 1;
+
+    pr.tty = isatty(STDERR_FILENO);
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:n:qh", opts, NULL)) != -1) {
+        err = 0;
+        switch (c) {
+        case O_MODEL: model_dir = optarg; break;
+        case O_CLASS: class_str = optarg; break;
+        case O_SEED: err = ditd_parse_long(optarg, 0, 0x7fffffffffffffffL, "--seed", &seed); break;
+        case O_STEPS: err = ditd_parse_long(optarg, 1, 1000, "--steps", &steps); break;
+        case O_GUIDANCE: err = ditd_parse_double(optarg, 0, 100, "--guidance", &guidance); break;
+        case O_SAMPLER: sampler_str = optarg; break;
+        case O_THREADS: err = ditd_parse_long(optarg, 1, 1024, "--threads", &threads); break;
+        case O_LATENTS: latents_path = optarg; break;
+        case O_SAVE: save_path = optarg; break;
+        case O_VAE_TILING: vae_tiling = 1; break;
+        case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
+        case O_DTYPE: dtype_str = optarg; break;
+        case O_PROMPT: prompts[0] = optarg; break;
+        case O_PROMPT2: prompts[1] = optarg; break;
+        case O_PROMPT3: prompts[2] = optarg; break;
+        case O_NEG: negatives[0] = optarg; break;
+        case O_NEG2: negatives[1] = optarg; break;
+        case O_NEG3: negatives[2] = optarg; break;
+        case O_SKIP: skip_str = optarg; break;
+        case O_SLG_SCALE: err = ditd_parse_double(optarg, 0, 100, "--slg-scale", &slg_scale); break;
+        case O_SLG_START: err = ditd_parse_double(optarg, 0, 1, "--slg-start", &slg_start); break;
+        case O_SLG_STOP: err = ditd_parse_double(optarg, 0, 1, "--slg-stop", &slg_stop); break;
+        case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &true_cfg); break;
+        case O_SIZE: err = parse_size(optarg, &size_w, &size_h); break;
+        case O_MAXSEQ: err = ditd_parse_long(optarg, 1, 4096, "--max-sequence-length", &max_seq); break;
+        case O_COMM_TIMEOUT:
+            err = ditd_parse_long(optarg, 100, 86400000, "--comm-timeout-ms", &comm_timeout_ms);
+            break;
+        case 'n': err = ditd_parse_long(optarg, 1, 64, "-n", &n); break;
+        case 'o': out_path = optarg; break;
+        case 'q': pr.quiet = 1; break;
+        case 'h': usage(stdout); return 0;
+        default:
+            if (ditd_layout_option(c, optarg, &layout, &err))
+                break;
+            usage(stderr);
+            return 2;
+        }
+        if (err) {
+            fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ditd generate: unexpected argument \"%s\"\n", argv[optind]);
+        return 2;
+    }
+    if (!out_path && !save_path) {
+        fprintf(stderr, "ditd generate: give -o OUT.png (or --save-latents FILE.npy)\n");
+        return 2;
+    }
+    if (!model_dir && !(model_dir = ditd_default_model_dir())) {
+        fprintf(stderr, "ditd generate: no --model given and no embedded default model\n");
+        return 2;
+    }
+
+    /* A group: every rank of the world (mpirun -np G) is one rank of it. */
+    ditd_comm *world = NULL;
+    ditd_mesh *mesh = NULL;
+    int leader = 1, use_mpi = ditd_comm_launched_by_mpi() || ditd_layout_size(&layout) > 1;
+    if (use_mpi) {
+        if ((err = ditd_comm_mpi_init(NULL, NULL)) || (err = ditd_comm_mpi_world(&world)))
+            return fail("MPI", err);
+        if ((err = ditd_mesh_new(world, &layout, &mesh))) {
+            fail("layout", err);
+            ditd_comm_free(world);
+            ditd_comm_mpi_finalize();
+            return 2;
+        }
+        leader = ditd_mesh_is_leader(mesh);
+        if (!leader)
+            pr.quiet = 1;
+    }
+
+    ditd_model_info info;
+    ditd_pipeline *pipe = NULL;
+    ditd_gen_params gp;
+    ditd_gen_sample *samples = NULL;
+    float *noise = NULL, *out = NULL;
+    uint8_t *pix = NULL;
+    int class_id;
+    /* the device: for cuda this rank's GPU (cudaSetDevice(local rank))
+     * before the backend starts; a group on GPUs moves its collectives to
+     * NCCL (every rank calls this; they agree first, so none is left in
+     * the bootstrap) */
+    const ditd_backend_ops *ops = ditd_backend_open(device);
+    if (!ops)
+        fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
+    else if (device == DITD_DEVICE_CPU && leader && !pr.quiet) /* docs/cpu.md */
+        fprintf(stderr, "ditd: cpu GEMMs: %s\n", ditd_backend_cpu_gemm_info());
+    if (device != DITD_DEVICE_CPU && mesh && mesh->size > 1 &&
+        (err = ditd_mesh_use_nccl(mesh, ops != NULL, (int)comm_timeout_ms)) && ops) {
+        fail("NCCL", err);
+        ops = NULL;
+    }
+    if (!ops) {
+        ditd_mesh_free(mesh);
+        ditd_comm_free(world);
+        if (use_mpi)
+            ditd_comm_mpi_finalize();
+        return 1;
+    }
+
+    if ((err = ditd_model_info_load(model_dir, &info))) {
+        fail(model_dir, err);
+        ditd_mesh_free(mesh);
+        ditd_comm_free(world);
+        if (use_mpi)
+            ditd_comm_mpi_finalize();
+        return 1;
+    }
+    int text = info.shapes.cond.kind == DITD_COND_TEXT;
+    class_id = 0;
+    if (text && class_str) {
+        fprintf(stderr, "ditd generate: --class: %s takes a text --prompt, not a class\n", info.name);
+        goto done_info;
+    }
+    const ditd_pipeline_class *pc = info.pipeline;
+    const char *prompt = prompts[0], *negative = negatives[0];
+    if (!text && (prompt || prompts[1] || prompts[2] || negative || negatives[1] ||
+                  negatives[2] || max_seq)) {
+        fprintf(stderr, "ditd generate: --prompt/--negative-prompt/--max-sequence-length: %s is "
+                "class-conditional: use --class\n", info.name);
+        goto done_info;
+    }
+    if (text && !prompt) {
+        fprintf(stderr, "ditd generate: %s is a text model: give --prompt TEXT\n", info.name);
+        goto done_info;
+    }
+    for (int k = 1; k < 3; k++)
+        if ((prompts[k] || negatives[k]) && k >= ditd_pipeline_class_prompts(pc)) {
+            fprintf(stderr, "ditd generate: --prompt-%d/--negative-prompt-%d: %s takes %d prompt(s)\n",
+                    k + 1, k + 1, pc->name, ditd_pipeline_class_prompts(pc));
+            goto done_info;
+        }
+    if (true_cfg != 1.0 && pc->guidance != DITD_GUIDANCE_TRUE_CFG) {
+        fprintf(stderr, "ditd generate: --true-cfg: %s guides with --guidance\n", pc->name);
+        goto done_info;
+    }
+    memset(&gp, 0, sizeof gp);
+    if (skip_str) {
+        if (!(pc->request & DITD_REQ_SKIP_LAYERS)) {
+            fprintf(stderr, "ditd generate: --skip-layers: %s has no skip-layer guidance\n", pc->name);
+            goto done_info;
+        }
+        char *end;
+        const char *q = skip_str;
+        while (*q) {
+            long v = strtol(q, &end, 10);
+            if (end == q || v < 0 || v > 1000 || gp.n_skip_layers == DITD_MAX_SKIP_LAYERS ||
+                (*end && *end != ',')) {
+                fprintf(stderr, "ditd generate: --skip-layers \"%s\": up to %d block indices, "
+                        "comma-separated\n", skip_str, DITD_MAX_SKIP_LAYERS);
+                goto done_info;
+            }
+            gp.skip_layers[gp.n_skip_layers++] = (int)v;
+            q = *end ? end + 1 : end;
+        }
+    } else if (slg_scale >= 0 || slg_start >= 0 || slg_stop >= 0) {
+        fprintf(stderr, "ditd generate: --slg-scale/--slg-start/--slg-stop need --skip-layers\n");
+        goto done_info;
+    }
+    gp.slg_scale = slg_scale >= 0 ? (float)slg_scale : pc->slg_scale;
+    gp.slg_start = slg_start >= 0 ? (float)slg_start : pc->slg_start;
+    gp.slg_stop = slg_stop >= 0 ? (float)slg_stop : pc->slg_stop;
+    if (text && max_seq > info.max_sequence_length) {
+        fprintf(stderr, "ditd generate: --max-sequence-length %ld (1..%d)\n", max_seq,
+                info.max_sequence_length);
+        goto done_info;
+    }
+    if (!max_seq)
+        max_seq = info.default_max_sequence_length;
+    if (size_w && ditd_model_check_size(&info, (int)size_w, (int)size_h)) {
+        fprintf(stderr, "ditd generate: --size: %s\n", ditd_err_detail());
+        goto done_info;
+    }
+    if (!text && (err = ditd_model_class_from_str(&info, class_str ? class_str : "0", &class_id))) {
+        fprintf(stderr, "ditd generate: --class: %s; classes:", ditd_err_detail());
+        for (int i = 0; i < info.num_classes && i < 50; i++)
+            fprintf(stderr, "%s %d \"%s\"", i ? ";" : "", i, info.labels[i]);
+        fputc('\n', stderr);
+        goto done_info;
+    }
+    gp.steps = steps > 0 ? (int)steps : info.default_steps;
+    if (!sampler_str && info.default_sampler[0])
+        sampler_str = info.default_sampler;
+    ditd_dtype ckpt;
+    const ditd_backend_ops *wops; /* the denoiser's: its weights' dtype */
+    if ((err = ditd_model_checkpoint_dtype(info.transformer_dir, &ckpt))) {
+        fail(info.transformer_dir, err);
+        goto done_info;
+    }
+    if (!(wops = ditd_backend_for_weights(ops, dtype_str, ckpt))) {
+        fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
+        goto done_info;
+    }
+    if ((err = ditd_pipeline_new_group(&info, wops, (int)n, mesh, &pipe))) {
+        fail("loading the model", err);
+        goto done_info;
+    }
+    if (out_path && info.needs_vae &&
+        (err = ditd_latent_image_new(&info, &ditd_backend_cpu, mesh ? mesh->group : NULL, vae_tiling,
+                                     &li))) { /* on the CPU, whatever the denoiser's device */
+        fail("loading the VAE", err);
+        goto done;
+    }
+    if (info.resizable) { /* the size asked for, else the model's default */
+        int sh = (size_h ? (int)size_h : info.image_height) / info.vae_scale;
+        int sw = (size_w ? (int)size_w : info.image_width) / info.vae_scale;
+        if ((err = ditd_pipeline_set_size(
+                 pipe, sh, sw, text ? ditd_pipeline_class_text_len(pc, (int)max_seq) : 0)) ||
+            (li && (err = ditd_latent_image_set_size(li, sh, sw)))) {
+            fail("--size", err);
+            goto done;
+        }
+    }
+    float g_eff = guidance >= 0 ? (float)guidance : info.default_guidance;
+    int want_neg = ditd_pipeline_class_needs_negative(pc, g_eff, (float)true_cfg, negative != NULL,
+                                                      info.shapes.guidance_embed);
+    if (text && (err = encode_prompts(&info, mesh, prompts, negatives, want_neg, (int)max_seq,
+                                      &penc, &emb, &te))) {
+        fail("encoding the prompt", err);
+        goto done;
+    }
+    gp.sampler = pipe->sched_base.kind;
+    if (sampler_str && (err = ditd_sampler_kind_from_str(sampler_str, &gp.sampler))) {
+        fail("--sampler", err);
+        goto done;
+    }
+    ops->set_threads((int)threads);
+
+    /* latents (n, C, h, w); for a pixel-space model they are the image */
+    int C = pipe->shapes.in_channels, LH = pipe->shapes.height, LW = pipe->shapes.width;
+    size_t numel = ditd_denoiser_numel_in(&pipe->shapes);
+    if (latents_path) {
+        int nd;
+        int64_t shape[8];
+        if ((err = ditd_npy_read_f32(latents_path, 8, &nd, shape, &noise))) {
+            fail("--latents", err);
+            goto done;
+        }
+        if (nd != 4 || shape[0] != n || shape[1] != C || shape[2] != LH || shape[3] != LW) {
+            fprintf(stderr,
+                    "ditd generate: --latents: %s has %d dims (%lld, %lld, %lld, %lld), expected "
+                    "(%ld, %d, %d, %d)\n",
+                    latents_path, nd, (long long)shape[0], nd > 1 ? (long long)shape[1] : 0LL,
+                    nd > 2 ? (long long)shape[2] : 0LL, nd > 3 ? (long long)shape[3] : 0LL, n, C,
+                    LH, LW);
+            goto done;
+        }
+    }
+    samples = calloc((size_t)n, sizeof *samples);
+    out = malloc((size_t)n * numel * sizeof *out);
+    pix = malloc(li ? (size_t)li->Co * li->H * li->W : numel);
+    if (!samples || !out || !pix) {
+        fprintf(stderr, "ditd generate: out of memory\n");
+        goto done;
+    }
+    for (long i = 0; i < n; i++) {
+        samples[i].seed = (uint64_t)seed;
+        samples[i].index = (uint64_t)i;
+        samples[i].cond.class_id = class_id;
+        if (text) {
+            samples[i].cond.prompt = &te[0];
+            samples[i].cond.negative = want_neg ? &te[1] : NULL;
+        }
+        samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
+        samples[i].true_cfg = (float)true_cfg;
+    }
+    if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, NULL,
+                                      leader ? on_step : NULL, &pr))) {
+        fail("generating", err);
+        goto done;
+    }
+    /* a latent model: every rank of the group decodes together */
+    uint8_t *img_all = NULL;
+    if (li) {
+        img_all = leader ? malloc((size_t)n * li->Co * li->H * li->W) : NULL;
+        if ((leader && !img_all) || (err = ditd_latent_image_run(li, out, (int)n, NULL, img_all))) {
+            fail("decoding", err ? err : DITD_ENOMEM);
+            free(img_all);
+            goto done;
+        }
+    }
+    if (!leader) {
+        rc = 0;
+        goto done;
+    }
+    if (save_path) {
+        int64_t shape[4] = {n, C, LH, LW};
+        if ((err = ditd_npy_write_f32(save_path, 4, shape, out))) {
+            fail("--save-latents", err);
+            goto done;
+        }
+    }
+    for (long i = 0; out_path && i < n; i++) {
+        char path[4096];
+        const char *dot = strrchr(out_path, '.');
+        if (n == 1)
+            snprintf(path, sizeof path, "%s", out_path);
+        else if (dot && strchr(dot, '/') == NULL)
+            snprintf(path, sizeof path, "%.*s-%ld%s", (int)(dot - out_path), out_path, i, dot);
+        else
+            snprintf(path, sizeof path, "%s-%ld", out_path, i);
+        int pc = li ? li->Co : C, ph = li ? li->H : LH, pw = li ? li->W : LW;
+        if (li)
+            memcpy(pix, img_all + (size_t)i * pc * ph * pw, (size_t)pc * ph * pw);
+        else
+            ditd_pipeline_to_pixels(out + (size_t)i * numel, C, LH, LW, pix);
+        if (pc != 1 && pc != 3 && pc != 4) {
+            fprintf(stderr, "ditd generate: %d channels cannot be written as PNG\n", pc);
+            free(img_all);
+            goto done;
+        }
+        if ((err = ditd_png_write_file(path, pix, pw, ph, pc))) {
+            fail(path, err);
+            free(img_all);
+            goto done;
+        }
+        if (!pr.quiet && text)
+            fprintf(stderr, "wrote %s (%dx%d, seed %ld, %d steps, guidance %g, %s)\n", path, pw, ph,
+                    seed, gp.steps, (double)samples[0].guidance, ditd_sampler_kind_name(gp.sampler));
+        else if (!pr.quiet)
+            fprintf(stderr, "wrote %s (class %d \"%s\", seed %ld, %d steps, guidance %g, %s)\n", path,
+                    class_id, info.labels[class_id], seed, gp.steps, (double)samples[0].guidance,
+                    ditd_sampler_kind_name(gp.sampler));
+    }
+    free(img_all);
+    rc = 0;
+done:
+    ditd_latent_image_free(li);
+    ditd_pipeline_free(pipe);
+done_info:
+    ditd_prompt_encoder_free(penc);
+    free(emb);
+    free(te);
+    ditd_model_info_free(&info);
+    free(samples);
+    free(noise);
+    free(out);
+    free(pix);
+    ditd_mesh_free(mesh);
+    ditd_comm_free(world);
+    if (use_mpi)
+        ditd_comm_mpi_finalize();
+    return rc;
+}

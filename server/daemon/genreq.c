@@ -1,0 +1,535 @@
+/* POST /v1/images/generations bodies into typed requests (server/genreq.h):
+ * the JSON is read here and nowhere else. Not the scheduler's business
+ * (batching, cost) nor the HTTP framing's. */
+#include "server/daemon/genreq.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "engine/core/error.h"
+
+int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
+                       const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+size_t ditd_utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    size_t len;
+    unsigned min;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4, min = 0x10000;
+    else
+        return 0;
+    if (len > n)
+        return 0;
+    unsigned cp = c & (0xff >> (len + 1));
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+void ditd_utf8_clean(char *s)
+{
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        size_t k = ditd_utf8_seq((const unsigned char *)s + i, n - i);
+        if (k) {
+            i += k;
+        } else {
+            s[i++] = '?';
+        }
+    }
+}
+
+char *ditd_api_error_json(const ditd_api_error *e)
+{
+    /* a message may quote the client's bytes, cut anywhere: JSON takes
+     * UTF-8 only */
+    char msg[sizeof e->message], param[sizeof e->param];
+    snprintf(msg, sizeof msg, "%s", e->message);
+    snprintf(param, sizeof param, "%s", e->param);
+    ditd_utf8_clean(msg);
+    ditd_utf8_clean(param);
+    json_t *root = json_pack("{s:{s:s,s:s,s:o,s:s}}", "error", "message", msg, "type",
+                             e->type ? e->type : "server_error", "param",
+                             param[0] ? json_string(param) : json_null(), "code",
+                             e->code ? e->code : "internal_error");
+    char *s;
+    if (!root)
+        return NULL;
+    s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+static int bad(ditd_api_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(ditd_api_error *e, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    e->status = 400;
+    e->type = "invalid_request_error";
+    e->code = "invalid_value";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return DITD_EINVAL;
+}
+
+/* "valid classes: 0 "tee", 1 "trouser", ..." appended to a message */
+static void list_classes(const ditd_model_info *m, char *dst, size_t len)
+{
+    size_t at = strlen(dst);
+    at += (size_t)snprintf(dst + at, at < len ? len - at : 0, "; valid classes:");
+    for (int i = 0; i < m->num_classes && at < len; i++) {
+        if (i == 40) {
+            snprintf(dst + at, len - at, " ... (%d in all, or a number 0..%d)", m->num_classes,
+                     m->num_classes - 1);
+            return;
+        }
+        at += (size_t)snprintf(dst + at, len - at, "%s %d \"%s\"", i ? "," : "", i, m->labels[i]);
+    }
+}
+
+static int get_int(json_t *root, const char *key, long lo, long hi, long *out, int *given,
+                   ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    *given = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return bad(e, key, "'%s' must be an integer in %ld..%ld", key, lo, hi);
+    *out = (long)json_integer_value(v);
+    *given = 1;
+    return 0;
+}
+
+/* A dimension of "WxH": 1..65535 in plain decimal digits (no sign, blank
+ * or leading zero), ended by `end`; -1 otherwise. */
+static int parse_dim(const char *p, char end)
+{
+    long v = 0;
+    int n = 0;
+    if (*p == '0')
+        return -1;
+    for (; *p >= '0' && *p <= '9'; p++, n++) {
+        if (n >= 5)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return n && *p == end && v <= 65535 ? (int)v : -1;
+}
+
+static int get_str(json_t *root, const char *key, const char **out, ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_string(v))
+        return bad(e, key, "'%s' must be a string", key);
+    *out = json_string_value(v);
+    return 0;
+}
+
+int ditd_genreq_model_named(const ditd_genreq_model *gm, const char *name)
+{
+    if (!strcmp(name, gm->info->name))
+        return 1;
+    for (int i = 0; i < gm->n_aliases; i++)
+        if (!strcmp(name, gm->aliases[i]))
+            return 1;
+    return 0;
+}
+
+void ditd_genreq_free(ditd_genreq *r)
+{
+    free(r->prompt);
+    free(r->negative_prompt);
+    r->prompt = r->negative_prompt = NULL;
+    for (int k = 0; k < 2; k++) {
+        free(r->prompt_23[k]);
+        free(r->negative_23[k]);
+        r->prompt_23[k] = r->negative_23[k] = NULL;
+    }
+}
+
+size_t ditd_genreq_numel(const ditd_genreq *r, const ditd_model_info *m)
+{
+    return (size_t)m->image_channels * (size_t)r->width * (size_t)r->height;
+}
+
+/* A text field of a text model: a string of at most
+ * DITD_GENREQ_MAX_PROMPT_BYTES bytes (jansson has checked it is UTF-8
+ * without NUL), copied into *out (NULL when absent and not required). */
+static int get_text(json_t *root, const char *key, int required, char **out, ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) {
+        if (required)
+            return bad(e, key, "'%s' is required: the text to draw (this model is text-conditioned)", key);
+        return 0;
+    }
+    if (!json_is_string(v))
+        return bad(e, key, "'%s' must be a string (UTF-8 text)", key);
+    size_t n = json_string_length(v);
+    if (n > DITD_GENREQ_MAX_PROMPT_BYTES)
+        return bad(e, key, "'%s' is %zu bytes; the limit is %d bytes of UTF-8 (the text encoders "
+                   "read at most max_sequence_length tokens of it)", key, n,
+                   DITD_GENREQ_MAX_PROMPT_BYTES);
+    if (!(*out = strdup(json_string_value(v)))) {
+        ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
+        return DITD_ENOMEM;
+    }
+    return 0;
+}
+
+static int get_number(json_t *root, const char *key, double lo, double hi, float *out,
+                      ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v) || !(json_number_value(v) >= lo && json_number_value(v) <= hi))
+        return bad(e, key, "'%s' must be a number in %g..%g", key, lo, hi);
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+/* The class of a class-conditional model: class_label (wins) or the prompt. */
+static int get_class(json_t *root, const ditd_model_info *m, ditd_genreq *r, ditd_api_error *e)
+{
+    json_t *v;
+    const char *prompt;
+    int id;
+    if ((v = json_object_get(root, "class_label")) && !json_is_null(v)) {
+        if (json_is_integer(v)) {
+            if (json_integer_value(v) < 0 || json_integer_value(v) >= m->num_classes) {
+                bad(e, "class_label", "class_label %lld is outside 0..%d",
+                    (long long)json_integer_value(v), m->num_classes - 1);
+                list_classes(m, e->message, sizeof e->message);
+                return DITD_EINVAL;
+            }
+            r->class_id = json_integer_value(v);
+            return 0;
+        }
+        if (json_is_string(v)) {
+            if (ditd_model_class_from_str(m, json_string_value(v), &id)) {
+                bad(e, "class_label", "unknown class '%s'", json_string_value(v));
+                list_classes(m, e->message, sizeof e->message);
+                return DITD_EINVAL;
+            }
+            r->class_id = id;
+            return 0;
+        }
+        return bad(e, "class_label", "'class_label' must be an integer or a label");
+    }
+    if (get_str(root, "prompt", &prompt, e))
+        return DITD_EINVAL;
+    if (!prompt) {
+        bad(e, "prompt", "'prompt' is required: it names a class of this class-conditional model (or give 'class_label')");
+        list_classes(m, e->message, sizeof e->message);
+        return DITD_EINVAL;
+    }
+    /* the prompt names a class, trimmed of surrounding blanks */
+    char word[256];
+    size_t a = 0, b = strlen(prompt);
+    while (a < b && (prompt[a] == ' ' || prompt[a] == '\t' || prompt[a] == '\n'))
+        a++;
+    while (b > a && (prompt[b - 1] == ' ' || prompt[b - 1] == '\t' || prompt[b - 1] == '\n' || prompt[b - 1] == '.'))
+        b--;
+    if (b - a >= sizeof word || ditd_model_class_from_str(m, (snprintf(word, sizeof word, "%.*s", (int)(b - a), prompt + a), word), &id)) {
+        bad(e, "prompt", "'%.200s' names no class of '%s' (a class-conditional model: the prompt is a class label or number)",
+            prompt, m->name);
+        list_classes(m, e->message, sizeof e->message);
+        return DITD_EINVAL;
+    }
+    r->class_id = id;
+    return 0;
+}
+
+/* A field the model's pipeline does not take: refused by name. */
+static int not_taken(json_t *root, const char *key, const ditd_model_info *m, const char *what,
+                     ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return 0;
+    return bad(e, key, "'%s' is not taken by '%s' (%s): %s", key, m->name, m->pipeline->name, what);
+}
+
+/* skip_guidance_layers (block indices) and their scale, start, stop. */
+static int get_skip_layers(json_t *root, const ditd_model_info *m, ditd_genreq *r,
+                           ditd_api_error *e)
+{
+    const ditd_pipeline_class *pc = m->pipeline;
+    json_t *v = json_object_get(root, "skip_guidance_layers");
+    r->slg_scale = pc->slg_scale;
+    r->slg_start = pc->slg_start;
+    r->slg_stop = pc->slg_stop;
+    if (!(pc->request & DITD_REQ_SKIP_LAYERS)) {
+        static const char *const keys[] = {"skip_guidance_layers", "skip_layer_guidance_scale",
+                                           "skip_layer_guidance_start", "skip_layer_guidance_stop"};
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            if (not_taken(root, keys[i], m, "it has no skip-layer guidance", e))
+                return DITD_EINVAL;
+        return 0;
+    }
+    if (v && !json_is_null(v)) {
+        if (!json_is_array(v) || json_array_size(v) > DITD_MAX_SKIP_LAYERS)
+            return bad(e, "skip_guidance_layers", "'skip_guidance_layers' must be an array of at "
+                       "most %d block indices", DITD_MAX_SKIP_LAYERS);
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *x = json_array_get(v, i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 1000)
+                return bad(e, "skip_guidance_layers", "'skip_guidance_layers'[%zu] must be a block "
+                           "index in 0..1000", i);
+            r->skip_layers[r->n_skip_layers++] = (int)json_integer_value(x);
+        }
+    }
+    if (get_number(root, "skip_layer_guidance_scale", 0, 100, &r->slg_scale, e) ||
+        get_number(root, "skip_layer_guidance_start", 0, 1, &r->slg_start, e) ||
+        get_number(root, "skip_layer_guidance_stop", 0, 1, &r->slg_stop, e))
+        return DITD_EINVAL;
+    return 0;
+}
+
+/* The prompts, negative prompts, true CFG, T5 length and skip-layer
+ * guidance of a text model, as its pipeline row takes them. */
+static int get_text_fields(json_t *root, const ditd_model_info *m, ditd_genreq *r,
+                           ditd_api_error *e)
+{
+    static const char *const p23[2] = {"prompt_2", "prompt_3"};
+    static const char *const n23[2] = {"negative_prompt_2", "negative_prompt_3"};
+    const ditd_pipeline_class *pc = m->pipeline;
+    const int prompts = ditd_pipeline_class_prompts(pc);
+    json_t *v;
+    long l;
+    int given, err;
+    if ((v = json_object_get(root, "class_label")) && !json_is_null(v))
+        return bad(e, "class_label", "'class_label' is for class-conditional models; '%s' is "
+                   "text-conditioned: describe the image in 'prompt'", m->name);
+    if ((err = get_text(root, "prompt", 1, &r->prompt, e)))
+        return err;
+    if (!(pc->request & DITD_REQ_NEGATIVE_PROMPT)) {
+        if (not_taken(root, "negative_prompt", m, "it runs no unconditional pass", e))
+            return DITD_EINVAL;
+    } else if ((err = get_text(root, "negative_prompt", 0, &r->negative_prompt, e))) {
+        return err;
+    }
+    for (int k = 0; k < 2; k++) {
+        if (k + 1 >= prompts) {
+            if (not_taken(root, p23[k], m, "its text encoders all read 'prompt'", e) ||
+                not_taken(root, n23[k], m, "its text encoders all read 'negative_prompt'", e))
+                return DITD_EINVAL;
+            continue;
+        }
+        if ((err = get_text(root, p23[k], 0, &r->prompt_23[k], e)) ||
+            ((pc->request & DITD_REQ_NEGATIVE_PROMPT) &&
+             (err = get_text(root, n23[k], 0, &r->negative_23[k], e))))
+            return err;
+    }
+    r->true_cfg = 1.0f; /* FluxPipeline's: no unconditional pass */
+    if (!(pc->request & DITD_REQ_TRUE_CFG)) {
+        if (not_taken(root, "true_cfg_scale", m, "it guides with guidance_scale", e))
+            return DITD_EINVAL;
+    } else if (get_number(root, "true_cfg_scale", 0, 100, &r->true_cfg, e)) {
+        return DITD_EINVAL;
+    }
+    if (get_skip_layers(root, m, r, e))
+        return DITD_EINVAL;
+    r->max_sequence_length = m->default_max_sequence_length;
+    if (get_int(root, "max_sequence_length", 1, m->max_sequence_length, &l, &given, e))
+        return DITD_EINVAL;
+    if (given)
+        r->max_sequence_length = (int)l;
+    return 0;
+}
+
+/* "size": "WxH" in pixels (the image, not the latents), or "auto". A fixed
+ * model makes its one size; a resizable one any multiple of size_multiple
+ * within [min_size, max_size] per side. */
+static int get_size(json_t *root, const ditd_model_info *m, ditd_genreq *r, ditd_api_error *e)
+{
+    const char *s;
+    r->width = m->image_width;
+    r->height = m->image_height;
+    if (get_str(root, "size", &s, e))
+        return DITD_EINVAL;
+    if (!s || !strcmp(s, "auto"))
+        return 0;
+    int w = parse_dim(&s[0], 'x'), h = w > 0 ? parse_dim(strchr(s, 'x') + 1, '\0') : -1;
+    if (w <= 0 || h <= 0)
+        return bad(e, "size", "'size' must be \"WIDTHxHEIGHT\" (this model: \"%dx%d\"), got \"%s\"",
+                   m->image_width, m->image_height, s);
+    if (ditd_model_check_size(m, w, h))
+        return bad(e, "size", "%s", ditd_err_detail());
+    r->width = w;
+    r->height = h;
+    return 0;
+}
+
+int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
+                      ditd_genreq *r, ditd_api_error *e)
+{
+    const ditd_model_info *m = gm->info;
+    int text = m->shapes.cond.kind == DITD_COND_TEXT;
+    json_error_t jerr;
+    json_t *root, *v;
+    const char *s;
+    long l;
+    int given, err = DITD_EINVAL;
+
+    memset(r, 0, sizeof *r);
+    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        bad(e, NULL, "the body is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+            jerr.column);
+        return DITD_EINVAL;
+    }
+    if (!json_is_object(root)) {
+        bad(e, NULL, "the body must be a JSON object");
+        goto done;
+    }
+    /* model: absent means the served one; an alias reaches it too */
+    if (get_str(root, "model", &s, e))
+        goto done;
+    if (s && !ditd_genreq_model_named(gm, s)) {
+        ditd_api_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                           "The model '%s' does not exist; this server has '%s'", s, m->name);
+        for (int i = 0; i < gm->n_aliases; i++) {
+            size_t at = strlen(e->message);
+            snprintf(e->message + at, sizeof e->message - at, "%s'%s'",
+                     i ? ", " : " (also named ", gm->aliases[i]);
+        }
+        if (gm->n_aliases) {
+            size_t at = strlen(e->message);
+            snprintf(e->message + at, sizeof e->message - at, ")");
+        }
+        err = DITD_ENOENT;
+        goto done;
+    }
+    /* n */
+    r->n = 1;
+    if (get_int(root, "n", 1, DITD_GENREQ_MAX_N, &l, &given, e))
+        goto done;
+    if (given)
+        r->n = (int)l;
+    if (get_size(root, m, r, e))
+        goto done;
+    /* response_format, output_format */
+    if (get_str(root, "response_format", &s, e))
+        goto done;
+    if (s && strcmp(s, "b64_json") != 0) {
+        bad(e, "response_format",
+            strcmp(s, "url") == 0
+                ? "response_format 'url' is not supported: ditd keeps no image store; use 'b64_json' (or Accept: image/png)"
+                : "response_format must be 'b64_json'");
+        goto done;
+    }
+    if (get_str(root, "output_format", &s, e))
+        goto done;
+    if (s && strcmp(s, "png") != 0) {
+        bad(e, "output_format", "output_format '%s' is not supported; supported: 'png'", s);
+        goto done;
+    }
+    /* stream, partial_images */
+    if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
+        if (!json_is_boolean(v)) {
+            bad(e, "stream", "'stream' must be a boolean");
+            goto done;
+        }
+        r->stream = json_is_true(v);
+    }
+    if (get_int(root, "partial_images", 0, 3, &l, &given, e))
+        goto done;
+    r->partial_images = given ? (int)l : 0;
+    if (get_str(root, "user", &s, e))
+        goto done;
+    /* seed */
+    if (get_int(root, "seed", 0, INT64_MAX, &l, &given, e))
+        goto done;
+    if (given) {
+        r->seed = (uint64_t)l;
+        r->seed_given = 1;
+    } else {
+        uint64_t rnd = 0;
+        if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+            rnd = (uint64_t)(uintptr_t)&rnd ^ (uint64_t)len;
+        r->seed = rnd & (uint64_t)INT64_MAX; /* fits a JSON integer */
+    }
+    /* steps, guidance, sampler */
+    r->steps = m->default_steps;
+    if (get_int(root, "num_inference_steps", 1, 1000, &l, &given, e))
+        goto done;
+    if (given)
+        r->steps = (int)l;
+    r->guidance = m->default_guidance;
+    if (get_number(root, "guidance_scale", 0, 100, &r->guidance, e))
+        goto done;
+    r->sampler = gm->sched_default;
+    if (m->default_sampler[0])
+        ditd_sampler_kind_from_str(m->default_sampler, &r->sampler);
+    if (get_str(root, "sampler", &s, e))
+        goto done;
+    if (s && ditd_sampler_kind_from_str(s, &r->sampler)) {
+        char list[256];
+        bad(e, "sampler", "unknown sampler '%s'; supported: %s", s,
+            ditd_sampler_kind_list(", ", list, sizeof list));
+        goto done;
+    }
+    /* the conditioning: a class, or text */
+    if (text) {
+        if ((err = get_text_fields(root, m, r, e)))
+            goto done;
+    } else {
+        static const char *const text_only[] = {
+            "negative_prompt",   "true_cfg_scale",    "max_sequence_length",
+            "prompt_2",          "prompt_3",          "negative_prompt_2",
+            "negative_prompt_3", "skip_guidance_layers"};
+        for (size_t i = 0; i < sizeof text_only / sizeof text_only[0]; i++)
+            if ((v = json_object_get(root, text_only[i])) && !json_is_null(v)) {
+                bad(e, text_only[i], "'%s' is for text models; '%s' is class-conditional (its "
+                    "prompt names a class)", text_only[i], m->name);
+                goto done;
+            }
+        if (get_class(root, m, r, e))
+            goto done;
+    }
+    err = 0;
+done:
+    if (err)
+        ditd_genreq_free(r);
+    json_decref(root);
+    ditd_err_clear();
+    return err;
+}
