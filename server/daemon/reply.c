@@ -386,7 +386,14 @@ static void on_complete(ditd_job *j)
                              ditd_sampler_kind_name(j->rq.sampler));
     if (head && j->rq.prompt) { /* a text model's request */
         json_object_set_new(head, "max_sequence_length", json_integer(j->rq.max_sequence_length));
-        json_object_set_new(head, "true_cfg_scale", json_real((double)j->rq.true_cfg));
+        if (s->info.pipeline->request & DITD_REQ_TRUE_CFG)
+            json_object_set_new(head, "true_cfg_scale", json_real((double)j->rq.true_cfg));
+        if (j->rq.n_skip_layers > 0) {
+            json_t *sl = json_array();
+            for (int i = 0; sl && i < j->rq.n_skip_layers; i++)
+                json_array_append_new(sl, json_integer(j->rq.skip_layers[i]));
+            json_object_set_new(head, "skip_guidance_layers", sl);
+        }
     } else if (head) {
         json_object_set_new(head, "class_label", json_integer((json_int_t)j->rq.class_id));
     }

@@ -38,6 +38,35 @@ static json_t *model_json(ditd_srv *s, const char *id)
     json_object_set_new(o, "owned_by", json_string("ditd"));
     json_object_set_new(o, "root", json_string(m->name));
     json_object_set_new(o, "architecture", json_string(m->denoiser_class));
+    /* the pipeline row: its class, guidance kind and what a request may carry */
+    const ditd_pipeline_class *pc = m->pipeline;
+    json_t *params = json_array();
+    json_object_set_new(o, "pipeline", json_string(pc->name));
+    json_object_set_new(o, "guidance", json_string(ditd_guidance_kind_name(pc->guidance)));
+    if (params) {
+        static const char *const p23[2] = {"prompt_2", "prompt_3"};
+        static const char *const n23[2] = {"negative_prompt_2", "negative_prompt_3"};
+        if (!text)
+            json_array_append_new(params, json_string("class_label"));
+        if (pc->request & DITD_REQ_NEGATIVE_PROMPT)
+            json_array_append_new(params, json_string("negative_prompt"));
+        for (int k = 0; k + 1 < ditd_pipeline_class_prompts(pc) && k < 2; k++) {
+            json_array_append_new(params, json_string(p23[k]));
+            if (pc->request & DITD_REQ_NEGATIVE_PROMPT)
+                json_array_append_new(params, json_string(n23[k]));
+        }
+        if (pc->request & DITD_REQ_TRUE_CFG)
+            json_array_append_new(params, json_string("true_cfg_scale"));
+        if (pc->request & DITD_REQ_MAX_SEQUENCE)
+            json_array_append_new(params, json_string("max_sequence_length"));
+        if (pc->request & DITD_REQ_SKIP_LAYERS) {
+            json_array_append_new(params, json_string("skip_guidance_layers"));
+            json_array_append_new(params, json_string("skip_layer_guidance_scale"));
+            json_array_append_new(params, json_string("skip_layer_guidance_start"));
+            json_array_append_new(params, json_string("skip_layer_guidance_stop"));
+        }
+        json_object_set_new(o, "parameters", params);
+    }
     json_object_set_new(o, "conditioning", json_string(text ? "text" : "class"));
     if (!text) {
         json_t *classes = json_array();
@@ -69,7 +98,13 @@ static json_t *model_json(ditd_srv *s, const char *id)
     if (text) {
         json_object_set_new(defaults, "max_sequence_length",
                             json_integer(m->default_max_sequence_length));
-        json_object_set_new(defaults, "true_cfg_scale", json_real(1.0));
+        if (pc->request & DITD_REQ_TRUE_CFG)
+            json_object_set_new(defaults, "true_cfg_scale", json_real(1.0));
+        if (pc->request & DITD_REQ_SKIP_LAYERS) {
+            json_object_set_new(defaults, "skip_layer_guidance_scale", json_real(pc->slg_scale));
+            json_object_set_new(defaults, "skip_layer_guidance_start", json_real(pc->slg_start));
+            json_object_set_new(defaults, "skip_layer_guidance_stop", json_real(pc->slg_stop));
+        }
     }
     json_object_set_new(o, "defaults", defaults);
     for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++)

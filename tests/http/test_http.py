@@ -1241,9 +1241,114 @@ def case_text(ditd):
     check(rc == 0, "--dp 2: exit 0", rc)
 
 
+def case_sd3(ditd):
+    """A StableDiffusion3Pipeline model end to end, as users call it: /v1/models
+    says its pipeline, guidance and the fields it takes; the openai client
+    and curl give the same bytes; negative_prompt, prompt_2 / prompt_3 and
+    skip-layer guidance each change the picture; streaming; FLUX-only and
+    malformed fields refused naming the field; two ranks (cfg parallel: the
+    conditional and unconditional passes on one rank each) give the single
+    process's pictures."""
+    model = os.environ.get("DITD_SD3_MODEL") or os.path.join(
+        os.path.dirname(ditd), "tests", "golden", "sd3_pipeline", "sd3")
+    if not os.path.exists(os.path.join(model, "model_index.json")):
+        print("skip: no SD3 model (the build's tests/golden/sd3_pipeline/sd3; or set DITD_SD3_MODEL)")
+        return 77
+    d = Daemon(ditd, "--max-batch", "4", "--batch-window-ms", "100", model=model)
+    single = None
+    try:
+        st, _, data = d.request("GET", "/v1/models")
+        lst = json.loads(data)
+        info = lst["data"][0]
+        mid = info["id"]
+        params = set(info.get("parameters", []))
+        check(st == 200 and validate(lst, "ModelList") and info.get("architecture") == "SD3Transformer2DModel"
+              and info.get("pipeline") == "StableDiffusion3Pipeline" and info.get("guidance") == "cfg",
+              "/v1/models: SD3Transformer2DModel, StableDiffusion3Pipeline, cfg guidance", info)
+        check({"negative_prompt", "prompt_2", "prompt_3", "negative_prompt_2", "negative_prompt_3",
+               "max_sequence_length", "skip_guidance_layers"} <= params and "true_cfg_scale" not in params,
+              "/v1/models: the fields SD3 takes (and not true_cfg_scale)", sorted(params))
+        dflt = info["defaults"]
+        check(dflt.get("num_inference_steps") == 28 and dflt.get("guidance_scale") == 7 and
+              dflt.get("max_sequence_length") == 256 and abs(dflt.get("skip_layer_guidance_scale", 0) - 2.8) < 1e-6,
+              "/v1/models: StableDiffusion3Pipeline's defaults (28 steps, guidance 7, L 256, SLG 2.8)", dflt)
+        r = info["size_range"]
+        A = (max(r["min"], 4 * r["multiple"]), max(r["min"], 3 * r["multiple"]))
+        size = f"{A[0]}x{A[1]}"
+        base = {"model": mid, "prompt": "a lighthouse at dusk", "size": size, "seed": 7,
+                "num_inference_steps": 2, "max_sequence_length": 16}
+        from openai import OpenAI
+        client = OpenAI(base_url=d.url("/v1"), api_key="unused")
+        res = client.images.generate(model=mid, prompt=base["prompt"], n=2, size=size,
+                                     response_format="b64_json",
+                                     extra_body={"seed": 7, "num_inference_steps": 2, "max_sequence_length": 16})
+        pngs = [base64.b64decode(x.b64_json) for x in res.data]
+        check(len(pngs) == 2 and all(png_info(p)[:2] == A and png_info(p)[3] == 2 for p in pngs) and
+              len(set(pngs)) == 2, f"openai client: two different {size} RGB PNGs", [png_info(p) for p in pngs])
+        rc, out = curl("-X", "POST", d.url("/v1/images/generations"), "-H", "Content-Type: application/json",
+                       "-d", json.dumps(dict(base, n=2)))
+        body = json.loads(out)
+        check(rc == 0 and validate(body, "ImagesResponse") and
+              [base64.b64decode(x["b64_json"]) for x in body["data"]] == pngs and "true_cfg_scale" not in body,
+              "curl: the openai client's bytes; no true_cfg_scale in the response")
+        variants = {
+            "negative_prompt": dict(base, negative_prompt="fog, haze"),
+            "prompt_2": dict(base, prompt_2="an oil painting"),
+            "prompt_3": dict(base, prompt_3="a lighthouse at dusk above a stormy sea, dramatic light"),
+            "skip_guidance_layers": dict(base, num_inference_steps=4, skip_guidance_layers=[1],
+                                         skip_layer_guidance_start=0.0, skip_layer_guidance_stop=1.0),
+            "guidance_scale 1": dict(base, guidance_scale=1.0),
+        }
+        ref4 = images(d.generate(dict(base, num_inference_steps=4)))
+        for what, b in variants.items():
+            st, _, data = d.generate(b)
+            got = images((st, None, data))
+            ref = ref4 if b["num_inference_steps"] == 4 else [{"b64_json": base64.b64encode(pngs[0]).decode()}]
+            check(st == 200 and got and ref and got[0]["b64_json"] != ref[0]["b64_json"],
+                  f"{what}: 200 and another picture", st)
+            if what == "skip_guidance_layers":
+                check(json.loads(data).get("skip_guidance_layers") == [1], "the response says the skipped layers")
+        # streaming: progress per step, the completed image the plain one
+        st, ctype, evs = sse_events(d, dict(base, stream=True, num_inference_steps=3))
+        steps = [x["step"] for e, x in evs if e == "image_generation.progress"]
+        kinds = [e for e, _ in evs if e != "comment"]
+        plain = images(d.generate(dict(base, num_inference_steps=3)))
+        check(st == 200 and steps == [1, 2, 3] and kinds and kinds[-1] == "image_generation.completed" and
+              plain and base64.b64decode(evs[-1][1]["b64_json"]) == base64.b64decode(plain[0]["b64_json"]),
+              "stream: a progress event per step, then the plain request's image", (st, steps, kinds[-1:]))
+        # refusals naming the field
+        for body, param in [(dict(base, true_cfg_scale=4), "true_cfg_scale"),
+                            (dict(base, skip_guidance_layers=[-1]), "skip_guidance_layers"),
+                            (dict(base, skip_guidance_layers="1"), "skip_guidance_layers"),
+                            (dict(base, skip_layer_guidance_stop=2), "skip_layer_guidance_stop"),
+                            (dict(base, prompt_3=5), "prompt_3"),
+                            (dict(base, class_label=1), "class_label"),
+                            (dict(base, max_sequence_length=513), "max_sequence_length")]:
+            st, _, data = d.generate(body)
+            e = json.loads(data)
+            check(st == 400 and validate(e, "ErrorResponse") and e["error"]["param"] == param,
+                  f"400 param={param}", (st, e["error"].get("param"), e["error"].get("message")))
+        single = [d.generate(dict(base, seed=s)) for s in (1, 2)]
+        check(d.proc.poll() is None and d.ready(), "the daemon is still serving")
+    finally:
+        rc = d.stop()
+    check(rc == 0, "exit 0", rc)
+    if not shutil.which("mpirun"):
+        return 0
+    d = Daemon(ditd, "--cfg-degree", "2", "--max-batch", "4", model=model, mpi_np=3)
+    try:
+        got = [d.generate(dict(base, seed=s)) for s in (1, 2)]
+        same = [same_pictures(images(g), images(w)) for g, w in zip(got, single)]
+        check(all(x[0] for x in same), "mpirun -np 3 --cfg-degree 2: the single process's pictures", same)
+    finally:
+        rc = d.stop()
+    check(rc == 0, "--cfg-degree 2: exit 0", rc)
+    return 0
+
+
 CASES = {"api": case_api, "errors": case_errors, "names": case_names, "stream": case_stream,
          "cancel": case_cancel, "drain": case_drain, "load": case_load, "mpi": case_mpi,
-         "mpi_fault": case_mpi_fault, "latent": case_latent, "text": case_text}
+         "mpi_fault": case_mpi_fault, "latent": case_latent, "text": case_text, "sd3": case_sd3}
 
 
 def main():
