@@ -9,6 +9,7 @@
 #include "engine/core/error.h"
 #include "engine/models/denoiser.h"
 #include "engine/models/vae/autoencoder_kl.h"
+#include "engine/models/wan_vae/wan_vae.h"
 
 extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit/dit_denoiser.c */
 extern const ditd_denoiser_family ditd_flux_family; /* engine/models/flux/flux_denoiser.c */
@@ -24,6 +25,7 @@ static const entry builtin[] = {
     {DITD_COMPONENT_TRANSFORMER, "DiTTransformer2DModel", &ditd_dit_family},
     {DITD_COMPONENT_TRANSFORMER, "FluxTransformer2DModel", &ditd_flux_family},
     {DITD_COMPONENT_VAE, "AutoencoderKL", &ditd_autoencoder_kl_family},
+    {DITD_COMPONENT_VAE, "AutoencoderKLWan", &ditd_autoencoder_kl_wan_family},
 };
 
 #define EXTRA_MAX 16

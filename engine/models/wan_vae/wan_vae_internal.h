@@ -1,0 +1,98 @@
+/* Inside the AutoencoderKLWan: the parameter structs and the state shared
+ * by wan_vae.c (parameters, loading, the plan) and wan_vae_forward.c (the
+ * chunked decode and encode). Not a public header: nothing outside
+ * engine/models/wan_vae includes it.
+ */
+#ifndef DITD_ENGINE_WAN_VAE_INTERNAL_H
+#define DITD_ENGINE_WAN_VAE_INTERNAL_H
+
+#include "engine/core/tensor.h"
+#include "engine/models/wan_vae/wan_vae.h"
+
+#define WAN_MAX_RES 17 /* resnets per block: num_res_blocks + 1 <= 17 */
+#define WAN_NBUF 6     /* rotating activation buffers, each one chunk at its largest */
+
+typedef struct wconv { /* WanCausalConv3d (kt, k, k) or nn.Conv2d (kt 0: 4-D weight) */
+    void *w, *b;
+    int cin, cout, kt, k;
+} wconv;
+
+/* The feature cache of one causal convolution: its last (at most 2) input
+ * frames, oldest first, f[0..n). */
+typedef struct wcache {
+    void *f[2];
+    int n;
+    size_t elems; /* planned frame size (C H W at that layer, the largest) */
+} wcache;
+
+typedef struct wres { /* WanResidualBlock */
+    void *g1, *g2;     /* norm1.gamma, norm2.gamma (C) */
+    wconv c1, c2, sc;  /* sc: conv_shortcut (1x1x1) when cin != cout */
+    wcache k1, k2;
+    int cin, cout, has_sc;
+} wres;
+
+typedef struct wattn { /* WanAttentionBlock: one head of C, per frame */
+    void *g;            /* norm.gamma */
+    wconv qkv, proj;    /* to_qkv (3C, C, 1, 1), proj (C, C, 1, 1) */
+    int C;
+} wattn;
+
+enum { WS_NONE = 0, WS_UP2D, WS_UP3D, WS_DOWN2D, WS_DOWN3D };
+
+typedef struct wsample { /* WanResample */
+    int mode;
+    wconv conv;    /* resample.1: Conv2d 3x3 */
+    wconv time;    /* time_conv (3, 1, 1) */
+    wcache tc;     /* the time convolution's cache */
+    int started;   /* the first chunk went through ("Rep" / the first clone) */
+} wsample;
+
+typedef struct wblock {
+    wres res[WAN_MAX_RES];
+    int n_res;
+    wsample rs;
+    /* Wan 2.2's shortcut around the block: AvgDown3D (encoder) or DupUp3D
+     * (decoder) from sc_in to sc_out channels, factors ft (time), fs (space) */
+    int shortcut, sc_in, sc_out, sc_ft, sc_fs;
+} wblock;
+
+typedef struct wcoder { /* WanEncoder3d / WanDecoder3d */
+    wconv conv_in;
+    wcache kin;
+    wblock blocks[DITD_WAN_VAE_MAX_BLOCKS];
+    int n_blocks;
+    wres mid0, mid1;
+    wattn attn;
+    void *norm_out;
+    int norm_C;
+    wconv conv_out;
+    wcache kout;
+} wcoder;
+
+struct ditd_wan_vae {
+    const ditd_backend_ops *ops;
+    ditd_wan_vae_config cfg;
+    ditd_wan_vae_opts opts;
+    int has_dec, has_enc;
+    ditd_arena weights, acts;
+    wconv quant, post_quant;
+    wcoder enc, dec;
+
+    /* the plan: a dry run of one chunk at its largest records what it needs */
+    int planning;
+    size_t act_n, scratch_n, tok_n, qkv_n, score_n;
+    void *buf[WAN_NBUF];
+    unsigned busy;                 /* bit i: buf[i] holds a live tensor */
+    int bug;                       /* the forward ran out of buffers (a bug) */
+    void *scratch;                 /* im2col (scratch_n) */
+    void *qkv, *tq, *tk, *tv, *to; /* one frame's attention: (3C, N) planes; (N, C) tokens */
+    void *score;                   /* (N, N) scores for heads above the fused kernel's */
+    float *h_frame;                /* one frame on the host (patchify / unpatchify) */
+    size_t h_frame_n;
+};
+
+/* wan_vae_forward.c */
+int ditd__wan_vae_plan(ditd_wan_vae *v);
+
+#endif
