@@ -85,7 +85,8 @@ CONFIGS = [
                     latents_std=[1.0 + 0.05 * i for i in range(12)]),
         "decode": [(1, 1, 3, 2), (1, 3, 2, 3)],
         "encode": [(1, 1, 32, 48), (1, 9, 32, 32)],
-        "tiled": [],
+        "tiled": [((1, 2, 5, 4), dict(tile_sample_min_height=48, tile_sample_min_width=48,
+                                      tile_sample_stride_height=32, tile_sample_stride_width=32))],
     },
 ]
 

@@ -4,7 +4,9 @@
  * its own decoder_base_dim, one temporal stage and a bf16 checkpoint; a Wan
  * 2.2-shaped residual one with patch_size 2): 1, 2 and 3 latent frames (1,
  * 5, 9 video frames), odd and non-square sizes, batches of 2, encodes of
- * 1, 5, 9 and 7 frames (the 7th dropped as Diffusers drops it). Bound:
+ * 1, 5, 9 and 7 frames (the 7th dropped as Diffusers drops it), tiled
+ * decodes (enable_tiling with small tiles, with and without patch_size),
+ * the attention through scores in memory (the path of heads above 512). Bound:
  * max|ours - ref| / max|ref| <= 1e-5 for every output. The encoder's draw
  * is checked as mean_ref + std_ref * the Philox noise. Config refusals are
  * checked on edited copies of a fixture config. */
@@ -76,6 +78,22 @@ static int run_vae(const char *name)
                          (long long)zs[4]);
                 TU_CLOSE(what, out, ref, n, TOL);
                 checked++;
+                if (i == 0) { /* the attention through scores in memory (Wan 2.2's head of 1024) */
+                    ditd_wan_vae *g = NULL;
+                    ditd_wan_vae_opts go = o;
+                    go.gemm_attention = 1;
+                    TU_OK(ditd_wan_vae_load(path, &ditd_backend_cpu, &go, &g));
+                    float *o2 = calloc(n, sizeof *o2);
+                    if (g && o2) {
+                        TU_OK(ditd_wan_vae_decode(g, z, (int)zs[0], (int)zs[2], (int)zs[3],
+                                                  (int)zs[4], o2));
+                        char w2[700];
+                        snprintf(w2, sizeof w2, "%s (gemm attention)", what);
+                        TU_CLOSE(w2, o2, ref, n, TOL);
+                    }
+                    free(o2);
+                    ditd_wan_vae_free(g);
+                }
                 /* the same buffers again: the caches start clean for every clip */
                 TU_OK(ditd_wan_vae_decode(v, z, (int)zs[0], (int)zs[2], (int)zs[3], (int)zs[4], out));
                 snprintf(what + strlen(what), sizeof what - strlen(what), " (second run)");
@@ -123,7 +141,44 @@ static int run_vae(const char *name)
             free(draw);
             free(want);
         } else if (strcmp(kind, "tiled") == 0) {
-            /* tiled decode: not built (docs/wan_vae.md) */
+            float *z = load(dir, c, "z", zs), *ref = load(dir, c, "out", os);
+            json_t *tl = json_object_get(c, "tiles");
+            o.max_h = (int)zs[3];
+            o.max_w = (int)zs[4];
+            o.tiling = 1;
+            o.max_frames = (int)zs[2];
+            o.tile_sample_min_h = (int)json_integer_value(json_object_get(tl, "tile_sample_min_height"));
+            o.tile_sample_min_w = (int)json_integer_value(json_object_get(tl, "tile_sample_min_width"));
+            o.tile_sample_stride_h =
+                (int)json_integer_value(json_object_get(tl, "tile_sample_stride_height"));
+            o.tile_sample_stride_w =
+                (int)json_integer_value(json_object_get(tl, "tile_sample_stride_width"));
+            TU_OK(ditd_wan_vae_load(path, &ditd_backend_cpu, &o, &v));
+            size_t n = numel(os);
+            float *out = calloc(n, sizeof *out);
+            if (v && z && ref && out) {
+                TU_OK(ditd_wan_vae_decode(v, z, (int)zs[0], (int)zs[2], (int)zs[3], (int)zs[4], out));
+                snprintf(what, sizeof what, "%s tiled decode z (%lld, %lld, %lld, %lld, %lld)", name,
+                         (long long)zs[0], (long long)zs[1], (long long)zs[2], (long long)zs[3],
+                         (long long)zs[4]);
+                TU_CLOSE(what, out, ref, n, TOL);
+                checked++;
+                /* the tiles show: the whole-latent decode is not the tiled one */
+                ditd_wan_vae *whole = NULL;
+                o.tiling = 0;
+                TU_OK(ditd_wan_vae_load(path, &ditd_backend_cpu, &o, &whole));
+                if (whole) {
+                    TU_OK(ditd_wan_vae_decode(whole, z, (int)zs[0], (int)zs[2], (int)zs[3],
+                                              (int)zs[4], out));
+                    tu_err d = tu_compare(out, ref, n);
+                    TU_CHECK(d.rel > 1e-3, "%s: the untiled decode is within %.3g of the tiled "
+                             "reference: the tiling was not exercised", what, d.rel);
+                    ditd_wan_vae_free(whole);
+                }
+            }
+            free(z);
+            free(ref);
+            free(out);
         } else {
             TU_CHECK(0, "%s: unknown case kind %s", dir, kind);
         }
@@ -259,8 +314,9 @@ int main(void)
     int cases = 0;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         cases += run_vae(names[i]);
-    /* the committed fixtures: 3 VAEs, 6 decodes and 7 encodes (a loop that ran nothing fails) */
-    TU_CHECK(cases >= 13, "ran %d cases (want >= 13)", cases);
+    /* the committed fixtures: 3 VAEs, 6 decodes, 7 encodes and 2 tiled decodes (a loop
+     * that ran nothing fails) */
+    TU_CHECK(cases >= 15, "ran %d cases (want >= 15)", cases);
     refusals();
     registry();
     scale_rules();

@@ -358,6 +358,7 @@ void ditd_wan_vae_free(ditd_wan_vae *v)
     ditd_arena_free(&v->weights);
     ditd_arena_free(&v->acts);
     free(v->h_frame);
+    free(v->h_tiles);
     free(v);
 }
 

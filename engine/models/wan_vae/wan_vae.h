@@ -15,9 +15,11 @@
  * shortcuts) and its patchify / unpatchify (patch_size), the decoder's clamp
  * to [-1, 1].
  *
+ * Tiled decode (Diffusers' enable_tiling) is an option (opts.tiling).
+ *
  * What it is not: a pipeline (WanPipeline's latents_mean / latents_std rule
- * is ditd_wan_vae_unscale below; pixels to bytes are the caller's), tiled
- * (enable_tiling), or split over a group: one rank decodes a clip.
+ * is ditd_wan_vae_unscale below; pixels to bytes are the caller's), a tiled
+ * encoder (tiled_encode), or split over a group: one rank decodes a clip.
  *
  * Memory: every activation and every feature cache is planned at load for
  * the largest latent (opts.max_h x opts.max_w) and the largest video
@@ -41,6 +43,22 @@ typedef struct ditd_wan_vae ditd_wan_vae;
 typedef struct ditd_wan_vae_opts {
     int max_h, max_w;             /* largest latent decoded (rows, columns); 0: no decoder */
     int max_video_h, max_video_w; /* largest video encoded (pixels); 0: no encoder */
+    /* Diffusers' enable_tiling(tile_sample_min_height, ..._width,
+     * tile_sample_stride_height, ..._width) (0: its defaults 256, 256, 192,
+     * 192): a latent wider or taller than a tile (tile_sample_min //
+     * scale_factor_spatial) is decoded as AutoencoderKLWan.tiled_decode
+     * does, tile by tile (every frame of a tile, then the next), each
+     * blended with the tile above and the one to the left and cropped to
+     * the stride. Device buffers are planned for one tile; two rows of
+     * decoded tiles of up to max_frames latent frames stay on the host. */
+    int tiling;
+    int tile_sample_min_h, tile_sample_min_w, tile_sample_stride_h, tile_sample_stride_w;
+    int max_frames;
+    /* The mid-block attention through scores in memory (attention_masked:
+     * N x N floats per frame) for every head size, not only for heads
+     * above the fused kernel's DITD_CPU_ATTN_MAX_DH (Wan 2.2's decoder, a
+     * head of 1024): for tests of that path on small configs. */
+    int gemm_attention;
 } ditd_wan_vae_opts;
 
 /* Loads vae/ (config.json and the weights) for `ops` (the CPU backend with

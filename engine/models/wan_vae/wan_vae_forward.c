@@ -181,7 +181,7 @@ static void attention(ditd_wan_vae *v, const wattn *a, vid *x)
     if (v->planning) {
         v->qkv_n = zmax(v->qkv_n, (size_t)3 * C * N);
         v->tok_n = zmax(v->tok_n, (size_t)C * N);
-        if (C > DITD_CPU_ATTN_MAX_DH)
+        if (C > DITD_CPU_ATTN_MAX_DH || v->opts.gemm_attention)
             v->score_n = zmax(v->score_n, (size_t)N * N);
     }
     for (int t = 0; t < x->T && !v->planning; t++) {
@@ -194,7 +194,7 @@ static void attention(ditd_wan_vae *v, const wattn *a, vid *x)
         ops->planes_to_tokens(v->qkv, (size_t)N, v->tq, C, N);            /* (N, C) each */
         ops->planes_to_tokens(ditd_ptr_act(ops, v->qkv, (size_t)C * N), (size_t)N, v->tk, C, N);
         ops->planes_to_tokens(ditd_ptr_act(ops, v->qkv, (size_t)2 * C * N), (size_t)N, v->tv, C, N);
-        if (C <= DITD_CPU_ATTN_MAX_DH)
+        if (C <= DITD_CPU_ATTN_MAX_DH && !v->opts.gemm_attention)
             ops->attention(v->tq, C, v->tk, C, v->tv, C, v->to, C, NULL, 1, N, N, 1, C, scale);
         else
             ops->attention_masked(v->tq, C, v->tk, C, v->tv, C, v->to, C, 1, N, 1, C, scale, NULL,
@@ -444,8 +444,13 @@ int ditd__wan_vae_plan(ditd_wan_vae *v)
 
     v->planning = 1;
     if (v->has_dec) {
-        const int h = v->opts.max_h, w = v->opts.max_w;
-        if (h * w > DITD_CPU_MASKED_ATTN_MAX_N && v->dec.attn.C > DITD_CPU_ATTN_MAX_DH)
+        int h = v->opts.max_h, w = v->opts.max_w;
+        if (v->opts.tiling) { /* a tile at most */
+            h = h < ditd__wan_vae_tile_latent(v, 0) ? h : ditd__wan_vae_tile_latent(v, 0);
+            w = w < ditd__wan_vae_tile_latent(v, 1) ? w : ditd__wan_vae_tile_latent(v, 1);
+        }
+        if (h * w > DITD_CPU_MASKED_ATTN_MAX_N &&
+            (v->dec.attn.C > DITD_CPU_ATTN_MAX_DH || v->opts.gemm_attention))
             return ditd_err_set(DITD_EUNSUPPORTED,
                                 "Wan VAE: a %d x %d latent is %d positions per frame; the decoder's "
                                 "attention head of %d takes at most %d", h, w, h * w, v->dec.attn.C,
@@ -469,7 +474,8 @@ int ditd__wan_vae_plan(ditd_wan_vae *v)
         if (h < 1 || w < 1)
             return ditd_err_set(DITD_EINVAL, "Wan VAE encoder: video %d x %d too small",
                                 v->opts.max_video_h, v->opts.max_video_w);
-        if (h * w > DITD_CPU_MASKED_ATTN_MAX_N && v->enc.attn.C > DITD_CPU_ATTN_MAX_DH)
+        if (h * w > DITD_CPU_MASKED_ATTN_MAX_N &&
+            (v->enc.attn.C > DITD_CPU_ATTN_MAX_DH || v->opts.gemm_attention))
             return ditd_err_set(DITD_EUNSUPPORTED,
                                 "Wan VAE: a %d x %d latent is %d positions per frame; the encoder's "
                                 "attention head of %d takes at most %d", h, w, h * w, v->enc.attn.C,
@@ -496,18 +502,81 @@ int ditd__wan_vae_plan(ditd_wan_vae *v)
         return err;
     if (!(v->h_frame = malloc(v->h_frame_n * sizeof *v->h_frame)))
         return ditd_err_set(DITD_ENOMEM, "Wan VAE host frame (%zu floats)", v->h_frame_n);
-    return 0;
+    return v->has_dec && v->opts.tiling ? ditd__wan_vae_plan_tiles(v) : 0;
 }
 
 /* ---- decode ---- */
 
-int ditd_wan_vae_decode(ditd_wan_vae *v, const float *z, int B, int T, int h, int w, float *frames)
+int ditd__wan_vae_decode_clip(ditd_wan_vae *v, const float *z, int T, int hz, int wz, int i0,
+                              int j0, int h, int w, ditd__wan_frame_sink sink, void *ctx)
 {
     const ditd_wan_vae_config *c = &v->cfg;
     const ditd_backend_ops *ops = v->ops;
+    int f0 = 0, err;
+
+    reset_coder(&v->dec);
+    v->busy = 0;
+    for (int t = 0; t < T; t++) {
+        /* latent frame t of the window: (z_dim, h, w) from (z_dim, T, hz, wz) */
+        vid x = grab(v, 1, c->z_dim, h, w);
+        for (int ch = 0; ch < c->z_dim; ch++)
+            for (int r = 0; r < h; r++)
+                memcpy(v->h_frame + ((size_t)ch * h + r) * w,
+                       z + (((size_t)ch * T + t) * hz + i0 + r) * wz + j0, (size_t)w * sizeof *z);
+        ops->upload(fr(v, &x, 0), v->h_frame, (size_t)c->z_dim * h * w);
+        x = cconv(v, &v->post_quant, NULL, &x, 0);
+        vid y = decoder_chunk(v, x, t == 0);
+        for (int k = 0; k < y.T; k++, f0++) {
+            ops->download(v->h_frame, fr(v, &y, k), fsize(&y));
+            if ((err = ops->status()) || (err = sink(ctx, f0, v->h_frame, y.C, y.H, y.W)))
+                return err;
+        }
+        drop(v, &y);
+    }
+    if (f0 != ditd_wan_vae_config_frames(c, T))
+        return ditd_err_set(DITD_EINTERNAL, "Wan VAE decode: %d frames, expected %d", f0,
+                            ditd_wan_vae_config_frames(c, T));
+    return 0;
+}
+
+void ditd__wan_vae_put_frame(const ditd_wan_vae_config *c, const float *src, int hh, int ww,
+                             int y0, int x0, int nh, int nw, float *out, int F, int f, int Ho,
+                             int Wo)
+{
+    const int p = c->patch_size, Cp = c->out_channels / (p * p);
+    for (int ch = 0; ch < Cp; ch++)
+        for (int r = 0; r < nh * p; r++)
+            for (int q = 0; q < nw * p; q++) {
+                /* channel ch p^2 + (q % p) p + r % p at (r / p, q / p) */
+                const int sc = ch * p * p + (q % p) * p + r % p;
+                float val = src[((size_t)sc * hh + r / p) * ww + q / p];
+                val = val < -1.0f ? -1.0f : val > 1.0f ? 1.0f : val;
+                out[(((size_t)ch * F + f) * Ho + (size_t)y0 * p + r) * Wo + (size_t)x0 * p + q] = val;
+            }
+}
+
+typedef struct whole_sink {
+    const ditd_wan_vae_config *c;
+    float *out;
+    int F, Ho, Wo;
+} whole_sink;
+
+/* A whole-latent decode's frame: unpatchify, clamp, into (C, F, H, W). */
+static int put_whole(void *ctx, int f, const float *frame, int C, int hh, int ww)
+{
+    const whole_sink *s = ctx;
+    (void)C;
+    ditd__wan_vae_put_frame(s->c, frame, hh, ww, 0, 0, hh, ww, s->out, s->F, f, s->Ho, s->Wo);
+    return 0;
+}
+
+int ditd_wan_vae_decode(ditd_wan_vae *v, const float *z, int B, int T, int h, int w, float *frames)
+{
+    const ditd_wan_vae_config *c = &v->cfg;
     const int p = c->patch_size, s = ditd_wan_vae_config_scale_factor(c), Cp = c->out_channels / (p * p);
     const int F = ditd_wan_vae_config_frames(c, T), Ho = h * s, Wo = w * s;
     const size_t zn = (size_t)c->z_dim * T * h * w, fn = (size_t)Cp * F * Ho * Wo;
+    int err;
 
     if (!v->has_dec)
         return ditd_err_set(DITD_EINVAL, "Wan VAE decode: loaded without a decoder (max_h/w)");
@@ -515,41 +584,22 @@ int ditd_wan_vae_decode(ditd_wan_vae *v, const float *z, int B, int T, int h, in
         return ditd_err_set(DITD_EINVAL,
                             "Wan VAE decode: %d latents of %d frames of %d x %d (planned up to %d x %d)",
                             B, T, h, w, v->opts.max_h, v->opts.max_w);
+    if (ditd__wan_vae_tiled(v, h, w) && T > v->opts.max_frames)
+        return ditd_err_set(DITD_EINVAL, "Wan VAE tiled decode: %d latent frames (planned up to %d)",
+                            T, v->opts.max_frames);
     for (int bi = 0; bi < B; bi++) {
         const float *zb = z + (size_t)bi * zn;
         float *ob = frames + (size_t)bi * fn;
-        int f0 = 0;
-        reset_coder(&v->dec);
-        v->busy = 0;
-        for (int t = 0; t < T; t++) {
-            /* latent frame t: (z_dim, h, w) gathered from (z_dim, T, h, w) */
-            vid x = grab(v, 1, c->z_dim, h, w);
-            for (int ch = 0; ch < c->z_dim; ch++)
-                memcpy(v->h_frame + (size_t)ch * h * w, zb + ((size_t)ch * T + t) * h * w,
-                       (size_t)h * w * sizeof *v->h_frame);
-            ops->upload(fr(v, &x, 0), v->h_frame, (size_t)c->z_dim * h * w);
-            x = cconv(v, &v->post_quant, NULL, &x, 0);
-            vid y = decoder_chunk(v, x, t == 0);
-            /* each frame: unpatchify, clamp to [-1, 1], into (C, F, H, W) */
-            for (int k = 0; k < y.T; k++, f0++) {
-                ops->download(v->h_frame, fr(v, &y, k), fsize(&y));
-                const int hh = y.H, ww = y.W;
-                for (int ch = 0; ch < Cp; ch++)
-                    for (int r = 0; r < hh * p; r++)
-                        for (int q = 0; q < ww * p; q++) {
-                            /* channel c p^2 + (q % p) p + r % p at (r / p, q / p) */
-                            const int src = ch * p * p + (q % p) * p + r % p;
-                            float val = v->h_frame[((size_t)src * hh + r / p) * ww + q / p];
-                            val = val < -1.0f ? -1.0f : val > 1.0f ? 1.0f : val;
-                            ob[(((size_t)ch * F + f0) * Ho + r) * Wo + q] = val;
-                        }
-            }
-            drop(v, &y);
+        if (ditd__wan_vae_tiled(v, h, w)) {
+            err = ditd__wan_vae_decode_tiled(v, zb, T, h, w, ob);
+        } else {
+            whole_sink ws = {c, ob, F, Ho, Wo};
+            err = ditd__wan_vae_decode_clip(v, zb, T, h, w, 0, 0, h, w, put_whole, &ws);
         }
-        if (f0 != F)
-            return ditd_err_set(DITD_EINTERNAL, "Wan VAE decode: %d frames, expected %d", f0, F);
+        if (err)
+            return err;
     }
-    return ops->status();
+    return 0;
 }
 
 /* ---- encode ---- */

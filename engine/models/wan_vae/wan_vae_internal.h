@@ -90,9 +90,35 @@ struct ditd_wan_vae {
     void *score;                   /* (N, N) scores for heads above the fused kernel's */
     float *h_frame;                /* one frame on the host (patchify / unpatchify) */
     size_t h_frame_n;
+    float *h_tiles;                /* tiling: two rows of decoded tiles, every frame */
+    size_t h_tiles_n, tile_n;      /* floats of both rows; of one tile */
+    int tile_cols;                 /* tiles in a row, at most */
 };
 
 /* wan_vae_forward.c */
 int ditd__wan_vae_plan(ditd_wan_vae *v);
+
+/* Receives decoded frame f (C, hh, ww) on the host: before unpatchify and
+ * the clamp. Returns 0 or an error. */
+typedef int (*ditd__wan_frame_sink)(void *ctx, int f, const float *frame, int C, int hh, int ww);
+
+/* Decodes the window [i0, i0 + h) x [j0, j0 + w) of the latent z
+ * (z_dim, T, hz, wz) as one clip (the caches cleared first), handing every
+ * frame to sink in order. */
+int ditd__wan_vae_decode_clip(ditd_wan_vae *v, const float *z, int T, int hz, int wz, int i0,
+                              int j0, int h, int w, ditd__wan_frame_sink sink, void *ctx);
+
+/* Rows [y0, y0 + nh) x columns [x0, x0 + nw) of a decoded frame src
+ * (out_channels, hh, ww), unpatchified and clamped, into frame f of out
+ * (C, F, Ho, Wo) at (y0 p, x0 p). */
+void ditd__wan_vae_put_frame(const ditd_wan_vae_config *c, const float *src, int hh, int ww,
+                             int y0, int x0, int nh, int nw, float *out, int F, int f, int Ho,
+                             int Wo);
+
+/* wan_vae_tiled.c: Diffusers' enable_tiling() */
+int ditd__wan_vae_tile_latent(const ditd_wan_vae *v, int width); /* tile_sample_min // ratio */
+int ditd__wan_vae_tiled(const ditd_wan_vae *v, int h, int w);    /* decode this latent tiled? */
+int ditd__wan_vae_plan_tiles(ditd_wan_vae *v);                   /* host rows of tiles */
+int ditd__wan_vae_decode_tiled(ditd_wan_vae *v, const float *z, int T, int h, int w, float *out);
 
 #endif
