@@ -218,13 +218,13 @@ typedef struct ditd_backend_ops {
      * Wan VAE refuses to load there. A frame is C planes of H x W with
      * plane stride ps; xf is a host array of device frame pointers, one
      * per time tap, NULL standing for a frame of zeros. */
-    /* One output frame of nn.Conv3d (spatial stride 1, zero pad `pad` on
-     * every spatial side) from the kT frames its taps read; w (Cout, Cin,
-     * kT, k, k); scratch >= the backend's row need (CPU: Cin kT k k Wo,
-     * CUDA: (Cin kT k k + Cout) Wo elements). */
+    /* One output frame of nn.Conv3d (spatial stride 1, zero pad_h rows
+     * above and below, pad_w columns left and right) from the kT frames its
+     * taps read; w (Cout, Cin, kT, k, k); scratch >= the backend's row need
+     * (CPU: Cin kT k k Wo, CUDA: (Cin kT k k + Cout) Wo elements). */
     void (*conv3d_frame)(const void *const *xf, int kT, size_t psx, const void *w, const void *b,
                          void *y, size_t psy, void *scratch, size_t scratch_n, int Cin, int H,
-                         int W, int Cout, int k, int pad);
+                         int W, int Cout, int k, int pad_h, int pad_w);
     /* WanRMS_norm over the C channels of n positions (+ SiLU); gamma (C), a
      * weight; y may alias x. */
     void (*rmsnorm_channels)(const void *x, size_t psx, void *y, size_t psy, int C, int n,

@@ -308,10 +308,10 @@ static int cpu_status(void)
 
 static void cpu_conv3d_frame(const void *const *xf, int kT, size_t psx, const void *w,
                              const void *b, void *y, size_t psy, void *scratch, size_t scratch_n,
-                             int Cin, int H, int W, int Cout, int k, int pad)
+                             int Cin, int H, int W, int Cout, int k, int pad_h, int pad_w)
 {
     ditd_cpu_conv3d_frame((const float *const *)xf, kT, psx, w, b, y, psy, scratch, scratch_n, Cin,
-                          H, W, Cout, k, pad);
+                          H, W, Cout, k, pad_h, pad_w);
 }
 
 static void cpu_rmsnorm_channels(const void *x, size_t psx, void *y, size_t psy, int C, int n,

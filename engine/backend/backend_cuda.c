@@ -389,10 +389,10 @@ static void cu_tokens_to_planes(const void *t, void *y, size_t ps, int C, int n,
 
 static void cu_conv3d_frame(const void *const *xf, int kT, size_t psx, const void *w, const void *b,
                             void *y, size_t psy, void *scratch, size_t scratch_n, int Cin, int H,
-                            int W, int Cout, int k, int pad)
+                            int W, int Cout, int k, int pad_h, int pad_w)
 {
     keep(ditd_cuda_conv3d_frame(g.gemm, xf, kT, psx, w, b, y, psy, scratch, scratch_n, Cin, H, W,
-                                Cout, k, pad, CS),
+                                Cout, k, pad_h, pad_w, CS),
          "conv3d_frame");
 }
 

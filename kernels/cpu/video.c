@@ -14,7 +14,7 @@ void ditd_cpu_rmsnorm_channels(const float *x, size_t psx, float *y, size_t psy,
     const double scale = sqrt((double)C);
     const int nb = (n + RMS_BLOCK - 1) / RMS_BLOCK;
     assert(C > 0 && n >= 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)C * n >= DITD_CPU_VIDEO_OMP_MIN)
     for (int blk = 0; blk < nb; blk++) {
         const int i0 = blk * RMS_BLOCK, m = n - i0 < RMS_BLOCK ? n - i0 : RMS_BLOCK;
         double ss[RMS_BLOCK];
@@ -49,7 +49,7 @@ void ditd_cpu_avgdown3d_frame(const float *const *xf, size_t psx, int Cin, int H
     const int Ho = H / fs, Wo = W / fs;
     const float inv = 1.0f / (float)group;
     assert(H % fs == 0 && W % fs == 0 && (Cin * factor) % Cout == 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)Cin * factor * Ho * Wo >= DITD_CPU_VIDEO_OMP_MIN)
     for (int o = 0; o < Cout; o++) {
         float *yp = y + (size_t)o * psy;
         for (int h = 0; h < Ho; h++)
@@ -72,7 +72,7 @@ void ditd_cpu_dupup3d_frame(const float *x, size_t psx, int Cin, int H, int W, i
 {
     const int factor = ft * fs * fs, repeats = Cout * factor / Cin, Wo = W * fs;
     assert((Cout * factor) % Cin == 0 && a >= 0 && a < ft);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)Cout * H * W * fs * fs >= DITD_CPU_VIDEO_OMP_MIN)
     for (int o = 0; o < Cout; o++) {
         float *yp = y + (size_t)o * psy;
         for (int p = 0; p < fs; p++)

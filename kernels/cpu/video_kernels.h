@@ -25,12 +25,19 @@
 extern "C" {
 #endif
 
+/* Elements of work below which a kernel runs on the calling thread: an
+ * OpenMP team costs a fork and a barrier, which on a loaded machine (or a
+ * small frame) is worth more than a loop of under a millisecond. */
+#define DITD_CPU_VIDEO_OMP_MIN ((size_t)1 << 20)
+
 /* One output frame of nn.Conv3d (dilation 1, groups 1, spatial stride 1):
  *   xf[0..kT): the kT input frames the kernel's time taps read, oldest
  *              first, each (Cin, H, W) with plane stride psx, NULL = zeros;
  *   w: (Cout, Cin, kT, k, k); b: (Cout) or NULL;
- *   pad: zero padding on every spatial side (k = 2 pad + 1 keeps H x W);
- *   y: (Cout, Ho, Wo) plane stride psy, Ho = H + 2 pad - k + 1, Wo likewise.
+ *   pad_h, pad_w: zero rows above and below, zero columns left and right
+ *   (a caller whose frames carry halo rows passes pad_h 0);
+ *   y: (Cout, Ho, Wo) plane stride psy, Ho = H + 2 pad_h - k + 1,
+ *   Wo = W + 2 pad_w - k + 1.
  * Time padding and stride are the caller's (it chooses the frames). Computed
  * as im2col + sgemm in chunks of output rows, K = Cin kT k k in the order
  * of w; scratch must hold scratch_n >= K Wo floats (one output row); more
@@ -38,7 +45,7 @@ extern "C" {
  * output element is bias + one BLAS dot product over (Cin, kT, k, k). */
 void ditd_cpu_conv3d_frame(const float *const *xf, int kT, size_t psx, const float *w,
                            const float *b, float *y, size_t psy, float *scratch, size_t scratch_n,
-                           int Cin, int H, int W, int Cout, int k, int pad);
+                           int Cin, int H, int W, int Cout, int k, int pad_h, int pad_w);
 
 /* Scratch floats ditd_cpu_conv3d_frame needs for at least one output row. */
 static inline size_t ditd_cpu_conv3d_scratch_row(int Cin, int kT, int k, int Wo)

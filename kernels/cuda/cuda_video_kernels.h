@@ -28,8 +28,8 @@ extern "C" {
  * Wo elements per output row, at least one row. */
 int ditd_cuda_conv3d_frame(ditd_cuda_gemm *g, const void *const *xf, int kT, size_t psx,
                            const void *w, const void *b, void *y, size_t psy, void *scratch,
-                           size_t scratch_n, int Cin, int H, int W, int Cout, int k, int pad,
-                           ditd_cuda_stream st);
+                           size_t scratch_n, int Cin, int H, int W, int Cout, int k, int pad_h,
+                           int pad_w, ditd_cuda_stream st);
 
 /* WanRMS_norm over channels at n positions (+ SiLU); gamma (C) or NULL. */
 int ditd_cuda_rmsnorm_channels(const void *x, size_t psx, void *y, size_t psy, int C, int n,

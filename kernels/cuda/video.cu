@@ -13,7 +13,7 @@ typedef struct frames {
 
 /* cols (nr Wo, Cin kT k k) for output rows [r0, r0 + nr), row-major. */
 static __global__ void im2col3d_kernel(frames xf, int kT, size_t psx, bf16 *cols, int Cin, int H,
-                                       int W, int k, int pad, int r0, int nr, int Wo)
+                                       int W, int k, int pad_h, int pad_w, int r0, int nr, int Wo)
 {
     const size_t K = (size_t)Cin * kT * k * k, n = (size_t)nr * Wo * K;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -21,7 +21,7 @@ static __global__ void im2col3d_kernel(frames xf, int kT, size_t psx, bf16 *cols
         size_t p = i / K, kk = i % K;
         int ci = (int)(kk / ((size_t)kT * k * k)), kt = (int)(kk / (k * k)) % kT;
         int ky = (int)(kk / k) % k, kx = (int)(kk % k);
-        int iy = r0 + (int)(p / Wo) + ky - pad, ix = (int)(p % Wo) + kx - pad;
+        int iy = r0 + (int)(p / Wo) + ky - pad_h, ix = (int)(p % Wo) + kx - pad_w;
         const bf16 *x = xf.p[kt];
         cols[i] = (x && iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[ci * psx + (size_t)iy * W + ix]
                                                                 : __float2bfloat16_rn(0.0f);
@@ -42,12 +42,12 @@ static __global__ void tok_to_planes_kernel(const bf16 *t, bf16 *y, size_t ps, i
 extern "C" int ditd_cuda_conv3d_frame(ditd_cuda_gemm *g, const void *const *xf, int kT, size_t psx,
                                       const void *w, const void *b, void *y, size_t psy,
                                       void *scratch, size_t scratch_n, int Cin, int H, int W,
-                                      int Cout, int k, int pad, ditd_cuda_stream st)
+                                      int Cout, int k, int pad_h, int pad_w, ditd_cuda_stream st)
 {
     if (!g || !xf || !w || !y || !scratch || kT <= 0 || kT > DITD_CUDA_CONV3D_MAX_KT || Cin <= 0 ||
-        Cout <= 0 || k <= 0 || pad < 0)
+        Cout <= 0 || k <= 0 || pad_h < 0 || pad_w < 0)
         return DITD_CUDA_EINVAL;
-    const int Ho = H + 2 * pad - k + 1, Wo = W + 2 * pad - k + 1;
+    const int Ho = H + 2 * pad_h - k + 1, Wo = W + 2 * pad_w - k + 1;
     const size_t K = (size_t)Cin * kT * k * k, per_row = (K + (size_t)Cout) * (size_t)Wo;
     if (Ho <= 0 || Wo <= 0 || psx < (size_t)H * W || psy < (size_t)Ho * Wo || scratch_n < per_row)
         return DITD_CUDA_EINVAL;
@@ -61,7 +61,7 @@ extern "C" int ditd_cuda_conv3d_frame(ditd_cuda_gemm *g, const void *const *xf, 
         const int nr = Ho - r0 < chunk ? Ho - r0 : chunk, np = nr * Wo;
         bf16 *tok = cols + (size_t)np * K;
         im2col3d_kernel<<<ew_blocks((size_t)np * K), DITD_CUDA_EW_THREADS, 0, (cudaStream_t)st>>>(
-            f, kT, psx, cols, Cin, H, W, k, pad, r0, nr, Wo);
+            f, kT, psx, cols, Cin, H, W, k, pad_h, pad_w, r0, nr, Wo);
         int rc = launch_check();
         if (!rc)
             rc = ditd_cuda_linear(g, cols, K, w, b, tok, (size_t)Cout, np, Cout, (int)K,

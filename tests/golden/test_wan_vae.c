@@ -78,7 +78,8 @@ static int run_vae(const char *name)
                          (long long)zs[4]);
                 TU_CLOSE(what, out, ref, n, TOL);
                 checked++;
-                if (i == 0) { /* the attention through scores in memory (Wan 2.2's head of 1024) */
+                if (i == 0 && strcmp(name, "wan22-res") == 0) {
+                    /* the attention through scores in memory (Wan 2.2's head of 1024) */
                     ditd_wan_vae *g = NULL;
                     ditd_wan_vae_opts go = o;
                     go.gemm_attention = 1;
@@ -94,10 +95,12 @@ static int run_vae(const char *name)
                     free(o2);
                     ditd_wan_vae_free(g);
                 }
-                /* the same buffers again: the caches start clean for every clip */
-                TU_OK(ditd_wan_vae_decode(v, z, (int)zs[0], (int)zs[2], (int)zs[3], (int)zs[4], out));
-                snprintf(what + strlen(what), sizeof what - strlen(what), " (second run)");
-                TU_CLOSE(what, out, ref, n, TOL);
+                if (zs[2] > 1) { /* the same buffers again: the caches start clean for every clip */
+                    TU_OK(ditd_wan_vae_decode(v, z, (int)zs[0], (int)zs[2], (int)zs[3], (int)zs[4],
+                                              out));
+                    snprintf(what + strlen(what), sizeof what - strlen(what), " (second run)");
+                    TU_CLOSE(what, out, ref, n, TOL);
+                }
             }
             free(z);
             free(ref);

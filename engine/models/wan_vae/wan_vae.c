@@ -313,6 +313,7 @@ int ditd_wan_vae_load(const char *dir, const ditd_backend_ops *ops, const ditd_w
         return ditd_err_set(DITD_ENOMEM, "Wan VAE");
     v->ops = ops;
     v->opts = *opts;
+    v->comm = opts->comm;
     v->has_dec = opts->max_h > 0;
     v->has_enc = opts->max_video_h > 0;
     ditd_arena_init_mem(&v->weights, ops->mem_alloc, ops->mem_free);
@@ -359,6 +360,9 @@ void ditd_wan_vae_free(ditd_wan_vae *v)
     ditd_arena_free(&v->acts);
     free(v->h_frame);
     free(v->h_tiles);
+    free(v->ub);
+    free(v->counts);
+    free(v->displs);
     free(v);
 }
 

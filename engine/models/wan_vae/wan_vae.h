@@ -17,9 +17,13 @@
  *
  * Tiled decode (Diffusers' enable_tiling) is an option (opts.tiling).
  *
+ * The decode can run on the G ranks of a worker group at once, exactly
+ * (opts.comm): bands of rows with halo rows per 3x3 convolution, the
+ * per-frame attention on the gathered frame; bit-identical to one rank.
+ *
  * What it is not: a pipeline (WanPipeline's latents_mean / latents_std rule
  * is ditd_wan_vae_unscale below; pixels to bytes are the caller's), a tiled
- * encoder (tiled_encode), or split over a group: one rank decodes a clip.
+ * or a parallel encoder: one rank encodes a clip.
  *
  * Memory: every activation and every feature cache is planned at load for
  * the largest latent (opts.max_h x opts.max_w) and the largest video
@@ -35,6 +39,7 @@
 #include <stdint.h>
 
 #include "engine/backend/backend.h"
+#include "engine/parallel/comm.h"
 #include "engine/models/vae/autoencoder_kl.h"
 #include "engine/models/wan_vae/wan_vae_config.h"
 
@@ -59,6 +64,17 @@ typedef struct ditd_wan_vae_opts {
      * above the fused kernel's DITD_CPU_ATTN_MAX_DH (Wan 2.2's decoder, a
      * head of 1024): for tests of that path on small configs. */
     int gemm_attention;
+    /* The group the decode runs on (borrowed; NULL or size 1: one rank).
+     * Every rank of it calls ditd_wan_vae_decode with the same arguments;
+     * each holds a band of rows (split at latent resolution in units of
+     * row_unit rows), every 3x3 convolution exchanges one halo row with the
+     * neighbours, the per-frame attention reads the whole frame (gathered),
+     * the leader gathers the frames. Bit-identical to one rank's decode. */
+    ditd_comm *comm;
+    /* Latent rows per unit of the band split (and of every GEMM chunk);
+     * 0: enough for about 512 columns (1..8). The decode's bits depend on
+     * it, never on the group's size. */
+    int row_unit;
 } ditd_wan_vae_opts;
 
 /* Loads vae/ (config.json and the weights) for `ops` (the CPU backend with
@@ -76,7 +92,8 @@ const ditd_wan_vae_config *ditd_wan_vae_config_of(const ditd_wan_vae *v);
  * unpatchify, clamp): frames (B, C, F, h s, w s), host f32, with
  * F = 1 + scale_factor_temporal (T - 1), s the spatial scale factor and C
  * the pixel channels (out_channels / patch_size^2). h <= max_h, w <= max_w,
- * any T >= 1. */
+ * any T >= 1. In a group: collective; z is read on every rank, frames
+ * written on the leader (group rank 0) only (others may pass NULL). */
 int ditd_wan_vae_decode(ditd_wan_vae *v, const float *z, int B, int T, int h, int w,
                         float *frames);
 

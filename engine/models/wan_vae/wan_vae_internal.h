@@ -8,6 +8,7 @@
 
 #include "engine/core/tensor.h"
 #include "engine/models/wan_vae/wan_vae.h"
+#include "engine/parallel/comm.h"
 
 #define WAN_MAX_RES 17 /* resnets per block: num_res_blocks + 1 <= 17 */
 #define WAN_NBUF 6     /* rotating activation buffers, each one chunk at its largest */
@@ -79,9 +80,19 @@ struct ditd_wan_vae {
     wconv quant, post_quant;
     wcoder enc, dec;
 
+    /* the group (borrowed; NULL: one rank) */
+    ditd_comm *comm;
+    int rank, P;
+    int *ub;                       /* (P + 1) first unit of each rank's band, then U */
+    int *counts, *displs;          /* (P) */
+    int rows_max;                  /* a band's latent rows, at most */
+    int err;                       /* the first collective's error in a chunk */
+
     /* the plan: a dry run of one chunk at its largest records what it needs */
     int planning;
-    size_t act_n, scratch_n, tok_n, qkv_n, score_n;
+    size_t act_n, scratch_n, tok_n, qkv_n, score_n, halo_n, pack_n, full_n;
+    void *zeros, *hs0, *hs1, *hr0, *hr1; /* halo rows (halo_n): zeros, sent, received */
+    void *pack, *gath;             /* a band packed (pack_n); the whole image gathered (full_n) */
     void *buf[WAN_NBUF];
     unsigned busy;                 /* bit i: buf[i] holds a live tensor */
     int bug;                       /* the forward ran out of buffers (a bug) */
@@ -94,6 +105,37 @@ struct ditd_wan_vae {
     size_t h_tiles_n, tile_n;      /* floats of both rows; of one tile */
     int tile_cols;                 /* tiles in a row, at most */
 };
+
+/* A chunk's geometry: a band of `rows` rows of W columns of an image of H
+ * rows (the whole image when !par), with one halo row above and one below
+ * in every plane (plane stride (rows + 2) W, the interior at row 1). The
+ * rows are counted in units of `unit` rows: the band is units [u0, u0 +
+ * nu) of the image's U. aligned: every GEMM runs on chunks of rows that
+ * divide the unit (the decode: its bits then depend on the unit only,
+ * never on the group's size). */
+typedef struct ditd__wan_geom {
+    int rows, W, H;
+    int par, aligned;
+    int unit, u0, nu, U;
+} ditd__wan_geom;
+
+/* A chunk (T, C, geometry) in buf[b], frame-major: frame t is C planes. */
+typedef struct ditd__wan_vid {
+    int b, T, C;
+    ditd__wan_geom g;
+} ditd__wan_vid;
+
+/* wan_vae_ops.c: the layers, one chunk at a time */
+ditd__wan_vid ditd__wan_grab(ditd_wan_vae *v, int T, int C, const ditd__wan_geom *g);
+void ditd__wan_drop(ditd_wan_vae *v, const ditd__wan_vid *x);
+void *ditd__wan_frame(const ditd_wan_vae *v, const ditd__wan_vid *x, int t); /* row 0 (halo) */
+size_t ditd__wan_ps(const ditd__wan_geom *g);                                /* (rows + 2) W */
+ditd__wan_vid ditd__wan_cconv(ditd_wan_vae *v, const wconv *c, wcache *k, ditd__wan_vid *x,
+                              int keep_x);
+ditd__wan_vid ditd__wan_decoder_chunk(ditd_wan_vae *v, ditd__wan_vid x, int first);
+ditd__wan_vid ditd__wan_encoder_chunk(ditd_wan_vae *v, ditd__wan_vid x);
+void ditd__wan_reset_coder(wcoder *c);
+int ditd__wan_carve_coder(ditd_wan_vae *v, wcoder *c);
 
 /* wan_vae_forward.c */
 int ditd__wan_vae_plan(ditd_wan_vae *v);

@@ -124,6 +124,8 @@ int ditd__wan_vae_decode_tiled(ditd_wan_vae *v, const float *z, int T, int h, in
             if ((err = ditd__wan_vae_decode_clip(v, z, T, h, w, i, j, th, tw, put_tile, &ts)))
                 return err;
             float *tile = ts.tile;
+            if (v->rank != 0) /* only the leader holds the frames (the others decoded with it) */
+                continue;
             if (ti > 0) { /* blend_v with the tile above (same width) */
                 const int ah = (h - (i - t.ts_h) < t.tl_h ? h - (i - t.ts_h) : t.tl_h) * t.up;
                 const float *above = prevt + (size_t)tj * v->tile_n;
