@@ -216,6 +216,29 @@ typedef struct ditd_backend_ops {
     /* One image: planes (C, n) stride ps <-> tokens (n, C). */
     void (*planes_to_tokens)(const void *x, size_t ps, void *t, int C, int n);
     void (*tokens_to_planes)(const void *t, void *y, size_t ps, int C, int n, int accumulate);
+
+    /* ---- video (the Wan VAE; kernels/cpu/video_kernels.h has the layouts) ----
+     * NULL on a backend (or weight type) that does not have them yet; the
+     * Wan VAE refuses to load there. A frame is C planes of H x W with
+     * plane stride ps; xf is a host array of device frame pointers, one
+     * per time tap, NULL standing for a frame of zeros. */
+    /* One output frame of nn.Conv3d (spatial stride 1, zero pad_h rows
+     * above and below, pad_w columns left and right) from the kT frames its
+     * taps read; w (Cout, Cin, kT, k, k); scratch >= the backend's row need
+     * (CPU: Cin kT k k Wo, CUDA: (Cin kT k k + Cout) Wo elements). */
+    void (*conv3d_frame)(const void *const *xf, int kT, size_t psx, const void *w, const void *b,
+                         void *y, size_t psy, void *scratch, size_t scratch_n, int Cin, int H,
+                         int W, int Cout, int k, int pad_h, int pad_w);
+    /* WanRMS_norm over the C channels of n positions (+ SiLU); gamma (C), a
+     * weight; y may alias x. */
+    void (*rmsnorm_channels)(const void *x, size_t psx, void *y, size_t psy, int C, int n,
+                             const void *gamma, int silu);
+    /* AvgDown3D from ft frames / DupUp3D's output frame t ft + a from one
+     * frame; accumulate adds to y (the residual shortcuts). */
+    void (*avgdown3d_frame)(const void *const *xf, size_t psx, int Cin, int H, int W, int Cout,
+                            int ft, int fs, void *y, size_t psy, int accumulate);
+    void (*dupup3d_frame)(const void *x, size_t psx, int Cin, int H, int W, int Cout, int ft,
+                          int fs, int a, void *y, size_t psy, int accumulate);
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;

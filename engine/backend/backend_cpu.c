@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/image_kernels.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/video_kernels.h"
 
 const char *ditd_device_name(ditd_device d)
 {
@@ -303,6 +304,35 @@ static int cpu_status(void)
     return 0;
 }
 
+/* ---- video (the Wan VAE): f32 weights only (the bf16 table has none) ---- */
+
+static void cpu_conv3d_frame(const void *const *xf, int kT, size_t psx, const void *w,
+                             const void *b, void *y, size_t psy, void *scratch, size_t scratch_n,
+                             int Cin, int H, int W, int Cout, int k, int pad_h, int pad_w)
+{
+    ditd_cpu_conv3d_frame((const float *const *)xf, kT, psx, w, b, y, psy, scratch, scratch_n, Cin,
+                          H, W, Cout, k, pad_h, pad_w);
+}
+
+static void cpu_rmsnorm_channels(const void *x, size_t psx, void *y, size_t psy, int C, int n,
+                                 const void *gamma, int silu)
+{
+    ditd_cpu_rmsnorm_channels(x, psx, y, psy, C, n, gamma, silu);
+}
+
+static void cpu_avgdown3d_frame(const void *const *xf, size_t psx, int Cin, int H, int W, int Cout,
+                                int ft, int fs, void *y, size_t psy, int accumulate)
+{
+    ditd_cpu_avgdown3d_frame((const float *const *)xf, psx, Cin, H, W, Cout, ft, fs, y, psy,
+                             accumulate);
+}
+
+static void cpu_dupup3d_frame(const void *x, size_t psx, int Cin, int H, int W, int Cout, int ft,
+                              int fs, int a, void *y, size_t psy, int accumulate)
+{
+    ditd_cpu_dupup3d_frame(x, psx, Cin, H, W, Cout, ft, fs, a, y, psy, accumulate);
+}
+
 const ditd_backend_ops ditd_backend_cpu = {
     .name = "cpu",
     .device = DITD_DEVICE_CPU,
@@ -346,6 +376,10 @@ const ditd_backend_ops ditd_backend_cpu = {
     .rope = cpu_rope,
     .rmsnorm_heads = cpu_rmsnorm_heads,
     .upload_f32 = cpu_upload, /* activations are f32 here */
+    .conv3d_frame = cpu_conv3d_frame,
+    .rmsnorm_channels = cpu_rmsnorm_channels,
+    .avgdown3d_frame = cpu_avgdown3d_frame,
+    .dupup3d_frame = cpu_dupup3d_frame,
 };
 
 /* The same table with bf16 weights: only the ops that read weights differ. */

@@ -10,6 +10,7 @@
 #include "engine/core/error.h"
 #include "kernels/cuda/cuda_image_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_video_kernels.h"
 
 #define GEMM_WS_BYTES ((size_t)32 << 20) /* cuBLAS's advice on Hopper */
 #define GN_STATS_MAX 8192 /* doubles: (B, G, 2) GroupNorm statistics (the VAE) */
@@ -384,6 +385,37 @@ static void cu_tokens_to_planes(const void *t, void *y, size_t ps, int C, int n,
     keep(ditd_cuda_tokens_to_planes(t, y, ps, C, n, accumulate, CS), "tokens_to_planes");
 }
 
+/* ---- video (the Wan VAE) ---- */
+
+static void cu_conv3d_frame(const void *const *xf, int kT, size_t psx, const void *w, const void *b,
+                            void *y, size_t psy, void *scratch, size_t scratch_n, int Cin, int H,
+                            int W, int Cout, int k, int pad_h, int pad_w)
+{
+    keep(ditd_cuda_conv3d_frame(g.gemm, xf, kT, psx, w, b, y, psy, scratch, scratch_n, Cin, H, W,
+                                Cout, k, pad_h, pad_w, CS),
+         "conv3d_frame");
+}
+
+static void cu_rmsnorm_channels(const void *x, size_t psx, void *y, size_t psy, int C, int n,
+                                const void *gamma, int silu)
+{
+    keep(ditd_cuda_rmsnorm_channels(x, psx, y, psy, C, n, gamma, silu, CS), "rmsnorm_channels");
+}
+
+static void cu_avgdown3d_frame(const void *const *xf, size_t psx, int Cin, int H, int W, int Cout,
+                               int ft, int fs, void *y, size_t psy, int accumulate)
+{
+    keep(ditd_cuda_avgdown3d_frame(xf, psx, Cin, H, W, Cout, ft, fs, y, psy, accumulate, CS),
+         "avgdown3d_frame");
+}
+
+static void cu_dupup3d_frame(const void *x, size_t psx, int Cin, int H, int W, int Cout, int ft,
+                             int fs, int a, void *y, size_t psy, int accumulate)
+{
+    keep(ditd_cuda_dupup3d_frame(x, psx, Cin, H, W, Cout, ft, fs, a, y, psy, accumulate, CS),
+         "dupup3d_frame");
+}
+
 static const ditd_backend_ops cuda_ops = {
     .name = "cuda",
     .device = DITD_DEVICE_CUDA,
@@ -426,6 +458,10 @@ static const ditd_backend_ops cuda_ops = {
     .rope = cu_rope,
     .rmsnorm_heads = cu_rmsnorm_heads,
     .upload_f32 = cu_upload_f32,
+    .conv3d_frame = cu_conv3d_frame,
+    .rmsnorm_channels = cu_rmsnorm_channels,
+    .avgdown3d_frame = cu_avgdown3d_frame,
+    .dupup3d_frame = cu_dupup3d_frame,
 };
 
 /* ---- lifetime ---- */

@@ -10,6 +10,7 @@
 #include "engine/models/denoiser.h"
 #include "engine/models/pipeline_class.h"
 #include "engine/models/vae/autoencoder_kl.h"
+#include "engine/models/wan_vae/wan_vae.h"
 
 extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit/dit_denoiser.c */
 extern const ditd_denoiser_family ditd_flux_family; /* engine/models/flux/flux_denoiser.c */
@@ -30,6 +31,7 @@ static const entry builtin[] = {
     {DITD_COMPONENT_PIPELINE, "DiTPipeline", &ditd_pipeline_dit},
     {DITD_COMPONENT_PIPELINE, "FluxPipeline", &ditd_pipeline_flux},
     {DITD_COMPONENT_PIPELINE, "StableDiffusion3Pipeline", &ditd_pipeline_sd3},
+    {DITD_COMPONENT_VAE, "AutoencoderKLWan", &ditd_autoencoder_kl_wan_family},
 };
 
 #define EXTRA_MAX 16

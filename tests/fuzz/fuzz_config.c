@@ -1,7 +1,7 @@
 /* libFuzzer target: the two JSON configs a model folder brings,
  * scheduler/scheduler_config.json (typed, then converted to every sampler
  * and built for a few step counts), transformer/config.json (DiT, SD3) and
- * vae/config.json (AutoencoderKL). Any input
+ * vae/config.json (AutoencoderKL, AutoencoderKLWan). Any input
  * must give 0 or an error with a detail, never a crash or a leak. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -9,6 +9,7 @@
 #include "engine/models/dit/dit_config.h"
 #include "engine/models/sd3/sd3_config.h"
 #include "engine/models/vae/vae_config.h"
+#include "engine/models/wan_vae/wan_vae_config.h"
 #include "engine/core/error.h"
 #include "engine/pipeline/sampler.h"
 
@@ -20,6 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ditd_dit_config dit;
     ditd_vae_config vae;
     ditd_sd3_config sd3;
+    ditd_wan_vae_config wan;
 
     if (ditd_sched_config_parse((const char *)data, size, "fuzz.json", &base) == 0) {
         for (int k = 0; k < DITD_SAMPLER_KIND_COUNT; k++) {
@@ -74,6 +76,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int i = 0; i < vae.n_blocks; i++)
             if (vae.block_out_channels[i] < 1 || vae.block_out_channels[i] % vae.norm_num_groups)
                 abort();
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
+    }
+    ditd_err_clear();
+    if (ditd_wan_vae_config_parse((const char *)data, size, "fuzz.json", &wan) == 0) {
+        /* what the Wan VAE relies on */
+        if (wan.n_mult < 1 || wan.n_mult > DITD_WAN_VAE_MAX_BLOCKS || wan.z_dim < 1 ||
+            wan.z_dim > DITD_WAN_VAE_MAX_Z || wan.patch_size < 1 ||
+            wan.in_channels % (wan.patch_size * wan.patch_size) ||
+            wan.out_channels % (wan.patch_size * wan.patch_size) ||
+            wan.n_latents_mean != wan.z_dim || wan.n_latents_std != wan.z_dim ||
+            ditd_wan_vae_config_time_factor(&wan) > 4 ||
+            wan.scale_factor_spatial != ditd_wan_vae_config_scale_factor(&wan))
+            abort();
     } else if (ditd_err_detail()[0] == '\0') {
         abort();
     }

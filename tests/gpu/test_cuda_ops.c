@@ -1,5 +1,6 @@
 /* GPU: every op of the CUDA backend table (and the kernels beside it: Philox
- * noise, guidance, the sampler's linear update) against the CPU backend, on
+ * noise, guidance, the sampler's linear update; the Wan VAE's video ops)
+ * against the CPU backend, on
  * fresh random inputs; FLUX's rope and rmsnorm_heads are test_cuda_flux's.
  * Exits 77 (skipped) without a GPU.
  *
@@ -618,6 +619,97 @@ static void check_image_ops(void)
         free(gx);
 }
 
+/* ---- the Wan VAE's video ops (kernels/cuda/video.cu) ----
+ * conv3d: a GEMM of bf16 inputs over the time taps, fp32 accumulation,
+ * bias, one rounding: LINEAR. Channel RMS norm (+ SiLU): fp32 statistics,
+ * one rounding: NORM. AvgDown3D: an fp32 mean, one rounding (plus the
+ * accumulate's): 2 BF16_1. DupUp3D moves values; its accumulate is one
+ * bf16 add: BF16_1. */
+
+/* Frames are (C, rows + 2, W) planes with plane stride ps; only the rows of
+ * each plane's interior (or all of it, halo = 0) are compared. */
+static void close_planes(const char *what, const float *gpu, const float *cpu, int C, size_t ps,
+                         size_t off, size_t n, double tol)
+{
+    float *a = zeros((size_t)C * n), *r = zeros((size_t)C * n);
+    for (int c = 0; c < C; c++) {
+        memcpy(a + (size_t)c * n, gpu + c * ps + off, n * sizeof *a);
+        memcpy(r + (size_t)c * n, cpu + c * ps + off, n * sizeof *r);
+    }
+    CLOSE_FLAT(what, a, r, (size_t)C * n, tol);
+    free(a), free(r);
+}
+
+static void check_conv3d(int Cin, int R, int W, int Cout, int kT, int k, int null_tap)
+{
+    /* frames with halo rows (pad_h 0 over R + 2 rows) for k = 3; interior rows for k = 1 */
+    const size_t ps = (size_t)(R + 2) * W, nx = (size_t)Cin * ps, ny = (size_t)Cout * ps;
+    const size_t nw = (size_t)Cout * Cin * kT * k * k, sn = ((size_t)Cin * kT * k * k + Cout) * W * 4;
+    float *x[4], *w = rnd(nw, 0.3f), *b = rnd((size_t)Cout, 0.5f), *y = zeros(ny), *scr = zeros(sn);
+    void *dxs[4], *dw = dev_in(w, nw), *db = dev_in(b, (size_t)Cout), *dy = dev_out(ny);
+    void *ds = dev_out(sn);
+    const void *cf[4], *gf[4];
+    const size_t off = k == 3 ? 0 : (size_t)W; /* where the conv reads from */
+    for (int j = 0; j < kT; j++) {
+        x[j] = rnd(nx, 1.0f);
+        dxs[j] = dev_in(x[j], nx);
+        cf[j] = j == null_tap ? NULL : x[j] + off;
+        gf[j] = j == null_tap ? NULL : (const void *)((const uint16_t *)dxs[j] + off);
+    }
+    const int H = k == 3 ? R + 2 : R;
+    C->conv3d_frame(cf, kT, ps, w, b, y + W, ps, scr, sn, Cin, H, W, Cout, k, 0, k / 2);
+    G->conv3d_frame(gf, kT, ps, dw, db, (uint16_t *)dy + W, ps, ds, sn, Cin, H, W, Cout, k, 0, k / 2);
+    float *gy = down(dy, ny);
+    char what[128];
+    snprintf(what, sizeof what, "conv3d %dx%dx%d %dx%dx%d -> %d (tap %d zeros)", kT, k, k, Cin, R, W,
+             Cout, null_tap);
+    close_planes(what, gy, y, Cout, ps, (size_t)W, (size_t)R * W, LINEAR);
+    for (int j = 0; j < kT; j++)
+        G->mem_free(dxs[j], 0), free(x[j]);
+    G->mem_free(dw, 0), G->mem_free(db, 0), G->mem_free(dy, 0), G->mem_free(ds, 0);
+    free(w), free(b), free(y), free(scr), free(gy);
+}
+
+static void check_video_ops(void)
+{
+    const int Cc = 24, R = 6, W = 10;
+    const size_t ps = (size_t)(R + 2) * W, n = (size_t)Cc * ps;
+    float *x = rnd(n, 2.0f), *x2 = rnd(n, 2.0f), *g = rnd(Cc, 0.5f), *y = zeros(n);
+    for (int i = 0; i < Cc; i++)
+        g[i] += 1.0f;
+    void *dx = dev_in(x, n), *dx2 = dev_in(x2, n), *dg = dev_in(g, Cc), *dy = dev_out(n);
+    for (int silu = 0; silu < 2; silu++) {
+        C->rmsnorm_channels(x + W, ps, y + W, ps, Cc, R * W, g, silu);
+        G->rmsnorm_channels((uint16_t *)dx + W, ps, (uint16_t *)dy + W, ps, Cc, R * W, dg, silu);
+        float *gy = down(dy, n);
+        close_planes(silu ? "rmsnorm_channels + silu" : "rmsnorm_channels", gy, y, Cc, ps,
+                     (size_t)W, (size_t)R * W, NORM);
+        free(gy);
+    }
+    /* AvgDown3D(24 -> 48, ft 2, fs 2) with the first tap zeros, accumulating */
+    const int Co = 48, Ho = R / 2, Wo = W / 2;
+    const size_t pso = (size_t)Ho * Wo, no = (size_t)Co * pso;
+    float *ya = rnd(no, 1.0f);
+    void *dya = dev_in(ya, no);
+    const void *cf[2] = {NULL, x2 + W}, *gf[2] = {NULL, (uint16_t *)dx2 + W};
+    C->avgdown3d_frame(cf, ps, Cc, R, W, Co, 2, 2, ya, pso, 1);
+    G->avgdown3d_frame(gf, ps, Cc, R, W, Co, 2, 2, dya, pso, 1);
+    float *gya = down(dya, no);
+    CLOSE_FLAT("avgdown3d (accumulate)", gya, ya, no, 2 * BF16_1);
+    /* DupUp3D(24 -> 12, ft 2, fs 2), second time slot, accumulating */
+    const int Cu = 12;
+    const size_t psu = (size_t)4 * R * W, nu = (size_t)Cu * psu;
+    float *yu = rnd(nu, 1.0f);
+    void *dyu = dev_in(yu, nu);
+    C->dupup3d_frame(x + W, ps, Cc, R, W, Cu, 2, 2, 1, yu, psu, 1);
+    G->dupup3d_frame((uint16_t *)dx + W, ps, Cc, R, W, Cu, 2, 2, 1, dyu, psu, 1);
+    float *gyu = down(dyu, nu);
+    CLOSE_FLAT("dupup3d (accumulate)", gyu, yu, nu, BF16_1);
+    G->mem_free(dx, 0), G->mem_free(dx2, 0), G->mem_free(dg, 0), G->mem_free(dy, 0),
+        G->mem_free(dya, 0), G->mem_free(dyu, 0);
+    free(x), free(x2), free(g), free(y), free(ya), free(gya), free(yu), free(gyu);
+}
+
 static int argc_;
 static char **argv_;
 static const char *filter;
@@ -735,6 +827,12 @@ static int run_checks(void)
     CHECK("image/conv-1x1", check_conv(48, 9, 9, 96, 1, 1, 0, 0, 0, 0, 3));
     CHECK("image/conv-in-c4", check_conv(4, 8, 8, 512, 3, 1, 1, 1, 1, 1, 2));
     CHECK("image/groupnorm-upsample-transpose", check_image_ops());
+    /* the Wan VAE's (kernels/cuda/video.cu) */
+    CHECK("video/conv3d-causal-halo", check_conv3d(16, 7, 13, 24, 3, 3, 0));
+    CHECK("video/conv3d-3x3x3", check_conv3d(8, 5, 9, 8, 3, 3, -1));
+    CHECK("video/conv3d-time", check_conv3d(32, 4, 11, 64, 3, 1, 1));
+    CHECK("video/conv3d-1x1x1", check_conv3d(20, 6, 7, 40, 1, 1, -1));
+    CHECK("video/rmsnorm-avgdown-dupup", check_video_ops());
     return 0;
 }
 

@@ -54,11 +54,17 @@ typedef struct ditd_vae_opts {
  * vae/config.json's _class_name: its config reader and loader. The decode
  * and encode below are the same for every class this table stands for.
  * Built in: ditd_autoencoder_kl_family ("AutoencoderKL"). */
+struct ditd_video_vae_family; /* engine/models/wan_vae/wan_vae.h */
 typedef struct ditd_vae_family {
     const char *class_name;
     int (*config_load)(const char *path, ditd_vae_config *out);
     int (*load)(const char *dir, const ditd_backend_ops *ops, const struct ditd_vae_opts *opts,
                 ditd_vae **out);
+    /* A video VAE (AutoencoderKLWan): its own config, load, decode and
+     * encode over frames; config_load above then gives the image-side
+     * summary (latent channels, pixel channels, scale factor) and load
+     * refuses. NULL for an image VAE. */
+    const struct ditd_video_vae_family *video;
 } ditd_vae_family;
 extern const ditd_vae_family ditd_autoencoder_kl_family;
 
