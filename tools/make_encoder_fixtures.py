@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the reference fixtures for ditd's text encoders (CLIP, T5).
+"""Build the reference fixtures for ditd's text encoders (CLIP, T5, UMT5).
 
 What it is: a script that makes tiny random-weight transformers checkpoints --
 CLIPTextModel, CLIPTextModelWithProjection and T5EncoderModel -- in the folder layout a
@@ -10,6 +10,9 @@ float64 with eager attention, in <name>/expected/ (.npy files listed by cases.js
   - CLIP: last_hidden_state, pooler_output, hidden_states[i] for a few i, text_embeds
     (WithProjection), for fixed token ids with and without a padding attention mask;
   - T5: last_hidden_state, with and without a padding mask;
+  - UMT5 (UMT5EncoderModel, a relative bias per block): last_hidden_state, and as
+    WanPipeline._get_t5_prompt_embeds calls it (max_sequence_length 512, the
+    attention mask, then the padded positions zeroed; "zeroed" in cases.json);
   - t5_buckets.json: T5Attention._relative_position_bucket for a range of offsets.
 
 The weights are stored in f32, f16 or bf16 (one fixture each at least); the float64
@@ -34,7 +37,8 @@ import numpy as np
 import safetensors.torch
 import torch
 import transformers
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel,
+                          UMT5Config, UMT5EncoderModel)
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -167,6 +171,50 @@ def make_t5(root, name, seed, cfg, dtype, emb_name, cases, shards=1):
                                                             indent=1) + "\n")
 
 
+def make_umt5(root, name, seed, cfg, dtype, emb_name, cases):
+    """cases: (ids, mask, zeroed); zeroed: the output rows where mask is 0 set to
+    zero, as WanPipeline does after the encoder."""
+    out = root / name
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "expected").mkdir(parents=True)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    config = UMT5Config(**cfg)
+    config._attn_implementation = "eager"
+    model = UMT5EncoderModel(config).double().eval()
+    assert all(b.layer[0].SelfAttention.has_relative_attention_bias for b in model.encoder.block)
+    randomize(model, gen)
+    drop = ("encoder.embed_tokens.weight",) if emb_name == "shared.weight" else ("shared.weight",)
+    save(model, out, dtype, drop=drop)
+    write_config(model, out, {"architectures": ["UMT5EncoderModel"], "scalable_attention": True})
+    got = []
+    for i, (ids, mask, zeroed) in enumerate(cases):
+        with torch.no_grad():
+            m = None if mask is None else torch.tensor(mask)
+            h = model(input_ids=torch.tensor(ids), attention_mask=m).last_hidden_state
+            if zeroed:  # pipeline_wan.py: u[:seq_len], then new_zeros up to max_sequence_length
+                seq_lens = m.gt(0).sum(dim=1).long()
+                h = torch.stack([torch.cat([u[:v], u.new_zeros(h.shape[1] - v, h.shape[2])])
+                                 for u, v in zip(h, seq_lens)])
+        c = {"ids": npy(out, f"case{i}_ids.npy", np.array(ids, dtype=np.int64)),
+             "last": npy(out, f"case{i}_last.npy", h.numpy().astype(np.float32)), "zeroed": zeroed}
+        if mask is not None:
+            c["mask"] = npy(out, f"case{i}_mask.npy", np.array(mask, dtype=np.int64))
+        got.append(c)
+    (out / "expected" / "cases.json").write_text(json.dumps({"class": "UMT5EncoderModel", "dtype": dtype,
+                                                             "cases": got}, indent=1) + "\n")
+
+
+def wan_ids(rng, V, N, lens):
+    """Token rows as the T5 tokenizer pads them for WanPipeline: text, </s> (1),
+    then <pad> (0) up to max_sequence_length; the mask 1 over text and </s>."""
+    ids, mask = [], []
+    for n in lens:
+        ids.append(rng.integers(2, V, size=n - 1).tolist() + [1] + [0] * (N - n))
+        mask.append([1] * n + [0] * (N - n))
+    return ids, mask
+
+
 def rand_ids(rng, B, N, V, lo=0):
     return rng.integers(lo, V, size=(B, N)).tolist()
 
@@ -243,6 +291,24 @@ def main():
     # The same, in two shards with an index (as t5-v1_1-xxl and FLUX.1's text_encoder_2 come)
     make_t5(root, "t5-relu-f32-sharded", 5, cfg, "f32", "encoder.embed_tokens.weight", [(ids, mask)], shards=2)
 
+    # UMT5EncoderModel (Wan's text encoder, in small): gated-gelu, a bias table per
+    # block; f32 and bf16; WanPipeline's max_sequence_length 512 with its mask and
+    # zeroed padding, and short unmasked rows.
+    V = 71
+    cfg = dict(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=3, num_heads=4, relative_attention_num_buckets=32,
+               relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
+               is_encoder_decoder=False, use_cache=False)
+    wid, wmask = wan_ids(rng, V, 512, [37, 300])
+    short = rand_ids(rng, 2, 19, V)
+    short_mask = [[1] * 19, [1] * 6 + [0] * 13]
+    make_umt5(root, "umt5-f32", 6, cfg, "f32", "shared.weight",
+              [(wid, wmask, True), (short, None, False), (short, short_mask, False)])
+    cfg_b = dict(cfg, relative_attention_num_buckets=8, relative_attention_max_distance=20, num_layers=2,
+                 d_kv=5, num_heads=3)
+    wid, wmask = wan_ids(rng, V, 512, [512, 1, 200])
+    make_umt5(root, "umt5-bf16", 7, cfg_b, "bf16", "encoder.embed_tokens.weight",
+              [(wid, wmask, True), (rand_ids(rng, 1, 40, V), None, False)])
+
     # The bucket function itself, over offsets far past max_distance.
     from transformers.models.t5.modeling_t5 import T5Attention
     rel = torch.arange(-1100, 1101)
@@ -254,7 +320,8 @@ def main():
     # Configs with every key transformers writes (use_diff=False): all must load.
     (root / "configs").mkdir(exist_ok=True)
     for name, cfg in [("full-clip.json", CLIPTextConfig(architectures=["CLIPTextModelWithProjection"])),
-                      ("full-t5.json", T5Config(feed_forward_proj="gated-gelu", architectures=["T5EncoderModel"]))]:
+                      ("full-t5.json", T5Config(feed_forward_proj="gated-gelu", architectures=["T5EncoderModel"])),
+                      ("full-umt5.json", UMT5Config(architectures=["UMT5EncoderModel"]))]:
         d = json.loads(cfg.to_json_string(use_diff=False))
         d.pop("transformers_version", None)
         (root / "configs" / name).write_text(json.dumps(d, indent=1, sort_keys=True) + "\n")
