@@ -1,15 +1,10 @@
 /* WanPipeline's text side (diffusers 0.42, pipelines/wan/pipeline_wan.py):
- * prompt_clean, and _get_t5_prompt_embeds as __call__ runs it (the prompt
+ * _get_t5_prompt_embeds as __call__ runs it (the prompt
  * cleaned, tokenized to max_sequence_length with padding="max_length" and
  * truncation, encoded by the UMT5 encoder with the attention mask, then the
  * rows past each prompt's token count set to zero).
  *
- * prompt_clean is basic_clean + whitespace_clean: html.unescape twice,
- * strip, every run of whitespace (Python's str.isspace set, as re's \s
- * matches on str) to one space, strip. basic_clean also calls
- * ftfy.fix_text when ftfy is installed; ditd does not repair mojibake, so
- * ditd's ids equal Diffusers' run without ftfy, and with it on every prompt
- * ftfy leaves unchanged (docs/text.md).
+ * prompt_clean is engine/text/prompt_clean.h.
  *
  * What it is not: the tokenizer (engine/text/tokenizer.h), the encoder
  * (engine/text/t5_encoder.h), negative prompts or CFG (the Wan recipe).
@@ -22,17 +17,6 @@
 
 #include "engine/text/t5_encoder.h"
 #include "engine/text/tokenizer.h"
-
-/* Python's html.unescape of len bytes of UTF-8 (NUL bytes are text): named
- * references (HTML5's, the longest prefix when none matches whole), decimal
- * and hex references with html's replacements. Appends to a malloc'd,
- * NUL-terminated *out of *out_len bytes (owned). 0, DITD_EINVAL (invalid
- * UTF-8, naming the byte offset), DITD_ENOMEM. */
-int ditd_html_unescape(const char *text, size_t len, char **out, size_t *out_len);
-
-/* WanPipeline's prompt_clean without ftfy (see above). *out owned, as
- * ditd_html_unescape. */
-int ditd_wan_prompt_clean(const char *text, size_t len, char **out, size_t *out_len);
 
 /* The encoder on B rows of N ids with their mask (1 text, 0 padding; not
  * NULL), then every row where keep is 0 zeroed: (B, N, D) into out. As
