@@ -88,10 +88,14 @@ static int case_config(const json_t *c, const char *name, ditd_sched_config *cfg
     return err;
 }
 
-static void test_fixtures(void)
+/* One fixture set: index.json (tools/make_sampler_fixtures.py: DDIM,
+ * DPM-Solver, flow Euler) or unipc_index.json (tools/make_unipc_fixtures.py:
+ * UniPC, with the conversions to and from it). */
+static void test_fixtures(const char *index_name)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/samplers/index.json", tu_fixtures());
+    const int unipc = strstr(index_name, "unipc") != NULL;
+    snprintf(path, sizeof path, "%s/samplers/%s", tu_fixtures(), index_name);
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
     TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
@@ -99,9 +103,9 @@ static void test_fixtures(void)
         return;
 
     int64_t s_init[8], s_bank[8], s_traj[8];
-    float *init = load_npy("init.npy", 4, s_init);
-    float *bank = load_npy("bank.npy", 5, s_bank);
-    float *traj = load_npy("traj.npy", 4, s_traj);
+    float *init = load_npy(json_string_value(json_object_get(root, "init")), 4, s_init);
+    float *bank = load_npy(json_string_value(json_object_get(root, "bank")), 5, s_bank);
+    float *traj = load_npy(json_string_value(json_object_get(root, "traj")), 4, s_traj);
     if (!init || !bank || !traj)
         goto done;
     const size_t B = (size_t)s_init[0], numel = (size_t)(s_init[1] * s_init[2] * s_init[3]);
@@ -113,7 +117,8 @@ static void test_fixtures(void)
     double worst[DITD_SAMPLER_KIND_COUNT] = {0}, worst_x0[DITD_SAMPLER_KIND_COUNT] = {0};
     const char *worst_case[DITD_SAMPLER_KIND_COUNT] = {0};
     int ran[DITD_SAMPLER_KIND_COUNT] = {0}, refused = 0, steps_run = 0, ran_dynamic = 0;
-    int dyn_types[2] = {0}, dyn_terminal = 0;
+    int dyn_types[2] = {0}, dyn_terminal = 0, wan_steps[2][51] = {{0}}, unipc_kinds[8] = {0};
+    double worst_flow_sigmas = 0; /* UniPC on flow sigmas (Wan), sample or x0 */
     double worst_scaled = 0;
     const char *worst_scaled_case = "-";
     float x[2][64], x0[2][64];
@@ -190,11 +195,30 @@ static void test_fixtures(void)
                     }
                     if (cond <= 10 && !(e0 <= worst_x0[cfg.kind]))
                         worst_x0[cfg.kind] = e0;
+                    if (cfg.kind == DITD_SAMPLER_UNIPC && cfg.use_flow_sigmas)
+                        worst_flow_sigmas = fmax(worst_flow_sigmas, fmax(e, e0));
                     steps_run++;
                 }
             }
         }
         ran[cfg.kind]++;
+        if (cfg.kind == DITD_SAMPLER_UNIPC) {
+            /* Wan's configs: flow_prediction on flow sigmas, bh2, order 2 */
+            if (cfg.use_flow_sigmas && cfg.prediction_type == DITD_SCHED_PRED_FLOW &&
+                cfg.solver_type == DITD_SCHED_SOLVER_BH2 && cfg.solver_order == 2 &&
+                cfg.lower_order_final && cfg.n_disable_corrector == 0 && !cfg.has_shift_terminal &&
+                cfg.final_sigmas_type == DITD_SCHED_FINAL_ZERO && steps <= 50 &&
+                (cfg.flow_shift == 3.0 || cfg.flow_shift == 5.0))
+                wan_steps[cfg.flow_shift == 5.0][steps]++;
+            unipc_kinds[0] += cfg.solver_type == DITD_SCHED_SOLVER_BH1;
+            unipc_kinds[1] += cfg.solver_order == 1;
+            unipc_kinds[2] += !cfg.predict_x0;
+            unipc_kinds[3] += cfg.prediction_type == DITD_SCHED_PRED_EPSILON;
+            unipc_kinds[4] += cfg.prediction_type == DITD_SCHED_PRED_V;
+            unipc_kinds[5] += cfg.prediction_type == DITD_SCHED_PRED_SAMPLE;
+            unipc_kinds[6] += cfg.n_disable_corrector > 0;
+            unipc_kinds[7] += cfg.final_sigmas_type == DITD_SCHED_FINAL_SIGMA_MIN;
+        }
         if (cfg.kind == DITD_SAMPLER_FLOW_EULER && cfg.use_dynamic_shifting) {
             ran_dynamic++;
             dyn_types[cfg.time_shift_type]++;
@@ -213,9 +237,31 @@ static void test_fixtures(void)
     printf("  flow with dynamic shifting: %d cases (%d exponential, %d linear, %d with "
            "shift_terminal)\n",
            ran_dynamic, dyn_types[0], dyn_types[1], dyn_terminal);
-    TU_CHECK(ran[0] >= 100 && ran[1] >= 100 && ran[2] >= 10, "too few cases ran");
-    TU_CHECK(ran_dynamic >= 24 && dyn_types[0] >= 12 && dyn_types[1] >= 12 && dyn_terminal >= 10,
-             "too few dynamic shifting cases ran: %d", ran_dynamic);
+    if (unipc) {
+        int wan = 0;
+        for (int sh = 0; sh < 2; sh++)
+            for (int st = 1; st <= 50; st++) {
+                TU_CHECK(wan_steps[sh][st] >= 1, "Wan flow_shift %s: no case of %d steps",
+                         sh ? "5.0" : "3.0", st);
+                wan += wan_steps[sh][st];
+            }
+        printf("  unipc: %d Wan cases (flow_shift 3.0 and 5.0, 1..50 steps); bh1 %d, order 1 %d, "
+               "noise prediction %d, epsilon %d, v %d, sample %d, disable_corrector %d, "
+               "sigma_min %d; max rel err on flow sigmas %.3g\n",
+               wan, unipc_kinds[0], unipc_kinds[1], unipc_kinds[2], unipc_kinds[3], unipc_kinds[4],
+               unipc_kinds[5], unipc_kinds[6], unipc_kinds[7], worst_flow_sigmas);
+        TU_CHECK(ran[DITD_SAMPLER_UNIPC] >= 200 && refused >= 40, "too few UniPC cases: %d ran, %d refused",
+                 ran[DITD_SAMPLER_UNIPC], refused);
+        for (int i = 0; i < 8; i++)
+            TU_CHECK(unipc_kinds[i] >= 3, "UniPC variant %d: only %d cases", i, unipc_kinds[i]);
+        TU_CHECK(ran[DITD_SAMPLER_DDIM] >= 1 && ran[DITD_SAMPLER_DPMPP_2M] >= 1 &&
+                     ran[DITD_SAMPLER_FLOW_EULER] >= 2,
+                 "too few conversions from UniPC ran");
+    } else {
+        TU_CHECK(ran[0] >= 100 && ran[1] >= 100 && ran[2] >= 10, "too few cases ran");
+        TU_CHECK(ran_dynamic >= 24 && dyn_types[0] >= 12 && dyn_types[1] >= 12 && dyn_terminal >= 10,
+                 "too few dynamic shifting cases ran: %d", ran_dynamic);
+    }
 
 done:
     free(init);
@@ -465,7 +511,7 @@ static void test_names_listed_once(void)
                  doc ? doc : "(none)", name);
         TU_CHECK(strstr(list, name) != NULL, "list \"%s\" lacks %s", list, name);
     }
-    TU_CHECK(!strcmp(list, "ddim | dpmpp-2m | flow-euler"), "list: %s", list);
+    TU_CHECK(!strcmp(list, "ddim | dpmpp-2m | flow-euler | unipc"), "list: %s", list);
     json_decref(root);
 }
 
@@ -505,7 +551,8 @@ static void test_sampler_args(void)
 
 int main(void)
 {
-    test_fixtures();
+    test_fixtures("index.json");
+    test_fixtures("unipc_index.json");
     test_config_errors();
     test_convert();
     test_enums();
