@@ -13,6 +13,10 @@ float64 with eager attention, in <name>/expected/ (.npy files listed by cases.js
   - UMT5 (UMT5EncoderModel, a relative bias per block): last_hidden_state, and as
     WanPipeline._get_t5_prompt_embeds calls it (max_sequence_length 512, the
     attention mask, then the padded positions zeroed; "zeroed" in cases.json);
+  - umt5-wan-vocab: a UMT5 with Wan's vocabulary size (256,384; d_model 2, so the
+    table stays 1 MB) and WanPipeline._get_t5_prompt_embeds itself on prompts, with the
+    real UMT5 tokenizer (tests/fixtures/tokenizers/, umt5_hub): prompt_clean, tokenize
+    to 512 with the mask, encode, zero the padding (prompts + embeddings in cases.json);
   - t5_buckets.json: T5Attention._relative_position_bucket for a range of offsets.
 
 The weights are stored in f32, f16 or bf16 (one fixture each at least); the float64
@@ -205,6 +209,57 @@ def make_umt5(root, name, seed, cfg, dtype, emb_name, cases):
                                                              "cases": got}, indent=1) + "\n")
 
 
+WAN_PROMPTS = [
+    "A cat and a dog baking a cake together in a kitchen. The cat is carefully measuring flour.",
+    "  Two &amp;amp; three &lt;b&gt;bold&lt;/b&gt;\u3000\u3000caf\u00e9   \t\n",
+    "\u8272\u8c03\u8273\u4e3d\uff0c\u8fc7\u66dd\uff0c\u9759\u6001\uff0c\u7ec6\u8282\u6a21\u7cca\u4e0d\u6e05\uff0c\u5b57\u5e55",
+    "",
+    " ".join(["a very long prompt about a river and mountains"] * 80),
+]
+
+
+def make_umt5_wan(root, name, seed):
+    """A UMT5 with Wan's vocabulary size, through WanPipeline._get_t5_prompt_embeds
+    with the real tokenizer (needs tests/fixtures/tokenizers/umt5_tokenizer.json.xz)."""
+    import sys
+    import tempfile
+    import types
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests/fixtures/tokenizers"))
+    import unpack
+    from transformers import T5Tokenizer
+    from diffusers import WanPipeline
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+    import diffusers.utils
+    assert not diffusers.utils.is_ftfy_available(), "the reference is prompt_clean without ftfy"
+    out = root / name
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "expected").mkdir(parents=True)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = dict(vocab_size=256384, d_model=2, d_kv=2, d_ff=6, num_layers=2, num_heads=2,
+               relative_attention_num_buckets=32, relative_attention_max_distance=128,
+               feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, is_encoder_decoder=False, use_cache=False)
+    config = UMT5Config(**cfg)
+    config._attn_implementation = "eager"
+    model = UMT5EncoderModel(config).double().eval()
+    randomize(model, gen)
+    save(model, out, "bf16", drop=("encoder.embed_tokens.weight",))
+    write_config(model, out, {"architectures": ["UMT5EncoderModel"], "scalable_attention": True})
+    with tempfile.TemporaryDirectory() as tmp:
+        unpack.make_umt5_hub(tmp + "/umt5_hub")
+        tok = T5Tokenizer.from_pretrained(tmp + "/umt5_hub")
+    pipe = types.SimpleNamespace(tokenizer=tok, text_encoder=model, _execution_device=torch.device("cpu"))
+    with torch.no_grad():
+        emb = WanPipeline._get_t5_prompt_embeds(pipe, prompt=WAN_PROMPTS, max_sequence_length=512,
+                                                device=torch.device("cpu"), dtype=torch.float64)
+    seq_lens = [sum(tok(prompt_clean(p), max_length=512, truncation=True).attention_mask) for p in WAN_PROMPTS]
+    case = {"prompts": WAN_PROMPTS, "max_sequence_length": 512, "seq_lens": seq_lens,
+            "last": npy(out, "wan_embeds.npy", emb.numpy().astype(np.float32))}
+    (out / "expected" / "cases.json").write_text(json.dumps({"class": "UMT5EncoderModel", "dtype": "bf16",
+                                                             "wan_prompt_embeds": case, "cases": []},
+                                                            indent=1, ensure_ascii=False) + "\n")
+
+
 def wan_ids(rng, V, N, lens):
     """Token rows as the T5 tokenizer pads them for WanPipeline: text, </s> (1),
     then <pad> (0) up to max_sequence_length; the mask 1 over text and </s>."""
@@ -308,6 +363,8 @@ def main():
     wid, wmask = wan_ids(rng, V, 512, [512, 1, 200])
     make_umt5(root, "umt5-bf16", 7, cfg_b, "bf16", "encoder.embed_tokens.weight",
               [(wid, wmask, True), (rand_ids(rng, 1, 40, V), None, False)])
+
+    make_umt5_wan(root, "umt5-wan-vocab", 8)
 
     # The bucket function itself, over offsets far past max_distance.
     from transformers.models.t5.modeling_t5 import T5Attention

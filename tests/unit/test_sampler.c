@@ -406,6 +406,124 @@ static void test_config_errors(void)
     }
 }
 
+/* UniPC's keys: Wan's config, every refusal naming key and value, the
+ * solver_type rewrites, and from_config to and from the others. */
+static void test_unipc_config(void)
+{
+    ditd_sched_config c, d;
+#define U "{\"_class_name\": \"UniPCMultistepScheduler\", "
+    const char *wan = U "\"beta_end\": 0.02, \"beta_schedule\": \"linear\", \"beta_start\": 0.0001, "
+                      "\"disable_corrector\": [], \"dynamic_thresholding_ratio\": 0.995, "
+                      "\"final_sigmas_type\": \"zero\", \"flow_shift\": 5.0, \"lower_order_final\": true, "
+                      "\"num_train_timesteps\": 1000, \"predict_x0\": true, \"prediction_type\": "
+                      "\"flow_prediction\", \"rescale_betas_zero_snr\": false, \"sample_max_value\": 1.0, "
+                      "\"solver_order\": 2, \"solver_p\": null, \"solver_type\": \"bh2\", \"steps_offset\": 0, "
+                      "\"thresholding\": false, \"timestep_spacing\": \"linspace\", \"trained_betas\": null, "
+                      "\"use_beta_sigmas\": false, \"use_exponential_sigmas\": false, \"use_flow_sigmas\": true, "
+                      "\"use_karras_sigmas\": false, \"time_shift_type\": \"exponential\", "
+                      "\"use_dynamic_shifting\": false, \"sigma_min\": null, \"sigma_max\": null, "
+                      "\"shift_terminal\": null}";
+    TU_CHECK_ERR(parse(wan, &c), 0, NULL);
+    TU_CHECK(c.kind == DITD_SAMPLER_UNIPC && c.use_flow_sigmas && c.flow_shift == 5.0 &&
+                 c.prediction_type == DITD_SCHED_PRED_FLOW && c.solver_type == DITD_SCHED_SOLVER_BH2 &&
+                 c.predict_x0 && c.solver_order == 2 && c.n_disable_corrector == 0 &&
+                 !c.has_shift_terminal,
+             "Wan's scheduler_config.json");
+    TU_CHECK_ERR(parse(U "\"disable_corrector\": [0, 3, -1]}", &c), 0, NULL);
+    TU_CHECK(c.n_disable_corrector == 3 && c.disable_corrector[1] == 3 && c.disable_corrector[2] == -1,
+             "disable_corrector [0, 3, -1]");
+    TU_CHECK_ERR(parse(U "\"x\": 0}", &c), 0, NULL);
+    TU_CHECK(c.timestep_spacing == DITD_SCHED_SPACING_LINSPACE && c.solver_type == DITD_SCHED_SOLVER_BH2 &&
+                 c.prediction_type == DITD_SCHED_PRED_EPSILON && !c.use_flow_sigmas && c.flow_shift == 1.0,
+             "UniPC defaults");
+    /* Diffusers' __init__ rewrites the other solvers' names to bh2 */
+    TU_CHECK_ERR(parse(U "\"solver_type\": \"heun\"}", &c), 0, NULL);
+    TU_CHECK(c.solver_type == DITD_SCHED_SOLVER_BH2, "heun -> bh2: %s", ditd_sched_solver_name(c.solver_type));
+    TU_CHECK_ERR(parse(U "\"solver_type\": \"logrho\"}", &c), 0, NULL);
+    TU_CHECK(c.solver_type == DITD_SCHED_SOLVER_BH2, "logrho -> bh2");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"solver_type\": \"bh1\"}", &c),
+                 0, NULL);
+    TU_CHECK(c.solver_type == DITD_SCHED_SOLVER_MIDPOINT, "DPM-Solver: bh1 -> midpoint");
+    /* refusals, each naming the key and the value */
+    TU_CHECK_ERR(parse(U "\"solver_order\": 3}", &c), DITD_EUNSUPPORTED, "solver_order 3", "1, 2",
+                 "UniPCMultistepScheduler");
+    TU_CHECK_ERR(parse(U "\"solver_type\": \"bh3\"}", &c), DITD_EUNSUPPORTED, "solver_type \"bh3\"", "bh2");
+    TU_CHECK_ERR(parse(U "\"solver_p\": {\"x\": 1}}", &c), DITD_EUNSUPPORTED, "solver_p (not null)");
+    TU_CHECK_ERR(parse(U "\"use_karras_sigmas\": true}", &c), DITD_EUNSUPPORTED, "use_karras_sigmas true");
+    TU_CHECK_ERR(parse(U "\"use_exponential_sigmas\": true}", &c), DITD_EUNSUPPORTED,
+                 "use_exponential_sigmas true");
+    TU_CHECK_ERR(parse(U "\"use_beta_sigmas\": true}", &c), DITD_EUNSUPPORTED, "use_beta_sigmas true");
+    TU_CHECK_ERR(parse(U "\"use_dynamic_shifting\": true}", &c), DITD_EUNSUPPORTED,
+                 "use_dynamic_shifting true");
+    TU_CHECK_ERR(parse(U "\"thresholding\": true}", &c), DITD_EUNSUPPORTED, "thresholding true");
+    TU_CHECK_ERR(parse(U "\"trained_betas\": [0.1]}", &c), DITD_EUNSUPPORTED, "trained_betas");
+    TU_CHECK_ERR(parse(U "\"prediction_type\": \"flow_prediction\", \"predict_x0\": false}", &c),
+                 DITD_EUNSUPPORTED, "flow_prediction", "predict_x0 false");
+    TU_CHECK_ERR(parse(U "\"shift_terminal\": 0.1}", &c), DITD_EUNSUPPORTED,
+                 "shift_terminal without use_flow_sigmas");
+    TU_CHECK_ERR(parse(U "\"use_flow_sigmas\": true, \"flow_shift\": 0}", &c), DITD_EUNSUPPORTED,
+                 "flow_shift 0", "> 0");
+    TU_CHECK_ERR(parse(U "\"use_flow_sigmas\": true, \"shift_terminal\": 1.5}", &c), DITD_EUNSUPPORTED,
+                 "shift_terminal 1.5");
+    TU_CHECK_ERR(parse(U "\"disable_corrector\": [1.5]}", &c), DITD_EUNSUPPORTED, "disable_corrector [1.5]",
+                 "at most 32 integers");
+    TU_CHECK_ERR(parse(U "\"disable_corrector\": 2}", &c), DITD_EUNSUPPORTED, "disable_corrector 2");
+    TU_CHECK_ERR(parse(U "\"predict_x0\": \"yes\"}", &c), DITD_EUNSUPPORTED, "predict_x0 \"yes\"");
+    TU_CHECK_ERR(parse(U "\"prediction_type\": \"x0\"}", &c), DITD_EUNSUPPORTED, "prediction_type \"x0\"",
+                 "flow_prediction");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"use_flow_sigmas\": true}", &c),
+                 DITD_EUNSUPPORTED, "use_flow_sigmas true", "DPMSolverMultistepScheduler");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"prediction_type\": "
+                       "\"flow_prediction\"}", &c),
+                 DITD_EUNSUPPORTED, "prediction_type \"flow_prediction\"", "use_flow_sigmas");
+    /* a schedule whose last step Diffusers makes NaN, named */
+    {
+        ditd_sampler *ds = NULL;
+        TU_CHECK_ERR(parse(U "\"use_flow_sigmas\": true, \"prediction_type\": \"flow_prediction\", "
+                           "\"lower_order_final\": false}", &c), 0, NULL);
+        TU_CHECK_ERR(ditd_sampler_new(&c, 10, 1, 4, &ds), DITD_EUNSUPPORTED, "10 steps", "step 9",
+                     "lower_order_final false");
+        TU_CHECK_ERR(parse(U "\"solver_type\": \"bh1\"}", &c), 0, NULL);
+        TU_CHECK_ERR(ditd_sampler_new(&c, 4, 1, 4, &ds), DITD_EUNSUPPORTED, "step 3", "bh1");
+        TU_CHECK_ERR(parse(wan, &c), 0, NULL);
+        TU_CHECK_ERR(ditd_sampler_new(&c, 100001, 1, 4, &ds), DITD_ERANGE, "100001");
+        TU_CHECK_ERR(ditd_sampler_new(&c, 5, 2, 4, &ds), 0, NULL);
+        if (ds) {
+            float m[4] = {1, 2, 3, 4}, x[4] = {0.5f, -1, 2, 0};
+            TU_CHECK(ditd_sampler_get_kind(ds) == DITD_SAMPLER_UNIPC && ditd_sampler_num_steps(ds) == 5 &&
+                         ditd_sampler_timesteps(ds)[0] == 999.0f,
+                     "Wan 5 steps: first timestep %g", ditd_sampler_timesteps(ds)[0]);
+            TU_CHECK_ERR(ditd_sampler_step(ds, 1, 0, m, x, NULL), DITD_EINVAL, "UniPC steps run in order");
+            TU_CHECK_ERR(ditd_sampler_step(ds, 0, 0, m, x, NULL), 0, NULL);
+            TU_CHECK_ERR(ditd_sampler_step(ds, 2, 0, m, x, NULL), DITD_EINVAL, "step 2 after step 0");
+            TU_CHECK_ERR(ditd_sampler_step(ds, 0, 2, m, x, NULL), DITD_EINVAL, "slot 2");
+            ditd_sampler_free(ds);
+        }
+    }
+    /* from_config: Wan's UniPC as flow Euler keeps Euler's shift 1 (the file
+     * says flow_shift, which FlowMatchEulerDiscreteScheduler does not read) */
+    TU_CHECK_ERR(parse(wan, &c), 0, NULL);
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_FLOW_EULER, &d), 0, NULL);
+    TU_CHECK(d.kind == DITD_SAMPLER_FLOW_EULER && d.shift == 1.0 && !d.use_dynamic_shifting, "Wan -> flow Euler");
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), DITD_EUNSUPPORTED,
+                 "(as DPMSolverMultistepScheduler)", "flow");
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DDIM, &d), DITD_EUNSUPPORTED, "flow_prediction");
+    /* DPM-Solver's heun becomes bh2, UniPC's bh1 becomes midpoint */
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"solver_type\": \"heun\", "
+                       "\"lower_order_final\": false}", &c), 0, NULL);
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_UNIPC, &d), 0, NULL);
+    TU_CHECK(d.solver_type == DITD_SCHED_SOLVER_BH2 && !d.lower_order_final && d.predict_x0 &&
+                 d.timestep_spacing == DITD_SCHED_SPACING_LINSPACE,
+             "DPM-Solver heun -> UniPC bh2");
+    TU_CHECK_ERR(parse(U "\"solver_type\": \"bh1\", \"predict_x0\": false}", &c), 0, NULL);
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), 0, NULL);
+    TU_CHECK(d.solver_type == DITD_SCHED_SOLVER_MIDPOINT, "UniPC bh1 -> DPM-Solver midpoint");
+    TU_CHECK_ERR(ditd_sched_config_convert(&d, DITD_SAMPLER_UNIPC, &c), 0, NULL);
+    TU_CHECK(c.solver_type == DITD_SCHED_SOLVER_BH2 && !c.predict_x0,
+             "... and back: midpoint -> bh2 (as Diffusers: the rewrite is in the config), predict_x0 kept");
+#undef U
+}
+
 static void test_convert(void)
 {
     ditd_sched_config c, d;
@@ -553,6 +671,7 @@ int main(void)
 {
     test_fixtures("index.json");
     test_fixtures("unipc_index.json");
+    test_unipc_config();
     test_config_errors();
     test_convert();
     test_enums();
