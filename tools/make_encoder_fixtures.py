@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the reference fixtures for ditd's text encoders (CLIP, T5).
+"""Build the reference fixtures for ditd's text encoders (CLIP, T5, UMT5).
 
 What it is: a script that makes tiny random-weight transformers checkpoints --
 CLIPTextModel, CLIPTextModelWithProjection and T5EncoderModel -- in the folder layout a
@@ -10,6 +10,13 @@ float64 with eager attention, in <name>/expected/ (.npy files listed by cases.js
   - CLIP: last_hidden_state, pooler_output, hidden_states[i] for a few i, text_embeds
     (WithProjection), for fixed token ids with and without a padding attention mask;
   - T5: last_hidden_state, with and without a padding mask;
+  - UMT5 (UMT5EncoderModel, a relative bias per block): last_hidden_state, and as
+    WanPipeline._get_t5_prompt_embeds calls it (max_sequence_length 512, the
+    attention mask, then the padded positions zeroed; "zeroed" in cases.json);
+  - umt5-wan-vocab: a UMT5 with Wan's vocabulary size (256,384; d_model 2, so the
+    table stays 1 MB) and WanPipeline._get_t5_prompt_embeds itself on prompts, with the
+    real UMT5 tokenizer (tests/fixtures/tokenizers/, umt5_hub): prompt_clean, tokenize
+    to 512 with the mask, encode, zero the padding (prompts + embeddings in cases.json);
   - t5_buckets.json: T5Attention._relative_position_bucket for a range of offsets.
 
 The weights are stored in f32, f16 or bf16 (one fixture each at least); the float64
@@ -34,7 +41,8 @@ import numpy as np
 import safetensors.torch
 import torch
 import transformers
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel,
+                          UMT5Config, UMT5EncoderModel)
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -167,6 +175,101 @@ def make_t5(root, name, seed, cfg, dtype, emb_name, cases, shards=1):
                                                             indent=1) + "\n")
 
 
+def make_umt5(root, name, seed, cfg, dtype, emb_name, cases):
+    """cases: (ids, mask, zeroed); zeroed: the output rows where mask is 0 set to
+    zero, as WanPipeline does after the encoder."""
+    out = root / name
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "expected").mkdir(parents=True)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    config = UMT5Config(**cfg)
+    config._attn_implementation = "eager"
+    model = UMT5EncoderModel(config).double().eval()
+    assert all(b.layer[0].SelfAttention.has_relative_attention_bias for b in model.encoder.block)
+    randomize(model, gen)
+    drop = ("encoder.embed_tokens.weight",) if emb_name == "shared.weight" else ("shared.weight",)
+    save(model, out, dtype, drop=drop)
+    write_config(model, out, {"architectures": ["UMT5EncoderModel"], "scalable_attention": True})
+    got = []
+    for i, (ids, mask, zeroed) in enumerate(cases):
+        with torch.no_grad():
+            m = None if mask is None else torch.tensor(mask)
+            h = model(input_ids=torch.tensor(ids), attention_mask=m).last_hidden_state
+            if zeroed:  # pipeline_wan.py: u[:seq_len], then new_zeros up to max_sequence_length
+                seq_lens = m.gt(0).sum(dim=1).long()
+                h = torch.stack([torch.cat([u[:v], u.new_zeros(h.shape[1] - v, h.shape[2])])
+                                 for u, v in zip(h, seq_lens)])
+        c = {"ids": npy(out, f"case{i}_ids.npy", np.array(ids, dtype=np.int64)),
+             "last": npy(out, f"case{i}_last.npy", h.numpy().astype(np.float32)), "zeroed": zeroed}
+        if mask is not None:
+            c["mask"] = npy(out, f"case{i}_mask.npy", np.array(mask, dtype=np.int64))
+        got.append(c)
+    (out / "expected" / "cases.json").write_text(json.dumps({"class": "UMT5EncoderModel", "dtype": dtype,
+                                                             "cases": got}, indent=1) + "\n")
+
+
+WAN_PROMPTS = [
+    "A cat and a dog baking a cake together in a kitchen. The cat is carefully measuring flour.",
+    "  Two &amp;amp; three &lt;b&gt;bold&lt;/b&gt;\u3000\u3000caf\u00e9   \t\n",
+    "\u8272\u8c03\u8273\u4e3d\uff0c\u8fc7\u66dd\uff0c\u9759\u6001\uff0c\u7ec6\u8282\u6a21\u7cca\u4e0d\u6e05\uff0c\u5b57\u5e55",
+    "",
+    " ".join(["a very long prompt about a river and mountains"] * 80),
+]
+
+
+def make_umt5_wan(root, name, seed):
+    """A UMT5 with Wan's vocabulary size, through WanPipeline._get_t5_prompt_embeds
+    with the real tokenizer (needs tests/fixtures/tokenizers/umt5_tokenizer.json.xz)."""
+    import sys
+    import tempfile
+    import types
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests/fixtures/tokenizers"))
+    import unpack
+    from transformers import T5Tokenizer
+    from diffusers import WanPipeline
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+    import diffusers.utils
+    assert not diffusers.utils.is_ftfy_available(), "the reference is prompt_clean without ftfy"
+    out = root / name
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "expected").mkdir(parents=True)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = dict(vocab_size=256384, d_model=2, d_kv=2, d_ff=6, num_layers=2, num_heads=2,
+               relative_attention_num_buckets=32, relative_attention_max_distance=128,
+               feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, is_encoder_decoder=False, use_cache=False)
+    config = UMT5Config(**cfg)
+    config._attn_implementation = "eager"
+    model = UMT5EncoderModel(config).double().eval()
+    randomize(model, gen)
+    save(model, out, "bf16", drop=("encoder.embed_tokens.weight",))
+    write_config(model, out, {"architectures": ["UMT5EncoderModel"], "scalable_attention": True})
+    with tempfile.TemporaryDirectory() as tmp:
+        unpack.make_umt5_hub(tmp + "/umt5_hub")
+        tok = T5Tokenizer.from_pretrained(tmp + "/umt5_hub")
+    pipe = types.SimpleNamespace(tokenizer=tok, text_encoder=model, _execution_device=torch.device("cpu"))
+    with torch.no_grad():
+        emb = WanPipeline._get_t5_prompt_embeds(pipe, prompt=WAN_PROMPTS, max_sequence_length=512,
+                                                device=torch.device("cpu"), dtype=torch.float64)
+    seq_lens = [sum(tok(prompt_clean(p), max_length=512, truncation=True).attention_mask) for p in WAN_PROMPTS]
+    case = {"prompts": WAN_PROMPTS, "max_sequence_length": 512, "seq_lens": seq_lens,
+            "last": npy(out, "wan_embeds.npy", emb.numpy().astype(np.float32))}
+    (out / "expected" / "cases.json").write_text(json.dumps({"class": "UMT5EncoderModel", "dtype": "bf16",
+                                                             "wan_prompt_embeds": case, "cases": []},
+                                                            indent=1, ensure_ascii=False) + "\n")
+
+
+def wan_ids(rng, V, N, lens):
+    """Token rows as the T5 tokenizer pads them for WanPipeline: text, </s> (1),
+    then <pad> (0) up to max_sequence_length; the mask 1 over text and </s>."""
+    ids, mask = [], []
+    for n in lens:
+        ids.append(rng.integers(2, V, size=n - 1).tolist() + [1] + [0] * (N - n))
+        mask.append([1] * n + [0] * (N - n))
+    return ids, mask
+
+
 def rand_ids(rng, B, N, V, lo=0):
     return rng.integers(lo, V, size=(B, N)).tolist()
 
@@ -243,6 +346,26 @@ def main():
     # The same, in two shards with an index (as t5-v1_1-xxl and FLUX.1's text_encoder_2 come)
     make_t5(root, "t5-relu-f32-sharded", 5, cfg, "f32", "encoder.embed_tokens.weight", [(ids, mask)], shards=2)
 
+    # UMT5EncoderModel (Wan's text encoder, in small): gated-gelu, a bias table per
+    # block; f32 and bf16; WanPipeline's max_sequence_length 512 with its mask and
+    # zeroed padding, and short unmasked rows.
+    V = 71
+    cfg = dict(vocab_size=V, d_model=24, d_kv=6, d_ff=40, num_layers=3, num_heads=4, relative_attention_num_buckets=32,
+               relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6,
+               is_encoder_decoder=False, use_cache=False)
+    wid, wmask = wan_ids(rng, V, 512, [37, 300])
+    short = rand_ids(rng, 2, 19, V)
+    short_mask = [[1] * 19, [1] * 6 + [0] * 13]
+    make_umt5(root, "umt5-f32", 6, cfg, "f32", "shared.weight",
+              [(wid, wmask, True), (short, None, False), (short, short_mask, False)])
+    cfg_b = dict(cfg, relative_attention_num_buckets=8, relative_attention_max_distance=20, num_layers=2,
+                 d_kv=5, num_heads=3)
+    wid, wmask = wan_ids(rng, V, 512, [512, 1, 200])
+    make_umt5(root, "umt5-bf16", 7, cfg_b, "bf16", "encoder.embed_tokens.weight",
+              [(wid, wmask, True), (rand_ids(rng, 1, 40, V), None, False)])
+
+    make_umt5_wan(root, "umt5-wan-vocab", 8)
+
     # The bucket function itself, over offsets far past max_distance.
     from transformers.models.t5.modeling_t5 import T5Attention
     rel = torch.arange(-1100, 1101)
@@ -254,7 +377,8 @@ def main():
     # Configs with every key transformers writes (use_diff=False): all must load.
     (root / "configs").mkdir(exist_ok=True)
     for name, cfg in [("full-clip.json", CLIPTextConfig(architectures=["CLIPTextModelWithProjection"])),
-                      ("full-t5.json", T5Config(feed_forward_proj="gated-gelu", architectures=["T5EncoderModel"]))]:
+                      ("full-t5.json", T5Config(feed_forward_proj="gated-gelu", architectures=["T5EncoderModel"])),
+                      ("full-umt5.json", UMT5Config(architectures=["UMT5EncoderModel"]))]:
         d = json.loads(cfg.to_json_string(use_diff=False))
         d.pop("transformers_version", None)
         (root / "configs" / name).write_text(json.dumps(d, indent=1, sort_keys=True) + "\n")

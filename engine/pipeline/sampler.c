@@ -1,6 +1,7 @@
 /* Samplers matching Diffusers' DDIMScheduler, DPMSolverMultistepScheduler
  * and FlowMatchEulerDiscreteScheduler (diffusers 0.42, torch 2.x), built
- * from the typed config of engine/pipeline/sched_config.c.
+ * from the typed config of engine/pipeline/sched_config.c; UniPC's plan and
+ * step are in sampler_unipc.c, behind the same ditd_sampler.
  *
  * Numerics: Diffusers keeps its schedules in float32 tensors and computes
  * every per-step coefficient as float32 0-dim tensor arithmetic; the
@@ -23,72 +24,13 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/pipeline/sched_math.h"
+#include "engine/pipeline/sampler_unipc.h"
 
 #define MAX_FLOW_STEPS 100000
 
-/* ---- what numpy and torch compute ------------------------------------- */
-
-/* torch.linspace(start, end, steps, dtype=float32) on CPU (ATen
- * linspace_kernel): float step, the first half counted from start and the
- * second from end, each a*b+c contracted to one fma by the compiler. */
-static void torch_linspace_f32(float start, float end, int steps, float *out)
-{
-    if (steps == 1) {
-        out[0] = start;
-        return;
-    }
-    const float step = (end - start) / (float)(steps - 1);
-    const int halfway = steps / 2;
-    for (int i = 0; i < steps; i++)
-        out[i] = i < halfway ? fmaf(step, (float)i, start)
-                             : fmaf(-step, (float)(steps - i - 1), end);
-}
-
-/* numpy.linspace(start, stop, num) in float64: i * step + start, the last
- * value set to stop exactly. */
-static void np_linspace(double start, double stop, int num, double *out)
-{
-    const int div = num - 1;
-    const double delta = stop - start;
-    if (div > 0) {
-        const double step = delta / div;
-        for (int i = 0; i < num; i++)
-            out[i] = (step == 0 ? ((double)i / div) * delta : (double)i * step) + start;
-        out[num - 1] = stop;
-    } else if (num == 1) {
-        out[0] = 0.0 * delta + start;
-    }
-}
-
-/* The length of numpy.arange(start, stop, step) for float arguments. */
-static long np_arange_len(double start, double stop, double step)
-{
-    double l = ceil((stop - start) / step);
-    return l > 0 ? (long)l : 0;
-}
-
-/* numpy.arange(start, stop, step) values for float arguments: the second
- * value is start + step, the rest start + i * (second - start) (numpy's
- * DOUBLE_fill). */
-static void np_arange(double start, double step, long len, double *out)
-{
-    if (len < 1)
-        return;
-    out[0] = start;
-    if (len < 2)
-        return;
-    out[1] = start + step;
-    const double delta = out[1] - start;
-    for (long i = 2; i < len; i++)
-        out[i] = start + (double)i * delta;
-}
-
-/* numpy.round: half to even (the default rounding mode). */
-static double np_round(double x) { return nearbyint(x); }
-
-/* betas -> alphas_cumprod (float32), as DDIMScheduler / DPMSolverMultistep
- * __init__. alphas_cumprod has num_train_timesteps entries. */
-static void make_alphas_cumprod(const ditd_sched_config *c, float *betas, float *ac)
+/* betas -> alphas_cumprod, as the VP schedulers' __init__ (sched_math.h) */
+void ditd__sched_alphas_cumprod(const ditd_sched_config *c, float *betas, float *ac)
 {
     const int N = c->num_train_timesteps;
     switch (c->beta_schedule) {
@@ -173,11 +115,14 @@ struct ditd_sampler {
     float *state;        /* max_slots * 2 * numel */
     int *which;          /* per slot: which half of state holds the previous */
     int *last;           /* per slot: the last step taken, -1 none */
+    ditd__unipc *unipc;  /* UniPC: its coefficients and per-slot state */
 };
 
 static int check_steps(const ditd_sched_config *c, int num_steps)
 {
-    int hi = c->kind == DITD_SAMPLER_FLOW_EULER ? MAX_FLOW_STEPS : c->num_train_timesteps;
+    int hi = c->kind == DITD_SAMPLER_FLOW_EULER || (c->kind == DITD_SAMPLER_UNIPC && c->use_flow_sigmas)
+                 ? MAX_FLOW_STEPS
+                 : c->num_train_timesteps;
     if (num_steps < 1 || num_steps > hi)
         return ditd_err_set(DITD_ERANGE, "%s: num_inference_steps %d is out of range 1..%d",
                             c->source, num_steps, hi);
@@ -280,15 +225,6 @@ static double dpm_sigma_to_t(double sigma, const float *log_sigmas, int N)
     w = w < 0 ? 0 : (w > 1 ? 1 : w);
     return (1 - w) * low + w * high;
 }
-
-static void dpm_alpha_sigma(float sigma, float *alpha, float *sig)
-{
-    /* Diffusers: alpha_t = 1 / ((sigma**2 + 1) ** 0.5); sigma_t = sigma * alpha_t */
-    *alpha = 1.0f / sqrtf(sigma * sigma + 1.0f);
-    *sig = sigma * *alpha;
-}
-
-static float dpm_lambda(float alpha, float sig) { return logf(alpha) - logf(sig); }
 
 static int dpm_plan(ditd_sampler *s, int num_steps, const float *ac, long long *ts, double *tmp,
                     float *sig_all, float *sigmas)
@@ -583,16 +519,19 @@ int ditd_sampler_new(const ditd_sched_config *cfg, int num_steps, int max_slots,
 
     switch (cfg->kind) {
     case DITD_SAMPLER_DDIM:
-        make_alphas_cumprod(cfg, betas, ac);
+        ditd__sched_alphas_cumprod(cfg, betas, ac);
         if (!(err = ddim_timesteps(cfg, num_steps, ts, &s->n, tmp)))
             err = ddim_plan(s, num_steps, ac, ts);
         break;
     case DITD_SAMPLER_DPMPP_2M:
-        make_alphas_cumprod(cfg, betas, ac);
+        ditd__sched_alphas_cumprod(cfg, betas, ac);
         err = dpm_plan(s, num_steps, ac, ts, tmp, sig_all, sigmas);
         break;
     case DITD_SAMPLER_FLOW_EULER:
         err = flow_plan(s, num_steps, tmp, sigmas);
+        break;
+    case DITD_SAMPLER_UNIPC:
+        err = ditd__unipc_new(cfg, num_steps, max_slots, numel, s->timesteps, &s->n, &s->unipc);
         break;
     }
     if (err)
@@ -637,6 +576,7 @@ void ditd_sampler_free(ditd_sampler *s)
     free(s->state);
     free(s->which);
     free(s->last);
+    ditd__unipc_free(s->unipc);
     free(s);
 }
 
@@ -785,6 +725,8 @@ int ditd_sampler_step(ditd_sampler *s, int step_index, int slot, const float *mo
         s->last[slot] = step_index;
         return 0;
     }
+    case DITD_SAMPLER_UNIPC:
+        return ditd__unipc_step(s->unipc, step_index, slot, model_output, sample, x0_pred);
     case DITD_SAMPLER_FLOW_EULER:
         for (size_t i = 0; i < s->numel; i++) {
             float m = model_output[i];

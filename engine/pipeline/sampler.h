@@ -1,9 +1,11 @@
-/* Samplers: DDIM, DPM-Solver++ 2M and flow-matching Euler, each matching its
- * Diffusers scheduler class (DDIMScheduler, DPMSolverMultistepScheduler,
- * FlowMatchEulerDiscreteScheduler, diffusers 0.42) numerically for the
- * config keys DiT-style checkpoints use, float32 as Diffusers computes it.
+/* Samplers: DDIM, DPM-Solver++ 2M, flow-matching Euler and UniPC, each
+ * matching its Diffusers scheduler class (DDIMScheduler,
+ * DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler,
+ * UniPCMultistepScheduler, diffusers 0.42) numerically for the config keys
+ * DiT-style and Wan checkpoints use, float32 as Diffusers computes it.
  *
- * Two nouns live here (sched_config.c, sampler.c). A ditd_sched_config is
+ * Two nouns live here (sched_config.c, sampler.c; UniPC's plan and step in
+ * sampler_unipc.c). A ditd_sched_config is
  * scheduler_config.json parsed once into a typed struct (JSON stops at this
  * edge). A ditd_sampler is
  * built from a config for one (num_steps, max slots, sample size): it
@@ -22,9 +24,17 @@
  * sigmas = np.linspace(1, 1/num_steps, num_steps), mu); the caller puts the
  * image token count in ditd_sched_config.image_seq_len.
  *
+ * UniPC runs Wan's configs (prediction_type flow_prediction, use_flow_sigmas,
+ * flow_shift, bh2 or bh1, order 1 or 2, predict_x0, lower_order_final,
+ * disable_corrector, final_sigmas_type, shift_terminal) and the epsilon /
+ * v_prediction / sample ones (predict_x0 true or false), as WanPipeline
+ * calls it: set_timesteps(num_steps), the integer timesteps to the model.
+ *
  * Stochastic variants (DDIM eta > 0, SDE DPM-Solver, stochastic flow
- * sampling), dynamic thresholding, trained_betas and DPM-Solver's dynamic
- * shifting are refused with DITD_EUNSUPPORTED naming the key and the value.
+ * sampling), dynamic thresholding, trained_betas, DPM-Solver's dynamic
+ * shifting and flow sigmas, UniPC's solver_p, order 3, Karras / exponential
+ * / beta sigmas and dynamic shifting are refused with DITD_EUNSUPPORTED
+ * naming the key and the value.
  */
 #ifndef DITD_ENGINE_SAMPLER_H
 #define DITD_ENGINE_SAMPLER_H
@@ -43,7 +53,8 @@
 #define DITD_SAMPLER_KIND_MAP(X)                                    \
     X(DDIM, "ddim", "DDIMScheduler")                                \
     X(DPMPP_2M, "dpmpp-2m", "DPMSolverMultistepScheduler")          \
-    X(FLOW_EULER, "flow-euler", "FlowMatchEulerDiscreteScheduler")
+    X(FLOW_EULER, "flow-euler", "FlowMatchEulerDiscreteScheduler")  \
+    X(UNIPC, "unipc", "UniPCMultistepScheduler")
 
 typedef enum ditd_sampler_kind {
 #define DITD__SAMPLER_ENUM(id, name, cls) DITD_SAMPLER_##id,
@@ -54,7 +65,7 @@ typedef enum ditd_sampler_kind {
 #define DITD_SAMPLER_KIND_COUNT (0 DITD_SAMPLER_KIND_MAP(DITD__SAMPLER_ONE))
 
 const char *ditd_sampler_kind_name(ditd_sampler_kind k);
-/* The names joined by sep ("ddim | dpmpp-2m | flow-euler" for " | "), into
+/* The names joined by sep ("ddim | dpmpp-2m | flow-euler | unipc" for " | "), into
  * buf (cap bytes); returns buf. */
 const char *ditd_sampler_kind_list(const char *sep, char *buf, size_t cap);
 /* Accepts the names, the aliases "dpm++2m", "dpmsolver++" and "euler-flow",
@@ -75,6 +86,7 @@ typedef enum ditd_sched_prediction {
     DITD_SCHED_PRED_EPSILON = 0, /* "epsilon" */
     DITD_SCHED_PRED_SAMPLE,      /* "sample" */
     DITD_SCHED_PRED_V,           /* "v_prediction" */
+    DITD_SCHED_PRED_FLOW,        /* "flow_prediction": UniPC only (x0 = x - sigma * v) */
 } ditd_sched_prediction;
 const char *ditd_sched_prediction_name(ditd_sched_prediction v);
 int ditd_sched_prediction_from_str(const char *s, ditd_sched_prediction *out);
@@ -97,11 +109,16 @@ typedef enum ditd_sched_algorithm {
 const char *ditd_sched_algorithm_name(ditd_sched_algorithm v);
 int ditd_sched_algorithm_from_str(const char *s, ditd_sched_algorithm *out);
 
-/* DPM-Solver solver_type. The UniPC / DEIS names Diffusers rewrites to
- * "midpoint" ("logrho", "bh1", "bh2") are refused. */
+/* solver_type. DPM-Solver takes midpoint and heun and, as Diffusers'
+ * __init__ does, rewrites the UniPC / DEIS names (bh1, bh2, logrho) to
+ * midpoint; UniPC takes bh1 and bh2 and rewrites midpoint, heun and logrho
+ * to bh2 (at _load and _convert). */
 typedef enum ditd_sched_solver {
     DITD_SCHED_SOLVER_MIDPOINT = 0, /* "midpoint" */
     DITD_SCHED_SOLVER_HEUN,         /* "heun" */
+    DITD_SCHED_SOLVER_BH1,          /* "bh1": B(h) = h */
+    DITD_SCHED_SOLVER_BH2,          /* "bh2": B(h) = e^h - 1 */
+    DITD_SCHED_SOLVER_LOGRHO,       /* "logrho": DEIS's, rewritten by both */
 } ditd_sched_solver;
 const char *ditd_sched_solver_name(ditd_sched_solver v);
 int ditd_sched_solver_from_str(const char *s, ditd_sched_solver *out);
@@ -141,18 +158,24 @@ typedef struct ditd_sched_config {
     bool clip_sample;                /* ddim (true) */
     double clip_sample_range;        /* ddim */
     bool set_alpha_to_one;           /* ddim */
-    int solver_order;                /* dpm: 1 or 2 */
+    int solver_order;                /* dpm, unipc: 1 or 2 */
     ditd_sched_algorithm algorithm_type;   /* dpm */
-    ditd_sched_solver solver_type;   /* dpm */
-    bool lower_order_final;          /* dpm */
+    ditd_sched_solver solver_type;   /* dpm (midpoint), unipc (bh2) */
+    bool lower_order_final;          /* dpm, unipc */
     bool euler_at_final;             /* dpm */
-    bool use_karras_sigmas;          /* dpm (flow refuses true) */
-    ditd_sched_final_sigmas final_sigmas_type; /* dpm */
+    bool use_karras_sigmas;          /* dpm (flow, unipc refuse true) */
+    ditd_sched_final_sigmas final_sigmas_type; /* dpm, unipc */
+    bool predict_x0;                 /* unipc: data prediction (true) or noise */
+    bool use_flow_sigmas;            /* unipc: sigmas 1 -> 0 shifted by flow_shift, alpha = 1 - sigma
+                                      * (dpm refuses true) */
+    double flow_shift;               /* unipc with use_flow_sigmas */
+    int n_disable_corrector;         /* unipc: steps whose corrector is skipped: */
+    int disable_corrector[32];       /* the corrector of step i runs unless i - 1 is listed */
     double lambda_min_clipped;       /* dpm, -INFINITY by default */
     bool has_sigma_min, has_sigma_max; /* dpm karras: optional sigma bounds */
     double sigma_min, sigma_max;
     double shift;                    /* flow */
-    bool has_shift_terminal;         /* flow: shift_terminal not null */
+    bool has_shift_terminal;         /* flow, unipc (use_flow_sigmas): shift_terminal not null */
     double shift_terminal;
     /* flow, read only with use_dynamic_shifting true (the shift above is
      * then unused): mu = calculate_shift(image_seq_len, base_image_seq_len,
@@ -176,11 +199,11 @@ typedef struct ditd_sched_config {
 
     /* Keys whose value must keep its default (true / non-null refused):
      * trained_betas, thresholding, use_exponential_sigmas, use_beta_sigmas,
-     * use_lu_lambdas, use_flow_sigmas, variance_type, use_dynamic_shifting
-     * (except for flow, which runs it), invert_sigmas, stochastic_sampling. */
+     * use_lu_lambdas, variance_type, use_dynamic_shifting (except for flow,
+     * which runs it), invert_sigmas, stochastic_sampling, solver_p. */
     bool trained_betas, thresholding, use_exponential_sigmas, use_beta_sigmas,
-        use_lu_lambdas, use_flow_sigmas, variance_type, use_dynamic_shifting,
-        invert_sigmas, stochastic_sampling;
+        use_lu_lambdas, variance_type, use_dynamic_shifting,
+        invert_sigmas, stochastic_sampling, solver_p;
 
     /* Opaque bookkeeping for _convert() and the checks: which keys the file
      * set (Diffusers' config minus its _use_default_values), which held a
@@ -227,14 +250,17 @@ typedef struct ditd_sampler ditd_sampler;
 /* Builds a sampler for `cfg` (copied) and num_steps inference steps, with
  * state for max_slots samples of numel floats each: Diffusers'
  * set_timesteps(num_steps), done once. 1 <= num_steps <= num_train_timesteps
- * (flow: <= 100000), else DITD_ERANGE. Schedules on which Diffusers itself
+ * (flow, UniPC with use_flow_sigmas: <= 100000), else DITD_ERANGE. Schedules on which Diffusers itself
  * goes wrong are DITD_EUNSUPPORTED, naming the step count: a timestep
  * outside 0..num_train_timesteps-1 (trailing spacing on counts such as 61
  * of 1000, where numpy's arange yields one extra step at t = -1; leading
  * spacing plus steps_offset past the end), or a repeated first timestep
  * (DPM-Solver then starts at the wrong index and runs off its sigmas;
  * e.g. use_karras_sigmas with squaredcos_cap_v2), or flow sigmas that are
- * not finite (shift_terminal with 1 step, where Diffusers divides 0 by 0).
+ * not finite (shift_terminal with 1 step, where Diffusers divides 0 by 0),
+ * or a UniPC step whose coefficients are not finite (final_sigmas_type
+ * "zero" with bh1, predict_x0 false or lower_order_final false: Diffusers'
+ * last step gives NaN).
  * Flow with use_dynamic_shifting and cfg->image_seq_len < 1 is DITD_EINVAL.
  * Returns 0 and an owned *out, or DITD_EINVAL / DITD_EUNSUPPORTED /
  * DITD_ERANGE / DITD_ENOMEM. */
@@ -262,8 +288,8 @@ ditd_sampler_kind ditd_sampler_get_kind(const ditd_sampler *s);
  *
  * A slot runs steps 0, 1, ..., num_steps() - 1 in order; step 0 starts a
  * fresh trajectory (so a slot is reused simply by starting again at 0).
- * DPM-Solver keeps the previous step's prediction per slot, so a step out of
- * order there is DITD_EINVAL; the others are memoryless.
+ * DPM-Solver and UniPC keep the previous steps' predictions per slot, so a
+ * step out of order there is DITD_EINVAL; the others are memoryless.
  *
  * Allocates nothing. Thread-safe for distinct slots (a slot's state is its
  * own); one slot is stepped by one thread at a time. The buffers must not

@@ -1,6 +1,7 @@
 /* The typed scheduler config the samplers are built from: Diffusers'
- * scheduler_config.json for DDIMScheduler, DPMSolverMultistepScheduler and
- * FlowMatchEulerDiscreteScheduler (diffusers 0.42), every key read, values
+ * scheduler_config.json for DDIMScheduler, DPMSolverMultistepScheduler,
+ * FlowMatchEulerDiscreteScheduler and UniPCMultistepScheduler (diffusers
+ * 0.42), every key read, values
  * checked, unsupported ones refused naming key and value; the sampler names
  * (one X-macro in sampler.h); from_config conversion between classes.
  *
@@ -33,10 +34,10 @@ static const char *const kind_classes[] = {DITD_SAMPLER_KIND_MAP(KIND_CLASS)};
 #undef KIND_NAME
 #undef KIND_CLASS
 static const char *const beta_names[] = {"linear", "scaled_linear", "squaredcos_cap_v2"};
-static const char *const pred_names[] = {"epsilon", "sample", "v_prediction"};
+static const char *const pred_names[] = {"epsilon", "sample", "v_prediction", "flow_prediction"};
 static const char *const spacing_names[] = {"leading", "trailing", "linspace"};
 static const char *const algo_names[] = {"dpmsolver++", "dpmsolver"};
-static const char *const solver_names[] = {"midpoint", "heun"};
+static const char *const solver_names[] = {"midpoint", "heun", "bh1", "bh2", "logrho"};
 static const char *const final_names[] = {"zero", "sigma_min"};
 static const char *const time_shift_names[] = {"exponential", "linear"};
 
@@ -150,6 +151,8 @@ int ditd_sampler_kind_from_str(const char *s, ditd_sampler_kind *out)
 #define C_DDIM (1u << DITD_SAMPLER_DDIM)
 #define C_DPM (1u << DITD_SAMPLER_DPMPP_2M)
 #define C_FLOW (1u << DITD_SAMPLER_FLOW_EULER)
+#define C_UNIPC (1u << DITD_SAMPLER_UNIPC)
+#define C_VP (C_DDIM | C_DPM | C_UNIPC) /* the classes with a beta schedule */
 
 typedef enum key_type {
     T_INT,       /* int */
@@ -159,6 +162,7 @@ typedef enum key_type {
     T_NOTNULL,   /* bool "a value other than null was given"; must stay false */
     T_OPTNUM,    /* has-flag + double; null clears the flag */
     T_ENUM,      /* enum, through parse_enum() */
+    T_INTLIST,   /* a list of up to 32 integers; off2 holds the count */
 } key_type;
 
 typedef struct key_def {
@@ -181,39 +185,43 @@ enum {
     K_EULER_AT_FINAL, K_KARRAS, K_EXP_SIGMAS, K_BETA_SIGMAS, K_LU_LAMBDAS, K_FLOW_SIGMAS,
     K_FINAL_SIGMAS, K_LAMBDA_MIN_CLIPPED, K_VARIANCE_TYPE, K_DYNAMIC_SHIFTING, K_SHIFT,
     K_SHIFT_TERMINAL, K_INVERT_SIGMAS, K_STOCHASTIC, K_SIGMA_MIN, K_SIGMA_MAX, K_BASE_SHIFT,
-    K_MAX_SHIFT, K_BASE_SEQ_LEN, K_MAX_SEQ_LEN, K_TIME_SHIFT, K__COUNT
+    K_MAX_SHIFT, K_BASE_SEQ_LEN, K_MAX_SEQ_LEN, K_TIME_SHIFT, K_PREDICT_X0, K_FLOW_SHIFT,
+    K_DISABLE_CORRECTOR, K_SOLVER_P, K__COUNT
 };
 
 static const key_def keys[K__COUNT] = {
-    [K_NUM_TRAIN] = {"num_train_timesteps", T_INT, C_DDIM | C_DPM | C_FLOW, F(num_train_timesteps)},
-    [K_BETA_START] = {"beta_start", T_NUM, C_DDIM | C_DPM, F(beta_start)},
-    [K_BETA_END] = {"beta_end", T_NUM, C_DDIM | C_DPM, F(beta_end)},
-    [K_BETA_SCHEDULE] = {"beta_schedule", T_ENUM, C_DDIM | C_DPM, F(beta_schedule)},
-    [K_TRAINED_BETAS] = {"trained_betas", T_NOTNULL, C_DDIM | C_DPM, F(trained_betas)},
-    [K_RESCALE] = {"rescale_betas_zero_snr", T_BOOL, C_DDIM | C_DPM, F(rescale_betas_zero_snr)},
-    [K_PREDICTION] = {"prediction_type", T_ENUM, C_DDIM | C_DPM, F(prediction_type)},
-    [K_SPACING] = {"timestep_spacing", T_ENUM, C_DDIM | C_DPM, F(timestep_spacing)},
-    [K_STEPS_OFFSET] = {"steps_offset", T_INT, C_DDIM | C_DPM, F(steps_offset)},
-    [K_THRESHOLDING] = {"thresholding", T_OFF, C_DDIM | C_DPM, F(thresholding)},
+    [K_NUM_TRAIN] = {"num_train_timesteps", T_INT, C_VP | C_FLOW, F(num_train_timesteps)},
+    [K_BETA_START] = {"beta_start", T_NUM, C_VP, F(beta_start)},
+    [K_BETA_END] = {"beta_end", T_NUM, C_VP, F(beta_end)},
+    [K_BETA_SCHEDULE] = {"beta_schedule", T_ENUM, C_VP, F(beta_schedule)},
+    [K_TRAINED_BETAS] = {"trained_betas", T_NOTNULL, C_VP, F(trained_betas)},
+    [K_RESCALE] = {"rescale_betas_zero_snr", T_BOOL, C_VP, F(rescale_betas_zero_snr)},
+    [K_PREDICTION] = {"prediction_type", T_ENUM, C_VP, F(prediction_type)},
+    [K_SPACING] = {"timestep_spacing", T_ENUM, C_VP, F(timestep_spacing)},
+    [K_STEPS_OFFSET] = {"steps_offset", T_INT, C_VP, F(steps_offset)},
+    [K_THRESHOLDING] = {"thresholding", T_OFF, C_VP, F(thresholding)},
     [K_CLIP_SAMPLE] = {"clip_sample", T_BOOL, C_DDIM, F(clip_sample)},
     [K_CLIP_RANGE] = {"clip_sample_range", T_NUM, C_DDIM, F(clip_sample_range)},
     [K_SET_ALPHA_ONE] = {"set_alpha_to_one", T_BOOL, C_DDIM, F(set_alpha_to_one)},
-    [K_SOLVER_ORDER] = {"solver_order", T_INT, C_DPM, F(solver_order)},
+    [K_SOLVER_ORDER] = {"solver_order", T_INT, C_DPM | C_UNIPC, F(solver_order)},
     [K_ALGORITHM] = {"algorithm_type", T_ENUM, C_DPM, F(algorithm_type)},
-    [K_SOLVER_TYPE] = {"solver_type", T_ENUM, C_DPM, F(solver_type)},
-    [K_LOWER_ORDER_FINAL] = {"lower_order_final", T_BOOL, C_DPM, F(lower_order_final)},
+    [K_SOLVER_TYPE] = {"solver_type", T_ENUM, C_DPM | C_UNIPC, F(solver_type)},
+    [K_LOWER_ORDER_FINAL] = {"lower_order_final", T_BOOL, C_DPM | C_UNIPC, F(lower_order_final)},
     [K_EULER_AT_FINAL] = {"euler_at_final", T_BOOL, C_DPM, F(euler_at_final)},
-    [K_KARRAS] = {"use_karras_sigmas", T_BOOL, C_DPM | C_FLOW, F(use_karras_sigmas)},
-    [K_EXP_SIGMAS] = {"use_exponential_sigmas", T_OFF, C_DPM | C_FLOW, F(use_exponential_sigmas)},
-    [K_BETA_SIGMAS] = {"use_beta_sigmas", T_OFF, C_DPM | C_FLOW, F(use_beta_sigmas)},
+    [K_KARRAS] = {"use_karras_sigmas", T_BOOL, C_DPM | C_FLOW | C_UNIPC, F(use_karras_sigmas)},
+    [K_EXP_SIGMAS] = {"use_exponential_sigmas", T_OFF, C_DPM | C_FLOW | C_UNIPC,
+                      F(use_exponential_sigmas)},
+    [K_BETA_SIGMAS] = {"use_beta_sigmas", T_OFF, C_DPM | C_FLOW | C_UNIPC, F(use_beta_sigmas)},
     [K_LU_LAMBDAS] = {"use_lu_lambdas", T_OFF, C_DPM, F(use_lu_lambdas)},
-    [K_FLOW_SIGMAS] = {"use_flow_sigmas", T_OFF, C_DPM, F(use_flow_sigmas)},
-    [K_FINAL_SIGMAS] = {"final_sigmas_type", T_ENUM, C_DPM, F(final_sigmas_type)},
+    [K_FLOW_SIGMAS] = {"use_flow_sigmas", T_BOOL, C_DPM | C_UNIPC, F(use_flow_sigmas)},
+    [K_FINAL_SIGMAS] = {"final_sigmas_type", T_ENUM, C_DPM | C_UNIPC, F(final_sigmas_type)},
     [K_LAMBDA_MIN_CLIPPED] = {"lambda_min_clipped", T_NUM, C_DPM, F(lambda_min_clipped)},
     [K_VARIANCE_TYPE] = {"variance_type", T_NOTNULL, C_DPM, F(variance_type)},
-    [K_DYNAMIC_SHIFTING] = {"use_dynamic_shifting", T_OFF, C_DPM | C_FLOW, F(use_dynamic_shifting)},
+    [K_DYNAMIC_SHIFTING] = {"use_dynamic_shifting", T_OFF, C_DPM | C_FLOW | C_UNIPC,
+                            F(use_dynamic_shifting)},
     [K_SHIFT] = {"shift", T_NUM, C_FLOW, F(shift)},
-    [K_SHIFT_TERMINAL] = {"shift_terminal", T_OPTNUM, C_FLOW, F2(has_shift_terminal, shift_terminal)},
+    [K_SHIFT_TERMINAL] = {"shift_terminal", T_OPTNUM, C_FLOW | C_UNIPC,
+                          F2(has_shift_terminal, shift_terminal)},
     [K_INVERT_SIGMAS] = {"invert_sigmas", T_OFF, C_FLOW, F(invert_sigmas)},
     [K_STOCHASTIC] = {"stochastic_sampling", T_OFF, C_FLOW, F(stochastic_sampling)},
     [K_SIGMA_MIN] = {"sigma_min", T_OPTNUM, 0, F2(has_sigma_min, sigma_min)},
@@ -222,7 +230,12 @@ static const key_def keys[K__COUNT] = {
     [K_MAX_SHIFT] = {"max_shift", T_OPTNUM, C_FLOW, F2(has_max_shift, max_shift)},
     [K_BASE_SEQ_LEN] = {"base_image_seq_len", T_INT, C_FLOW, F(base_image_seq_len)},
     [K_MAX_SEQ_LEN] = {"max_image_seq_len", T_INT, C_FLOW, F(max_image_seq_len)},
-    [K_TIME_SHIFT] = {"time_shift_type", T_ENUM, C_FLOW, F(time_shift_type)},
+    [K_TIME_SHIFT] = {"time_shift_type", T_ENUM, C_FLOW | C_UNIPC, F(time_shift_type)},
+    [K_PREDICT_X0] = {"predict_x0", T_BOOL, C_UNIPC, F(predict_x0)},
+    [K_FLOW_SHIFT] = {"flow_shift", T_NUM, C_UNIPC, F(flow_shift)},
+    [K_DISABLE_CORRECTOR] = {"disable_corrector", T_INTLIST, C_UNIPC,
+                             F2(n_disable_corrector, disable_corrector)},
+    [K_SOLVER_P] = {"solver_p", T_NOTNULL, C_UNIPC, F(solver_p)},
 };
 
 #define KEY_BIT(k) ((uint64_t)1 << (k))
@@ -246,7 +259,10 @@ void ditd_sched_config_init(ditd_sched_config *c, ditd_sampler_kind kind)
     c->set_alpha_to_one = true;
     c->solver_order = 2;
     c->algorithm_type = DITD_SCHED_ALGO_DPMSOLVER_PP;
-    c->solver_type = DITD_SCHED_SOLVER_MIDPOINT;
+    c->solver_type = kind == DITD_SAMPLER_UNIPC ? DITD_SCHED_SOLVER_BH2 : DITD_SCHED_SOLVER_MIDPOINT;
+    c->predict_x0 = true;
+    c->use_flow_sigmas = false;
+    c->flow_shift = 1.0;
     c->lower_order_final = true;
     c->euler_at_final = false;
     c->use_karras_sigmas = false;
@@ -398,7 +414,24 @@ static void parse_key(int k, const json_t *v, ditd_sched_config *c)
         if (json_is_string(v) && parse_enum(k, json_string_value(v), c))
             return;
         break;
+    case T_INTLIST: {
+        int *list = (int *)field, *count = (int *)((char *)c + kd->off2);
+        const size_t cap = kd->size / sizeof(int);
+        if (!json_is_array(v) || json_array_size(v) > cap)
+            break;
+        size_t i;
+        const json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_integer(e) || json_integer_value(e) < -MAX_TRAIN_TIMESTEPS ||
+                json_integer_value(e) > MAX_TRAIN_TIMESTEPS)
+                goto bad;
+            list[i] = (int)json_integer_value(e);
+        }
+        *count = (int)json_array_size(v);
+        return;
     }
+    }
+bad:
     mark_bad(c, k, v);
 }
 
@@ -420,7 +453,7 @@ static const char *key_choices(int k, char *buf, size_t len)
     case K_PREDICTION: return choices(pred_names, COUNT_OF(pred_names), buf, len);
     case K_SPACING: return choices(spacing_names, COUNT_OF(spacing_names), buf, len);
     case K_ALGORITHM: return "dpmsolver++, dpmsolver";
-    case K_SOLVER_TYPE: return "midpoint, heun";
+    case K_SOLVER_TYPE: return "midpoint, heun (DPM-Solver); bh1, bh2 (UniPC); logrho";
     case K_FINAL_SIGMAS: return choices(final_names, COUNT_OF(final_names), buf, len);
     case K_TIME_SHIFT: return choices(time_shift_names, COUNT_OF(time_shift_names), buf, len);
     default: break;
@@ -432,6 +465,7 @@ static const char *key_choices(int k, char *buf, size_t len)
     case T_OFF: return "false";
     case T_NOTNULL: return "null";
     case T_OPTNUM: return "a number or null";
+    case T_INTLIST: return "a list of at most 32 integers";
     default: return "?";
     }
 }
@@ -478,7 +512,7 @@ int ditd_sched_config_check(const ditd_sched_config *c)
           K_NUM_TRAIN, "%d", c->num_train_timesteps,
           c->kind == DITD_SAMPLER_FLOW_EULER ? "1..100000" : "2..100000");
 
-    if (c->kind == DITD_SAMPLER_DDIM || c->kind == DITD_SAMPLER_DPMPP_2M) {
+    if (c->kind != DITD_SAMPLER_FLOW_EULER) {
         if (c->beta_schedule != DITD_SCHED_BETA_SQUAREDCOS_CAP_V2) {
             RANGE(c->beta_start >= 0 && c->beta_start < 1, K_BETA_START, "%g", c->beta_start,
                   "0 <= beta_start < 1");
@@ -488,12 +522,23 @@ int ditd_sched_config_check(const ditd_sched_config *c)
         RANGE(c->steps_offset >= 0 && c->steps_offset < c->num_train_timesteps, K_STEPS_OFFSET,
               "%d", c->steps_offset, "0 <= steps_offset < num_train_timesteps");
     }
+    if ((c->kind == DITD_SAMPLER_DDIM || c->kind == DITD_SAMPLER_DPMPP_2M) &&
+        c->prediction_type == DITD_SCHED_PRED_FLOW)
+        return unsupported(c, "prediction_type \"flow_prediction\"",
+                           c->kind == DITD_SAMPLER_DDIM
+                               ? "epsilon, sample, v_prediction"
+                               : "epsilon, sample, v_prediction; flow_prediction needs "
+                                 "use_flow_sigmas, which ditd's DPM-Solver does not run");
     if (c->kind == DITD_SAMPLER_DDIM && c->clip_sample)
         RANGE(c->clip_sample_range > 0 && isfinite(c->clip_sample_range), K_CLIP_RANGE, "%g",
               c->clip_sample_range, "a finite number > 0");
     if (c->kind == DITD_SAMPLER_DPMPP_2M) {
         RANGE(c->solver_order == 1 || c->solver_order == 2, K_SOLVER_ORDER, "%d", c->solver_order,
               "1, 2");
+        if (c->use_flow_sigmas)
+            return unsupported(c, "use_flow_sigmas true", "false");
+        RANGE(c->solver_type == DITD_SCHED_SOLVER_MIDPOINT || c->solver_type == DITD_SCHED_SOLVER_HEUN,
+              K_SOLVER_TYPE, "\"%s\"", ditd_sched_solver_name(c->solver_type), "midpoint, heun");
         RANGE(!isnan(c->lambda_min_clipped), K_LAMBDA_MIN_CLIPPED, "%g", c->lambda_min_clipped,
               "a number");
         if (c->algorithm_type == DITD_SCHED_ALGO_DPMSOLVER &&
@@ -527,8 +572,42 @@ int ditd_sched_config_check(const ditd_sched_config *c)
                   c->max_image_seq_len, "a length other than base_image_seq_len");
         }
     }
+    if (c->kind == DITD_SAMPLER_UNIPC) {
+        RANGE(c->solver_order == 1 || c->solver_order == 2, K_SOLVER_ORDER, "%d", c->solver_order,
+              "1, 2");
+        RANGE(c->solver_type == DITD_SCHED_SOLVER_BH1 || c->solver_type == DITD_SCHED_SOLVER_BH2,
+              K_SOLVER_TYPE, "\"%s\"", ditd_sched_solver_name(c->solver_type), "bh1, bh2");
+        if (c->use_karras_sigmas)
+            return unsupported(c, "use_karras_sigmas true", "false");
+        if (c->prediction_type == DITD_SCHED_PRED_FLOW && !c->predict_x0)
+            return unsupported(c, "prediction_type \"flow_prediction\" with predict_x0 false",
+                               "predict_x0 true; Diffusers raises here too");
+        if (c->has_shift_terminal && !c->use_flow_sigmas)
+            return unsupported(c, "shift_terminal without use_flow_sigmas",
+                               "null; Diffusers raises here too");
+        if (c->use_flow_sigmas) {
+            RANGE(c->flow_shift > 0 && isfinite(c->flow_shift), K_FLOW_SHIFT, "%g", c->flow_shift,
+                  "a finite number > 0");
+            if (c->has_shift_terminal)
+                RANGE(c->shift_terminal >= 0 && c->shift_terminal < 1, K_SHIFT_TERMINAL, "%g",
+                      c->shift_terminal, "null or 0 <= shift_terminal < 1");
+        }
+    }
 #undef RANGE
     return 0;
+}
+
+/* Diffusers' __init__ rewrites solver_type names of the other multistep
+ * solvers: DPM-Solver takes bh1 / bh2 / logrho as midpoint, UniPC takes
+ * midpoint / heun / logrho as bh2 (what from_config between them gives). */
+static void normalize(ditd_sched_config *c)
+{
+    if (c->kind == DITD_SAMPLER_DPMPP_2M && c->solver_type != DITD_SCHED_SOLVER_MIDPOINT &&
+        c->solver_type != DITD_SCHED_SOLVER_HEUN)
+        c->solver_type = DITD_SCHED_SOLVER_MIDPOINT;
+    if (c->kind == DITD_SAMPLER_UNIPC && c->solver_type != DITD_SCHED_SOLVER_BH1 &&
+        c->solver_type != DITD_SCHED_SOLVER_BH2)
+        c->solver_type = DITD_SCHED_SOLVER_BH2;
 }
 
 /* ---- parsing ------------------------------------------------------------ */
@@ -607,7 +686,8 @@ int ditd_sched_config_parse(const char *text, size_t len, const char *name, ditd
         char *txt = cls ? json_dumps(cls, JSON_ENCODE_ANY) : NULL;
         err = ditd_err_set(DITD_EUNSUPPORTED,
                            "%s: _class_name %.80s is not supported (DDIMScheduler, "
-                           "DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler)",
+                           "DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, "
+                           "UniPCMultistepScheduler)",
                            name, txt ? txt : "(missing)");
         free(txt);
         goto fail_root;
@@ -622,6 +702,7 @@ int ditd_sched_config_parse(const char *text, size_t len, const char *name, ditd
             parse_key(k, val, out);
     }
     json_decref(root);
+    normalize(out);
     return ditd_sched_config_check(out);
 
 fail_root:
@@ -684,5 +765,6 @@ int ditd_sched_config_convert(const ditd_sched_config *base, ditd_sampler_kind k
     out->image_seq_len = b.image_seq_len;
     out->pipeline_sigmas = b.pipeline_sigmas;
     memcpy(out->bad_text, b.bad_text, sizeof out->bad_text);
+    normalize(out);
     return ditd_sched_config_check(out);
 }

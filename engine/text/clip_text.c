@@ -139,8 +139,9 @@ int ditd_clip_text_new(const char *dir, const char *class_hint, const ditd_backe
     snprintf(path, sizeof path, "%s/config.json", dir);
     if ((err = ditd_text_config_load(path, class_hint, &tc)))
         return err;
-    if (tc.arch == DITD_TEXT_T5)
-        return ditd_err_set(DITD_EINVAL, "%s: a T5EncoderModel, not a CLIP text model", path);
+    if (tc.arch == DITD_TEXT_T5 || tc.arch == DITD_TEXT_UMT5)
+        return ditd_err_set(DITD_EINVAL, "%s: a %s, not a CLIP text model", path,
+                            ditd_text_arch_name(tc.arch));
     if (max_tokens == 0)
         max_tokens = tc.clip.max_positions;
     if (max_batch <= 0 || max_batch > 4096 || max_tokens <= 0 ||

@@ -1,4 +1,4 @@
-/* transformers T5EncoderModel forward. */
+/* transformers T5EncoderModel and UMT5EncoderModel forward. */
 #include "engine/text/t5_encoder.h"
 
 #include <math.h>
@@ -27,7 +27,7 @@ struct ditd_t5_encoder {
     ditd_text_mat emb;                  /* (V, D) */
     t5_block *blocks;
     void *lnf;                          /* (D) */
-    float *h_rel_table;                 /* (num_buckets, H), host */
+    float *h_rel_table;                 /* (L_rel, num_buckets, H), host: L_rel = 1 (T5) or L (UMT5) */
     float *h_rel;                       /* (H, 2N - 1), host */
 
     void *h, *xn, *qkv, *att, *ff0, *ff1, *tmp, *rel, *scratch;
@@ -90,10 +90,13 @@ static int walk(ditd_t5_encoder *m)
                           ? "encoder.embed_tokens.weight"
                           : "shared.weight";
     MAT(m->emb, c->vocab_size, D, "%s", emb);
-    if ((err = ditd_text_weights_host(w, m->h_rel_table,
-                                      "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                                      c->num_buckets, c->num_heads)))
-        return err;
+    /* T5: block 0's table, shared; UMT5: one per block */
+    for (int l = 0; l < (c->bias_per_layer ? c->num_layers : 1); l++)
+        if ((err = ditd_text_weights_host(
+                 w, m->h_rel_table + (size_t)l * c->num_buckets * c->num_heads,
+                 N_("encoder.block.%d.layer.0.SelfAttention.relative_attention_bias.weight", l),
+                 c->num_buckets, c->num_heads)))
+            return err;
     for (int l = 0; l < c->num_layers; l++) {
         t5_block *b = &m->blocks[l];
         const char *e = "encoder.block";
@@ -152,8 +155,8 @@ int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_back
     snprintf(path, sizeof path, "%s/config.json", dir);
     if ((err = ditd_text_config_load(path, class_hint, &tc)))
         return err;
-    if (tc.arch != DITD_TEXT_T5)
-        return ditd_err_set(DITD_EINVAL, "%s: a %s, not a T5EncoderModel", path,
+    if (tc.arch != DITD_TEXT_T5 && tc.arch != DITD_TEXT_UMT5)
+        return ditd_err_set(DITD_EINVAL, "%s: a %s, not a T5EncoderModel or UMT5EncoderModel", path,
                             ditd_text_arch_name(tc.arch));
     if (max_batch <= 0 || max_batch > 4096 || max_tokens <= 0 ||
         max_tokens > DITD_CPU_MASKED_ATTN_MAX_N)
@@ -167,7 +170,9 @@ int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_back
     m->max_batch = max_batch;
     m->max_tokens = max_tokens;
     m->blocks = calloc((size_t)m->cfg.num_layers, sizeof *m->blocks);
-    m->h_rel_table = calloc((size_t)m->cfg.num_buckets * (size_t)m->cfg.num_heads, sizeof(float));
+    m->h_rel_table = calloc((size_t)(m->cfg.bias_per_layer ? m->cfg.num_layers : 1) *
+                                (size_t)m->cfg.num_buckets * (size_t)m->cfg.num_heads,
+                            sizeof(float));
     m->h_rel = calloc((size_t)m->cfg.num_heads * (2 * (size_t)max_tokens - 1), sizeof(float));
     if (!m->blocks || !m->h_rel_table || !m->h_rel) {
         err = ditd_err_set(DITD_ENOMEM, "T5 blocks");
@@ -186,6 +191,15 @@ int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_back
         ditd_text_weights_has(&m->w, "encoder.block.0.layer.1.DenseReluDense.wi_0.weight")) {
         err = ditd_err_set(DITD_EFORMAT, "%s: the config says feed_forward_proj without gate "
                                          "but the checkpoint has DenseReluDense.wi_0",
+                           dir);
+        goto fail;
+    }
+    if (!m->cfg.bias_per_layer && m->cfg.num_layers > 1 &&
+        ditd_text_weights_has(&m->w,
+                              "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight")) {
+        err = ditd_err_set(DITD_EFORMAT, "%s: the config says T5EncoderModel (one relative "
+                                         "attention bias, block 0's) but block 1 has its own: a "
+                                         "UMT5EncoderModel checkpoint?",
                            dir);
         goto fail;
     }
@@ -228,18 +242,21 @@ int ditd_t5_encoder_encode(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
     if (keep) /* host memory: only backends whose arena is host memory have these ops */
         memcpy(m->keep, keep, BN);
 
-    // relative position bias (H, 2N - 1) by key - query offset, from block 0's table
-    for (int r = -(N - 1); r <= N - 1; r++) {
-        int bk = ditd_t5_relative_bucket(r, c->num_buckets, c->max_distance);
-        for (int h = 0; h < H; h++)
-            m->h_rel[(size_t)h * R + (size_t)(r + N - 1)] = m->h_rel_table[(size_t)bk * H + h];
-    }
-    ops->upload(m->rel, m->h_rel, (size_t)H * R);
-
     // embeddings (B, N, D); T5 adds no positions here
     ops->embedding_wt(m->emb.p, m->emb.dt, ids, m->h, (int)BN, D);
     for (int l = 0; l < c->num_layers; l++) {
         const t5_block *b = &m->blocks[l];
+        if (l == 0 || c->bias_per_layer) {
+            // relative position bias (H, 2N - 1) by key - query offset, from block 0's
+            // table (T5, shared by all blocks) or this block's (UMT5)
+            const float *tab = m->h_rel_table + (size_t)l * c->num_buckets * H;
+            for (int r = -(N - 1); r <= N - 1; r++) {
+                int bk = ditd_t5_relative_bucket(r, c->num_buckets, c->max_distance);
+                for (int h = 0; h < H; h++)
+                    m->h_rel[(size_t)h * R + (size_t)(r + N - 1)] = tab[(size_t)bk * H + h];
+            }
+            ops->upload(m->rel, m->h_rel, (size_t)H * R);
+        }
         // self-attention: h += o(attn(norm(h))), scores unscaled plus the shared bias
         ops->rmsnorm(m->h, m->xn, (int)BN, D, c->eps, b->ln0);
         ops->linear_wt(m->xn, D, b->q.p, b->q.dt, NULL, m->qkv, ld3, (int)BN, I, D,

@@ -1,6 +1,8 @@
-/* transformers' T5EncoderModel, forward only: token embedding, pre-norm
- * blocks of self-attention (q/k/v/o without biases, no 1/sqrt(d) scaling,
- * the bucketed relative position bias of the first block shared by all)
+/* transformers' T5EncoderModel and UMT5EncoderModel, forward only: token
+ * embedding, pre-norm blocks of self-attention (q/k/v/o without biases, no
+ * 1/sqrt(d) scaling, the bucketed relative position bias: T5's of the first
+ * block shared by all, UMT5's one table per block; nothing else differs in
+ * an encoder: UMT5Config takes T5Config's keys with other defaults)
  * and a feed-forward (wi, act, wo; or gated: act(wi_0 x) * wi_1 x, wo), each
  * behind a T5LayerNorm (RMSNorm without bias), then the final norm: its
  * last_hidden_state.
@@ -16,7 +18,7 @@
  * refused.
  *
  * Parameter names: encoder.block.{i}.layer.0.SelfAttention.{q,k,v,o},
- * ...relative_attention_bias (block 0), ...layer.{0,1}.layer_norm,
+ * ...relative_attention_bias (block 0; UMT5: every block), ...layer.{0,1}.layer_norm,
  * ...layer.1.DenseReluDense.{wi|wi_0,wi_1,wo}, encoder.final_layer_norm,
  * and the embedding as encoder.embed_tokens.weight or shared.weight.
  *
@@ -33,7 +35,8 @@
 
 typedef struct ditd_t5_encoder ditd_t5_encoder;
 
-/* Loads a text_encoder_2/ (or any T5EncoderModel) folder for batches of up
+/* Loads a text_encoder_2/ (or any T5EncoderModel) or a Wan text_encoder/
+ * (UMT5EncoderModel; config.arch tells which) folder for batches of up
  * to max_batch sequences of up to max_tokens tokens (1..4096). *out owned
  * (ditd_t5_encoder_free). Errors name the file, tensor or key. */
 int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_backend_ops *ops,

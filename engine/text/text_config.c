@@ -1,4 +1,4 @@
-/* A text encoder's config.json -> ditd_text_config (CLIPTextConfig, T5Config). */
+/* A text encoder's config.json -> ditd_text_config (CLIPTextConfig, T5Config, UMT5Config). */
 #include "engine/text/text_config.h"
 
 #include <jansson.h>
@@ -14,13 +14,15 @@ const char *ditd_text_arch_name(ditd_text_arch a)
     case DITD_TEXT_CLIP: return "CLIPTextModel";
     case DITD_TEXT_CLIP_PROJ: return "CLIPTextModelWithProjection";
     case DITD_TEXT_T5: return "T5EncoderModel";
+    case DITD_TEXT_UMT5: return "UMT5EncoderModel";
     }
     return "unknown";
 }
 
 int ditd_text_arch_from_str(const char *s, ditd_text_arch *out)
 {
-    static const ditd_text_arch all[] = {DITD_TEXT_CLIP, DITD_TEXT_CLIP_PROJ, DITD_TEXT_T5};
+    static const ditd_text_arch all[] = {DITD_TEXT_CLIP, DITD_TEXT_CLIP_PROJ, DITD_TEXT_T5,
+                                         DITD_TEXT_UMT5};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (strcmp(s, ditd_text_arch_name(all[i])) == 0) {
             *out = all[i];
@@ -29,7 +31,7 @@ int ditd_text_arch_from_str(const char *s, ditd_text_arch *out)
     }
     return ditd_err_set(DITD_EUNSUPPORTED,
                         "text encoder class \"%s\" is not supported (CLIPTextModel, "
-                        "CLIPTextModelWithProjection, T5EncoderModel)",
+                        "CLIPTextModelWithProjection, T5EncoderModel, UMT5EncoderModel)",
                         s);
 }
 
@@ -150,6 +152,13 @@ static const char *const t5_keys[] = {
     "n_positions", "dropout_rate", "classifier_dropout", "initializer_factor",
 };
 
+/* Keys of UMT5Config: T5Config's (the same names, the same meaning; its
+ * defaults differ), and one that google/umt5-* configs carry and no
+ * transformers code reads. */
+static const char *const umt5_extra_keys[] = {
+    "scalable_attention",
+};
+
 static int in_list(const char *k, const char *const *list, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -168,9 +177,11 @@ static int check_keys(json_t *root, const char *path, ditd_text_arch arch)
     json_object_foreach(root, k, v) {
         if (k[0] == '_') /* _name_or_path, _commit_hash, _attn_implementation...: metadata */
             continue;
+        int t5 = arch == DITD_TEXT_T5 || arch == DITD_TEXT_UMT5;
         int known = in_list(k, generic_keys, COUNT(generic_keys)) ||
-                    (arch == DITD_TEXT_T5 ? in_list(k, t5_keys, COUNT(t5_keys))
-                                          : in_list(k, clip_keys, COUNT(clip_keys)));
+                    (t5 ? in_list(k, t5_keys, COUNT(t5_keys))
+                        : in_list(k, clip_keys, COUNT(clip_keys))) ||
+                    (arch == DITD_TEXT_UMT5 && in_list(k, umt5_extra_keys, COUNT(umt5_extra_keys)));
         if (strcmp(k, "quantization_config") == 0)
             return ditd_err_set(DITD_EUNSUPPORTED,
                                 "%s: quantization_config is not supported (ditd reads f32, f16 "
@@ -213,13 +224,14 @@ static int find_arch(json_t *root, const char *path, const char *hint, ditd_text
         cls = hint;
     if (!cls && mt)
         cls = strcmp(mt, "t5") == 0 ? "T5EncoderModel"
+              : strcmp(mt, "umt5") == 0 ? "UMT5EncoderModel"
               : strcmp(mt, "clip_text_model") == 0 ? "CLIPTextModel" : NULL;
     if (!cls)
         return ditd_err_set(DITD_EFORMAT,
                             "%s: neither architectures nor model_type names a text encoder", path);
     if ((err = ditd_text_arch_from_str(cls, out)))
         return ditd_err_set(err, "%s: %s", path, ditd_err_detail());
-    const char *want = *out == DITD_TEXT_T5 ? "t5" : "clip_text_model";
+    const char *want = *out == DITD_TEXT_T5 ? "t5" : *out == DITD_TEXT_UMT5 ? "umt5" : "clip_text_model";
     if (mt && strcmp(mt, want) != 0)
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: model_type \"%s\" does not fit %s (\"%s\")",
                             path, mt, cls, want);
@@ -262,25 +274,26 @@ static int clip_from_json(json_t *root, const char *path, ditd_clip_text_config 
     return 0;
 }
 
-static int t5_from_json(json_t *root, const char *path, ditd_t5_config *c)
+static int t5_from_json(json_t *root, const char *path, int umt5, ditd_t5_config *c)
 {
     const char *ff = NULL;
     char base[64];
     int err;
     memset(c, 0, sizeof *c);
-    /* defaults: T5Config's */
-    if ((err = get_int(root, path, "vocab_size", 1, 1 << 24, 32128, &c->vocab_size)) ||
+    c->bias_per_layer = umt5;
+    /* defaults: T5Config's, or UMT5Config's where they differ */
+    if ((err = get_int(root, path, "vocab_size", 1, 1 << 24, umt5 ? 250112 : 32128, &c->vocab_size)) ||
         (err = get_int(root, path, "d_model", 1, 65536, 512, &c->d_model)) ||
         (err = get_int(root, path, "d_kv", 1, 4096, 64, &c->d_kv)) ||
-        (err = get_int(root, path, "d_ff", 1, 1 << 20, 2048, &c->d_ff)) ||
-        (err = get_int(root, path, "num_layers", 1, 1000, 6, &c->num_layers)) ||
-        (err = get_int(root, path, "num_heads", 1, 1024, 8, &c->num_heads)) ||
+        (err = get_int(root, path, "d_ff", 1, 1 << 20, umt5 ? 1024 : 2048, &c->d_ff)) ||
+        (err = get_int(root, path, "num_layers", 1, 1000, umt5 ? 8 : 6, &c->num_layers)) ||
+        (err = get_int(root, path, "num_heads", 1, 1024, umt5 ? 6 : 8, &c->num_heads)) ||
         (err = get_int(root, path, "relative_attention_num_buckets", 2, 1 << 16, 32,
                        &c->num_buckets)) ||
         (err = get_int(root, path, "relative_attention_max_distance", 1, 1 << 20, 128,
                        &c->max_distance)) ||
         (err = get_eps(root, path, "layer_norm_epsilon", 1e-6, &c->eps)) ||
-        (err = get_str(root, path, "feed_forward_proj", "relu", &ff)) ||
+        (err = get_str(root, path, "feed_forward_proj", umt5 ? "gated-gelu" : "relu", &ff)) ||
         (err = get_id(root, path, "pad_token_id", 0, &c->pad_token_id)))
         return err;
     /* the encoder never reads eos_token_id; T5Config allows a list */
@@ -327,8 +340,9 @@ static int config_from_json(json_t *root, const char *path, const char *hint, di
         return ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", path);
     if ((err = find_arch(root, path, hint, &c.arch)) || (err = check_keys(root, path, c.arch)))
         return err;
-    err = c.arch == DITD_TEXT_T5 ? t5_from_json(root, path, &c.t5)
-                                 : clip_from_json(root, path, &c.clip);
+    err = c.arch == DITD_TEXT_T5 || c.arch == DITD_TEXT_UMT5
+              ? t5_from_json(root, path, c.arch == DITD_TEXT_UMT5, &c.t5)
+              : clip_from_json(root, path, &c.clip);
     if (err)
         return err;
     *out = c;

@@ -1,5 +1,5 @@
-/* A text encoder's config.json (text_encoder/, text_encoder_2/, ...) -> the typed config of a CLIP or T5 text
- * encoder, as transformers' CLIPTextConfig / T5Config read it.
+/* A text encoder's config.json (text_encoder/, text_encoder_2/, ...) -> the typed config of a CLIP, T5 or
+ * UMT5 text encoder, as transformers' CLIPTextConfig / T5Config / UMT5Config read it.
  *
  * Every key of the file is accounted for: it is either used (read and
  * range-checked), or listed here as not changing what the encoder computes
@@ -24,6 +24,7 @@ typedef enum ditd_text_arch {
     DITD_TEXT_CLIP = 0,   /* CLIPTextModel */
     DITD_TEXT_CLIP_PROJ,  /* CLIPTextModelWithProjection */
     DITD_TEXT_T5,         /* T5EncoderModel */
+    DITD_TEXT_UMT5,       /* UMT5EncoderModel: T5 with a relative bias in every layer */
 } ditd_text_arch;
 
 const char *ditd_text_arch_name(ditd_text_arch a);
@@ -55,6 +56,8 @@ typedef struct ditd_t5_config {
     int num_buckets;          /* relative_attention_num_buckets */
     int max_distance;         /* relative_attention_max_distance */
     int gated;                /* feed_forward_proj "gated-..." */
+    int bias_per_layer;       /* UMT5: every block has its own relative_attention_bias;
+                               * T5: block 0's is shared by all */
     ditd_text_act act;        /* its activation ("gated-gelu": gelu_new) */
     float eps;                /* layer_norm_epsilon */
     int64_t pad_token_id, eos_token_id; /* not used by the encoder; for display */
@@ -63,7 +66,7 @@ typedef struct ditd_t5_config {
 typedef struct ditd_text_config {
     ditd_text_arch arch;
     ditd_clip_text_config clip; /* arch CLIP, CLIP_PROJ */
-    ditd_t5_config t5;          /* arch T5 */
+    ditd_t5_config t5;          /* arch T5, UMT5 */
 } ditd_text_config;
 
 /* Reads a config.json. class_hint (model_index.json's class for this

@@ -166,8 +166,11 @@ static int add_piece(ditd__t5 *m, const char *p, size_t len, double score, size_
     int32_t id = m->n_pieces;
     if ((size_t)id >= cap)
         return ditd_err_set(DITD_EINTERNAL, "%s: piece table overflow", name);
-    if (len == 0 || ditd__utf8_check(p, len) >= 0)
-        return ditd_err_set(DITD_EFORMAT, "%s: piece %d is empty or not UTF-8", name, id);
+    /* An empty piece (google/umt5's vocabulary has two) keeps its id and
+     * score (the unknown score counts it, as tokenizers' Unigram does) but
+     * matches nothing: it stays out of the trie. */
+    if (len > 0 && ditd__utf8_check(p, len) >= 0)
+        return ditd_err_set(DITD_EFORMAT, "%s: piece %d is not UTF-8", name, id);
     if (!isfinite(score))
         return ditd_err_set(DITD_EFORMAT, "%s: piece %d has a score that is not finite", name, id);
     int r = ditd__vocab_put(&m->vocab, p, len, id);
@@ -175,8 +178,8 @@ static int add_piece(ditd__t5 *m, const char *p, size_t len, double score, size_
         return r;
     m->score[id] = score;
     m->n_pieces++;
-    if (r == 1)
-        return 0; /* a repeated piece: the trie keeps the first */
+    if (r == 1 || len == 0)
+        return 0; /* a repeated piece: the trie keeps the first; an empty one: none */
     size_t node = 0;
     for (size_t i = 0; i < len; i++) {
         uint64_t key = ((uint64_t)node << 8) | (unsigned char)p[i];
@@ -204,6 +207,9 @@ static int add_piece(ditd__t5 *m, const char *p, size_t len, double score, size_
         m->term[node] = id;
     return 0;
 }
+
+/* The unknown id transformers 5's T5Tokenizer gives its Unigram model. */
+#define TF5_T5_UNK_ID 2
 
 static int t5_finish(ditd__t5 *m, int64_t unk_id, const char *name)
 {
@@ -302,7 +308,11 @@ int ditd__t5_load_json(const json_t *model, const json_t *normalizer, const char
         err = ditd_err_set(DITD_EFORMAT, "%s: model.unk_id is not an integer", name);
         goto fail;
     }
-    if ((err = t5_finish(m, json_is_integer(unk) ? json_integer_value(unk) : -1, name)))
+    /* transformers 5's T5Tokenizer builds its Unigram with unk_id=2 whatever
+     * the file says (google/umt5's says 3, "<unk>"; id 2 is "<s>"): unknown
+     * characters become id 2 there, and so here (docs/text.md) */
+    (void)unk;
+    if ((err = t5_finish(m, TF5_T5_UNK_ID, name)))
         goto fail;
     const json_t *pc = find_precompiled(normalizer);
     if (pc) {
@@ -375,8 +385,8 @@ int ditd__t5_load_spm(const void *data, size_t len, const char *name, int extra_
         if ((err = add_piece(m, s, (size_t)k, 0.0, total, name)))
             goto fail;
     }
-    int64_t unk = ts && ts->has_unk_id ? ts->unk_id : 0;
-    if ((err = t5_finish(m, unk, name)))
+    /* the file's unk_id is ignored as in ditd__t5_load_json */
+    if ((err = t5_finish(m, TF5_T5_UNK_ID, name)))
         goto fail;
     const DitdSpm__NormalizerSpec *ns = mp->normalizer_spec;
     if (ns && ns->has_precompiled_charsmap && ns->precompiled_charsmap.len > 0)

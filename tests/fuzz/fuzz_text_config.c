@@ -1,5 +1,5 @@
 /* libFuzzer target: a text encoder's config.json (CLIPTextConfig,
- * T5Config), with and without a model_index.json class. Any input must give
+ * T5Config, UMT5Config), with and without a model_index.json class. Any input must give
  * 0 with a config inside the ranges the encoders rely on, or an error with a
  * detail; never a crash or a leak. */
 #include <stdint.h>
@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const char *const hints[] = {NULL, "CLIPTextModel", "T5EncoderModel"};
+    static const char *const hints[] = {NULL, "CLIPTextModel", "T5EncoderModel", "UMT5EncoderModel"};
     for (size_t h = 0; h < sizeof hints / sizeof hints[0]; h++) {
         ditd_text_config c;
         ditd_err_clear();
@@ -21,8 +21,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
             continue;
         }
-        if (c.arch == DITD_TEXT_T5) {
+        if (c.arch == DITD_TEXT_T5 || c.arch == DITD_TEXT_UMT5) {
             const ditd_t5_config *t = &c.t5;
+            if (t->bias_per_layer != (c.arch == DITD_TEXT_UMT5))
+                abort();
             if (t->d_model <= 0 || t->d_kv <= 0 || t->num_heads <= 0 || t->num_layers <= 0 ||
                 t->num_buckets < 4 || t->max_distance <= t->num_buckets / 4 || !(t->eps > 0.0f))
                 abort();

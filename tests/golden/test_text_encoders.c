@@ -1,8 +1,12 @@
-/* Golden: the CLIP and T5 text encoders against transformers (float64,
+/* Golden: the CLIP, T5 and UMT5 text encoders against transformers (float64,
  * eager attention; reference made by tools/make_encoder_fixtures.py from the
  * exact stored f32/f16/bf16 weights). Bound: max|ours - ref| / max|ref| <=
  * 1e-5 on every output (hidden states, last_hidden_state, pooled output,
- * text_embeds), from single-file and sharded (index) checkpoints. Also: T5's relative-position buckets equal transformers' on
+ * text_embeds), from single-file and sharded (index) checkpoints; UMT5 also as
+ * WanPipeline calls it (512 tokens, the mask, padded rows zeroed:
+ * ditd_wan_text_encode), and WanPipeline._get_t5_prompt_embeds whole (prompt_clean,
+ * the real UMT5 tokenizer, a UMT5 with Wan's 256,384-entry vocabulary) against
+ * ditd_wan_prompt_embeds. Also: T5's relative-position buckets equal transformers' on
  * 2201 offsets for four (buckets, max_distance) pairs, and bad configs,
  * checkpoints and inputs are refused with messages naming what is wrong. */
 #include <jansson.h>
@@ -16,11 +20,17 @@
 #include "engine/text/clip_text.h"
 #include "engine/text/t5_encoder.h"
 #include "engine/text/text_config.h"
+#include "engine/text/wan_text.h"
 #include "tests/test_util.h"
 
 #define TOL 1e-5
+/* WanPipeline's prompt embeddings whole (issue 21's bound): a d_model-2
+ * encoder over 512 tokens, where f32 against float64 reaches 9.3e-6 of the
+ * largest value (rel_l2 1.9e-6) */
+#define TOL_WAN 5e-5
 
 static int compared; /* tensors compared against the reference */
+static int zeroed_cases; /* UMT5 cases run as WanPipeline runs them */
 
 static float *load_f32(const char *dir, const char *file, int64_t *shape, int *nd)
 {
@@ -40,8 +50,8 @@ static int64_t *load_i64(const char *dir, const char *file, int64_t *shape, int 
     return d;
 }
 
-static void close_to(const char *dir, json_t *c, const char *key, const float *got, size_t n,
-                     const char *what)
+static void close_to_tol(const char *dir, json_t *c, const char *key, const float *got, size_t n,
+                         const char *what, double tol)
 {
     int64_t s[4];
     int nd;
@@ -53,10 +63,16 @@ static void close_to(const char *dir, json_t *c, const char *key, const float *g
         wn *= (size_t)s[i];
     TU_CHECK(wn == n, "%s: %zu elements, reference %zu", what, n, wn);
     if (wn == n) {
-        TU_CLOSE(what, got, want, n, TOL);
+        TU_CLOSE(what, got, want, n, tol);
         compared++;
     }
     free(want);
+}
+
+static void close_to(const char *dir, json_t *c, const char *key, const float *got, size_t n,
+                     const char *what)
+{
+    close_to_tol(dir, c, key, got, n, what, TOL);
 }
 
 static void run_case(const char *dir, const char *cls, size_t ci, json_t *c)
@@ -81,15 +97,26 @@ static void run_case(const char *dir, const char *cls, size_t ci, json_t *c)
     }
     const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
     char what[512];
-    if (strcmp(cls, "T5EncoderModel") == 0) {
+    if (strcmp(cls, "T5EncoderModel") == 0 || strcmp(cls, "UMT5EncoderModel") == 0) {
         ditd_t5_encoder *m = NULL;
+        int zeroed = json_is_true(json_object_get(c, "zeroed"));
         TU_OK(ditd_t5_encoder_new(dir, cls, &ditd_backend_cpu, B, N, &m));
         if (m) {
             int D = ditd_t5_encoder_config_of(m)->d_model;
+            TU_CHECK(ditd_t5_encoder_config_of(m)->bias_per_layer == (cls[0] == 'U'),
+                     "%s: bias_per_layer %d", base, ditd_t5_encoder_config_of(m)->bias_per_layer);
             float *last = calloc(BN * (size_t)D, sizeof *last);
-            TU_OK(ditd_t5_encoder_encode(m, B, N, ids, keep, last));
-            snprintf(what, sizeof what, "%s case %zu last_hidden_state (%d, %d, %d)%s", base, ci,
-                     B, N, D, keep ? " masked" : "");
+            if (zeroed) {
+                /* non-zero garbage first: the zeroing must write every padded row */
+                for (size_t i = 0; i < BN * (size_t)D; i++)
+                    last[i] = 7.0f;
+                TU_OK(ditd_wan_text_encode(m, B, N, ids, keep, last));
+                zeroed_cases++;
+            } else {
+                TU_OK(ditd_t5_encoder_encode(m, B, N, ids, keep, last));
+            }
+            snprintf(what, sizeof what, "%s case %zu last_hidden_state (%d, %d, %d)%s%s", base, ci,
+                     B, N, D, keep ? " masked" : "", zeroed ? ", padding zeroed (WanPipeline)" : "");
             close_to(dir, c, "last", last, BN * (size_t)D, what);
             free(last);
             ditd_t5_encoder_free(m);
@@ -161,6 +188,52 @@ static void run_model(const char *dir)
     json_array_foreach(json_object_get(root, "cases"), i, c)
         run_case(dir, cls, i, c);
     models++;
+    json_decref(root);
+}
+
+/* WanPipeline._get_t5_prompt_embeds end to end: tok_root is the build's
+ * tokenizer folders (tests/unit/tokenizers, umt5_hub). */
+static void check_wan_prompt_embeds(const char *tok_root)
+{
+    char dir[4096], tdir[4096], path[4096 + 64];
+    json_error_t jerr;
+    snprintf(dir, sizeof dir, "%s/encoders/umt5-wan-vocab", tu_fixtures());
+    snprintf(tdir, sizeof tdir, "%s/umt5_hub", tok_root);
+    snprintf(path, sizeof path, "%s/expected/cases.json", dir);
+    json_t *root = json_load_file(path, 0, &jerr);
+    TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
+    json_t *c = root ? json_object_get(root, "wan_prompt_embeds") : NULL;
+    if (!c)
+        goto done;
+    json_t *jp = json_object_get(c, "prompts");
+    int B = (int)json_array_size(jp), L = (int)json_integer_value(json_object_get(c, "max_sequence_length"));
+    const char *prompts[16];
+    for (int b = 0; b < B && b < 16; b++)
+        prompts[b] = json_string_value(json_array_get(jp, (size_t)b));
+    ditd_tokenizer *tok = NULL;
+    ditd_t5_encoder *m = NULL;
+    TU_OK(ditd_tokenizer_load(tdir, &tok));
+    TU_OK(ditd_t5_encoder_new(dir, "UMT5EncoderModel", &ditd_backend_cpu, B, L, &m));
+    if (tok && m && B >= 4 && B <= 16) {
+        int D = ditd_t5_encoder_config_of(m)->d_model, lens[16];
+        TU_CHECK(ditd_t5_encoder_config_of(m)->vocab_size == 256384, "Wan's vocab_size");
+        float *emb = malloc((size_t)B * (size_t)L * (size_t)D * sizeof *emb);
+        for (size_t i = 0; i < (size_t)B * L * D; i++)
+            emb[i] = 7.0f;
+        TU_OK(ditd_wan_prompt_embeds(m, tok, B, prompts, L, emb, lens));
+        for (int b = 0; b < B; b++)
+            TU_CHECK(lens[b] == (int)json_integer_value(json_array_get(json_object_get(c, "seq_lens"), (size_t)b)),
+                     "prompt %d: %d tokens, Diffusers %lld", b, lens[b],
+                     (long long)json_integer_value(json_array_get(json_object_get(c, "seq_lens"), (size_t)b)));
+        char what[256];
+        snprintf(what, sizeof what, "umt5-wan-vocab: WanPipeline._get_t5_prompt_embeds (%d prompts, %d, %d)", B,
+                 L, D);
+        close_to_tol(dir, c, "last", emb, (size_t)B * L * D, what, TOL_WAN);
+        free(emb);
+    }
+    ditd_t5_encoder_free(m);
+    ditd_tokenizer_free(tok);
+done:
     json_decref(root);
 }
 
@@ -240,6 +313,22 @@ static void config_refusals(void)
     snprintf(path, sizeof path, "%s/encoders/configs/full-t5.json", tu_fixtures());
     TU_OK(ditd_text_config_load(path, NULL, &c));
     TU_CHECK(c.arch == DITD_TEXT_T5 && c.t5.gated && c.t5.d_model == 512, "full T5Config");
+    /* UMT5: T5Config's keys, UMT5Config's defaults, every block's bias */
+    snprintf(path, sizeof path, "%s/encoders/configs/full-umt5.json", tu_fixtures());
+    TU_OK(ditd_text_config_load(path, NULL, &c));
+    TU_CHECK(c.arch == DITD_TEXT_UMT5 && c.t5.gated && c.t5.bias_per_layer && c.t5.vocab_size == 250112 &&
+                 c.t5.num_layers == 8 && c.t5.num_heads == 6 && c.t5.d_ff == 1024,
+             "full UMT5Config");
+    TU_OK(CFG("{\"model_type\": \"umt5\", \"scalable_attention\": true, \"vocab_size\": 256384}"));
+    TU_CHECK(c.arch == DITD_TEXT_UMT5 && c.t5.act == DITD_TEXT_ACT_GELU_NEW && c.t5.gated &&
+                 c.t5.vocab_size == 256384,
+             "umt5 by model_type: gated-gelu default");
+    TU_CHECK_ERR(CFG("{\"model_type\": \"t5\", \"scalable_attention\": true}"), DITD_EUNSUPPORTED,
+                 "key \"scalable_attention\"", "T5EncoderModel");
+    TU_CHECK_ERR(CFG("{\"architectures\": [\"UMT5EncoderModel\"], \"model_type\": \"t5\"}"),
+                 DITD_EUNSUPPORTED, "model_type \"t5\" does not fit UMT5EncoderModel");
+    TU_CHECK_ERR(CFG("{\"model_type\": \"umt5\", \"feed_forward_proj\": \"gated-swish\"}"),
+                 DITD_EUNSUPPORTED, "feed_forward_proj \"gated-swish\"");
     /* T5 */
     TU_OK(CFG("{\"model_type\": \"t5\", \"feed_forward_proj\": \"gated-gelu\", \"eos_token_id\": [1, 2], "
               "\"n_positions\": 512, \"task_specific_params\": {}}"));
@@ -286,6 +375,31 @@ static int variant(const char *name, const char *key, const char *value, char *o
     return symlink(src, p);
 }
 
+/* Sets (or, variant_unset, removes) one more key in a variant's config.json. */
+static int variant_edit(const char *dir, const char *key, const char *value)
+{
+    char p[4096 + 64];
+    json_error_t jerr;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_t *cfg = json_load_file(p, 0, &jerr);
+    if (!cfg)
+        return -1;
+    if (value)
+        json_object_set_new(cfg, key, json_loads(value, JSON_DECODE_ANY, &jerr));
+    else
+        json_object_del(cfg, key);
+    int r = json_dump_file(cfg, p, JSON_INDENT(1));
+    json_decref(cfg);
+    return r;
+}
+
+static int variant_set(const char *dir, const char *key, const char *value)
+{
+    return variant_edit(dir, key, value);
+}
+
+static int variant_unset(const char *dir, const char *key) { return variant_edit(dir, key, NULL); }
+
 static void rm_variant(const char *dir)
 {
     char p[4096 + 64];
@@ -324,6 +438,17 @@ static void weight_refusals(void)
     if (!variant("t5-relu-f32", "relative_attention_num_buckets", "16", d, sizeof d))
         TU_CHECK_ERR(ditd_t5_encoder_new(d, NULL, cpu, 1, 8, &tm), DITD_ESHAPE, "relative_attention_bias");
     rm_variant(d);
+    /* UMT5 config over a T5 checkpoint (block 0's bias only), and the other way */
+    if (!variant("t5-relu-f32", "architectures", "[\"UMT5EncoderModel\"]", d, sizeof d) &&
+        !variant_set(d, "model_type", "\"umt5\""))
+        TU_CHECK_ERR(ditd_t5_encoder_new(d, NULL, cpu, 1, 8, &tm), DITD_ENOENT,
+                     "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight");
+    rm_variant(d);
+    if (!variant("umt5-f32", "architectures", "[\"T5EncoderModel\"]", d, sizeof d) &&
+        !variant_set(d, "model_type", "\"t5\"") && !variant_set(d, "scalable_attention", "null") &&
+        !variant_unset(d, "scalable_attention"))
+        TU_CHECK_ERR(ditd_t5_encoder_new(d, NULL, cpu, 1, 8, &tm), DITD_EFORMAT, "UMT5EncoderModel checkpoint");
+    rm_variant(d);
     TU_CHECK(!cm && !tm, "nothing loaded from a refused folder");
 
     /* a T5 folder given to CLIP and back */
@@ -355,21 +480,28 @@ static void weight_refusals(void)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     char root[4096];
     snprintf(root, sizeof root, "%s/encoders", tu_fixtures());
     const char *names[] = {"clip-quick-f32", "clip-gelu-legacy-bf16", "clip-proj-f16", "t5-gated-bf16",
-                           "t5-relu-f32", "t5-relu-f32-sharded"};
+                           "t5-relu-f32", "t5-relu-f32-sharded", "umt5-f32", "umt5-bf16"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char dir[4096 + 64];
         snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
         run_model(dir);
     }
-    TU_CHECK(models == 6, "%d fixture models (want 6)", models);
+    TU_CHECK(models == 8, "%d fixture models (want 8)", models);
     /* 3 CLIP models, 6 cases: last, pooled, hidden states x 2 numberings (4 states,
-     * 3 for the 2-layer model: 0, 1, 2); text_embeds for 3; 3 T5 models: 5 cases */
-    TU_CHECK(compared >= 5 * 10 + 8 + 3 + 5, "%d tensors compared (want at least %d)", compared, 66);
+     * 3 for the 2-layer model: 0, 1, 2); text_embeds for 3; 3 T5 models: 5 cases;
+     * 2 UMT5 models: 5 cases, 2 of them zeroed as WanPipeline does */
+    TU_CHECK(compared >= 5 * 10 + 8 + 3 + 5 + 5, "%d tensors compared (want at least %d)", compared, 71);
+    const int before_wan = compared;
+    TU_CHECK(zeroed_cases == 2, "%d UMT5 cases with zeroed padding (want 2)", zeroed_cases);
+    TU_CHECK(argc == 2, "usage: test_text_encoders TOKENIZER_FOLDERS (the build's tests/unit/tokenizers)");
+    if (argc == 2)
+        check_wan_prompt_embeds(argv[1]);
+    TU_CHECK(compared == before_wan + 1, "WanPipeline prompt embeddings not compared");
     check_buckets();
     config_refusals();
     weight_refusals();

@@ -338,7 +338,7 @@ def case_api(ditd):
         st2, _, data2 = d.generate({"prompt": "bag", "num_inference_steps": 2, "seed": b["seed"]})
         check(st == 200 and json.loads(data2)["data"][0]["b64_json"] == b["data"][0]["b64_json"],
               "no seed: the returned seed reproduces the image")
-        for sampler in ["ddim", "dpmpp-2m", "flow-euler"]:
+        for sampler in ["ddim", "dpmpp-2m", "flow-euler", "unipc"]:
             st, _, _ = d.generate(dict(GEN, sampler=sampler, guidance_scale=1.0))
             check(st == 200, f"sampler {sampler}", st)
 

@@ -88,10 +88,14 @@ static int case_config(const json_t *c, const char *name, ditd_sched_config *cfg
     return err;
 }
 
-static void test_fixtures(void)
+/* One fixture set: index.json (tools/make_sampler_fixtures.py: DDIM,
+ * DPM-Solver, flow Euler) or unipc_index.json (tools/make_unipc_fixtures.py:
+ * UniPC, with the conversions to and from it). */
+static void test_fixtures(const char *index_name)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/samplers/index.json", tu_fixtures());
+    const int unipc = strstr(index_name, "unipc") != NULL;
+    snprintf(path, sizeof path, "%s/samplers/%s", tu_fixtures(), index_name);
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
     TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
@@ -99,9 +103,9 @@ static void test_fixtures(void)
         return;
 
     int64_t s_init[8], s_bank[8], s_traj[8];
-    float *init = load_npy("init.npy", 4, s_init);
-    float *bank = load_npy("bank.npy", 5, s_bank);
-    float *traj = load_npy("traj.npy", 4, s_traj);
+    float *init = load_npy(json_string_value(json_object_get(root, "init")), 4, s_init);
+    float *bank = load_npy(json_string_value(json_object_get(root, "bank")), 5, s_bank);
+    float *traj = load_npy(json_string_value(json_object_get(root, "traj")), 4, s_traj);
     if (!init || !bank || !traj)
         goto done;
     const size_t B = (size_t)s_init[0], numel = (size_t)(s_init[1] * s_init[2] * s_init[3]);
@@ -113,7 +117,8 @@ static void test_fixtures(void)
     double worst[DITD_SAMPLER_KIND_COUNT] = {0}, worst_x0[DITD_SAMPLER_KIND_COUNT] = {0};
     const char *worst_case[DITD_SAMPLER_KIND_COUNT] = {0};
     int ran[DITD_SAMPLER_KIND_COUNT] = {0}, refused = 0, steps_run = 0, ran_dynamic = 0;
-    int dyn_types[2] = {0}, dyn_terminal = 0;
+    int dyn_types[2] = {0}, dyn_terminal = 0, wan_steps[2][51] = {{0}}, unipc_kinds[8] = {0};
+    double worst_flow_sigmas = 0; /* UniPC on flow sigmas (Wan), sample or x0 */
     double worst_scaled = 0;
     const char *worst_scaled_case = "-";
     float x[2][64], x0[2][64];
@@ -190,11 +195,30 @@ static void test_fixtures(void)
                     }
                     if (cond <= 10 && !(e0 <= worst_x0[cfg.kind]))
                         worst_x0[cfg.kind] = e0;
+                    if (cfg.kind == DITD_SAMPLER_UNIPC && cfg.use_flow_sigmas)
+                        worst_flow_sigmas = fmax(worst_flow_sigmas, fmax(e, e0));
                     steps_run++;
                 }
             }
         }
         ran[cfg.kind]++;
+        if (cfg.kind == DITD_SAMPLER_UNIPC) {
+            /* Wan's configs: flow_prediction on flow sigmas, bh2, order 2 */
+            if (cfg.use_flow_sigmas && cfg.prediction_type == DITD_SCHED_PRED_FLOW &&
+                cfg.solver_type == DITD_SCHED_SOLVER_BH2 && cfg.solver_order == 2 &&
+                cfg.lower_order_final && cfg.n_disable_corrector == 0 && !cfg.has_shift_terminal &&
+                cfg.final_sigmas_type == DITD_SCHED_FINAL_ZERO && steps <= 50 &&
+                (cfg.flow_shift == 3.0 || cfg.flow_shift == 5.0))
+                wan_steps[cfg.flow_shift == 5.0][steps]++;
+            unipc_kinds[0] += cfg.solver_type == DITD_SCHED_SOLVER_BH1;
+            unipc_kinds[1] += cfg.solver_order == 1;
+            unipc_kinds[2] += !cfg.predict_x0;
+            unipc_kinds[3] += cfg.prediction_type == DITD_SCHED_PRED_EPSILON;
+            unipc_kinds[4] += cfg.prediction_type == DITD_SCHED_PRED_V;
+            unipc_kinds[5] += cfg.prediction_type == DITD_SCHED_PRED_SAMPLE;
+            unipc_kinds[6] += cfg.n_disable_corrector > 0;
+            unipc_kinds[7] += cfg.final_sigmas_type == DITD_SCHED_FINAL_SIGMA_MIN;
+        }
         if (cfg.kind == DITD_SAMPLER_FLOW_EULER && cfg.use_dynamic_shifting) {
             ran_dynamic++;
             dyn_types[cfg.time_shift_type]++;
@@ -213,9 +237,31 @@ static void test_fixtures(void)
     printf("  flow with dynamic shifting: %d cases (%d exponential, %d linear, %d with "
            "shift_terminal)\n",
            ran_dynamic, dyn_types[0], dyn_types[1], dyn_terminal);
-    TU_CHECK(ran[0] >= 100 && ran[1] >= 100 && ran[2] >= 10, "too few cases ran");
-    TU_CHECK(ran_dynamic >= 24 && dyn_types[0] >= 12 && dyn_types[1] >= 12 && dyn_terminal >= 10,
-             "too few dynamic shifting cases ran: %d", ran_dynamic);
+    if (unipc) {
+        int wan = 0;
+        for (int sh = 0; sh < 2; sh++)
+            for (int st = 1; st <= 50; st++) {
+                TU_CHECK(wan_steps[sh][st] >= 1, "Wan flow_shift %s: no case of %d steps",
+                         sh ? "5.0" : "3.0", st);
+                wan += wan_steps[sh][st];
+            }
+        printf("  unipc: %d Wan cases (flow_shift 3.0 and 5.0, 1..50 steps); bh1 %d, order 1 %d, "
+               "noise prediction %d, epsilon %d, v %d, sample %d, disable_corrector %d, "
+               "sigma_min %d; max rel err on flow sigmas %.3g\n",
+               wan, unipc_kinds[0], unipc_kinds[1], unipc_kinds[2], unipc_kinds[3], unipc_kinds[4],
+               unipc_kinds[5], unipc_kinds[6], unipc_kinds[7], worst_flow_sigmas);
+        TU_CHECK(ran[DITD_SAMPLER_UNIPC] >= 200 && refused >= 40, "too few UniPC cases: %d ran, %d refused",
+                 ran[DITD_SAMPLER_UNIPC], refused);
+        for (int i = 0; i < 8; i++)
+            TU_CHECK(unipc_kinds[i] >= 3, "UniPC variant %d: only %d cases", i, unipc_kinds[i]);
+        TU_CHECK(ran[DITD_SAMPLER_DDIM] >= 1 && ran[DITD_SAMPLER_DPMPP_2M] >= 1 &&
+                     ran[DITD_SAMPLER_FLOW_EULER] >= 2,
+                 "too few conversions from UniPC ran");
+    } else {
+        TU_CHECK(ran[0] >= 100 && ran[1] >= 100 && ran[2] >= 10, "too few cases ran");
+        TU_CHECK(ran_dynamic >= 24 && dyn_types[0] >= 12 && dyn_types[1] >= 12 && dyn_terminal >= 10,
+                 "too few dynamic shifting cases ran: %d", ran_dynamic);
+    }
 
 done:
     free(init);
@@ -360,6 +406,124 @@ static void test_config_errors(void)
     }
 }
 
+/* UniPC's keys: Wan's config, every refusal naming key and value, the
+ * solver_type rewrites, and from_config to and from the others. */
+static void test_unipc_config(void)
+{
+    ditd_sched_config c, d;
+#define U "{\"_class_name\": \"UniPCMultistepScheduler\", "
+    const char *wan = U "\"beta_end\": 0.02, \"beta_schedule\": \"linear\", \"beta_start\": 0.0001, "
+                      "\"disable_corrector\": [], \"dynamic_thresholding_ratio\": 0.995, "
+                      "\"final_sigmas_type\": \"zero\", \"flow_shift\": 5.0, \"lower_order_final\": true, "
+                      "\"num_train_timesteps\": 1000, \"predict_x0\": true, \"prediction_type\": "
+                      "\"flow_prediction\", \"rescale_betas_zero_snr\": false, \"sample_max_value\": 1.0, "
+                      "\"solver_order\": 2, \"solver_p\": null, \"solver_type\": \"bh2\", \"steps_offset\": 0, "
+                      "\"thresholding\": false, \"timestep_spacing\": \"linspace\", \"trained_betas\": null, "
+                      "\"use_beta_sigmas\": false, \"use_exponential_sigmas\": false, \"use_flow_sigmas\": true, "
+                      "\"use_karras_sigmas\": false, \"time_shift_type\": \"exponential\", "
+                      "\"use_dynamic_shifting\": false, \"sigma_min\": null, \"sigma_max\": null, "
+                      "\"shift_terminal\": null}";
+    TU_CHECK_ERR(parse(wan, &c), 0, NULL);
+    TU_CHECK(c.kind == DITD_SAMPLER_UNIPC && c.use_flow_sigmas && c.flow_shift == 5.0 &&
+                 c.prediction_type == DITD_SCHED_PRED_FLOW && c.solver_type == DITD_SCHED_SOLVER_BH2 &&
+                 c.predict_x0 && c.solver_order == 2 && c.n_disable_corrector == 0 &&
+                 !c.has_shift_terminal,
+             "Wan's scheduler_config.json");
+    TU_CHECK_ERR(parse(U "\"disable_corrector\": [0, 3, -1]}", &c), 0, NULL);
+    TU_CHECK(c.n_disable_corrector == 3 && c.disable_corrector[1] == 3 && c.disable_corrector[2] == -1,
+             "disable_corrector [0, 3, -1]");
+    TU_CHECK_ERR(parse(U "\"x\": 0}", &c), 0, NULL);
+    TU_CHECK(c.timestep_spacing == DITD_SCHED_SPACING_LINSPACE && c.solver_type == DITD_SCHED_SOLVER_BH2 &&
+                 c.prediction_type == DITD_SCHED_PRED_EPSILON && !c.use_flow_sigmas && c.flow_shift == 1.0,
+             "UniPC defaults");
+    /* Diffusers' __init__ rewrites the other solvers' names to bh2 */
+    TU_CHECK_ERR(parse(U "\"solver_type\": \"heun\"}", &c), 0, NULL);
+    TU_CHECK(c.solver_type == DITD_SCHED_SOLVER_BH2, "heun -> bh2: %s", ditd_sched_solver_name(c.solver_type));
+    TU_CHECK_ERR(parse(U "\"solver_type\": \"logrho\"}", &c), 0, NULL);
+    TU_CHECK(c.solver_type == DITD_SCHED_SOLVER_BH2, "logrho -> bh2");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"solver_type\": \"bh1\"}", &c),
+                 0, NULL);
+    TU_CHECK(c.solver_type == DITD_SCHED_SOLVER_MIDPOINT, "DPM-Solver: bh1 -> midpoint");
+    /* refusals, each naming the key and the value */
+    TU_CHECK_ERR(parse(U "\"solver_order\": 3}", &c), DITD_EUNSUPPORTED, "solver_order 3", "1, 2",
+                 "UniPCMultistepScheduler");
+    TU_CHECK_ERR(parse(U "\"solver_type\": \"bh3\"}", &c), DITD_EUNSUPPORTED, "solver_type \"bh3\"", "bh2");
+    TU_CHECK_ERR(parse(U "\"solver_p\": {\"x\": 1}}", &c), DITD_EUNSUPPORTED, "solver_p (not null)");
+    TU_CHECK_ERR(parse(U "\"use_karras_sigmas\": true}", &c), DITD_EUNSUPPORTED, "use_karras_sigmas true");
+    TU_CHECK_ERR(parse(U "\"use_exponential_sigmas\": true}", &c), DITD_EUNSUPPORTED,
+                 "use_exponential_sigmas true");
+    TU_CHECK_ERR(parse(U "\"use_beta_sigmas\": true}", &c), DITD_EUNSUPPORTED, "use_beta_sigmas true");
+    TU_CHECK_ERR(parse(U "\"use_dynamic_shifting\": true}", &c), DITD_EUNSUPPORTED,
+                 "use_dynamic_shifting true");
+    TU_CHECK_ERR(parse(U "\"thresholding\": true}", &c), DITD_EUNSUPPORTED, "thresholding true");
+    TU_CHECK_ERR(parse(U "\"trained_betas\": [0.1]}", &c), DITD_EUNSUPPORTED, "trained_betas");
+    TU_CHECK_ERR(parse(U "\"prediction_type\": \"flow_prediction\", \"predict_x0\": false}", &c),
+                 DITD_EUNSUPPORTED, "flow_prediction", "predict_x0 false");
+    TU_CHECK_ERR(parse(U "\"shift_terminal\": 0.1}", &c), DITD_EUNSUPPORTED,
+                 "shift_terminal without use_flow_sigmas");
+    TU_CHECK_ERR(parse(U "\"use_flow_sigmas\": true, \"flow_shift\": 0}", &c), DITD_EUNSUPPORTED,
+                 "flow_shift 0", "> 0");
+    TU_CHECK_ERR(parse(U "\"use_flow_sigmas\": true, \"shift_terminal\": 1.5}", &c), DITD_EUNSUPPORTED,
+                 "shift_terminal 1.5");
+    TU_CHECK_ERR(parse(U "\"disable_corrector\": [1.5]}", &c), DITD_EUNSUPPORTED, "disable_corrector [1.5]",
+                 "at most 32 integers");
+    TU_CHECK_ERR(parse(U "\"disable_corrector\": 2}", &c), DITD_EUNSUPPORTED, "disable_corrector 2");
+    TU_CHECK_ERR(parse(U "\"predict_x0\": \"yes\"}", &c), DITD_EUNSUPPORTED, "predict_x0 \"yes\"");
+    TU_CHECK_ERR(parse(U "\"prediction_type\": \"x0\"}", &c), DITD_EUNSUPPORTED, "prediction_type \"x0\"",
+                 "flow_prediction");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"use_flow_sigmas\": true}", &c),
+                 DITD_EUNSUPPORTED, "use_flow_sigmas true", "DPMSolverMultistepScheduler");
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"prediction_type\": "
+                       "\"flow_prediction\"}", &c),
+                 DITD_EUNSUPPORTED, "prediction_type \"flow_prediction\"", "use_flow_sigmas");
+    /* a schedule whose last step Diffusers makes NaN, named */
+    {
+        ditd_sampler *ds = NULL;
+        TU_CHECK_ERR(parse(U "\"use_flow_sigmas\": true, \"prediction_type\": \"flow_prediction\", "
+                           "\"lower_order_final\": false}", &c), 0, NULL);
+        TU_CHECK_ERR(ditd_sampler_new(&c, 10, 1, 4, &ds), DITD_EUNSUPPORTED, "10 steps", "step 9",
+                     "lower_order_final false");
+        TU_CHECK_ERR(parse(U "\"solver_type\": \"bh1\"}", &c), 0, NULL);
+        TU_CHECK_ERR(ditd_sampler_new(&c, 4, 1, 4, &ds), DITD_EUNSUPPORTED, "step 3", "bh1");
+        TU_CHECK_ERR(parse(wan, &c), 0, NULL);
+        TU_CHECK_ERR(ditd_sampler_new(&c, 100001, 1, 4, &ds), DITD_ERANGE, "100001");
+        TU_CHECK_ERR(ditd_sampler_new(&c, 5, 2, 4, &ds), 0, NULL);
+        if (ds) {
+            float m[4] = {1, 2, 3, 4}, x[4] = {0.5f, -1, 2, 0};
+            TU_CHECK(ditd_sampler_get_kind(ds) == DITD_SAMPLER_UNIPC && ditd_sampler_num_steps(ds) == 5 &&
+                         ditd_sampler_timesteps(ds)[0] == 999.0f,
+                     "Wan 5 steps: first timestep %g", ditd_sampler_timesteps(ds)[0]);
+            TU_CHECK_ERR(ditd_sampler_step(ds, 1, 0, m, x, NULL), DITD_EINVAL, "UniPC steps run in order");
+            TU_CHECK_ERR(ditd_sampler_step(ds, 0, 0, m, x, NULL), 0, NULL);
+            TU_CHECK_ERR(ditd_sampler_step(ds, 2, 0, m, x, NULL), DITD_EINVAL, "step 2 after step 0");
+            TU_CHECK_ERR(ditd_sampler_step(ds, 0, 2, m, x, NULL), DITD_EINVAL, "slot 2");
+            ditd_sampler_free(ds);
+        }
+    }
+    /* from_config: Wan's UniPC as flow Euler keeps Euler's shift 1 (the file
+     * says flow_shift, which FlowMatchEulerDiscreteScheduler does not read) */
+    TU_CHECK_ERR(parse(wan, &c), 0, NULL);
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_FLOW_EULER, &d), 0, NULL);
+    TU_CHECK(d.kind == DITD_SAMPLER_FLOW_EULER && d.shift == 1.0 && !d.use_dynamic_shifting, "Wan -> flow Euler");
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), DITD_EUNSUPPORTED,
+                 "(as DPMSolverMultistepScheduler)", "flow");
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DDIM, &d), DITD_EUNSUPPORTED, "flow_prediction");
+    /* DPM-Solver's heun becomes bh2, UniPC's bh1 becomes midpoint */
+    TU_CHECK_ERR(parse("{\"_class_name\": \"DPMSolverMultistepScheduler\", \"solver_type\": \"heun\", "
+                       "\"lower_order_final\": false}", &c), 0, NULL);
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_UNIPC, &d), 0, NULL);
+    TU_CHECK(d.solver_type == DITD_SCHED_SOLVER_BH2 && !d.lower_order_final && d.predict_x0 &&
+                 d.timestep_spacing == DITD_SCHED_SPACING_LINSPACE,
+             "DPM-Solver heun -> UniPC bh2");
+    TU_CHECK_ERR(parse(U "\"solver_type\": \"bh1\", \"predict_x0\": false}", &c), 0, NULL);
+    TU_CHECK_ERR(ditd_sched_config_convert(&c, DITD_SAMPLER_DPMPP_2M, &d), 0, NULL);
+    TU_CHECK(d.solver_type == DITD_SCHED_SOLVER_MIDPOINT, "UniPC bh1 -> DPM-Solver midpoint");
+    TU_CHECK_ERR(ditd_sched_config_convert(&d, DITD_SAMPLER_UNIPC, &c), 0, NULL);
+    TU_CHECK(c.solver_type == DITD_SCHED_SOLVER_BH2 && !c.predict_x0,
+             "... and back: midpoint -> bh2 (as Diffusers: the rewrite is in the config), predict_x0 kept");
+#undef U
+}
+
 static void test_convert(void)
 {
     ditd_sched_config c, d;
@@ -465,7 +629,7 @@ static void test_names_listed_once(void)
                  doc ? doc : "(none)", name);
         TU_CHECK(strstr(list, name) != NULL, "list \"%s\" lacks %s", list, name);
     }
-    TU_CHECK(!strcmp(list, "ddim | dpmpp-2m | flow-euler"), "list: %s", list);
+    TU_CHECK(!strcmp(list, "ddim | dpmpp-2m | flow-euler | unipc"), "list: %s", list);
     json_decref(root);
 }
 
@@ -505,7 +669,9 @@ static void test_sampler_args(void)
 
 int main(void)
 {
-    test_fixtures();
+    test_fixtures("index.json");
+    test_fixtures("unipc_index.json");
+    test_unipc_config();
     test_config_errors();
     test_convert();
     test_enums();

@@ -3,9 +3,13 @@
  * every folder of the asked kind (CLIP: hub, pad "!", transformers-5 saved;
  * T5: hub, spiece.model only, transformers-5 saved), ids and mask compared
  * whole at the pipelines' lengths. With "errors": bad folders and files,
- * invalid UTF-8, lengths, and concurrent encodes on one tokenizer.
+ * invalid UTF-8, lengths, and concurrent encodes on one tokenizer. With
+ * "umt5": google/umt5-xxl's real vocabulary (Wan's tokenizer/) against
+ * transformers 5 on expected_umt5.jsonl (tools/make_umt5_tokenizer_fixtures.py),
+ * and WanPipeline's prompt_clean (ditd_wan_prompt_clean) against Diffusers'
+ * (without ftfy), then the ids of the cleaned prompt at 512.
  *
- * usage: test_tokenizer clip|t5|errors FOLDERS_DIR
+ * usage: test_tokenizer clip|t5|umt5|errors FOLDERS_DIR
  */
 #include <jansson.h>
 #include <pthread.h>
@@ -17,6 +21,7 @@
 #include <unistd.h>
 
 #include "engine/text/tokenizer.h"
+#include "engine/text/prompt_clean.h"
 #include "tests/test_util.h"
 
 #define MIN_PROMPTS 2000
@@ -107,10 +112,10 @@ static int check_folder(const char *name, json_t **recs, size_t n, int clip)
     return checked;
 }
 
-static json_t **read_expected(size_t *n, json_t **header)
+static json_t **read_expected_file(const char *file, size_t *n, json_t **header)
 {
     char path[1024];
-    snprintf(path, sizeof(path), "%s/expected.jsonl", root);
+    snprintf(path, sizeof(path), "%s/%s", root, file);
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "FAIL: %s missing\n", path);
@@ -141,6 +146,113 @@ static json_t **read_expected(size_t *n, json_t **header)
     free(line);
     fclose(f);
     return recs;
+}
+
+static json_t **read_expected(size_t *n, json_t **header)
+{
+    return read_expected_file("expected.jsonl", n, header);
+}
+
+/* ids (nt of them, then padding) equal the reference list `want`; prints the
+ * first few failures */
+static int same_ids(const char *what, size_t r, const json_t *p, const int32_t *ids, const int32_t *mask, int nt,
+                    int ml, int pad, const json_t *want, int *bad)
+{
+    int ok = nt == (int)json_array_size(want);
+    for (int i = 0; ok && i < ml; i++)
+        ok = ids[i] == (i < nt ? (int32_t)json_integer_value(json_array_get(want, (size_t)i)) : pad) &&
+             (!mask || mask[i] == (i < nt));
+    if (!ok && (*bad)++ < 8) {
+        fprintf(stderr, "FAIL %s prompt %zu %s: got %d tokens, want %zu\n  got :", what, r,
+                json_dumps(p, JSON_ENCODE_ANY | JSON_ENSURE_ASCII), nt, json_array_size(want));
+        for (int i = 0; i < nt && i < 40; i++)
+            fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "\n  want:");
+        for (size_t i = 0; i < json_array_size(want) && i < 40; i++)
+            fprintf(stderr, " %lld", (long long)json_integer_value(json_array_get(want, i)));
+        fputc('\n', stderr);
+    }
+    tu_checks++;
+    if (!ok)
+        tu_failures++;
+    return ok;
+}
+
+/* --- umt5: the real vocabulary, and WanPipeline's prompt_clean */
+static void check_umt5(void)
+{
+    size_t n;
+    json_t *header;
+    json_t **recs = read_expected_file("expected_umt5.jsonl", &n, &header);
+    printf("reference: %s, %zu prompts\n", json_string_value(json_object_get(header, "reference")), n);
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/umt5_hub", root);
+    ditd_tokenizer *t = NULL;
+    TU_OK(ditd_tokenizer_load(dir, &t));
+    if (!t)
+        exit(1);
+    TU_CHECK(ditd_tokenizer_kind(t) == DITD_TOK_T5 && ditd_tokenizer_vocab_size(t) == 256300 &&
+                 ditd_tokenizer_pad_id(t) == 0 && ditd_tokenizer_eos_id(t) == 1,
+             "umt5_hub: kind %d, %d pieces (want 256300), pad %d, eos %d", (int)ditd_tokenizer_kind(t),
+             ditd_tokenizer_vocab_size(t), ditd_tokenizer_pad_id(t), ditd_tokenizer_eos_id(t));
+    int32_t *ids = malloc(4096 * sizeof(int32_t)), *mask = malloc(4096 * sizeof(int32_t));
+    int checked = 0, bad = 0, longs = 0, cleaned = 0, clean_bad = 0, ftfy_same = 0, unk = 0, changed = 0;
+    for (size_t r = 0; r < n; r++) {
+        const json_t *p = json_object_get(recs[r], "prompt");
+        int ml = (int)json_integer_value(json_object_get(recs[r], "max_length"));
+        const json_t *want = json_object_get(recs[r], "ids");
+        int nt = -1;
+        int err = ditd_tokenizer_encode(t, json_string_value(p), json_string_length(p), ml, ids, mask, &nt);
+        TU_CHECK(err == 0, "umt5 prompt %zu: %s", r, ditd_err_detail());
+        if (err)
+            continue;
+        same_ids("umt5_hub", r, p, ids, mask, nt, ml, 0, want, &bad);
+        for (int i = 0; i < nt; i++)
+            unk += ids[i] == 2;
+        checked++;
+        longs += ml == 4096;
+        const json_t *cw = json_object_get(recs[r], "clean");
+        if (!cw)
+            continue;
+        char *c = NULL;
+        size_t cl = 0;
+        err = ditd_wan_prompt_clean(json_string_value(p), json_string_length(p), &c, &cl);
+        int ok = err == 0 && cl == json_string_length(cw) && memcmp(c, json_string_value(cw), cl) == 0;
+        if (!ok && clean_bad++ < 8)
+            fprintf(stderr, "FAIL prompt_clean %zu %s\n  got : %s\n  want: %s\n", r,
+                    json_dumps(p, JSON_ENCODE_ANY | JSON_ENSURE_ASCII),
+                    c ? json_dumps(json_stringn(c, cl), JSON_ENCODE_ANY | JSON_ENSURE_ASCII) : ditd_err_detail(),
+                    json_dumps(cw, JSON_ENCODE_ANY | JSON_ENSURE_ASCII));
+        tu_checks++;
+        tu_failures += !ok;
+        changed += ok && (cl != json_string_length(p) || memcmp(c, json_string_value(p), cl) != 0);
+        ftfy_same += json_is_true(json_object_get(recs[r], "ftfy_same"));
+        if (ok) {
+            err = ditd_tokenizer_encode(t, c, cl, 512, ids, mask, &nt);
+            if (!err)
+                same_ids("umt5_hub (cleaned, 512)", r, p, ids, mask, nt, 512, 0,
+                         json_object_get(recs[r], "clean_ids"), &bad);
+        }
+        free(c);
+        cleaned++;
+    }
+    printf("umt5_hub: %d prompts (%d at max_length 4096) checked, %d differ; %d tokens are unknowns (id 2)\n",
+           checked, longs, bad, unk);
+    printf("prompt_clean: %d prompts, %d changed by it, %d differ; %d of them ftfy.fix_text leaves unchanged\n",
+           cleaned, changed, clean_bad, ftfy_same);
+    TU_CHECK(checked >= 2600 && longs >= 80 && cleaned >= 2600, "only %d prompts, %d long, %d cleaned", checked,
+             longs, cleaned);
+    TU_CHECK(changed >= 300 && unk >= 500, "the fixture exercises too little: %d cleaned differently, %d unknowns",
+             changed, unk);
+    TU_CHECK(json_is_true(json_object_get(header, "ftfy")) && ftfy_same >= 900,
+             "%d prompts ftfy leaves unchanged (want >= 900)", ftfy_same);
+    free(ids);
+    free(mask);
+    ditd_tokenizer_free(t);
+    for (size_t i = 0; i < n; i++)
+        json_decref(recs[i]);
+    free(recs);
+    json_decref(header);
 }
 
 /* --- time linear in the input: one word of n and 16n bytes (BPE and
@@ -290,9 +402,11 @@ static void errors(void)
     TU_OK(ditd_tokenizer_load(tmp, &t));
     if (t) {
         /* "a b a": "\u2581a" 3; "\u2581b" has no piece: two unknowns fused to
-         * <unk> 0; "\u2581a" 3; </s> 1; padding <pad> 2 */
+         * id 2, not the file's unk_id 0 (transformers 5's T5Tokenizer builds
+         * its Unigram with unk_id=2: it gives [3, 2, 3, 1, 2, 2] here);
+         * "\u2581a" 3; </s> 1; padding <pad> 2 */
         TU_OK(ditd_tokenizer_encode(t, "a b a", 5, 6, ids, mask, &nt));
-        TU_CHECK(nt == 4 && ids[0] == 3 && ids[1] == 0 && ids[2] == 3 && ids[3] == 1 && ids[4] == 2 && ids[5] == 2,
+        TU_CHECK(nt == 4 && ids[0] == 3 && ids[1] == 2 && ids[2] == 3 && ids[3] == 1 && ids[4] == 2 && ids[5] == 2,
                  "tiny unigram: %d [%d %d %d %d %d %d]", nt, ids[0], ids[1], ids[2], ids[3], ids[4], ids[5]);
         ditd_tokenizer_free(t);
     }
@@ -337,6 +451,8 @@ int main(int argc, char **argv)
     root = argv[2];
     if (strcmp(argv[1], "errors") == 0) {
         errors();
+    } else if (strcmp(argv[1], "umt5") == 0) {
+        check_umt5();
     } else {
         int clip = strcmp(argv[1], "clip") == 0;
         size_t n;
