@@ -283,6 +283,17 @@ static void cpu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H
     ditd_cpu_rmsnorm_heads(x, ld, w, rows, H, Dh, eps);
 }
 
+static void cpu_row_sumsq(const void *x, size_t ld, int rows, int n, float *ss)
+{
+    ditd_cpu_row_sumsq(x, ld, rows, n, ss);
+}
+
+static void cpu_rmsnorm_rows(void *x, size_t ld, const void *w, const float *ss, int rows, int n,
+                             int n_total, float eps)
+{
+    ditd_cpu_rmsnorm_rows(x, ld, w, ss, rows, n, n_total, eps);
+}
+
 /* The bf16 table's: w (Dh) is a weight (backend.h), so bf16 here; widened
  * before the f32 kernel reads it. Reading it as f32 (the f32 table's op)
  * took FLUX's QK-norm gains from the wrong bytes. Dh is at most
@@ -344,6 +355,8 @@ const ditd_backend_ops ditd_backend_cpu = {
     .tokens_to_planes = cpu_tokens_to_planes,
     .rope = cpu_rope,
     .rmsnorm_heads = cpu_rmsnorm_heads,
+    .row_sumsq = cpu_row_sumsq,
+    .rmsnorm_rows = cpu_rmsnorm_rows,
     .upload_f32 = cpu_upload, /* activations are f32 here */
 };
 
@@ -378,6 +391,8 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
      * table's; rmsnorm_heads reads a bf16 weight */
     .rope = cpu_rope,
     .rmsnorm_heads = cpu_rmsnorm_heads_bf16,
+    .row_sumsq = cpu_row_sumsq,        /* activations stay f32: the f32 table's */
+    .rmsnorm_rows = cpu_rmsnorm_rows,
     .upload_f32 = cpu_upload,
 };
 

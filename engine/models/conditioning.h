@@ -61,6 +61,15 @@ typedef struct ditd_cond {
     uint8_t *mask;       /* (B, L) text */
     float *pooled;       /* (B, Dp) text, when Dp > 0 */
     float *guidance;     /* (B) guidance_scale per row, for families that embed it */
+    /* Per-latent-frame timesteps, borrowed (the pipeline's; NULL by default:
+     * the forward's t (B) per row). Wan 2.2 TI2V-5B's expand_timesteps:
+     * WanPipeline / WanImageToVideoPipeline hand the transformer a (B, seq)
+     * timestep, mask * t per token, and their mask is constant over each
+     * latent frame (all ones, or the conditioning first frame at 0), so a
+     * row is t_frames[row * t_frames_n + f] for frame f; the family expands
+     * it to its tokens. Only the Wan family reads it. */
+    const float *t_frames; /* (B, t_frames_n) */
+    int t_frames_n;        /* F, frames per row */
 } ditd_cond;
 
 /* Plans host buffers for max_rows rows of `shape`. Owned: ditd_cond_free. */

@@ -12,6 +12,7 @@
 
 extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit/dit_denoiser.c */
 extern const ditd_denoiser_family ditd_flux_family; /* engine/models/flux/flux_denoiser.c */
+extern const ditd_denoiser_family ditd_wan_family;  /* engine/models/wan/wan_denoiser.c */
 
 typedef struct entry {
     ditd_component comp;
@@ -23,6 +24,7 @@ typedef struct entry {
 static const entry builtin[] = {
     {DITD_COMPONENT_TRANSFORMER, "DiTTransformer2DModel", &ditd_dit_family},
     {DITD_COMPONENT_TRANSFORMER, "FluxTransformer2DModel", &ditd_flux_family},
+    {DITD_COMPONENT_TRANSFORMER, "WanTransformer3DModel", &ditd_wan_family},
     {DITD_COMPONENT_VAE, "AutoencoderKL", &ditd_autoencoder_kl_family},
 };
 

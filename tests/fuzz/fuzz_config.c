@@ -1,13 +1,15 @@
 /* libFuzzer target: the two JSON configs a model folder brings,
  * scheduler/scheduler_config.json (typed, then converted to every sampler
  * and built for a few step counts), transformer/config.json and
- * vae/config.json (AutoencoderKL). Any input
+ * vae/config.json (AutoencoderKL), and transformer/config.json as
+ * WanTransformer3DModel. Any input
  * must give 0 or an error with a detail, never a crash or a leak. */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "engine/models/dit/dit_config.h"
 #include "engine/models/vae/vae_config.h"
+#include "engine/models/wan/wan_config.h"
 #include "engine/core/error.h"
 #include "engine/pipeline/sampler.h"
 
@@ -55,6 +57,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int i = 0; i < vae.n_blocks; i++)
             if (vae.block_out_channels[i] < 1 || vae.block_out_channels[i] % vae.norm_num_groups)
                 abort();
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
+    }
+    ditd_err_clear();
+    ditd_wan_config wan;
+    if (ditd_wan_config_parse((const char *)data, size, "fuzz.json", &wan) == 0) {
+        /* what the Wan model relies on */
+        if (wan.inner_dim != wan.num_heads * wan.head_dim || wan.patch_t != 1 ||
+            wan.patch_h != wan.patch_w || wan.patch_h < 1 || wan.out_channels < 1 ||
+            wan.rope_t + wan.rope_h + wan.rope_w != wan.head_dim || wan.rope_t < 2 ||
+            wan.rope_h % 2 || wan.rope_t % 2 || wan.freq_dim % 2 || !(wan.eps > 0.0f))
+            abort();
     } else if (ditd_err_detail()[0] == '\0') {
         abort();
     }

@@ -1,0 +1,258 @@
+/* Golden: the Wan transformer (WanTransformer3DModel) of every fixture model
+ * against Diffusers computed in float64 (tools/make_wan_fixtures.py): Wan
+ * 2.1 T2V-like (f32), Wan 2.2 TI2V-like with per-frame timesteps (the
+ * expand_timesteps inputs: the first frame at 0, or all at t), Wan 2.2
+ * I2V-like (in_channels != out_channels, no norm2, a bf16 checkpoint); odd
+ * frame counts, non-square odd patch grids, batch 2, one frame.
+ * Bound: max|ours - ref| / max|ref| <= 1e-5 on every output; at least 10
+ * cases must be checked. Also: per-frame timesteps all equal to t give
+ * one-timestep's output; the registry hands out the family, its shapes come
+ * from the config, set_video_size and the table's forward (conditioning rows,
+ * cond.t_frames) give the same numbers; sizes, checkpoints and configs that
+ * cannot work are refused naming key and value. */
+#include <string.h>
+
+#include "engine/backend/backend.h"
+#include "engine/models/registry.h"
+#include "engine/models/wan/wan.h"
+#include "tests/wan_case.h"
+
+#define TOL 1e-5
+#define MIN_CASES 10
+
+static int run_model(const char *dir)
+{
+    char path[4200], what[512];
+    ditd_wan_config cfg;
+    int checked = 0;
+    size_t i;
+    json_t *c, *cases = wan_cases(dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_wan_config_load(path, &cfg));
+    json_array_foreach(cases, i, c) {
+        wan_case wc;
+        ditd_wan *m = NULL;
+        if (wan_case_load(dir, c, &wc) == 0)
+            TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, wc.B, wc.F, wc.h, wc.w, wc.L, dir,
+                                    NULL, &m));
+        if (m) {
+            float *got = calloc(wc.n_out, sizeof *got);
+            TU_CHECK(wc.n_out == (size_t)wc.B * cfg.out_channels * wc.F * wc.h * wc.w,
+                     "out size");
+            TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, wc.t_frames, wc.text, got));
+            snprintf(what, sizeof what, "%s forward[%zu] B=%d %d frames of %dx%d text %d%s", dir,
+                     i, wc.B, wc.F, wc.w, wc.h, wc.L, wc.t_frames ? " per-frame t" : "");
+            TU_CLOSE(what, got, wc.out, wc.n_out, TOL);
+            checked++;
+            /* per-frame timesteps all at t: the one-timestep path's output */
+            if (wc.t_frames) {
+                int all_t = 1;
+                for (int b = 0; b < wc.B; b++)
+                    for (int f = 0; f < wc.F; f++)
+                        all_t &= wc.t_frames[b * wc.F + f] == wc.t[b];
+                if (all_t) {
+                    float *one = calloc(wc.n_out, sizeof *one);
+                    TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, NULL, wc.text, one));
+                    snprintf(what, sizeof what, "%s forward[%zu]: t (B) vs t_frames all at t",
+                             dir, i);
+                    TU_CLOSE(what, one, got, wc.n_out, 1e-6);
+                    free(one);
+                }
+            }
+            free(got);
+            ditd_wan_free(m);
+        }
+        wan_case_free(&wc);
+    }
+    json_decref(cases);
+    return checked;
+}
+
+/* The family seam: the registry's table, shapes from the config, the
+ * model loaded at the table's default size, then set_video_size to each
+ * case's and the forward through ditd_denoiser_forward with conditioning
+ * rows (and cond.t_frames), against the same Diffusers outputs. */
+static int family(const char *dir)
+{
+    const void *t = NULL;
+    ditd_denoiser_shapes s;
+    ditd_denoiser *d = NULL;
+    int checked = 0;
+    size_t i;
+    json_t *c, *cases;
+    TU_OK(ditd_registry_find_dir(DITD_COMPONENT_TRANSFORMER, dir, &t));
+    TU_CHECK(t == &ditd_wan_family, "registry gives the Wan family");
+    TU_OK(ditd_wan_family.shapes(dir, &s));
+    TU_CHECK(s.cond.kind == DITD_COND_TEXT && s.in_channels == 8 && s.out_channels == 8 &&
+                 s.heads == 6 && s.frames == DITD_WAN_DEFAULT_FRAMES &&
+                 s.height == DITD_WAN_DEFAULT_HEIGHT && s.width == DITD_WAN_DEFAULT_WIDTH &&
+                 s.tokens == 21 * 30 * 52 && s.prefix_tokens == 0 && s.cond.text_dim == 20 &&
+                 s.cond.pooled_dim == 0 && s.latent_multiple == 2,
+             "ti2v shapes");
+    TU_CHECK(ditd_denoiser_numel_in(&s) == (size_t)8 * 21 * 60 * 104, "numel counts frames");
+    /* the default clip's frames exceed this tiny config's rope_max_seq_len:
+     * the load is refused naming it */
+    TU_CHECK_ERR(ditd_denoiser_load(&ditd_wan_family, dir, &ditd_backend_cpu, 2, NULL, &d),
+                 DITD_EINVAL, "rope_max_seq_len");
+    /* so load the model directly at a small size and use the table */
+    {
+        char path[4200];
+        ditd_wan_config cfg;
+        ditd_wan *m = NULL;
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        TU_OK(ditd_wan_config_load(path, &cfg));
+        TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, 2, 1, 4, 4, 3, dir, NULL, &m));
+        if (!m)
+            return 0;
+        m->base.family = &ditd_wan_family;
+        d = &m->base;
+    }
+    /* sizes refused naming them, the model left as it was */
+    TU_CHECK_ERR(ditd_denoiser_set_video_size(d, 3, 9, 8, 4), DITD_EINVAL, "8x9");
+    TU_CHECK_ERR(ditd_denoiser_set_video_size(d, 33, 8, 8, 4), DITD_EINVAL, "rope_max_seq_len");
+    TU_CHECK(d->shapes.frames == 1 && d->shapes.height == 4, "a refused size changes nothing");
+    TU_OK(ditd_denoiser_set_size(d, 6, 8, 3));
+    TU_CHECK(d->shapes.frames == 1 && d->shapes.height == 6 && d->shapes.width == 8,
+             "set_size keeps the frame count");
+    cases = wan_cases(dir);
+    json_array_foreach(cases, i, c) {
+        wan_case wc;
+        ditd_cond cond;
+        memset(&cond, 0, sizeof cond);
+        if (wan_case_load(dir, c, &wc) == 0 &&
+            ditd_denoiser_set_video_size(d, wc.F, wc.h, wc.w, wc.L) == 0 &&
+            ditd_cond_init(&cond, &d->shapes.cond, wc.B) == 0) {
+            TU_CHECK(d->shapes.frames == wc.F && d->shapes.height == wc.h &&
+                         d->shapes.width == wc.w && d->shapes.tokens == wc.F * wc.h * wc.w / 4 &&
+                         d->shapes.cond.text_len == wc.L,
+                     "shapes after set_video_size");
+            ditd_text_embeds emb[2];
+            for (int b = 0; b < wc.B; b++) {
+                ditd_cond_input in = {.prompt = &emb[b]};
+                emb[b] = (ditd_text_embeds){.seq = wc.text + (size_t)b * wc.L * 20};
+                TU_OK(ditd_cond_set_row(&cond, b, &in, 0));
+            }
+            cond.t_frames = wc.t_frames;
+            cond.t_frames_n = wc.F;
+            float *got = calloc(wc.n_out, sizeof *got);
+            TU_CHECK(ditd_denoiser_numel_out(&d->shapes) * (size_t)wc.B == wc.n_out, "numel out");
+            TU_OK(ditd_denoiser_forward(d, wc.B, wc.x, wc.t, &cond, got));
+            char what[512];
+            snprintf(what, sizeof what, "%s through the family table, %d frames of %dx%d text %d",
+                     dir, wc.F, wc.w, wc.h, wc.L);
+            TU_CLOSE(what, got, wc.out, wc.n_out, TOL);
+            if (wc.t_frames) { /* a view at row 1 offsets t_frames by one row */
+                ditd_cond v = ditd_cond_view(&cond, 1);
+                TU_CHECK(v.t_frames == wc.t_frames + wc.F, "cond view of t_frames");
+                cond.t_frames_n = wc.F + 1;
+                TU_CHECK_ERR(ditd_denoiser_forward(d, wc.B, wc.x, wc.t, &cond, got), DITD_EINVAL,
+                             "frames");
+            }
+            checked++;
+            free(got);
+        } else {
+            TU_CHECK(0, "%s case %zu: %s", dir, i, ditd_err_detail());
+        }
+        ditd_cond_free(&cond);
+        wan_case_free(&wc);
+    }
+    json_decref(cases);
+    ditd_denoiser_free(d);
+    return checked;
+}
+
+/* A checkpoint that disagrees with its config, refused naming the tensor. */
+static void checkpoint_refusals(const char *dir)
+{
+    char path[4200];
+    ditd_wan_config cfg, bad;
+    ditd_wan *m = NULL;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_wan_config_load(path, &cfg));
+    bad = cfg;
+    bad.cross_attn_norm = 0;
+    TU_CHECK_ERR(ditd_wan_new_mesh(&bad, &ditd_backend_cpu, 1, 1, 4, 4, 2, dir, NULL, &m),
+                 DITD_EFORMAT, "blocks.0.norm2.weight");
+    bad = cfg;
+    bad.num_layers = 1;
+    TU_CHECK_ERR(ditd_wan_new_mesh(&bad, &ditd_backend_cpu, 1, 1, 4, 4, 2, dir, NULL, &m),
+                 DITD_EFORMAT, "num_layers 1");
+    bad = cfg;
+    bad.num_layers = 3;
+    TU_CHECK_ERR(ditd_wan_new_mesh(&bad, &ditd_backend_cpu, 1, 1, 4, 4, 2, dir, NULL, &m),
+                 DITD_ENOENT, "blocks.2");
+    bad = cfg;
+    bad.text_dim = 25;
+    TU_CHECK(ditd_wan_new_mesh(&bad, &ditd_backend_cpu, 1, 1, 4, 4, 2, dir, NULL, &m) < 0 &&
+                 tu_has(ditd_err_detail(), "text_embedder.linear_1.weight"),
+             "a wrong text_dim names the tensor: %s", ditd_err_detail());
+    TU_CHECK_ERR(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, 1, 2, 5, 4, 2, dir, NULL, &m),
+                 DITD_EINVAL, "patch 2");
+    TU_CHECK(m == NULL, "nothing handed out on a refusal");
+}
+
+static void refusals(void)
+{
+    static const struct {
+        const char *json, *needle;
+    } bad[] = {
+        {"{\"patch_size\": [2, 2, 2]}", "patch_size = [2, 2, 2]"},
+        {"{\"patch_size\": [1, 2, 4]}", "patch_size = [1, 2, 4]"},
+        {"{\"patch_size\": [1, 2]}", "patch_size"},
+        {"{\"patch_size\": [1, 0, 0]}", "patch_size[1]"},
+        {"{\"image_dim\": 1280}", "image_dim = 1280"},
+        {"{\"added_kv_proj_dim\": 5120}", "added_kv_proj_dim = 5120"},
+        {"{\"pos_embed_seq_len\": 514}", "pos_embed_seq_len = 514"},
+        {"{\"image_dim\": \"x\"}", "image_dim"},
+        {"{\"qk_norm\": 3}", "qk_norm"},
+        {"{\"attention_head_dim\": 4}", "attention_head_dim = 4"},
+        {"{\"attention_head_dim\": 15}", "attention_head_dim = 15"},
+        {"{\"num_attention_heads\": 0}", "num_attention_heads = 0"},
+        {"{\"in_channels\": 0}", "in_channels = 0"},
+        {"{\"text_dim\": -1}", "text_dim = -1"},
+        {"{\"freq_dim\": 255}", "freq_dim = 255"},
+        {"{\"ffn_dim\": 0}", "ffn_dim = 0"},
+        {"{\"num_layers\": 0}", "num_layers = 0"},
+        {"{\"eps\": 0}", "eps = 0"},
+        {"{\"eps\": \"small\"}", "eps"},
+        {"{\"rope_max_seq_len\": 0}", "rope_max_seq_len = 0"},
+        {"{\"cross_attn_norm\": 1}", "cross_attn_norm"},
+        {"{\"_class_name\": \"FluxTransformer2DModel\"}", "FluxTransformer2DModel"},
+        {"[1]", "not a JSON object"},
+    };
+    ditd_wan_config c;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        TU_CHECK(ditd_wan_config_parse(bad[i].json, strlen(bad[i].json), "cfg.json", &c) < 0 &&
+                     tu_has(ditd_err_detail(), bad[i].needle),
+                 "refused %s naming \"%s\" (got: %s)", bad[i].json, bad[i].needle, ditd_err_detail());
+    /* the defaults are WanTransformer3DModel.__init__'s (Wan 2.1 T2V 14B) */
+    TU_OK(ditd_wan_config_parse("{}", 2, "cfg.json", &c));
+    TU_CHECK(c.inner_dim == 5120 && c.num_layers == 40 && c.ffn_dim == 13824 &&
+                 c.in_channels == 16 && c.out_channels == 16 && c.text_dim == 4096 &&
+                 c.freq_dim == 256 && c.cross_attn_norm == 1 && c.rope_max_seq_len == 1024 &&
+                 c.patch_h == 2 && c.rope_t == 44 && c.rope_h == 42 && c.rope_w == 42 &&
+                 c.eps == 1e-6f,
+             "defaults");
+    /* null out_channels is in_channels; qk_norm's value is not used (Diffusers) */
+    const char *ok = "{\"in_channels\": 36, \"out_channels\": null, \"qk_norm\": null, "
+                     "\"image_dim\": null, \"added_kv_proj_dim\": null}";
+    TU_OK(ditd_wan_config_parse(ok, strlen(ok), "cfg.json", &c));
+    TU_CHECK(c.out_channels == 36, "out_channels null -> in_channels");
+}
+
+int main(void)
+{
+    char dir[4096];
+    int cases = 0;
+    for (int i = 0; i < WAN_MODELS; i++) {
+        snprintf(dir, sizeof dir, "%s/wan/%s", tu_fixtures(), wan_models[i]);
+        cases += run_model(dir);
+    }
+    TU_CHECK(cases >= MIN_CASES, "Wan golden cases checked: %d (at least %d)", cases, MIN_CASES);
+    snprintf(dir, sizeof dir, "%s/wan/ti2v", tu_fixtures());
+    TU_CHECK(family(dir) >= 3, "Wan cases through the family table");
+    snprintf(dir, sizeof dir, "%s/wan/t2v", tu_fixtures());
+    checkpoint_refusals(dir);
+    refusals();
+    return tu_exit();
+}
