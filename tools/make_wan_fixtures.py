@@ -12,7 +12,8 @@ them, in float64, in <name>/expected/ (.npy files listed in <name>/expected/case
          first frame at 0 as WanImageToVideoPipeline builds them, and all frames at t
          as WanPipeline does; expanded here to Diffusers' (B, seq) per-token timestep.
   i2v    Wan 2.2 I2V-A14B-like: in_channels 12 != out_channels 4 (image latents
-         concatenated on channels), cross_attn_norm false, bfloat16 checkpoint.
+         concatenated on channels), cross_attn_norm false, bfloat16 checkpoint; with
+         Diffusers' own bf16 output (torch_dtype=torch.bfloat16) beside the float64 one.
 
 The inputs are stored as ditd's denoiser interface takes them: latents (B, C, F, h, w),
 the scheduler's timesteps t (B) (Wan takes them as they are), or per-frame timesteps
@@ -73,6 +74,9 @@ CONFIGS = [
 ]
 
 
+LN_DIFFUSERS = normalization.FP32LayerNorm.forward
+
+
 def ln_in_dtype(self, inputs):
     return F.layer_norm(inputs, self.normalized_shape,
                         self.weight.to(inputs.dtype) if self.weight is not None else None,
@@ -99,6 +103,12 @@ def make(out_root, name, seed, over, dtype, cases):
     model.to(dtype).save_pretrained(d, safe_serialization=True)
     ref = WanTransformer3DModel.from_pretrained(d, torch_dtype=dtype).to(torch.float64)
     ref.eval()
+    # a bf16 checkpoint: also Diffusers' own bf16 run (its fp32 modules kept in
+    # fp32, FP32LayerNorm as Diffusers has it), the yardstick of ditd's bf16 table
+    own = None
+    if dtype == torch.bfloat16:
+        own = WanTransformer3DModel.from_pretrained(d, torch_dtype=torch.bfloat16)
+        own.eval()
     C, Dt = cfg["in_channels"], cfg["text_dim"]
     listed = []
     g = torch.Generator().manual_seed(seed + 1)
@@ -123,6 +133,13 @@ def make(out_root, name, seed, over, dtype, cases):
                     return_dict=False)[0]
         names = {}
         vals = [("x", x), ("t", t), ("text", text), ("out", o)]
+        if own is not None:
+            normalization.FP32LayerNorm.forward = LN_DIFFUSERS
+            with torch.no_grad():
+                ob = own(hidden_states=x.to(torch.bfloat16), timestep=timestep.float(),
+                         encoder_hidden_states=text.to(torch.bfloat16), return_dict=False)[0]
+            normalization.FP32LayerNorm.forward = ln_in_dtype
+            vals.append(("out_bf16", ob))
         if tf is not None:
             vals.append(("t_frames", tf))
         for key, val in vals:
