@@ -12,12 +12,13 @@
 #include "engine/io/npy.h"
 #include "tests/test_util.h"
 
-static const char *const wan_models[] = {"t2v", "ti2v", "i2v"};
-#define WAN_MODELS 3
+static const char *const wan_models[] = {"t2v", "ti2v", "i2v", "i2v21", "flf2v"};
+#define WAN_MODELS 5
 
 typedef struct wan_case {
     int B, F, h, w, L;
     float *x, *t, *t_frames, *text, *out; /* t_frames NULL: one timestep per sample */
+    float *image;                         /* (B, Li, Di) or NULL: no image branch */
     size_t n_out;
 } wan_case;
 
@@ -66,6 +67,7 @@ static int wan_case_load(const char *dir, json_t *c, wan_case *wc)
     wc->t = wan_npy(dir, c, "t", NULL);
     wc->t_frames = wan_npy(dir, c, "t_frames", NULL);
     wc->text = wan_npy(dir, c, "text", NULL);
+    wc->image = wan_npy(dir, c, "image", NULL);
     wc->out = wan_npy(dir, c, "out", &wc->n_out);
     return wc->x && wc->t && wc->text && wc->out ? 0 : -1;
 }
@@ -76,6 +78,7 @@ static void wan_case_free(wan_case *wc)
     free(wc->t);
     free(wc->t_frames);
     free(wc->text);
+    free(wc->image);
     free(wc->out);
 }
 

@@ -11,6 +11,9 @@ them, in float64, in <name>/expected/ (.npy files listed in <name>/expected/case
          expand_timesteps inputs: per-latent-frame timesteps (B, F), the conditioning
          first frame at 0 as WanImageToVideoPipeline builds them, and all frames at t
          as WanPipeline does; expanded here to Diffusers' (B, seq) per-token timestep.
+  i2v21  Wan 2.1 I2V-like: the image branch (image_dim, added_kv_proj_dim), CLIP image
+         embeddings of 257 tokens, text of 512 tokens.
+  flf2v  Wan 2.1 FLF2V-like: the image branch with pos_embed over two images' tokens.
   i2v    Wan 2.2 I2V-A14B-like: in_channels 12 != out_channels 4 (image latents
          concatenated on channels), cross_attn_norm false, bfloat16 checkpoint; with
          Diffusers' own bf16 output (torch_dtype=torch.bfloat16) beside the float64 one.
@@ -71,7 +74,23 @@ CONFIGS = [
                        cross_attn_norm=False),
      torch.bfloat16,
      [(2, 3, 6, 6, 5, "t"), (1, 2, 10, 14, 8, "t")]),
+    # Wan 2.1 I2V-like: the image branch (CLIP image embeddings of 257 tokens,
+    # image_embedder, attn2.add_k_proj / add_v_proj); the text is 512 tokens
+    # (WanAttnProcessor takes the last 512 of the context as the text)
+    ("i2v21", 2401, dict(num_attention_heads=2, attention_head_dim=16, in_channels=12,
+                         out_channels=4, text_dim=8, freq_dim=16, ffn_dim=40, image_dim=20,
+                         added_kv_proj_dim=32),
+     torch.float32,
+     [(2, 2, 4, 6, 512, "t"), (1, 3, 6, 4, 512, "t")]),
+    # Wan 2.1 FLF2V-like: pos_embed over two images' tokens (2 x 9 here)
+    ("flf2v", 2501, dict(num_attention_heads=2, attention_head_dim=16, in_channels=12,
+                         out_channels=4, text_dim=8, freq_dim=16, ffn_dim=40, image_dim=20,
+                         added_kv_proj_dim=32, pos_embed_seq_len=18),
+     torch.float32,
+     [(2, 2, 6, 4, 512, "t")]),
 ]
+
+CLIP_TOKENS = 257
 
 
 LN_DIFFUSERS = normalization.FP32LayerNorm.forward
@@ -128,11 +147,22 @@ def make(out_root, name, seed, over, dtype, cases):
                 mask[0] = 0
             tf = (mask[None, :] * t[:, None]).float().double()  # (B, F)
             timestep = tf[:, :, None].expand(B, Fr, seq // Fr).reshape(B, seq)
+        image = None
+        img_in = None
+        if cfg.get("image_dim"):
+            # ditd takes (B, Li, Di); FLF2V's Diffusers input is (2B, Li/2, Di), which
+            # WanImageEmbedding views as (B, Li, Di)
+            Li = cfg.get("pos_embed_seq_len") or CLIP_TOKENS
+            image = torch.randn(B, Li, cfg["image_dim"], generator=g,
+                                dtype=torch.float64).float().double()
+            img_in = image.reshape(2 * B, Li // 2, -1) if cfg.get("pos_embed_seq_len") else image
         with torch.no_grad():
             o = ref(hidden_states=x, timestep=timestep, encoder_hidden_states=text,
-                    return_dict=False)[0]
+                    encoder_hidden_states_image=img_in, return_dict=False)[0]
         names = {}
         vals = [("x", x), ("t", t), ("text", text), ("out", o)]
+        if image is not None:
+            vals.append(("image", image))
         if own is not None:
             normalization.FP32LayerNorm.forward = LN_DIFFUSERS
             with torch.no_grad():

@@ -393,6 +393,10 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
     .rmsnorm_heads = cpu_rmsnorm_heads_bf16,
     .row_sumsq = cpu_row_sumsq,        /* activations stay f32: the f32 table's */
     .rmsnorm_rows = cpu_rmsnorm_rows,
+    /* the Wan image embedder's (engine/models/wan): f32 activations, the
+     * weight's type given per call, as on the f32 table */
+    .linear_wt = ditd__cpu_linear_wt,
+    .layernorm_affine = ditd__cpu_layernorm_affine,
     .upload_f32 = cpu_upload,
 };
 

@@ -70,6 +70,12 @@ typedef struct ditd_cond {
      * it to its tokens. Only the Wan family reads it. */
     const float *t_frames; /* (B, t_frames_n) */
     int t_frames_n;        /* F, frames per row */
+    /* Image embeddings, borrowed (NULL by default): the CLIP vision hidden
+     * states Wan 2.1 image-to-video cross-attends (WanImageToVideoPipeline's
+     * image_embeds; FLF2V: both images' tokens side by side). Only the Wan
+     * family reads them. */
+    const float *image;    /* (B, image_len, image_dim) */
+    int image_len, image_dim;
 } ditd_cond;
 
 /* Plans host buffers for max_rows rows of `shape`. Owned: ditd_cond_free. */

@@ -4,9 +4,10 @@
  * expand_timesteps inputs: the first frame at 0, or all at t), Wan 2.2
  * I2V-like (in_channels != out_channels, no norm2, a bf16 checkpoint; on
  * the CPU's bf16-weight table no farther from float64 than Diffusers' own
- * bf16 run); odd
+ * bf16 run), Wan 2.1 I2V-like and FLF2V-like (the image branch: CLIP image
+ * embeddings, pos_embed; 512 text tokens); odd
  * frame counts, non-square odd patch grids, batch 2, one frame.
- * Bound: max|ours - ref| / max|ref| <= 1e-5 on every output; at least 10
+ * Bound: max|ours - ref| / max|ref| <= 1e-5 on every output; at least 13
  * cases must be checked. Also: per-frame timesteps all equal to t give
  * one-timestep's output; the registry hands out the family, its shapes come
  * from the config, set_video_size and the table's forward (conditioning rows,
@@ -20,7 +21,7 @@
 #include "tests/wan_case.h"
 
 #define TOL 1e-5
-#define MIN_CASES 10
+#define MIN_CASES 13
 
 static int run_model(const char *dir, const ditd_backend_ops *ops)
 {
@@ -40,7 +41,7 @@ static int run_model(const char *dir, const ditd_backend_ops *ops)
             float *got = calloc(wc.n_out, sizeof *got);
             TU_CHECK(wc.n_out == (size_t)wc.B * cfg.out_channels * wc.F * wc.h * wc.w,
                      "out size");
-            TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, wc.t_frames, wc.text, got));
+            TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, wc.t_frames, wc.text, wc.image, got));
             snprintf(what, sizeof what, "%s %s forward[%zu] B=%d %d frames of %dx%d text %d%s",
                      ops->name, dir, i, wc.B, wc.F, wc.w, wc.h, wc.L,
                      wc.t_frames ? " per-frame t" : "");
@@ -54,7 +55,7 @@ static int run_model(const char *dir, const ditd_backend_ops *ops)
                         all_t &= wc.t_frames[b * wc.F + f] == wc.t[b];
                 if (all_t) {
                     float *one = calloc(wc.n_out, sizeof *one);
-                    TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, NULL, wc.text, one));
+                    TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, NULL, wc.text, wc.image, one));
                     snprintf(what, sizeof what, "%s forward[%zu]: t (B) vs t_frames all at t",
                              dir, i);
                     TU_CLOSE(what, one, got, wc.n_out, 1e-6);
@@ -93,7 +94,7 @@ static int bf16_table(const char *dir)
                                     dir, NULL, &m));
         if (m) {
             float *got = calloc(wc.n_out, sizeof *got);
-            TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, wc.t_frames, wc.text, got));
+            TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, wc.t_frames, wc.text, wc.image, got));
             tu_err e = tu_compare(got, wc.out, wc.n_out), d = tu_compare(own, wc.out, wc.n_out);
             printf("%s cpu-bf16 forward[%zu]: ditd rel %.3g rel_l2 %.3g, Diffusers bf16 rel %.3g "
                    "rel_l2 %.3g\n", dir, i, e.rel, e.rel_l2, d.rel, d.rel_l2);
@@ -235,6 +236,48 @@ static void checkpoint_refusals(const char *dir)
     TU_CHECK(m == NULL, "nothing handed out on a refusal");
 }
 
+/* The image branch's refusals (the i2v21 fixture): a text length other
+ * than 512, a forward without the image embeddings (or with them for a
+ * model without the branch), a checkpoint with the branch under a config
+ * without it. */
+static void image_refusals(const char *dir, const char *plain)
+{
+    char path[4200];
+    ditd_wan_config cfg, bad;
+    ditd_wan *m = NULL;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_wan_config_load(path, &cfg));
+    TU_CHECK_ERR(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, 1, 1, 4, 4, 7, dir, NULL, &m),
+                 DITD_EINVAL, "takes 512 text tokens");
+    bad = cfg;
+    bad.image_dim = bad.added_kv_proj_dim = bad.image_len = 0;
+    TU_CHECK_ERR(ditd_wan_new_mesh(&bad, &ditd_backend_cpu, 1, 1, 4, 4, 512, dir, NULL, &m),
+                 DITD_EFORMAT, "image branch");
+    TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, 1, 1, 4, 4, 512, dir, NULL, &m));
+    if (m) {
+        size_t nin = (size_t)cfg.in_channels * 16, nout = (size_t)cfg.out_channels * 16;
+        float *x = calloc(nin, sizeof *x), *o = calloc(nout, sizeof *o), t = 500.0f;
+        float *text = calloc(512 * (size_t)cfg.text_dim, sizeof *text);
+        TU_CHECK_ERR(ditd_wan_forward(m, 1, x, &t, NULL, text, NULL, o), DITD_EINVAL,
+                     "CLIP image embeddings");
+        free(x), free(o), free(text);
+        ditd_wan_free(m);
+        m = NULL;
+    }
+    snprintf(path, sizeof path, "%s/config.json", plain);
+    TU_OK(ditd_wan_config_load(path, &cfg));
+    TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, 1, 1, 4, 4, 3, plain, NULL, &m));
+    if (m) {
+        size_t nin = (size_t)cfg.in_channels * 16, nout = (size_t)cfg.out_channels * 16;
+        float *x = calloc(nin, sizeof *x), *o = calloc(nout, sizeof *o), t = 500.0f;
+        float *text = calloc(3 * (size_t)cfg.text_dim, sizeof *text);
+        TU_CHECK_ERR(ditd_wan_forward(m, 1, x, &t, NULL, text, text, o), DITD_EINVAL,
+                     "no image branch");
+        free(x), free(o), free(text);
+        ditd_wan_free(m);
+    }
+}
+
 static void refusals(void)
 {
     static const struct {
@@ -244,7 +287,10 @@ static void refusals(void)
         {"{\"patch_size\": [1, 2, 4]}", "patch_size = [1, 2, 4]"},
         {"{\"patch_size\": [1, 2]}", "patch_size"},
         {"{\"patch_size\": [1, 0, 0]}", "patch_size[1]"},
-        {"{\"image_dim\": 1280}", "image_dim = 1280"},
+        {"{\"image_dim\": 1280}", "image_dim = 1280 with added_kv_proj_dim = 0"},
+        {"{\"image_dim\": 1280, \"added_kv_proj_dim\": 1280}", "added_kv_proj_dim = 1280 must equal"},
+        {"{\"image_dim\": 1280, \"added_kv_proj_dim\": 5120, \"pos_embed_seq_len\": 513}",
+         "pos_embed_seq_len = 513"},
         {"{\"added_kv_proj_dim\": 5120}", "added_kv_proj_dim = 5120"},
         {"{\"pos_embed_seq_len\": 514}", "pos_embed_seq_len = 514"},
         {"{\"image_dim\": \"x\"}", "image_dim"},
@@ -281,7 +327,16 @@ static void refusals(void)
     const char *ok = "{\"in_channels\": 36, \"out_channels\": null, \"qk_norm\": null, "
                      "\"image_dim\": null, \"added_kv_proj_dim\": null}";
     TU_OK(ditd_wan_config_parse(ok, strlen(ok), "cfg.json", &c));
-    TU_CHECK(c.out_channels == 36, "out_channels null -> in_channels");
+    TU_CHECK(c.out_channels == 36 && c.image_dim == 0 && c.image_len == 0,
+             "out_channels null -> in_channels");
+    /* Wan 2.1 I2V (CLIP's 257 tokens) and FLF2V (pos_embed's) */
+    const char *i2v = "{\"image_dim\": 1280, \"added_kv_proj_dim\": 5120}";
+    TU_OK(ditd_wan_config_parse(i2v, strlen(i2v), "cfg.json", &c));
+    TU_CHECK(c.image_dim == 1280 && c.image_len == DITD_WAN_CLIP_TOKENS, "I2V image tokens");
+    const char *flf = "{\"image_dim\": 1280, \"added_kv_proj_dim\": 5120, "
+                      "\"pos_embed_seq_len\": 514}";
+    TU_OK(ditd_wan_config_parse(flf, strlen(flf), "cfg.json", &c));
+    TU_CHECK(c.image_len == 514, "FLF2V image tokens");
 }
 
 int main(void)
@@ -299,6 +354,12 @@ int main(void)
     TU_CHECK(family(dir) >= 3, "Wan cases through the family table");
     snprintf(dir, sizeof dir, "%s/wan/t2v", tu_fixtures());
     checkpoint_refusals(dir);
+    {
+        char plain[4096];
+        snprintf(plain, sizeof plain, "%s", dir);
+        snprintf(dir, sizeof dir, "%s/wan/i2v21", tu_fixtures());
+        image_refusals(dir, plain);
+    }
     refusals();
     return tu_exit();
 }

@@ -13,7 +13,10 @@
  *   - every rank of the group gets the same bits (the leader's);
  *   - the mesh's model is loaded at another size and re-planned with
  *     ditd_wan_set_size;
- *   - at least 4 cases checked.
+ *   - every case when the layout splits 2 heads (13), the six-head model's
+ *     4 otherwise;
+ *   - the image branch (Wan 2.1 I2V / FLF2V fixtures): the image context
+ *     replicated like the text, add_k_proj / add_v_proj by heads under tp.
  * With --refusals: a layout Wan cannot run is refused on every rank alike
  * at load (more ulysses ranks than a tp rank's heads: EINVAL).
  *
@@ -31,7 +34,7 @@
 #include "tests/wan_case.h"
 
 #define TOL 1e-4
-#define MIN_CASES 4
+#define MIN_CASES 13
 
 static int rank_world;
 static int uneven;      /* cases whose token count the cp degree does not divide */
@@ -60,7 +63,7 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
                                     NULL, &one));
             /* the mesh's model loaded at another size, then re-planned */
             TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, wc.B, wc.F + 1, wc.h + 2, wc.w,
-                                    wc.L + 1, dir, mesh, &par));
+                                    cfg.image_dim ? wc.L : wc.L + 1, dir, mesh, &par));
             if (par)
                 TU_OK(ditd_wan_set_size(par, wc.F, wc.h, wc.w, wc.L));
         }
@@ -81,8 +84,8 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
                     break;
                 }
             }
-            TU_OK(ditd_wan_forward(one, wc.B, wc.x, wc.t, wc.t_frames, wc.text, a));
-            TU_OK(ditd_wan_forward(par, wc.B, wc.x, wc.t, wc.t_frames, wc.text, b));
+            TU_OK(ditd_wan_forward(one, wc.B, wc.x, wc.t, wc.t_frames, wc.text, wc.image, a));
+            TU_OK(ditd_wan_forward(par, wc.B, wc.x, wc.t, wc.t_frames, wc.text, wc.image, b));
             snprintf(what, sizeof what,
                      "rank %d %s[%zu] %d frames x %d patches (%d tokens here)%s: mesh vs one rank",
                      rank_world, dir, i, wc.F, par->P, par->n_loc,
@@ -160,7 +163,7 @@ int main(int argc, char **argv)
             }
         }
         /* every model when the layout splits 2 heads; the six-head one always */
-        int floor = models == WAN_MODELS ? MIN_CASES + 4 : 3;
+        int floor = models == WAN_MODELS ? MIN_CASES : 4;
         TU_CHECK(checked >= floor && models >= 1,
                  "Wan cases checked under the mesh: %d of %d models (at least %d cases)", checked,
                  models, floor);

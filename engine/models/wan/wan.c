@@ -41,6 +41,15 @@ static int carve_weights(ditd_wan *m)
     err |= carve_lin(a, &m->x2, wt, D, D);
     err |= carve(a, &m->sst_out, at, 2 * D);
     err |= carve_lin(a, &m->proj, wt, pp * (size_t)c->out_channels, D);
+    if (c->image_dim) {
+        size_t Di = (size_t)c->image_dim;
+        err |= carve(a, &m->ie_n1w, at, Di) | carve(a, &m->ie_n1b, at, Di);
+        err |= carve(a, &m->ie_ff1w, DITD_DTYPE_F32, Di * Di) | carve(a, &m->ie_ff1b, at, Di);
+        err |= carve_lin(a, &m->ie_ff2, wt, D, Di);
+        err |= carve(a, &m->ie_n2w, at, D) | carve(a, &m->ie_n2b, at, D);
+        if (c->pos_embed_seq_len)
+            err |= carve(a, &m->ie_pos, at, (size_t)c->pos_embed_seq_len * Di);
+    }
     for (int l = 0; l < c->num_layers; l++) {
         ditd_wan_block *b = &m->blk[l];
         err |= carve(a, &b->sst, at, 6 * D);
@@ -52,6 +61,8 @@ static int carve_weights(ditd_wan *m)
         err |= carve_lin(a, &b->q2, wt, A, D);
         err |= carve_lin(a, &b->kv2, wt, 2 * A, D);
         err |= carve(a, &b->nq2, at, A) | carve(a, &b->nk2, at, A);
+        if (c->image_dim)
+            err |= carve_lin(a, &b->kvi, wt, 2 * A, D) | carve(a, &b->nki, at, A);
         err |= carve(a, &b->out2.w, wt, D * A) | carve(a, &b->out2.b, wt, D);
         err |= carve_lin(a, &b->ff1, wt, F, D);
         err |= carve(a, &b->ff2.w, wt, D * F) | carve(a, &b->ff2.b, wt, D);
@@ -76,6 +87,12 @@ static int carve_acts(ditd_wan *m)
     err |= carve(a, &m->text_in, at, B * L * (size_t)c->text_dim);
     err |= carve(a, &m->ctx, at, B * L * D) | carve(a, &m->ctx_h, at, B * L * D);
     err |= carve(a, &m->kv, at, B * L * 2 * A);
+    if (c->image_dim) {
+        size_t Li = (size_t)m->Li, Di = (size_t)c->image_dim;
+        err |= carve(a, &m->im_in, at, B * Li * Di) | carve(a, &m->im_h, at, B * Li * Di);
+        err |= carve(a, &m->im_ctx, at, B * Li * D) | carve(a, &m->kvim, at, B * Li * 2 * A);
+        err |= carve(a, &m->aoi, at, B * Nl * A) | carve(a, &m->lwt_scratch, at, 64 * Di);
+    }
     err |= carve(a, (void **)&m->ss, DITD_DTYPE_F32, B * (Nl > L ? Nl : L));
     err |= carve(a, &m->tfreq, at, BF * (size_t)c->freq_dim);
     err |= carve(a, &m->temb, at, BF * D) | carve(a, &m->stemb, at, BF * D);
@@ -169,6 +186,10 @@ static int check_sizes(const ditd_wan_config *c, int frames, int height, int wid
                             frames, width, height);
     if (text_len <= 0 || text_len > 65536)
         return ditd_err_set(DITD_EINVAL, "Wan text length %d (1..65536)", text_len);
+    if (c->image_dim && text_len != DITD_WAN_IMAGE_TEXT_LEN)
+        return ditd_err_set(DITD_EINVAL,
+                            "Wan text length %d: a model with an image branch (image_dim) takes %d text tokens (WanAttnProcessor splits the context there)",
+                            text_len, DITD_WAN_IMAGE_TEXT_LEN);
     return 0;
 }
 
@@ -390,16 +411,54 @@ static int load_weights(ditd_wan *m, const ditd_safetensors *st)
     const ditd_wan_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
     int64_t D = c->inner_dim, FF = c->ffn_dim, p = c->patch_h, C = c->in_channels;
+    int64_t Di = c->image_dim;
     int64_t A = m->A, a0 = (int64_t)m->h0 * c->head_dim, Fl = m->fc, f0 = m->f0;
     loader ld = {.st = st, .ops = ops};
     char pre[200];
     int err = 0;
 
     /* an image branch in the checkpoint the config does not declare */
-    if (ditd_safetensors_find(st, "condition_embedder.image_embedder.norm1.weight") ||
-        ditd_safetensors_find(st, "blocks.0.attn2.add_k_proj.weight"))
-        return ditd_err_set(DITD_EUNSUPPORTED,
-                            "the checkpoint has Wan 2.1 image-to-video's image branch (condition_embedder.image_embedder, attn2.add_k_proj), which ditd does not support (no CLIP vision encoder)");
+    if (!Di && (ditd_safetensors_find(st, "condition_embedder.image_embedder.norm1.weight") ||
+                ditd_safetensors_find(st, "blocks.0.attn2.add_k_proj.weight")))
+        return ditd_err_set(DITD_EFORMAT,
+                            "the checkpoint has an image branch (condition_embedder.image_embedder, attn2.add_k_proj) but the config has no image_dim");
+    if (Di) {
+        const char *ie = "condition_embedder.image_embedder";
+        int64_t sq[2] = {Di, Di};
+        NAME("%s.norm1.weight", ie);
+        TRY(vec_act(&ld, m->ie_n1w, Di, 0, -1, NULL));
+        NAME("%s.norm1.bias", ie);
+        TRY(vec_act(&ld, m->ie_n1b, Di, 0, -1, NULL));
+        NAME("%s.ff.net.0.proj.weight", ie); /* fp32 as read: linear_wt widens nothing */
+        if (ld.cap < (size_t)(Di * Di)) {
+            float *t = realloc(ld.stage, (size_t)(Di * Di) * sizeof(float));
+            if (!t) {
+                err = ditd_err_set(DITD_ENOMEM, "staging %s", ld.name);
+                goto done;
+            }
+            ld.stage = t;
+            ld.cap = (size_t)(Di * Di);
+        }
+        TRY(ditd_safetensors_read_f32(st, ld.name, 2, sq, ld.stage));
+        ops->upload_f32(m->ie_ff1w, ld.stage, (size_t)(Di * Di));
+        NAME("%s.ff.net.0.proj.bias", ie);
+        TRY(vec_act(&ld, m->ie_ff1b, Di, 0, -1, NULL));
+        snprintf(pre, sizeof pre, "%s.ff.net.2", ie);
+        TRY(lin_all(&ld, &m->ie_ff2, D, Di, pre));
+        NAME("%s.norm2.weight", ie);
+        TRY(vec_act(&ld, m->ie_n2w, D, 0, -1, NULL));
+        NAME("%s.norm2.bias", ie);
+        TRY(vec_act(&ld, m->ie_n2b, D, 0, -1, NULL));
+        if (c->pos_embed_seq_len) {
+            int64_t sp[3] = {1, c->pos_embed_seq_len, Di};
+            NAME("%s.pos_embed", ie);
+            TRY(get_x(&ld, m->ie_pos, 3, sp, 0, 0, -1, 1, NULL));
+        } else if (NAME("%s.pos_embed", ie), ditd_safetensors_find(st, ld.name)) {
+            err = ditd_err_set(DITD_EFORMAT,
+                               "checkpoint has %s but config has no pos_embed_seq_len", ld.name);
+            goto done;
+        }
+    }
     {
         int64_t s[5] = {D, C, 1, p, p}, sb[1] = {D};
         NAME("patch_embedding.weight");
@@ -461,6 +520,17 @@ static int load_weights(ditd_wan *m, const ditd_safetensors *st)
         TRY(vec_act(&ld, b->nq2, D, a0, A, NULL));
         NAME("blocks.%d.attn2.norm_k.weight", l);
         TRY(vec_act(&ld, b->nk2, D, a0, A, NULL));
+        if (Di) {
+            static const char *const kvi[2] = {"add_k_proj", "add_v_proj"};
+            for (int j = 0; j < 2; j++) {
+                ditd_wan_lin part = {ditd_ptr_w(ops, b->kvi.w, (size_t)(j * A * D)),
+                                     ditd_ptr_w(ops, b->kvi.b, (size_t)(j * A))};
+                snprintf(pre, sizeof pre, "blocks.%d.attn2.%s", l, kvi[j]);
+                TRY(lin_col(&ld, &part, D, D, a0, A, pre));
+            }
+            NAME("blocks.%d.attn2.norm_added_k.weight", l);
+            TRY(vec_act(&ld, b->nki, D, a0, A, NULL));
+        }
         snprintf(pre, sizeof pre, "blocks.%d.attn2.to_out.0", l);
         TRY(lin_row(&ld, &b->out2, D, D, a0, A, pre));
         snprintf(pre, sizeof pre, "blocks.%d.ffn.net.0.proj", l);
@@ -499,6 +569,8 @@ static int pack_linears(ditd_wan *m)
     PACK(m->x1, D, c->text_dim);
     PACK(m->x2, D, D);
     PACK(m->proj, pp * c->out_channels, D);
+    if (c->image_dim)
+        PACK(m->ie_ff2, D, c->image_dim);
     for (int l = 0; l < c->num_layers; l++) {
         ditd_wan_block *b = &m->blk[l];
         PACK(b->qkv, 3 * A, D);
@@ -506,6 +578,8 @@ static int pack_linears(ditd_wan *m)
         PACK(b->q2, A, D);
         PACK(b->kv2, 2 * A, D);
         PACK(b->out2, D, A);
+        if (c->image_dim)
+            PACK(b->kvi, 2 * A, D);
         PACK(b->ff1, F, D);
         PACK(b->ff2, D, F);
     }
@@ -527,12 +601,17 @@ int ditd_wan_new_mesh(const ditd_wan_config *cfg, const ditd_backend_ops *ops, i
         return ditd_err_set(DITD_EUNSUPPORTED,
                             "WanTransformer3DModel needs the rope, row_sumsq, rmsnorm_rows and upload_f32 ops, which the %s backend lacks",
                             ops->name);
+    if (cfg->image_dim && (!ops->linear_wt || !ops->layernorm_affine))
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "a WanTransformer3DModel with an image branch (image_dim = %d) needs the linear_wt and layernorm_affine ops, which the %s backend lacks",
+                            cfg->image_dim, ops->name);
     if ((err = check_sizes(cfg, frames, height, width, text_len)))
         return err;
     if (!(m = calloc(1, sizeof *m)))
         return ditd_err_set(DITD_ENOMEM, "Wan model");
     m->cfg = *cfg;
     m->ops = ops;
+    m->Li = cfg->image_len;
     m->max_batch = max_batch;
     m->base.max_batch = max_batch;
     ditd_arena_init_mem(&m->weights, ops->mem_alloc, ops->mem_free);

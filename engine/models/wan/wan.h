@@ -51,9 +51,20 @@
  * the RMSNorm is over all heads exactly. Embeddings, modulations and the
  * output layer are replicated. Each rank reads only its slices.
  *
- * What it is not: no text encoder (UMT5), no sampler, no VAE, no pipeline;
- * no image branch of Wan 2.1 I2V (image_dim / added_kv_proj_dim are
- * refused by the config). A backend without the rope, row_sumsq,
+ * Image branch (Wan 2.1 I2V / FLF2V: image_dim, added_kv_proj_dim): the
+ * CLIP image hidden states (B, Li, Di) through condition_embedder.
+ * image_embedder (pos_embed for FLF2V, LayerNorm, FeedForward with erf
+ * GELU, LayerNorm; eps 1e-5, FP32LayerNorm's default), and in every block
+ * a second cross-attention of the same normalized q to add_k_proj /
+ * add_v_proj of that context (k RMS-normalized across heads by
+ * norm_added_k), added to the text attention's output before to_out; the
+ * text is then the last 512 tokens (WanAttnProcessor splits there), so such
+ * a model runs at text length 512 only. Its FeedForward runs through
+ * linear_wt and its LayerNorms through layernorm_affine: a backend without
+ * them (CUDA today) refuses such a model at load.
+ *
+ * What it is not: no text encoder (UMT5), no CLIP vision encoder, no
+ * sampler, no VAE, no pipeline. A backend without the rope, row_sumsq,
  * rmsnorm_rows and upload_f32 ops is refused at load.
  */
 #ifndef DITD_ENGINE_WAN_H
@@ -90,6 +101,8 @@ typedef struct ditd_wan_block {
     ditd_wan_lin q2;          /* attn2.to_q (A, D) */
     ditd_wan_lin kv2;         /* attn2.to_k|to_v fused by rows (2A, D) */
     void *nq2, *nk2;          /* attn2.norm_q, norm_k (A), activation type */
+    ditd_wan_lin kvi;         /* attn2.add_k_proj|add_v_proj fused by rows (2A, D) (image) */
+    void *nki;                /* attn2.norm_added_k (A), activation type (image) */
     ditd_wan_lin out2;        /* attn2.to_out.0 (D, A) */
     ditd_wan_lin ff1, ff2;    /* ffn.net.0.proj (Fl, D), ffn.net.2 (D, Fl) */
 } ditd_wan_block;
@@ -112,6 +125,14 @@ typedef struct ditd_wan {
     void *sst_out;          /* scale_shift_table (2, D), activation type */
     ditd_wan_lin proj;      /* proj_out (p p Co, D), rows (dy, dx, c): the unpatchify order */
     ditd_wan_block *blk;
+    /* the image embedder (WanImageEmbedding; image_dim > 0): LN, FF (GELU
+     * erf), LN, with pos_embed for FLF2V */
+    void *ie_n1w, *ie_n1b;  /* condition_embedder.image_embedder.norm1 (Di), act type */
+    void *ie_ff1w;          /* .ff.net.0.proj.weight (Di, Di), fp32 (linear_wt) */
+    void *ie_ff1b;          /* .ff.net.0.proj.bias (Di), act type */
+    ditd_wan_lin ie_ff2;    /* .ff.net.2 (D, Di) */
+    void *ie_n2w, *ie_n2b;  /* .norm2 (D), act type */
+    void *ie_pos;           /* .pos_embed (Li, Di), act type (pos_embed_seq_len) */
 
     /* activations for max_batch samples; Nl = this rank's video tokens; the
      * modulation rows are (B F) (per-frame timesteps) or B */
@@ -124,6 +145,12 @@ typedef struct ditd_wan {
     void *ctx;              /* (B, L, D) projected text */
     void *ctx_h;            /* (B, L, D) text_embedder's hidden */
     void *kv;               /* (B, L, 2A) cross-attention k|v */
+    int Li;                 /* image tokens (cfg.image_len; 0 without the image branch) */
+    void *im_in, *im_h;     /* (B, Li, Di) the image embeddings, the embedder's hidden */
+    void *im_ctx;           /* (B, Li, D) embedded image context */
+    void *kvim;             /* (B, Li, 2A) its k|v */
+    void *aoi;              /* (B, Nl, A) the image attention's output */
+    void *lwt_scratch;      /* linear_wt's panel scratch (Di x 64) */
     float *ss;              /* (B max(Nl, L)) fp32 sums of squares (qk_norm) */
     void *tfreq;            /* (B F, freq) sinusoidal features */
     void *temb;             /* (B F, D) */
@@ -175,13 +202,16 @@ void ditd_wan_free(ditd_wan *m);
  * activations: its forward refuses (DITD_EINVAL) until a set_size succeeds. */
 int ditd_wan_set_size(ditd_wan *m, int frames, int height, int width, int text_len);
 
-/* out (B, Co, F, h, w) = Wan(x (B, C, F, h, w), timesteps, text (B, L, Dt)).
- * Timesteps: h_t (B), or h_t_frames (B, F) when not NULL (then h_t is not
- * read and may be NULL). x and out backend buffers, the rest host.
- * Collective under a mesh (every rank the same arguments, every rank the
- * whole out). */
+/* out (B, Co, F, h, w) = Wan(x (B, C, F, h, w), timesteps, text (B, L, Dt)
+ * [, image embeddings (B, Li, Di)]). Timesteps: h_t (B), or h_t_frames
+ * (B, F) when not NULL (then h_t is not read and may be NULL). h_image:
+ * the CLIP image hidden states of a model with an image branch (Wan 2.1
+ * I2V; FLF2V: the two images' tokens side by side, Li = pos_embed_seq_len),
+ * NULL otherwise. x and out backend buffers, the rest host. Collective
+ * under a mesh (every rank the same arguments, every rank the whole out). */
 int ditd_wan_forward(ditd_wan *m, int B, const void *x, const float *h_t,
-                     const float *h_t_frames, const float *h_text, void *out);
+                     const float *h_t_frames, const float *h_text, const float *h_image,
+                     void *out);
 
 /* The shapes the model gives the denoiser interface at (F, h, w, L). */
 void ditd_wan_shapes(const ditd_wan_config *c, int frames, int height, int width, int text_len,

@@ -41,17 +41,19 @@ static int get_qk_norm(json_t *root, const char *path)
     return 0;
 }
 
-/* A key Wan 2.1 I2V's image branch uses: absent or null, else refused. */
-static int refuse_image_key(json_t *root, const char *path, const char *key)
+/* An optional integer key (absent or null: 0). */
+static int get_opt_int(json_t *root, const char *path, const char *key, int *out)
 {
     json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v))
+    if (!v || json_is_null(v)) {
+        *out = 0;
         return 0;
-    if (json_is_integer(v))
-        return ditd_err_set(DITD_EUNSUPPORTED,
-                            "%s: %s = %lld is not supported: Wan 2.1 image-to-video's CLIP image embeddings (image_dim, added_kv_proj_dim, pos_embed_seq_len) need a CLIP vision encoder, which ditd does not have, and the transformer's image branch (WanImageEmbedding, add_k_proj / add_v_proj) is not built",
-                            path, key, (long long)json_integer_value(v));
-    return ditd_err_set(DITD_EFORMAT, "%s: %s must be an integer or null", path, key);
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65536)
+        return ditd_err_set(DITD_EFORMAT, "%s: %s must be null or an integer in 1..65536", path,
+                            key);
+    *out = (int)json_integer_value(v);
+    return 0;
 }
 
 static int finish(ditd_wan_config *c, const char *what)
@@ -95,6 +97,23 @@ static int finish(ditd_wan_config *c, const char *what)
                             "%s: num_attention_heads x attention_head_dim = %lld (at most 65536)",
                             what, (long long)c->num_heads * c->head_dim);
     c->inner_dim = c->num_heads * c->head_dim;
+    /* the image branch (Wan 2.1 I2V / FLF2V): the image embedder's output
+     * (D wide) is what attn2.add_k_proj reads, and WanAttnProcessor splits
+     * the context only when add_k_proj exists, so both or neither */
+    if ((c->image_dim > 0) != (c->added_kv_proj_dim > 0))
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: image_dim = %d with added_kv_proj_dim = %d is not supported (both set, or neither: the image embedder feeds attn2.add_k_proj / add_v_proj)",
+                            what, c->image_dim, c->added_kv_proj_dim);
+    if (c->added_kv_proj_dim && c->added_kv_proj_dim != c->inner_dim)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: added_kv_proj_dim = %d must equal the inner dim %d (the image embedder's output width)",
+                            what, c->added_kv_proj_dim, c->inner_dim);
+    if (c->pos_embed_seq_len && (!c->image_dim || c->pos_embed_seq_len % 2))
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: pos_embed_seq_len = %d needs image_dim and an even count (two images' tokens, FLF2V)",
+                            what, c->pos_embed_seq_len);
+    c->image_len = !c->image_dim ? 0 : c->pos_embed_seq_len ? c->pos_embed_seq_len
+                                                             : DITD_WAN_CLIP_TOKENS;
     /* WanRotaryPosEmbed: h_dim = w_dim = 2 * (Dh // 6), t_dim the rest */
     c->rope_h = c->rope_w = 2 * (c->head_dim / 6);
     c->rope_t = c->head_dim - c->rope_h - c->rope_w;
@@ -127,9 +146,9 @@ static int config_from_json(json_t *root, const char *path, ditd_wan_config *out
         (err = ditd_json_get_bool(root, path, "cross_attn_norm", 1, &c.cross_attn_norm)) ||
         (err = get_qk_norm(root, path)) ||
         (err = ditd_json_get_number(root, path, "eps", 1e-6, NULL, &eps)) ||
-        (err = refuse_image_key(root, path, "image_dim")) ||
-        (err = refuse_image_key(root, path, "added_kv_proj_dim")) ||
-        (err = refuse_image_key(root, path, "pos_embed_seq_len")) ||
+        (err = get_opt_int(root, path, "image_dim", &c.image_dim)) ||
+        (err = get_opt_int(root, path, "added_kv_proj_dim", &c.added_kv_proj_dim)) ||
+        (err = get_opt_int(root, path, "pos_embed_seq_len", &c.pos_embed_seq_len)) ||
         (err = ditd_json_get_int(root, path, "rope_max_seq_len", 1024, &c.rope_max_seq_len)))
         return err;
     /* out_channels: absent is __init__'s 16, null (or 0) is in_channels

@@ -13,12 +13,14 @@
  * Wan 2.2 I2V-A14B's 36 input channels work; qk_norm any string or null:
  * Diffusers 0.42 ignores the value and always normalizes q and k with an
  * RMSNorm over the whole inner dim ("rms_norm_across_heads"), and so does
- * ditd. Refused, naming the key and the value: a temporal patch other than 1
- * or a non-square spatial patch; image_dim, added_kv_proj_dim and
- * pos_embed_seq_len (Wan 2.1 I2V's CLIP image embeddings: ditd has no CLIP
- * vision encoder, and the transformer's image branch is not built); sizes
- * out of range; attention_head_dim odd, under 6 or over the attention
- * kernels' limit.
+ * ditd; Wan 2.1 I2V / FLF2V's image branch: image_dim with
+ * added_kv_proj_dim = the inner dim (the image embedder's output is what
+ * add_k_proj reads), and pos_embed_seq_len (FLF2V: two images' tokens).
+ * Refused, naming the key and the value: a temporal patch other than 1 or
+ * a non-square spatial patch; image_dim and added_kv_proj_dim not both set,
+ * or added_kv_proj_dim other than the inner dim; pos_embed_seq_len without
+ * image_dim or odd; sizes out of range; attention_head_dim odd, under 6 or
+ * over the attention kernels' limit.
  *
  * What it is not: no weights, no request sizes (the loader's,
  * engine/models/wan/wan.h).
@@ -27,6 +29,14 @@
 #define DITD_ENGINE_WAN_CONFIG_H
 
 #include <stddef.h>
+
+/* CLIP ViT-H/14's tokens at 224 x 224 (16 x 16 patches + the class token):
+ * what WanImageToVideoPipeline's image encoder gives Wan 2.1 I2V. */
+#define DITD_WAN_CLIP_TOKENS 257
+/* WanAttnProcessor takes the text as the last 512 tokens of the
+ * cross-attention context when there is an image branch (it splits at
+ * shape[1] - 512): such a model runs at this text length only. */
+#define DITD_WAN_IMAGE_TEXT_LEN 512
 
 typedef struct ditd_wan_config {
     int patch_t, patch_h, patch_w; /* patch_size (1, p, p) */
@@ -41,9 +51,14 @@ typedef struct ditd_wan_config {
     int cross_attn_norm;           /* norm2: an affine LayerNorm before cross-attention */
     float eps;                     /* every LayerNorm and RMSNorm of the blocks */
     int rope_max_seq_len;          /* positions per RoPE axis (frames, rows, columns) */
+    int image_dim;                 /* Di of the CLIP image embeddings; 0: no image branch */
+    int added_kv_proj_dim;         /* attn2.add_k_proj / add_v_proj input (= D); 0: none */
+    int pos_embed_seq_len;         /* the image embedder's pos_embed tokens (FLF2V); 0: none */
     /* derived */
     int inner_dim;                 /* D = H * Dh */
     int rope_t, rope_h, rope_w;    /* WanRotaryPosEmbed's split of Dh: h = w = 2 (Dh / 6) */
+    int image_len;                 /* image tokens the model takes: pos_embed_seq_len, else
+                                    * DITD_WAN_CLIP_TOKENS; 0 without an image branch */
 } ditd_wan_config;
 
 /* Reads and checks transformer/config.json. Errors name the file, key and

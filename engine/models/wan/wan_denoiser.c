@@ -60,7 +60,11 @@ static int wan_forward(ditd_denoiser *d, int B, const void *x, const float *t,
         return ditd_err_set(DITD_EINVAL,
                             "per-frame timesteps for %d frames, but the model runs at %d",
                             cond->t_frames_n, m->F);
-    return ditd_wan_forward(m, B, x, t, cond->t_frames, cond->text, out);
+    if (cond->image && (cond->image_len != m->Li || cond->image_dim != m->cfg.image_dim))
+        return ditd_err_set(DITD_EINVAL,
+                            "image embeddings of %d tokens of %d, but the model takes %d of %d",
+                            cond->image_len, cond->image_dim, m->Li, m->cfg.image_dim);
+    return ditd_wan_forward(m, B, x, t, cond->t_frames, cond->text, cond->image, out);
 }
 
 static int wan_set_video_size(ditd_denoiser *d, int frames, int height, int width, int text_len)

@@ -118,6 +118,26 @@ static void time_embedding(ditd_wan *m, int R)
         ops->add(at(m, m->mod_out, r * 2 * Dz), m->sst_out, 2 * Dz);
 }
 
+/* WanImageEmbedding: im_ctx (B, Li, D) = LN2(FF(LN1(image [+ pos_embed])))
+ * with FeedForward(mult 1, GELU erf): net.0.proj (Di, Di), net.2 (D, Di);
+ * FP32LayerNorm's eps 1e-5. Every rank the whole image context. */
+static void image_embedding(ditd_wan *m, int B, const float *h_image)
+{
+    const ditd_backend_ops *ops = m->ops;
+    const ditd_wan_config *c = &m->cfg;
+    int D = c->inner_dim, Di = c->image_dim, Li = m->Li, M = B * Li;
+    size_t Dz = (size_t)Di;
+    ops->upload(m->im_in, h_image, (size_t)M * Dz);
+    if (c->pos_embed_seq_len)
+        for (size_t b = 0; b < (size_t)B; b++)
+            ops->add(at(m, m->im_in, b * (size_t)Li * Dz), m->ie_pos, (size_t)Li * Dz);
+    ops->layernorm_affine(m->im_in, m->im_h, M, Di, 1e-5f, m->ie_n1w, m->ie_n1b);
+    ops->linear_wt(m->im_h, Dz, m->ie_ff1w, DITD_DTYPE_F32, m->ie_ff1b, m->im_in, Dz, M, Di, Di,
+                   DITD_TEXT_ACT_GELU, m->lwt_scratch, 64 * Dz);
+    lin(m, m->im_in, Dz, &m->ie_ff2, m->im_ctx, (size_t)D, M, D, Di, DITD_ACT_NONE);
+    ops->layernorm_affine(m->im_ctx, m->im_ctx, M, D, 1e-5f, m->ie_n2w, m->ie_n2b);
+}
+
 /* WanTransformerBlock over this rank's tokens img (B, Nl, D); R modulation
  * rows (pf: per frame). */
 static int block(ditd_wan *m, const ditd_wan_block *b, int B, int R, int pf)
@@ -164,6 +184,15 @@ static int block(ditd_wan *m, const ditd_wan_block *b, int B, int R, int pf)
         return err;
     ops->attention(m->qkv, ld3, m->kv, 2 * (size_t)A, at(m, m->kv, (size_t)A), 2 * (size_t)A,
                    m->ao, (size_t)A, NULL, B, Nl, L, m->hc, Dh, 1.0f / sqrtf((float)Dh));
+    if (c->image_dim) { /* the same q against the image context, added */
+        size_t ld2 = 2 * (size_t)A;
+        lin(m, m->im_ctx, Dz, &b->kvi, m->kvim, ld2, B * m->Li, 2 * A, D, DITD_ACT_NONE);
+        if ((err = rms_across(m, m->kvim, ld2, B * m->Li, b->nki)))
+            return err;
+        ops->attention(m->qkv, ld3, m->kvim, ld2, at(m, m->kvim, (size_t)A), ld2, m->aoi,
+                       (size_t)A, NULL, B, Nl, m->Li, m->hc, Dh, 1.0f / sqrtf((float)Dh));
+        ops->add(m->ao, m->aoi, (size_t)M * (size_t)A);
+    }
     if ((err = row_lin(m, m->ao, (size_t)A, &b->out2, m->xn, M, A)))
         return err;
     ops->add(m->img, m->xn, (size_t)M * Dz);
@@ -179,7 +208,8 @@ static int block(ditd_wan *m, const ditd_wan_block *b, int B, int R, int pf)
 
 /* The forward's ops in order; arguments checked by ditd_wan_forward. */
 static int forward_ops(ditd_wan *m, int B, const void *x, const float *h_t,
-                       const float *h_t_frames, const float *h_text, void *out)
+                       const float *h_t_frames, const float *h_text, const float *h_image,
+                       void *out)
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_wan_config *c = &m->cfg;
@@ -210,6 +240,9 @@ static int forward_ops(ditd_wan *m, int B, const void *x, const float *h_t,
     ops->upload(m->text_in, h_text, (size_t)B * (size_t)L * Dt);
     lin(m, m->text_in, Dt, &m->x1, m->ctx_h, Dz, B * L, D, c->text_dim, DITD_ACT_GELU_TANH);
     lin(m, m->ctx_h, Dz, &m->x2, m->ctx, Dz, B * L, D, D, DITD_ACT_NONE);
+
+    if (c->image_dim)
+        image_embedding(m, B, h_image);
 
     for (int l = 0; l < c->num_layers; l++)
         if ((err = block(m, &m->blk[l], B, R, pf)))
@@ -245,7 +278,8 @@ static int forward_ops(ditd_wan *m, int B, const void *x, const float *h_t,
 }
 
 int ditd_wan_forward(ditd_wan *m, int B, const void *x, const float *h_t,
-                     const float *h_t_frames, const float *h_text, void *out)
+                     const float *h_t_frames, const float *h_text, const float *h_image,
+                     void *out)
 {
     if (!m->cpa)
         return ditd_err_set(DITD_EINVAL,
@@ -256,6 +290,12 @@ int ditd_wan_forward(ditd_wan *m, int B, const void *x, const float *h_t,
         return ditd_err_set(DITD_EINVAL, "Wan needs the text sequence");
     if (!h_t_frames && !h_t)
         return ditd_err_set(DITD_EINVAL, "Wan needs timesteps");
+    if (m->cfg.image_dim && !h_image)
+        return ditd_err_set(DITD_EINVAL,
+                            "this Wan model has an image branch (image_dim = %d): it needs the CLIP image embeddings (%d tokens)",
+                            m->cfg.image_dim, m->Li);
+    if (!m->cfg.image_dim && h_image)
+        return ditd_err_set(DITD_EINVAL, "this Wan model has no image branch (image_dim)");
     for (int i = 0; i < B; i++) {
         if (h_t_frames) {
             for (int f = 0; f < m->F; f++)
@@ -266,5 +306,5 @@ int ditd_wan_forward(ditd_wan *m, int B, const void *x, const float *h_t,
             return ditd_err_set(DITD_EINVAL, "timestep of sample %d is not finite", i);
         }
     }
-    return forward_ops(m, B, x, h_t, h_t_frames, h_text, out);
+    return forward_ops(m, B, x, h_t, h_t_frames, h_text, h_image, out);
 }
