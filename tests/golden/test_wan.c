@@ -206,6 +206,64 @@ static int family(const char *dir)
     return checked;
 }
 
+/* The image branch through the family table: cond.image (and a view of
+ * it), against Diffusers. */
+static int family_image(const char *dir)
+{
+    char path[4200];
+    ditd_wan_config cfg;
+    ditd_wan *m = NULL;
+    int checked = 0;
+    size_t i;
+    json_t *c, *cases;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_wan_config_load(path, &cfg));
+    TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, 2, 1, 4, 4, 512, dir, NULL, &m));
+    if (!m)
+        return 0;
+    m->base.family = &ditd_wan_family;
+    ditd_denoiser *d = &m->base;
+    cases = wan_cases(dir);
+    json_array_foreach(cases, i, c) {
+        wan_case wc;
+        ditd_cond cond;
+        memset(&cond, 0, sizeof cond);
+        if (wan_case_load(dir, c, &wc) == 0 && wc.image &&
+            ditd_denoiser_set_video_size(d, wc.F, wc.h, wc.w, wc.L) == 0 &&
+            ditd_cond_init(&cond, &d->shapes.cond, wc.B) == 0) {
+            ditd_text_embeds emb[2];
+            for (int b = 0; b < wc.B; b++) {
+                ditd_cond_input in = {.prompt = &emb[b]};
+                emb[b] = (ditd_text_embeds){.seq = wc.text + (size_t)b * wc.L * cfg.text_dim};
+                TU_OK(ditd_cond_set_row(&cond, b, &in, 0));
+            }
+            cond.image = wc.image;
+            cond.image_len = cfg.image_len;
+            cond.image_dim = cfg.image_dim;
+            float *got = calloc(wc.n_out, sizeof *got);
+            TU_OK(ditd_denoiser_forward(d, wc.B, wc.x, wc.t, &cond, got));
+            char what[512];
+            snprintf(what, sizeof what, "%s through the family table with cond.image", dir);
+            TU_CLOSE(what, got, wc.out, wc.n_out, TOL);
+            ditd_cond v = ditd_cond_view(&cond, 1);
+            TU_CHECK(v.image == wc.image + (size_t)cfg.image_len * cfg.image_dim,
+                     "cond view of the image embeddings");
+            cond.image_len = cfg.image_len - 1;
+            TU_CHECK_ERR(ditd_denoiser_forward(d, wc.B, wc.x, wc.t, &cond, got), DITD_EINVAL,
+                         "image embeddings of");
+            checked++;
+            free(got);
+        } else {
+            TU_CHECK(0, "%s case %zu: %s", dir, i, ditd_err_detail());
+        }
+        ditd_cond_free(&cond);
+        wan_case_free(&wc);
+    }
+    json_decref(cases);
+    ditd_denoiser_free(d);
+    return checked;
+}
+
 /* A checkpoint that disagrees with its config, refused naming the tensor. */
 static void checkpoint_refusals(const char *dir)
 {
@@ -359,6 +417,7 @@ int main(void)
         snprintf(plain, sizeof plain, "%s", dir);
         snprintf(dir, sizeof dir, "%s/wan/i2v21", tu_fixtures());
         image_refusals(dir, plain);
+        TU_CHECK(family_image(dir) >= 2, "image-branch cases through the family table");
     }
     refusals();
     return tu_exit();
