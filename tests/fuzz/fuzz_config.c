@@ -67,7 +67,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (wan.inner_dim != wan.num_heads * wan.head_dim || wan.patch_t != 1 ||
             wan.patch_h != wan.patch_w || wan.patch_h < 1 || wan.out_channels < 1 ||
             wan.rope_t + wan.rope_h + wan.rope_w != wan.head_dim || wan.rope_t < 2 ||
-            wan.rope_h % 2 || wan.rope_t % 2 || wan.freq_dim % 2 || !(wan.eps > 0.0f))
+            wan.rope_h % 2 || wan.rope_t % 2 || wan.freq_dim % 2 || !(wan.eps > 0.0f) ||
+            (wan.image_dim > 0) != (wan.image_len > 0) ||
+            (wan.image_dim && wan.added_kv_proj_dim != wan.inner_dim))
             abort();
     } else if (ditd_err_detail()[0] == '\0') {
         abort();
