@@ -93,7 +93,9 @@ static int carve_acts(ditd_wan *m)
         err |= carve(a, &m->im_ctx, at, B * Li * D) | carve(a, &m->kvim, at, B * Li * 2 * A);
         err |= carve(a, &m->aoi, at, B * Nl * A) | carve(a, &m->lwt_scratch, at, 64 * Di);
     }
-    err |= carve(a, (void **)&m->ss, DITD_DTYPE_F32, B * (Nl > L ? Nl : L));
+    size_t ssr = Nl > L ? Nl : L; /* rows of any qk_norm: tokens, text or image */
+    ssr = ssr > (size_t)m->Li ? ssr : (size_t)m->Li;
+    err |= carve(a, (void **)&m->ss, DITD_DTYPE_F32, B * ssr);
     err |= carve(a, &m->tfreq, at, BF * (size_t)c->freq_dim);
     err |= carve(a, &m->temb, at, BF * D) | carve(a, &m->stemb, at, BF * D);
     err |= carve(a, &m->tp6, at, BF * 6 * D) | carve(a, &m->mod, at, BF * 6 * D);

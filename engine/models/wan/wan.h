@@ -151,7 +151,7 @@ typedef struct ditd_wan {
     void *kvim;             /* (B, Li, 2A) its k|v */
     void *aoi;              /* (B, Nl, A) the image attention's output */
     void *lwt_scratch;      /* linear_wt's panel scratch (Di x 64) */
-    float *ss;              /* (B max(Nl, L)) fp32 sums of squares (qk_norm) */
+    float *ss;              /* (B max(Nl, L, Li)) fp32 sums of squares (qk_norm) */
     void *tfreq;            /* (B F, freq) sinusoidal features */
     void *temb;             /* (B F, D) */
     void *stemb;            /* (B F, D) SiLU(temb), then scratch */
