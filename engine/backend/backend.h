@@ -144,6 +144,17 @@ typedef struct ditd_backend_ops {
                  int Dh);
     void (*rmsnorm_heads)(void *x, size_t ld, const void *w, int rows, int H, int Dh, float eps);
     void (*upload_f32)(void *dst, const float *h_src, size_t n);
+    /* ---- Wan's RMSNorm across heads (kernels/cpu/rope.h, kernels/cuda/rope.cu);
+     * NULL where a backend lacks them: the Wan family then refuses to load.
+     * row_sumsq: ss (rows, fp32 device memory) = the sum of squares of each
+     * row's n values of x (rows of stride ld). rmsnorm_rows: x <- x /
+     * sqrt(ss / n_total + eps) * w in place, w (n) in the ACTIVATION type
+     * (put there by upload), NULL for none; n_total the whole row's width
+     * (tensor parallel: the caller all-reduces ss over the ranks holding
+     * the rest of the row in between). */
+    void (*row_sumsq)(const void *x, size_t ld, int rows, int n, float *ss);
+    void (*rmsnorm_rows)(void *x, size_t ld, const void *w, const float *ss, int rows, int n,
+                         int n_total, float eps);
 
     /* ---- optional: NULL on the CPU, where the forward runs op by op ----
      *

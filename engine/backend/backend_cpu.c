@@ -284,6 +284,17 @@ static void cpu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H
     ditd_cpu_rmsnorm_heads(x, ld, w, rows, H, Dh, eps);
 }
 
+static void cpu_row_sumsq(const void *x, size_t ld, int rows, int n, float *ss)
+{
+    ditd_cpu_row_sumsq(x, ld, rows, n, ss);
+}
+
+static void cpu_rmsnorm_rows(void *x, size_t ld, const void *w, const float *ss, int rows, int n,
+                             int n_total, float eps)
+{
+    ditd_cpu_rmsnorm_rows(x, ld, w, ss, rows, n, n_total, eps);
+}
+
 /* The bf16 table's: w (Dh) is a weight (backend.h), so bf16 here; widened
  * before the f32 kernel reads it. Reading it as f32 (the f32 table's op)
  * took FLUX's QK-norm gains from the wrong bytes. Dh is at most
@@ -375,6 +386,8 @@ const ditd_backend_ops ditd_backend_cpu = {
     .tokens_to_planes = cpu_tokens_to_planes,
     .rope = cpu_rope,
     .rmsnorm_heads = cpu_rmsnorm_heads,
+    .row_sumsq = cpu_row_sumsq,
+    .rmsnorm_rows = cpu_rmsnorm_rows,
     .upload_f32 = cpu_upload, /* activations are f32 here */
     .conv3d_frame = cpu_conv3d_frame,
     .rmsnorm_channels = cpu_rmsnorm_channels,
@@ -414,6 +427,12 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
      * table's; rmsnorm_heads reads a bf16 weight */
     .rope = cpu_rope,
     .rmsnorm_heads = cpu_rmsnorm_heads_bf16,
+    .row_sumsq = cpu_row_sumsq,        /* activations stay f32: the f32 table's */
+    .rmsnorm_rows = cpu_rmsnorm_rows,
+    /* the Wan image embedder's (engine/models/wan): f32 activations, the
+     * weight's type given per call, as on the f32 table */
+    .linear_wt = ditd__cpu_linear_wt,
+    .layernorm_affine = ditd__cpu_layernorm_affine,
     .upload_f32 = cpu_upload,
 };
 

@@ -273,6 +273,17 @@ static void cu_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H,
     keep(ditd_cuda_rmsnorm_heads(x, ld, w, rows, H, Dh, eps, CS), "rmsnorm_heads");
 }
 
+static void cu_row_sumsq(const void *x, size_t ld, int rows, int n, float *ss)
+{
+    keep(ditd_cuda_row_sumsq(x, ld, rows, n, ss, CS), "row_sumsq");
+}
+
+static void cu_rmsnorm_rows(void *x, size_t ld, const void *w, const float *ss, int rows, int n,
+                            int n_total, float eps)
+{
+    keep(ditd_cuda_rmsnorm_rows(x, ld, w, ss, rows, n, n_total, eps, CS), "rmsnorm_rows");
+}
+
 /* ---- per-step arguments in device memory (for graphs) ---- */
 
 static void cu_upload_args(float *d_t, const float *h_t, int64_t *d_y, const int64_t *h_y, int B)
@@ -457,6 +468,8 @@ static const ditd_backend_ops cuda_ops = {
     .tokens_to_planes = cu_tokens_to_planes,
     .rope = cu_rope,
     .rmsnorm_heads = cu_rmsnorm_heads,
+    .row_sumsq = cu_row_sumsq,
+    .rmsnorm_rows = cu_rmsnorm_rows,
     .upload_f32 = cu_upload_f32,
     .conv3d_frame = cu_conv3d_frame,
     .rmsnorm_channels = cu_rmsnorm_channels,

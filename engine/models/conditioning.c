@@ -132,5 +132,9 @@ ditd_cond ditd_cond_view(const ditd_cond *c, int r0)
         v.pooled = c->pooled + r * (size_t)c->shape.pooled_dim;
     if (c->guidance)
         v.guidance = c->guidance + r;
+    if (c->t_frames)
+        v.t_frames = c->t_frames + r * (size_t)c->t_frames_n;
+    if (c->image)
+        v.image = c->image + r * (size_t)c->image_len * (size_t)c->image_dim;
     return v;
 }

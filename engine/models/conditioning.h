@@ -69,6 +69,21 @@ typedef struct ditd_cond {
      * ditd_cond_init leaves). Families without such layers ignore it. */
     const int *skip_layers;
     int n_skip_layers;
+    /* Per-latent-frame timesteps, borrowed (the pipeline's; NULL by default:
+     * the forward's t (B) per row). Wan 2.2 TI2V-5B's expand_timesteps:
+     * WanPipeline / WanImageToVideoPipeline hand the transformer a (B, seq)
+     * timestep, mask * t per token, and their mask is constant over each
+     * latent frame (all ones, or the conditioning first frame at 0), so a
+     * row is t_frames[row * t_frames_n + f] for frame f; the family expands
+     * it to its tokens. Only the Wan family reads it. */
+    const float *t_frames; /* (B, t_frames_n) */
+    int t_frames_n;        /* F, frames per row */
+    /* Image embeddings, borrowed (NULL by default): the CLIP vision hidden
+     * states Wan 2.1 image-to-video cross-attends (WanImageToVideoPipeline's
+     * image_embeds; FLF2V: both images' tokens side by side). Only the Wan
+     * family reads them. */
+    const float *image;    /* (B, image_len, image_dim) */
+    int image_len, image_dim;
 } ditd_cond;
 
 /* Plans host buffers for max_rows rows of `shape`. Owned: ditd_cond_free. */

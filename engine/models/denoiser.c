@@ -7,11 +7,13 @@
 
 int ditd_denoiser_shapes_check(const ditd_denoiser_shapes *s, const char *what)
 {
-    if (s->in_channels <= 0 || s->out_channels < s->in_channels)
+    if (s->in_channels <= 0 || s->out_channels <= 0)
         return ditd_err_set(DITD_EINVAL, "%s: %d input, %d output channels", what,
                             s->in_channels, s->out_channels);
     if (s->height <= 0 || s->width <= 0 || s->height > 16384 || s->width > 16384)
         return ditd_err_set(DITD_EINVAL, "%s: latent size %dx%d", what, s->width, s->height);
+    if (s->frames < 0 || s->frames > 65536)
+        return ditd_err_set(DITD_EINVAL, "%s: %d latent frames", what, s->frames);
     if (s->heads <= 0 || s->tokens <= 0 || s->prefix_tokens < 0)
         return ditd_err_set(DITD_EINVAL, "%s: %d heads, %d tokens, %d prefix tokens", what,
                             s->heads, s->tokens, s->prefix_tokens);
@@ -85,12 +87,32 @@ int ditd_denoiser_set_size(ditd_denoiser *d, int height, int width, int text_len
     return ditd_denoiser_shapes_check(s, d->family->class_name);
 }
 
+int ditd_denoiser_set_video_size(ditd_denoiser *d, int frames, int height, int width,
+                                 int text_len)
+{
+    int err;
+    if (!d->family->set_video_size) {
+        if (frames <= 1)
+            return ditd_denoiser_set_size(d, height, width, text_len);
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s is an image model: %d frames",
+                            d->family->class_name, frames);
+    }
+    if ((err = d->family->set_video_size(d, frames, height, width, text_len)))
+        return err;
+    return ditd_denoiser_shapes_check(&d->shapes, d->family->class_name);
+}
+
+static size_t frames_of(const ditd_denoiser_shapes *s)
+{
+    return s->frames > 1 ? (size_t)s->frames : 1;
+}
+
 size_t ditd_denoiser_numel_in(const ditd_denoiser_shapes *s)
 {
-    return (size_t)s->in_channels * (size_t)s->height * (size_t)s->width;
+    return (size_t)s->in_channels * frames_of(s) * (size_t)s->height * (size_t)s->width;
 }
 
 size_t ditd_denoiser_numel_out(const ditd_denoiser_shapes *s)
 {
-    return (size_t)s->out_channels * (size_t)s->height * (size_t)s->width;
+    return (size_t)s->out_channels * frames_of(s) * (size_t)s->height * (size_t)s->width;
 }

@@ -12,6 +12,10 @@
  *     SD3Transformer2DModel   engine/models/sd3/sd3_denoiser.c (text: SD3 /
  *                             SD3.5's MMDiT, joint attention, pooled vector,
  *                             skip-layer guidance; any size through set_size)
+ *     WanTransformer3DModel   engine/models/wan/wan_denoiser.c (video: text
+ *                             cross-attention, 3-D RoPE; latents (C, F, h, w)
+ *                             of any frame count and size through
+ *                             set_video_size)
  *
  * A loaded model is a ditd_denoiser: the family's own struct, whose first
  * member is this base, so the pipeline holds a `ditd_denoiser *` and never
@@ -36,8 +40,12 @@
  * parallel layout and validate requests, without loading weights. */
 typedef struct ditd_denoiser_shapes {
     int in_channels;      /* C: latent channels of x */
-    int out_channels;     /* Co: C, or 2C with a learned sigma (the pipeline keeps the first C) */
+    int out_channels;     /* Co: C, or 2C with a learned sigma (the pipeline keeps the first C),
+                           * or fewer than C where x carries a condition concatenated on
+                           * channels (Wan 2.2 I2V: C = 36, Co = 16) */
     int height, width;    /* latent size the model runs at (pixel-space model: the image) */
+    int frames;           /* latent frames F of a video family (x is (B, C, F, h, w)); 0 or 1:
+                           * an image (every image family leaves it 0) */
     int heads;            /* H attention heads (tp and ulysses split them) */
     int head_dim;         /* Dh of each head: what the backend's attention must take
                            * (ditd_backend_check_head_dim); 0 for a family with none */
@@ -80,6 +88,10 @@ typedef struct ditd_denoiser_family {
      * same sizes, and a size the layout cannot split is DITD_EINVAL on every
      * rank alike. */
     int (*set_size)(ditd_denoiser *d, int height, int width, int text_len);
+    /* Optional; NULL for image families. A video family's set_size: re-plans
+     * for latents (C, frames, height, width) and text_len text tokens, with
+     * set_size's contract (set_size then keeps the frame count). */
+    int (*set_video_size)(ditd_denoiser *d, int frames, int height, int width, int text_len);
 } ditd_denoiser_family;
 
 /* The base every family's model struct starts with. */
@@ -104,8 +116,14 @@ void ditd_denoiser_free(ditd_denoiser *d);
  * model's already and DITD_EUNSUPPORTED naming the size it runs at
  * otherwise. The new shapes are checked (ditd_denoiser_shapes_check). */
 int ditd_denoiser_set_size(ditd_denoiser *d, int height, int width, int text_len);
+/* The table's set_video_size; for a family without one, frames <= 1 is
+ * ditd_denoiser_set_size and more frames DITD_EUNSUPPORTED naming the
+ * family. The new shapes are checked. */
+int ditd_denoiser_set_video_size(ditd_denoiser *d, int frames, int height, int width,
+                                 int text_len);
 
-/* Elements of one sample's input (C h w) and output (Co h w). */
+/* Elements of one sample's input (C [F] h w) and output (Co [F] h w): F
+ * counts when frames > 1. */
 size_t ditd_denoiser_numel_in(const ditd_denoiser_shapes *s);
 size_t ditd_denoiser_numel_out(const ditd_denoiser_shapes *s);
 

@@ -15,6 +15,7 @@
 extern const ditd_denoiser_family ditd_dit_family; /* engine/models/dit/dit_denoiser.c */
 extern const ditd_denoiser_family ditd_flux_family; /* engine/models/flux/flux_denoiser.c */
 extern const ditd_denoiser_family ditd_sd3_family; /* engine/models/sd3/sd3_denoiser.c */
+extern const ditd_denoiser_family ditd_wan_family;  /* engine/models/wan/wan_denoiser.c */
 
 typedef struct entry {
     ditd_component comp;
@@ -27,6 +28,7 @@ static const entry builtin[] = {
     {DITD_COMPONENT_TRANSFORMER, "DiTTransformer2DModel", &ditd_dit_family},
     {DITD_COMPONENT_TRANSFORMER, "FluxTransformer2DModel", &ditd_flux_family},
     {DITD_COMPONENT_TRANSFORMER, "SD3Transformer2DModel", &ditd_sd3_family},
+    {DITD_COMPONENT_TRANSFORMER, "WanTransformer3DModel", &ditd_wan_family},
     {DITD_COMPONENT_VAE, "AutoencoderKL", &ditd_autoencoder_kl_family},
     {DITD_COMPONENT_PIPELINE, "DiTPipeline", &ditd_pipeline_dit},
     {DITD_COMPONENT_PIPELINE, "FluxPipeline", &ditd_pipeline_flux},

@@ -64,6 +64,30 @@ void ditd_cpu_rmsnorm_heads(float *x, size_t ld, const float *w, int rows, int H
     }
 }
 
+void ditd_cpu_row_sumsq(const float *x, size_t ld, int rows, int n, float *ss)
+{
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)rows; r++) {
+        const float *v = x + (size_t)r * ld;
+        double acc = 0.0;
+        for (int j = 0; j < n; j++)
+            acc += (double)v[j] * v[j];
+        ss[r] = (float)acc;
+    }
+}
+
+void ditd_cpu_rmsnorm_rows(float *x, size_t ld, const float *w, const float *ss, int rows, int n,
+                           int n_total, float eps)
+{
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)rows; r++) {
+        float *v = x + (size_t)r * ld;
+        float inv = (float)(1.0 / sqrt((double)ss[r] / n_total + (double)eps));
+        for (int j = 0; j < n; j++)
+            v[j] = v[j] * inv * (w ? w[j] : 1.0f);
+    }
+}
+
 void ditd_cpu_timestep_features(const float *t, float *out, int B, int dim, float shift)
 {
     int half = dim / 2;

@@ -41,6 +41,20 @@ void ditd_cpu_rope_table(const float *ids, int N, int n_axes, const int *dims, d
 void ditd_cpu_rmsnorm_heads(float *x, size_t ld, const float *w, int rows, int H, int Dh,
                             float eps);
 
+/* RMSNorm of whole rows whose statistics may span several ranks (Wan's
+ * qk_norm "rms_norm_across_heads": one RMSNorm over all heads' H*Dh values
+ * of a token, the heads split over tensor-parallel ranks). Two steps, the
+ * caller summing ss over the ranks in between:
+ *   row_sumsq:    ss[r] = sum_j x[r, j]^2 over this rank's n columns
+ *                 (accumulated in double, stored as float);
+ *   rmsnorm_rows: x[r, j] <- x[r, j] / sqrt(ss[r] / n_total + eps) * w[j],
+ *                 w (n) this rank's slice of the weight (NULL: none), n_total
+ *                 the whole row's width (torch.nn.RMSNorm over n_total).
+ * x: (rows, n) rows of stride ld, in place. */
+void ditd_cpu_row_sumsq(const float *x, size_t ld, int rows, int n, float *ss);
+void ditd_cpu_rmsnorm_rows(float *x, size_t ld, const float *w, const float *ss, int rows, int n,
+                           int n_total, float eps);
+
 /* Sinusoidal timestep features as Diffusers get_timestep_embedding with
  * flip_sin_to_cos=True, scale 1, max_period 1e4 and the given
  * downscale_freq_shift (FLUX: 0, DiT: 1), in float32 as Diffusers computes

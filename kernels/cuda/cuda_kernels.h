@@ -145,6 +145,20 @@ int ditd_cuda_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H, 
 int ditd_cuda_rmsnorm_heads_f32(float *x, size_t ld, const float *w, int rows, int H, int Dh,
                                 float eps, ditd_cuda_stream s);
 
+/* ---- Wan's RMSNorm across heads (rope.cu) ----
+ *
+ * As ditd_cpu_row_sumsq / ditd_cpu_rmsnorm_rows (kernels/cpu/rope.h):
+ * x (rows, n) rows of stride ld >= n; ss (rows) fp32; w (n) of x's storage
+ * or NULL. Statistics in fp32. The caller may sum ss over ranks between
+ * the two (tensor parallel over heads). */
+int ditd_cuda_row_sumsq(const void *x, size_t ld, int rows, int n, float *ss, ditd_cuda_stream s);
+int ditd_cuda_rmsnorm_rows(void *x, size_t ld, const void *w, const float *ss, int rows, int n,
+                           int n_total, float eps, ditd_cuda_stream s);
+int ditd_cuda_row_sumsq_f32(const float *x, size_t ld, int rows, int n, float *ss,
+                            ditd_cuda_stream s);
+int ditd_cuda_rmsnorm_rows_f32(float *x, size_t ld, const float *w, const float *ss, int rows,
+                               int n, int n_total, float eps, ditd_cuda_stream s);
+
 /* ---- attention ---- */
 
 /* Largest head dimension ditd_cuda_attention takes (tiles padded to 32, 64,

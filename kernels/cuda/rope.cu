@@ -148,3 +148,93 @@ extern "C" int ditd_cuda_rmsnorm_heads_f32(float *x, size_t ld, const float *w, 
 {
     return rmsnorm_heads_launch<float>(x, ld, w, rows, H, Dh, eps, s);
 }
+
+/* ---- RMSNorm across heads: one block of 256 threads per row ---- */
+
+#define ROWS_THREADS 256
+
+template <typename T>
+static __global__ void __launch_bounds__(ROWS_THREADS)
+row_sumsq_kernel(const T *x, size_t ld, int n, float *ss)
+{
+    __shared__ float part[ROWS_THREADS / 32];
+    const T *v = x + (size_t)blockIdx.x * ld;
+    float acc = 0.0f;
+    for (int j = threadIdx.x; j < n; j += ROWS_THREADS) {
+        const float a = ld_any(v + j);
+        acc += a * a;
+    }
+    acc = rms_warp_sum(acc);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < ROWS_THREADS / 32 ? part[threadIdx.x] : 0.0f;
+        t = rms_warp_sum(t);
+        if (threadIdx.x == 0)
+            ss[blockIdx.x] = t;
+    }
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(ROWS_THREADS)
+rmsnorm_rows_kernel(T *x, size_t ld, const T *w, const float *ss, int n, int n_total, float eps)
+{
+    T *v = x + (size_t)blockIdx.x * ld;
+    const float inv = rsqrtf(ss[blockIdx.x] / (float)n_total + eps);
+    for (int j = threadIdx.x; j < n; j += ROWS_THREADS) {
+        const float y = ld_any(v + j) * inv;
+        st_any(v + j, w ? y * ld_any(w + j) : y);
+    }
+}
+
+template <typename T>
+static int row_sumsq_launch(const void *x, size_t ld, int rows, int n, float *ss,
+                            ditd_cuda_stream s)
+{
+    if (rows < 0 || n <= 0 || !x || !ss || ld < (size_t)n || rows > 0x7fffffff)
+        return DITD_CUDA_EINVAL;
+    if (rows == 0)
+        return 0;
+    row_sumsq_kernel<T><<<(unsigned)rows, ROWS_THREADS, 0, (cudaStream_t)s>>>((const T *)x, ld,
+                                                                              n, ss);
+    return launch_check();
+}
+
+template <typename T>
+static int rmsnorm_rows_launch(void *x, size_t ld, const void *w, const float *ss, int rows,
+                               int n, int n_total, float eps, ditd_cuda_stream s)
+{
+    if (rows < 0 || n <= 0 || n_total < n || !x || !ss || ld < (size_t)n || !(eps >= 0.0f))
+        return DITD_CUDA_EINVAL;
+    if (rows == 0)
+        return 0;
+    rmsnorm_rows_kernel<T><<<(unsigned)rows, ROWS_THREADS, 0, (cudaStream_t)s>>>(
+        (T *)x, ld, (const T *)w, ss, n, n_total, eps);
+    return launch_check();
+}
+
+extern "C" int ditd_cuda_row_sumsq(const void *x, size_t ld, int rows, int n, float *ss,
+                                   ditd_cuda_stream s)
+{
+    return row_sumsq_launch<bf16>(x, ld, rows, n, ss, s);
+}
+
+extern "C" int ditd_cuda_rmsnorm_rows(void *x, size_t ld, const void *w, const float *ss,
+                                      int rows, int n, int n_total, float eps, ditd_cuda_stream s)
+{
+    return rmsnorm_rows_launch<bf16>(x, ld, w, ss, rows, n, n_total, eps, s);
+}
+
+extern "C" int ditd_cuda_row_sumsq_f32(const float *x, size_t ld, int rows, int n, float *ss,
+                                       ditd_cuda_stream s)
+{
+    return row_sumsq_launch<float>(x, ld, rows, n, ss, s);
+}
+
+extern "C" int ditd_cuda_rmsnorm_rows_f32(float *x, size_t ld, const float *w, const float *ss,
+                                          int rows, int n, int n_total, float eps,
+                                          ditd_cuda_stream s)
+{
+    return rmsnorm_rows_launch<float>(x, ld, w, ss, rows, n, n_total, eps, s);
+}

@@ -1,7 +1,8 @@
 /* libFuzzer target: the two JSON configs a model folder brings,
  * scheduler/scheduler_config.json (typed, then converted to every sampler
- * and built for a few step counts), transformer/config.json (DiT, SD3) and
- * vae/config.json (AutoencoderKL, AutoencoderKLWan). Any input
+ * and built for a few step counts), transformer/config.json (DiT, SD3,
+ * WanTransformer3DModel) and vae/config.json (AutoencoderKL,
+ * AutoencoderKLWan). Any input
  * must give 0 or an error with a detail, never a crash or a leak. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "engine/models/sd3/sd3_config.h"
 #include "engine/models/vae/vae_config.h"
 #include "engine/models/wan_vae/wan_vae_config.h"
+#include "engine/models/wan/wan_config.h"
 #include "engine/core/error.h"
 #include "engine/pipeline/sampler.h"
 
@@ -89,6 +91,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             wan.n_latents_mean != wan.z_dim || wan.n_latents_std != wan.z_dim ||
             ditd_wan_vae_config_time_factor(&wan) > 4 ||
             wan.scale_factor_spatial != ditd_wan_vae_config_scale_factor(&wan))
+            abort();
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
+    }
+    ditd_err_clear();
+    ditd_wan_config wt;
+    if (ditd_wan_config_parse((const char *)data, size, "fuzz.json", &wt) == 0) {
+        /* what the Wan model relies on */
+        if (wt.inner_dim != wt.num_heads * wt.head_dim || wt.patch_t != 1 ||
+            wt.patch_h != wt.patch_w || wt.patch_h < 1 || wt.out_channels < 1 ||
+            wt.rope_t + wt.rope_h + wt.rope_w != wt.head_dim || wt.rope_t < 2 ||
+            wt.rope_h % 2 || wt.rope_t % 2 || wt.freq_dim % 2 || !(wt.eps > 0.0f) ||
+            (wt.image_dim > 0) != (wt.image_len > 0) ||
+            (wt.image_dim && wt.added_kv_proj_dim != wt.inner_dim))
             abort();
     } else if (ditd_err_detail()[0] == '\0') {
         abort();

@@ -76,6 +76,12 @@ static int family(const char *dir)
     /* sizes refused naming them, the model left as it was */
     TU_CHECK_ERR(ditd_denoiser_set_size(d, 9, 8, 4), DITD_EINVAL, "8x9");
     TU_CHECK(d->shapes.height == DITD_FLUX_DEFAULT_LATENT, "a refused size changes nothing");
+    /* an image family: set_video_size is set_size for one frame, refused for more */
+    TU_CHECK_ERR(ditd_denoiser_set_video_size(d, 3, 8, 8, 4), DITD_EUNSUPPORTED, "image model",
+                 "3 frames");
+    TU_OK(ditd_denoiser_set_video_size(d, 1, DITD_FLUX_DEFAULT_LATENT, DITD_FLUX_DEFAULT_LATENT,
+                                       DITD_FLUX_DEFAULT_TEXT_LEN));
+    TU_CHECK(d->shapes.frames == 0, "an image family has no frames");
     cases = flux_cases(dir);
     json_array_foreach(cases, i, c) {
         flux_case fc;

@@ -7,6 +7,7 @@
  *   layernorm, modulate, affine: 1e-6; gated residual: 2e-7 (one fma).
  */
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/rope.h"
 #include "tests/kernels/kt_common.h"
 
 #include <string.h>
@@ -123,6 +124,69 @@ static int check_gated(kt_rng *rng, int B, int N, int D)
     return fail;
 }
 
+/* Wan's RMSNorm across heads (kernels/cpu/rope.h): rows of stride ld at
+ * column off, against a float64 torch.nn.RMSNorm over n columns; then the
+ * same rows split into `parts` column slices (tp ranks), each slice's
+ * row_sumsq summed before rmsnorm_rows with n_total = n, as the Wan model
+ * all-reduces them: equal to the whole row's norm. */
+static int check_rms_rows(kt_rng *rng, int rows, int n, size_t ld, size_t off, int parts)
+{
+    const float eps = 1e-6f;
+    const size_t nx = (size_t)rows * ld;
+    float *x = kt_alloc(sizeof(float) * nx), *y = kt_alloc(sizeof(float) * nx);
+    float *w = kt_alloc(sizeof(float) * (size_t)n), *ss = kt_alloc(sizeof(float) * (size_t)rows);
+    float *part = kt_alloc(sizeof(float) * (size_t)rows);
+    double *ref = kt_alloc(sizeof(double) * (size_t)rows * n);
+    float *got = kt_alloc(sizeof(float) * (size_t)rows * n);
+    kt_fill(rng, x, nx, -3.0f, 2.0f);
+    kt_fill(rng, w, (size_t)n, 0.5f, 1.5f);
+    for (int r = 0; r < rows; ++r) {
+        const float *v = x + (size_t)r * ld + off;
+        double acc = 0.0;
+        for (int j = 0; j < n; ++j)
+            acc += (double)v[j] * v[j];
+        const double inv = 1.0 / sqrt(acc / n + eps);
+        for (int j = 0; j < n; ++j)
+            ref[(size_t)r * n + j] = (double)v[j] * inv * (double)w[j];
+    }
+    memcpy(y, x, sizeof(float) * nx);
+    ditd_cpu_row_sumsq(y + off, ld, rows, n, ss);
+    ditd_cpu_rmsnorm_rows(y + off, ld, w, ss, rows, n, n, eps);
+    int untouched = 1;
+    for (int r = 0; r < rows; ++r) {
+        memcpy(got + (size_t)r * n, y + (size_t)r * ld + off, sizeof(float) * (size_t)n);
+        for (size_t c = 0; c < ld; ++c)
+            if ((c < off || c >= off + (size_t)n) && y[r * ld + c] != x[r * ld + c])
+                untouched = 0;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "rmsnorm_rows rows=%d n=%d ld=%zu off=%zu", rows, n, ld, off);
+    int fail = kt_check(what, got, ref, (size_t)rows * n, 0.0, 1e-6);
+    if (!untouched) {
+        printf("%s: wrote outside its columns\n", what);
+        fail = 1;
+    }
+    /* the tp split: slices [c0, c0 + cn), their sums added, then each scaled */
+    memcpy(y, x, sizeof(float) * nx);
+    memset(ss, 0, sizeof(float) * (size_t)rows);
+    for (int p = 0; p < parts; ++p) {
+        const int c0 = n * p / parts, cn = n * (p + 1) / parts - c0;
+        ditd_cpu_row_sumsq(y + off + c0, ld, rows, cn, part);
+        for (int r = 0; r < rows; ++r)
+            ss[r] += part[r];
+    }
+    for (int p = 0; p < parts; ++p) {
+        const int c0 = n * p / parts, cn = n * (p + 1) / parts - c0;
+        ditd_cpu_rmsnorm_rows(y + off + c0, ld, w + c0, ss, rows, cn, n, eps);
+    }
+    for (int r = 0; r < rows; ++r)
+        memcpy(got + (size_t)r * n, y + (size_t)r * ld + off, sizeof(float) * (size_t)n);
+    snprintf(what, sizeof what, "rmsnorm_rows rows=%d n=%d in %d slices (tp)", rows, n, parts);
+    fail |= kt_check(what, got, ref, (size_t)rows * n, 0.0, 1e-6);
+    free(x), free(y), free(w), free(ss), free(part), free(ref), free(got);
+    return fail;
+}
+
 int main(void)
 {
     kt_rng rng = {0x5eed0003u};
@@ -139,6 +203,10 @@ int main(void)
     fail |= check_affine(&rng, 5, 64, 0, 1);
     fail |= check_affine(&rng, 5, 64, 1, 0);
     fail |= check_affine(&rng, 5, 64, 0, 0);
+    fail |= check_rms_rows(&rng, 37, 32, 96, 32, 2);
+    fail |= check_rms_rows(&rng, 5, 72, 72, 0, 3);
+    fail |= check_rms_rows(&rng, 9, 5120, 3 * 5120 + 3, 5120, 4);
+    fail |= check_rms_rows(&rng, 3, 7, 11, 1, 7);
     printf(fail ? "test_norm: FAILED\n" : "test_norm: ok\n");
     return fail;
 }

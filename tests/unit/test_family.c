@@ -491,7 +491,8 @@ static void test_registry(const char *tmp)
     make_model(dir, "NoSuchTransformer2DModel", "text", sched_flow);
     ditd_model_info info;
     TU_CHECK_ERR(ditd_model_info_load(dir, &info), DITD_EUNSUPPORTED, "NoSuchTransformer2DModel",
-                 "DiTTransformer2DModel, FluxTransformer2DModel, SD3Transformer2DModel, " TOY_CLASS);
+                 "DiTTransformer2DModel, FluxTransformer2DModel, SD3Transformer2DModel, "
+                 "WanTransformer3DModel, " TOY_CLASS);
     /* enums round-trip; bad shapes and conditioning refused with their numbers */
     for (int k = 0; k < DITD_COND_KIND_COUNT; k++) {
         ditd_cond_kind v;
@@ -513,8 +514,20 @@ static void test_registry(const char *tmp)
                                .cond = {.kind = DITD_COND_CLASS, .num_classes = 10}};
     TU_CHECK_ERR(ditd_denoiser_shapes_check(&bs, "toy"), DITD_EINVAL, "toy", "0 heads");
     bs.heads = 2;
+    bs.out_channels = 0;
+    TU_CHECK_ERR(ditd_denoiser_shapes_check(&bs, "toy"), DITD_EINVAL, "4 input, 0 output");
+    /* fewer output than input channels: a condition concatenated on
+     * channels (Wan 2.2 I2V: 36 in, 16 out) */
     bs.out_channels = 3;
-    TU_CHECK_ERR(ditd_denoiser_shapes_check(&bs, "toy"), DITD_EINVAL, "4 input, 3 output");
+    TU_OK(ditd_denoiser_shapes_check(&bs, "toy"));
+    /* frames: counted by numel when > 1, refused when negative */
+    bs.frames = 5;
+    TU_CHECK(ditd_denoiser_numel_in(&bs) == 5 * 4 * 8 * 8 && ditd_denoiser_numel_out(&bs) == 5 * 3 * 8 * 8,
+             "numel counts frames");
+    bs.frames = 1;
+    TU_CHECK(ditd_denoiser_numel_in(&bs) == 4 * 8 * 8, "one frame is an image");
+    bs.frames = -1;
+    TU_CHECK_ERR(ditd_denoiser_shapes_check(&bs, "toy"), DITD_EINVAL, "-1 latent frames");
     ditd_component c;
     TU_OK(ditd_component_from_str("vae", &c));
     TU_CHECK(c == DITD_COMPONENT_VAE && !strcmp(ditd_component_name(c), "vae"), "component names");
