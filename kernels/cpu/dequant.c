@@ -1,0 +1,297 @@
+/* GGML block dequantization, the readable reference (dequant.h).
+ *
+ * One function per type, one block at a time, the values in the order the
+ * block stores them; each is a transcription of the gguf package's numpy
+ * dequantize_blocks (gguf/quants.py), which is ggml's dequantize_row_*.
+ * Layouts (bytes, in order):
+ *   Q4_0  d f16 | qs[16]            x = d * (nibble - 8); low nibbles first
+ *   Q4_1  d f16 | m f16 | qs[16]    x = d * nibble + m
+ *   Q5_0  d f16 | qh u32 | qs[16]   x = d * ((nibble | bit << 4) - 16)
+ *   Q5_1  d f16 | m f16 | qh | qs   x = d * (nibble | bit << 4) + m
+ *   Q8_0  d f16 | qs[32] int8       x = q * d
+ *   Q2_K  scales[16] | qs[64] | d | dmin        16 groups of 16
+ *   Q3_K  hmask[32] | qs[64] | scales[12] | d  16 groups of 16, 6-bit scales
+ *   Q4_K  d | dmin | scales[12] | qs[128]       8 groups of 32, 6-bit sc/min
+ *   Q5_K  d | dmin | scales[12] | qh[32] | qs[128]
+ *   Q6_K  ql[128] | qh[64] | scales[16] int8 | d
+ * Each group's scale (d * sc) and offset (dmin * m) is an fp32 product
+ * rounded once, then x = scale * q - offset, as numpy evaluates it.
+ *
+ * Built without -ffp-contract=fast (kernels/meson.build): GCC would fuse
+ * scale * q - offset into one FMA and round once, not twice as ggml does.
+ * The loops are plain enough for GCC to vectorize the 16- and 32-wide runs.
+ */
+#include "kernels/cpu/dequant.h"
+
+#include <assert.h>
+#include <string.h>
+
+enum { QK = 32, QKK = 256 };
+
+static inline float f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        uint32_t e = 113;
+        while (!(man & 0x400u)) {
+            man <<= 1;
+            e--;
+        }
+        bits = sign | (e << 23) | ((man & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static void deq_q4_0(const uint8_t *b, float *y)
+{
+    const float d = f16(b);
+    const uint8_t *qs = b + 2;
+    for (int l = 0; l < 16; l++) {
+        y[l] = d * (float)((int)(qs[l] & 0xf) - 8);
+        y[l + 16] = d * (float)((int)(qs[l] >> 4) - 8);
+    }
+}
+
+static void deq_q4_1(const uint8_t *b, float *y)
+{
+    const float d = f16(b), m = f16(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int l = 0; l < 16; l++) {
+        float p0 = d * (float)(qs[l] & 0xf), p1 = d * (float)(qs[l] >> 4);
+        y[l] = p0 + m;
+        y[l + 16] = p1 + m;
+    }
+}
+
+static void deq_q5_0(const uint8_t *b, float *y)
+{
+    const float d = f16(b);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const uint8_t *qs = b + 6;
+    for (int l = 0; l < 16; l++) {
+        int q0 = (qs[l] & 0xf) | (int)(((qh >> l) & 1u) << 4);
+        int q1 = (qs[l] >> 4) | (int)(((qh >> (l + 16)) & 1u) << 4);
+        y[l] = d * (float)(q0 - 16);
+        y[l + 16] = d * (float)(q1 - 16);
+    }
+}
+
+static void deq_q5_1(const uint8_t *b, float *y)
+{
+    const float d = f16(b), m = f16(b + 2);
+    uint32_t qh;
+    memcpy(&qh, b + 4, 4);
+    const uint8_t *qs = b + 8;
+    for (int l = 0; l < 16; l++) {
+        int q0 = (qs[l] & 0xf) | (int)(((qh >> l) & 1u) << 4);
+        int q1 = (qs[l] >> 4) | (int)(((qh >> (l + 16)) & 1u) << 4);
+        float p0 = d * (float)q0, p1 = d * (float)q1;
+        y[l] = p0 + m;
+        y[l + 16] = p1 + m;
+    }
+}
+
+static void deq_q8_0(const uint8_t *b, float *y)
+{
+    const float d = f16(b);
+    const int8_t *qs = (const int8_t *)(b + 2);
+    for (int l = 0; l < QK; l++)
+        y[l] = (float)qs[l] * d;
+}
+
+static void deq_q2_k(const uint8_t *b, float *y)
+{
+    const uint8_t *scales = b, *qs = b + 16;
+    const float d = f16(b + 80), dmin = f16(b + 82);
+    /* value e = h*128 + s*32 + l: (qs[h*32 + l] >> 2s) & 3, group e / 16 */
+    for (int e = 0; e < QKK; e++) {
+        int h = e / 128, s = (e % 128) / 32, l = e % 32, g = e / 16;
+        float dl = d * (float)(scales[g] & 0xf), ml = dmin * (float)(scales[g] >> 4);
+        float p = dl * (float)((qs[h * 32 + l] >> (2 * s)) & 3);
+        y[e] = p - ml;
+    }
+}
+
+static void deq_q3_k(const uint8_t *b, float *y)
+{
+    const uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
+    const float d = f16(b + 108);
+    float dl[16];
+    for (int i = 0; i < 16; i++) {
+        int lo = i < 8 ? (sc[i] & 0xf) : (sc[i - 8] >> 4);
+        int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+        dl[i] = d * (float)((int8_t)(uint8_t)(lo | (hi << 4)) - 32);
+    }
+    for (int e = 0; e < QKK; e++) {
+        int h = e / 128, s = (e % 128) / 32, l = e % 32;
+        int ql = (qs[h * 32 + l] >> (2 * s)) & 3;
+        int qh = ((hmask[l] >> (e / 32)) & 1) ^ 1;
+        y[e] = dl[e / 16] * (float)(ql - (qh << 2));
+    }
+}
+
+/* Q4_K / Q5_K: the 8 6-bit scales and mins packed in 12 bytes. */
+static void scale_min_k4(const uint8_t *s, int *sc, int *mn)
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 0x3f;
+        mn[j] = s[4 + j] & 0x3f;
+        sc[4 + j] = (s[8 + j] & 0xf) | ((s[j] >> 2) & 0x30);
+        mn[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30);
+    }
+}
+
+static void deq_q4_k(const uint8_t *b, float *y)
+{
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *qs = b + 16;
+    int sc[8], mn[8];
+    scale_min_k4(b + 4, sc, mn);
+    /* value e: chunk c = e / 64 of 32 bytes, nibble (e / 32) % 2, group e / 32 */
+    for (int g = 0; g < 8; g++) {
+        const float dl = d * (float)sc[g], ml = dmin * (float)mn[g];
+        const uint8_t *q = qs + (g / 2) * 32;
+        const int shift = 4 * (g % 2);
+        for (int l = 0; l < 32; l++) {
+            float p = dl * (float)((q[l] >> shift) & 0xf);
+            y[g * 32 + l] = p - ml;
+        }
+    }
+}
+
+static void deq_q5_k(const uint8_t *b, float *y)
+{
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    int sc[8], mn[8];
+    scale_min_k4(b + 4, sc, mn);
+    for (int g = 0; g < 8; g++) {
+        const float dl = d * (float)sc[g], ml = dmin * (float)mn[g];
+        const uint8_t *q = qs + (g / 2) * 32;
+        const int shift = 4 * (g % 2);
+        for (int l = 0; l < 32; l++) {
+            int v = ((q[l] >> shift) & 0xf) | (((qh[l] >> g) & 1) << 4);
+            float p = dl * (float)v;
+            y[g * 32 + l] = p - ml;
+        }
+    }
+}
+
+static void deq_q6_k(const uint8_t *b, float *y)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const float d = f16(b + 208);
+    for (int e = 0; e < QKK; e++) {
+        int h = e / 128, r = e % 128;
+        int lo = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 0xf;
+        int hi = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
+        float dl = d * (float)sc[e / 16];
+        y[e] = dl * (float)((lo | (hi << 4)) - 32);
+    }
+}
+
+typedef void (*deq_fn)(const uint8_t *, float *);
+
+typedef struct qtype_info {
+    int type, elems, bytes;
+    deq_fn fn; /* NULL: an element type, converted below */
+} qtype_info;
+
+static const qtype_info g_types[] = {
+    {DITD_Q_F32, 1, 4, NULL},        {DITD_Q_F16, 1, 2, NULL},
+    {DITD_Q_BF16, 1, 2, NULL},       {DITD_Q_Q4_0, QK, 18, deq_q4_0},
+    {DITD_Q_Q4_1, QK, 20, deq_q4_1}, {DITD_Q_Q5_0, QK, 22, deq_q5_0},
+    {DITD_Q_Q5_1, QK, 24, deq_q5_1}, {DITD_Q_Q8_0, QK, 34, deq_q8_0},
+    {DITD_Q_Q2_K, QKK, 84, deq_q2_k}, {DITD_Q_Q3_K, QKK, 110, deq_q3_k},
+    {DITD_Q_Q4_K, QKK, 144, deq_q4_k}, {DITD_Q_Q5_K, QKK, 176, deq_q5_k},
+    {DITD_Q_Q6_K, QKK, 210, deq_q6_k},
+};
+
+static const qtype_info *info_of(int type)
+{
+    for (size_t i = 0; i < sizeof g_types / sizeof *g_types; i++)
+        if (g_types[i].type == type)
+            return &g_types[i];
+    return NULL;
+}
+
+int ditd_cpu_dequant_block(int type, int *elems, int *bytes)
+{
+    const qtype_info *t = info_of(type);
+    if (!t)
+        return 0;
+    if (elems)
+        *elems = t->elems;
+    if (bytes)
+        *bytes = t->bytes;
+    return 1;
+}
+
+void ditd_cpu_dequant(int type, const void *src, float *dst, size_t n)
+{
+    const qtype_info *t = info_of(type);
+    assert(t && n % (size_t)t->elems == 0);
+    const uint8_t *s = src;
+    switch (type) {
+    case DITD_Q_F32:
+        memcpy(dst, s, n * 4);
+        return;
+    case DITD_Q_F16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = f16(s + 2 * i);
+        return;
+    case DITD_Q_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            uint32_t u = (uint32_t)h << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+        return;
+    default:
+        for (size_t i = 0; i < n / (size_t)t->elems; i++)
+            t->fn(s + i * (size_t)t->bytes, dst + i * (size_t)t->elems);
+    }
+}
+
+void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, int n0, int rows,
+                           int k0, int k1, float *dst, size_t ldd, int transpose)
+{
+    const qtype_info *t = info_of(type);
+    assert(t && k0 % t->elems == 0 && k1 > k0);
+    const size_t skip = (size_t)(k0 / t->elems) * (size_t)t->bytes;
+    const size_t n = (size_t)(k1 - k0);
+    /* one row at a time through a stack buffer when transposing (a panel's
+     * rows are its columns) */
+    enum { CHUNK = 1024 };
+    float tmp[CHUNK];
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *s = (const uint8_t *)src + (size_t)(n0 + r) * row_bytes + skip;
+        if (!transpose) {
+            ditd_cpu_dequant(type, s, dst + (size_t)r * ldd, n);
+            continue;
+        }
+        for (size_t c = 0; c < n; c += CHUNK) {
+            size_t m = n - c < CHUNK ? n - c : CHUNK; /* CHUNK is a multiple of 256 */
+            ditd_cpu_dequant(type, s + c / (size_t)t->elems * (size_t)t->bytes, tmp, m);
+            float *d = dst + c * ldd + (size_t)r;
+            for (size_t k = 0; k < m; k++)
+                d[k * ldd] = tmp[k];
+        }
+    }
+}
