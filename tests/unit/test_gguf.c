@@ -16,6 +16,7 @@
  * DITD_TEST_SEED=N replays the random part.
  */
 #include "engine/io/gguf.h"
+#include "engine/io/weights.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -422,11 +423,72 @@ static void test_dequant_rows(void)
     TU_CHECK(ok, "transposed rows");
 }
 
+/* The weight source over a GGUF file: aliases (row segments of the file's
+ * tensors), their reads and slices, the quantized-storage queries. */
+static void test_weights(void)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/gguf", tu_fixtures());
+    ditd_weights *w = NULL;
+    TU_CHECK_ERR(ditd_weights_open(path, &w), DITD_EFORMAT, "two GGUF files");
+    snprintf(path, sizeof path, "%s/gguf/types.gguf", tu_fixtures());
+    TU_OK(ditd_weights_open(path, &w));
+    if (!w)
+        return;
+    TU_CHECK(strcmp(ditd_weights_format(w), "gguf") == 0 && ditd_weights_gguf(w), "format");
+    /* (4, 512): rows 1..2 of the Q8_0 tensor, then row 0 and 2 of Q4_K */
+    const ditd_weight_seg segs[3] = {{"q.Q8_0", 1, 2}, {"q.Q4_K", 0, 1}, {"q.Q4_K", 2, 1}};
+    TU_OK(ditd_weights_alias(w, "cat", 3, segs));
+    const ditd_weight_seg whole = {"q.Q8_0", 0, -1};
+    TU_OK(ditd_weights_alias(w, "all", 1, &whole));
+    static float a[3 * 512], b[3 * 512], got[4 * 512], want[4 * 512];
+    const int64_t s3[2] = {3, 512}, s4[2] = {4, 512};
+    TU_OK(ditd_weights_read_f32(w, "ref.Q8_0", 2, s3, a));
+    TU_OK(ditd_weights_read_f32(w, "ref.Q4_K", 2, s3, b));
+    memcpy(want, a + 512, 2 * 512 * sizeof *a);
+    memcpy(want + 1024, b, 512 * sizeof *b);
+    memcpy(want + 1536, b + 1024, 512 * sizeof *b);
+    TU_OK(ditd_weights_read_f32(w, "cat", 2, s4, got));
+    bit_equal("alias cat", got, want, 4 * 512);
+    TU_OK(ditd_weights_read_f32_slice(w, "cat", 2, s4, 0, 1, 2, got));
+    bit_equal("alias row slice", got, want + 512, 2 * 512);
+    TU_OK(ditd_weights_read_f32_slice(w, "cat", 2, s4, 1, 100, 200, got));
+    for (int r = 0; r < 4; r++)
+        bit_equal("alias column slice", got + r * 200, want + r * 512 + 100, 200);
+    TU_OK(ditd_weights_read_f32(w, "all", 2, s3, got));
+    bit_equal("alias all", got, a, 3 * 512);
+    TU_CHECK_ERR(ditd_weights_read_f32(w, "cat", 2, s3, got), DITD_ESHAPE, "cat", "(4, 512)");
+    TU_CHECK(ditd_weights_has(w, "cat") && !ditd_weights_has_raw(w, "cat"), "has");
+    /* refused aliases */
+    const ditd_weight_seg past = {"q.Q8_0", 2, 2}, none = {"nope", 0, 1},
+                          other[2] = {{"q.Q8_0", 0, 1}, {"q3.Q8_0", 0, 1}};
+    TU_CHECK_ERR(ditd_weights_alias(w, "x", 1, &past), DITD_EFORMAT, "q.Q8_0", "'x'");
+    TU_CHECK_ERR(ditd_weights_alias(w, "x", 1, &none), DITD_EFORMAT, "nope", "'x'");
+    TU_CHECK_ERR(ditd_weights_alias(w, "x", 2, other), DITD_EFORMAT, "q3.Q8_0");
+    /* quantized storage: Q8_0 and its alias yes, F16 and mixed types no */
+    int type = -1;
+    size_t rb = 0;
+    TU_CHECK(ditd_weights_quant(w, "q.Q8_0", 3, 512, &type, &rb) && type == DITD_GGUF_Q8_0 &&
+                 rb == 16 * 34,
+             "quant Q8_0: type %d, row bytes %zu", type, rb);
+    TU_CHECK(ditd_weights_quant(w, "all", 3, 512, &type, &rb), "quant alias");
+    TU_CHECK(!ditd_weights_quant(w, "q.F16", 3, 512, &type, &rb), "F16 is not blocks");
+    TU_CHECK(!ditd_weights_quant(w, "cat", 4, 512, &type, &rb), "mixed types");
+    TU_CHECK(!ditd_weights_quant(w, "q.Q8_0", 3, 256, &type, &rb), "wrong K");
+    uint8_t rows[2 * 16 * 34];
+    const ditd_gguf_tensor *t = ditd_gguf_find(ditd_weights_gguf(w), "q.Q8_0");
+    TU_OK(ditd_weights_rows(w, "all", 1, 2, rows));
+    TU_CHECK(t && memcmp(rows, (const uint8_t *)t->data + rb, 2 * rb) == 0, "rows copied");
+    TU_CHECK_ERR(ditd_weights_rows(w, "all", 2, 2, rows), DITD_ERANGE, "all");
+    ditd_weights_free(w);
+}
+
 int main(void)
 {
     tu_seed();
     test_types();
     test_made();
     test_dequant_rows();
+    test_weights();
     return tu_exit();
 }

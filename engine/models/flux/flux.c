@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "engine/io/safetensors.h"
+#include "engine/io/weights.h"
 #include "kernels/cpu/rope.h"
 
 #define TFREQ 256 /* Timesteps(num_channels=256) of CombinedTimestep*TextProjEmbeddings */
@@ -291,7 +291,7 @@ void ditd_flux_shapes(const ditd_flux_config *c, int height, int width, int text
 /* ---- loading ---- */
 
 typedef struct loader {
-    const ditd_safetensors *st;
+    const ditd_weights *st;
     const ditd_backend_ops *ops;
     float *stage;
     size_t cap;
@@ -310,7 +310,7 @@ static int stage(loader *ld, int64_t d0, int64_t d1)
         ld->cap = n;
     }
     int64_t shape[2] = {d0, d1};
-    return ditd_safetensors_read_f32(ld->st, ld->name, d1 > 0 ? 2 : 1, shape, ld->stage);
+    return ditd_weights_read_f32(ld->st, ld->name, d1 > 0 ? 2 : 1, shape, ld->stage);
 }
 
 /* dst := tensor (d0[, d1]); d1 = 0 for a vector. */
@@ -340,8 +340,8 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
     }
     float *buf = to ? to : ld->stage;
     int err = start == 0 && len == shape[axis]
-                  ? ditd_safetensors_read_f32(ld->st, ld->name, nd, shape, buf)
-                  : ditd_safetensors_read_f32_slice(ld->st, ld->name, nd, shape, axis, start, len,
+                  ? ditd_weights_read_f32(ld->st, ld->name, nd, shape, buf)
+                  : ditd_weights_read_f32_slice(ld->st, ld->name, nd, shape, axis, start, len,
                                                     buf);
     if (!err && !to)
         ld->ops->upload_weight(dst, buf, n);
@@ -416,7 +416,7 @@ out:
     return err;
 }
 
-static int load_weights(ditd_flux *m, const ditd_safetensors *st)
+static int load_weights(ditd_flux *m, const ditd_weights *st)
 {
     const ditd_flux_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
@@ -432,7 +432,7 @@ static int load_weights(ditd_flux *m, const ditd_safetensors *st)
     if (c->guidance_embeds) {
         LIN(m->g1, D, TFREQ, "time_text_embed.guidance_embedder.linear_1");
         LIN(m->g2, D, D, "time_text_embed.guidance_embedder.linear_2");
-    } else if (ditd_safetensors_find(st, "time_text_embed.guidance_embedder.linear_1.weight")) {
+    } else if (ditd_weights_has(st, "time_text_embed.guidance_embedder.linear_1.weight")) {
         err = ditd_err_set(DITD_EFORMAT,
                            "checkpoint has time_text_embed.guidance_embedder but config says guidance_embeds false");
         goto done;
@@ -509,11 +509,11 @@ static int load_weights(ditd_flux *m, const ditd_safetensors *st)
     /* more blocks in the checkpoint than the config says would silently
      * drop layers: refuse */
     NAME("transformer_blocks.%d.norm1.linear.weight", c->num_layers);
-    if (ditd_safetensors_find(st, ld.name))
+    if (ditd_weights_has(st, ld.name))
         err = ditd_err_set(DITD_EFORMAT, "checkpoint has %s but config says num_layers %d",
                            ld.name, c->num_layers);
     NAME("single_transformer_blocks.%d.norm.linear.weight", c->num_single_layers);
-    if (!err && ditd_safetensors_find(st, ld.name))
+    if (!err && ditd_weights_has(st, ld.name))
         err = ditd_err_set(DITD_EFORMAT, "checkpoint has %s but config says num_single_layers %d",
                            ld.name, c->num_single_layers);
 done:
@@ -574,8 +574,9 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
                        int height, int width, int text_len, const char *weights_path,
                        const ditd_mesh *mesh, ditd_flux **out)
 {
-    ditd_safetensors *st = NULL;
+    ditd_weights *st = NULL;
     ditd_flux *m;
+    int bfl = 0;
     int err;
 
     if (max_batch <= 0 || max_batch > 4096)
@@ -599,15 +600,15 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
         goto fail;
     }
     if ((err = set_sizes(m, height, width, text_len)) || (err = plan(m, mesh)) ||
-        (err = ditd_safetensors_open(weights_path, &st)) || (err = load_weights(m, st)) ||
+        (err = ditd_weights_open(weights_path, &st)) ||
+        (err = ditd_flux_alias_bfl(st, cfg, &bfl)) || (err = load_weights(m, st)) ||
         (err = pack_linears(m)))
         goto fail;
-    ditd_safetensors_free(st);
+    ditd_weights_free(st);
     *out = m;
     return 0;
 fail:
-    if (st)
-        ditd_safetensors_free(st);
+    ditd_weights_free(st);
     ditd_flux_free(m);
     return err;
 }

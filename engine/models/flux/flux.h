@@ -163,7 +163,8 @@ typedef struct ditd_flux {
 
 /* Loads a model for latents (C, height, width) and text_len text tokens,
  * batches up to max_batch, weights from a safetensors checkpoint (file,
- * index or folder), as one rank of `mesh` (borrowed; NULL = one rank).
+ * index or folder) or a GGUF file (or a folder holding one; engine/io/
+ * weights.h), in Diffusers' names or FLUX.1's original ones, as one rank of `mesh` (borrowed; NULL = one rank).
  * height and width even. Refused (DITD_EUNSUPPORTED / DITD_EINVAL, on every
  * rank alike): a layout the heads or tokens cannot take, a backend
  * without the rope, rmsnorm_heads and upload_f32 ops. *out owned: ditd_flux_free. */
@@ -194,6 +195,13 @@ void ditd_flux_shapes(const ditd_flux_config *c, int height, int width, int text
 
 /* The FluxTransformer2DModel family (engine/models/flux/flux_denoiser.c). */
 extern const ditd_denoiser_family ditd_flux_family;
+
+/* Registers on `w` the Diffusers names of a checkpoint in FLUX.1's
+ * original (BFL) names (flux_bfl.c), as Diffusers' single-file loader maps
+ * them; *found = 0 and nothing registered when the file is not in those
+ * names. 0 or the alias error. */
+struct ditd_weights;
+int ditd_flux_alias_bfl(struct ditd_weights *w, const ditd_flux_config *c, int *found);
 
 size_t ditd_flux_weight_bytes(const ditd_flux *m);
 size_t ditd_flux_act_bytes(const ditd_flux *m);
