@@ -34,6 +34,7 @@ struct ditd_weights {
     ditd_gguf *gg;
     alias *al;
     size_t nal, cap;
+    int dequantize; /* DITD_WEIGHTS_DEQUANTIZE=1: nothing stays quantized */
 };
 
 /* ---- open ------------------------------------------------------------------- */
@@ -118,6 +119,8 @@ int ditd_weights_open(const char *path, ditd_weights **out)
         goto fail;
     }
     free(gguf);
+    const char *dq = getenv("DITD_WEIGHTS_DEQUANTIZE");
+    w->dequantize = dq && strcmp(dq, "1") == 0;
     *out = w;
     return 0;
 fail:
@@ -384,7 +387,7 @@ static int is_block_type(int type)
 int ditd_weights_quant(const ditd_weights *w, const char *name, int64_t N, int64_t K, int *type,
                        size_t *row_bytes)
 {
-    if (!w->gg)
+    if (!w->gg || w->dequantize)
         return 0;
     const alias *a = ditd_weights_has_raw(w, name) ? NULL : find_alias(w, name);
     const ditd_weight_seg self = {name, 0, N};

@@ -75,8 +75,10 @@ int ditd_weights_read_f32_slice(const ditd_weights *w, const char *name, int ndi
 /* A 2-D tensor (N, K) (own or alias) stored as GGML blocks in a GGUF
  * file: 1 with *type (ggml number) and *row_bytes when every segment is
  * one quantized type ditd computes with (F32, F16 and BF16 tensors are not
- * "quantized": they answer 0, and load as floats). 0 otherwise or when the
- * shape differs. */
+ * "quantized": they answer 0, and load as floats). 0 otherwise, when the
+ * shape differs, and always when the environment has
+ * DITD_WEIGHTS_DEQUANTIZE=1 (read at open: every weight dequantized at
+ * load, to compare or where memory is plentiful). */
 int ditd_weights_quant(const ditd_weights *w, const char *name, int64_t N, int64_t K, int *type,
                        size_t *row_bytes);
 /* Copies the block rows [r0, r0 + rows) of such a tensor into dst

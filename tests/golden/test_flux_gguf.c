@@ -4,9 +4,13 @@
  * the gguf package (tools/make_flux_gguf_fixtures.py): Q8_0 in FLUX.1's
  * original names and in Diffusers' names, Q4_K/Q5_K/Q6_K in original names
  * with ComfyUI's "model.diffusion_model." prefix. Bound: max|ours - ref| /
- * max|ref| <= 1e-4 on every output; at least 5 cases. Also refused, naming
+ * max|ref| <= 1e-4 on every output; at least 5 cases. The linears stay in
+ * their GGML blocks in memory (ops->linear_q), and the forward is
+ * bit-identical to the same model dequantized at load
+ * (DITD_WEIGHTS_DEQUANTIZE=1), whose weights take more memory. Also refused, naming
  * what is wrong: a config asking for a block the file lacks, a folder with
  * two GGUF files. */
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -41,6 +45,27 @@ static int run_model(const char *dir)
                      fc.h, fc.w, fc.L);
             TU_CLOSE(what, got, fc.out, fc.n_out, TOL);
             checked++;
+            /* the same model dequantized at load: the same bits, more bytes */
+            ditd_flux *d = NULL;
+            setenv("DITD_WEIGHTS_DEQUANTIZE", "1", 1);
+            TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h, fc.w, fc.L, dir, NULL,
+                                     &d));
+            unsetenv("DITD_WEIGHTS_DEQUANTIZE");
+            if (d) {
+                float *got_d = calloc(fc.n_out, sizeof *got_d);
+                TU_OK(ditd_flux_forward(d, fc.B, fc.x, fc.t, fc.text, fc.pooled,
+                                        cfg.guidance_embeds ? fc.guidance : NULL, got_d));
+                TU_CHECK(memcmp(got, got_d, fc.n_out * sizeof *got) == 0,
+                         "%s: kept quantized differs from dequantized at load", what);
+                printf("     %d linears kept quantized: weights %zu bytes (%zu dequantized)\n",
+                       m->quantized, ditd_flux_weight_bytes(m), ditd_flux_weight_bytes(d));
+                TU_CHECK(m->quantized > 0 && d->quantized == 0 &&
+                             ditd_flux_weight_bytes(m) < ditd_flux_weight_bytes(d),
+                         "%s: %d quantized linears, %zu vs %zu bytes", what, m->quantized,
+                         ditd_flux_weight_bytes(m), ditd_flux_weight_bytes(d));
+                free(got_d);
+                ditd_flux_free(d);
+            }
             free(got);
             ditd_flux_free(m);
         }

@@ -75,9 +75,13 @@
 #define DITD_FLUX_DEFAULT_LATENT 128
 #define DITD_FLUX_DEFAULT_TEXT_LEN 512
 
-/* One linear layer's weight (N, K) and bias (N). */
+/* One linear layer's weight (N, K) and bias (N). A weight read from a GGUF
+ * file in GGML blocks stays so (q.data == w: the blocks, copied into the
+ * weight arena) and runs through ops->linear_q; otherwise q.data is NULL
+ * and w holds weight_dtype values for ops->linear. */
 typedef struct ditd_flux_lin {
     void *w, *b;
+    ditd_qweight q;
 } ditd_flux_lin;
 
 /* FluxTransformerBlock: the image stream's weights, then the text stream's. */
@@ -109,6 +113,8 @@ typedef struct ditd_flux {
     int L;                  /* text tokens (all of them) */
 
     ditd_arena weights, acts;
+    const struct ditd_weights *src; /* while loading: which linears stay quantized */
+    int quantized;          /* linears kept in GGML blocks */
 
     ditd_flux_lin x_emb;    /* x_embedder (D, 4C) = conv (D, C, 2, 2) */
     ditd_flux_lin ctx_emb;  /* context_embedder (D, Dt) */
