@@ -118,12 +118,18 @@ static void deq_q2_k(const uint8_t *b, float *y)
     const uint8_t *scales = b, *qs = b + 16;
     const float d = f16(b + 80), dmin = f16(b + 82);
     /* value e = h*128 + s*32 + l: (qs[h*32 + l] >> 2s) & 3, group e / 16 */
-    for (int e = 0; e < QKK; e++) {
-        int h = e / 128, s = (e % 128) / 32, l = e % 32, g = e / 16;
-        float dl = d * (float)(scales[g] & 0xf), ml = dmin * (float)(scales[g] >> 4);
-        float p = dl * (float)((qs[h * 32 + l] >> (2 * s)) & 3);
-        y[e] = p - ml;
-    }
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++)
+            for (int half = 0; half < 2; half++) {
+                const int g = h * 8 + s * 2 + half;
+                const float dl = d * (float)(scales[g] & 0xf), ml = dmin * (float)(scales[g] >> 4);
+                const uint8_t *q = qs + h * 32 + half * 16;
+                float *o = y + h * 128 + s * 32 + half * 16;
+                for (int l = 0; l < 16; l++) {
+                    float p = dl * (float)((q[l] >> (2 * s)) & 3);
+                    o[l] = p - ml;
+                }
+            }
 }
 
 static void deq_q3_k(const uint8_t *b, float *y)
@@ -136,12 +142,19 @@ static void deq_q3_k(const uint8_t *b, float *y)
         int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
         dl[i] = d * (float)((int8_t)(uint8_t)(lo | (hi << 4)) - 32);
     }
-    for (int e = 0; e < QKK; e++) {
-        int h = e / 128, s = (e % 128) / 32, l = e % 32;
-        int ql = (qs[h * 32 + l] >> (2 * s)) & 3;
-        int qh = ((hmask[l] >> (e / 32)) & 1) ^ 1;
-        y[e] = dl[e / 16] * (float)(ql - (qh << 2));
-    }
+    /* value e = h*128 + s*32 + l: low bits (qs[h*32 + l] >> 2s) & 3, high
+     * bit (hmask[l] >> (e / 32)) & 1 (set: no offset; clear: -4) */
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++) {
+            const int bit = h * 4 + s;
+            const uint8_t *q = qs + h * 32;
+            float *o = y + h * 128 + s * 32;
+            for (int l = 0; l < 32; l++) {
+                int ql = (q[l] >> (2 * s)) & 3;
+                int qh = ((hmask[l] >> bit) & 1) ^ 1;
+                o[l] = dl[(h * 128 + s * 32 + l) / 16] * (float)(ql - (qh << 2));
+            }
+        }
 }
 
 /* Q4_K / Q5_K: the 8 6-bit scales and mins packed in 12 bytes. */
@@ -193,15 +206,28 @@ static void deq_q5_k(const uint8_t *b, float *y)
 
 static void deq_q6_k(const uint8_t *b, float *y)
 {
-    const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     const float d = f16(b + 208);
-    for (int e = 0; e < QKK; e++) {
-        int h = e / 128, r = e % 128;
-        int lo = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 0xf;
-        int hi = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
-        float dl = d * (float)sc[e / 16];
-        y[e] = dl * (float)((lo | (hi << 4)) - 32);
+    /* ggml's order: per half h, four runs of 32 values (ql low nibbles of
+     * bytes 0..31 and 32..63, then their high nibbles), each with 2 bits of
+     * qh[l] (bits 0-1, 2-3, 4-5, 6-7); group scale per 16 values */
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b + h * 64, *qh = b + 128 + h * 32;
+        float dl[8];
+        for (int i = 0; i < 8; i++)
+            dl[i] = d * (float)sc[h * 8 + i];
+        float *o = y + h * 128;
+        for (int l = 0; l < 32; l++) {
+            const int is = l / 16;
+            int q1 = ((ql[l] & 0xf) | ((qh[l] & 3) << 4)) - 32;
+            int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            o[l] = dl[is] * (float)q1;
+            o[l + 32] = dl[is + 2] * (float)q2;
+            o[l + 64] = dl[is + 4] * (float)q3;
+            o[l + 96] = dl[is + 6] * (float)q4;
+        }
     }
 }
 
@@ -264,9 +290,30 @@ void ditd_cpu_dequant(int type, const void *src, float *dst, size_t n)
         }
         return;
     default:
-        for (size_t i = 0; i < n / (size_t)t->elems; i++)
-            t->fn(s + i * (size_t)t->bytes, dst + i * (size_t)t->elems);
+        break;
     }
+    /* one loop per type, so that each block function is inlined into it */
+    const size_t nb = n / (size_t)t->elems;
+#define DQ_LOOP(T, fn)                                                          \
+    case T:                                                                     \
+        for (size_t i = 0; i < nb; i++)                                         \
+            fn(s + i * (size_t)t->bytes, dst + i * (size_t)t->elems);           \
+        return;
+    switch (type) {
+        DQ_LOOP(DITD_Q_Q4_0, deq_q4_0)
+        DQ_LOOP(DITD_Q_Q4_1, deq_q4_1)
+        DQ_LOOP(DITD_Q_Q5_0, deq_q5_0)
+        DQ_LOOP(DITD_Q_Q5_1, deq_q5_1)
+        DQ_LOOP(DITD_Q_Q8_0, deq_q8_0)
+        DQ_LOOP(DITD_Q_Q2_K, deq_q2_k)
+        DQ_LOOP(DITD_Q_Q3_K, deq_q3_k)
+        DQ_LOOP(DITD_Q_Q4_K, deq_q4_k)
+        DQ_LOOP(DITD_Q_Q5_K, deq_q5_k)
+        DQ_LOOP(DITD_Q_Q6_K, deq_q6_k)
+    default:
+        t->fn(s, dst); /* not reached: every block type is above */
+    }
+#undef DQ_LOOP
 }
 
 void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, int n0, int rows,
@@ -276,22 +323,36 @@ void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, int n0, 
     assert(t && k0 % t->elems == 0 && k1 > k0);
     const size_t skip = (size_t)(k0 / t->elems) * (size_t)t->bytes;
     const size_t n = (size_t)(k1 - k0);
-    /* one row at a time through a stack buffer when transposing (a panel's
-     * rows are its columns) */
-    enum { CHUNK = 1024 };
-    float tmp[CHUNK];
-    for (int r = 0; r < rows; r++) {
-        const uint8_t *s = (const uint8_t *)src + (size_t)(n0 + r) * row_bytes + skip;
-        if (!transpose) {
-            ditd_cpu_dequant(type, s, dst + (size_t)r * ldd, n);
-            continue;
-        }
-        for (size_t c = 0; c < n; c += CHUNK) {
-            size_t m = n - c < CHUNK ? n - c : CHUNK; /* CHUNK is a multiple of 256 */
-            ditd_cpu_dequant(type, s + c / (size_t)t->elems * (size_t)t->bytes, tmp, m);
-            float *d = dst + c * ldd + (size_t)r;
-            for (size_t k = 0; k < m; k++)
-                d[k * ldd] = tmp[k];
+    if (!transpose) {
+        for (int r = 0; r < rows; r++)
+            ditd_cpu_dequant(type, (const uint8_t *)src + (size_t)(n0 + r) * row_bytes + skip,
+                             dst + (size_t)r * ldd, n);
+        return;
+    }
+    /* transposed (a panel's rows are its columns): 16 rows x 256 values at
+     * a time through L1, then each k's 16 values stored side by side (one
+     * cache line), not one strided store per value */
+    enum { TR = 16, CH = 256 }; /* CH: a multiple of every block's elems */
+    float tmp[TR][CH];
+    for (int r0 = 0; r0 < rows; r0 += TR) {
+        const int nr = rows - r0 < TR ? rows - r0 : TR;
+        for (size_t c = 0; c < n; c += CH) {
+            const size_t m = n - c < CH ? n - c : CH;
+            for (int i = 0; i < nr; i++)
+                ditd_cpu_dequant(type,
+                                 (const uint8_t *)src + (size_t)(n0 + r0 + i) * row_bytes + skip +
+                                     c / (size_t)t->elems * (size_t)t->bytes,
+                                 tmp[i], m);
+            float *d = dst + c * ldd + (size_t)r0;
+            if (nr == TR) {
+                for (size_t k = 0; k < m; k++)
+                    for (int i = 0; i < TR; i++)
+                        d[k * ldd + (size_t)i] = tmp[i][k];
+            } else {
+                for (size_t k = 0; k < m; k++)
+                    for (int i = 0; i < nr; i++)
+                        d[k * ldd + (size_t)i] = tmp[i][k];
+            }
         }
     }
 }
