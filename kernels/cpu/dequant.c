@@ -26,6 +26,10 @@
 #include <assert.h>
 #include <string.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 enum { QK = 32, QKK = 256 };
 
 static inline float f16(const uint8_t *p)
@@ -231,6 +235,49 @@ static void deq_q6_k(const uint8_t *b, float *y)
     }
 }
 
+/* d[k * ldd + i] = t[i][k] for i < 16, k < 16: a 16 x 16 transpose (rows
+ * of t 256 floats apart). Moves bits only. */
+static inline void transpose16(const float *t, float *d, size_t ldd)
+{
+#if defined(__AVX512F__)
+    __m512 r[16], u[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_loadu_ps(t + (size_t)i * 256);
+    /* 32-bit, 64-bit, then 128-bit and 256-bit lane interleaves */
+    for (int i = 0; i < 16; i += 2) {
+        u[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        u[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i]), _mm512_castps_pd(u[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u[i + 1]), _mm512_castps_pd(u[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u[i + 1]), _mm512_castps_pd(u[i + 3])));
+    }
+    /* r[4q + c] now holds, in each 128-bit lane L, the 4 values of column
+     * 4L + c' of rows 4q..4q+3 (c' = 0, 1, 2, 3 for c = 0, 1, 2, 3) */
+    for (int q = 0; q < 4; q += 2)
+        for (int c = 0; c < 4; c++) {
+            __m512 a = r[4 * q + c], b = r[4 * (q + 1) + c];
+            u[4 * q + c] = _mm512_shuffle_f32x4(a, b, 0x88);      /* lanes 0,2 of a, 0,2 of b */
+            u[4 * (q + 1) + c] = _mm512_shuffle_f32x4(a, b, 0xdd); /* lanes 1,3 of a, 1,3 of b */
+        }
+    for (int c = 0; c < 4; c++)
+        for (int h = 0; h < 2; h++) {
+            __m512 a = u[h * 4 + c], b = u[8 + h * 4 + c];
+            __m512 lo = _mm512_shuffle_f32x4(a, b, 0x88), hi = _mm512_shuffle_f32x4(a, b, 0xdd);
+            r[(h ? 4 : 0) + c] = lo;
+            r[(h ? 12 : 8) + c] = hi;
+        }
+    for (int k = 0; k < 16; k++)
+        _mm512_storeu_ps(d + (size_t)k * ldd, r[k]);
+#else
+    for (int k = 0; k < 16; k++)
+        for (int i = 0; i < 16; i++)
+            d[(size_t)k * ldd + (size_t)i] = t[(size_t)i * 256 + (size_t)k];
+#endif
+}
+
 typedef void (*deq_fn)(const uint8_t *, float *);
 
 typedef struct qtype_info {
@@ -344,10 +391,9 @@ void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, int n0, 
                                      c / (size_t)t->elems * (size_t)t->bytes,
                                  tmp[i], m);
             float *d = dst + c * ldd + (size_t)r0;
-            if (nr == TR) {
-                for (size_t k = 0; k < m; k++)
-                    for (int i = 0; i < TR; i++)
-                        d[k * ldd + (size_t)i] = tmp[i][k];
+            if (nr == TR && m % 16 == 0) {
+                for (size_t k = 0; k < m; k += 16)
+                    transpose16(&tmp[0][k], d + k * ldd, ldd);
             } else {
                 for (size_t k = 0; k < m; k++)
                     for (int i = 0; i < nr; i++)
