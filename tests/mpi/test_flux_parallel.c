@@ -120,6 +120,13 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
                      "rank %d %s[%zu] %d image tokens (%d here), %d text (%d here): mesh vs one rank",
                      rank_world, dir, i, par->N, par->n_loc, fc.L, par->l_loc);
             check_shares(par, mesh, what);
+            if (strstr(dir, "flux_gguf"))
+                /* every tp slice of the Q8_0 model is whole blocks (32 values);
+                 * the Q4_K one's 128-column head slices are not (256) */
+                TU_CHECK(par->quantized > 0 && one->quantized > 0 &&
+                             (!strstr(dir, "q8_0") || par->quantized == one->quantized),
+                         "%s: %d linears kept quantized under the mesh, %d on one rank", what,
+                         par->quantized, one->quantized);
             if (fc.L % (l->ring * l->ulysses))
                 uneven_text++;
             TU_CLOSE(what, b, a, fc.n_out, TOL);

@@ -26,18 +26,30 @@ static int carve_lin(ditd_arena *a, ditd_flux_lin *l, ditd_dtype dt, size_t n, s
     return carve(a, &l->w, dt, n * k) | carve(a, &l->b, dt, n);
 }
 
-/* Whether the linear whose weight is the row concatenation of parts
- * (each "<name>.weight", N / nparts rows of K) stays in its GGML blocks:
- * every part so stored, one type, on a backend with linear_q in host
- * memory (the CPU), without tensor parallelism (a rank's slice of the
- * blocks is not cut: under tp the weights are dequantized at load). Then
- * l->q says how (data set by carve_qlin). */
+/* Where a linear's weight comes from in the file: each part `rows` x `K`
+ * there; under tp a row-parallel layer keeps only some columns (ncols
+ * ranges [c0, c0 + cn), side by side), a column-parallel one some rows (the
+ * loader's slice). NULL in carve_qlin: the whole tensor. */
+typedef struct qsrc {
+    size_t rows, K;
+    int ncols;
+    size_t c0[2], cn[2];
+} qsrc;
+
+/* Whether the linear whose weight is the row concatenation of parts (each
+ * "<name>.weight") stays in its GGML blocks: every part so stored, one
+ * type, on a backend with linear_q in host memory (the CPU), and each
+ * column range a tp rank keeps made of whole blocks (else the weight is
+ * dequantized at load). Then l->q says how (data set by carve_qlin). */
 static int quant_plan(const ditd_flux *m, ditd_flux_lin *l, size_t N, size_t K, int nparts,
-                      const char *const *parts)
+                      const char *const *parts, const qsrc *src)
 {
     memset(&l->q, 0, sizeof l->q);
-    if (!m->src || m->lay.tp > 1 || !m->ops->linear_q || m->ops->device != DITD_DEVICE_CPU)
+    if (!m->src || !m->ops->linear_q || m->ops->device != DITD_DEVICE_CPU)
         return 0;
+    const qsrc whole = {.rows = N / (size_t)nparts, .K = K};
+    if (!src)
+        src = &whole;
     int type = -1;
     size_t rb = 0;
     for (int i = 0; i < nparts; i++) {
@@ -45,11 +57,25 @@ static int quant_plan(const ditd_flux *m, ditd_flux_lin *l, size_t N, size_t K, 
         int t;
         size_t r;
         snprintf(name, sizeof name, "%s.weight", parts[i]);
-        if (!ditd_weights_quant(m->src, name, (int64_t)(N / (size_t)nparts), (int64_t)K, &t, &r) ||
+        if (!ditd_weights_quant(m->src, name, (int64_t)src->rows, (int64_t)src->K, &t, &r) ||
             (type >= 0 && t != type))
             return 0;
         type = t;
         rb = r;
+    }
+    if (src->ncols) {
+        int elems = 0, bytes = 0;
+        size_t kept = 0;
+        ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
+        rb = 0;
+        for (int i = 0; i < src->ncols; i++) {
+            if (src->c0[i] % (size_t)elems || src->cn[i] % (size_t)elems)
+                return 0; /* a tp rank's columns would cut blocks */
+            rb += src->cn[i] / (size_t)elems * (size_t)bytes;
+            kept += src->cn[i];
+        }
+        if (kept != K)
+            return 0;
     }
     l->q = (ditd_qweight){.type = type, .N = (int)N, .K = (int)K, .row_bytes = rb};
     return 1;
@@ -58,7 +84,7 @@ static int quant_plan(const ditd_flux *m, ditd_flux_lin *l, size_t N, size_t K, 
 /* carve_lin, or the blocks of a quantized weight (quant_plan) and a dense
  * bias. parts: printf formats of the parts' names, with the block index. */
 static int carve_qlin(ditd_flux *m, ditd_arena *a, ditd_flux_lin *l, ditd_dtype dt, size_t n,
-                      size_t k, int layer, int nparts, const char *const *fmts)
+                      size_t k, int layer, int nparts, const char *const *fmts, const qsrc *src)
 {
     char names[3][256];
     const char *parts[3];
@@ -66,7 +92,7 @@ static int carve_qlin(ditd_flux *m, ditd_arena *a, ditd_flux_lin *l, ditd_dtype 
         snprintf(names[i], sizeof names[i], fmts[i], layer);
         parts[i] = names[i];
     }
-    if (!quant_plan(m, l, n, k, nparts, parts))
+    if (!quant_plan(m, l, n, k, nparts, parts, src))
         return carve_lin(a, l, dt, n, k);
     int err;
     l->w = ditd_arena_bytes(a, n * l->q.row_bytes, &err);
@@ -75,16 +101,21 @@ static int carve_qlin(ditd_flux *m, ditd_arena *a, ditd_flux_lin *l, ditd_dtype 
 }
 
 #define QLIN1(l, n, k, layer, fmt) carve_qlin(m, a, (l), wt, (n), (k), (layer), 1, \
-                                              (const char *const[]){fmt})
+                                              (const char *const[]){fmt}, NULL)
+#define QLINS(l, n, k, layer, fmt, ...) carve_qlin(m, a, (l), wt, (n), (k), (layer), 1, \
+                                                   (const char *const[]){fmt}, &(qsrc){__VA_ARGS__})
 
 static int carve_weights(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
     size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
     size_t A = (size_t)m->A, F = (size_t)m->fc; /* this tp rank's */
+    size_t a0 = (size_t)m->h0 * Dh, f0 = (size_t)m->f0, FF = (size_t)c->mlp_dim;
     ditd_dtype wt = m->ops->weight_dtype;
     ditd_arena *a = &m->weights;
     int err = 0;
+    /* the file's shapes of the tp-split layers (rows: this rank's slice) */
+    const qsrc qkv_src = {.rows = D, .K = D}, up_src = {.rows = FF, .K = D};
 
     err |= carve_lin(a, &m->x_emb, wt, D, (size_t)c->in_channels);
     err |= QLIN1(&m->ctx_emb, D, (size_t)c->joint_attention_dim, 0, "context_embedder");
@@ -108,16 +139,21 @@ static int carve_weights(ditd_flux *m)
                                              "transformer_blocks.%d.attn.add_v_proj"};
         err |= QLIN1(&b->ada, 6 * D, D, l, "transformer_blocks.%d.norm1.linear");
         err |= QLIN1(&b->ada_c, 6 * D, D, l, "transformer_blocks.%d.norm1_context.linear");
-        err |= carve_qlin(m, a, &b->qkv, wt, 3 * A, D, l, 3, qkv);
-        err |= carve_qlin(m, a, &b->qkv_c, wt, 3 * A, D, l, 3, qkv_c);
+        err |= carve_qlin(m, a, &b->qkv, wt, 3 * A, D, l, 3, qkv, &qkv_src);
+        err |= carve_qlin(m, a, &b->qkv_c, wt, 3 * A, D, l, 3, qkv_c, &qkv_src);
         err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
         err |= carve(a, &b->nq_c, wt, Dh) | carve(a, &b->nk_c, wt, Dh);
-        err |= QLIN1(&b->out, D, A, l, "transformer_blocks.%d.attn.to_out.0");
-        err |= QLIN1(&b->out_c, D, A, l, "transformer_blocks.%d.attn.to_add_out");
-        err |= QLIN1(&b->ff1, F, D, l, "transformer_blocks.%d.ff.net.0.proj");
-        err |= QLIN1(&b->ff2, D, F, l, "transformer_blocks.%d.ff.net.2");
-        err |= QLIN1(&b->ff1_c, F, D, l, "transformer_blocks.%d.ff_context.net.0.proj");
-        err |= QLIN1(&b->ff2_c, D, F, l, "transformer_blocks.%d.ff_context.net.2");
+        err |= QLINS(&b->out, D, A, l, "transformer_blocks.%d.attn.to_out.0", .rows = D, .K = D,
+                     .ncols = 1, .c0 = {a0}, .cn = {A});
+        err |= QLINS(&b->out_c, D, A, l, "transformer_blocks.%d.attn.to_add_out", .rows = D,
+                     .K = D, .ncols = 1, .c0 = {a0}, .cn = {A});
+        err |= QLINS(&b->ff1, F, D, l, "transformer_blocks.%d.ff.net.0.proj", .rows = FF, .K = D);
+        err |= QLINS(&b->ff2, D, F, l, "transformer_blocks.%d.ff.net.2", .rows = D, .K = FF,
+                     .ncols = 1, .c0 = {f0}, .cn = {F});
+        err |= QLINS(&b->ff1_c, F, D, l, "transformer_blocks.%d.ff_context.net.0.proj",
+                     .rows = FF, .K = D);
+        err |= QLINS(&b->ff2_c, D, F, l, "transformer_blocks.%d.ff_context.net.2", .rows = D,
+                     .K = FF, .ncols = 1, .c0 = {f0}, .cn = {F});
     }
     for (int l = 0; l < c->num_single_layers; l++) {
         ditd_flux_single *b = &m->sgl[l];
@@ -125,10 +161,13 @@ static int carve_weights(ditd_flux *m)
                                            "single_transformer_blocks.%d.attn.to_k",
                                            "single_transformer_blocks.%d.attn.to_v"};
         err |= QLIN1(&b->ada, 3 * D, D, l, "single_transformer_blocks.%d.norm.linear");
-        err |= carve_qlin(m, a, &b->qkv, wt, 3 * A, D, l, 3, qkv);
+        err |= carve_qlin(m, a, &b->qkv, wt, 3 * A, D, l, 3, qkv, &qkv_src);
         err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
-        err |= QLIN1(&b->mlp, F, D, l, "single_transformer_blocks.%d.proj_mlp");
-        err |= QLIN1(&b->out, D, A + F, l, "single_transformer_blocks.%d.proj_out");
+        err |= carve_qlin(m, a, &b->mlp, wt, F, D, l, 1,
+                          (const char *const[]){"single_transformer_blocks.%d.proj_mlp"}, &up_src);
+        /* (D, D + FF) in the file; this rank's attention then MLP columns */
+        err |= QLINS(&b->out, D, A + F, l, "single_transformer_blocks.%d.proj_out", .rows = D,
+                     .K = D + FF, .ncols = 2, .c0 = {a0, D + f0}, .cn = {A, F});
     }
     return err ? DITD_ENOMEM : 0;
 }
@@ -408,6 +447,32 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
     return err;
 }
 
+/* A weight kept in its blocks, row-parallel under tp: of the file's
+ * (N, Ksrc) tensor `name`, every row's block columns [c0[i], c0[i] + cn[i])
+ * side by side into dst (rows of the carved row bytes). */
+static int qcols(const ditd_weights *st, const char *name, int64_t N, int64_t Ksrc, int nr,
+                 const int64_t *c0, const int64_t *cn, void *dst)
+{
+    int type, elems = 0, bytes = 0;
+    size_t rb;
+    if (!ditd_weights_quant(st, name, N, Ksrc, &type, &rb))
+        return ditd_err_set(DITD_EINTERNAL, "%s: no longer in GGML blocks", name);
+    ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
+    uint8_t *tmp = malloc((size_t)N * rb);
+    if (!tmp)
+        return ditd_err_set(DITD_ENOMEM, "staging %s", name);
+    int err = ditd_weights_rows(st, name, 0, N, tmp);
+    uint8_t *o = dst;
+    for (int64_t r = 0; !err && r < N; r++)
+        for (int i = 0; i < nr; i++) {
+            size_t n = (size_t)(cn[i] / elems) * (size_t)bytes;
+            memcpy(o, tmp + (size_t)r * rb + (size_t)(c0[i] / elems) * (size_t)bytes, n);
+            o += n;
+        }
+    free(tmp);
+    return err;
+}
+
 #define NAME(...) snprintf(ld.name, sizeof ld.name, __VA_ARGS__)
 #define GET(dst, d0, d1, ...)                            \
     do {                                                 \
@@ -429,8 +494,8 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
         }                                                \
         GET((l).b, (n), 0, "%s.bias", pre_);             \
     } while (0)
-/* a weight kept in its GGML blocks: rows [start, start + len) copied
- * (quant_plan keeps none under tp, so start is 0 and len all rows) */
+/* a weight kept in its GGML blocks: rows [start, start + len) copied (a
+ * column-parallel rank's rows) */
 #define QROWS(l, start, len)                                                      \
     ((l).q.data ? ditd_weights_rows(st, ld.name, (start), (len), (l).w) : 1)
 
@@ -454,7 +519,10 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
         char pre_[200];                                                           \
         snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
         NAME("%s.weight", pre_);                                                  \
-        if ((err = QROWS(l, 0, (n))) == 1)                                        \
+        if ((l).q.data)                                                           \
+            err = qcols(st, ld.name, (n), (k), 1, (int64_t[]){(start)},           \
+                        (int64_t[]){(len)}, (l).w);                               \
+        else                                                                      \
             err = get_slice(&ld, (l).w, (n), (k), 1, (start), (len), NULL);       \
         if (err)                                                                  \
             goto done;                                                            \
@@ -586,7 +654,10 @@ static int load_weights(ditd_flux *m, const ditd_weights *st)
         GET(b->nk, Dh, 0, "single_transformer_blocks.%d.attn.norm_k.weight", l);
         COL(b->mlp, F, D, f0, Fl, "single_transformer_blocks.%d.proj_mlp", l);
         NAME("single_transformer_blocks.%d.proj_out.weight", l);
-        if ((err = QROWS(b->out, 0, D)) == 1)
+        if (b->out.q.data)
+            err = qcols(st, ld.name, D, D + F, 2, (int64_t[]){a0, D + f0}, (int64_t[]){A, Fl},
+                        b->out.w);
+        else
             err = get_packed(&ld, b->out.w, D, F, a0, A, f0, Fl);
         if (err)
             goto done;
