@@ -7,7 +7,9 @@
  * max|ref| <= 1e-4 on every output; at least 5 cases. The linears stay in
  * their GGML blocks in memory (ops->linear_q), and the forward is
  * bit-identical to the same model dequantized at load
- * (DITD_WEIGHTS_DEQUANTIZE=1), whose weights take more memory. Also refused, naming
+ * (DITD_WEIGHTS_DEQUANTIZE=1), whose weights take more memory; the same on
+ * the bf16 table (bf16 compute, 1e-2 against float64 as test_bf16 bounds it).
+ * Also refused, naming
  * what is wrong: a config asking for a block the file lacks, a folder with
  * two GGUF files. */
 #include <stdlib.h>
@@ -65,6 +67,34 @@ static int run_model(const char *dir)
                          ditd_flux_weight_bytes(m), ditd_flux_weight_bytes(d));
                 free(got_d);
                 ditd_flux_free(d);
+            }
+            /* bf16 compute (the CPU's bf16 table): quantized linears
+             * (dequantized panels rounded to bf16) bit-identical to the
+             * model dequantized at load into bf16 weights */
+            if (i == 0 && ditd_backend_cpu_has_bf16()) {
+                ditd_flux *qb = NULL, *db = NULL;
+                TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu_bf16, fc.B, fc.h, fc.w, fc.L,
+                                         dir, NULL, &qb));
+                setenv("DITD_WEIGHTS_DEQUANTIZE", "1", 1);
+                TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu_bf16, fc.B, fc.h, fc.w, fc.L,
+                                         dir, NULL, &db));
+                unsetenv("DITD_WEIGHTS_DEQUANTIZE");
+                if (qb && db) {
+                    float *a = calloc(fc.n_out, sizeof *a), *b = calloc(fc.n_out, sizeof *b);
+                    const float *g = cfg.guidance_embeds ? fc.guidance : NULL;
+                    TU_OK(ditd_flux_forward(qb, fc.B, fc.x, fc.t, fc.text, fc.pooled, g, a));
+                    TU_OK(ditd_flux_forward(db, fc.B, fc.x, fc.t, fc.text, fc.pooled, g, b));
+                    TU_CHECK(qb->quantized > 0 && memcmp(a, b, fc.n_out * sizeof *a) == 0,
+                             "%s bf16: kept quantized (%d linears) differs from dequantized at "
+                             "load",
+                             what, qb->quantized);
+                    snprintf(what, sizeof what, "%s forward[%zu] bf16 compute", dir, i);
+                    TU_CLOSE(what, a, fc.out, fc.n_out, 1e-2);
+                    free(a);
+                    free(b);
+                }
+                ditd_flux_free(qb);
+                ditd_flux_free(db);
             }
             free(got);
             ditd_flux_free(m);
