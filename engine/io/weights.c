@@ -440,3 +440,50 @@ int ditd_weights_rows(const ditd_weights *w, const char *name, int64_t r0, int64
     }
     return 0;
 }
+
+/* ---- the summary ------------------------------------------------------------- */
+
+void ditd_weights_summary(const ditd_weights *w, char *buf, size_t len)
+{
+    enum { MAXT = 64 };
+    const char *names[MAXT];
+    size_t counts[MAXT], nt = 0, ntensors = 0;
+    double bytes = 0;
+    size_t n = w->gg ? ditd_gguf_count(w->gg) : ditd_safetensors_count(w->st);
+    for (size_t i = 0; i < n; i++) {
+        const char *tn;
+        if (w->gg) {
+            const ditd_gguf_tensor *t = ditd_gguf_at(w->gg, i);
+            tn = ditd_gguf_type_name(t->type);
+            bytes += (double)t->nbytes;
+        } else {
+            const ditd_st_tensor *t = ditd_safetensors_at(w->st, i);
+            tn = ditd_st_dtype_name(t->dtype);
+            bytes += (double)t->nbytes;
+        }
+        size_t k = 0;
+        while (k < nt && strcmp(names[k], tn) != 0)
+            k++;
+        if (k == nt && nt < MAXT) {
+            names[nt] = tn;
+            counts[nt++] = 0;
+        }
+        if (k < nt)
+            counts[k]++;
+        ntensors++;
+    }
+    size_t o = (size_t)snprintf(buf, len, "%s, %.1f %s in %zu tensors", ditd_weights_format(w),
+                                bytes >= 1e9 ? bytes / 1e9 : bytes / 1e6, bytes >= 1e9 ? "GB" : "MB",
+                                ntensors);
+    for (size_t shown = 0; shown < nt && o < len; shown++) {
+        size_t best = 0; /* the most common type not yet shown */
+        for (size_t k = 1; k < nt; k++)
+            if (counts[k] > counts[best])
+                best = k;
+        o += (size_t)snprintf(buf + o, len - o, "%s %s %zu", shown ? "," : ":", names[best],
+                              counts[best]);
+        counts[best] = 0;
+        if (o >= len)
+            break;
+    }
+}

@@ -86,4 +86,9 @@ int ditd_weights_quant(const ditd_weights *w, const char *name, int64_t N, int64
 int ditd_weights_rows(const ditd_weights *w, const char *name, int64_t r0, int64_t rows,
                       void *dst);
 
+/* One line for logs and `ditd bench`: the format, the bytes and how many
+ * tensors of each storage type, most first ("gguf, 12.1 GB in 780 tensors:
+ * Q8_0 456, F32 324"), into buf (NUL-terminated, cut to len). */
+void ditd_weights_summary(const ditd_weights *w, char *buf, size_t len);
+
 #endif

@@ -480,6 +480,12 @@ static void test_weights(void)
     TU_OK(ditd_weights_rows(w, "all", 1, 2, rows));
     TU_CHECK(t && memcmp(rows, (const uint8_t *)t->data + rb, 2 * rb) == 0, "rows copied");
     TU_CHECK_ERR(ditd_weights_rows(w, "all", 2, 2, rows), DITD_ERANGE, "all");
+    char line[256];
+    ditd_weights_summary(w, line, sizeof line);
+    printf("summary: %s\n", line);
+    TU_CHECK(strncmp(line, "gguf, 0.1 MB in 29 tensors: F32 15,", 35) == 0 &&
+                 strstr(line, "Q4_K 1") && strstr(line, "IQ4_NL 1"),
+             "summary: %s", line);
     ditd_weights_free(w);
 }
 
