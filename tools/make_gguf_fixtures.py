@@ -128,5 +128,68 @@ def main():
     w.close()
 
 
+def make_dit():
+    """gguf/dit/: the DiT fixture tiny-p2-c1-h6 (tools/make_fixtures.py) as a
+    GGUF in Diffusers' names, its 2-D weights whose rows are whole blocks in
+    Q8_0 and the rest F32, with Diffusers' float64 forward on the
+    dequantized weights for that fixture's inputs (x, t, y copied)."""
+    import json
+    import shutil
+    import torch
+    import safetensors.numpy
+    from diffusers import DiTTransformer2DModel
+    src = os.path.join(HERE, "..", "tests", "fixtures", "models", "tiny-p2-c1-h6")
+    out = os.path.join(OUT, "dit")
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, "expected"))
+    shutil.copy(os.path.join(src, "transformer", "config.json"), out)
+    sd = safetensors.numpy.load_file(
+        os.path.join(src, "transformer", "diffusion_pytorch_model.safetensors"))
+    w = gguf.GGUFWriter(os.path.join(out, "dit.gguf"), arch="dit")
+    deq, nq = {}, 0
+    for name in sorted(sd):
+        a = np.ascontiguousarray(sd[name], dtype=np.float32)
+        if a.ndim == 2 and a.shape[1] % 32 == 0:
+            q = gguf.quants.quantize(a, T.Q8_0)
+            w.add_tensor(name, q, raw_dtype=T.Q8_0)
+            deq[name] = gguf.quants.dequantize(q, T.Q8_0).astype(np.float32)
+            nq += 1
+        else:
+            w.add_tensor(name, a)
+            deq[name] = a
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    model = DiTTransformer2DModel(**cfg).to(torch.float64)
+    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in deq.items()})
+    model.eval()
+    with open(os.path.join(src, "expected", "cases.json")) as f:
+        cases = json.load(f)["forward"]
+    listed = []
+    for i, c in enumerate(cases):
+        files = {}
+        for key in ("x", "t", "y"):
+            files[key] = c[key]
+            shutil.copy(os.path.join(src, "expected", c[key]), os.path.join(out, "expected"))
+        x = np.load(os.path.join(src, "expected", c["x"]))
+        t = np.load(os.path.join(src, "expected", c["t"]))
+        y = np.load(os.path.join(src, "expected", c["y"]))
+        with torch.no_grad():
+            o = model(torch.from_numpy(x).double(), timestep=torch.from_numpy(t),
+                      class_labels=torch.from_numpy(y)).sample
+        files["out"] = f"forward{i}_out.npy"
+        np.save(os.path.join(out, "expected", files["out"]), o.numpy().astype(np.float32))
+        listed.append(files)
+    with open(os.path.join(out, "expected", "cases.json"), "w") as f:
+        json.dump({"model": "tiny-p2-c1-h6 in Q8_0", "quantized": nq, "forward": listed}, f,
+                  indent=1)
+    print("dit:", nq, "Q8_0 tensors,", len(listed), "cases")
+
+
 if __name__ == "__main__":
     main()
+    make_dit()

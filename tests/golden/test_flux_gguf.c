@@ -9,7 +9,10 @@
  * bit-identical to the same model dequantized at load
  * (DITD_WEIGHTS_DEQUANTIZE=1), whose weights take more memory; the same on
  * the bf16 table (bf16 compute, 1e-2 against float64 as test_bf16 bounds it).
- * Also refused, naming
+ * And a DiT (DiTTransformer2DModel, tests/fixtures/gguf/dit: Q8_0 where rows
+ * are whole blocks, F32 elsewhere; tools/make_gguf_fixtures.py), loaded
+ * from its GGUF and dequantized at load, against Diffusers in float64 on the
+ * same dequantized weights (1e-4). Also refused, naming
  * what is wrong: a config asking for a block the file lacks, a folder with
  * two GGUF files. */
 #include <stdlib.h>
@@ -17,6 +20,8 @@
 #include <unistd.h>
 
 #include "engine/backend/backend.h"
+#include "engine/io/npy.h"
+#include "engine/models/dit/dit.h"
 #include "engine/models/flux/flux.h"
 #include "tests/flux_case.h"
 
@@ -142,6 +147,57 @@ static void refusals(void)
     }
 }
 
+static int dit_gguf(void)
+{
+    char dir[4096], path[4200];
+    ditd_dit_config cfg;
+    json_error_t jerr;
+    int checked = 0;
+    snprintf(dir, sizeof dir, "%s/gguf/dit", tu_fixtures());
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_dit_config_load(path, &cfg));
+    snprintf(path, sizeof path, "%s/expected/cases.json", dir);
+    json_t *root = json_load_file(path, 0, &jerr), *c;
+    TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
+    size_t i;
+    json_array_foreach(json_object_get(root, "forward"), i, c) {
+        float *x = NULL, *t = NULL, *want = NULL;
+        int64_t *y = NULL, sx[4], s1[4], so[4];
+        int nd;
+        const char *keys[3] = {"x", "t", "out"};
+        float **dst[3] = {&x, &t, &want};
+        int64_t *shp[3] = {sx, s1, so};
+        for (int k = 0; k < 3; k++) {
+            snprintf(path, sizeof path, "%s/expected/%s", dir,
+                     json_string_value(json_object_get(c, keys[k])));
+            TU_OK(ditd_npy_read_f32(path, 4, &nd, shp[k], dst[k]));
+        }
+        snprintf(path, sizeof path, "%s/expected/%s", dir,
+                 json_string_value(json_object_get(c, "y")));
+        TU_OK(ditd_npy_read_i64(path, 4, &nd, s1, &y));
+        ditd_dit *m = NULL;
+        if (x && t && want && y)
+            TU_OK(ditd_dit_new(&cfg, &ditd_backend_cpu, (int)sx[0], dir, &m));
+        if (m) {
+            size_t n = (size_t)(so[0] * so[1] * so[2] * so[3]);
+            float *got = calloc(n, sizeof *got);
+            TU_OK(ditd_dit_forward(m, (int)sx[0], x, t, y, got));
+            char what[512];
+            snprintf(what, sizeof what, "%s forward[%zu] B=%lld", dir, i, (long long)sx[0]);
+            TU_CLOSE(what, got, want, n, TOL);
+            checked++;
+            free(got);
+            ditd_dit_free(m);
+        }
+        free(x);
+        free(t);
+        free(want);
+        free(y);
+    }
+    json_decref(root);
+    return checked;
+}
+
 int main(void)
 {
     static const char *const models[] = {"q8_0", "q8_0-diffusers", "q4_k"};
@@ -153,5 +209,6 @@ int main(void)
     }
     TU_CHECK(cases >= MIN_CASES, "FLUX GGUF cases checked: %d (at least %d)", cases, MIN_CASES);
     refusals();
+    TU_CHECK(dit_gguf() >= 2, "DiT GGUF cases");
     return tu_exit();
 }
