@@ -54,6 +54,18 @@ const char *ditd_text_act_name(ditd_text_act a);
 /* 0, or DITD_EUNSUPPORTED naming s and the accepted names. */
 int ditd_text_act_from_str(const char *s, ditd_text_act *out);
 
+/* A linear layer's weight (N, K) kept quantized in memory, as a GGUF file
+ * stores it (docs/quant.md): N rows of row_bytes, each K / block values in
+ * GGML blocks of ggml type `type` (F32 .. Q6_K: kernels/cpu/dequant.h;
+ * engine/io/gguf.h names them). `data` is the backend's memory (host on the
+ * CPU: the GGUF mapping itself, or a copy). Nothing is packed or re-laid. */
+typedef struct ditd_qweight {
+    int type;
+    int N, K;
+    size_t row_bytes;
+    const void *data;
+} ditd_qweight;
+
 typedef struct ditd_backend_ops {
     const char *name;
     ditd_device device;
@@ -86,6 +98,13 @@ typedef struct ditd_backend_ops {
      * that weight only through linear (never a row of it, never another
      * op). 0, or DITD_ENOMEM (w unchanged). */
     int (*pack_linear)(void *w, int N, int K);
+    /* y (M, w->N) = act(x (M, w->K) @ dequant(w)^T + b) on a quantized
+     * weight, each panel dequantized into the compute type (f32 on the CPU
+     * table, bf16 on its bf16 table) as the GEMM reads it; b of
+     * weight_dtype or NULL. Equal to `linear` on the dequantized (rounded)
+     * weight. NULL where the backend lacks it (CUDA, for now). */
+    void (*linear_q)(const void *x, size_t ldx, const ditd_qweight *w, const void *b, void *y,
+                     size_t ldy, int M, ditd_act act);
     /* y = act(x), elementwise; y == x allowed. */
     void (*act)(const void *x, void *y, size_t n, ditd_act act);
     /* y += x, elementwise. */

@@ -6,6 +6,8 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/backend/backend_cpu_text.h"
@@ -126,6 +128,32 @@ static void cpu_linear_bf16(const void *x, size_t ldx, const void *w, const void
                             size_t ldy, int M, int N, int K, ditd_act act)
 {
     linear_any(x, ldx, w, b, 1, y, ldy, M, N, K, act);
+}
+
+/* A quantized weight: kernels/cpu/linear_q.c. The CPU ops have no error
+ * path (they assert); a panel buffer that cannot be had is treated so. */
+static void linear_q_any(const void *x, size_t ldx, const ditd_qweight *w, const void *b,
+                         int bf16, void *y, size_t ldy, int M, ditd_act act)
+{
+    const ditd_cpu_qweight q = {.type = w->type, .N = w->N, .K = w->K,
+                                .row_bytes = w->row_bytes, .data = w->data};
+    if (ditd_cpu_linear_q(x, ldx, &q, b, bf16, y, ldy, M, cpu_act(act))) {
+        fprintf(stderr, "ditd: out of memory for a (%d, %d) quantized linear's panels\n", w->N,
+                w->K);
+        abort();
+    }
+}
+
+static void cpu_linear_q(const void *x, size_t ldx, const ditd_qweight *w, const void *b,
+                         void *y, size_t ldy, int M, ditd_act act)
+{
+    linear_q_any(x, ldx, w, b, 0, y, ldy, M, act);
+}
+
+static void cpu_linear_q_bf16(const void *x, size_t ldx, const ditd_qweight *w, const void *b,
+                              void *y, size_t ldy, int M, ditd_act act)
+{
+    linear_q_any(x, ldx, w, b, 1, y, ldy, M, act);
 }
 
 static int pack_any(void *w, int bf16, int N, int K)
@@ -357,6 +385,7 @@ const ditd_backend_ops ditd_backend_cpu = {
     .set_threads = cpu_set_threads,
     .linear = cpu_linear,
     .pack_linear = cpu_pack_linear,
+    .linear_q = cpu_linear_q,
     .act = cpu_act_apply,
     .add = cpu_add,
     .embedding = cpu_embedding,
@@ -409,6 +438,7 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
     .set_threads = cpu_set_threads,
     .linear = cpu_linear_bf16,
     .pack_linear = cpu_pack_linear_bf16,
+    .linear_q = cpu_linear_q_bf16,
     .act = cpu_act_apply,
     .add = cpu_add,
     .embedding = cpu_embedding_bf16,

@@ -78,6 +78,27 @@ int ditd_cpu_pack_weight(void *w, int w_bf16, int N, int K);
 void ditd_cpu_gemm_packed(const float *x, size_t ldx, const void *wp, const void *b, int w_bf16,
                           float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act);
 
+/* A linear weight (N, K) kept quantized in memory: N rows of row_bytes,
+ * each K / block values in GGML blocks of ggml type `type`
+ * (kernels/cpu/dequant.h), as a GGUF file stores an nn.Linear weight.
+ * Borrowed memory; nothing is re-laid. */
+typedef struct ditd_cpu_qweight {
+    int type;
+    int N, K;
+    size_t row_bytes;
+    const void *data;
+} ditd_cpu_qweight;
+
+/* y (M, N) = act(x @ dequant(w)^T + b), computed in f32 (bf16 = 0; b f32)
+ * or bf16 (bf16 = 1: x and the dequantized w rounded to bf16, fp32 sums; b
+ * bf16), b may be NULL. On the packed kernel's CPUs each 64-row panel is
+ * dequantized as it is read, and y equals ditd_cpu_gemm_packed on the
+ * dequantized (rounded) weight bit for bit; elsewhere the whole weight is
+ * dequantized into a workspace kept for the process (kernels/cpu/
+ * linear_q.c). Calls are serialized. 0, or -1 out of memory (y untouched). */
+int ditd_cpu_linear_q(const float *x, size_t ldx, const ditd_cpu_qweight *w, const void *b,
+                      int bf16, float *y, size_t ldy, int M, ditd_cpu_act act);
+
 /* One line naming the GEMM library, the CPU's instruction set as the library
  * sees it and the kernels it picked for f32 and bf16 ("oneDNN 2.6.3, cpu isa
  * avx512_core_bf16; f32 brg:avx512_core, bf16 brg:avx512_core_bf16").

@@ -30,6 +30,13 @@
  * by panel (each panel read from memory once), and a thread done with its
  * range helps drain the others' (run, below).
  *
+ * Quantized weights (GGML blocks, ditd__cpu_gemm_packed_q_run) are not
+ * packed at load: each work item dequantizes its panel's rows, one k pass
+ * at a time, into a per-thread buffer laid out exactly as a packed panel
+ * (f32, or bf16 pairs rounded from the f32 value), and the same
+ * micro-kernels read it. So the product equals, bit for bit, the packed
+ * GEMM on the dequantized (and, for bf16, rounded) weights.
+ *
  * What it is not: a GEMM for arbitrary layouts, or for CPUs without
  * AVX-512F (there gemm.c's library path runs and nothing is packed; bf16
  * also needs AVX512-BF16). Whether packing is on is decided once per
@@ -37,6 +44,7 @@
  */
 #include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/cpu_math_avx512.h"
+#include "kernels/cpu/dequant.h"
 
 #include <assert.h>
 #include <immintrin.h>
@@ -280,7 +288,11 @@ static PK_TARGET_F32 void epilogue(float *c, size_t ldc, int mr, size_t nw, cons
 typedef struct pk_job {
     const void *a;       /* x: f32 rows of stride lda, or bf16 dense */
     size_t lda;
-    const void *w;       /* packed */
+    const void *w;       /* packed; NULL for a quantized weight */
+    const void *qw;      /* quantized: N rows of q_row_bytes, ggml type qtype */
+    size_t q_row_bytes;
+    int qtype;
+    void *const *scratch; /* quantized: per thread, one panel (PK_NR x K) + f32 rows */
     const void *bias;
     float *y;
     size_t ldy;
@@ -337,6 +349,41 @@ static void prefetch_slice(const char *p, size_t bytes, int slice, int slices)
         _mm_prefetch(p + o, _MM_HINT_T1);
 }
 
+/* f32 -> bf16, nearest even, as gemm.c's f32_to_bf16 (a NaN stays NaN). */
+static inline uint16_t bf16_round(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t q = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+/* A quantized weight's panel p, k in [k0, k1), into pan (the panel's
+ * packed layout over the whole K; only these k are written): dequantized
+ * to f32 rows by k (k * nw + j), or through tmp (kc x nw f32) into bf16
+ * pairs ((k / 2) * 2 nw + 2 j + (k & 1); K is a multiple of the block, so
+ * even, and k0 is even). */
+static void dequant_panel(const pk_job *j, int p, size_t nw, int k0, int k1, void *pan, float *tmp)
+{
+    const int n0 = p * PK_NR;
+    if (!j->bf16) {
+        ditd_cpu_dequant_rows(j->qtype, j->qw, j->q_row_bytes, n0, (int)nw, k0, k1,
+                              (float *)pan + (size_t)k0 * nw, nw, 1);
+        return;
+    }
+    ditd_cpu_dequant_rows(j->qtype, j->qw, j->q_row_bytes, n0, (int)nw, k0, k1, tmp, nw, 1);
+    uint16_t *d = (uint16_t *)pan + (size_t)k0 * nw;
+    for (int k = 0; k < k1 - k0; k += 2) {
+        const float *t0 = tmp + (size_t)k * nw, *t1 = t0 + nw;
+        uint16_t *dk = d + (size_t)k * nw;
+        for (size_t c = 0; c < nw; c++) {
+            dk[2 * c] = bf16_round(t0[c]);
+            dk[2 * c + 1] = bf16_round(t1[c]);
+        }
+    }
+}
+
 /* Rows [m0, m1) of panel p, every k pass. */
 static void run_item(const pk_job *j, int p, int m0, int m1)
 {
@@ -352,13 +399,21 @@ static void run_item(const pk_job *j, int p, int m0, int m1)
                        : j->bf16 ? (const void *)((const uint16_t *)j->bias + (size_t)p * PK_NR)
                                  : (const void *)((const float *)j->bias + (size_t)p * PK_NR);
     const int kc = j->bf16 ? PK_KC_BF16 : PK_KC_F32;
+    /* a quantized weight: this thread's panel buffer, read as if packed */
+    void *const qbuf = j->qw ? j->scratch[omp_get_thread_num()] : NULL;
+    const char *const panel = qbuf ? (const char *)qbuf : (const char *)j->w + off * es;
+    float *const qtmp = qbuf ? (float *)((char *)qbuf + (size_t)PK_NR * (size_t)j->K * es) : NULL;
     for (int k0 = 0; k0 < j->K; k0 += kc) {
         int k1 = j->K - k0 > kc ? k0 + kc : j->K;
+        if (qbuf)
+            dequant_panel(j, p, nw, k0, k1, qbuf, qtmp);
         /* the next pass's weights: [k1, k1 + kc) of this panel, or the
          * next panel's first kc rows (nothing after the last panel) */
         const char *next = NULL;
         size_t next_bytes = 0;
-        if (k1 < j->K) {
+        if (qbuf) {
+            /* nothing packed to prefetch: the quantized rows are read once */
+        } else if (k1 < j->K) {
             int k2 = j->K - k1 > kc ? k1 + kc : j->K;
             next = (const char *)j->w + (off + (size_t)k1 * nw) * es;
             next_bytes = (size_t)(k2 - k1) * nw * es;
@@ -382,11 +437,11 @@ static void run_item(const pk_job *j, int p, int m0, int m1)
                     for (size_t o = 0; o < nw; o += 16)
                         __builtin_prefetch(c + (size_t)(PK_MR + i) * j->ldy + o, 1, 3);
             if (j->bf16)
-                g_ukr_bf16[masked][mr - 1][nv - 1](j, last, m, (const uint16_t *)j->w + off, nw,
-                                                   k0, k1, c, bias);
+                g_ukr_bf16[masked][mr - 1][nv - 1](j, last, m, (const uint16_t *)panel, nw, k0,
+                                                   k1, c, bias);
             else
-                g_ukr_f32[masked][mr - 1][nv - 1](j, last, m, (const float *)j->w + off, nw, k0,
-                                                  k1, c, bias);
+                g_ukr_f32[masked][mr - 1][nv - 1](j, last, m, (const float *)panel, nw, k0, k1,
+                                                  c, bias);
         }
     }
 }
@@ -446,4 +501,46 @@ void ditd__cpu_gemm_packed_run(const void *x, size_t ldx, const void *wp, const 
     pk_job j = {.a = x, .lda = ldx, .w = wp, .bias = b, .y = y, .ldy = ldy,
                 .M = M, .N = N, .K = K, .bf16 = w_bf16, .act = act};
     run(&j);
+}
+
+/* Per thread: one panel over the whole K in the compute type, then (bf16)
+ * kc x PK_NR floats of dequantized rows. Grown, never shrunk; the caller
+ * serializes calls (gemm.c's lock). */
+static void **g_qscratch;
+static size_t g_qscratch_bytes;
+static int g_qscratch_threads;
+
+int ditd__cpu_gemm_packed_q_run(const void *x, size_t ldx, const void *qw, int qtype,
+                                size_t row_bytes, const void *b, int bf16, float *y, size_t ldy,
+                                int M, int N, int K, ditd_cpu_act act)
+{
+    const int T = omp_get_max_threads();
+    const size_t es = bf16 ? 2 : 4;
+    const size_t bytes = (size_t)PK_NR * (size_t)K * es +
+                         (bf16 ? (size_t)PK_KC_BF16 * PK_NR * sizeof(float) : 0);
+    if (T > g_qscratch_threads || bytes > g_qscratch_bytes) {
+        for (int t = 0; t < g_qscratch_threads; t++)
+            free(g_qscratch[t]);
+        free(g_qscratch);
+        g_qscratch_threads = 0;
+        g_qscratch_bytes = 0;
+        g_qscratch = calloc((size_t)T, sizeof *g_qscratch);
+        if (!g_qscratch)
+            return -1;
+        for (int t = 0; t < T; t++)
+            if (!(g_qscratch[t] = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) {
+                for (int u = 0; u < t; u++)
+                    free(g_qscratch[u]);
+                free(g_qscratch);
+                g_qscratch = NULL;
+                return -1;
+            }
+        g_qscratch_threads = T;
+        g_qscratch_bytes = bytes;
+    }
+    pk_job j = {.a = x, .lda = ldx, .w = NULL, .qw = qw, .q_row_bytes = row_bytes,
+                .qtype = qtype, .scratch = g_qscratch, .bias = b, .y = y, .ldy = ldy,
+                .M = M, .N = N, .K = K, .bf16 = bf16, .act = act};
+    run(&j);
+    return 0;
 }

@@ -159,6 +159,18 @@ int ditd_cuda_row_sumsq_f32(const float *x, size_t ld, int rows, int n, float *s
 int ditd_cuda_rmsnorm_rows_f32(float *x, size_t ld, const float *w, const float *ss, int rows,
                                int n, int n_total, float eps, ditd_cuda_stream s);
 
+/* ---- GGML block dequantization (dequant.cu) ----
+ * rows x K values of a quantized matrix (row r at src + r * row_bytes,
+ * K / block values per row, ggml type numbers as kernels/cpu/dequant.h)
+ * into dst (rows of ldd >= K elements), f32 or bf16 (rounded to nearest
+ * even from the f32 value). Bit-identical to ditd_cpu_dequant. An
+ * unsupported type, K not a multiple of the block, or a row_bytes too
+ * small: cudaErrorInvalidValue, nothing launched. */
+int ditd_cuda_dequant_f32(int type, const void *src, size_t row_bytes, int rows, int K,
+                          float *dst, size_t ldd, ditd_cuda_stream s);
+int ditd_cuda_dequant_bf16(int type, const void *src, size_t row_bytes, int rows, int K,
+                           void *dst, size_t ldd, ditd_cuda_stream s);
+
 /* ---- attention ---- */
 
 /* Largest head dimension ditd_cuda_attention takes (tiles padded to 32, 64,

@@ -28,6 +28,50 @@ def st(tensors, data, metadata=None, pad=True, raw_header=None):
     return struct.pack("<Q", len(raw_header)) + raw_header + data
 
 
+def gguf_str(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf(kvs, tensors, align=32, version=3, nt=None, nkv=None):
+    """A GGUF image. kvs: (key, raw value bytes with their u32 type first);
+    tensors: (name, ne list, ggml type, offset, data bytes placed there)."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if nt is None else nt,
+                                len(kvs) if nkv is None else nkv)
+    for k, v in kvs:
+        out += gguf_str(k) + v
+    for name, ne, t, off, _ in tensors:
+        out += gguf_str(name) + struct.pack("<I", len(ne)) + struct.pack("<%dQ" % len(ne), *ne)
+        out += struct.pack("<IQ", t, off)
+    out += b"\0" * ((align - len(out) % align) % align)
+    data = bytearray()
+    for _, _, _, off, blob in tensors:
+        if not blob:
+            continue
+        if len(data) < off + len(blob):
+            data += b"\0" * (off + len(blob) - len(data))
+        data[off:off + len(blob)] = blob
+    return out + bytes(data)
+
+
+def kv_u32(v):
+    return struct.pack("<II", 4, v)
+
+
+def kv_string(s):
+    return struct.pack("<I", 8) + gguf_str(s)
+
+
+def kv_array(elem_type, fmt, values):
+    body = b"".join(gguf_str(v) for v in values) if elem_type == 8 else struct.pack(
+        "<" + fmt * len(values), *values)
+    return struct.pack("<IIQ", 9, elem_type, len(values)) + body
+
+
+def q8_0_block(scale_bits, qs):
+    return struct.pack("<H", scale_bits) + bytes(q & 0xff for q in qs)
+
+
 def npy(dict_text, data, major=1):
     pre = 10 if major == 1 else 12
     h = dict_text.encode("latin1")
@@ -84,6 +128,44 @@ def main():
     write("safetensors", "bad-dtype", st({"a": ("F128", [1], (0, 16))}, b"\0" * 16))
     write("safetensors", "overflow-shape",
           st({"a": ("F64", [2**40, 2**40, 2**40], (0, 8))}, b"\0" * 8))
+
+    # --- gguf ----------------------------------------------------------
+    q8 = q8_0_block(0x3C00, range(-16, 16)) + q8_0_block(0x2E66, range(31, -1, -1))
+    q4k = struct.pack("<HH", 0x2C00, 0x2400) + bytes(range(12)) + bytes((7 * i) & 0xff for i in range(128))
+    q6k = bytes((3 * i) & 0xff for i in range(192)) + bytes((i * 13) & 0xff for i in range(16)) + struct.pack("<H", 0x2000)
+    meta = [("general.architecture", kv_string("flux")),
+            ("general.alignment", kv_u32(32)),
+            ("test.b", struct.pack("<IB", 7, 1)),
+            ("test.f64", struct.pack("<Id", 12, -0.5)),
+            ("test.i64", struct.pack("<Iq", 11, -3)),
+            ("test.strs", kv_array(8, "", ["a", "", "xyz"])),
+            ("test.i16s", kv_array(3, "h", [1, -2, 3]))]
+    write("gguf", "good", gguf(meta, [
+        ("img_in.weight", [64, 1], 8, 0, q8),
+        ("blk.q4k", [256, 1], 12, 96, q4k),
+        ("blk.q6k", [256], 14, 256, q6k),
+        ("bias", [2], 0, 480, struct.pack("<2f", 0.5, -1.0)),
+        ("half", [2, 2], 1, 512, struct.pack("<4H", 0x3C00, 0x8001, 0x7BFF, 0xC000)),
+        ("bf", [3], 30, 544, struct.pack("<3H", 0x3F80, 0xFF80, 0x0001)),
+    ]))
+    write("gguf", "empty", gguf([], []))
+    write("gguf", "align64", gguf([("general.alignment", kv_u32(64))],
+                                  [("a", [32, 1, 1], 8, 0, q8[:34]), ("b", [2], 0, 64, b"\0" * 8)],
+                                  align=64))
+    write("gguf", "v2", gguf([], [("a", [32], 8, 0, q8[:34])], version=2))
+    write("gguf", "unsupported-type", gguf([], [("iq", [32], 20, 0, b"\1" * 18)]))
+    write("gguf", "bad-v1", gguf([], [], version=1))
+    write("gguf", "bad-offset", gguf([], [("a", [32], 8, 1 << 40, b"")]))
+    write("gguf", "bad-misaligned", gguf([], [("a", [32], 8, 8, q8[:34])]))
+    write("gguf", "bad-overlap", gguf([], [("a", [64], 8, 0, q8), ("b", [32], 8, 32, q8[:34])]))
+    write("gguf", "bad-dims", gguf([], [("a", [32, 1 << 40, 1 << 40], 8, 0, q8[:34])]))
+    write("gguf", "bad-block", gguf([], [("a", [33], 8, 0, q8)]))
+    write("gguf", "bad-type", gguf([], [("a", [32], 99, 0, q8[:34])]))
+    write("gguf", "bad-alignment", gguf([("general.alignment", kv_u32(48))], []))
+    write("gguf", "bad-counts", gguf([], [], nt=1 << 61, nkv=1 << 59))
+    write("gguf", "bad-strlen", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 62) + b"k")
+    write("gguf", "bad-nested", gguf([("n", struct.pack("<IIQ", 9, 9, 1))], []))
+    write("gguf", "bad-truncated", gguf(meta, [("img_in.weight", [64, 1], 8, 0, q8)])[:-5])
 
     # --- npy -----------------------------------------------------------
     write("npy", "f4-2x3", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",

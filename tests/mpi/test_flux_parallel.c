@@ -120,6 +120,13 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
                      "rank %d %s[%zu] %d image tokens (%d here), %d text (%d here): mesh vs one rank",
                      rank_world, dir, i, par->N, par->n_loc, fc.L, par->l_loc);
             check_shares(par, mesh, what);
+            if (strstr(dir, "flux_gguf"))
+                /* every tp slice of the Q8_0 model is whole blocks (32 values);
+                 * the Q4_K one's 128-column head slices are not (256) */
+                TU_CHECK(par->quantized > 0 && one->quantized > 0 &&
+                             (!strstr(dir, "q8_0") || par->quantized == one->quantized),
+                         "%s: %d linears kept quantized under the mesh, %d on one rank", what,
+                         par->quantized, one->quantized);
             if (fc.L % (l->ring * l->ulysses))
                 uneven_text++;
             TU_CLOSE(what, b, a, fc.n_out, TOL);
@@ -188,9 +195,18 @@ int main(int argc, char **argv)
         snprintf(dir, sizeof dir, "%s/flux/%s", tu_fixtures(), flux_models[0]);
         refusals(mesh, dir);
     } else {
+        /* DITD_TEST_FLUX_GGUF=1: the GGUF models (tests/fixtures/flux_gguf;
+         * linears kept quantized, dequantized at load under tp) */
+        static const char *const gguf_models[] = {"q8_0", "q4_k"};
+        const char *gg = getenv("DITD_TEST_FLUX_GGUF");
+        const int gguf = gg && strcmp(gg, "1") == 0;
+        const int nmodels = gguf ? 2 : FLUX_MODELS;
         int models = 0;
-        for (int i = 0; i < FLUX_MODELS; i++) {
-            snprintf(dir, sizeof dir, "%s/flux/%s", tu_fixtures(), flux_models[i]);
+        for (int i = 0; i < nmodels; i++) {
+            if (gguf)
+                snprintf(dir, sizeof dir, "%s/flux_gguf/%s", tu_fixtures(), gguf_models[i]);
+            else
+                snprintf(dir, sizeof dir, "%s/flux/%s", tu_fixtures(), flux_models[i]);
             int k = run_model(dir, mesh);
             if (k >= 0) {
                 checked += k;
@@ -198,7 +214,7 @@ int main(int argc, char **argv)
             }
         }
         /* every model when the layout splits 2 heads; the six-head one always */
-        int floor = models == FLUX_MODELS ? MIN_CASES : 2;
+        int floor = gguf ? 3 : models == FLUX_MODELS ? MIN_CASES : 2;
         TU_CHECK(checked >= floor && models >= 1,
                  "FLUX cases checked under the mesh: %d of %d models (at least %d cases)", checked,
                  models, floor);

@@ -8,7 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
-#include "engine/io/safetensors.h"
+#include "engine/io/weights.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #define TFREQ 256 /* E: Timesteps(num_channels=256) in CombinedTimestepLabelEmbeddings */
@@ -222,7 +222,7 @@ size_t ditd_dit_act_bytes(const ditd_dit *m)
 /* ---- loading ---- */
 
 typedef struct loader {
-    const ditd_safetensors *st;
+    const ditd_weights *st;
     const ditd_backend_ops *ops;
     float *stage;       /* host f32 staging for non-f32 or device weights */
     size_t stage_len;
@@ -249,9 +249,9 @@ static int load_part(loader *ld, void *dst, const char *name, int ndim, const in
         }
         to = ld->stage;
     }
-    int err = len < 0 ? ditd_safetensors_read_f32(ld->st, name, ndim, shape, to)
-                      : ditd_safetensors_read_f32_slice(ld->st, name, ndim, shape, axis, start,
-                                                        len, to);
+    int err = len < 0 ? ditd_weights_read_f32(ld->st, name, ndim, shape, to)
+                      : ditd_weights_read_f32_slice(ld->st, name, ndim, shape, axis, start,
+                                                    len, to);
     if (!err && !direct)
         ld->ops->upload_weight(dst, ld->stage, n);
     return err;
@@ -277,7 +277,7 @@ static int load_slice(loader *ld, void *dst, const char *name, int ndim, int64_t
     return load_part(ld, dst, name, ndim, shape, axis, start, len);
 }
 
-static int load_weights(ditd_dit *m, const ditd_safetensors *st)
+static int load_weights(ditd_dit *m, const ditd_weights *st)
 {
     const ditd_dit_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
@@ -340,7 +340,7 @@ static int load_weights(ditd_dit *m, const ditd_safetensors *st)
 #undef LOAD_SLICE
     /* A checkpoint with attention biases that the config says it lacks would
      * silently change the numbers: refuse it. */
-    if (!c->attention_bias && ditd_safetensors_find(st, "transformer_blocks.0.attn1.to_q.bias"))
+    if (!c->attention_bias && ditd_weights_has(st, "transformer_blocks.0.attn1.to_q.bias"))
         err = ditd_err_set(DITD_EFORMAT,
                            "checkpoint has transformer_blocks.0.attn1.to_q.bias but config says attention_bias false");
 done:
@@ -384,23 +384,23 @@ int ditd_dit_new(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int ma
 int ditd_dit_new_mesh(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
                       const char *weights_path, const ditd_mesh *mesh, ditd_dit **out)
 {
-    ditd_safetensors *st;
+    ditd_weights *st;
     ditd_dit *m;
     int err;
 
-    if ((err = ditd_safetensors_open(weights_path, &st)))
+    if ((err = ditd_weights_open(weights_path, &st)))
         return err;
     if ((err = dit_alloc(cfg, ops, max_batch, mesh, &m)))
         goto fail_alloc;
     if ((err = load_weights(m, st)) || (err = pack_linears(m)))
         goto fail_load;
-    ditd_safetensors_free(st);
+    ditd_weights_free(st);
     *out = m;
     return 0;
 fail_load:
     ditd_dit_free(m);
 fail_alloc:
-    ditd_safetensors_free(st);
+    ditd_weights_free(st);
     return err;
 }
 

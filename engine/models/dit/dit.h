@@ -121,7 +121,8 @@ typedef struct ditd_dit {
 } ditd_dit;
 
 /* Creates a model with weights from a safetensors checkpoint (a file, an
- * index, or a folder: see engine/io/safetensors.h). *out is owned: free with
+ * index, or a folder: see engine/io/safetensors.h) or a GGUF file (or a
+ * folder holding one: engine/io/weights.h), dequantized at load. *out is owned: free with
  * ditd_dit_free(). Errors name the file, tensor and shapes. */
 int ditd_dit_new(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
                  const char *weights_path, ditd_dit **out);

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "engine/io/safetensors.h"
+#include "engine/io/weights.h"
 #include "kernels/cpu/rope.h"
 
 #define TFREQ 256 /* Timesteps(num_channels=256) of CombinedTimestep*TextProjEmbeddings */
@@ -26,49 +26,148 @@ static int carve_lin(ditd_arena *a, ditd_flux_lin *l, ditd_dtype dt, size_t n, s
     return carve(a, &l->w, dt, n * k) | carve(a, &l->b, dt, n);
 }
 
+/* Where a linear's weight comes from in the file: each part `rows` x `K`
+ * there; under tp a row-parallel layer keeps only some columns (ncols
+ * ranges [c0, c0 + cn), side by side), a column-parallel one some rows (the
+ * loader's slice). NULL in carve_qlin: the whole tensor. */
+typedef struct qsrc {
+    size_t rows, K;
+    int ncols;
+    size_t c0[2], cn[2];
+} qsrc;
+
+/* Whether the linear whose weight is the row concatenation of parts (each
+ * "<name>.weight") stays in its GGML blocks: every part so stored, one
+ * type, on a backend with linear_q in host memory (the CPU), and each
+ * column range a tp rank keeps made of whole blocks (else the weight is
+ * dequantized at load). Then l->q says how (data set by carve_qlin). */
+static int quant_plan(const ditd_flux *m, ditd_flux_lin *l, size_t N, size_t K, int nparts,
+                      const char *const *parts, const qsrc *src)
+{
+    memset(&l->q, 0, sizeof l->q);
+    if (!m->src || !m->ops->linear_q || m->ops->device != DITD_DEVICE_CPU)
+        return 0;
+    const qsrc whole = {.rows = N / (size_t)nparts, .K = K};
+    if (!src)
+        src = &whole;
+    int type = -1;
+    size_t rb = 0;
+    for (int i = 0; i < nparts; i++) {
+        char name[256];
+        int t;
+        size_t r;
+        snprintf(name, sizeof name, "%s.weight", parts[i]);
+        if (!ditd_weights_quant(m->src, name, (int64_t)src->rows, (int64_t)src->K, &t, &r) ||
+            (type >= 0 && t != type))
+            return 0;
+        type = t;
+        rb = r;
+    }
+    if (src->ncols) {
+        int elems = 0, bytes = 0;
+        size_t kept = 0;
+        ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
+        rb = 0;
+        for (int i = 0; i < src->ncols; i++) {
+            if (src->c0[i] % (size_t)elems || src->cn[i] % (size_t)elems)
+                return 0; /* a tp rank's columns would cut blocks */
+            rb += src->cn[i] / (size_t)elems * (size_t)bytes;
+            kept += src->cn[i];
+        }
+        if (kept != K)
+            return 0;
+    }
+    l->q = (ditd_qweight){.type = type, .N = (int)N, .K = (int)K, .row_bytes = rb};
+    return 1;
+}
+
+/* carve_lin, or the blocks of a quantized weight (quant_plan) and a dense
+ * bias. parts: printf formats of the parts' names, with the block index. */
+static int carve_qlin(ditd_flux *m, ditd_arena *a, ditd_flux_lin *l, ditd_dtype dt, size_t n,
+                      size_t k, int layer, int nparts, const char *const *fmts, const qsrc *src)
+{
+    char names[3][256];
+    const char *parts[3];
+    for (int i = 0; i < nparts; i++) {
+        snprintf(names[i], sizeof names[i], fmts[i], layer);
+        parts[i] = names[i];
+    }
+    if (!quant_plan(m, l, n, k, nparts, parts, src))
+        return carve_lin(a, l, dt, n, k);
+    int err;
+    l->w = ditd_arena_bytes(a, n * l->q.row_bytes, &err);
+    l->q.data = l->w;
+    return err | carve(a, &l->b, dt, n);
+}
+
+#define QLIN1(l, n, k, layer, fmt) carve_qlin(m, a, (l), wt, (n), (k), (layer), 1, \
+                                              (const char *const[]){fmt}, NULL)
+#define QLINS(l, n, k, layer, fmt, ...) carve_qlin(m, a, (l), wt, (n), (k), (layer), 1, \
+                                                   (const char *const[]){fmt}, &(qsrc){__VA_ARGS__})
+
 static int carve_weights(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
     size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
     size_t A = (size_t)m->A, F = (size_t)m->fc; /* this tp rank's */
+    size_t a0 = (size_t)m->h0 * Dh, f0 = (size_t)m->f0, FF = (size_t)c->mlp_dim;
     ditd_dtype wt = m->ops->weight_dtype;
     ditd_arena *a = &m->weights;
     int err = 0;
+    /* the file's shapes of the tp-split layers (rows: this rank's slice) */
+    const qsrc qkv_src = {.rows = D, .K = D}, up_src = {.rows = FF, .K = D};
 
     err |= carve_lin(a, &m->x_emb, wt, D, (size_t)c->in_channels);
-    err |= carve_lin(a, &m->ctx_emb, wt, D, (size_t)c->joint_attention_dim);
-    err |= carve_lin(a, &m->t1, wt, D, TFREQ);
-    err |= carve_lin(a, &m->t2, wt, D, D);
+    err |= QLIN1(&m->ctx_emb, D, (size_t)c->joint_attention_dim, 0, "context_embedder");
+    err |= QLIN1(&m->t1, D, TFREQ, 0, "time_text_embed.timestep_embedder.linear_1");
+    err |= QLIN1(&m->t2, D, D, 0, "time_text_embed.timestep_embedder.linear_2");
     if (c->guidance_embeds) {
-        err |= carve_lin(a, &m->g1, wt, D, TFREQ);
-        err |= carve_lin(a, &m->g2, wt, D, D);
+        err |= QLIN1(&m->g1, D, TFREQ, 0, "time_text_embed.guidance_embedder.linear_1");
+        err |= QLIN1(&m->g2, D, D, 0, "time_text_embed.guidance_embedder.linear_2");
     }
-    err |= carve_lin(a, &m->p1, wt, D, (size_t)c->pooled_dim);
-    err |= carve_lin(a, &m->p2, wt, D, D);
-    err |= carve_lin(a, &m->norm_out, wt, 2 * D, D);
+    err |= QLIN1(&m->p1, D, (size_t)c->pooled_dim, 0, "time_text_embed.text_embedder.linear_1");
+    err |= QLIN1(&m->p2, D, D, 0, "time_text_embed.text_embedder.linear_2");
+    err |= QLIN1(&m->norm_out, 2 * D, D, 0, "norm_out.linear");
     err |= carve_lin(a, &m->proj, wt, (size_t)c->out_channels, D);
     for (int l = 0; l < c->num_layers; l++) {
         ditd_flux_double *b = &m->dbl[l];
-        err |= carve_lin(a, &b->ada, wt, 6 * D, D);
-        err |= carve_lin(a, &b->ada_c, wt, 6 * D, D);
-        err |= carve_lin(a, &b->qkv, wt, 3 * A, D);
-        err |= carve_lin(a, &b->qkv_c, wt, 3 * A, D);
+        static const char *const qkv[3] = {"transformer_blocks.%d.attn.to_q",
+                                           "transformer_blocks.%d.attn.to_k",
+                                           "transformer_blocks.%d.attn.to_v"};
+        static const char *const qkv_c[3] = {"transformer_blocks.%d.attn.add_q_proj",
+                                             "transformer_blocks.%d.attn.add_k_proj",
+                                             "transformer_blocks.%d.attn.add_v_proj"};
+        err |= QLIN1(&b->ada, 6 * D, D, l, "transformer_blocks.%d.norm1.linear");
+        err |= QLIN1(&b->ada_c, 6 * D, D, l, "transformer_blocks.%d.norm1_context.linear");
+        err |= carve_qlin(m, a, &b->qkv, wt, 3 * A, D, l, 3, qkv, &qkv_src);
+        err |= carve_qlin(m, a, &b->qkv_c, wt, 3 * A, D, l, 3, qkv_c, &qkv_src);
         err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
         err |= carve(a, &b->nq_c, wt, Dh) | carve(a, &b->nk_c, wt, Dh);
-        err |= carve(a, &b->out.w, wt, D * A) | carve(a, &b->out.b, wt, D);
-        err |= carve(a, &b->out_c.w, wt, D * A) | carve(a, &b->out_c.b, wt, D);
-        err |= carve_lin(a, &b->ff1, wt, F, D);
-        err |= carve(a, &b->ff2.w, wt, D * F) | carve(a, &b->ff2.b, wt, D);
-        err |= carve_lin(a, &b->ff1_c, wt, F, D);
-        err |= carve(a, &b->ff2_c.w, wt, D * F) | carve(a, &b->ff2_c.b, wt, D);
+        err |= QLINS(&b->out, D, A, l, "transformer_blocks.%d.attn.to_out.0", .rows = D, .K = D,
+                     .ncols = 1, .c0 = {a0}, .cn = {A});
+        err |= QLINS(&b->out_c, D, A, l, "transformer_blocks.%d.attn.to_add_out", .rows = D,
+                     .K = D, .ncols = 1, .c0 = {a0}, .cn = {A});
+        err |= QLINS(&b->ff1, F, D, l, "transformer_blocks.%d.ff.net.0.proj", .rows = FF, .K = D);
+        err |= QLINS(&b->ff2, D, F, l, "transformer_blocks.%d.ff.net.2", .rows = D, .K = FF,
+                     .ncols = 1, .c0 = {f0}, .cn = {F});
+        err |= QLINS(&b->ff1_c, F, D, l, "transformer_blocks.%d.ff_context.net.0.proj",
+                     .rows = FF, .K = D);
+        err |= QLINS(&b->ff2_c, D, F, l, "transformer_blocks.%d.ff_context.net.2", .rows = D,
+                     .K = FF, .ncols = 1, .c0 = {f0}, .cn = {F});
     }
     for (int l = 0; l < c->num_single_layers; l++) {
         ditd_flux_single *b = &m->sgl[l];
-        err |= carve_lin(a, &b->ada, wt, 3 * D, D);
-        err |= carve_lin(a, &b->qkv, wt, 3 * A, D);
+        static const char *const qkv[3] = {"single_transformer_blocks.%d.attn.to_q",
+                                           "single_transformer_blocks.%d.attn.to_k",
+                                           "single_transformer_blocks.%d.attn.to_v"};
+        err |= QLIN1(&b->ada, 3 * D, D, l, "single_transformer_blocks.%d.norm.linear");
+        err |= carve_qlin(m, a, &b->qkv, wt, 3 * A, D, l, 3, qkv, &qkv_src);
         err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
-        err |= carve_lin(a, &b->mlp, wt, F, D);
-        err |= carve(a, &b->out.w, wt, D * (A + F)) | carve(a, &b->out.b, wt, D);
+        err |= carve_qlin(m, a, &b->mlp, wt, F, D, l, 1,
+                          (const char *const[]){"single_transformer_blocks.%d.proj_mlp"}, &up_src);
+        /* (D, D + FF) in the file; this rank's attention then MLP columns */
+        err |= QLINS(&b->out, D, A + F, l, "single_transformer_blocks.%d.proj_out", .rows = D,
+                     .K = D + FF, .ncols = 2, .c0 = {a0, D + f0}, .cn = {A, F});
     }
     return err ? DITD_ENOMEM : 0;
 }
@@ -292,7 +391,7 @@ void ditd_flux_shapes(const ditd_flux_config *c, int height, int width, int text
 /* ---- loading ---- */
 
 typedef struct loader {
-    const ditd_safetensors *st;
+    const ditd_weights *st;
     const ditd_backend_ops *ops;
     float *stage;
     size_t cap;
@@ -311,7 +410,7 @@ static int stage(loader *ld, int64_t d0, int64_t d1)
         ld->cap = n;
     }
     int64_t shape[2] = {d0, d1};
-    return ditd_safetensors_read_f32(ld->st, ld->name, d1 > 0 ? 2 : 1, shape, ld->stage);
+    return ditd_weights_read_f32(ld->st, ld->name, d1 > 0 ? 2 : 1, shape, ld->stage);
 }
 
 /* dst := tensor (d0[, d1]); d1 = 0 for a vector. */
@@ -341,11 +440,37 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
     }
     float *buf = to ? to : ld->stage;
     int err = start == 0 && len == shape[axis]
-                  ? ditd_safetensors_read_f32(ld->st, ld->name, nd, shape, buf)
-                  : ditd_safetensors_read_f32_slice(ld->st, ld->name, nd, shape, axis, start, len,
+                  ? ditd_weights_read_f32(ld->st, ld->name, nd, shape, buf)
+                  : ditd_weights_read_f32_slice(ld->st, ld->name, nd, shape, axis, start, len,
                                                     buf);
     if (!err && !to)
         ld->ops->upload_weight(dst, buf, n);
+    return err;
+}
+
+/* A weight kept in its blocks, row-parallel under tp: of the file's
+ * (N, Ksrc) tensor `name`, every row's block columns [c0[i], c0[i] + cn[i])
+ * side by side into dst (rows of the carved row bytes). */
+static int qcols(const ditd_weights *st, const char *name, int64_t N, int64_t Ksrc, int nr,
+                 const int64_t *c0, const int64_t *cn, void *dst)
+{
+    int type, elems = 0, bytes = 0;
+    size_t rb;
+    if (!ditd_weights_quant(st, name, N, Ksrc, &type, &rb))
+        return ditd_err_set(DITD_EINTERNAL, "%s: no longer in GGML blocks", name);
+    ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
+    uint8_t *tmp = malloc((size_t)N * rb);
+    if (!tmp)
+        return ditd_err_set(DITD_ENOMEM, "staging %s", name);
+    int err = ditd_weights_rows(st, name, 0, N, tmp);
+    uint8_t *o = dst;
+    for (int64_t r = 0; !err && r < N; r++)
+        for (int i = 0; i < nr; i++) {
+            size_t n = (size_t)(cn[i] / elems) * (size_t)bytes;
+            memcpy(o, tmp + (size_t)r * rb + (size_t)(c0[i] / elems) * (size_t)bytes, n);
+            o += n;
+        }
+    free(tmp);
     return err;
 }
 
@@ -361,9 +486,19 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
     do {                                                 \
         char pre_[200];                                  \
         snprintf(pre_, sizeof pre_, __VA_ARGS__);        \
-        GET((l).w, (n), (k), "%s.weight", pre_);         \
+        if ((l).q.data) {                                \
+            NAME("%s.weight", pre_);                     \
+            if ((err = ditd_weights_rows(st, ld.name, 0, (n), (l).w))) \
+                goto done;                               \
+        } else {                                         \
+            GET((l).w, (n), (k), "%s.weight", pre_);     \
+        }                                                \
         GET((l).b, (n), 0, "%s.bias", pre_);             \
     } while (0)
+/* a weight kept in its GGML blocks: rows [start, start + len) copied (a
+ * column-parallel rank's rows) */
+#define QROWS(l, start, len)                                                      \
+    ((l).q.data ? ditd_weights_rows(st, ld.name, (start), (len), (l).w) : 1)
 
 /* column-parallel Linear (n, k): rows [start, start + len) of weight and bias */
 #define COL(l, n, k, start, len, ...)                                             \
@@ -371,7 +506,9 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
         char pre_[200];                                                           \
         snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
         NAME("%s.weight", pre_);                                                  \
-        if ((err = get_slice(&ld, (l).w, (n), (k), 0, (start), (len), NULL)))     \
+        if ((err = QROWS(l, (start), (len))) == 1)                                \
+            err = get_slice(&ld, (l).w, (n), (k), 0, (start), (len), NULL);       \
+        if (err)                                                                  \
             goto done;                                                            \
         NAME("%s.bias", pre_);                                                    \
         if ((err = get_slice(&ld, (l).b, (n), 0, 0, (start), (len), NULL)))       \
@@ -383,7 +520,12 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
         char pre_[200];                                                           \
         snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
         NAME("%s.weight", pre_);                                                  \
-        if ((err = get_slice(&ld, (l).w, (n), (k), 1, (start), (len), NULL)))     \
+        if ((l).q.data)                                                           \
+            err = qcols(st, ld.name, (n), (k), 1, (int64_t[]){(start)},           \
+                        (int64_t[]){(len)}, (l).w);                               \
+        else                                                                      \
+            err = get_slice(&ld, (l).w, (n), (k), 1, (start), (len), NULL);       \
+        if (err)                                                                  \
             goto done;                                                            \
         GET((l).b, (n), 0, "%s.bias", pre_);                                      \
     } while (0)
@@ -417,7 +559,20 @@ out:
     return err;
 }
 
-static int load_weights(ditd_flux *m, const ditd_safetensors *st)
+/* Part j of a fused q|k|v linear (rows [j A, (j + 1) A) of (3A, K)): its
+ * weight rows (values, or blocks when kept quantized) and bias. */
+static ditd_flux_lin part_of(const ditd_backend_ops *ops, const ditd_flux_lin *l, int j,
+                             int64_t A, int64_t K)
+{
+    ditd_flux_lin p = *l;
+    p.w = l->q.data ? (void *)((uint8_t *)l->w + (size_t)(j * A) * l->q.row_bytes)
+                    : ditd_ptr_w(ops, l->w, (size_t)(j * A * K));
+    p.q.data = l->q.data ? p.w : NULL;
+    p.b = ditd_ptr_w(ops, l->b, (size_t)(j * A));
+    return p;
+}
+
+static int load_weights(ditd_flux *m, const ditd_weights *st)
 {
     const ditd_flux_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
@@ -433,7 +588,7 @@ static int load_weights(ditd_flux *m, const ditd_safetensors *st)
     if (c->guidance_embeds) {
         LIN(m->g1, D, TFREQ, "time_text_embed.guidance_embedder.linear_1");
         LIN(m->g2, D, D, "time_text_embed.guidance_embedder.linear_2");
-    } else if (ditd_safetensors_find(st, "time_text_embed.guidance_embedder.linear_1.weight")) {
+    } else if (ditd_weights_has(st, "time_text_embed.guidance_embedder.linear_1.weight")) {
         err = ditd_err_set(DITD_EFORMAT,
                            "checkpoint has time_text_embed.guidance_embedder but config says guidance_embeds false");
         goto done;
@@ -472,10 +627,8 @@ static int load_weights(ditd_flux *m, const ditd_safetensors *st)
         LIN(b->ada, 6 * D, D, "transformer_blocks.%d.norm1.linear", l);
         LIN(b->ada_c, 6 * D, D, "transformer_blocks.%d.norm1_context.linear", l);
         for (int j = 0; j < 3; j++) { /* fused by rows: q, k, v (this rank's heads of each) */
-            ditd_flux_lin part = {ditd_ptr_w(ops, b->qkv.w, (size_t)(j * A * D)),
-                                  ditd_ptr_w(ops, b->qkv.b, (size_t)(j * A))};
-            ditd_flux_lin part_c = {ditd_ptr_w(ops, b->qkv_c.w, (size_t)(j * A * D)),
-                                    ditd_ptr_w(ops, b->qkv_c.b, (size_t)(j * A))};
+            ditd_flux_lin part = part_of(ops, &b->qkv, j, A, D);
+            ditd_flux_lin part_c = part_of(ops, &b->qkv_c, j, A, D);
             COL(part, D, D, a0, A, "transformer_blocks.%d.attn.%s", l, qkv[j]);
             COL(part_c, D, D, a0, A, "transformer_blocks.%d.attn.%s", l, qkv_c[j]);
         }
@@ -495,26 +648,30 @@ static int load_weights(ditd_flux *m, const ditd_safetensors *st)
         const char *qkv[3] = {"to_q", "to_k", "to_v"};
         LIN(b->ada, 3 * D, D, "single_transformer_blocks.%d.norm.linear", l);
         for (int j = 0; j < 3; j++) {
-            ditd_flux_lin part = {ditd_ptr_w(ops, b->qkv.w, (size_t)(j * A * D)),
-                                  ditd_ptr_w(ops, b->qkv.b, (size_t)(j * A))};
+            ditd_flux_lin part = part_of(ops, &b->qkv, j, A, D);
             COL(part, D, D, a0, A, "single_transformer_blocks.%d.attn.%s", l, qkv[j]);
         }
         GET(b->nq, Dh, 0, "single_transformer_blocks.%d.attn.norm_q.weight", l);
         GET(b->nk, Dh, 0, "single_transformer_blocks.%d.attn.norm_k.weight", l);
         COL(b->mlp, F, D, f0, Fl, "single_transformer_blocks.%d.proj_mlp", l);
         NAME("single_transformer_blocks.%d.proj_out.weight", l);
-        if ((err = get_packed(&ld, b->out.w, D, F, a0, A, f0, Fl)))
+        if (b->out.q.data)
+            err = qcols(st, ld.name, D, D + F, 2, (int64_t[]){a0, D + f0}, (int64_t[]){A, Fl},
+                        b->out.w);
+        else
+            err = get_packed(&ld, b->out.w, D, F, a0, A, f0, Fl);
+        if (err)
             goto done;
         GET(b->out.b, D, 0, "single_transformer_blocks.%d.proj_out.bias", l);
     }
     /* more blocks in the checkpoint than the config says would silently
      * drop layers: refuse */
     NAME("transformer_blocks.%d.norm1.linear.weight", c->num_layers);
-    if (ditd_safetensors_find(st, ld.name))
+    if (ditd_weights_has(st, ld.name))
         err = ditd_err_set(DITD_EFORMAT, "checkpoint has %s but config says num_layers %d",
                            ld.name, c->num_layers);
     NAME("single_transformer_blocks.%d.norm.linear.weight", c->num_single_layers);
-    if (!err && ditd_safetensors_find(st, ld.name))
+    if (!err && ditd_weights_has(st, ld.name))
         err = ditd_err_set(DITD_EFORMAT, "checkpoint has %s but config says num_single_layers %d",
                            ld.name, c->num_single_layers);
 done:
@@ -533,7 +690,9 @@ static int pack_linears(ditd_flux *m)
     int err = 0;
 #define PACK(l, n, k)                                               \
     do {                                                            \
-        if (!err)                                                   \
+        if ((l).q.data)                                             \
+            m->quantized++; /* its blocks are read as they are */   \
+        else if (!err)                                              \
             err = ditd_pack_linear(ops, (l).w, (int)(n), (int)(k)); \
     } while (0)
     PACK(m->ctx_emb, D, c->joint_attention_dim);
@@ -575,8 +734,9 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
                        int height, int width, int text_len, const char *weights_path,
                        const ditd_mesh *mesh, ditd_flux **out)
 {
-    ditd_safetensors *st = NULL;
+    ditd_weights *st = NULL;
     ditd_flux *m;
+    int bfl = 0;
     int err;
 
     if (max_batch <= 0 || max_batch > 4096)
@@ -599,16 +759,20 @@ int ditd_flux_new_mesh(const ditd_flux_config *cfg, const ditd_backend_ops *ops,
         err = ditd_err_set(DITD_ENOMEM, "FLUX blocks");
         goto fail;
     }
-    if ((err = set_sizes(m, height, width, text_len)) || (err = plan(m, mesh)) ||
-        (err = ditd_safetensors_open(weights_path, &st)) || (err = load_weights(m, st)) ||
-        (err = pack_linears(m)))
+    /* the weights first: which linears stay quantized decides their sizes */
+    if ((err = ditd_weights_open(weights_path, &st)) ||
+        (err = ditd_flux_alias_bfl(st, cfg, &bfl)))
         goto fail;
-    ditd_safetensors_free(st);
+    m->src = st;
+    if ((err = set_sizes(m, height, width, text_len)) || (err = plan(m, mesh)) ||
+        (err = load_weights(m, st)) || (err = pack_linears(m)))
+        goto fail;
+    m->src = NULL;
+    ditd_weights_free(st);
     *out = m;
     return 0;
 fail:
-    if (st)
-        ditd_safetensors_free(st);
+    ditd_weights_free(st);
     ditd_flux_free(m);
     return err;
 }

@@ -75,9 +75,13 @@
 #define DITD_FLUX_DEFAULT_LATENT 128
 #define DITD_FLUX_DEFAULT_TEXT_LEN 512
 
-/* One linear layer's weight (N, K) and bias (N). */
+/* One linear layer's weight (N, K) and bias (N). A weight read from a GGUF
+ * file in GGML blocks stays so (q.data == w: the blocks, copied into the
+ * weight arena) and runs through ops->linear_q; otherwise q.data is NULL
+ * and w holds weight_dtype values for ops->linear. */
 typedef struct ditd_flux_lin {
     void *w, *b;
+    ditd_qweight q;
 } ditd_flux_lin;
 
 /* FluxTransformerBlock: the image stream's weights, then the text stream's. */
@@ -109,6 +113,8 @@ typedef struct ditd_flux {
     int L;                  /* text tokens (all of them) */
 
     ditd_arena weights, acts;
+    const struct ditd_weights *src; /* while loading: which linears stay quantized */
+    int quantized;          /* linears kept in GGML blocks */
 
     ditd_flux_lin x_emb;    /* x_embedder (D, 4C) = conv (D, C, 2, 2) */
     ditd_flux_lin ctx_emb;  /* context_embedder (D, Dt) */
@@ -163,7 +169,8 @@ typedef struct ditd_flux {
 
 /* Loads a model for latents (C, height, width) and text_len text tokens,
  * batches up to max_batch, weights from a safetensors checkpoint (file,
- * index or folder), as one rank of `mesh` (borrowed; NULL = one rank).
+ * index or folder) or a GGUF file (or a folder holding one; engine/io/
+ * weights.h), in Diffusers' names or FLUX.1's original ones, as one rank of `mesh` (borrowed; NULL = one rank).
  * height and width even. Refused (DITD_EUNSUPPORTED / DITD_EINVAL, on every
  * rank alike): a layout the heads or tokens cannot take, a backend
  * without the rope, rmsnorm_heads and upload_f32 ops. *out owned: ditd_flux_free. */
@@ -194,6 +201,13 @@ void ditd_flux_shapes(const ditd_flux_config *c, int height, int width, int text
 
 /* The FluxTransformer2DModel family (engine/models/flux/flux_denoiser.c). */
 extern const ditd_denoiser_family ditd_flux_family;
+
+/* Registers on `w` the Diffusers names of a checkpoint in FLUX.1's
+ * original (BFL) names (flux_bfl.c), as Diffusers' single-file loader maps
+ * them; *found = 0 and nothing registered when the file is not in those
+ * names. 0 or the alias error. */
+struct ditd_weights;
+int ditd_flux_alias_bfl(struct ditd_weights *w, const ditd_flux_config *c, int *found);
 
 size_t ditd_flux_weight_bytes(const ditd_flux *m);
 size_t ditd_flux_act_bytes(const ditd_flux *m);

@@ -16,10 +16,20 @@ static void *at(const ditd_flux *m, const void *p, size_t elems)
     return ditd_ptr_act(m->ops, p, elems);
 }
 
+/* A linear layer, its weight dense or kept in GGML blocks (flux.h). */
+static void linear_any(const ditd_flux *m, const void *x, size_t ldx, const ditd_flux_lin *l,
+                       const void *b, void *y, size_t ldy, int M, int N, int K, ditd_act act)
+{
+    if (l->q.data)
+        m->ops->linear_q(x, ldx, &l->q, b, y, ldy, M, act);
+    else
+        m->ops->linear(x, ldx, l->w, b, y, ldy, M, N, K, act);
+}
+
 static void lin(const ditd_flux *m, const void *x, size_t ldx, const ditd_flux_lin *l, void *y,
                 size_t ldy, int M, int N, int K, ditd_act act)
 {
-    m->ops->linear(x, ldx, l->w, l->b, y, ldy, M, N, K, act);
+    linear_any(m, x, ldx, l, l->b, y, ldy, M, N, K, act);
 }
 
 /* A row-parallel Linear (tp: this rank's input columns, partial sums, the
@@ -28,8 +38,8 @@ static int row_lin(const ditd_flux *m, const void *x, size_t ldx, const ditd_flu
                    int M, int K)
 {
     int D = m->cfg.inner_dim;
-    m->ops->linear(x, ldx, l->w, m->tp_rank == 0 ? l->b : NULL, y, (size_t)D, M, D, K,
-                   DITD_ACT_NONE);
+    linear_any(m, x, ldx, l, m->tp_rank == 0 ? l->b : NULL, y, (size_t)D, M, D, K,
+               DITD_ACT_NONE);
     if (m->lay.tp > 1)
         return ditd_comm_allreduce_sum(m->mesh->tp_comm, m->ops->act_dtype, y,
                                        (size_t)M * (size_t)D);
