@@ -190,7 +190,7 @@ def check_wiring(where, docs):
             ref = d["spec"]["scaleTargetRef"]
             check((ref["kind"], ref["name"]) in byname, f"{where}: ScaledObject targets a rendered workload",
                   ref)
-            metrics_c = open(os.path.join(ROOT, "server", "metrics.c")).read()
+            metrics_c = open(os.path.join(ROOT, "server", "daemon", "metrics.c")).read()
             for t in d["spec"]["triggers"]:
                 names = re.findall(r"(ditd_[a-z_]+)\{", t["metadata"]["query"])
                 check(names and all(f'"{n}{{' in metrics_c or f"{n}{{" in metrics_c or
