@@ -54,7 +54,12 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     p->cond_row = malloc((size_t)max_samples * sizeof(int));
     p->uncond_row = malloc((size_t)max_samples * sizeof(int));
     p->ctl = malloc(1 + (size_t)max_samples);
-    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->h_t) {
+    /* step caching: its states; buffers are planned per batch (step_cache.h) */
+    p->row_sample = malloc(n2 * sizeof(int));
+    p->row_branch = malloc(n2);
+    if ((err = ditd_step_cache_new(ops, p->mesh, max_samples, &p->scache)))
+        goto fail;
+    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->h_t || !p->row_sample || !p->row_branch) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
         goto fail;
     }
@@ -153,6 +158,9 @@ void ditd_pipeline_free(ditd_pipeline *p)
     free(p->cond_row);
     free(p->uncond_row);
     free(p->ctl);
+    ditd_step_cache_free(p->scache);
+    free(p->row_sample);
+    free(p->row_branch);
     free(p);
 }
 
@@ -188,6 +196,30 @@ static int ensure_sampler(ditd_pipeline *p, ditd_sampler_kind kind, int steps)
     return 0;
 }
 
+/* ---- step caching (engine/pipeline/step_cache.h) ---- */
+
+/* Tells the cache this step's rows (sample, branch) and the ones this
+ * rank's forward runs. */
+static void cache_bind(ditd_pipeline *p, int n, int rows, int r0, int nr)
+{
+    for (int i = 0; i < n; i++) {
+        if (p->cond_row[i] >= 0) {
+            p->row_sample[p->cond_row[i]] = i;
+            p->row_branch[p->cond_row[i]] = 0;
+        }
+        if (p->uncond_row[i] >= 0) {
+            p->row_sample[p->uncond_row[i]] = i;
+            p->row_branch[p->uncond_row[i]] = 1;
+        }
+    }
+    ditd_step_cache_bind(p->scache, rows, p->row_sample, p->row_branch, r0, nr);
+}
+
+void ditd_pipeline_cache_stats(const ditd_pipeline *p, int i, ditd_cache_stats *out)
+{
+    ditd_step_cache_sample_stats(p->scache, i, out);
+}
+
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud)
@@ -213,6 +245,10 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         return err;
     ts = ditd_sampler_timesteps(p->sampler);
     steps = ditd_sampler_num_steps(p->sampler);
+    /* DiTPipeline runs [x; x] under one cache state, FluxPipeline its
+     * branches under cache_context("cond") / ("uncond") */
+    if ((err = ditd_step_cache_begin(p->scache, p->den, gp->cache, steps, n, !p->true_cfg)))
+        return err;
 
     /* In a group the leader's flags rule: ctl = [stop, active[0..n)],
      * broadcast at the start and after every step's callback. */
@@ -277,6 +313,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             rows++;
         }
         if (!cfg_par) {
+            cache_bind(p, n, rows, 0, rows);
             if ((err = ditd_denoiser_forward(p->den, rows, p->model_in, p->h_t, &p->cond,
                                              p->model_out)))
                 return err;
@@ -289,6 +326,9 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                              (int)((size_t)(rows - rows_c) * p->numel_out)};
             int displs[2] = {0, counts[0]};
             ditd_cond half_cond = ditd_cond_view(&p->cond, r0);
+            cache_bind(p, n, rows, r0, nr);
+            if (nr == 0 && (err = ditd_step_cache_idle(p->scache)))
+                return err;
             if (nr > 0 &&
                 (err = ditd_denoiser_forward(p->den, nr,
                                              ditd_ptr_act(ops, p->model_in, (size_t)r0 * numel),
@@ -302,6 +342,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         ops->download(p->h_out, p->model_out, (size_t)rows * p->numel_out);
         if ((err = ops->status()))
             return err;
+        ditd_step_cache_step_done(p->scache);
 
         for (int i = 0; i < n; i++) {
             if (p->cond_row[i] < 0)
@@ -338,6 +379,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         if (stop)
             return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s + 1, steps);
     }
+    ditd_step_cache_end(p->scache);
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
     return 0;
 }

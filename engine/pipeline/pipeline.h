@@ -42,11 +42,14 @@
 #include "engine/parallel/mesh.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/sampler.h"
+#include "engine/pipeline/step_cache.h"
 
 /* What every sample of a batch shares (the batcher groups on these). */
 typedef struct ditd_gen_params {
     int steps;                  /* num_inference_steps, 1..1000 */
     ditd_sampler_kind sampler;
+    const ditd_cache_config *cache; /* step caching (engine/pipeline/step_cache.h); NULL or
+                                     * method none: every step computes. Borrowed for the call */
 } ditd_gen_params;
 
 /* One image of a batch. */
@@ -94,6 +97,9 @@ typedef struct ditd_pipeline {
     int *cond_row, *uncond_row;  /* (n) forward row of each sample, -1 = none */
     const ditd_mesh *mesh;       /* borrowed; NULL = one rank */
     uint8_t *ctl;                /* (1 + max_samples) leader's stop flag + active flags */
+    ditd_step_cache *scache;     /* step caching: states per sample and branch */
+    int *row_sample;             /* (2n) the step's forward rows: sample and branch */
+    uint8_t *row_branch;
 } ditd_pipeline;
 
 /* Loads the transformer weights of `info` for up to max_samples images per
@@ -133,6 +139,11 @@ int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud);
+
+/* What step caching did for sample i of the last ditd_pipeline_generate
+ * (zeros without a cache): steps skipped, block evaluations skipped. In a
+ * group every rank has the same counts. */
+void ditd_pipeline_cache_stats(const ditd_pipeline *p, int i, ditd_cache_stats *out);
 
 /* Latents (C, H, W) in [-1, 1] to interleaved 8-bit pixels (H, W, C):
  * round((x / 2 + 0.5) clamped to [0, 1] x 255), ties to even, as

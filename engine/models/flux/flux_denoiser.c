@@ -29,6 +29,14 @@ static int flux_shapes(const char *dir, ditd_denoiser_shapes *out)
     return err;
 }
 
+/* step caching: every block (double, then single) under the block hooks;
+ * a row of the image stream is this rank's n_loc tokens of D */
+static void cache_plan(ditd_flux *m)
+{
+    m->base.cache_blocks = m->cfg.num_layers + m->cfg.num_single_layers;
+    m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
+}
+
 static int flux_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
                      const ditd_mesh *mesh, ditd_denoiser **out)
 {
@@ -41,6 +49,7 @@ static int flux_load(const char *dir, const ditd_backend_ops *ops, int max_batch
                                   &m)))
         return err;
     m->base.family = &ditd_flux_family;
+    cache_plan(m);
     *out = &m->base;
     return 0;
 }
@@ -63,7 +72,9 @@ static int flux_forward(ditd_denoiser *d, int B, const void *x, const float *t,
 
 static int flux_set_size(ditd_denoiser *d, int height, int width, int text_len)
 {
-    return ditd_flux_set_size((ditd_flux *)d, height, width, text_len);
+    int err = ditd_flux_set_size((ditd_flux *)d, height, width, text_len);
+    cache_plan((ditd_flux *)d);
+    return err;
 }
 
 static void flux_free(ditd_denoiser *d)

@@ -260,12 +260,23 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
     ops->upload(m->pooled_in, h_pooled, (size_t)B * (size_t)c->pooled_dim);
     conditioning(m, B, h_t, h_guidance);
 
-    for (int l = 0; l < c->num_layers; l++)
-        if ((err = double_block(m, &m->dbl[l], B)))
+    /* the blocks: double-stream, then single-stream, as one list for step
+     * caching's block hooks (engine/models/denoiser.h): Diffusers' hooks take
+     * transformer_blocks.0 as the head, single_transformer_blocks.-1 as the tail */
+    const ditd_denoiser_cache *cc = m->base.cache;
+    ditd_cache_streams cs = {B, m->img, Nl, m->tok0, m->txt, L, D};
+    int run = 1, nb = c->num_layers + c->num_single_layers;
+    if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
+        return err;
+    for (int l = 0; run && l < nb; l++) {
+        if ((err = l < c->num_layers ? double_block(m, &m->dbl[l], B)
+                                     : single_block(m, &m->sgl[l - c->num_layers], B)))
             return err;
-    for (int l = 0; l < c->num_single_layers; l++)
-        if ((err = single_block(m, &m->sgl[l], B)))
+        if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
             return err;
+        if (run && l == nb - 1 && cc && (err = cc->blocks_end(cc->ctx, &cs)))
+            return err;
+    }
 
     /* norm_out (AdaLayerNormContinuous): [scale, shift] = Linear(SiLU(vec));
      * tokens (B, Nl, 4Co) = proj_out(LN(img) (1 + scale) + shift) */
