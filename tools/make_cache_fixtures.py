@@ -133,6 +133,95 @@ def per_step(log, kind, steps, per_forward=1):
     return rows
 
 
+# ---------------------------------------------------------------- FLUX ---
+FLUXDIR = REPO / "tests" / "fixtures" / "flux_pipeline"
+FLUX_CASE = "dev_64_true_cfg"  # true CFG: a cond and an uncond state per sample
+FLUX_STEPS = 12
+
+
+def flux_run(method, fields, case, exp):
+    """FluxPipeline (dev, true CFG, prompt embeddings given) with the hook on
+    its transformer through transformer.enable_cache, as a user does."""
+    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
+    d = FLUXDIR / "dev"
+    tr = FluxTransformer2DModel.from_pretrained(d / "transformer", torch_dtype=torch.float64)
+    vae = AutoencoderKL.from_pretrained(d / "vae", torch_dtype=torch.float64)
+    sched = FlowMatchEulerDiscreteScheduler.from_pretrained(d / "scheduler")
+    pipe = FluxPipeline(scheduler=sched, vae=vae, text_encoder=None, tokenizer=None,
+                        text_encoder_2=None, tokenizer_2=None, transformer=tr)
+    pipe.set_progress_bar_config(disable=True)
+    if method == "first_block_cache":
+        tr.enable_cache(FirstBlockCacheConfig(**fields))
+    elif method == "mag_cache":
+        tr.enable_cache(MagCacheConfig(**fields))
+    ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
+    noise = np.load(exp / case["noise"])
+    B, C, h, w = noise.shape
+    packed = FluxPipeline._pack_latents(torch.from_numpy(noise), B, C, h, w).to(torch.float64)
+    LOG.clear()
+    with torch.no_grad():
+        lat = pipe(prompt_embeds=ld("prompt_embeds"), pooled_prompt_embeds=ld("pooled"),
+                   negative_prompt_embeds=ld("negative_prompt_embeds"),
+                   negative_pooled_prompt_embeds=ld("negative_pooled"),
+                   true_cfg_scale=case["true_cfg_scale"], height=case["height"],
+                   width=case["width"], num_inference_steps=FLUX_STEPS,
+                   guidance_scale=case["guidance_scale"], latents=packed, output_type="latent",
+                   return_dict=False)[0]
+    out = FluxPipeline._unpack_latents(lat, case["height"], case["width"], 8)
+    return out.numpy(), noise, list(LOG)
+
+
+def flux_cases():
+    exp = FLUXDIR / "expected"
+    case = next(c for c in json.loads((exp / "cases.json").read_text())["cases"]
+                if c["name"] == FLUX_CASE)
+    out_cases = []
+
+    def branches(log, kind):
+        rows = [(v, c) for k, v, c in log if k == kind]
+        assert len(rows) == 2 * FLUX_STEPS, (kind, len(rows))
+        return rows
+
+    def emit(name, method, fields, out, noise, rows):
+        skipped = [[not rows[2 * s + b][1] for s in range(FLUX_STEPS)] for b in range(2)]
+        n_skip = sum(map(sum, skipped))
+        assert 0 < n_skip < 2 * FLUX_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        out_cases.append({
+            "name": name, "family": "flux", "method": method, "fields": fields,
+            "flux_case": FLUX_CASE, "steps": FLUX_STEPS,
+            "skipped": [a and b for a, b in zip(*skipped)], "skipped_branches": skipped,
+            "values_branches": [[rows[2 * s + b][0] for s in range(FLUX_STEPS)] for b in range(2)],
+            "noise": f"{name}_noise.npy", "out": f"{name}_out.npy", "dtype_reference": "float64"})
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+
+    # First Block Cache: a threshold between the measured values, 2 % clear of all
+    _, _, log = flux_run("first_block_cache", {"threshold": 0.0}, case, exp)
+    vals = sorted(v for v, _ in branches(log, "fbc") if v is not None)
+    gaps = sorted(range(len(vals) - 1), key=lambda i: -vals[i + 1] / vals[i])
+    for k in gaps:
+        thr = float(np.sqrt(vals[k] * vals[k + 1]))
+        out, noise, log = flux_run("first_block_cache", {"threshold": thr}, case, exp)
+        rows = branches(log, "fbc")
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < 2 * FLUX_STEPS - 4 and all(v is None or abs(v - thr) > 0.02 * thr
+                                                   for v, _ in rows):
+            break
+    else:
+        raise SystemExit("no FLUX First Block Cache threshold fits")
+    emit("flux_fbc", "first_block_cache", {"threshold": thr}, out, noise, rows)
+
+    # MagCache with FLUX's published ratios, interpolated to 12 steps
+    fields = {"threshold": 0.1, "max_skip_steps": 2, "retention_ratio": 0.2,
+              "num_inference_steps": FLUX_STEPS,
+              "mag_ratios": [float(x) for x in mag_mod.FLUX_MAG_RATIOS.tolist()]}
+    out, noise, log = flux_run("mag_cache", fields, case, exp)
+    emit("flux_mag", "mag_cache", dict(fields, mag_ratios="FLUX"), out, noise,
+         branches(log, "mag"))
+    return out_cases
+
+
 def main():
     instrument()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -243,6 +332,8 @@ def main():
                   "skipped_per_sample": skips, "noise": "fbc_batch2_noise.npy",
                   "out": "fbc_batch2_out.npy", "dtype_reference": "float64"})
     print(f"fbc_batch2: skipped {skips}", file=sys.stderr)
+
+    cases += flux_cases()
 
     doc = {"model": "models/tiny-p2-c1-h6", "diffusers": diffusers.__version__,
            "torch": torch.__version__, "cases": cases}

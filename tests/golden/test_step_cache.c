@@ -1,7 +1,8 @@
 /* Step caching against Diffusers' own hooks (tools/make_cache_fixtures.py):
  * First Block Cache, MagCache (given ratios, FLUX's ratios interpolated,
  * calibration) and TaylorSeer (modules, whole blocks) on the tiny DiT fixture,
- * DiTPipeline's loop with guidance. Per case: the same steps skipped, step by
+ * DiTPipeline's loop with guidance; First Block Cache and MagCache on the
+ * tiny FLUX.1-dev folder with true CFG (a state per branch). Per case: the same steps skipped, step by
  * step, and the final latents within 1e-4 of Diffusers' float64 run. Plus the
  * config parser's refusals. */
 #include <jansson.h>
@@ -93,6 +94,108 @@ static float *load(const char *dir, const char *name, int64_t *shape)
     return d;
 }
 
+/* One case on pipeline p: the same steps skipped as Diffusers, step by
+ * step, and the final latents within TOL. Returns 1 when it ran. */
+static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *samples,
+                   ditd_sampler_kind sampler, int *skips_seen, int *computes_seen)
+{
+    char dir[4096];
+    const char *name = json_string_value(json_object_get(c, "name"));
+    int steps = (int)json_integer_value(json_object_get(c, "steps")), ran = 0;
+    int64_t sn[4], so[4];
+    ditd_cache_config cfg;
+    step_log lg = {.p = p, .n = n};
+    snprintf(dir, sizeof dir, "%s/cache", tu_fixtures());
+    float *noise = load(dir, json_string_value(json_object_get(c, "noise")), sn);
+    float *want = load(dir, json_string_value(json_object_get(c, "out")), so);
+    ditd_gen_params gp = {.steps = steps, .sampler = sampler, .cache = &cfg};
+    TU_OK(config_from_json(json_string_value(json_object_get(c, "method")),
+                           json_object_get(c, "fields"), &cfg));
+    TU_CHECK(n >= 1 && n <= 2 && steps <= MAX_STEPS, "%s: %d samples, %d steps", name, n, steps);
+    if (!noise || !want || n < 1 || n > 2 || steps > MAX_STEPS)
+        goto out;
+    size_t numel = (size_t)(sn[1] * sn[2] * sn[3]);
+    float *got = calloc((size_t)n * numel, sizeof *got), *plain = calloc((size_t)n * numel, sizeof *plain);
+    TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, got, NULL, on_step, &lg));
+    /* the same steps skipped, step by step */
+    json_t *per = json_object_get(c, "skipped_per_sample");
+    for (int i = 0; i < n; i++) {
+        json_t *want_sk = per ? json_array_get(per, (size_t)i) : json_object_get(c, "skipped");
+        char got_s[MAX_STEPS + 1], want_s[MAX_STEPS + 1];
+        for (int s = 0; s < steps; s++) {
+            int w = json_is_true(json_array_get(want_sk, (size_t)s));
+            got_s[s] = lg.skipped[i][s] ? 'S' : '.';
+            want_s[s] = w ? 'S' : '.';
+            *skips_seen += w;
+            *computes_seen += !w;
+        }
+        got_s[steps] = want_s[steps] = 0;
+        TU_CHECK(!strcmp(got_s, want_s), "%s sample %d: skipped steps %s here, %s in Diffusers",
+                 name, i, got_s, want_s);
+        printf("%s %s sample %d: steps %s (S = skipped)\n", strcmp(got_s, want_s) ? "FAIL" : "ok  ",
+               name, i, got_s);
+        ditd_cache_stats st;
+        ditd_pipeline_cache_stats(p, i, &st);
+        TU_CHECK(st.steps == steps, "%s: %d steps counted", name, st.steps);
+        printf("     %s: %d of %d steps skipped, %ld of %ld evaluations skipped\n", name,
+               st.steps_skipped, st.steps, st.evals_skipped, st.evals);
+        /* per branch (FluxPipeline's cond / uncond contexts): the
+         * evaluations Diffusers skipped in both */
+        json_t *br = json_object_get(c, "skipped_branches");
+        if (br) {
+            int L = p->den->cache_blocks, per_skip = 0;
+            const char *m = json_string_value(json_object_get(c, "method"));
+            for (size_t b = 0; b < json_array_size(br); b++)
+                for (int s = 0; s < steps; s++)
+                    per_skip += json_is_true(json_array_get(json_array_get(br, b), (size_t)s));
+            long want_ev = (long)per_skip * (strcmp(m, "mag_cache") ? L - 1 : L);
+            TU_CHECK(st.evals_skipped == want_ev && st.evals == 2L * steps * L,
+                     "%s: %ld of %ld block evaluations skipped, Diffusers %ld of %ld", name,
+                     st.evals_skipped, st.evals, want_ev, 2L * steps * L);
+        }
+    }
+    /* calibration: the ratios MagCacheBlockHook measures */
+    json_t *cal = json_object_get(c, "calibration");
+    if (cal) {
+        int nc = 0;
+        const float *r = ditd_step_cache_calibration(p->scache, 0, 0, &nc);
+        TU_CHECK(nc == (int)json_array_size(cal), "%s: %d ratios, want %zu", name, nc,
+                 json_array_size(cal));
+        double worst = 0;
+        for (int s = 0; s < nc && s < (int)json_array_size(cal); s++) {
+            double w = json_number_value(json_array_get(cal, (size_t)s));
+            double e = fabs(r[s] - w) / fabs(w);
+            worst = e > worst ? e : worst;
+        }
+        TU_CHECK(worst <= 1e-5, "%s: calibration ratios off by %.3g", name, worst);
+        printf("%s %s: %d calibration ratios within %.3g of Diffusers' (first %.6g, last %.6g)\n",
+               worst <= 1e-5 ? "ok  " : "FAIL", name, nc, worst, nc ? (double)r[0] : 0.0,
+               nc ? (double)r[nc - 1] : 0.0);
+    }
+    TU_CLOSE(name, got, want, (size_t)n * numel, TOL);
+    /* the test can fail: where steps were skipped, the cached result is not
+     * the uncached one */
+    gp.cache = NULL;
+    TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, plain, NULL, NULL, NULL));
+    tu_err e = tu_compare(plain, want, (size_t)n * numel);
+    int any_skip = 0;
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < steps; s++)
+            any_skip |= lg.skipped[i][s];
+    if (any_skip) {
+        TU_CHECK(e.rel > 100 * TOL, "%s: uncached run only %.3g from the cached reference", name,
+                 e.rel);
+        printf("     %s: uncached latents are %.3g from the cached reference\n", name, e.rel);
+    }
+    ran = 1;
+    free(got);
+    free(plain);
+out:
+    free(noise);
+    free(want);
+    return ran;
+}
+
 static int run_cases(void)
 {
     char dir[4096], mdir[4096], path[4300];
@@ -115,78 +218,67 @@ static int run_cases(void)
     if (!p)
         goto done;
     json_array_foreach(json_object_get(doc, "cases"), k, c) {
-        const char *name = json_string_value(json_object_get(c, "name"));
-        ditd_cache_config cfg;
-        int64_t sn[4], so[4];
+        if (json_object_get(c, "family"))
+            continue;
         json_t *labels = json_object_get(c, "class_labels");
-        int n = (int)json_array_size(labels), steps = (int)json_integer_value(json_object_get(c, "steps"));
-        float *noise = load(dir, json_string_value(json_object_get(c, "noise")), sn);
-        float *want = load(dir, json_string_value(json_object_get(c, "out")), so);
-        ditd_gen_params gp = {.steps = steps, .sampler = DITD_SAMPLER_FLOW_EULER, .cache = &cfg};
+        int n = (int)json_array_size(labels);
         ditd_gen_sample samples[2];
-        step_log lg = {.p = p, .n = n};
-        TU_OK(config_from_json(json_string_value(json_object_get(c, "method")),
-                               json_object_get(c, "fields"), &cfg));
-        TU_CHECK(n >= 1 && n <= 2 && steps <= MAX_STEPS, "%s: %d samples, %d steps", name, n, steps);
-        if (!noise || !want || n < 1 || n > 2 || steps > MAX_STEPS)
-            goto next;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n && i < 2; i++) {
             memset(&samples[i], 0, sizeof samples[i]);
             samples[i].index = (uint64_t)i;
             samples[i].cond.class_id = json_integer_value(json_array_get(labels, (size_t)i));
             samples[i].guidance = (float)json_number_value(json_object_get(c, "guidance_scale"));
         }
-        size_t numel = (size_t)(sn[1] * sn[2] * sn[3]);
-        float *got = calloc((size_t)n * numel, sizeof *got);
-        TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, got, NULL, on_step, &lg));
-        /* the same steps skipped, step by step */
-        json_t *per = json_object_get(c, "skipped_per_sample");
-        for (int i = 0; i < n; i++) {
-            json_t *want_sk = per ? json_array_get(per, (size_t)i) : json_object_get(c, "skipped");
-            char got_s[MAX_STEPS + 1], want_s[MAX_STEPS + 1];
-            for (int s = 0; s < steps; s++) {
-                int w = json_is_true(json_array_get(want_sk, (size_t)s));
-                got_s[s] = lg.skipped[i][s] ? 'S' : '.';
-                want_s[s] = w ? 'S' : '.';
-                skips_seen += w;
-                computes_seen += !w;
-            }
-            got_s[steps] = want_s[steps] = 0;
-            TU_CHECK(!strcmp(got_s, want_s), "%s sample %d: skipped steps %s here, %s in Diffusers",
-                     name, i, got_s, want_s);
-            printf("%s %s sample %d: steps %s (S = skipped)\n",
-                   strcmp(got_s, want_s) ? "FAIL" : "ok  ", name, i, got_s);
-            ditd_cache_stats st;
-            ditd_pipeline_cache_stats(p, i, &st);
-            TU_CHECK(st.steps == steps, "%s: %d steps counted", name, st.steps);
-            printf("     %s: %d of %d steps skipped, %ld of %ld evaluations skipped\n", name,
-                   st.steps_skipped, st.steps, st.evals_skipped, st.evals);
-        }
-        /* calibration: the ratios MagCacheBlockHook measures */
-        json_t *cal = json_object_get(c, "calibration");
-        if (cal) {
-            int nc = 0;
-            const float *r = ditd_step_cache_calibration(p->scache, 0, 0, &nc);
-            TU_CHECK(nc == (int)json_array_size(cal), "%s: %d ratios, want %zu", name, nc,
-                     json_array_size(cal));
-            double worst = 0;
-            for (int s = 0; s < nc && s < (int)json_array_size(cal); s++) {
-                double w = json_number_value(json_array_get(cal, (size_t)s));
-                double e = fabs(r[s] - w) / fabs(w);
-                worst = e > worst ? e : worst;
-            }
-            TU_CHECK(worst <= 1e-5, "%s: calibration ratios off by %.3g", name, worst);
-            printf("%s %s: %d calibration ratios within %.3g of Diffusers' (first %.6g, last %.6g)\n",
-                   worst <= 1e-5 ? "ok  " : "FAIL", name, nc, worst, nc ? (double)r[0] : 0.0,
-                   nc ? (double)r[nc - 1] : 0.0);
-        }
-        TU_CLOSE(name, got, want, (size_t)n * numel, TOL);
-        ran++;
-        free(got);
-    next:
-        free(noise);
-        free(want);
+        ran += run_one(p, c, n, samples, DITD_SAMPLER_FLOW_EULER, &skips_seen, &computes_seen);
     }
+    ditd_pipeline_free(p);
+    p = NULL;
+    ditd_model_info_free(&info);
+
+    /* FLUX.1-dev, true CFG: a state per branch (FluxPipeline's contexts) */
+    json_t *fdoc = NULL;
+    float *emb = NULL, *pool = NULL, *nemb = NULL, *npool = NULL;
+    snprintf(mdir, sizeof mdir, "%s/dev", FLUX_PIPELINE_DIR);
+    TU_OK(ditd_model_info_load(mdir, &info));
+    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
+    json_array_foreach(json_object_get(doc, "cases"), k, c) {
+        if (!json_object_get(c, "family") || !p)
+            continue;
+        char edir[4096], fpath[4300];
+        int64_t sh[4];
+        snprintf(edir, sizeof edir, "%s/flux_pipeline/expected", tu_fixtures());
+        if (!fdoc) {
+            snprintf(fpath, sizeof fpath, "%s/cases.json", edir);
+            fdoc = json_load_file(fpath, 0, &jerr);
+            TU_CHECK(fdoc != NULL, "%s: %s", fpath, jerr.text);
+        }
+        json_t *fc = NULL, *e;
+        size_t j;
+        json_array_foreach(json_object_get(fdoc, "cases"), j, e)
+            if (!strcmp(json_string_value(json_object_get(e, "name")),
+                        json_string_value(json_object_get(c, "flux_case"))))
+                fc = e;
+        TU_CHECK(fc != NULL, "flux case %s", json_string_value(json_object_get(c, "flux_case")));
+        if (!fc)
+            continue;
+        free(emb), free(pool), free(nemb), free(npool);
+        emb = load(edir, json_string_value(json_object_get(fc, "prompt_embeds")), sh);
+        pool = load(edir, json_string_value(json_object_get(fc, "pooled")), sh);
+        nemb = load(edir, json_string_value(json_object_get(fc, "negative_prompt_embeds")), sh);
+        npool = load(edir, json_string_value(json_object_get(fc, "negative_pooled")), sh);
+        TU_OK(ditd_pipeline_set_size(p, (int)json_integer_value(json_object_get(fc, "latent_height")),
+                                     (int)json_integer_value(json_object_get(fc, "latent_width")),
+                                     (int)json_integer_value(json_object_get(fc, "max_sequence_length"))));
+        ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
+        ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
+                               .true_cfg = (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
+        smp.cond.prompt = &te[0];
+        smp.cond.negative = &te[1];
+        if (emb && pool && nemb && npool)
+            ran += run_one(p, c, 1, &smp, p->sched_base.kind, &skips_seen, &computes_seen);
+    }
+    free(emb), free(pool), free(nemb), free(npool);
+    json_decref(fdoc);
     TU_CHECK(skips_seen > 0 && computes_seen > 0, "skipped %d, computed %d steps in all cases",
              skips_seen, computes_seen);
     printf("cases: %d; steps skipped %d, computed %d\n", ran, skips_seen, computes_seen);
@@ -289,6 +381,6 @@ int main(void)
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 7, "ran %d cache cases (7 expected)", ran);
+    TU_CHECK(ran >= 9, "ran %d cache cases (7 DiT, 2 FLUX expected)", ran);
     return tu_exit();
 }
