@@ -67,6 +67,7 @@ struct ditd_step_cache {
     int rows;               /* this step's rows (both halves) */
     int *row_sample, *row_unit, *row_slot; /* (2 max_samples) */
     int r0, nr;
+    int n_img;              /* this rank's image tokens in the last forward */
     double *tok;            /* (R, N, 4) per-token statistics of this rank */
     double *send, *recv;    /* exchange records */
     size_t rec;             /* doubles per record */
@@ -74,6 +75,8 @@ struct ditd_step_cache {
     int *counts, *displs;   /* (group size) */
     uint8_t *dec;           /* (units) broadcast decisions */
     float *mag;             /* (steps) mag_ratios interpolated */
+    double *trace;          /* fbc: (units, steps + 1, 2) the group's and this rank's own ratio */
+    int *trace_n;           /* (units) decisions traced */
     int retention_step, mag_steps;
 };
 
@@ -127,6 +130,10 @@ static void free_plan(ditd_step_cache *c)
     free(c->table);
     free(c->counts);
     free(c->mag);
+    free(c->trace);
+    free(c->trace_n);
+    c->trace = NULL;
+    c->trace_n = NULL;
     c->hooked = c->inactive = NULL;
     c->elems = NULL;
     c->tbuf = NULL;
@@ -330,7 +337,10 @@ static int plan(ditd_step_cache *c, ditd_denoiser *d)
     c->counts = malloc(2 * (size_t)G * sizeof(int));
     c->cal = calloc(2 * (size_t)c->units * (size_t)(c->steps + 1), sizeof(float));
     c->mag = calloc((size_t)c->steps + 1, sizeof(float));
-    if (!c->tok || !c->send || !c->table || !c->counts || !c->cal || !c->mag)
+    c->trace = calloc((size_t)c->units * (size_t)(c->steps + 1) * 2, sizeof(double));
+    c->trace_n = calloc((size_t)c->units, sizeof(int));
+    if (!c->tok || !c->send || !c->table || !c->counts || !c->cal || !c->mag || !c->trace ||
+        !c->trace_n)
         return ditd_err_set(DITD_ENOMEM, "step cache statistics");
     if (c->rec * (size_t)G > (size_t)0x7fffffff)
         return ditd_err_set(DITD_EINVAL, "step cache: exchange too large");
@@ -377,6 +387,8 @@ static void reset_states(ditd_step_cache *c)
         for (size_t i = 0; i < (size_t)c->units * (size_t)c->np; i++)
             c->tay[i] = (tay_state){-1, -1, 0, 1};
     memset(c->stats, 0, (size_t)c->max_samples * sizeof *c->stats);
+    if (c->trace_n)
+        memset(c->trace_n, 0, (size_t)c->units * sizeof(int));
 }
 
 static int h_blocks_begin(void *ctx, const ditd_cache_streams *s, int *run);
@@ -535,6 +547,24 @@ static int fbc_decide(ditd_step_cache *c, int D)
         }
         double absmean = s1 / (double)cnt, prev = s2 / (double)cnt;
         c->dec[u] = absmean / prev > c->cfg.threshold;
+        /* the trace: the group's ratio, and what this rank's own rows and
+         * tokens alone would give (the decision a rank must not take alone) */
+        double l1 = 0.0, l2 = 0.0;
+        int nt = 0;
+        for (int lr = 0; lr < c->nr; lr++)
+            if (c->row_unit[c->r0 + lr] == u)
+                for (int k = 0; k < c->n_img; k++) {
+                    const double *t = c->tok + ((size_t)lr * (size_t)c->n_img + (size_t)k) * 4;
+                    l1 += t[0];
+                    l2 += t[1];
+                    nt++;
+                }
+        if (c->trace_n[u] <= c->steps) {
+            double *tr = c->trace + ((size_t)u * (size_t)(c->steps + 1) + (size_t)c->trace_n[u]) * 2;
+            tr[0] = absmean / prev;
+            tr[1] = nt ? l1 / l2 : NAN;
+            c->trace_n[u]++;
+        }
     }
     if (c->mesh && (err = ditd_mesh_bcast(c->mesh, c->dec, (size_t)c->units)))
         return err;
@@ -654,6 +684,7 @@ static int h_first_block_done(void *ctx, const ditd_cache_streams *s, int *run)
         else
             memset(t, 0, (size_t)s->n_img * 4 * sizeof(double));
     }
+    c->n_img = s->n_img;
     if ((err = ops->status()) || (err = exchange(c, s->tok0, s->n_img, 0, 1)) ||
         (err = fbc_decide(c, s->D)))
         return err;
@@ -962,4 +993,18 @@ const float *ditd_step_cache_calibration(const ditd_step_cache *c, int i, int br
     }
     *n = c->us[u].n_cal;
     return c->cal + (size_t)u * w;
+}
+
+int ditd_step_cache_fbc_trace(const ditd_step_cache *c, int i, int branch, int k, double *group,
+                              double *local)
+{
+    if (!c || !c->trace || c->cfg.method != DITD_CACHE_FIRST_BLOCK || i < 0 || i >= c->n)
+        return DITD_ERANGE;
+    int u = c->shared ? i : 2 * i + (branch != 0);
+    if (k < 0 || k >= c->trace_n[u])
+        return DITD_ERANGE;
+    const double *tr = c->trace + ((size_t)u * (size_t)(c->steps + 1) + (size_t)k) * 2;
+    *group = tr[0];
+    *local = tr[1];
+    return 0;
 }

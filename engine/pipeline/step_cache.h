@@ -183,4 +183,13 @@ void ditd_step_cache_sample_stats(const ditd_step_cache *c, int i, ditd_cache_st
  * prints them. *n = 0 when there are none. Borrowed until the next begin. */
 const float *ditd_step_cache_calibration(const ditd_step_cache *c, int i, int branch, int *n);
 
+/* first_block_cache: the k-th relative L1 compared for sample i's branch
+ * (0 under shared_branches) since the batch began (k = 0 is the second
+ * forward: the first has nothing to compare), as the group computed it
+ * (*group), and as this rank's own rows and tokens alone would give it
+ * (*local; NaN when it holds none): the number a rank must not decide on
+ * alone. DITD_ERANGE past the last. For diagnostics and the parallel test. */
+int ditd_step_cache_fbc_trace(const ditd_step_cache *c, int i, int branch, int k, double *group,
+                              double *local);
+
 #endif
