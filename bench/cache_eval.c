@@ -67,7 +67,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: %s\n", argv[k], ditd_err_detail());
             return 2;
         }
-        ditd_gen_params gp = {.steps = steps, .sampler = p->sched_base.kind, .cache = &cfg};
+        ditd_gen_params gp = {.steps = steps, .sampler = p->sched_base.kind};
+        if (ditd_pipeline_set_cache(p, &cfg)) {
+            fprintf(stderr, "%s: %s\n", argv[k], ditd_err_detail());
+            return 2;
+        }
         long ev = 0, ev_sk = 0, st = 0, st_sk = 0;
         double *cal = calloc((size_t)steps + 1, sizeof(double));
         int ncal = 0;

@@ -215,6 +215,18 @@ static void cache_bind(ditd_pipeline *p, int n, int rows, int r0, int nr)
     ditd_step_cache_bind(p->scache, rows, p->row_sample, p->row_branch, r0, nr);
 }
 
+int ditd_pipeline_set_cache(ditd_pipeline *p, const ditd_cache_config *cfg)
+{
+    int err;
+    if (cfg && (err = ditd_cache_config_check(cfg)))
+        return err;
+    if (cfg)
+        p->cache_cfg = *cfg;
+    else
+        ditd_cache_config_default(DITD_CACHE_NONE, &p->cache_cfg);
+    return 0;
+}
+
 void ditd_pipeline_cache_stats(const ditd_pipeline *p, int i, ditd_cache_stats *out)
 {
     ditd_step_cache_sample_stats(p->scache, i, out);
@@ -247,7 +259,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
     steps = ditd_sampler_num_steps(p->sampler);
     /* DiTPipeline runs [x; x] under one cache state, FluxPipeline its
      * branches under cache_context("cond") / ("uncond") */
-    if ((err = ditd_step_cache_begin(p->scache, p->den, gp->cache, steps, n, !p->true_cfg)))
+    if ((err = ditd_step_cache_begin(p->scache, p->den, &p->cache_cfg, steps, n, !p->true_cfg)))
         return err;
 
     /* In a group the leader's flags rule: ctl = [stop, active[0..n)],

@@ -48,8 +48,6 @@
 typedef struct ditd_gen_params {
     int steps;                  /* num_inference_steps, 1..1000 */
     ditd_sampler_kind sampler;
-    const ditd_cache_config *cache; /* step caching (engine/pipeline/step_cache.h); NULL or
-                                     * method none: every step computes. Borrowed for the call */
 } ditd_gen_params;
 
 /* One image of a batch. */
@@ -98,6 +96,7 @@ typedef struct ditd_pipeline {
     const ditd_mesh *mesh;       /* borrowed; NULL = one rank */
     uint8_t *ctl;                /* (1 + max_samples) leader's stop flag + active flags */
     ditd_step_cache *scache;     /* step caching: states per sample and branch */
+    ditd_cache_config cache_cfg; /* what ditd_pipeline_set_cache() gave (method none: off) */
     int *row_sample;             /* (2n) the step's forward rows: sample and branch */
     uint8_t *row_branch;
 } ditd_pipeline;
@@ -139,6 +138,14 @@ int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud);
+
+/* Step caching (engine/pipeline/step_cache.h) for the batches that follow:
+ * cfg is copied (NULL or method none: every step computes); checked as
+ * ditd_cache_config_check, DITD_EINVAL otherwise (the cache stays as it
+ * was). Whether the model can run it (block hooks, TaylorSeer's module
+ * names) is checked by ditd_pipeline_generate, before any step. Between
+ * batches; not collective (every rank of a group sets the same). */
+int ditd_pipeline_set_cache(ditd_pipeline *p, const ditd_cache_config *cfg);
 
 /* What step caching did for sample i of the last ditd_pipeline_generate
  * (zeros without a cache): steps skipped, block evaluations skipped. In a

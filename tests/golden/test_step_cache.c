@@ -108,9 +108,10 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
     snprintf(dir, sizeof dir, "%s/cache", tu_fixtures());
     float *noise = load(dir, json_string_value(json_object_get(c, "noise")), sn);
     float *want = load(dir, json_string_value(json_object_get(c, "out")), so);
-    ditd_gen_params gp = {.steps = steps, .sampler = sampler, .cache = &cfg};
+    ditd_gen_params gp = {.steps = steps, .sampler = sampler};
     TU_OK(config_from_json(json_string_value(json_object_get(c, "method")),
                            json_object_get(c, "fields"), &cfg));
+    TU_OK(ditd_pipeline_set_cache(p, &cfg));
     TU_CHECK(n >= 1 && n <= 2 && steps <= MAX_STEPS, "%s: %d samples, %d steps", name, n, steps);
     if (!noise || !want || n < 1 || n > 2 || steps > MAX_STEPS)
         goto out;
@@ -175,7 +176,7 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
     TU_CLOSE(name, got, want, (size_t)n * numel, TOL);
     /* the test can fail: where steps were skipped, the cached result is not
      * the uncached one */
-    gp.cache = NULL;
+    TU_OK(ditd_pipeline_set_cache(p, NULL));
     TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, plain, NULL, NULL, NULL));
     tu_err e = tu_compare(plain, want, (size_t)n * numel);
     int any_skip = 0;
@@ -359,15 +360,19 @@ static void refusals(void)
         return;
     float *noise = calloc(4 * 14 * 14, sizeof(float)), *out = calloc(4 * 14 * 14, sizeof(float));
     ditd_gen_sample s = {.cond.class_id = 1, .guidance = 1.0f};
-    ditd_gen_params gp = {.steps = 3, .sampler = DITD_SAMPLER_FLOW_EULER, .cache = &cfg};
+    ditd_gen_params gp = {.steps = 3, .sampler = DITD_SAMPLER_FLOW_EULER};
     TU_OK(ditd_cache_config_parse("taylorseer_cache", &cfg));
+    TU_OK(ditd_pipeline_set_cache(p, &cfg));
     TU_CHECK_ERR(ditd_pipeline_generate(p, &gp, 1, &s, noise, out, NULL, NULL, NULL), DITD_EINVAL,
                  "transformer_blocks.0.attn1");
     TU_OK(ditd_cache_config_parse("taylorseer_cache:use_lite_mode=true", &cfg));
+    TU_OK(ditd_pipeline_set_cache(p, &cfg));
     TU_CHECK_ERR(ditd_pipeline_generate(p, &gp, 1, &s, noise, out, NULL, NULL, NULL), DITD_EINVAL,
                  "proj_out");
     /* and the pipeline still serves without a cache afterwards */
-    gp.cache = NULL;
+    cfg.cache_interval = 0;
+    TU_CHECK_ERR(ditd_pipeline_set_cache(p, &cfg), DITD_EINVAL, "cache_interval");
+    TU_OK(ditd_pipeline_set_cache(p, NULL));
     TU_OK(ditd_pipeline_generate(p, &gp, 1, &s, noise, out, NULL, NULL, NULL));
     TU_CHECK(p->den->cache == NULL, "no cache left on the model");
     free(noise);

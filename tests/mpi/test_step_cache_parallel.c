@@ -65,7 +65,10 @@ static void fmt_flags(const flags *f, int i, char *buf)
 static int generate(ditd_pipeline *p, const ditd_cache_config *cfg, const float *noise,
                     float *out, flags *f, int leader)
 {
-    ditd_gen_params gp = {.steps = STEPS, .sampler = DITD_SAMPLER_FLOW_EULER, .cache = cfg};
+    ditd_gen_params gp = {.steps = STEPS, .sampler = DITD_SAMPLER_FLOW_EULER};
+    int err = ditd_pipeline_set_cache(p, cfg);
+    if (err)
+        return err;
     ditd_gen_sample s[NS];
     memset(s, 0, sizeof s);
     for (int i = 0; i < NS; i++) {
