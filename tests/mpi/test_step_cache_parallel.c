@@ -62,6 +62,8 @@ static void fmt_flags(const flags *f, int i, char *buf)
     buf[STEPS] = 0;
 }
 
+static float guidance = 4.0f;
+
 static int generate(ditd_pipeline *p, const ditd_cache_config *cfg, const float *noise,
                     float *out, flags *f, int leader)
 {
@@ -74,7 +76,7 @@ static int generate(ditd_pipeline *p, const ditd_cache_config *cfg, const float 
     for (int i = 0; i < NS; i++) {
         s[i].index = (uint64_t)i;
         s[i].cond.class_id = 1 + i;
-        s[i].guidance = 4.0f;
+        s[i].guidance = guidance;
     }
     memset(f, 0, sizeof *f);
     f->p = p;
@@ -310,6 +312,33 @@ static int run(const ditd_layout *l, ditd_mesh *mesh)
         }
         checked++;
     }
+    /* no guidance: only conditional rows, so under cfg 2 the second half has
+     * no forward and joins First Block Cache's exchange idle */
+    {
+        ditd_cache_config cfg;
+        flags f1, fg;
+        guidance = 1.0f;
+        TU_OK(ditd_cache_config_parse("first_block_cache", &cfg));
+        cfg.threshold = pick_threshold(one, noise, ref);
+        TU_OK(generate(one, &cfg, noise, ref, &f1, 1));
+        TU_OK(generate(grp, &cfg, noise, got, &fg, leader));
+        snprintf(what, sizeof what, "rank %d: first_block_cache, guidance 1", rank_world);
+        TU_CLOSE(what, got, ref, NS * numel, TOL);
+        for (int i = 0; i < NS; i++) {
+            ditd_cache_stats a, b;
+            ditd_pipeline_cache_stats(one, i, &a);
+            ditd_pipeline_cache_stats(grp, i, &b);
+            TU_CHECK(a.steps_skipped == b.steps_skipped && a.evals_skipped == b.evals_skipped,
+                     "%s sample %d: group skipped %d steps, one rank %d", what, i,
+                     b.steps_skipped, a.steps_skipped);
+            TU_CHECK(i > 0 || a.steps_skipped > 0, "%s: no step skipped", what);
+            if (leader)
+                printf("ok   %s sample %d: %d of %d steps skipped (one rank %d)\n", what, i,
+                       b.steps_skipped, b.steps, a.steps_skipped);
+        }
+        guidance = 4.0f;
+        checked++;
+    }
     free(ref);
     free(got);
 out:
@@ -339,7 +368,7 @@ int main(int argc, char **argv)
     TU_OK(ditd_mesh_new(world, &l, &mesh));
     if (mesh) {
         checked = run(&l, mesh);
-        TU_CHECK(checked >= 5, "%d cache configs checked under the mesh (5 expected)", checked);
+        TU_CHECK(checked >= 6, "%d cache configs checked under the mesh (6 expected)", checked);
         ditd_mesh_free(mesh);
     }
     float f = (float)tu_failures;
