@@ -4,7 +4,9 @@
  * float .npy (classes, N, H, W) for tools/eval_cache.py, which scores them
  * with the project's classifier, and prints per run: wall and CPU time
  * (the CPU time is what a shared machine measures fairly), steps and
- * block evaluations skipped. Not a test.
+ * block evaluations skipped. DITD_CACHE_EVAL_BATCH=B runs B images of a
+ * class per batch instead (each keeps its own state: the blocks run when
+ * any of them computes). Not a test.
  *
  *   cache_eval MODEL_DIR OUT_PREFIX N SEED STEPS GUIDANCE SPEC...
  *     SPEC: "none" or a --cache specification (engine/pipeline/step_cache.h);
@@ -21,6 +23,8 @@
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/step_cache.h"
+
+#define BMAX 16
 
 static double now(int cpu)
 {
@@ -52,15 +56,22 @@ int main(int argc, char **argv)
     ditd_model_info info;
     ditd_pipeline *p = NULL;
     if (ditd_model_info_load(dir, &info) ||
-        ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p)) {
+        ditd_pipeline_new(&info, &ditd_backend_cpu, BMAX, &p)) {
         fprintf(stderr, "%s: %s\n", dir, ditd_err_detail());
         return 1;
     }
     int K = info.num_classes > 0 ? info.num_classes : 10;
     int C = p->shapes.in_channels, H = p->shapes.height, W = p->shapes.width;
     size_t numel = (size_t)C * H * W;
-    float *lat = malloc(numel * sizeof(float)), *pix = malloc((size_t)K * N * H * W * sizeof(float));
+    const char *be = getenv("DITD_CACHE_EVAL_BATCH");
+    int Bt = be ? atoi(be) : 1;
+    if (Bt < 1 || Bt > BMAX || N % Bt) {
+        fprintf(stderr, "DITD_CACHE_EVAL_BATCH %d: 1..%d, dividing N\n", Bt, BMAX);
+        return 2;
+    }
+    float *lat = malloc(BMAX * numel * sizeof(float)), *pix = malloc((size_t)K * N * H * W * sizeof(float));
     uint8_t *u8 = malloc(numel);
+    ditd_gen_sample smp[BMAX];
     for (int k = 7; k < argc; k++) {
         ditd_cache_config cfg;
         if (ditd_cache_config_parse(argv[k], &cfg)) {
@@ -77,24 +88,30 @@ int main(int argc, char **argv)
         int ncal = 0;
         double t0 = now(0), c0 = now(1);
         for (int c = 0; c < K; c++)
-            for (int j = 0; j < N; j++) {
-                ditd_gen_sample s = {.seed = seed + (uint64_t)j, .index = 0, .guidance = guidance};
-                ditd_cache_stats cs;
-                s.cond.class_id = c;
-                if (ditd_pipeline_generate(p, &gp, 1, &s, NULL, lat, NULL, NULL, NULL)) {
+            for (int j0 = 0; j0 < N; j0 += Bt) {
+                for (int b = 0; b < Bt; b++) {
+                    smp[b] = (ditd_gen_sample){.seed = seed + (uint64_t)(j0 + b), .index = 0,
+                                               .guidance = guidance};
+                    smp[b].cond.class_id = c;
+                }
+                if (ditd_pipeline_generate(p, &gp, Bt, smp, NULL, lat, NULL, NULL, NULL)) {
                     fprintf(stderr, "%s: %s\n", argv[k], ditd_err_detail());
                     return 1;
                 }
-                ditd_pipeline_cache_stats(p, 0, &cs);
-                int nr = 0; /* mag_cache calibrate: the mean ratio per step over the images */
-                const float *r = ditd_step_cache_calibration(p->scache, 0, 0, &nr);
-                for (int q = 0; q < nr && q <= steps; q++)
-                    cal[q] += r[q] / (double)(K * N);
-                ncal = nr;
-                ev += cs.evals, ev_sk += cs.evals_skipped, st += cs.steps, st_sk += cs.steps_skipped;
-                ditd_pipeline_to_pixels(lat, C, H, W, u8);
-                for (size_t i = 0; i < (size_t)H * W; i++) /* first channel */
-                    pix[((size_t)c * N + (size_t)j) * H * W + i] = u8[i * (size_t)C];
+                for (int b = 0; b < Bt; b++) {
+                    ditd_cache_stats cs;
+                    ditd_pipeline_cache_stats(p, b, &cs);
+                    int nr = 0; /* mag_cache calibrate: the mean ratio per step over the images */
+                    const float *r = ditd_step_cache_calibration(p->scache, b, 0, &nr);
+                    for (int q = 0; q < nr && q <= steps; q++)
+                        cal[q] += r[q] / (double)(K * N);
+                    ncal = nr;
+                    ev += cs.evals, ev_sk += cs.evals_skipped, st += cs.steps,
+                        st_sk += cs.steps_skipped;
+                    ditd_pipeline_to_pixels(lat + (size_t)b * numel, C, H, W, u8);
+                    for (size_t i = 0; i < (size_t)H * W; i++) /* first channel */
+                        pix[((size_t)c * N + (size_t)(j0 + b)) * H * W + i] = u8[i * (size_t)C];
+                }
             }
         double wall = now(0) - t0, cpu = now(1) - c0;
         char path[4096];
