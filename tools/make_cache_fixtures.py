@@ -115,7 +115,10 @@ def run(method, fields, labels, noise, steps=STEPS, guidance=GUIDANCE):
         apply_first_block_cache(model, FirstBlockCacheConfig(**fields))
     elif method == "taylorseer_cache":
         f = dict(fields)
-        f["taylor_factors_dtype"] = torch.float64  # ditd: float32 (the widest it keeps)
+        # float64 in the reference is ditd's float32 (the widest it keeps);
+        # bfloat16 is bfloat16 on both sides
+        f["taylor_factors_dtype"] = (torch.bfloat16 if f.get("taylor_factors_dtype") == "bfloat16"
+                                     else torch.float64)
         apply_taylorseer_cache(model, TaylorSeerCacheConfig(**f))
     elif method == "mag_cache":
         apply_mag_cache(model, MagCacheConfig(**fields))
@@ -304,6 +307,10 @@ def main():
         ("tay_modules", {"cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1,
                          "cache_identifiers": [r"transformer_blocks\.\d+\.attn1",
                                                r"transformer_blocks\.\d+\.ff"]}, 6),
+        ("tay_modules_bf16", {"cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1,
+                              "taylor_factors_dtype": "bfloat16",
+                              "cache_identifiers": [r"transformer_blocks\.\d+\.attn1",
+                                                    r"transformer_blocks\.\d+\.ff"]}, 6),
         ("tay_blocks", {"cache_interval": 2, "disable_cache_before_step": 3, "max_order": 2,
                         "disable_cache_after_step": 10,
                         "cache_identifiers": [r"transformer_blocks\.\d+"]}, 3),
@@ -312,7 +319,8 @@ def main():
         out, log = run("taylorseer_cache", fields, labels, noise)
         rows = per_step(log, "tay", STEPS, per)
         comp = [any(c for _, c in rows[s * per:(s + 1) * per]) for s in range(STEPS)]
-        emit(name, "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"), labels,
+        emit(name, "taylorseer_cache",
+             dict(fields, taylor_factors_dtype=fields.get("taylor_factors_dtype", "float32")), labels,
              noise, [not c for c in comp], None, out, {"modules_per_step": per})
 
     # ---- two samples in one batch: each as it would be alone (ditd keeps a

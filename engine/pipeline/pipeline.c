@@ -388,8 +388,10 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 memcpy(active, act, (size_t)n);
             stop = p->ctl[0];
         }
-        if (stop)
+        if (stop) {
+            ditd_step_cache_end(p->scache);
             return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s + 1, steps);
+        }
     }
     ditd_step_cache_end(p->scache);
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
