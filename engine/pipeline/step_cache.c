@@ -1,84 +1,16 @@
 /* Step caching at run time (engine/pipeline/step_cache.h): the states per
  * sample and branch, the hooks a family calls (engine/models/denoiser.h),
- * the group-wide exchange behind First Block Cache's decision. The configs
- * and their parser are step_cache_config.c. */
-#include "engine/pipeline/step_cache.h"
-
+ * the group-wide exchange behind First Block Cache's decision, MagCache.
+ * TaylorSeer's module hooks are step_cache_taylor.c; the configs and their
+ * parser step_cache_config.c. */
 #include <math.h>
-#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/core/error.h"
 #include "engine/parallel/comm.h"
-
-#define MAX_ORDER_BUFS 10 /* max_order (<= 8) + 2 */
-#define HDR 6             /* exchange record header: tok0, n_img, r0, nr, tp_rank, valid */
-
-/* One state as a hook's StateManager keeps it per cache context. */
-typedef struct unit_state {
-    int has_prev;        /* fbc: head_block_residual is set; mag: previous_residual is set */
-    int step_index;      /* mag */
-    float acc_ratio, acc_err;
-    int acc_steps;
-    uint8_t present;     /* has rows in this step's forward */
-    uint8_t compute;     /* this forward's decision (fbc, mag) */
-    int calls, preds;    /* taylorseer: hooked-module calls / predictions this step */
-    int n_cal, n_cal_out; /* mag calibrate: ratios measured, and kept at the run's end */
-} unit_state;
-
-/* TaylorSeerState of one (unit, module) */
-typedef struct tay_state {
-    int current_step;     /* -1 */
-    int last_update_step; /* -1: None */
-    int orders;           /* len(taylor_factors[0]); 0: none */
-    uint8_t compute;      /* this call's decision */
-} tay_state;
-
-struct ditd_step_cache {
-    const ditd_backend_ops *ops;
-    const ditd_mesh *mesh;
-    int max_samples, max_slots;
-    ditd_cache_config cfg;
-    ditd_denoiser *den;
-    ditd_denoiser_cache hooks;
-    int n, steps, shared, units, L, N;
-    size_t E;        /* elements of one row's image stream on this rank */
-    int R;           /* rows a forward may have on this rank */
-
-    /* device buffers (one block) */
-    void *mem;
-    size_t mem_bytes;
-    void *in, *hout, *res;  /* (R, E) scratch of a forward */
-    void *prev_res, *tail;  /* (slots, E) */
-    void *zero;             /* (max module elems) zeros */
-    /* taylorseer: per module */
-    int np;                 /* family's modules */
-    uint8_t *hooked, *inactive;
-    size_t *elems;
-    void **tbuf;            /* (slots, np, MAX_ORDER_BUFS) buffer pointers */
-    tay_state *tay;         /* (units, np) */
-
-    /* host */
-    unit_state *us;         /* (units) */
-    float *cal, *cal_out;   /* (units, steps) */
-    ditd_cache_stats *stats; /* (max_samples) */
-    int rows;               /* this step's rows (both halves) */
-    int *row_sample, *row_unit, *row_slot; /* (2 max_samples) */
-    int r0, nr;
-    int n_img;              /* this rank's image tokens in the last forward */
-    double *tok;            /* (R, N, 4) per-token statistics of this rank */
-    double *send, *recv;    /* exchange records */
-    size_t rec;             /* doubles per record */
-    double *table;          /* (2 max_samples, N, 2) the step's gathered statistics */
-    int *counts, *displs;   /* (group size) */
-    uint8_t *dec;           /* (units) broadcast decisions */
-    float *mag;             /* (steps) mag_ratios interpolated */
-    double *trace;          /* fbc: (units, steps + 1, 2) the group's and this rank's own ratio */
-    int *trace_n;           /* (units) decisions traced */
-    int retention_step, mag_steps;
-};
+#include "engine/pipeline/step_cache_internal.h"
 
 /* ---- lifetime ---- */
 
@@ -158,112 +90,6 @@ void ditd_step_cache_free(ditd_step_cache *c)
     free(c);
 }
 
-/* ---- TaylorSeer's module patterns ---- */
-
-/* re.fullmatch(pattern, name) for the simple patterns Diffusers uses:
- * POSIX extended, Python's \d read as [0-9]. */
-static int full_match(const char *pat, const char *name, int *match)
-{
-    char buf[4 * DITD_CACHE_PATTERN_LEN + 8];
-    size_t o = 0;
-    regex_t re;
-    buf[o++] = '^';
-    buf[o++] = '(';
-    for (const char *p = pat; *p && o + 8 < sizeof buf; p++) {
-        if (p[0] == '\\' && p[1] == 'd') {
-            memcpy(buf + o, "[0-9]", 5);
-            o += 5;
-            p++;
-        } else {
-            buf[o++] = *p;
-        }
-    }
-    buf[o++] = ')';
-    buf[o++] = '$';
-    buf[o] = 0;
-    if (regcomp(&re, buf, REG_EXTENDED | REG_NOSUB))
-        return ditd_err_set(DITD_EINVAL, "taylorseer_cache: pattern \"%s\" is not a regular "
-                                         "expression ditd reads (POSIX extended, \\d)",
-                            pat);
-    *match = regexec(&re, name, 0, NULL, 0) == 0;
-    regfree(&re);
-    return 0;
-}
-
-static int match_any(const char (*pats)[DITD_CACHE_PATTERN_LEN], int n, const char *const *dflt,
-                     const char *name, int *match)
-{
-    int err, m = 0;
-    *match = 0;
-    for (int i = 0; i < n; i++) {
-        if ((err = full_match(pats[i], name, &m)))
-            return err;
-        *match |= m;
-    }
-    for (; dflt && *dflt; dflt++) {
-        if ((err = full_match(*dflt, name, &m)))
-            return err;
-        *match |= m;
-    }
-    return 0;
-}
-
-/* Resolves which of the family's modules are hooked, as
- * apply_taylorseer_cache: active = cache_identifiers or the attention-block
- * defaults; lite mode: blocks inactive, proj_out active. */
-static int resolve_modules(ditd_step_cache *c, ditd_denoiser *d)
-{
-    static const char *const dflt_active[] = {"^blocks.*attn", "^transformer_blocks.*attn",
-                                              "^single_transformer_blocks.*attn",
-                                              "^temporal_transformer_blocks.*attn", NULL};
-    static const char *const lite_active[] = {"^proj_out$", NULL};
-    static const char *const lite_inactive[] = {"^[^.]*block[^.]*\\.[^.]+$", NULL};
-    const ditd_cache_config *cfg = &c->cfg;
-    char name[160], names[1024] = "";
-    int n_active = 0, err;
-    size_t used = 0;
-    if (!d->family || !d->family->module_name || d->cache_modules <= 0)
-        return ditd_err_set(DITD_EUNSUPPORTED, "taylorseer_cache: %s has no module hooks",
-                            d->family ? d->family->class_name : "this model");
-    c->np = d->cache_modules;
-    c->hooked = calloc(2 * (size_t)c->np, 1);
-    c->elems = calloc((size_t)c->np, sizeof(size_t));
-    if (!c->hooked || !c->elems)
-        return ditd_err_set(DITD_ENOMEM, "step cache modules");
-    c->inactive = c->hooked + c->np;
-    for (int i = 0; i < c->np; i++) {
-        int act = 0, inact = 0;
-        if ((err = d->family->module_name(d, i, name, sizeof name, &c->elems[i])))
-            return err;
-        if (i < 6 && used + strlen(name) + 3 < sizeof names)
-            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", name);
-        if (cfg->use_lite_mode) {
-            if ((err = match_any(NULL, 0, lite_inactive, name, &inact)) ||
-                (err = match_any(NULL, 0, lite_active, name, &act)))
-                return err;
-        } else {
-            if ((err = match_any(cfg->skip_predict_identifiers, cfg->n_skip_predict_identifiers,
-                                 NULL, name, &inact)) ||
-                (err = match_any(cfg->cache_identifiers, cfg->n_cache_identifiers,
-                                 cfg->n_cache_identifiers ? NULL : dflt_active, name, &act)))
-                return err;
-        }
-        if (!(act || inact))
-            continue;
-        c->hooked[i] = 1;
-        c->inactive[i] = (uint8_t)inact;
-        n_active += !inact;
-    }
-    if (n_active == 0)
-        return ditd_err_set(DITD_EINVAL,
-                            "taylorseer_cache: no module of %s is predicted with these identifiers%s "
-                            "(its modules: %s, ...)",
-                            d->family->class_name,
-                            cfg->use_lite_mode ? " (use_lite_mode predicts proj_out only)" : "",
-                            names);
-    return 0;
-}
-
 /* ---- planning ---- */
 
 static int plan(ditd_step_cache *c, ditd_denoiser *d)
@@ -275,7 +101,7 @@ static int plan(ditd_step_cache *c, ditd_denoiser *d)
     int G = c->mesh ? c->mesh->size : 1;
 
     free_plan(c);
-    if (tay && (err = resolve_modules(c, d)))
+    if (tay && (err = ditd__step_cache_resolve_modules(c, d)))
         return err;
     /* bytes: in, hout, res (R, E); prev_res, tail (slots, E); taylor buffers */
     need = 3 * R * E + 2 * slots * E;
@@ -394,8 +220,6 @@ static void reset_states(ditd_step_cache *c)
 static int h_blocks_begin(void *ctx, const ditd_cache_streams *s, int *run);
 static int h_first_block_done(void *ctx, const ditd_cache_streams *s, int *run);
 static int h_blocks_end(void *ctx, const ditd_cache_streams *s);
-static int h_module_begin(void *ctx, int id, void *out, int *predicted);
-static int h_module_end(void *ctx, int id, const void *out);
 
 int ditd_step_cache_begin(ditd_step_cache *c, ditd_denoiser *d, const ditd_cache_config *cfg,
                           int steps, int n, int shared_branches)
@@ -434,8 +258,8 @@ int ditd_step_cache_begin(ditd_step_cache *c, ditd_denoiser *d, const ditd_cache
     plan_mag(c);
     reset_states(c);
     c->hooks = (ditd_denoiser_cache){c, h_blocks_begin, h_first_block_done, h_blocks_end,
-                                     cfg->method == DITD_CACHE_TAYLORSEER ? h_module_begin : NULL,
-                                     cfg->method == DITD_CACHE_TAYLORSEER ? h_module_end : NULL};
+                                     cfg->method == DITD_CACHE_TAYLORSEER ? ditd__step_cache_module_begin : NULL,
+                                     cfg->method == DITD_CACHE_TAYLORSEER ? ditd__step_cache_module_end : NULL};
     d->cache = &c->hooks;
     return 0;
 }
@@ -466,17 +290,7 @@ void ditd_step_cache_bind(ditd_step_cache *c, int rows_total, const int *row_sam
     }
 }
 
-/* ---- helpers over this rank's rows ---- */
-
-static void *row(const ditd_step_cache *c, void *base, size_t r, size_t E)
-{
-    return ditd_ptr_act(c->ops, base, r * E);
-}
-
-static void copy_row(const ditd_step_cache *c, void *dst, const void *src, size_t E)
-{
-    c->ops->copy2d(dst, E, src, E, 1, E);
-}
+/* ---- the group's exchange ---- */
 
 /* The gathered per-token statistics: every rank contributes its rows'
  * tokens (quantities q0, q1 of the 4 row_diff_stats gives) and gets the
@@ -796,132 +610,6 @@ static int h_blocks_end(void *ctx, const ditd_cache_streams *s)
             mag_advance(c, u);
         }
     return ops->status();
-}
-
-/* TaylorSeerCacheHook._measure_should_compute for one state */
-static int tay_should_compute(const ditd_cache_config *cfg, tay_state *t)
-{
-    t->current_step += 1;
-    int s = t->current_step, k = cfg->cache_interval;
-    int m = ((s - cfg->disable_cache_before_step - 1) % k + k) % k; /* Python's % */
-    return s < cfg->disable_cache_before_step || m == 0 ||
-           (cfg->disable_cache_after_step >= 0 && s >= cfg->disable_cache_after_step);
-}
-
-static void **tbufs(const ditd_step_cache *c, int slot, int id)
-{
-    return c->tbuf + ((size_t)slot * (size_t)c->np + (size_t)id) * MAX_ORDER_BUFS;
-}
-
-/* TaylorSeerState.predict into one row */
-static int tay_predict_row(ditd_step_cache *c, int id, const tay_state *t, int slot, void *out)
-{
-    const ditd_backend_ops *ops = c->ops;
-    size_t E = c->elems[id];
-    if (t->last_update_step < 0)
-        return ditd_err_set(DITD_EINVAL, "taylorseer_cache: cannot predict without a prior update "
-                                         "(step %d)",
-                            t->current_step);
-    if (c->inactive[id]) {
-        copy_row(c, out, c->zero, E);
-        return 0;
-    }
-    void **f = tbufs(c, slot, id);
-    int off = t->current_step - t->last_update_step;
-    double coeff = 1.0;
-    copy_row(c, out, f[0], E);
-    for (int o = 1; o < t->orders; o++) {
-        coeff = coeff * off / o; /* step_offset**order / factorial(order) */
-        ops->axpby(out, f[o], (float)coeff, 1.0f, E, 0);
-    }
-    return 0;
-}
-
-static int h_module_begin(void *ctx, int id, void *out, int *predicted)
-{
-    ditd_step_cache *c = ctx;
-    int err;
-    *predicted = 0;
-    if (id < 0 || id >= c->np || !c->hooked[id])
-        return 0;
-    for (int u = 0; u < c->units; u++)
-        if (c->us[u].present) {
-            tay_state *t = &c->tay[(size_t)u * (size_t)c->np + (size_t)id];
-            t->compute = (uint8_t)tay_should_compute(&c->cfg, t);
-            c->us[u].calls++;
-            c->us[u].preds += !t->compute;
-        }
-    for (int lr = 0; lr < c->nr; lr++)
-        if (c->tay[(size_t)c->row_unit[c->r0 + lr] * (size_t)c->np + (size_t)id].compute)
-            return 0;
-    for (int lr = 0; lr < c->nr; lr++) {
-        int g = c->r0 + lr;
-        if ((err = tay_predict_row(c, id, &c->tay[(size_t)c->row_unit[g] * (size_t)c->np + (size_t)id],
-                                   c->row_slot[g], row(c, out, (size_t)lr, c->elems[id]))))
-            return err;
-    }
-    *predicted = 1;
-    return c->ops->status();
-}
-
-/* TaylorSeerState.update for one row's features (slot's factors), the
- * divided differences computed in place with one spare buffer. */
-static void tay_update_row(ditd_step_cache *c, int id, const tay_state *t, int slot,
-                           const void *feat)
-{
-    const ditd_backend_ops *ops = c->ops;
-    size_t E = c->elems[id];
-    void **f = tbufs(c, slot, id);
-    int K = c->cfg.max_order, spare = K + 1, m = 0;
-    void *cur = f[spare];
-    copy_row(c, cur, feat, E); /* new_factors[0] = features */
-    if (!c->inactive[id] && t->last_update_step >= 0) {
-        float inv = 1.0f / (float)(t->current_step - t->last_update_step);
-        for (int j = 0; j < K && j < t->orders; j++) {
-            /* f[j] = (new_j - prev_j) / delta; then f[j] <-> cur */
-            ops->axpby(f[j], cur, inv, -inv, E, 0);
-            void *tmp = f[j];
-            f[j] = cur;
-            cur = tmp;
-            m = j + 1;
-        }
-    }
-    /* cur holds new_m: it becomes f[m], f[m]'s old buffer the spare */
-    void *old = f[m];
-    f[m] = cur;
-    f[spare] = old;
-    if (c->cfg.taylor_factors_dtype == DITD_DTYPE_BF16)
-        for (int o = 0; o <= m; o++)
-            ops->axpby(f[o], NULL, 0.0f, 1.0f, E, 1);
-}
-
-static int h_module_end(void *ctx, int id, const void *out)
-{
-    ditd_step_cache *c = ctx;
-    int err;
-    if (id < 0 || id >= c->np || !c->hooked[id])
-        return 0;
-    for (int lr = 0; lr < c->nr; lr++) {
-        int g = c->r0 + lr;
-        tay_state *t = &c->tay[(size_t)c->row_unit[g] * (size_t)c->np + (size_t)id];
-        void *o = row(c, (void *)out, (size_t)lr, c->elems[id]);
-        if (t->compute)
-            tay_update_row(c, id, t, c->row_slot[g], o);
-        else if ((err = tay_predict_row(c, id, t, c->row_slot[g], o)))
-            return err;
-    }
-    for (int u = 0; u < c->units; u++)
-        if (c->us[u].present) {
-            tay_state *t = &c->tay[(size_t)u * (size_t)c->np + (size_t)id];
-            if (!t->compute)
-                continue;
-            int orders = 1;
-            if (!c->inactive[id] && t->last_update_step >= 0)
-                orders = t->orders + 1 < c->cfg.max_order + 1 ? t->orders + 1 : c->cfg.max_order + 1;
-            t->orders = orders;
-            t->last_update_step = t->current_step;
-        }
-    return c->ops->status();
 }
 
 /* ---- the pipeline's side ---- */
