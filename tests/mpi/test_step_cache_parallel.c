@@ -12,8 +12,15 @@
  * own shares of the residual would have decided differently at some step
  * (the ratio of this rank's tokens alone, ditd_step_cache_fbc_trace) while
  * the group's decision, from the gathered per-token sums, is one rank's.
+ *
+ * With --flux DIR (the assembled FLUX.1-dev folder): FluxPipeline with true
+ * CFG (a state per branch; text tokens split with the image under cp),
+ * First Block Cache (tools/make_cache_fixtures.py's threshold) and MagCache
+ * (FLUX's ratios), the group against one rank likewise; a layout the model
+ * cannot take (its 2 heads) skips this part on every rank.
  *   mpirun -np G test_step_cache_parallel [--cfg 2] [--ring R] [--ulysses U]
- *       [--tp T] [--rotate p2p] */
+ *       [--tp T] [--rotate p2p] [--flux DIR] */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,6 +356,113 @@ out:
     return checked;
 }
 
+static float *npy(const char *dir, json_t *c, const char *key)
+{
+    char path[4300];
+    float *d = NULL;
+    int nd;
+    int64_t sh[4];
+    snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(c, key)));
+    TU_OK(ditd_npy_read_f32(path, 4, &nd, sh, &d));
+    return d;
+}
+
+static json_t *case_named(json_t *doc, const char *name)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(doc, "cases"), i, c)
+        if (!strcmp(json_string_value(json_object_get(c, "name")), name))
+            return c;
+    return NULL;
+}
+
+static int run_flux(const ditd_layout *l, ditd_mesh *mesh, const char *fdir)
+{
+    char dir[4096], edir[4096], path[4300], what[256];
+    json_error_t jerr;
+    ditd_model_info info;
+    ditd_pipeline *one = NULL, *grp = NULL;
+    int checked = 0;
+    (void)l;
+    snprintf(path, sizeof path, "%s/cache/cases.json", tu_fixtures());
+    json_t *cdoc = json_load_file(path, 0, &jerr);
+    snprintf(edir, sizeof edir, "%s/flux_pipeline/expected", tu_fixtures());
+    snprintf(path, sizeof path, "%s/cases.json", edir);
+    json_t *fdoc = json_load_file(path, 0, &jerr);
+    json_t *fbc = cdoc ? case_named(cdoc, "flux_fbc") : NULL;
+    json_t *fc = fdoc && fbc ? case_named(fdoc, json_string_value(json_object_get(fbc, "flux_case")))
+                             : NULL;
+    TU_CHECK(fbc && fc, "FLUX fixtures (%s)", path);
+    if (!fbc || !fc)
+        goto out0;
+    snprintf(dir, sizeof dir, "%s/dev", fdir);
+    TU_OK(ditd_model_info_load(dir, &info));
+    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &one));
+    int err = ditd_pipeline_new_group(&info, &ditd_backend_cpu, 1, mesh, &grp);
+    if (err == DITD_EINVAL) { /* this layout does not fit the model: the same on every rank */
+        if (ditd_mesh_is_leader(mesh))
+            printf("skip FLUX: %s\n", ditd_err_detail());
+        goto out;
+    }
+    TU_OK(err);
+    int lh = (int)json_integer_value(json_object_get(fc, "latent_height"));
+    int lw = (int)json_integer_value(json_object_get(fc, "latent_width"));
+    int L = (int)json_integer_value(json_object_get(fc, "max_sequence_length"));
+    TU_OK(ditd_pipeline_set_size(one, lh, lw, L));
+    TU_OK(ditd_pipeline_set_size(grp, lh, lw, L));
+    float *emb = npy(edir, fc, "prompt_embeds"), *pool = npy(edir, fc, "pooled");
+    float *nemb = npy(edir, fc, "negative_prompt_embeds"), *npool = npy(edir, fc, "negative_pooled");
+    float *noise = npy(edir, fc, "noise");
+    size_t numel = (size_t)16 * lh * lw;
+    float *ref = malloc(numel * sizeof(float)), *got = malloc(numel * sizeof(float));
+    ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
+    ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
+                           .true_cfg = (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
+    smp.cond.prompt = &te[0];
+    smp.cond.negative = &te[1];
+    char fbc_spec[64];
+    snprintf(fbc_spec, sizeof fbc_spec, "first_block_cache:threshold=%.17g",
+             json_number_value(json_object_get(json_object_get(fbc, "fields"), "threshold")));
+    const char *specs[] = {fbc_spec, "mag_cache:threshold=0.1,max_skip_steps=2,retention_ratio=0.2,"
+                                     "num_inference_steps=12,mag_ratios=FLUX"};
+    ditd_gen_params gp = {.steps = (int)json_integer_value(json_object_get(fbc, "steps")),
+                          .sampler = one->sched_base.kind};
+    for (size_t k = 0; k < 2 && emb && pool && nemb && npool && noise; k++) {
+        ditd_cache_config cfg;
+        ditd_cache_stats a, b;
+        TU_OK(ditd_cache_config_parse(specs[k], &cfg));
+        TU_OK(ditd_pipeline_set_cache(one, &cfg));
+        TU_OK(ditd_pipeline_set_cache(grp, &cfg));
+        TU_OK(ditd_pipeline_generate(one, &gp, 1, &smp, noise, ref, NULL, NULL, NULL));
+        TU_OK(ditd_pipeline_generate(grp, &gp, 1, &smp, noise, got, NULL, NULL, NULL));
+        snprintf(what, sizeof what, "rank %d: FLUX true CFG, %s", rank_world,
+                 ditd_cache_method_name(cfg.method));
+        TU_CLOSE(what, got, ref, numel, TOL);
+        ditd_pipeline_cache_stats(one, 0, &a);
+        ditd_pipeline_cache_stats(grp, 0, &b);
+        TU_CHECK(a.steps_skipped == b.steps_skipped && a.evals_skipped == b.evals_skipped &&
+                     a.evals_skipped > 0,
+                 "%s: group skipped %d steps (%ld evals), one rank %d (%ld)", what, b.steps_skipped,
+                 b.evals_skipped, a.steps_skipped, a.evals_skipped);
+        if (ditd_mesh_is_leader(mesh))
+            printf("ok   %s: %d of %d steps, %ld of %ld block evaluations skipped (one rank: %d, "
+                   "%ld)\n",
+                   what, b.steps_skipped, b.steps, b.evals_skipped, b.evals, a.steps_skipped,
+                   a.evals_skipped);
+        checked++;
+    }
+    free(emb), free(pool), free(nemb), free(npool), free(noise), free(ref), free(got);
+out:
+    ditd_pipeline_free(one);
+    ditd_pipeline_free(grp);
+    ditd_model_info_free(&info);
+out0:
+    json_decref(cdoc);
+    json_decref(fdoc);
+    return checked;
+}
+
 int main(int argc, char **argv)
 {
     ditd_layout l = DITD_LAYOUT_SINGLE;
@@ -361,6 +475,15 @@ int main(int argc, char **argv)
         return 1;
     }
     rank_world = ditd_comm_rank(world);
+    const char *flux = NULL;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--flux")) { /* ours; the rest is the layout */
+            flux = argv[i + 1];
+            for (int j = i; j + 2 < argc; j++)
+                argv[j] = argv[j + 2];
+            argc -= 2;
+            break;
+        }
     int arg_rc = tm_parse_layout(argc, argv, &l, NULL, NULL);
     if (arg_rc)
         return arg_rc;
@@ -369,6 +492,8 @@ int main(int argc, char **argv)
     if (mesh) {
         checked = run(&l, mesh);
         TU_CHECK(checked >= 6, "%d cache configs checked under the mesh (6 expected)", checked);
+        if (flux)
+            run_flux(&l, mesh, flux);
         ditd_mesh_free(mesh);
     }
     float f = (float)tu_failures;
