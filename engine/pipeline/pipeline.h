@@ -149,7 +149,8 @@ int ditd_pipeline_set_cache(ditd_pipeline *p, const ditd_cache_config *cfg);
 
 /* What step caching did for sample i of the last ditd_pipeline_generate
  * (zeros without a cache): steps skipped, block evaluations skipped. In a
- * group every rank has the same counts. */
+ * group every rank has the same counts (a cfg half without rows advances
+ * the states as the other half's forward does). */
 void ditd_pipeline_cache_stats(const ditd_pipeline *p, int i, ditd_cache_stats *out);
 
 /* Latents (C, H, W) in [-1, 1] to interleaved 8-bit pixels (H, W, C):

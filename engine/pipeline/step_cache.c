@@ -53,6 +53,8 @@ static void free_mem(ditd_step_cache *c)
 static void free_plan(ditd_step_cache *c)
 {
     free(c->hooked);
+    free(c->names);
+    c->names = NULL;
     free(c->elems);
     free(c->tbuf);
     free(c->tay);
@@ -624,8 +626,20 @@ int ditd_step_cache_idle(ditd_step_cache *c)
         if ((err = exchange(c, 0, 0, 0, 1)) || (err = fbc_decide(c, 1)))
             return err;
     }
-    if (c->cfg.method == DITD_CACHE_MAG && c->cfg.calibrate)
-        return exchange(c, 0, 0, 2, 3);
+    if (c->cfg.method == DITD_CACHE_MAG) {
+        /* the other half's states advance as its forward advances them */
+        for (int u = 0; u < c->units; u++)
+            if (c->us[u].present) {
+                mag_decide(c, &c->us[u]);
+                if (c->us[u].compute)
+                    c->us[u].has_prev = 1;
+                mag_advance(c, u);
+            }
+        if (c->cfg.calibrate)
+            return exchange(c, 0, 0, 2, 3);
+    }
+    if (c->cfg.method == DITD_CACHE_TAYLORSEER)
+        ditd__step_cache_module_idle(c);
     return 0;
 }
 

@@ -49,6 +49,7 @@ struct ditd_step_cache {
     /* taylorseer: per module */
     int np;                 /* family's modules */
     uint8_t *hooked, *inactive;
+    char (*names)[160];     /* the family's module names */
     size_t *elems;
     void **tbuf;            /* (slots, np, MAX_ORDER_BUFS) buffer pointers */
     tay_state *tay;         /* (units, np) */
@@ -89,5 +90,8 @@ static inline void copy_row(const ditd_step_cache *c, void *dst, const void *src
 int ditd__step_cache_resolve_modules(ditd_step_cache *c, ditd_denoiser *d);
 int ditd__step_cache_module_begin(void *ctx, int id, void *out, int *predicted);
 int ditd__step_cache_module_end(void *ctx, int id, const void *out);
+/* A cfg half without rows: the counters of one forward as the other half
+ * advances them (a predicted module's submodules are not called). */
+void ditd__step_cache_module_idle(ditd_step_cache *c);
 
 #endif

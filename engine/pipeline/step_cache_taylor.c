@@ -79,13 +79,15 @@ int ditd__step_cache_resolve_modules(ditd_step_cache *c, ditd_denoiser *d)
     c->np = d->cache_modules;
     c->hooked = calloc(2 * (size_t)c->np, 1);
     c->elems = calloc((size_t)c->np, sizeof(size_t));
-    if (!c->hooked || !c->elems)
+    c->names = calloc((size_t)c->np, sizeof *c->names);
+    if (!c->hooked || !c->elems || !c->names)
         return ditd_err_set(DITD_ENOMEM, "step cache modules");
     c->inactive = c->hooked + c->np;
     for (int i = 0; i < c->np; i++) {
         int act = 0, inact = 0;
         if ((err = d->family->module_name(d, i, name, sizeof name, &c->elems[i])))
             return err;
+        memcpy(c->names[i], name, sizeof c->names[i]);
         if (i < 6 && used + strlen(name) + 3 < sizeof names)
             used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", name);
         if (cfg->use_lite_mode) {
@@ -241,3 +243,35 @@ int ditd__step_cache_module_end(void *ctx, int id, const void *out)
     return c->ops->status();
 }
 
+
+void ditd__step_cache_module_idle(ditd_step_cache *c)
+{
+    for (int u = 0; u < c->units; u++) {
+        const char *skip = NULL; /* a predicted module: its submodules are not called */
+        size_t skip_len = 0;
+        if (!c->us[u].present)
+            continue;
+        for (int id = 0; id < c->np; id++) {
+            if (skip && !strncmp(c->names[id], skip, skip_len) && c->names[id][skip_len] == '.')
+                continue;
+            skip = NULL;
+            if (!c->hooked[id])
+                continue;
+            tay_state *t = &c->tay[(size_t)u * (size_t)c->np + (size_t)id];
+            t->compute = (uint8_t)tay_should_compute(&c->cfg, t);
+            c->us[u].calls++;
+            c->us[u].preds += !t->compute;
+            if (t->compute) {
+                int orders = 1;
+                if (!c->inactive[id] && t->last_update_step >= 0)
+                    orders = t->orders + 1 < c->cfg.max_order + 1 ? t->orders + 1
+                                                                  : c->cfg.max_order + 1;
+                t->orders = orders;
+                t->last_update_step = t->current_step;
+            } else {
+                skip = c->names[id];
+                skip_len = strlen(skip);
+            }
+        }
+    }
+}

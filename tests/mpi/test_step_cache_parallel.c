@@ -320,31 +320,42 @@ static int run(const ditd_layout *l, ditd_mesh *mesh)
         checked++;
     }
     /* no guidance: only conditional rows, so under cfg 2 the second half has
-     * no forward and joins First Block Cache's exchange idle */
+     * no forward: it joins First Block Cache's exchange idle, and keeps the
+     * counters of the others as the first half does */
     {
         ditd_cache_config cfg;
-        flags f1, fg;
         guidance = 1.0f;
         TU_OK(ditd_cache_config_parse("first_block_cache", &cfg));
-        cfg.threshold = pick_threshold(one, noise, ref);
-        TU_OK(generate(one, &cfg, noise, ref, &f1, 1));
-        TU_OK(generate(grp, &cfg, noise, got, &fg, leader));
-        snprintf(what, sizeof what, "rank %d: first_block_cache, guidance 1", rank_world);
-        TU_CLOSE(what, got, ref, NS * numel, TOL);
-        for (int i = 0; i < NS; i++) {
-            ditd_cache_stats a, b;
-            ditd_pipeline_cache_stats(one, i, &a);
-            ditd_pipeline_cache_stats(grp, i, &b);
-            TU_CHECK(a.steps_skipped == b.steps_skipped && a.evals_skipped == b.evals_skipped,
-                     "%s sample %d: group skipped %d steps, one rank %d", what, i,
-                     b.steps_skipped, a.steps_skipped);
-            TU_CHECK(i > 0 || a.steps_skipped > 0, "%s: no step skipped", what);
-            if (leader)
-                printf("ok   %s sample %d: %d of %d steps skipped (one rank %d)\n", what, i,
-                       b.steps_skipped, b.steps, a.steps_skipped);
+        double thr1 = pick_threshold(one, noise, ref);
+        char spec1[64];
+        snprintf(spec1, sizeof spec1, "first_block_cache:threshold=%.17g", thr1);
+        const char *g1[] = {spec1, spec, specs[3]};
+        for (int c = 0; c < 3; c++) {
+            flags f1, fg;
+            TU_OK(ditd_cache_config_parse(g1[c], &cfg));
+            TU_OK(generate(one, &cfg, noise, ref, &f1, 1));
+            TU_OK(generate(grp, &cfg, noise, got, &fg, leader));
+            snprintf(what, sizeof what, "rank %d: %s, guidance 1", rank_world,
+                     ditd_cache_method_name(cfg.method));
+            TU_CLOSE(what, got, ref, NS * numel, TOL);
+            for (int i = 0; i < NS; i++) {
+                ditd_cache_stats a, b;
+                ditd_pipeline_cache_stats(one, i, &a);
+                ditd_pipeline_cache_stats(grp, i, &b);
+                TU_CHECK(a.steps_skipped == b.steps_skipped && a.evals_skipped == b.evals_skipped &&
+                             a.evals == b.evals,
+                         "%s sample %d: group skipped %d steps (%ld of %ld evals), one rank %d "
+                         "(%ld of %ld)",
+                         what, i, b.steps_skipped, b.evals_skipped, b.evals, a.steps_skipped,
+                         a.evals_skipped, a.evals);
+                TU_CHECK(i > 0 || a.steps_skipped > 0, "%s: no step skipped", what);
+                if (leader)
+                    printf("ok   %s sample %d: %d of %d steps skipped (one rank %d)\n", what, i,
+                           b.steps_skipped, b.steps, a.steps_skipped);
+            }
+            checked++;
         }
         guidance = 4.0f;
-        checked++;
     }
     free(ref);
     free(got);
@@ -491,7 +502,7 @@ int main(int argc, char **argv)
     TU_OK(ditd_mesh_new(world, &l, &mesh));
     if (mesh) {
         checked = run(&l, mesh);
-        TU_CHECK(checked >= 6, "%d cache configs checked under the mesh (6 expected)", checked);
+        TU_CHECK(checked >= 8, "%d cache configs checked under the mesh (8 expected)", checked);
         if (flux)
             run_flux(&l, mesh, flux);
         ditd_mesh_free(mesh);
