@@ -157,6 +157,9 @@ def flux_run(method, fields, case, exp):
         tr.enable_cache(FirstBlockCacheConfig(**fields))
     elif method == "mag_cache":
         tr.enable_cache(MagCacheConfig(**fields))
+    elif method == "taylorseer_cache":
+        f = dict(fields, taylor_factors_dtype=torch.float64)  # ditd: float32
+        tr.enable_cache(TaylorSeerCacheConfig(**f))
     ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
     noise = np.load(exp / case["noise"])
     B, C, h, w = noise.shape
@@ -222,6 +225,27 @@ def flux_cases():
     out, noise, log = flux_run("mag_cache", fields, case, exp)
     emit("flux_mag", "mag_cache", dict(fields, mag_ratios="FLUX"), out, noise,
          branches(log, "mag"))
+    # TaylorSeer's lite mode: every block skip-predicted (zeros), proj_out
+    # predicted; 3 blocks + proj_out hooked, called once per forward each
+    fields = {"cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1,
+              "use_lite_mode": True}
+    out, noise, log = flux_run("taylorseer_cache", fields, case, exp)
+    rows = [c for k2, _, c in log if k2 == "tay"]
+    per = 4
+    assert len(rows) == 2 * FLUX_STEPS * per, len(rows)
+    comp = [[any(rows[(2 * s + b) * per:(2 * s + b + 1) * per]) for s in range(FLUX_STEPS)]
+            for b in range(2)]
+    skipped = [[not x for x in comp[b]] for b in range(2)]
+    assert 0 < sum(map(sum, skipped)) < 2 * FLUX_STEPS
+    np.save(OUT / "flux_tay_lite_noise.npy", noise.astype("<f4"))
+    np.save(OUT / "flux_tay_lite_out.npy", out.astype("<f8"))
+    out_cases.append({
+        "name": "flux_tay_lite", "family": "flux", "method": "taylorseer_cache",
+        "fields": dict(fields, taylor_factors_dtype="float32"), "flux_case": FLUX_CASE,
+        "steps": FLUX_STEPS, "skipped": [a and b for a, b in zip(*skipped)],
+        "noise": "flux_tay_lite_noise.npy", "out": "flux_tay_lite_out.npy",
+        "dtype_reference": "float64"})
+    print(f"flux_tay_lite: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
     return out_cases
 
 

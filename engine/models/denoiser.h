@@ -131,7 +131,10 @@ typedef struct ditd_denoiser_family {
     int (*set_size)(ditd_denoiser *d, int height, int width, int text_len);
     /* Optional (TaylorSeer): the name of module id (0 .. d->cache_modules - 1)
      * as Diffusers' named_modules() spells it, and its output's elements per
-     * forward row on this rank (*elems). 0, or DITD_ERANGE past the last. */
+     * forward row on this rank (*elems). *elems 0: a module whose output the
+     * cache cannot hold (two streams): it may only be skip-predicted, and
+     * when module_begin says predicted the family zeroes its outputs
+     * itself. 0, or DITD_ERANGE past the last. */
     int (*module_name)(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems);
 } ditd_denoiser_family;
 

@@ -109,7 +109,7 @@ static int plan(ditd_step_cache *c, ditd_denoiser *d)
     need = 3 * R * E + 2 * slots * E;
     if (tay)
         for (int p = 0; p < c->np; p++)
-            if (c->hooked[p]) {
+            if (c->hooked[p] && !c->inactive[p]) { /* skip-predict modules keep no factors */
                 need += slots * (size_t)(c->cfg.max_order + 2) * c->elems[p];
                 if (c->elems[p] > zmax)
                     zmax = c->elems[p];
@@ -142,7 +142,7 @@ static int plan(ditd_step_cache *c, ditd_denoiser *d)
                 return ditd_err_set(DITD_ENOMEM, "step cache modules");
             for (size_t s = 0; s < slots; s++)
                 for (int p = 0; p < c->np; p++)
-                    if (c->hooked[p])
+                    if (c->hooked[p] && !c->inactive[p])
                         for (int k = 0; k < c->cfg.max_order + 2; k++)
                             CARVE(c->tbuf[(s * (size_t)c->np + (size_t)p) * MAX_ORDER_BUFS + (size_t)k],
                                   c->elems[p]);

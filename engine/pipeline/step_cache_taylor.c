@@ -103,6 +103,12 @@ int ditd__step_cache_resolve_modules(ditd_step_cache *c, ditd_denoiser *d)
         }
         if (!(act || inact))
             continue;
+        if (!inact && c->elems[i] == 0)
+            return ditd_err_set(DITD_EINVAL,
+                                "taylorseer_cache: %s of %s can only be skip-predicted "
+                                "(skip_predict_identifiers, use_lite_mode): its output is two "
+                                "streams",
+                                name, d->family->class_name);
         c->hooked[i] = 1;
         c->inactive[i] = (uint8_t)inact;
         n_active += !inact;
@@ -141,8 +147,9 @@ static int tay_predict_row(ditd_step_cache *c, int id, const tay_state *t, int s
         return ditd_err_set(DITD_EINVAL, "taylorseer_cache: cannot predict without a prior update "
                                          "(step %d)",
                             t->current_step);
-    if (c->inactive[id]) {
-        copy_row(c, out, c->zero, E);
+    if (c->inactive[id]) { /* zeros; a module of no elements: the family zeroes its outputs */
+        if (E)
+            copy_row(c, out, c->zero, E);
         return 0;
     }
     void **f = tbufs(c, slot, id);
@@ -190,6 +197,8 @@ static void tay_update_row(ditd_step_cache *c, int id, const tay_state *t, int s
 {
     const ditd_backend_ops *ops = c->ops;
     size_t E = c->elems[id];
+    if (c->inactive[id]) /* only its shapes are recorded */
+        return;
     void **f = tbufs(c, slot, id);
     int K = c->cfg.max_order, spare = K + 1, m = 0;
     void *cur = f[spare];

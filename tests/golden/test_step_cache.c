@@ -386,6 +386,6 @@ int main(void)
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 10, "ran %d cache cases (8 DiT, 2 FLUX expected)", ran);
+    TU_CHECK(ran >= 11, "ran %d cache cases (8 DiT, 3 FLUX expected)", ran);
     return tu_exit();
 }

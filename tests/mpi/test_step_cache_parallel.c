@@ -15,8 +15,8 @@
  *
  * With --flux DIR (the assembled FLUX.1-dev folder): FluxPipeline with true
  * CFG (a state per branch; text tokens split with the image under cp),
- * First Block Cache (tools/make_cache_fixtures.py's threshold) and MagCache
- * (FLUX's ratios), the group against one rank likewise; a layout the model
+ * First Block Cache (tools/make_cache_fixtures.py's threshold), MagCache
+ * (FLUX's ratios) and TaylorSeer's lite mode, the group against one rank likewise; a layout the model
  * cannot take (its 2 heads) skips this part on every rank.
  *   mpirun -np G test_step_cache_parallel [--cfg 2] [--ring R] [--ulysses U]
  *       [--tp T] [--rotate p2p] [--flux DIR] */
@@ -435,11 +435,14 @@ static int run_flux(const ditd_layout *l, ditd_mesh *mesh, const char *fdir)
     char fbc_spec[64];
     snprintf(fbc_spec, sizeof fbc_spec, "first_block_cache:threshold=%.17g",
              json_number_value(json_object_get(json_object_get(fbc, "fields"), "threshold")));
-    const char *specs[] = {fbc_spec, "mag_cache:threshold=0.1,max_skip_steps=2,retention_ratio=0.2,"
-                                     "num_inference_steps=12,mag_ratios=FLUX"};
+    const char *specs[] = {fbc_spec,
+                           "mag_cache:threshold=0.1,max_skip_steps=2,retention_ratio=0.2,"
+                           "num_inference_steps=12,mag_ratios=FLUX",
+                           "taylorseer_cache:use_lite_mode=true,cache_interval=3,"
+                           "disable_cache_before_step=2,taylor_factors_dtype=float32"};
     ditd_gen_params gp = {.steps = (int)json_integer_value(json_object_get(fbc, "steps")),
                           .sampler = one->sched_base.kind};
-    for (size_t k = 0; k < 2 && emb && pool && nemb && npool && noise; k++) {
+    for (size_t k = 0; k < 3 && emb && pool && nemb && npool && noise; k++) {
         ditd_cache_config cfg;
         ditd_cache_stats a, b;
         TU_OK(ditd_cache_config_parse(specs[k], &cfg));

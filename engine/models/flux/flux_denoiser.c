@@ -35,6 +35,27 @@ static void cache_plan(ditd_flux *m)
 {
     m->base.cache_blocks = m->cfg.num_layers + m->cfg.num_single_layers;
     m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
+    m->base.cache_modules = m->base.cache_blocks + 1; /* the blocks, then proj_out */
+}
+
+/* TaylorSeer's modules: transformer_blocks.N, single_transformer_blocks.N
+ * (skip-predict only: two streams), then proj_out ((n_loc, 4C) a row). */
+static int flux_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems)
+{
+    const ditd_flux *m = (const ditd_flux *)d;
+    int nd = m->cfg.num_layers;
+    if (id < 0 || id >= d->cache_modules)
+        return DITD_ERANGE;
+    *elems = 0;
+    if (id < nd)
+        snprintf(buf, cap, "transformer_blocks.%d", id);
+    else if (id < d->cache_blocks)
+        snprintf(buf, cap, "single_transformer_blocks.%d", id - nd);
+    else {
+        snprintf(buf, cap, "proj_out");
+        *elems = (size_t)m->n_loc * (size_t)m->cfg.out_channels;
+    }
+    return 0;
 }
 
 static int flux_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
@@ -89,4 +110,5 @@ const ditd_denoiser_family ditd_flux_family = {
     .forward = flux_forward,
     .free = flux_free,
     .set_size = flux_set_size,
+    .module_name = flux_module_name,
 };
