@@ -269,6 +269,16 @@ typedef struct ditd_backend_ops {
                             int ft, int fs, void *y, size_t psy, int accumulate);
     void (*dupup3d_frame)(const void *x, size_t psx, int Cin, int H, int W, int Cout, int ft,
                           int fs, int a, void *y, size_t psy, int accumulate);
+    /* ---- step caching (engine/pipeline/step_cache.c); NULL where a
+     * backend lacks them (a cache then refuses to start) ----
+     * row_diff_stats: per row r of a, b (rows, D) activations, into host
+     * doubles h_out[4r..4r+3] = sum |a - b|, sum |b|, sum a^2, sum b^2 (b
+     * NULL: sum a^2 only), float64 sums whose order depends on D only (the
+     * same per row however the rows are split); waits for the device. */
+    void (*row_diff_stats)(const void *a, const void *b, int rows, int D, double *h_out);
+    /* y = a x + b y over n activations (x NULL: y = b y); round_bf16: the
+     * result rounded to bfloat16 (a no-op where activations are bf16). */
+    void (*axpby)(void *y, const void *x, float a, float b, size_t n, int round_bf16);
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;

@@ -13,6 +13,7 @@
 #include "engine/backend/backend_cpu_text.h"
 #include "engine/core/error.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/step_cache.h"
 #include "kernels/cpu/image_kernels.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/video_kernels.h"
@@ -338,6 +339,16 @@ static void cpu_rmsnorm_heads_bf16(void *x, size_t ld, const void *w, int rows, 
     ditd_cpu_rmsnorm_heads(x, ld, w ? wf : NULL, rows, H, Dh, eps);
 }
 
+static void cpu_row_diff_stats(const void *a, const void *b, int rows, int D, double *h_out)
+{
+    ditd_cpu_row_diff_stats(a, b, rows, D, h_out);
+}
+
+static void cpu_axpby(void *y, const void *x, float a, float b, size_t n, int round_bf16)
+{
+    ditd_cpu_axpby(y, x, a, b, n, round_bf16);
+}
+
 static int cpu_status(void)
 {
     return 0;
@@ -422,6 +433,8 @@ const ditd_backend_ops ditd_backend_cpu = {
     .rmsnorm_channels = cpu_rmsnorm_channels,
     .avgdown3d_frame = cpu_avgdown3d_frame,
     .dupup3d_frame = cpu_dupup3d_frame,
+    .row_diff_stats = cpu_row_diff_stats,
+    .axpby = cpu_axpby,
 };
 
 /* The same table with bf16 weights: only the ops that read weights differ. */
@@ -464,6 +477,8 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
     .linear_wt = ditd__cpu_linear_wt,
     .layernorm_affine = ditd__cpu_layernorm_affine,
     .upload_f32 = cpu_upload,
+    .row_diff_stats = cpu_row_diff_stats,
+    .axpby = cpu_axpby,
 };
 
 const char *ditd_backend_cpu_gemm_info(void)

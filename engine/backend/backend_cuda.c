@@ -371,6 +371,33 @@ static void cu_groupnorm_stats(const void *x, size_t ps, int B, int C, int rows,
     keep((int)cudaStreamSynchronize(g.compute), "groupnorm_stats sync");
 }
 
+/* Step caching: the statistics go to the host in chunks through the
+ * GroupNorm buffer (GN_STATS_MAX / 4 rows at a time), so nothing is
+ * allocated per call. */
+static void cu_row_diff_stats(const void *a, const void *b, int rows, int D, double *h_out)
+{
+    const int chunk = GN_STATS_MAX / 4;
+    for (int r0 = 0; r0 < rows; r0 += chunk) {
+        int nr = rows - r0 < chunk ? rows - r0 : chunk;
+        size_t off = (size_t)r0 * (size_t)D;
+        keep(ditd_cuda_row_diff_stats((const uint16_t *)a + off,
+                                      b ? (const uint16_t *)b + off : NULL, nr, D,
+                                      g.gn_stats, CS),
+             "row_diff_stats");
+        keep((int)cudaMemcpyAsync(h_out + 4 * (size_t)r0, g.gn_stats,
+                                  4 * (size_t)nr * sizeof(double), cudaMemcpyDeviceToHost,
+                                  g.compute),
+             "row_diff_stats copy");
+        keep((int)cudaStreamSynchronize(g.compute), "row_diff_stats sync");
+    }
+}
+
+static void cu_axpby(void *y, const void *x, float a, float b, size_t n, int round_bf16)
+{
+    (void)round_bf16; /* activations are bf16 already */
+    keep(ditd_cuda_axpby(y, x, a, b, n, CS), "axpby");
+}
+
 static void cu_groupnorm_apply(const void *x, size_t psx, void *y, size_t psy, int B, int C,
                                int rows, int W, int G, const float *h_mean, const float *h_rstd,
                                const void *gamma, const void *beta, int silu)
@@ -462,6 +489,8 @@ static const ditd_backend_ops cuda_ops = {
     .graph_free = cu_graph_free,
     .conv2d = cu_conv2d,
     .groupnorm_stats = cu_groupnorm_stats,
+    .row_diff_stats = cu_row_diff_stats,
+    .axpby = cu_axpby,
     .groupnorm_apply = cu_groupnorm_apply,
     .upsample_nearest2x = cu_upsample_nearest2x,
     .planes_to_tokens = cu_planes_to_tokens,

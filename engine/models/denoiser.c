@@ -41,6 +41,9 @@ int ditd_denoiser_load(const ditd_denoiser_family *f, const char *dir,
         return err;
     d->family = f;
     d->max_batch = max_batch;
+    d->cache = NULL; /* step caching is the pipeline's to set, per batch */
+    if (!f->module_name)
+        d->cache_modules = 0;
     if ((err = ditd_denoiser_shapes_check(&d->shapes, f->class_name))) {
         f->free(d);
         return err;

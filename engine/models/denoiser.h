@@ -61,6 +61,60 @@ typedef struct ditd_denoiser_shapes {
 
 typedef struct ditd_denoiser ditd_denoiser;
 
+/* ---- The step-caching seam (engine/pipeline/step_cache.h implements it;
+ * docs/caching.md) ----
+ *
+ * A family that supports caching calls these hooks from its forward when
+ * d->cache is set (the pipeline sets it for a batch with a cache and
+ * clears it after), so a cache can skip work the way Diffusers' hooks do:
+ *
+ *   blocks_begin(streams, &run)       before the first transformer block;
+ *                                     run = 0: skip every block (MagCache:
+ *                                     the cache wrote the streams)
+ *   <block 0>
+ *   first_block_done(streams, &run)   after the first block ("head");
+ *                                     run = 0: skip the others (First
+ *                                     Block Cache: the cache wrote them)
+ *   <blocks 1 .. n-1>
+ *   blocks_end(streams)               after the last block, only when the
+ *                                     blocks ran
+ *   <final layer, reading streams->img>
+ *
+ * and around each of its named modules (TaylorSeer; the family lists them
+ * with module_name, Diffusers' module names, e.g. "transformer_blocks.3.attn1"):
+ *
+ *   module_begin(id, out, &predicted) predicted = 1: the cache wrote the
+ *                                     module's output into out; do not run it
+ *   <the module, writing out>         otherwise
+ *   module_end(id, out)               after it ran
+ *
+ * The streams are this rank's rows and tokens, in the family's activation
+ * buffers; the cache may rewrite them in place. The hooks are collective
+ * over the group when the cache needs a group decision: every rank of the
+ * model calls them in the same order (they are called unconditionally at
+ * those points, never inside rank-dependent branches). A hook's error is
+ * returned by the forward as is. Families without these hooks leave
+ * cache_blocks 0 and module_name NULL, and a cache refuses to start. */
+typedef struct ditd_cache_streams {
+    int B;          /* forward rows on this rank */
+    void *img;      /* (B, n_img, D) image tokens: what the final layer reads */
+    int n_img;      /* this rank's image tokens (cp split) */
+    int tok0;       /* the first of them in the whole image */
+    void *txt;      /* (B, n_txt, D) text tokens of a joint-attention family, or NULL */
+    int n_txt;
+    int D;
+} ditd_cache_streams;
+
+typedef struct ditd_denoiser_cache {
+    void *ctx;
+    int (*blocks_begin)(void *ctx, const ditd_cache_streams *s, int *run);
+    int (*first_block_done)(void *ctx, const ditd_cache_streams *s, int *run);
+    int (*blocks_end)(void *ctx, const ditd_cache_streams *s);
+    /* out: (B, elems) for the module, elems per row as module_name gave */
+    int (*module_begin)(void *ctx, int id, void *out, int *predicted);
+    int (*module_end)(void *ctx, int id, const void *out);
+} ditd_denoiser_cache;
+
 typedef struct ditd_denoiser_family {
     const char *class_name; /* Diffusers _class_name of the component's config.json */
     /* Reads <dir>/config.json (dir: the component folder, e.g. transformer/)
@@ -92,6 +146,13 @@ typedef struct ditd_denoiser_family {
      * for latents (C, frames, height, width) and text_len text tokens, with
      * set_size's contract (set_size then keeps the frame count). */
     int (*set_video_size)(ditd_denoiser *d, int frames, int height, int width, int text_len);
+    /* Optional (TaylorSeer): the name of module id (0 .. d->cache_modules - 1)
+     * as Diffusers' named_modules() spells it, and its output's elements per
+     * forward row on this rank (*elems). *elems 0: a module whose output the
+     * cache cannot hold (two streams): it may only be skip-predicted, and
+     * when module_begin says predicted the family zeroes its outputs
+     * itself. 0, or DITD_ERANGE past the last. */
+    int (*module_name)(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems);
 } ditd_denoiser_family;
 
 /* The base every family's model struct starts with. */
@@ -99,6 +160,12 @@ struct ditd_denoiser {
     const ditd_denoiser_family *family;
     ditd_denoiser_shapes shapes;
     int max_batch;
+    /* step caching: set by the family at load (and set_size) */
+    int cache_blocks;          /* transformer blocks the block hooks span; 0: no block hooks */
+    int cache_modules;         /* modules module_name lists; 0: none */
+    size_t cache_img_elems;    /* n_img * D of this rank: elements of one row of streams->img */
+    /* set by the pipeline around a batch (borrowed); NULL: no caching */
+    const ditd_denoiser_cache *cache;
 };
 
 /* The checks every family's shapes get (positive sizes, conditioning

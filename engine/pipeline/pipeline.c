@@ -71,7 +71,13 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     p->uncond_row = malloc((size_t)max_samples * sizeof(int));
     p->skip_row = malloc((size_t)max_samples * sizeof(int));
     p->ctl = malloc(1 + (size_t)max_samples);
-    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->skip_row || !p->h_t) {
+    /* step caching: its states; buffers are planned per batch (step_cache.h) */
+    p->row_sample = malloc(n2 * sizeof(int));
+    p->row_branch = malloc(n2);
+    if ((err = ditd_step_cache_new(ops, p->mesh, max_samples, &p->scache)))
+        goto fail;
+    if (!p->ctl || !p->cond_row || !p->uncond_row || !p->skip_row || !p->h_t || !p->row_sample ||
+        !p->row_branch) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
         goto fail;
     }
@@ -171,6 +177,9 @@ void ditd_pipeline_free(ditd_pipeline *p)
     free(p->uncond_row);
     free(p->skip_row);
     free(p->ctl);
+    ditd_step_cache_free(p->scache);
+    free(p->row_sample);
+    free(p->row_branch);
     free(p);
 }
 
@@ -210,6 +219,42 @@ static int ensure_sampler(ditd_pipeline *p, ditd_sampler_kind kind, int steps)
     return 0;
 }
 
+/* ---- step caching (engine/pipeline/step_cache.h) ---- */
+
+/* Tells the cache this step's rows (sample, branch) and the ones this
+ * rank's forward runs. */
+static void cache_bind(ditd_pipeline *p, int n, int rows, int r0, int nr)
+{
+    for (int i = 0; i < n; i++) {
+        if (p->cond_row[i] >= 0) {
+            p->row_sample[p->cond_row[i]] = i;
+            p->row_branch[p->cond_row[i]] = 0;
+        }
+        if (p->uncond_row[i] >= 0) {
+            p->row_sample[p->uncond_row[i]] = i;
+            p->row_branch[p->uncond_row[i]] = 1;
+        }
+    }
+    ditd_step_cache_bind(p->scache, rows, p->row_sample, p->row_branch, r0, nr);
+}
+
+int ditd_pipeline_set_cache(ditd_pipeline *p, const ditd_cache_config *cfg)
+{
+    int err;
+    if (cfg && (err = ditd_cache_config_check(cfg)))
+        return err;
+    if (cfg)
+        p->cache_cfg = *cfg;
+    else
+        ditd_cache_config_default(DITD_CACHE_NONE, &p->cache_cfg);
+    return 0;
+}
+
+void ditd_pipeline_cache_stats(const ditd_pipeline *p, int i, ditd_cache_stats *out)
+{
+    ditd_step_cache_sample_stats(p->scache, i, out);
+}
+
 /* One forward of rows [r0, r0 + nr) of the planned inputs, with the
  * layers skipped when skip is set. */
 static int forward_rows(ditd_pipeline *p, int r0, int nr, const ditd_gen_params *skip)
@@ -233,15 +278,20 @@ static int forward_rows(ditd_pipeline *p, int r0, int nr, const ditd_gen_params 
  * parallel cfg rank 0 runs the conditional rows and rank 1 the rest (a
  * half with no rows skips its forward: its whole sub-group agrees, the rows
  * come from the same batch), then the outputs are all-gathered. */
-static int run_forwards(ditd_pipeline *p, int rc, int ru, int rows, int cfg_par,
+static int run_forwards(ditd_pipeline *p, int n, int rc, int ru, int rows, int cfg_par,
                         const ditd_gen_params *gp)
 {
     int err;
-    if (!cfg_par)
+    if (!cfg_par) {
+        cache_bind(p, n, ru, 0, ru); /* the step cache sees the guided rows, not the skip-layer ones */
         return (err = forward_rows(p, 0, ru, NULL)) ? err : forward_rows(p, ru, rows - ru, gp);
-    if (p->mesh->cfg_rank == 0)
-        err = forward_rows(p, 0, rc, NULL);
-    else if (!(err = forward_rows(p, rc, ru - rc, NULL)))
+    }
+    int half = p->mesh->cfg_rank, r0 = half ? rc : 0, nr = half ? ru - rc : rc;
+    cache_bind(p, n, ru, r0, nr);
+    if (nr == 0 && (err = ditd_step_cache_idle(p->scache)))
+        return err;
+    err = forward_rows(p, r0, nr, NULL);
+    if (!err && half)
         err = forward_rows(p, ru, rows - ru, gp);
     if (err)
         return err;
@@ -289,6 +339,11 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         return err;
     ts = ditd_sampler_timesteps(p->sampler);
     steps = ditd_sampler_num_steps(p->sampler);
+    /* DiTPipeline runs [x; x] under one cache state, FluxPipeline its
+     * branches under cache_context("cond") / ("uncond") */
+    if ((err = ditd_step_cache_begin(p->scache, p->den, &p->cache_cfg, steps, n,
+                                     p->pc->guidance != DITD_GUIDANCE_TRUE_CFG)))
+        return err;
 
     /* In a group the leader's flags rule: ctl = [stop, active[0..n)],
      * broadcast at the start and after every step's callback. */
@@ -368,11 +423,12 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                         p->lat + (size_t)i * numel, numel);
             rows++;
         }
-        if ((err = run_forwards(p, rows_c, rows_u, rows, cfg_par, gp)))
+        if ((err = run_forwards(p, n, rows_c, rows_u, rows, cfg_par, gp)))
             return err;
         ops->download(p->h_out, p->model_out, (size_t)rows * p->numel_out);
         if ((err = ops->status()))
             return err;
+        ditd_step_cache_step_done(p->scache);
 
         for (int i = 0; i < n; i++) {
             if (p->cond_row[i] < 0)
@@ -416,9 +472,12 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 memcpy(active, act, (size_t)n);
             stop = p->ctl[0];
         }
-        if (stop)
+        if (stop) {
+            ditd_step_cache_end(p->scache);
             return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s + 1, steps);
+        }
     }
+    ditd_step_cache_end(p->scache);
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
     return 0;
 }

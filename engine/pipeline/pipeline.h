@@ -44,6 +44,7 @@
 #include "engine/parallel/mesh.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/sampler.h"
+#include "engine/pipeline/step_cache.h"
 
 #define DITD_MAX_SKIP_LAYERS 16
 
@@ -108,6 +109,10 @@ typedef struct ditd_pipeline {
     int *cond_row, *uncond_row, *skip_row; /* (n) forward row of each sample, -1 = none */
     const ditd_mesh *mesh;       /* borrowed; NULL = one rank */
     uint8_t *ctl;                /* (1 + max_samples) leader's stop flag + active flags */
+    ditd_step_cache *scache;     /* step caching: states per sample and branch */
+    ditd_cache_config cache_cfg; /* what ditd_pipeline_set_cache() gave (method none: off) */
+    int *row_sample;             /* (2n) the step's forward rows: sample and branch */
+    uint8_t *row_branch;
 } ditd_pipeline;
 
 /* Loads the transformer weights of `info` for up to max_samples images per
@@ -149,6 +154,20 @@ int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud);
+
+/* Step caching (engine/pipeline/step_cache.h) for the batches that follow:
+ * cfg is copied (NULL or method none: every step computes); checked as
+ * ditd_cache_config_check, DITD_EINVAL otherwise (the cache stays as it
+ * was). Whether the model can run it (block hooks, TaylorSeer's module
+ * names) is checked by ditd_pipeline_generate, before any step. Between
+ * batches; not collective (every rank of a group sets the same). */
+int ditd_pipeline_set_cache(ditd_pipeline *p, const ditd_cache_config *cfg);
+
+/* What step caching did for sample i of the last ditd_pipeline_generate
+ * (zeros without a cache): steps skipped, block evaluations skipped. In a
+ * group every rank has the same counts (a cfg half without rows advances
+ * the states as the other half's forward does). */
+void ditd_pipeline_cache_stats(const ditd_pipeline *p, int i, ditd_cache_stats *out);
 
 /* Latents (C, H, W) in [-1, 1] to interleaved 8-bit pixels (H, W, C):
  * round((x / 2 + 0.5) clamped to [0, 1] x 255), ties to even, as

@@ -90,6 +90,14 @@ int ditd_cuda_bf16_to_f32(const void *src, float *dst, size_t n, ditd_cuda_strea
 int ditd_cuda_act_apply(const void *x, void *y, size_t n, ditd_cuda_act act, ditd_cuda_stream s);
 /* y += x. */
 int ditd_cuda_add(void *y, const void *x, size_t n, ditd_cuda_stream s);
+/* Step caching (engine/pipeline/step_cache.c): y = a x + b y over n
+ * elements (x NULL: y = b y), fp32 arithmetic, stored bf16. */
+int ditd_cuda_axpby(void *y, const void *x, float a, float b, size_t n, ditd_cuda_stream s);
+/* Per row of a and b (rows, D) bf16: d_out[4r..4r+3] = sum |a - b|, sum |b|,
+ * sum a^2, sum b^2 in float64, one block per row and a fixed reduction
+ * tree (the same bits every run); b NULL: only sum a^2. d_out device. */
+int ditd_cuda_row_diff_stats(const void *a, const void *b, int rows, int D, double *d_out,
+                             ditd_cuda_stream s);
 /* Strided 2-D copy of rows x cols elements of es bytes (cudaMemcpy2DAsync,
  * device to device); ldd/lds in elements. */
 int ditd_cuda_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t rows,

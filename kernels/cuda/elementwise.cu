@@ -88,6 +88,72 @@ extern "C" int ditd_cuda_add(void *y, const void *x, size_t n, ditd_cuda_stream 
     return launch_check();
 }
 
+/* ---- step caching: y = a x + b y, per-row difference statistics ---- */
+
+static __global__ void axpby_kernel(bf16 *y, const bf16 *x, float a, float b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        st_bf16(y + i, (x ? a * ld_bf16(x + i) : 0.0f) + b * ld_bf16(y + i));
+}
+
+extern "C" int ditd_cuda_axpby(void *y, const void *x, float a, float b, size_t n,
+                               ditd_cuda_stream s)
+{
+    if (n == 0)
+        return 0;
+    if (!y)
+        return DITD_CUDA_EINVAL;
+    axpby_kernel<<<ew_blocks(n), DITD_CUDA_EW_THREADS, 0, (cudaStream_t)s>>>(
+        (bf16 *)y, (const bf16 *)x, a, b, n);
+    return launch_check();
+}
+
+#define RDS_THREADS 256
+
+static __global__ void row_diff_stats_kernel(const bf16 *a, const bf16 *b, int D, double *out)
+{
+    __shared__ double sh[4][RDS_THREADS];
+    const size_t r = blockIdx.x;
+    const bf16 *pa = a + r * (size_t)D, *pb = b ? b + r * (size_t)D : NULL;
+    double l1d = 0.0, l1b = 0.0, qa = 0.0, qb = 0.0;
+    for (int i = threadIdx.x; i < D; i += RDS_THREADS) {
+        double va = ld_bf16(pa + i);
+        qa += va * va;
+        if (pb) {
+            double vb = ld_bf16(pb + i);
+            l1d += fabs(va - vb);
+            l1b += fabs(vb);
+            qb += vb * vb;
+        }
+    }
+    sh[0][threadIdx.x] = l1d;
+    sh[1][threadIdx.x] = l1b;
+    sh[2][threadIdx.x] = qa;
+    sh[3][threadIdx.x] = qb;
+    __syncthreads();
+    for (int w = RDS_THREADS / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w)
+            for (int k = 0; k < 4; k++)
+                sh[k][threadIdx.x] += sh[k][threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x < 4)
+        out[4 * r + threadIdx.x] = sh[threadIdx.x][0];
+}
+
+extern "C" int ditd_cuda_row_diff_stats(const void *a, const void *b, int rows, int D,
+                                        double *d_out, ditd_cuda_stream s)
+{
+    if (rows < 0 || D <= 0 || !a || !d_out)
+        return rows == 0 ? 0 : DITD_CUDA_EINVAL;
+    if (rows == 0)
+        return 0;
+    row_diff_stats_kernel<<<rows, RDS_THREADS, 0, (cudaStream_t)s>>>((const bf16 *)a,
+                                                                     (const bf16 *)b, D, d_out);
+    return launch_check();
+}
+
 extern "C" int ditd_cuda_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t rows,
                                 size_t cols, size_t es, ditd_cuda_stream s)
 {

@@ -398,6 +398,32 @@ static void check_elementwise(void)
     free(x), free(y), free(gy), free(ref), free(gc), free(back);
 }
 
+/* step caching (engine/pipeline/step_cache.c): y = a x + b y (one bf16
+ * rounding) and the per-row float64 statistics of two bf16 inputs (the
+ * same bf16 values on both sides: the sums agree to float64 rounding) */
+static void check_step_cache_ops(void)
+{
+    int rows = 2500, D = 96; /* more rows than one chunk of the host copy */
+    size_t n = (size_t)rows * D;
+    shape sh = shp("i", (int64_t)n, 0, 0, 0), s4 = shp("rq", rows, 4, 0, 0);
+    float *x = rnd(n, 3.0f), *y = rnd(n, 2.0f);
+    void *dx = dev_in(x, n), *dy = dev_in(y, n);
+    double *cs = malloc(4 * n / D * sizeof(double)), *gs = malloc(4 * n / D * sizeof(double));
+    C->row_diff_stats(x, y, rows, D, cs);
+    G->row_diff_stats(dx, dy, rows, D, gs);
+    TU_OK(G->status());
+    float *cf = malloc(4 * (size_t)rows * sizeof(float)), *gf = malloc(4 * (size_t)rows * sizeof(float));
+    for (size_t i = 0; i < 4 * (size_t)rows; i++)
+        cf[i] = (float)cs[i], gf[i] = (float)gs[i];
+    close_to("row_diff_stats", gf, cf, &s4, 1e-6);
+    C->axpby(y, x, -1.0f, 1.0f, n, 0);
+    G->axpby(dy, dx, -1.0f, 1.0f, n, 0);
+    float *g = down(dy, n);
+    close_to("axpby", g, y, &sh, BF16_1);
+    G->mem_free(dx, 0), G->mem_free(dy, 0);
+    free(x), free(y), free(cs), free(gs), free(cf), free(gf), free(g);
+}
+
 static void check_embeddings(void)
 {
     int rows = 1001, D = 1152, B = 5, dim = 256;
@@ -794,6 +820,7 @@ static int run_checks(void)
 {
     CHECK("elementwise", check_elementwise());
     CHECK("embeddings", check_embeddings());
+    CHECK("step-cache", check_step_cache_ops());
     /* DiT-XL/2 shapes at 256 tokens, batch 2 (cuBLASLt must take them);
      * odd ones; tiny fixture ones */
     CHECK("linear/qkv-dit-xl", check_linear(512, 3 * 1152, 1152, 1152, 3 * 1152, 1, DITD_ACT_NONE, 1));

@@ -554,6 +554,38 @@ static int self_attention(ditd_dit *m, const ditd_dit_block *b, int B)
     return 0;
 }
 
+/* The MLP on the modulated tokens xn (B, N_loc, D) into xn:
+ *   FF = Linear(F -> D) . GELU(tanh) . Linear(D -> F);
+ *   tp: fc1 by columns (B, N_loc, F_loc), fc2 by rows, all-reduce */
+static int feed_forward(ditd_dit *m, const ditd_dit_block *b, int B)
+{
+    const ditd_backend_ops *ops = m->ops;
+    int D = m->cfg.inner_dim, M = B * m->n_loc, Fl = m->fc;
+    ops->linear(m->xn, (size_t)D, b->ff1_w, b->ff1_b, m->ff, (size_t)Fl, M, Fl, D,
+                m->cfg.activation);
+    ops->linear(m->ff, (size_t)Fl, b->ff2_w, m->tp_rank == 0 ? b->ff2_b : NULL, m->xn, (size_t)D,
+                M, D, Fl, DITD_ACT_NONE);
+    if (m->lay.tp > 1)
+        return ditd_comm_allreduce_sum(m->mesh->tp_comm, ops->act_dtype, m->xn,
+                                       (size_t)M * (size_t)D);
+    return 0;
+}
+
+/* Module `id` of a block (attn1: self_attention, ff: feed_forward) into xn,
+ * or its output as a cache predicts it (TaylorSeer, denoiser.h). */
+static int module(ditd_dit *m, int id, const ditd_dit_block *b, int B, int ff)
+{
+    const ditd_denoiser_cache *cc = m->base.cache;
+    int pred = 0, err;
+    if (cc && cc->module_begin && (err = cc->module_begin(cc->ctx, id, m->xn, &pred)))
+        return err;
+    if (pred)
+        return 0;
+    if ((err = ff ? feed_forward(m, b, B) : self_attention(m, b, B)))
+        return err;
+    return cc && cc->module_end ? cc->module_end(cc->ctx, id, m->xn) : 0;
+}
+
 /* The forward's ops, queued (or captured) in order; the arguments were
  * checked by ditd_dit_forward. With m->d_t / m->d_y the timesteps and ids
  * are read from there (uploaded before), else from the host arrays. */
@@ -562,7 +594,7 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_dit_config *c = &m->cfg;
-    int D = c->inner_dim, N = m->N, Nl = m->n_loc, M, p = c->patch_size, Fl = m->fc;
+    int D = c->inner_dim, N = m->N, Nl = m->n_loc, M, p = c->patch_size;
     int po = p * p * c->out_channels, cp = m->lay.ring * m->lay.ulysses > 1;
     size_t ld6 = 6 * (size_t)D;
     int err;
@@ -588,7 +620,19 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
     else
         ops->timestep_embed(h_t, m->tfreq, B, TFREQ);
 
-    for (int l = 0; l < c->num_layers; l++) {
+    /* block 0's conditioning first: the final layer reads it even when a
+     * cache skips block 0 (Diffusers calls transformer_blocks[0].norm1.emb
+     * there directly) */
+    block_conditioning(m, &m->blocks[0], B, h_y, m->cond0);
+
+    /* step caching (engine/models/denoiser.h): the block hooks around the
+     * blocks, the module hooks around each block, its attn1 and its ff */
+    const ditd_denoiser_cache *cc = m->base.cache;
+    ditd_cache_streams cs = {B, m->h, Nl, m->tok0, NULL, 0, D};
+    int run = 1, pred = 0;
+    if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
+        return err;
+    for (int l = 0; run && l < c->num_layers; l++) {
         const ditd_dit_block *b = &m->blocks[l];
         void *cond = l == 0 ? m->cond0 : m->cond;
         const void *shift_msa = m->mod, *scale_msa = ditd_ptr_act(ops, m->mod, (size_t)D);
@@ -599,13 +643,18 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
 
         /* adaLN-Zero: mod (B, 6D) = Linear(SiLU(cond)) =
          *   [shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp] */
-        block_conditioning(m, b, B, h_y, cond);
+        if (cc && cc->module_begin && (err = cc->module_begin(cc->ctx, 3 * l, m->h, &pred)))
+            return err;
+        if (pred)
+            goto block_done;
+        if (l > 0)
+            block_conditioning(m, b, B, h_y, cond);
         ops->act(cond, m->temb, (size_t)B * (size_t)D, DITD_ACT_SILU);
         ops->linear(m->temb, (size_t)D, b->ada_w, b->ada_b, m->mod, ld6, B, 6 * D, D, DITD_ACT_NONE);
 
         /* attention: h += gate_msa * Attn(LN(h) * (1 + scale_msa) + shift_msa) */
         ops->layernorm_modulate(m->h, m->xn, B, Nl, D, ADA_EPS, shift_msa, scale_msa, ld6);
-        if ((err = self_attention(m, b, B)))
+        if ((err = module(m, 3 * l + 1, b, B, 0)))
             return err;
         ops->gated_residual(m->h, m->xn, B, Nl, D, gate_msa, ld6);
 
@@ -613,15 +662,16 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
          *   FF = Linear(F -> D) . GELU(tanh) . Linear(D -> F);
          *   tp: fc1 by columns (B, N_loc, F_loc), fc2 by rows, all-reduce */
         ops->layernorm_modulate(m->h, m->xn, B, Nl, D, c->norm_eps, shift_mlp, scale_mlp, ld6);
-        ops->linear(m->xn, (size_t)D, b->ff1_w, b->ff1_b, m->ff, (size_t)Fl, M, Fl, D,
-                    c->activation);
-        ops->linear(m->ff, (size_t)Fl, b->ff2_w, m->tp_rank == 0 ? b->ff2_b : NULL, m->xn,
-                    (size_t)D, M, D, Fl, DITD_ACT_NONE);
-        if (m->lay.tp > 1 &&
-            (err = ditd_comm_allreduce_sum(m->mesh->tp_comm, ops->act_dtype, m->xn,
-                                           (size_t)M * (size_t)D)))
+        if ((err = module(m, 3 * l + 2, b, B, 1)))
             return err;
         ops->gated_residual(m->h, m->xn, B, Nl, D, gate_mlp, ld6);
+        if (cc && cc->module_end && (err = cc->module_end(cc->ctx, 3 * l, m->h)))
+            return err;
+    block_done:
+        if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
+            return err;
+        if (run && l == c->num_layers - 1 && cc && (err = cc->blocks_end(cc->ctx, &cs)))
+            return err;
     }
 
     /* final layer, conditioned on block 0's embedding as in Diffusers:
@@ -722,7 +772,8 @@ int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const 
     /* this step's arguments into the device buffers, in stream order before
      * whatever reads them (a replay included) */
     ops->upload_args(m->d_t, h_t, m->d_y, h_y, B);
-    if (!m->graphs)
+    /* a cache decides on the host inside the forward: op by op */
+    if (!m->graphs || m->base.cache)
         return forward_ops(m, B, x, h_t, h_y, out);
     ditd_dit_graph *gr = &m->graphs[B];
     if (gr->exec && (gr->x != x || gr->out != out)) { /* other buffers: capture anew */

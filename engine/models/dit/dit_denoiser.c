@@ -32,6 +32,11 @@ static int dit_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
     if ((err = config_at(dir, &c)) || (err = ditd_dit_new_mesh(&c, ops, max_batch, dir, mesh, &m)))
         return err;
     m->base.family = &ditd_dit_family;
+    /* step caching: every block under the block hooks; per block three
+     * modules (itself, attn1, ff), each (n_loc, D) per row */
+    m->base.cache_blocks = c.num_layers;
+    m->base.cache_modules = 3 * c.num_layers;
+    m->base.cache_img_elems = (size_t)m->n_loc * (size_t)c.inner_dim;
     *out = &m->base;
     return 0;
 }
@@ -40,6 +45,18 @@ static int dit_forward(ditd_denoiser *d, int B, const void *x, const float *t,
                        const ditd_cond *cond, void *out)
 {
     return ditd_dit_forward((ditd_dit *)d, B, x, t, cond->class_ids, out);
+}
+
+/* Module 3l is transformer_blocks.l, 3l + 1 its attn1, 3l + 2 its ff
+ * (Diffusers' BasicTransformerBlock names); each writes (n_loc, D) a row. */
+static int dit_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems)
+{
+    static const char *const sub[3] = {"", ".attn1", ".ff"};
+    if (id < 0 || id >= d->cache_modules)
+        return DITD_ERANGE;
+    snprintf(buf, cap, "transformer_blocks.%d%s", id / 3, sub[id % 3]);
+    *elems = d->cache_img_elems;
+    return 0;
 }
 
 static void dit_free(ditd_denoiser *d)
@@ -53,4 +70,5 @@ const ditd_denoiser_family ditd_dit_family = {
     .load = dit_load,
     .forward = dit_forward,
     .free = dit_free,
+    .module_name = dit_module_name,
 };

@@ -29,6 +29,35 @@ static int flux_shapes(const char *dir, ditd_denoiser_shapes *out)
     return err;
 }
 
+/* step caching: every block (double, then single) under the block hooks;
+ * a row of the image stream is this rank's n_loc tokens of D */
+static void cache_plan(ditd_flux *m)
+{
+    m->base.cache_blocks = m->cfg.num_layers + m->cfg.num_single_layers;
+    m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
+    m->base.cache_modules = m->base.cache_blocks + 1; /* the blocks, then proj_out */
+}
+
+/* TaylorSeer's modules: transformer_blocks.N, single_transformer_blocks.N
+ * (skip-predict only: two streams), then proj_out ((n_loc, 4C) a row). */
+static int flux_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems)
+{
+    const ditd_flux *m = (const ditd_flux *)d;
+    int nd = m->cfg.num_layers;
+    if (id < 0 || id >= d->cache_modules)
+        return DITD_ERANGE;
+    *elems = 0;
+    if (id < nd)
+        snprintf(buf, cap, "transformer_blocks.%d", id);
+    else if (id < d->cache_blocks)
+        snprintf(buf, cap, "single_transformer_blocks.%d", id - nd);
+    else {
+        snprintf(buf, cap, "proj_out");
+        *elems = (size_t)m->n_loc * (size_t)m->cfg.out_channels;
+    }
+    return 0;
+}
+
 static int flux_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
                      const ditd_mesh *mesh, ditd_denoiser **out)
 {
@@ -41,6 +70,7 @@ static int flux_load(const char *dir, const ditd_backend_ops *ops, int max_batch
                                   &m)))
         return err;
     m->base.family = &ditd_flux_family;
+    cache_plan(m);
     *out = &m->base;
     return 0;
 }
@@ -63,7 +93,9 @@ static int flux_forward(ditd_denoiser *d, int B, const void *x, const float *t,
 
 static int flux_set_size(ditd_denoiser *d, int height, int width, int text_len)
 {
-    return ditd_flux_set_size((ditd_flux *)d, height, width, text_len);
+    int err = ditd_flux_set_size((ditd_flux *)d, height, width, text_len);
+    cache_plan((ditd_flux *)d);
+    return err;
 }
 
 static void flux_free(ditd_denoiser *d)
@@ -78,4 +110,5 @@ const ditd_denoiser_family ditd_flux_family = {
     .forward = flux_forward,
     .free = flux_free,
     .set_size = flux_set_size,
+    .module_name = flux_module_name,
 };

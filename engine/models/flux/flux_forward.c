@@ -270,20 +270,50 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
     ops->upload(m->pooled_in, h_pooled, (size_t)B * (size_t)c->pooled_dim);
     conditioning(m, B, h_t, h_guidance);
 
-    for (int l = 0; l < c->num_layers; l++)
-        if ((err = double_block(m, &m->dbl[l], B)))
+    /* the blocks: double-stream, then single-stream, as one list for step
+     * caching's block hooks (engine/models/denoiser.h): Diffusers' hooks take
+     * transformer_blocks.0 as the head, single_transformer_blocks.-1 as the tail */
+    const ditd_denoiser_cache *cc = m->base.cache;
+    ditd_cache_streams cs = {B, m->img, Nl, m->tok0, m->txt, L, D};
+    int run = 1, nb = c->num_layers + c->num_single_layers;
+    if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
+        return err;
+    for (int l = 0; run && l < nb; l++) {
+        /* TaylorSeer's module hooks: a block can only be skip-predicted
+         * (zeros in both streams, as its hook returns; use_lite_mode) */
+        int pred = 0;
+        if (cc && cc->module_begin && (err = cc->module_begin(cc->ctx, l, m->img, &pred)))
             return err;
-    for (int l = 0; l < c->num_single_layers; l++)
-        if ((err = single_block(m, &m->sgl[l], B)))
+        if (pred) {
+            ops->axpby(m->img, NULL, 0.0f, 0.0f, (size_t)B * (size_t)Nl * (size_t)D, 0);
+            if (L > 0)
+                ops->axpby(m->txt, NULL, 0.0f, 0.0f, (size_t)B * (size_t)L * (size_t)D, 0);
+        } else if ((err = l < c->num_layers ? double_block(m, &m->dbl[l], B)
+                                            : single_block(m, &m->sgl[l - c->num_layers], B)) ||
+                   (cc && cc->module_end && (err = cc->module_end(cc->ctx, l, m->img)))) {
             return err;
+        }
+        if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
+            return err;
+        if (run && l == nb - 1 && cc && (err = cc->blocks_end(cc->ctx, &cs)))
+            return err;
+    }
 
     /* norm_out (AdaLayerNormContinuous): [scale, shift] = Linear(SiLU(vec));
      * tokens (B, Nl, 4Co) = proj_out(LN(img) (1 + scale) + shift) */
     lin(m, m->svec, (size_t)D, &m->norm_out, m->mod, 2 * (size_t)D, B, 2 * D, D, DITD_ACT_NONE);
     ops->layernorm_modulate(m->img, m->xn, B, Nl, D, FLUX_EPS, at(m, m->mod, (size_t)D), m->mod,
                             2 * (size_t)D);
-    lin(m, m->xn, (size_t)D, &m->proj, cp ? m->tok_loc : m->tok_out, (size_t)Co, B * Nl, Co, D,
-        DITD_ACT_NONE);
+    /* proj_out, or TaylorSeer's prediction of it (module nb: use_lite_mode) */
+    void *tok = cp ? m->tok_loc : m->tok_out;
+    int pred = 0;
+    if (cc && cc->module_begin && (err = cc->module_begin(cc->ctx, nb, tok, &pred)))
+        return err;
+    if (!pred) {
+        lin(m, m->xn, (size_t)D, &m->proj, tok, (size_t)Co, B * Nl, Co, D, DITD_ACT_NONE);
+        if (cc && cc->module_end && (err = cc->module_end(cc->ctx, nb, tok)))
+            return err;
+    }
     if (cp) { /* gather the image tokens: cp rank s's block is (B, N_s, 4Co) */
         int RU = m->lay.ring * m->lay.ulysses;
         const int *cnt = m->icnt, *off = m->ioff;

@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""Reference fixtures for step caching (engine/pipeline/step_cache.c).
+
+What it is: Diffusers 0.42's own cache hooks (apply_first_block_cache,
+apply_taylorseer_cache, apply_mag_cache from diffusers.hooks) on the committed
+tiny DiT fixture model (tests/fixtures/models/tiny-p2-c1-h6), float64, in the
+DiTPipeline loop of tools/make_fixtures.py (sample_dit). DiTPipeline has no
+cache_context: the whole [x; x] forward runs under one context, set once, as a
+user of the hooks must. Per case it records the step-by-step decision of the
+hook (did the blocks run at this step), the quantity compared (First Block
+Cache's relative L1; MagCache's accumulated error) and the final latents.
+
+Writes tests/fixtures/cache/:
+  cases.json  - the cases: method, config fields (Diffusers names), class
+                labels, guidance, steps, per-step "skipped" flags, the
+                compared quantity per step, and the file names below
+  <case>_noise.npy  float32 (n, C, S, S): the initial latents
+  <case>_out.npy    float64 (n, C, S, S): Diffusers' final latents
+
+Thresholds are chosen from an uncached pass so that some steps skip and some
+do not, and no compared value lies within 2 % of its threshold (a float32 run
+must take the same decisions). The script asserts both.
+
+Run with the project's virtualenv:
+  /root/ditd-venv/bin/python tools/make_cache_fixtures.py
+The C test (tests/golden/test_step_cache.c) reads the files, never Python.
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import diffusers
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.hooks import (FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig,
+                             apply_first_block_cache, apply_mag_cache, apply_taylorseer_cache)
+from diffusers.hooks import first_block_cache as fbc_mod
+from diffusers.hooks import mag_cache as mag_mod
+from diffusers.hooks import taylorseer_cache as tay_mod
+from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+import make_fixtures as mf  # noqa: E402  (sample_dit, reference_model, load_state_dict)
+
+MODEL = REPO / "tests" / "fixtures" / "models" / "tiny-p2-c1-h6"
+OUT = REPO / "tests" / "fixtures" / "cache"
+STEPS = 12
+GUIDANCE = 4.0
+
+assert diffusers.__version__ == "0.42.1", diffusers.__version__
+
+LOG = []  # (kind, value, compute) per hook decision
+
+
+def instrument():
+    """Record each hook's decision as Diffusers takes it."""
+    orig_fbc = fbc_mod.FBCHeadBlockHook._should_compute_remaining_blocks
+
+    def fbc_should(self, residual):
+        st = self.state_manager.get_state()
+        prev = st.head_block_residual
+        val = None
+        if prev is not None:
+            val = float(((residual - prev).abs().mean() / prev.abs().mean()).item())
+        r = orig_fbc(self, residual)
+        LOG.append(("fbc", val, bool(r)))
+        return r
+
+    fbc_mod.FBCHeadBlockHook._should_compute_remaining_blocks = fbc_should
+
+    orig_mag = mag_mod.MagCacheHeadHook.new_forward
+
+    def mag_forward(self, module, *args, **kwargs):
+        out = orig_mag(self, module, *args, **kwargs)
+        st = self.state_manager.get_state()
+        LOG.append(("mag", float(st.accumulated_err), bool(st.should_compute)))
+        return out
+
+    mag_mod.MagCacheHeadHook.new_forward = mag_forward
+
+    orig_cal = mag_mod.MagCacheBlockHook._perform_calibration_step
+
+    def mag_cal(self, state, residual):
+        orig_cal(self, state, residual)
+        LOG.append(("cal", float(state.calibration_ratios[-1]), True))
+
+    mag_mod.MagCacheBlockHook._perform_calibration_step = mag_cal
+
+    orig_tay = tay_mod.TaylorSeerCacheHook._measure_should_compute
+
+    def tay_should(self):
+        r, st = orig_tay(self)
+        LOG.append(("tay", None, bool(r)))
+        return r, st
+
+    tay_mod.TaylorSeerCacheHook._measure_should_compute = tay_should
+
+
+def fresh_model():
+    config = mf.DiTTransformer2DModel.load_config(MODEL / "transformer")
+    sd = mf.load_state_dict(MODEL / "transformer")
+    return mf.reference_model(config, sd, torch.float64)
+
+
+def scheduler():
+    return FlowMatchEulerDiscreteScheduler.from_pretrained(MODEL / "scheduler")
+
+
+def run(method, fields, labels, noise, steps=STEPS, guidance=GUIDANCE):
+    model = fresh_model()
+    if method == "first_block_cache":
+        apply_first_block_cache(model, FirstBlockCacheConfig(**fields))
+    elif method == "taylorseer_cache":
+        f = dict(fields)
+        # float64 in the reference is ditd's float32 (the widest it keeps);
+        # bfloat16 is bfloat16 on both sides
+        f["taylor_factors_dtype"] = (torch.bfloat16 if f.get("taylor_factors_dtype") == "bfloat16"
+                                     else torch.float64)
+        apply_taylorseer_cache(model, TaylorSeerCacheConfig(**f))
+    elif method == "mag_cache":
+        apply_mag_cache(model, MagCacheConfig(**fields))
+    _set_cache_context(model, CacheContext("cond"))
+    LOG.clear()
+    out = mf.sample_dit(model, scheduler(), labels, noise, guidance, steps,
+                        model.config.num_embeds_ada_norm)
+    return out.numpy(), list(LOG)
+
+
+def per_step(log, kind, steps, per_forward=1):
+    """The log of one kind, as (value, compute) per step."""
+    rows = [(v, c) for k, v, c in log if k == kind]
+    assert len(rows) == steps * per_forward, (kind, len(rows), steps, per_forward)
+    return rows
+
+
+# ---------------------------------------------------------------- FLUX ---
+FLUXDIR = REPO / "tests" / "fixtures" / "flux_pipeline"
+FLUX_CASE = "dev_64_true_cfg"  # true CFG: a cond and an uncond state per sample
+FLUX_STEPS = 12
+
+
+def flux_run(method, fields, case, exp):
+    """FluxPipeline (dev, true CFG, prompt embeddings given) with the hook on
+    its transformer through transformer.enable_cache, as a user does."""
+    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
+    d = FLUXDIR / "dev"
+    tr = FluxTransformer2DModel.from_pretrained(d / "transformer", torch_dtype=torch.float64)
+    vae = AutoencoderKL.from_pretrained(d / "vae", torch_dtype=torch.float64)
+    sched = FlowMatchEulerDiscreteScheduler.from_pretrained(d / "scheduler")
+    pipe = FluxPipeline(scheduler=sched, vae=vae, text_encoder=None, tokenizer=None,
+                        text_encoder_2=None, tokenizer_2=None, transformer=tr)
+    pipe.set_progress_bar_config(disable=True)
+    if method == "first_block_cache":
+        tr.enable_cache(FirstBlockCacheConfig(**fields))
+    elif method == "mag_cache":
+        tr.enable_cache(MagCacheConfig(**fields))
+    elif method == "taylorseer_cache":
+        f = dict(fields, taylor_factors_dtype=torch.float64)  # ditd: float32
+        tr.enable_cache(TaylorSeerCacheConfig(**f))
+    ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
+    noise = np.load(exp / case["noise"])
+    B, C, h, w = noise.shape
+    packed = FluxPipeline._pack_latents(torch.from_numpy(noise), B, C, h, w).to(torch.float64)
+    LOG.clear()
+    with torch.no_grad():
+        lat = pipe(prompt_embeds=ld("prompt_embeds"), pooled_prompt_embeds=ld("pooled"),
+                   negative_prompt_embeds=ld("negative_prompt_embeds"),
+                   negative_pooled_prompt_embeds=ld("negative_pooled"),
+                   true_cfg_scale=case["true_cfg_scale"], height=case["height"],
+                   width=case["width"], num_inference_steps=FLUX_STEPS,
+                   guidance_scale=case["guidance_scale"], latents=packed, output_type="latent",
+                   return_dict=False)[0]
+    out = FluxPipeline._unpack_latents(lat, case["height"], case["width"], 8)
+    return out.numpy(), noise, list(LOG)
+
+
+def flux_cases():
+    exp = FLUXDIR / "expected"
+    case = next(c for c in json.loads((exp / "cases.json").read_text())["cases"]
+                if c["name"] == FLUX_CASE)
+    out_cases = []
+
+    def branches(log, kind):
+        rows = [(v, c) for k, v, c in log if k == kind]
+        assert len(rows) == 2 * FLUX_STEPS, (kind, len(rows))
+        return rows
+
+    def emit(name, method, fields, out, noise, rows):
+        skipped = [[not rows[2 * s + b][1] for s in range(FLUX_STEPS)] for b in range(2)]
+        n_skip = sum(map(sum, skipped))
+        assert 0 < n_skip < 2 * FLUX_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        out_cases.append({
+            "name": name, "family": "flux", "method": method, "fields": fields,
+            "flux_case": FLUX_CASE, "steps": FLUX_STEPS,
+            "skipped": [a and b for a, b in zip(*skipped)], "skipped_branches": skipped,
+            "values_branches": [[rows[2 * s + b][0] for s in range(FLUX_STEPS)] for b in range(2)],
+            "noise": f"{name}_noise.npy", "out": f"{name}_out.npy", "dtype_reference": "float64"})
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+
+    # First Block Cache: a threshold between the measured values, 2 % clear of all
+    _, _, log = flux_run("first_block_cache", {"threshold": 0.0}, case, exp)
+    vals = sorted(v for v, _ in branches(log, "fbc") if v is not None)
+    gaps = sorted(range(len(vals) - 1), key=lambda i: -vals[i + 1] / vals[i])
+    for k in gaps:
+        thr = float(np.sqrt(vals[k] * vals[k + 1]))
+        out, noise, log = flux_run("first_block_cache", {"threshold": thr}, case, exp)
+        rows = branches(log, "fbc")
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < 2 * FLUX_STEPS - 4 and all(v is None or abs(v - thr) > 0.02 * thr
+                                                   for v, _ in rows):
+            break
+    else:
+        raise SystemExit("no FLUX First Block Cache threshold fits")
+    emit("flux_fbc", "first_block_cache", {"threshold": thr}, out, noise, rows)
+
+    # MagCache with FLUX's published ratios, interpolated to 12 steps
+    fields = {"threshold": 0.1, "max_skip_steps": 2, "retention_ratio": 0.2,
+              "num_inference_steps": FLUX_STEPS,
+              "mag_ratios": [float(x) for x in mag_mod.FLUX_MAG_RATIOS.tolist()]}
+    out, noise, log = flux_run("mag_cache", fields, case, exp)
+    emit("flux_mag", "mag_cache", dict(fields, mag_ratios="FLUX"), out, noise,
+         branches(log, "mag"))
+    # TaylorSeer's lite mode: every block skip-predicted (zeros), proj_out
+    # predicted; 3 blocks + proj_out hooked, called once per forward each
+    fields = {"cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1,
+              "use_lite_mode": True}
+    out, noise, log = flux_run("taylorseer_cache", fields, case, exp)
+    rows = [c for k2, _, c in log if k2 == "tay"]
+    per = 4
+    assert len(rows) == 2 * FLUX_STEPS * per, len(rows)
+    comp = [[any(rows[(2 * s + b) * per:(2 * s + b + 1) * per]) for s in range(FLUX_STEPS)]
+            for b in range(2)]
+    skipped = [[not x for x in comp[b]] for b in range(2)]
+    assert 0 < sum(map(sum, skipped)) < 2 * FLUX_STEPS
+    np.save(OUT / "flux_tay_lite_noise.npy", noise.astype("<f4"))
+    np.save(OUT / "flux_tay_lite_out.npy", out.astype("<f8"))
+    out_cases.append({
+        "name": "flux_tay_lite", "family": "flux", "method": "taylorseer_cache",
+        "fields": dict(fields, taylor_factors_dtype="float32"), "flux_case": FLUX_CASE,
+        "steps": FLUX_STEPS, "skipped": [a and b for a, b in zip(*skipped)],
+        "noise": "flux_tay_lite_noise.npy", "out": "flux_tay_lite_out.npy",
+        "dtype_reference": "float64"})
+    print(f"flux_tay_lite: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+    return out_cases
+
+
+def main():
+    instrument()
+    OUT.mkdir(parents=True, exist_ok=True)
+    for f in OUT.glob("*.npy"):
+        f.unlink()
+    cfg = json.loads((MODEL / "transformer" / "config.json").read_text())
+    C, S = cfg["in_channels"], cfg["sample_size"]
+    rng = np.random.default_rng(2024)
+    cases = []
+
+    def emit(name, method, fields, labels, noise, skipped, values, out, extra=None):
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        case = {"name": name, "method": method, "fields": fields, "class_labels": labels,
+                "guidance_scale": GUIDANCE, "steps": STEPS, "skipped": skipped,
+                "values": values, "noise": f"{name}_noise.npy", "out": f"{name}_out.npy",
+                "dtype_reference": "float64"}
+        if extra:
+            case.update(extra)
+        n_skip = sum(skipped)
+        assert 0 < n_skip < STEPS, f"{name}: {n_skip} of {STEPS} steps skipped"
+        cases.append(case)
+        print(f"{name}: skipped {skipped}", file=sys.stderr)
+
+    noise = rng.standard_normal((1, C, S, S)).astype(np.float32)
+    labels = [3]
+
+    # ---- First Block Cache: threshold between the measured relative L1s
+    _, log = run("first_block_cache", {"threshold": 0.0}, labels, noise)
+    vals = [v for v, _ in per_step(log, "fbc", STEPS)][1:]
+    srt = sorted(vals)
+    # thresholds at the gaps between the measured values, widest first, until
+    # one gives some skips, some computes, and every value 2 % away from it
+    gaps = sorted(range(len(srt) - 1), key=lambda i: -srt[i + 1] / srt[i])
+    for k in gaps:
+        thr = float(np.sqrt(srt[k] * srt[k + 1]))
+        out, log = run("first_block_cache", {"threshold": thr}, labels, noise)
+        rows = per_step(log, "fbc", STEPS)
+        n_skip = sum(not c for _, c in rows)
+        if 0 < n_skip < STEPS - 1 and all(v is None or abs(v - thr) > 0.02 * thr
+                                          for v, _ in rows):
+            break
+    else:
+        raise SystemExit("no First Block Cache threshold fits")
+    emit("fbc", "first_block_cache", {"threshold": thr}, labels, noise,
+         [not c for _, c in rows], [v for v, _ in rows], out)
+
+    # ---- MagCache: ratios calibrated on this model, then a threshold
+    _, log = run("mag_cache", {"calibrate": True, "num_inference_steps": STEPS}, labels, noise)
+    ratios = [v for k2, v, _ in log if k2 == "cal"]
+    assert len(ratios) == STEPS
+    emit_cal = ratios
+    fields = {"threshold": 0.25, "max_skip_steps": 2, "retention_ratio": 0.2,
+              "num_inference_steps": STEPS, "mag_ratios": [float(r) for r in ratios]}
+    out, log = run("mag_cache", fields, labels, noise)
+    rows = per_step(log, "mag", STEPS)
+    emit("mag", "mag_cache", fields, labels, noise, [not c for _, c in rows],
+         [v for v, _ in rows], out)
+    # calibration itself: ditd's measured ratios against Diffusers'
+    out_c, _ = run("mag_cache", {"calibrate": True, "num_inference_steps": STEPS}, labels, noise)
+    cases.append({"name": "mag_calibrate", "method": "mag_cache",
+                  "fields": {"calibrate": True, "num_inference_steps": STEPS},
+                  "class_labels": labels, "guidance_scale": GUIDANCE, "steps": STEPS,
+                  "skipped": [False] * STEPS, "calibration": emit_cal,
+                  "noise": "mag_noise.npy", "out": "mag_calibrate_out.npy",
+                  "dtype_reference": "float64"})
+    np.save(OUT / "mag_calibrate_out.npy", out_c.astype("<f8"))
+    # ratios given for another step count: nearest_interp (28 -> 12 steps, FLUX's)
+    flux_fields = {"threshold": 0.12, "max_skip_steps": 3, "retention_ratio": 0.1,
+                   "num_inference_steps": STEPS,
+                   "mag_ratios": [float(x) for x in mag_mod.FLUX_MAG_RATIOS.tolist()]}
+    out, log = run("mag_cache", flux_fields, labels, noise)
+    rows = per_step(log, "mag", STEPS)
+    emit("mag_flux_ratios", "mag_cache", dict(flux_fields, mag_ratios="FLUX"), labels, noise,
+         [not c for _, c in rows], [v for v, _ in rows], out)
+
+    # ---- TaylorSeer: attn1 and ff of every block predicted, order 1; and
+    # whole blocks at order 2
+    tay_cases = [
+        ("tay_modules", {"cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1,
+                         "cache_identifiers": [r"transformer_blocks\.\d+\.attn1",
+                                               r"transformer_blocks\.\d+\.ff"]}, 6),
+        ("tay_modules_bf16", {"cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1,
+                              "taylor_factors_dtype": "bfloat16",
+                              "cache_identifiers": [r"transformer_blocks\.\d+\.attn1",
+                                                    r"transformer_blocks\.\d+\.ff"]}, 6),
+        ("tay_blocks", {"cache_interval": 2, "disable_cache_before_step": 3, "max_order": 2,
+                        "disable_cache_after_step": 10,
+                        "cache_identifiers": [r"transformer_blocks\.\d+"]}, 3),
+    ]
+    for name, fields, per in tay_cases:
+        out, log = run("taylorseer_cache", fields, labels, noise)
+        rows = per_step(log, "tay", STEPS, per)
+        comp = [any(c for _, c in rows[s * per:(s + 1) * per]) for s in range(STEPS)]
+        emit(name, "taylorseer_cache",
+             dict(fields, taylor_factors_dtype=fields.get("taylor_factors_dtype", "float32")), labels,
+             noise, [not c for c in comp], None, out, {"modules_per_step": per})
+
+    # ---- two samples in one batch: each as it would be alone (ditd keeps a
+    # state per sample; Diffusers would pool the batch, so the reference is
+    # two single-sample runs)
+    noise2 = rng.standard_normal((2, C, S, S)).astype(np.float32)
+    outs, skips = [], []
+    for j in range(2):
+        o, log = run("first_block_cache", {"threshold": thr}, [1 + j], noise2[j:j + 1])
+        outs.append(o)
+        skips.append([not c for _, c in per_step(log, "fbc", STEPS)])
+    np.save(OUT / "fbc_batch2_noise.npy", noise2.astype("<f4"))
+    np.save(OUT / "fbc_batch2_out.npy", np.concatenate(outs).astype("<f8"))
+    cases.append({"name": "fbc_batch2", "method": "first_block_cache",
+                  "fields": {"threshold": thr}, "class_labels": [1, 2],
+                  "guidance_scale": GUIDANCE, "steps": STEPS, "skipped": skips[0],
+                  "skipped_per_sample": skips, "noise": "fbc_batch2_noise.npy",
+                  "out": "fbc_batch2_out.npy", "dtype_reference": "float64"})
+    print(f"fbc_batch2: skipped {skips}", file=sys.stderr)
+
+    cases += flux_cases()
+
+    doc = {"model": "models/tiny-p2-c1-h6", "diffusers": diffusers.__version__,
+           "torch": torch.__version__, "cases": cases}
+    (OUT / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
