@@ -61,7 +61,7 @@ typedef struct ditd_denoiser_shapes {
 
 typedef struct ditd_denoiser ditd_denoiser;
 
-/* ---- The step-caching seam (engine/pipeline/step_cache.h implements it;
+/* ---- The step-caching seam (the pipeline layer's step cache implements it;
  * docs/caching.md) ----
  *
  * A family that supports caching calls these hooks from its forward when
