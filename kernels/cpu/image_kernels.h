@@ -29,13 +29,20 @@ extern "C" {
  *   zero padding pad_t/pad_b rows and pad_l/pad_r columns around x;
  *   y: (B, Cout, Ho, Wo), plane stride psy, Ho = (Hx + pad_t + pad_b - k) / s + 1,
  *   Wo likewise.
- * Computed as im2col + sgemm in chunks of output rows: scratch must hold
- * scratch_n >= Cin * k * k * Wo floats (one output row); larger scratch
- * takes more rows per GEMM. A 1x1 stride-1 unpadded conv over contiguous
- * rows (psx == Hx * Wx... or any psx) needs no scratch (scratch may be NULL). */
+ * Computed by ditd's direct kernel (kernels/cpu/conv.c: AVX-512 or
+ * portable C; DITD_CPU_CONV=gemm selects the im2col + sgemm reference). Each
+ * output element's reduction order depends on (Cin, k, s, pads) alone, not
+ * on the rows given or the thread count: a band of rows computes the bits
+ * the whole image does. Scratch: none for s == 1 with Wo == Wx (the 3x3 pad
+ * 1 and 1x1 convolutions; scratch may be NULL); other shapes (stride 2) go
+ * through im2col in chunks of output rows and need scratch_n >=
+ * Cin * k * k * Wo floats (one output row); more scratch, more rows a chunk. */
 void ditd_cpu_conv2d(const float *x, size_t psx, const float *w, const float *b, float *y,
                      size_t psy, float *scratch, size_t scratch_n, int B, int Cin, int Hx,
                      int Wx, int Cout, int k, int s, int pad_t, int pad_b, int pad_l, int pad_r);
+
+/* Which code runs ditd_cpu_conv2d in this process, in words (static string). */
+const char *ditd_cpu_conv2d_info(void);
 
 /* Output rows of ditd_cpu_conv2d (and columns, with the column pads). */
 static inline int ditd_cpu_conv2d_out(int n, int pad_a, int pad_b, int k, int s)

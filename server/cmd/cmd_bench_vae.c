@@ -30,6 +30,13 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+static double cpu_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -111,7 +118,7 @@ int ditd_cmd_bench_vae(int argc, char **argv)
     ditd_vae *v = NULL;
     ditd_vae_config cfg;
     float *z = NULL, *img = NULL;
-    double *t = NULL;
+    double *t = NULL, *tc = NULL;
 
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -170,7 +177,8 @@ int ditd_cmd_bench_vae(int argc, char **argv)
     z = malloc(zn * sizeof *z);
     img = rank == 0 ? malloc(pn * sizeof *img) : NULL;
     t = calloc((size_t)iters, sizeof *t);
-    if (!z || (rank == 0 && !img) || !t) {
+    tc = calloc((size_t)iters, sizeof *tc);
+    if (!z || (rank == 0 && !img) || !t || !tc) {
         fail("buffers", DITD_ENOMEM);
         goto done;
     }
@@ -182,23 +190,29 @@ int ditd_cmd_bench_vae(int argc, char **argv)
         if (world)
             ditd_comm_stats_reset(world);
         t0 = now_ms();
+        double c0 = cpu_ms();
         if ((err = ditd_vae_decode(v, z, 1, h, h, img))) {
             fail("decoding", err);
             goto done;
         }
         if (i >= warmup) {
             t[i - warmup] = now_ms() - t0;
+            tc[i - warmup] = cpu_ms() - c0;
             st = ditd_vae_last_stats(v);
         }
     }
     qsort(t, (size_t)iters, sizeof *t, cmp_double);
     double med = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+    qsort(tc, (size_t)iters, sizeof *tc, cmp_double);
+    double cmed = iters % 2 ? tc[iters / 2] : 0.5 * (tc[iters / 2 - 1] + tc[iters / 2]);
     double fl = ditd_vae_config_decode_flops(&cfg, h, h);
     if (rank == 0) {
         printf("vae decode  %-14s %4ldx%-4ld latent %dx%dx%d  ranks %d  threads %d%s\n", vae_name, size,
                size, cfg.latent_channels, h, h, P, nth, tiling ? "  tiled" : "");
         printf("  median %.1f ms (min %.1f, %ld iters)  %.1f GFLOP/s  load %.0f ms  peak RSS %.0f MiB (rank 0)\n",
                med, t[0], iters, fl / (med * 1e6), load_ms, peak_rss_mib());
+        printf("  process CPU time per decode: median %.1f ms (all threads; on a shared machine the\n"
+               "  less noisy measure of the work done)\n", cmed);
     }
     if (P > 1) {
         const ditd_comm_stat *cs = ditd_comm_stats(world);
@@ -249,6 +263,7 @@ done:
     free(z);
     free(img);
     free(t);
+    free(tc);
     ditd_comm_free(world);
     if (mpi)
         ditd_comm_mpi_finalize();

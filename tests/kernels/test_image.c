@@ -5,6 +5,7 @@
  * strides larger than a plane (halo rows) and scratch small enough to force
  * several GEMM chunks. */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -51,6 +52,63 @@ static int test_conv(kt_rng *r, int B, int Cin, int Hx, int Wx, int Cout, int k,
     int fail = kt_check(what, got, ref, (size_t)B * Cout * Ho * Wo, 1e-3, 1e-5);
     free(x), free(w), free(b), free(y), free(scr), free(got), free(ref);
     return fail;
+}
+
+/* The exactness the parallel VAE decode relies on (kernels/cpu/conv.c): a
+ * 3x3 pad-1 convolution of a band of rows (with its halo rows, as a rank
+ * holds it) gives, bit for bit, those rows of the whole image's; and the
+ * whole image gives the same bits on 1 and on 3 threads. Bands of 1, 2, 3
+ * and 5 output rows at every start row; Cin past one pass (130 > 128
+ * channels of a 3x3), Cout not a multiple of the 6-channel block, widths
+ * whose rows straddle the 64-pixel blocks. */
+static int test_conv_bands(kt_rng *r, int Cin, int H, int W, int Cout)
+{
+    const size_t ps = (size_t)(H + 2) * W, n = (size_t)Cout * H * W;
+    float *x = kt_alloc((size_t)Cin * ps * 4), *w = kt_alloc((size_t)Cout * Cin * 9 * 4);
+    float *b = kt_alloc((size_t)Cout * 4), *whole = kt_alloc((size_t)Cout * ps * 4);
+    float *again = kt_alloc((size_t)Cout * ps * 4), *band = kt_alloc((size_t)Cout * ps * 4);
+    kt_fill(r, x, (size_t)Cin * ps, -1, 1);
+    for (int c = 0; c < Cin; c++) { /* zero halo rows: the image's padding */
+        memset(x + (size_t)c * ps, 0, (size_t)W * 4);
+        memset(x + (size_t)c * ps + (size_t)(H + 1) * W, 0, (size_t)W * 4);
+    }
+    kt_fill(r, w, (size_t)Cout * Cin * 9, -1, 1);
+    kt_fill(r, b, (size_t)Cout, -1, 1);
+    /* scratch for the whole image's im2col: DITD_CPU_CONV=gemm then runs
+     * im2col + sgemm, whose bits are not band- or thread-invariant */
+    const size_t sn = (size_t)Cin * 9 * W * H;
+    float *scr = kt_alloc(sn * 4);
+    const int t0 = omp_get_max_threads();
+    omp_set_num_threads(1);
+    ditd_cpu_conv2d(x, ps, w, b, whole + W, ps, scr, sn, 1, Cin, H + 2, W, Cout, 3, 1, 0, 0, 1, 1);
+    omp_set_num_threads(3);
+    ditd_cpu_conv2d(x, ps, w, b, again + W, ps, scr, sn, 1, Cin, H + 2, W, Cout, 3, 1, 0, 0, 1, 1);
+    omp_set_num_threads(t0);
+    size_t bad = 0, bands = 0;
+    for (size_t c = 0; c < (size_t)Cout; c++)
+        bad += memcmp(whole + c * ps + W, again + c * ps + W, (size_t)H * W * 4) != 0;
+    static const int sizes[] = {1, 2, 3, 5};
+    for (int si = 0; si < 4; si++)
+        for (int r0 = 0; r0 + sizes[si] <= H; r0++) {
+            const int nr = sizes[si];
+            /* the band: its rows and one halo row each side, planes of stride (nr + 2) W */
+            const size_t bps = (size_t)(nr + 2) * W;
+            float *bx = kt_alloc((size_t)Cin * bps * 4), *by = band;
+            for (int c = 0; c < Cin; c++)
+                memcpy(bx + (size_t)c * bps, x + (size_t)c * ps + (size_t)r0 * W, bps * 4);
+            ditd_cpu_conv2d(bx, bps, w, b, by, bps, scr, sn, 1, Cin, nr + 2, W, Cout, 3, 1, 0, 0, 1,
+                            1);
+            for (size_t c = 0; c < (size_t)Cout; c++)
+                bad += memcmp(by + c * bps, whole + c * ps + (size_t)(r0 + 1) * W,
+                              (size_t)nr * W * 4) != 0;
+            bands++;
+            free(bx);
+        }
+    printf("conv2d bands of a %dx%dx%d->%d image: %zu bands, 1 vs 3 threads: %s\n", Cin, H, W, Cout,
+           bands, bad ? "NOT bit-identical" : "bit-identical");
+    (void)n;
+    free(x), free(w), free(b), free(whole), free(again), free(band), free(scr);
+    return bad != 0 || bands < 10;
 }
 
 static int test_groupnorm(kt_rng *r, int B, int C, int rows, int W, int G, int silu)
@@ -197,10 +255,16 @@ int main(void)
     fail |= test_conv(&r, 2, 3, 9, 7, 4, 3, 2, 0, 1, 0, 1, 1, 1), cases++;
     /* 1x1 (post_quant_conv, conv_shortcut): no scratch at all */
     fail |= test_conv(&r, 2, 9, 5, 6, 7, 1, 1, 0, 0, 0, 0, 0, 1), cases++;
+    /* past one pass of channels (130 > 128 of a 3x3; 1x1: 1200 > 1152),
+     * Cout tails, rows straddling 64-pixel blocks */
+    fail |= test_conv(&r, 1, 130, 5, 23, 13, 3, 1, 1, 1, 1, 1, 0, 1), cases++;
+    fail |= test_conv(&r, 1, 1200, 3, 70, 7, 1, 1, 0, 0, 0, 0, 0, 1), cases++;
+    fail |= test_conv_bands(&r, 130, 7, 23, 13), cases++;
+    fail |= test_conv_bands(&r, 9, 9, 70, 8), cases++;
     fail |= test_groupnorm(&r, 2, 12, 5, 7, 4, 1), cases++;
     fail |= test_groupnorm(&r, 1, 32, 3, 9, 32, 0), cases++;
     fail |= test_upsample_transpose(&r), cases++;
     fail |= test_attention_512(&r), cases++;
     printf("%d cases, %s\n", cases, fail ? "FAILED" : "all ok");
-    return fail || cases < 11;
+    return fail || cases < 15;
 }

@@ -7,14 +7,25 @@
  * second, ungrouped VAE: relative error under 1e-6 and identical 8-bit
  * pixels (DiTPipeline's rule) -- in fact bit-identical floats -- and with Diffusers' float64 output within
  * 1e-5. It also reports the measured bytes per collective beside the
- * analytic count. */
+ * analytic count.
+ *
+ * Then random-weight VAEs of both kinds (4-channel SD-like with
+ * post_quant_conv, 16-channel FLUX-like without, mid-block attention in
+ * both) on odd, non-square latents, with units of 1, 3 and automatic rows:
+ * the group decodes with 1 thread per rank, the leader alone with 2 (as a
+ * one-rank run on the whole machine would), and every decoded float and
+ * every 8-bit pixel must be equal. A kernel whose bits depend on the rows
+ * a rank holds or on the thread count (OpenBLAS's Haswell sgemm, the old
+ * im2col path under DITD_CPU_CONV=gemm) fails here. */
 #include <dirent.h>
 #include <jansson.h>
 #include <string.h>
 
 #include "engine/backend/backend.h"
 #include "engine/io/npy.h"
+#include "engine/core/philox.h"
 #include "engine/models/vae/autoencoder_kl.h"
+#include "engine/models/vae/vae_config.h"
 #include "engine/parallel/comm.h"
 #include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
@@ -113,6 +124,100 @@ static int run_vae(ditd_comm *world, const char *dir, int unit)
     return checked;
 }
 
+/* Exact equality of floats and 8-bit pixels; prints a line; 1 when checked. */
+static int compare_exact(const char *what, const float *par, const float *solo, int B, int C, int H,
+                         int W)
+{
+    const size_t pn = (size_t)C * H * W, n = pn * (size_t)B;
+    uint8_t *pa = malloc(pn), *pb = malloc(pn);
+    size_t diff = 0, bitdiff = 0, first = n;
+    for (int b = 0; b < B; b++) {
+        ditd_pipeline_to_pixels(par + b * pn, C, H, W, pa);
+        ditd_pipeline_to_pixels(solo + b * pn, C, H, W, pb);
+        for (size_t e = 0; e < pn; e++)
+            diff += pa[e] != pb[e];
+    }
+    for (size_t e = 0; e < n; e++)
+        if (memcmp(&par[e], &solo[e], sizeof(float))) {
+            bitdiff++;
+            first = first < n ? first : e;
+        }
+    tu_checks++;
+    if (diff || bitdiff)
+        tu_failures++;
+    printf("%s %s: %zu of %zu pixels, %zu of %zu floats differ from one rank", diff || bitdiff ? "FAIL" : "ok  ",
+           what, diff, pn * (size_t)B, bitdiff, n);
+    if (first < n)
+        printf(" (first at %zu: %.9g vs %.9g)", first, par[first], solo[first]);
+    printf("\n");
+    free(pa);
+    free(pb);
+    return 1;
+}
+
+/* Random-weight VAEs of both kinds on odd, non-square latents. */
+static int run_random(ditd_comm *world)
+{
+    static const struct {
+        const char *name;
+        int latent, post_quant, n, ch[4], groups;
+    } kinds[] = {
+        {"SD-like 4-channel", 4, 1, 3, {16, 32, 32}, 8},
+        {"FLUX-like 16-channel", 16, 0, 4, {8, 16, 16, 32}, 4},
+    };
+    static const int sizes[][2] = {{13, 7}, {7, 19}, {11, 5}}; /* latent h, w */
+    static const int units[] = {1, 3, 0};
+    const int G = ditd_comm_size(world);
+    int checked = 0;
+    for (int k = 0; k < 2; k++) {
+        ditd_vae_config c;
+        TU_OK(ditd_vae_config_named(k == 0 ? "sd-vae-ft-ema" : "flux-vae", &c));
+        c.latent_channels = kinds[k].latent;
+        c.use_post_quant_conv = c.use_quant_conv = kinds[k].post_quant;
+        c.n_blocks = kinds[k].n;
+        for (int i = 0; i < c.n_blocks; i++)
+            c.block_out_channels[i] = kinds[k].ch[i];
+        c.norm_num_groups = kinds[k].groups;
+        c.layers_per_block = 1;
+        c.mid_block_add_attention = 1;
+        TU_OK(ditd_vae_config_finish(&c, kinds[k].name));
+        const int f = ditd_vae_config_scale_factor(&c);
+        /* the leader's one-rank VAE, planned larger than needed (as a server's) */
+        ditd_vae_opts o1 = {.max_h = 24, .max_w = 24};
+        ditd_vae *one = NULL;
+        if (rank_ == 0)
+            TU_OK(ditd_vae_new_random(&c, &ditd_backend_cpu, &o1, 5, &one));
+        for (int ui = 0; ui < 3; ui++) {
+            ditd_vae_opts o = {.max_h = 13, .max_w = 19, .comm = world, .row_unit = units[ui]};
+            ditd_vae *par = NULL;
+            TU_OK(ditd_vae_new_random(&c, &ditd_backend_cpu, &o, 5, &par));
+            for (int si = 0; si < 3; si++) {
+                const int h = sizes[si][0], w = sizes[si][1];
+                const size_t zn = (size_t)c.latent_channels * h * w, pn = (size_t)3 * h * f * w * f;
+                float *z = malloc(zn * sizeof *z), *out = calloc(pn, sizeof *out),
+                      *solo = calloc(pn, sizeof *solo);
+                ditd_philox_normal(11 + (uint64_t)si, (uint64_t)k, 0, zn, z);
+                ditd_backend_cpu.set_threads(1);
+                TU_OK(ditd_vae_decode(par, z, 1, h, w, out));
+                if (rank_ == 0) {
+                    char what[256];
+                    ditd_backend_cpu.set_threads(2);
+                    TU_OK(ditd_vae_decode(one, z, 1, h, w, solo));
+                    snprintf(what, sizeof what, "G=%d %s latent %dx%d unit %d (1 thread a rank vs 2)",
+                             G, kinds[k].name, h, w, units[ui]);
+                    checked += compare_exact(what, out, solo, 1, 3, h * f, w * f);
+                }
+                free(z);
+                free(out);
+                free(solo);
+            }
+            ditd_vae_free(par);
+        }
+        ditd_vae_free(one);
+    }
+    return checked;
+}
+
 int main(int argc, char **argv)
 {
     ditd_comm *world = NULL;
@@ -147,8 +252,11 @@ int main(int argc, char **argv)
         free(e);
     }
     free(list);
-    if (rank_ == 0)
+    int rnd = run_random(world);
+    if (rank_ == 0) {
         TU_CHECK(cases >= 12, "ran %d cases (want >= 12)", cases);
+        TU_CHECK(rnd >= 18, "ran %d random-weight cases (want 18)", rnd);
+    }
     int rc = rank_ == 0 ? tu_exit() : 0;
     ditd_comm_free(world);
     ditd_comm_mpi_finalize();

@@ -261,21 +261,6 @@ static int fill_weights(ditd_vae *v, const plist *pl, const ditd_safetensors *st
     return err;
 }
 
-/* The mid-block attentions' four (C, C) weights, which only linear reads,
- * re-laid for the backend (backend.h pack_linear). attn.C is 0 where a
- * coder has no attention (or no encoder was built). */
-static int pack_linears(ditd_vae *v)
-{
-    vattn *at[2] = {&v->enc.attn, &v->dec.attn};
-    int err = 0;
-    for (int i = 0; i < 2 && !err; i++) {
-        void *w[4] = {at[i]->wq, at[i]->wk, at[i]->wv, at[i]->wo};
-        for (int j = 0; j < 4 && at[i]->C > 0 && !err; j++)
-            err = ditd_pack_linear(v->ops, w[j], at[i]->C, at[i]->C);
-    }
-    return err;
-}
-
 static int check_backend(const ditd_backend_ops *ops, const ditd_vae_config *cfg)
 {
     int err;
@@ -332,7 +317,7 @@ static int vae_build(const ditd_vae_config *cfg, const ditd_backend_ops *ops,
         goto fail;
     ditd_arena_reset(&v->weights);
     if ((err = carve_weights(v, &pl)) || (err = fill_weights(v, &pl, st, seed)) ||
-        (err = pack_linears(v)) || (err = ditd__vae_plan_acts(v)))
+        (err = ditd__vae_plan_acts(v)))
         goto fail;
     free(pl.p);
     *out = v;

@@ -19,8 +19,15 @@
  *   - mid-block attention: queries of the band, keys and values of the
  *     whole image (all-gathered);
  *   - the final rows are sent to the leader.
- * Every GEMM and every statistic runs on chunks of rows aligned to the
- * whole image (chunk_rows), so the result is bit-identical to one rank's.
+ * Bit-identical to one rank, for every G and thread count, because no
+ * reduction's order depends on the band: every convolution (the mid-block
+ * attention's four projections included, run as 1x1 convolutions) goes
+ * through ditd_cpu_conv2d, whose per-element order is a function of the
+ * layer alone (kernels/cpu/image_kernels.h), not of the rows it is given
+ * nor of the threads; GroupNorm sums per unit, in image order; the
+ * attention kernel computes each query alone. (Library GEMMs do not
+ * promise this: OpenBLAS's Haswell sgemm changes an element's bits with
+ * the GEMM's column count and thread count; docs/vae.md.)
  * A latent with fewer units than ranks (a small tile) is decoded whole on
  * every rank instead, with no communication.
  */
@@ -50,20 +57,6 @@ typedef struct geom {
     int unit;         /* rows per unit at this scale (m at latent scale, m s after s x upsampling) */
     int u0, nu, U;    /* this band's first unit, its units, the image's units */
 } geom;
-
-/* Rows of the chunks the GEMMs and statistics run on: the largest divisor
- * of the unit whose im2col fits VAE_SCRATCH_CAP (per_row floats a row). A
- * function of the layer and the unit only, never of the band: every chunk
- * starts at a multiple of it in the whole image, so a rank computes each
- * chunk with exactly the call (shapes, data) a single rank makes, and gets
- * the same bits whatever BLAS does inside. */
-static int chunk_rows(int unit, size_t per_row)
-{
-    int d = unit;
-    while (d > 1 && (unit % d || per_row * (size_t)d > VAE_SCRATCH_CAP))
-        d--;
-    return d;
-}
 
 static size_t ps_of(const geom *g)
 {
@@ -129,7 +122,6 @@ static int carve_acts(ditd_vae *v)
     err |= carve(v, &v->hs1, v->halo_n);
     err |= carve(v, &v->hr0, v->halo_n);
     err |= carve(v, &v->hr1, v->halo_n);
-    err |= carve(v, &v->t, v->tok_n);
     err |= carve(v, &v->q, v->tok_n);
     err |= carve(v, &v->o, v->tok_n);
     err |= carve(v, &v->k, v->tokfull_n);
@@ -345,41 +337,31 @@ static int groupnorm(ditd_vae *v, const vnorm *nm, void *x, void *y, const geom 
     return 0;
 }
 
-/* 3x3, stride 1, pad 1: interior of x -> interior of y, in aligned chunks. */
+/* 3x3, stride 1, pad 1: interior of x -> interior of y, the band in one
+ * call (its halo rows are the padding, or the neighbours' rows). */
 static int conv3(ditd_vae *v, const vconv *cv, void *x, void *y, const geom *g)
 {
     int err = halo_fill(v, x, cv->cin, g);
     if (err)
         return err;
-    const size_t ps = ps_of(g), W = (size_t)g->W;
-    const int d = chunk_rows(g->unit, (size_t)cv->cin * 9 * W);
-    for (int r0 = 0; r0 < g->rows; r0 += d) {
-        int nr = g->rows - r0 < d ? g->rows - r0 : d;
-        v->ops->conv2d(at(v, x, (size_t)r0 * W), ps, cv->w, cv->b, at(v, y, (size_t)(1 + r0) * W), ps,
-                       v->scratch, v->scratch_n, 1, cv->cin, nr + 2, g->W, cv->cout, 3, 1, 0, 0, 1, 1);
-    }
+    const size_t ps = ps_of(g);
+    v->ops->conv2d(x, ps, cv->w, cv->b, at(v, y, (size_t)g->W), ps, v->scratch, v->scratch_n, 1,
+                   cv->cin, g->rows + 2, g->W, cv->cout, 3, 1, 0, 0, 1, 1);
     return 0;
+}
+
+/* 1x1 (w (cout, cin), b): interior of x -> interior of y, the band in one call. */
+static void conv1x1(ditd_vae *v, const void *w, const void *b, int cin, int cout, void *x, void *y,
+                    const geom *g)
+{
+    const size_t ps = ps_of(g), W = (size_t)g->W;
+    v->ops->conv2d(at(v, x, W), ps, w, b, at(v, y, W), ps, v->scratch, v->scratch_n, 1, cin, g->rows,
+                   g->W, cout, 1, 1, 0, 0, 0, 0);
 }
 
 static void conv1(ditd_vae *v, const vconv *cv, void *x, void *y, const geom *g)
 {
-    const size_t ps = ps_of(g), W = (size_t)g->W;
-    for (int r0 = 0; r0 < g->rows; r0 += g->unit) {
-        int nr = g->rows - r0 < g->unit ? g->rows - r0 : g->unit;
-        v->ops->conv2d(at(v, x, (size_t)(1 + r0) * W), ps, cv->w, cv->b, at(v, y, (size_t)(1 + r0) * W),
-                       ps, v->scratch, v->scratch_n, 1, cv->cin, nr, g->W, cv->cout, 1, 1, 0, 0, 0, 0);
-    }
-}
-
-/* nn.Linear over this band's tokens (rows W tokens of C), in unit chunks. */
-static void linear(ditd_vae *v, const void *x, const void *w, const void *b, void *y, int C,
-                   const geom *g)
-{
-    for (int r0 = 0; r0 < g->rows; r0 += g->unit) {
-        int nr = g->rows - r0 < g->unit ? g->rows - r0 : g->unit;
-        size_t off = (size_t)r0 * g->W * C;
-        v->ops->linear(at(v, (void *)x, off), C, w, b, at(v, y, off), C, nr * g->W, C, C, DITD_ACT_NONE);
-    }
+    conv1x1(v, cv->w, cv->b, cv->cin, cv->cout, x, y, g);
 }
 
 /* ResnetBlock2D (no time embedding, output_scale_factor 1):
@@ -404,7 +386,9 @@ static int resnet(ditd_vae *v, const vres *r, const geom *g)
 
 /* The mid-block Attention: one head of C = Dh, group_norm first, residual
  * added, rescale_output_factor 1. Queries are this band's tokens; keys and
- * values those of the whole image. */
+ * values those of the whole image. to_q/k/v/out run as 1x1 convolutions on
+ * planes (an nn.Linear over the pixels is one), then transposed: the
+ * convolution's exactness over bands covers them. */
 static int attention(ditd_vae *v, const vattn *a, const geom *g)
 {
     const ditd_backend_ops *ops = v->ops;
@@ -414,7 +398,6 @@ static int attention(ditd_vae *v, const vattn *a, const geom *g)
 
     if ((err = groupnorm(v, &a->n, v->X, v->A, g, 0)))
         return err;
-    ops->planes_to_tokens(at(v, v->A, (size_t)g->W), ps, v->t, C, nl);         /* (nl, C) */
     if (g->par && v->P > 1) {
         for (int r = 0; r < v->P; r++) {
             int a0 = v->ub[r] * g->unit, a1 = v->ub[r + 1] * g->unit;
@@ -425,9 +408,12 @@ static int attention(ditd_vae *v, const vattn *a, const geom *g)
         off = v->displs[v->rank];
     }
     void *kl = at(v, v->k, (size_t)off), *vl = at(v, v->v, (size_t)off);
-    linear(v, v->t, a->wq, a->bq, v->q, C, g);
-    linear(v, v->t, a->wk, a->bk, kl, C, g);
-    linear(v, v->t, a->wv, a->bv, vl, C, g);
+    void *dst[3] = {v->q, kl, vl};
+    const void *w3[3] = {a->wq, a->wk, a->wv}, *b3[3] = {a->bq, a->bk, a->bv};
+    for (int i = 0; i < 3; i++) {
+        conv1x1(v, w3[i], b3[i], C, C, v->A, v->Hb, g);
+        ops->planes_to_tokens(at(v, v->Hb, (size_t)g->W), ps, dst[i], C, nl); /* (nl, C) */
+    }
     if (g->par && v->P > 1) {
         ops->sync();
         double t0 = now_ms();
@@ -438,8 +424,9 @@ static int attention(ditd_vae *v, const vattn *a, const geom *g)
     }
     ops->attention(v->q, C, v->k, C, v->v, C, v->o, C, NULL, 1, nl, N, 1, C,
                    (float)(1.0 / sqrt((double)C)));                                /* (nl, C) */
-    linear(v, v->o, a->wo, a->bo, v->t, C, g);
-    ops->tokens_to_planes(v->t, at(v, v->X, (size_t)g->W), ps, C, nl, 1);     /* x += attn */
+    ops->tokens_to_planes(v->o, at(v, v->Hb, (size_t)g->W), ps, C, nl, 0);
+    conv1x1(v, a->wo, a->bo, C, C, v->Hb, v->A, g);
+    ops->add(v->X, v->A, (size_t)C * ps);                                         /* x += attn */
     return 0;
 }
 

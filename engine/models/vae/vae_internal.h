@@ -29,7 +29,7 @@ typedef struct vres { /* ResnetBlock2D without time embedding */
 
 typedef struct vattn { /* the mid-block Attention: one head of C */
     vnorm n;
-    void *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo; /* nn.Linear (C, C), (C) */
+    void *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo; /* nn.Linear (C, C), (C): run as 1x1 convs */
     int C;
 } vattn;
 
@@ -68,7 +68,7 @@ struct ditd_vae {
     void *scratch;             /* im2col (scratch_n) */
     void *zeros;               /* halo_n zeros (image edges) */
     void *hs0, *hs1, *hr0, *hr1; /* halo send/recv rows (halo_n) */
-    void *t, *q, *o;           /* tokens of this band (tok_n) */
+    void *q, *o;               /* tokens of this band (tok_n) */
     void *k, *v;               /* keys, values of the whole image (tokfull_n) */
     void *pack, *recv;         /* final rows (pack_n) */
     /* host */
