@@ -285,6 +285,21 @@ static void jpeg_on_message(j_common_ptr c, int level)
         jpeg_on_error(c);
 }
 
+/* A progressive JPEG of a few KB can hold thousands of scans, each a full
+ * pass over the coefficients: a CPU bomb. libjpeg-turbo's own tools cap the
+ * scans through the progress monitor the same way (djpeg -maxscans). */
+#define JPEG_MAX_SCANS 256
+
+static void jpeg_on_progress(j_common_ptr c)
+{
+    j_decompress_ptr d = (j_decompress_ptr)c;
+    if (d->input_scan_number > JPEG_MAX_SCANS) {
+        jpeg_err *e = (jpeg_err *)c->err;
+        snprintf(e->msg, sizeof e->msg, "more than %d scans", JPEG_MAX_SCANS);
+        longjmp(e->jb, 1);
+    }
+}
+
 static int decode_jpeg(const uint8_t *data, size_t len, const ditd_image_limits *lim,
                        ditd_image *out)
 {
@@ -292,6 +307,7 @@ static int decode_jpeg(const uint8_t *data, size_t len, const ditd_image_limits 
     jpeg_err je;
     uint8_t *volatile pix = NULL;
     volatile int err = 0;
+    struct jpeg_progress_mgr prog = {.progress_monitor = jpeg_on_progress};
     memset(&cinfo, 0, sizeof cinfo);
     cinfo.err = jpeg_std_error(&je.mgr);
     je.mgr.error_exit = jpeg_on_error;
@@ -303,6 +319,7 @@ static int decode_jpeg(const uint8_t *data, size_t len, const ditd_image_limits 
         goto fail;
     }
     jpeg_create_decompress(&cinfo);
+    cinfo.progress = &prog;
     /* libjpeg's working memory (progressive coefficient buffers) is bounded
      * by the pixel limit: 6 coefficient planes of 2 bytes a pixel at most */
     cinfo.mem->max_memory_to_use = (long)((size_t)lim->max_pixels * 16 + (64u << 20));

@@ -108,6 +108,59 @@ static buf jpeg_make(int w, int h, int comps, J_COLOR_SPACE cs, const uint8_t *p
     return b;
 }
 
+/* progressive: 0 sequential, 1 libjpeg's simple progression (10 scans),
+ * 2 a scan bomb: each coefficient of each component in its own scan with 10
+ * refinements (2112 scans) */
+static buf jpeg_make_prog(int w, int h, const uint8_t *px, int progressive)
+{
+    static jpeg_scan_info scans[3 * 64 * 11];
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr e;
+    unsigned char *mem = NULL;
+    unsigned long memlen = 0;
+    c.err = jpeg_std_error(&e);
+    jpeg_create_compress(&c);
+    jpeg_mem_dest(&c, &mem, &memlen);
+    c.image_width = w;
+    c.image_height = h;
+    c.input_components = 3;
+    c.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 95, TRUE);
+    if (progressive == 1)
+        jpeg_simple_progression(&c);
+    if (progressive == 2) {
+        int n = 0;
+        for (int comp = 0; comp < 3; comp++) {
+            for (int k = 0; k < 64; k++) {
+                for (int r = 0; r <= 10; r++) {
+                    jpeg_scan_info *si = &scans[n++];
+                    si->comps_in_scan = 1;
+                    si->component_index[0] = comp;
+                    si->Ss = k;
+                    si->Se = k;
+                    si->Ah = r ? 11 - r : 0;
+                    si->Al = r ? 10 - r : 10;
+                }
+            }
+        }
+        /* DC scans of all components come before any AC scan of theirs: ours do */
+        c.scan_info = scans;
+        c.num_scans = n;
+    }
+    jpeg_start_compress(&c, TRUE);
+    while (c.next_scanline < c.image_height) {
+        JSAMPROW row = (JSAMPROW)px + (size_t)c.next_scanline * w * 3;
+        jpeg_write_scanlines(&c, &row, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    buf b = {0};
+    buf_put(&b, mem, memlen);
+    free(mem);
+    return b;
+}
+
 /* An Exif APP1 payload holding only IFD0 with Orientation = o. */
 static size_t exif_make(uint8_t *p, int o, int le)
 {
@@ -419,6 +472,25 @@ static void test_jpeg(void)
     bad[6 + 8 + 2 + 12 + 8] = 9; /* orientation 9: out of range */
     TU_CHECK(ditd_image_exif_orientation(bad, n) == 1, "exif orientation 9");
 
+    /* progressive: decodes as the sequential file does; a scan bomb does not */
+    buf seq = jpeg_make_prog(W, H, px, 0), prog = jpeg_make_prog(W, H, px, 1);
+    ditd_image is, ip;
+    TU_OK(ditd_image_decode(seq.d, seq.n, NULL, &is));
+    TU_OK(ditd_image_decode(prog.d, prog.n, NULL, &ip));
+    if (is.pixels)
+        expect_pixels("jpeg progressive", &ip, W, H, 3, is.pixels, 2);
+    ditd_image_free(&is);
+    ditd_image_free(&ip);
+    free(seq.d);
+    free(prog.d);
+    buf bomb = jpeg_make_prog(8, 8, px, 2);
+    {
+        ditd_image im2;
+        TU_CHECK_ERR(ditd_image_decode(bomb.d, bomb.n, NULL, &im2), DITD_EFORMAT, "jpeg: more than 256 scans");
+        TU_CHECK(im2.pixels == NULL, "scan bomb left pixels");
+    }
+    free(bomb.d);
+
     /* CMYK: refused */
     static uint8_t cmyk[8 * 8 * 4];
     b = jpeg_make(8, 8, 4, JCS_CMYK, cmyk, 90, NULL, 0);
@@ -579,9 +651,61 @@ static void test_hostile(void)
     TU_CHECK(n_refused == 14, "%d refusals checked, want 14", n_refused);
 }
 
-int main(void)
+/* ---- PIL's reading of PIL-made files (tools/make_image_in_fixtures.py) */
+
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *d = malloc(len > 0 ? (size_t)len : 1);
+    *n = d ? fread(d, 1, (size_t)len, f) : 0;
+    fclose(f);
+    return d;
+}
+
+static void test_fixtures(const char *dir)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/manifest.txt", dir);
+    FILE *m = fopen(path, "r");
+    TU_CHECK(m != NULL, "cannot open %s", path);
+    if (!m)
+        return;
+    char name[128], file[160];
+    int w, h, ch, tol, n_cases = 0;
+    while (fscanf(m, "%127s %159s %d %d %d %d", name, file, &w, &h, &ch, &tol) == 6) {
+        size_t n = 0, rn = 0;
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        uint8_t *data = slurp(path, &n);
+        snprintf(path, sizeof path, "%s/%s.raw", dir, name);
+        uint8_t *raw = slurp(path, &rn);
+        TU_CHECK(data && raw && rn == (size_t)w * h * ch, "%s: files (%zu raw bytes)", name, rn);
+        if (data && raw && rn == (size_t)w * h * ch) {
+            ditd_image im;
+            TU_OK(ditd_image_decode(data, n, NULL, &im));
+            expect_pixels(name, &im, w, h, ch, raw, tol);
+            ditd_image_free(&im);
+            n_cases++;
+        }
+        free(data);
+        free(raw);
+    }
+    fclose(m);
+    TU_CHECK(n_cases >= 21, "%d fixture cases, want 21", n_cases);
+    printf("%d PIL fixture cases\n", n_cases);
+}
+
+int main(int argc, char **argv)
 {
     tu_seed();
+    if (argc > 1)
+        test_fixtures(argv[1]);
+    else
+        TU_CHECK(0, "usage: test_image_in FIXTURE_DIR");
     test_png();
     test_jpeg();
     test_webp();
