@@ -7,6 +7,7 @@ set -euo pipefail
 pkgs=(
   build-essential pkg-config meson ninja-build
   libopenblas-openmp-dev libjansson-dev libpng-dev
+  libjpeg62-turbo-dev libwebp-dev
   libutf8proc-dev
   libdnnl-dev
   libmicrohttpd-dev libuv1-dev libprotobuf-c-dev protobuf-c-compiler

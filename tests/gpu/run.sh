@@ -81,7 +81,7 @@ else
     export PATH=$PATH:/usr/local/cuda/bin
     missing=""
     for t in meson ninja pkg-config nvcc; do command -v "$t" >/dev/null || missing="$missing $t"; done
-    for p in jansson libpng libuv libmicrohttpd libprotobuf-c; do
+    for p in jansson libpng libjpeg libwebp libuv libmicrohttpd libprotobuf-c; do
         pkg-config --exists "$p" 2>/dev/null || missing="$missing $p"
     done
     if [ -n "$missing" ]; then

@@ -1,0 +1,40 @@
+/* libFuzzer target: uploaded-image decoding (server/common/image_in.c):
+ * format sniffing, the PNG / JPEG / WebP header checks and decoders, the
+ * EXIF orientation parser on the raw bytes. Limits are small (1024 a side,
+ * 1 Mpixel), so an accepted header never asks for much memory. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "engine/core/error.h"
+#include "server/common/image_in.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ditd_image_limits lim = {.max_bytes = 1 << 20, .max_dim = 1024, .max_pixels = 1 << 20};
+    ditd_image im;
+    uint64_t before = ditd_image_pixel_bytes_allocated();
+    int rc = ditd_image_decode(data, size, &lim, &im);
+    if (rc == 0) {
+        if (!im.pixels || im.width <= 0 || im.height <= 0 || im.width > 1024 || im.height > 1024 ||
+            (im.channels != 3 && im.channels != 4) || im.orientation < 1 || im.orientation > 8)
+            abort();
+        /* touch every byte: the buffer is as large as claimed */
+        volatile uint8_t sum = 0;
+        for (size_t i = 0; i < (size_t)im.width * im.height * im.channels; i++)
+            sum += im.pixels[i];
+        (void)sum;
+        ditd_image_free(&im);
+    } else {
+        if (im.pixels || ditd_err_detail()[0] == '\0')
+            abort();
+        /* a refusal from the size checks allocated nothing for pixels */
+        if (rc == DITD_ERANGE && ditd_image_pixel_bytes_allocated() != before)
+            abort();
+    }
+    int o = ditd_image_exif_orientation(data, size);
+    if (o < 1 || o > 8)
+        abort();
+    return 0;
+}
