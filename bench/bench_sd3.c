@@ -11,7 +11,7 @@
  *
  *   bench_sd3 DIR --height H --width W --text L [--batch B] [--threads T] [--reps R]
  *             [--dtype f32|bf16] [--blocks] [--ulysses U] [--ring R]
- *             [--rotate allgather|p2p] [--tp T] [--cfg 2]
+ *             [--rotate allgather|p2p] [--tp T] [--cfg 2] [--cpu-time]
  *   (H, W: latent size, multiples of the patch; the image is 8x that)
  *
  * --cfg 2 is the pipeline's layout (engine/pipeline/pipeline.c
@@ -45,11 +45,19 @@ enum { MODE_FULL, MODE_FIRST, MODE_LAST, MODE_NONE, MODE_COUNT };
 static const char *const mode_name[MODE_COUNT] = {"forward", "first block only", "last block only",
                                                   "no block"};
 
+/* --cpu-time: the process's CPU time (every thread's) over its threads,
+ * i.e. wall time as if the process had its cores to itself; on a machine
+ * shared by more runnable threads than cores it is far less noisy than
+ * wall time (an OpenMP thread spinning at a barrier still counts, and a
+ * co-runner's cache and memory traffic still slows an op down). One rank
+ * only: a rank waiting in a collective would count too. */
+static int g_cpu_time, g_threads = 1;
+
 static double now_ms(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+    clock_gettime(g_cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+    return ((double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6) / (g_cpu_time ? g_threads : 1);
 }
 
 static int cmp(const void *a, const void *b)
@@ -159,6 +167,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--tp") == 0) lay.tp = v, i++;
         else if (strcmp(a, "--cfg") == 0) lay.cfg = v, i++;
         else if (strcmp(a, "--blocks") == 0) blocks = 1;
+        else if (strcmp(a, "--cpu-time") == 0) g_cpu_time = 1;
         else if (strcmp(a, "--rotate") == 0 && i + 1 < argc) {
             if (ditd_ring_rotate_from_str(argv[++i], &lay.rotate)) {
                 fprintf(stderr, "--rotate %s: not allgather or p2p\n", argv[i]);
@@ -174,10 +183,15 @@ int main(int argc, char **argv)
         B % lay.cfg != 0) {
         fprintf(stderr, "usage: bench_sd3 DIR --height H --width W --text L [--batch B] "
                         "[--threads T] [--reps R] [--dtype f32|bf16] [--blocks] [--ulysses U] "
-                        "[--ring R] [--rotate allgather|p2p] [--tp T] [--cfg 2 (B even)]\n");
+                        "[--ring R] [--rotate allgather|p2p] [--tp T] [--cfg 2 (B even)] "
+                        "[--cpu-time (one rank)]\n");
         return 2;
     }
     use_mpi = ditd_layout_size(&lay) > 1 || ditd_comm_launched_by_mpi();
+    if (use_mpi && g_cpu_time) {
+        fprintf(stderr, "bench_sd3: --cpu-time is for one rank (a rank in a collective spins)\n");
+        return 2;
+    }
     if (use_mpi) {
         int err = ditd_comm_mpi_init(&argc, &argv);
         if (!err)
@@ -196,6 +210,7 @@ int main(int argc, char **argv)
         goto done;
     }
     int nt = ops->set_threads(threads);
+    g_threads = nt > 0 ? nt : 1;
     int Bl = B / lay.cfg, r0 = mesh ? mesh->cfg_rank * Bl : 0; /* this cfg rank's rows */
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -284,10 +299,10 @@ int main(int argc, char **argv)
     if (leader) {
         printf("ditd sd3: D %d (%d heads x %d), %d blocks, latent %dx%d (%d image + %d text tokens), "
                "batch %d (%d per cfg rank), %s weights, %d threads x %d ranks (cfg %d, ulysses %d, "
-               "ring %d %s, tp %d): median %.1f ms per forward (%d reps)\n",
+               "ring %d %s, tp %d): median %.1f ms per forward (%d reps, %s)\n",
                cfg.inner_dim, cfg.num_heads, cfg.head_dim, nl, w, h, m->N, L, B, Bl, dtype, nt,
                mesh ? mesh->size : 1, lay.cfg, U, R, ditd_ring_rotate_name(lay.rotate), lay.tp,
-               med[MODE_FULL], reps);
+               med[MODE_FULL], reps, g_cpu_time ? "process CPU time / threads" : "wall time");
         printf("rank 0 memory: weights %.1f MB, activations %.1f MB (planned arenas, %s)\n",
                (double)ditd_sd3_weight_bytes(m) / 1e6, (double)ditd_sd3_act_bytes(m) / 1e6,
                ditd_dtype_name(ops->act_dtype));
