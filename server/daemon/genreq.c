@@ -375,6 +375,118 @@ static int get_text_fields(json_t *root, const ditd_model_info *m, ditd_genreq *
     return 0;
 }
 
+/* One field of "cache" (not "method") onto the config, as its JSON type
+ * gives it: numbers exactly (%.17g reads back the same double), booleans,
+ * null (None), strings, arrays of strings or of numbers. */
+static int cache_field(ditd_cache_config *c, const char *key, json_t *v, ditd_api_error *e)
+{
+    char param[64], text[64];
+    int err = 0;
+    snprintf(param, sizeof param, "cache.%s", key);
+    if (json_is_integer(v)) {
+        snprintf(text, sizeof text, "%lld", (long long)json_integer_value(v));
+        err = ditd_cache_config_set(c, key, text);
+    } else if (json_is_real(v)) {
+        snprintf(text, sizeof text, "%.17g", json_real_value(v));
+        err = ditd_cache_config_set(c, key, text);
+    } else if (json_is_boolean(v)) {
+        err = ditd_cache_config_set(c, key, json_is_true(v) ? "true" : "false");
+    } else if (json_is_null(v)) {
+        err = ditd_cache_config_set(c, key, "None");
+    } else if (json_is_string(v)) {
+        err = ditd_cache_config_set(c, key, json_string_value(v));
+    } else if (json_is_array(v)) {
+        size_t n = json_array_size(v);
+        int strings = n > 0 && json_is_string(json_array_get(v, 0));
+        if (n > DITD_CACHE_MAX_RATIOS)
+            return bad(e, param, "'%s' has %zu items (at most %d)", param, n,
+                       DITD_CACHE_MAX_RATIOS);
+        if (strings) {
+            const char *items[DITD_CACHE_MAX_PATTERNS];
+            if (n > DITD_CACHE_MAX_PATTERNS)
+                return bad(e, param, "'%s' has %zu patterns (at most %d)", param, n,
+                           DITD_CACHE_MAX_PATTERNS);
+            for (size_t i = 0; i < n; i++) {
+                if (!json_is_string(json_array_get(v, i)))
+                    return bad(e, param, "'%s'[%zu] must be a string", param, i);
+                items[i] = json_string_value(json_array_get(v, i));
+            }
+            err = ditd_cache_config_set_list(c, key, items, (int)n);
+        } else {
+            double *vals = malloc((n ? n : 1) * sizeof *vals);
+            if (!vals)
+                return ditd_api_error_set(e, 500, "server_error", "internal_error", NULL,
+                                          "out of memory"), DITD_ENOMEM;
+            for (size_t i = 0; i < n; i++) {
+                if (!json_is_number(json_array_get(v, i))) {
+                    free(vals);
+                    return bad(e, param, "'%s'[%zu] must be a number", param, i);
+                }
+                vals[i] = json_number_value(json_array_get(v, i));
+            }
+            err = ditd_cache_config_set_floats(c, key, vals, (int)n);
+            free(vals);
+        }
+    } else {
+        return bad(e, param, "'%s' must be a number, boolean, string, array or null", param);
+    }
+    if (err)
+        return bad(e, param, "'%s': %s", param, ditd_err_detail());
+    return 0;
+}
+
+/* "cache": {"method": ..., <the Diffusers config's fields>} (null or
+ * method "none": off), else the server's default. */
+static int get_cache(json_t *root, const ditd_genreq_model *gm, ditd_genreq *r, ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, "cache"), *mv, *x;
+    const char *key;
+    ditd_cache_method m;
+    if (!v) {
+        if (gm->cache_default)
+            r->cache = *gm->cache_default;
+        else
+            ditd_cache_config_default(DITD_CACHE_NONE, &r->cache);
+        return 0;
+    }
+    ditd_cache_config_default(DITD_CACHE_NONE, &r->cache);
+    if (json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return bad(e, "cache", "'cache' must be an object {\"method\": \"first_block_cache\" | "
+                   "\"taylorseer_cache\" | \"mag_cache\" | \"none\", <its fields>} or null");
+    mv = json_object_get(v, "method");
+    if (!mv || !json_is_string(mv))
+        return bad(e, "cache.method", "'cache.method' must be a string: \"first_block_cache\", "
+                   "\"taylorseer_cache\", \"mag_cache\" or \"none\"");
+    if (ditd_cache_method_from_str(json_string_value(mv), &m))
+        return bad(e, "cache.method", "'cache.method': %s", ditd_err_detail());
+    ditd_cache_config_default(m, &r->cache);
+    json_object_foreach(v, key, x) {
+        if (!strcmp(key, "method"))
+            continue;
+        if (m == DITD_CACHE_NONE) {
+            char param[64];
+            snprintf(param, sizeof param, "cache.%s", key);
+            return bad(e, param, "'%s': cache method \"none\" takes no fields", param);
+        }
+        if (cache_field(&r->cache, key, x, e))
+            return DITD_EINVAL;
+    }
+    if (ditd_cache_config_check(&r->cache)) {
+        /* a range: name the request's field the check names */
+        char param[64] = "cache";
+        json_object_foreach(v, key, x) {
+            if (strcmp(key, "method") != 0 && strstr(ditd_err_detail(), key)) {
+                snprintf(param, sizeof param, "cache.%s", key);
+                break;
+            }
+        }
+        return bad(e, param, "'%s': %s", param, ditd_err_detail());
+    }
+    return 0;
+}
+
 /* "size": "WxH" in pixels (the image, not the latents), or "auto". A fixed
  * model makes its one size; a resizable one any multiple of size_multiple
  * within [min_size, max_size] per side. */
@@ -525,6 +637,8 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
         if (get_class(root, m, r, e))
             goto done;
     }
+    if ((err = get_cache(root, gm, r, e)))
+        goto done;
     err = 0;
 done:
     if (err)
