@@ -375,43 +375,80 @@ static int get_text_fields(json_t *root, const ditd_model_info *m, ditd_genreq *
     return 0;
 }
 
-/* One field of "cache" (not "method") onto the config, as its JSON type
- * gives it: numbers exactly (%.17g reads back the same double), booleans,
- * null (None), strings, arrays of strings or of numbers. */
+/* One field of "cache" (not "method") onto the config. The JSON type each
+ * field takes (proto/openapi.json) is checked here: numbers go on exactly
+ * (%.17g reads back the same double), booleans, null where the Diffusers
+ * field is Optional, strings, arrays of strings or of numbers. A name no
+ * config has goes to ditd_cache_config_set, which names it. */
+enum { CF_NUM, CF_INT, CF_INT_OR_NULL, CF_BOOL, CF_DTYPE, CF_PATTERNS, CF_RATIOS };
+static const struct {
+    const char *key;
+    int kind;
+} cache_fields[] = {
+    {"threshold", CF_NUM},          {"cache_interval", CF_INT},
+    {"disable_cache_before_step", CF_INT}, {"disable_cache_after_step", CF_INT_OR_NULL},
+    {"max_order", CF_INT},          {"taylor_factors_dtype", CF_DTYPE},
+    {"cache_identifiers", CF_PATTERNS}, {"skip_predict_identifiers", CF_PATTERNS},
+    {"use_lite_mode", CF_BOOL},     {"max_skip_steps", CF_INT},
+    {"retention_ratio", CF_NUM},    {"num_inference_steps", CF_INT},
+    {"mag_ratios", CF_RATIOS},      {"calibrate", CF_BOOL},
+};
+
 static int cache_field(ditd_cache_config *c, const char *key, json_t *v, ditd_api_error *e)
 {
     char param[64], text[64];
-    int err = 0;
+    int kind = -1, err = 0;
     snprintf(param, sizeof param, "cache.%s", key);
-    if (json_is_integer(v)) {
-        snprintf(text, sizeof text, "%lld", (long long)json_integer_value(v));
-        err = ditd_cache_config_set(c, key, text);
-    } else if (json_is_real(v)) {
-        snprintf(text, sizeof text, "%.17g", json_real_value(v));
-        err = ditd_cache_config_set(c, key, text);
-    } else if (json_is_boolean(v)) {
+    for (size_t i = 0; i < sizeof cache_fields / sizeof cache_fields[0]; i++)
+        if (!strcmp(cache_fields[i].key, key))
+            kind = cache_fields[i].kind;
+    if (kind < 0) /* not a field of any method: the config's message lists the method's */
+        err = ditd_cache_config_set(c, key, "0");
+    else if (kind == CF_NUM || kind == CF_INT || kind == CF_INT_OR_NULL) {
+        if (kind == CF_INT_OR_NULL && json_is_null(v)) {
+            err = ditd_cache_config_set(c, key, "None");
+        } else if (!json_is_number(v)) {
+            return bad(e, param, "'%s' must be %s", param,
+                       kind == CF_NUM ? "a number" : kind == CF_INT ? "an integer"
+                                                                    : "an integer or null");
+        } else {
+            if (json_is_integer(v))
+                snprintf(text, sizeof text, "%lld", (long long)json_integer_value(v));
+            else
+                snprintf(text, sizeof text, "%.17g", json_real_value(v));
+            err = ditd_cache_config_set(c, key, text);
+        }
+    } else if (kind == CF_BOOL) {
+        if (!json_is_boolean(v))
+            return bad(e, param, "'%s' must be true or false", param);
         err = ditd_cache_config_set(c, key, json_is_true(v) ? "true" : "false");
-    } else if (json_is_null(v)) {
-        err = ditd_cache_config_set(c, key, "None");
-    } else if (json_is_string(v)) {
+    } else if (kind == CF_DTYPE) {
+        if (!json_is_string(v))
+            return bad(e, param, "'%s' must be a string (\"bfloat16\" or \"float32\")", param);
         err = ditd_cache_config_set(c, key, json_string_value(v));
-    } else if (json_is_array(v)) {
-        size_t n = json_array_size(v);
-        int strings = n > 0 && json_is_string(json_array_get(v, 0));
-        if (n > DITD_CACHE_MAX_RATIOS)
-            return bad(e, param, "'%s' has %zu items (at most %d)", param, n,
+    } else if (kind == CF_PATTERNS) {
+        const char *items[DITD_CACHE_MAX_PATTERNS];
+        size_t n;
+        if (json_is_null(v))
+            return ditd_cache_config_set_list(c, key, items, 0) ? bad(e, param, "'%s': %s", param,
+                                                                      ditd_err_detail())
+                                                                : 0;
+        if (!json_is_array(v) || (n = json_array_size(v)) > DITD_CACHE_MAX_PATTERNS)
+            return bad(e, param, "'%s' must be an array of at most %d regular expressions, or null",
+                       param, DITD_CACHE_MAX_PATTERNS);
+        for (size_t i = 0; i < n; i++) {
+            if (!json_is_string(json_array_get(v, i)))
+                return bad(e, param, "'%s'[%zu] must be a string", param, i);
+            items[i] = json_string_value(json_array_get(v, i));
+        }
+        err = ditd_cache_config_set_list(c, key, items, (int)n);
+    } else { /* CF_RATIOS: numbers, or "FLUX" */
+        size_t n;
+        if (json_is_string(v) && !strcmp(json_string_value(v), "FLUX")) {
+            err = ditd_cache_config_set(c, key, "FLUX");
+        } else if (!json_is_array(v) || (n = json_array_size(v)) > DITD_CACHE_MAX_RATIOS) {
+            return bad(e, param, "'%s' must be an array of at most %d numbers, or \"FLUX\"", param,
                        DITD_CACHE_MAX_RATIOS);
-        if (strings) {
-            const char *items[DITD_CACHE_MAX_PATTERNS];
-            if (n > DITD_CACHE_MAX_PATTERNS)
-                return bad(e, param, "'%s' has %zu patterns (at most %d)", param, n,
-                           DITD_CACHE_MAX_PATTERNS);
-            for (size_t i = 0; i < n; i++) {
-                if (!json_is_string(json_array_get(v, i)))
-                    return bad(e, param, "'%s'[%zu] must be a string", param, i);
-                items[i] = json_string_value(json_array_get(v, i));
-            }
-            err = ditd_cache_config_set_list(c, key, items, (int)n);
         } else {
             double *vals = malloc((n ? n : 1) * sizeof *vals);
             if (!vals)
@@ -427,8 +464,6 @@ static int cache_field(ditd_cache_config *c, const char *key, json_t *v, ditd_ap
             err = ditd_cache_config_set_floats(c, key, vals, (int)n);
             free(vals);
         }
-    } else {
-        return bad(e, param, "'%s' must be a number, boolean, string, array or null", param);
     }
     if (err)
         return bad(e, param, "'%s': %s", param, ditd_err_detail());

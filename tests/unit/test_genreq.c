@@ -338,7 +338,7 @@ static void test_cache(void)
         {"{\"threshold\":0.1}", "cache.method", "must be a string"},
         {"{\"method\":\"fastercache\"}", "cache.method", "fastercache"},
         {"{\"method\":\"none\",\"threshold\":0.1}", "cache.threshold", "takes no fields"},
-        {"{\"method\":\"first_block_cache\",\"threshold\":\"high\"}", "cache.threshold", "not a number"},
+        {"{\"method\":\"first_block_cache\",\"threshold\":\"high\"}", "cache.threshold", "must be a number"},
         {"{\"method\":\"first_block_cache\",\"threshold\":-0.5}", "cache.threshold", ">= 0"},
         {"{\"method\":\"first_block_cache\",\"cache_interval\":2}", "cache.cache_interval", "not a field"},
         {"{\"method\":\"first_block_cache\",\"threshold\":{}}", "cache.threshold", "must be a number"},
@@ -349,6 +349,12 @@ static void test_cache(void)
         {"{\"method\":\"mag_cache\"}", "cache", "mag_ratios"},
         {"{\"method\":\"mag_cache\",\"mag_ratios\":[1.0,\"x\"]}", "cache.mag_ratios", "must be a number"},
         {"{\"method\":\"mag_cache\",\"calibrate\":true,\"retention_ratio\":2}", "cache.retention_ratio", "0..1"},
+        {"{\"method\":\"first_block_cache\",\"threshold\":null}", "cache.threshold", "must be a number"},
+        {"{\"method\":\"taylorseer_cache\",\"cache_identifiers\":\"blocks\"}", "cache.cache_identifiers", "must be an array"},
+        {"{\"method\":\"mag_cache\",\"mag_ratios\":\"1;2\"}", "cache.mag_ratios", "must be an array"},
+        {"{\"method\":\"mag_cache\",\"calibrate\":1}", "cache.calibrate", "true or false"},
+        {"{\"method\":\"taylorseer_cache\",\"taylor_factors_dtype\":\"float8\"}", "cache.taylor_factors_dtype", "float8"},
+        {"{\"method\":\"taylorseer_cache\",\"frobnicate\":1}", "cache.frobnicate", "not a field"},
     };
     for (size_t i = 0; i < sizeof bad_cache / sizeof bad_cache[0]; i++) {
         char body[512];
@@ -360,7 +366,7 @@ static void test_cache(void)
               bad_cache[i].says, rc, e.status, e.param, e.message);
         n++;
     }
-    CHECK(n >= 17, "%d cache refusals checked", n);
+    CHECK(n >= 23, "%d cache refusals checked", n);
 }
 
 int main(void)
