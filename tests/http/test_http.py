@@ -1411,6 +1411,20 @@ def case_cache(ditd):
     finally:
         rc = d.stop()
     check(rc == 0, "SIGTERM: exit 0", rc)
+    # a group of two ranks (cfg halves): every rank runs the request's cache,
+    # so it skips the steps one process skips
+    if shutil.which("mpirun"):
+        d = Daemon(ditd, "--cfg-degree", "2", mpi_np=3)
+        try:
+            st, _, data = d.generate(dict(body, cache=fbc))
+            g = json.loads(data)
+            check(st == 200 and g.get("cache") == c, "mpirun, cfg 2: the same steps skipped",
+                  g.get("cache"), c)
+            same = same_pictures(images((st, None, data)), images((200, None, json.dumps(got))))
+            check(same[0], "mpirun, cfg 2: the single-process picture", same)
+        finally:
+            rc = d.stop()
+        check(rc == 0, "mpirun: exit 0", rc)
     p = subprocess.run([ditd, "serve", "--model", MODEL, "--port", "0", "--cache",
                         "first_block_cache:thresold=1"], capture_output=True, text=True, timeout=60)
     check(p.returncode == 2 and "--cache" in p.stderr and "thresold" in p.stderr,
