@@ -14,6 +14,7 @@
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/prompt_encoder.h"
+#include "engine/worker/cache_msg.h"
 #include "proto/ditd.pb-c.h"
 
 static double now_ms(void)
@@ -50,6 +51,7 @@ typedef struct worker {
     int leader;
     ditd_model_info info;
     ditd_pipeline *pipe;
+    ditd_cache_config cache_cfg; /* the running batch's step caching (method none: off) */
     ditd_latent_image *li; /* a latent model's VAE decode (the whole group), else NULL */
     /* a text model: the encoders on the text-encoder rank (else NULL), and
      * every rank's embeddings of the running batch: prompt i at te[i], its
@@ -337,6 +339,11 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
+    if (ditd_cache_msg_to_config(b->cache, &w->cache_cfg)) {
+        snprintf(msg, sizeof msg, "%s", ditd_err_detail());
+        send_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
     return 1;
 }
 
@@ -507,7 +514,13 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     }
     w->batch = b;
     w->t_start = w->t_step = now_ms();
-    err = set_batch_size(w, b);
+    /* step caching: every rank sets the batch's (the leader's batch_ok
+     * checked it; the same bytes give the same config on every rank) */
+    err = ditd_cache_msg_to_config(b->cache, &w->cache_cfg);
+    if (!err)
+        err = ditd_pipeline_set_cache(w->pipe, &w->cache_cfg);
+    if (!err)
+        err = set_batch_size(w, b);
     if (!err && w->te)
         err = encode_prompts(w, b);
     if (!err && !w->group_err)
@@ -538,6 +551,7 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     Ditd__Envelope env = DITD__ENVELOPE__INIT;
     Ditd__Result r = DITD__RESULT__INIT;
     Ditd__Image im[DITD_WORKER_MAX_BATCH], *imp[DITD_WORKER_MAX_BATCH];
+    Ditd__CacheStats cs[DITD_WORKER_MAX_BATCH], *csp[DITD_WORKER_MAX_BATCH];
     r.batch_id = b->batch_id;
     r.width = (uint32_t)w->img_w;
     r.height = (uint32_t)w->img_h;
@@ -558,6 +572,21 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     }
     r.n_images = (size_t)n;
     r.images = imp;
+    if (w->cache_cfg.method != DITD_CACHE_NONE) {
+        for (int i = 0; i < n; i++) {
+            ditd_cache_stats st;
+            ditd_pipeline_cache_stats(w->pipe, i, &st);
+            ditd__cache_stats__init(&cs[i]);
+            cs[i].slot = (uint32_t)i;
+            cs[i].steps = (uint32_t)st.steps;
+            cs[i].steps_skipped = (uint32_t)st.steps_skipped;
+            cs[i].evals = (uint64_t)st.evals;
+            cs[i].evals_skipped = (uint64_t)st.evals_skipped;
+            csp[i] = &cs[i];
+        }
+        r.n_cache = (size_t)n;
+        r.cache = csp;
+    }
     env.msg_case = DITD__ENVELOPE__MSG_RESULT;
     env.result = &r;
     send_env(w, &env);

@@ -47,6 +47,10 @@ static void usage(FILE *f)
             "  --guidance G         classifier-free guidance scale, <= 1 turns it off\n"
             "                       (default: the model's)\n"
             "  --sampler NAME       %s (default: the model's)\n"
+            "  --cache SPEC         step caching: METHOD[:key=value,...] with METHOD\n"
+            "                       first_block_cache | taylorseer_cache | mag_cache | none\n"
+            "                       and the Diffusers config's fields, e.g.\n"
+            "                       first_block_cache:threshold=0.08 (docs/caching.md)\n"
             "  -n N                 images (1..64); N > 1 writes OUT-0.png, OUT-1.png, ...\n"
             "  --threads T          CPU threads (default: all)\n"
             "  --device D           cpu (default) | cuda: the GPU of this node-local rank\n"
@@ -174,7 +178,7 @@ int ditd_cmd_generate(int argc, char **argv)
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
-           O_SLG_START, O_SLG_STOP };
+           O_SLG_START, O_SLG_STOP, O_CACHE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -199,6 +203,7 @@ int ditd_cmd_generate(int argc, char **argv)
         {"slg-scale", required_argument, 0, O_SLG_SCALE},
         {"slg-start", required_argument, 0, O_SLG_START},
         {"slg-stop", required_argument, 0, O_SLG_STOP},
+        {"cache", required_argument, 0, O_CACHE},
         DITD_LAYOUT_LONGOPTS,
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
@@ -217,7 +222,10 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_device device = DITD_DEVICE_CPU;
     double guidance = -1;
     progress pr = {0};
+    ditd_cache_config cache_cfg; /* --cache (method none: off) */
     int c, err, rc = 1;
+
+    ditd_cache_config_default(DITD_CACHE_NONE, &cache_cfg);
 
     pr.tty = isatty(STDERR_FILENO);
     optind = 1;
@@ -246,6 +254,13 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_SLG_SCALE: err = ditd_parse_double(optarg, 0, 100, "--slg-scale", &slg_scale); break;
         case O_SLG_START: err = ditd_parse_double(optarg, 0, 1, "--slg-start", &slg_start); break;
         case O_SLG_STOP: err = ditd_parse_double(optarg, 0, 1, "--slg-stop", &slg_stop); break;
+        case O_CACHE:
+            if ((err = ditd_cache_config_parse(optarg, &cache_cfg))) {
+                char why[512];
+                snprintf(why, sizeof why, "%s", ditd_err_detail());
+                ditd_err_set(err, "--cache: %s", why);
+            }
+            break;
         case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &true_cfg); break;
         case O_SIZE: err = parse_size(optarg, &size_w, &size_h); break;
         case O_MAXSEQ: err = ditd_parse_long(optarg, 1, 4096, "--max-sequence-length", &max_seq); break;
@@ -493,10 +508,21 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
         samples[i].true_cfg = (float)true_cfg;
     }
+    if ((err = ditd_pipeline_set_cache(pipe, &cache_cfg))) { /* every rank alike */
+        fail("--cache", err);
+        goto done;
+    }
     if ((err = ditd_pipeline_generate(pipe, &gp, (int)n, samples, noise, out, NULL,
                                       leader ? on_step : NULL, &pr))) {
         fail("generating", err);
         goto done;
+    }
+    for (long i = 0; leader && !pr.quiet && cache_cfg.method != DITD_CACHE_NONE && i < n; i++) {
+        ditd_cache_stats st;
+        ditd_pipeline_cache_stats(pipe, (int)i, &st);
+        fprintf(stderr, "image %ld: %s skipped %d of %d steps, %ld of %ld block evaluations\n", i,
+                ditd_cache_method_name(cache_cfg.method), st.steps_skipped, st.steps,
+                st.evals_skipped, st.evals);
     }
     /* a latent model: every rank of the group decodes together */
     uint8_t *img_all = NULL;

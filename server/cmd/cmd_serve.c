@@ -346,6 +346,7 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     /* the names a request may give: the folder's, then the aliases */
     s->gm.info = &s->info;
     s->gm.sched_default = s->sched_default;
+    s->gm.cache_default = s->cfg.cache.method != DITD_CACHE_NONE ? &s->cfg.cache : NULL;
     s->gm.aliases = s->aliases;
     for (int i = 0; i < s->cfg.n_served_names; i++)
         if (strcmp(s->cfg.served_names[i], s->info.name) != 0)

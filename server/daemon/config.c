@@ -13,7 +13,7 @@
 #include "server/daemon/genreq.h"
 #include "server/daemon/log.h"
 
-typedef enum { T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE, T_LOGFMT, T_LOGLVL,
+typedef enum { T_CACHE, T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE, T_LOGFMT, T_LOGLVL,
                T_WDTYPE, T_NAMES } opt_type;
 
 typedef struct opt {
@@ -39,6 +39,7 @@ static const opt opts[] = {
     {"ring-rotate", "DITD_RING_ROTATE", T_ROTATE, OFF(ring_rotate), 0, 0, "allgather", "how Ring moves K/V: allgather (as Diffusers) or p2p (send/recv ring)"},
     {"tp-degree", "DITD_TP_DEGREE", T_INT, OFF(tp_degree), 1, 1024, "1", "tensor parallel ranks per replica"},
     {"cfg-degree", "DITD_CFG_DEGREE", T_INT, OFF(cfg_degree), 1, 2, "1", "classifier-free guidance parallel (1 or 2)"},
+    {"cache", "DITD_CACHE", T_CACHE, OFF(cache), 0, 0, "none", "step caching for requests that give no \"cache\": METHOD[:key=value,...], e.g. first_block_cache:threshold=0.08 (docs/caching.md)"},
     {"max-batch", "DITD_MAX_BATCH", T_INT, OFF(max_batch), 1, 256, "8", "samples per batch on a replica"},
     {"batch-window-ms", "DITD_BATCH_WINDOW_MS", T_INT, OFF(batch_window_ms), 0, 60000, "5", "how long the batcher waits to fill a batch"},
     {"max-queue", "DITD_MAX_QUEUE", T_INT, OFF(max_queue), 1, 1000000, "64", "waiting requests per model; more get 429"},
@@ -126,6 +127,13 @@ static int set(ditd_serve_config *c, const opt *o, const char *val, const char *
     double d;
     int err;
     switch (o->type) {
+    case T_CACHE:
+        if ((err = ditd_cache_config_parse(val, (ditd_cache_config *)dst))) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", ditd_err_detail());
+            return ditd_err_set(err, "%s: %s", who, why);
+        }
+        return 0;
     case T_STR:
         if (strlen(val) >= (o->off == OFF(host) ? sizeof c->host : sizeof c->model))
             return ditd_err_set(DITD_EINVAL, "%s: value too long", who);

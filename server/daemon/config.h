@@ -10,6 +10,8 @@
 
 #include <stdio.h>
 
+#include "engine/pipeline/step_cache.h"
+
 #define DITD_SERVE_MAX_NAMES 16   /* --served-model-name values */
 #define DITD_SERVE_NAME_MAX 256   /* bytes of one, with the NUL */
 
@@ -24,6 +26,7 @@ typedef struct ditd_serve_config {
     int dp;                     /* replicas */
     int ulysses_degree, ring_degree, tp_degree, cfg_degree;
     int ring_rotate;            /* ditd_ring_rotate */
+    ditd_cache_config cache;    /* --cache: step caching of requests without "cache" */
     int max_batch;              /* samples per batch */
     int batch_window_ms;
     int max_queue;              /* waiting requests per model */

@@ -375,6 +375,153 @@ static int get_text_fields(json_t *root, const ditd_model_info *m, ditd_genreq *
     return 0;
 }
 
+/* One field of "cache" (not "method") onto the config. The JSON type each
+ * field takes (proto/openapi.json) is checked here: numbers go on exactly
+ * (%.17g reads back the same double), booleans, null where the Diffusers
+ * field is Optional, strings, arrays of strings or of numbers. A name no
+ * config has goes to ditd_cache_config_set, which names it. */
+enum { CF_NUM, CF_INT, CF_INT_OR_NULL, CF_BOOL, CF_DTYPE, CF_PATTERNS, CF_RATIOS };
+static const struct {
+    const char *key;
+    int kind;
+} cache_fields[] = {
+    {"threshold", CF_NUM},          {"cache_interval", CF_INT},
+    {"disable_cache_before_step", CF_INT}, {"disable_cache_after_step", CF_INT_OR_NULL},
+    {"max_order", CF_INT},          {"taylor_factors_dtype", CF_DTYPE},
+    {"cache_identifiers", CF_PATTERNS}, {"skip_predict_identifiers", CF_PATTERNS},
+    {"use_lite_mode", CF_BOOL},     {"max_skip_steps", CF_INT},
+    {"retention_ratio", CF_NUM},    {"num_inference_steps", CF_INT},
+    {"mag_ratios", CF_RATIOS},      {"calibrate", CF_BOOL},
+};
+
+static int cache_field(ditd_cache_config *c, const char *key, json_t *v, ditd_api_error *e)
+{
+    char param[64], text[64];
+    int kind = -1, err = 0;
+    snprintf(param, sizeof param, "cache.%s", key);
+    for (size_t i = 0; i < sizeof cache_fields / sizeof cache_fields[0]; i++)
+        if (!strcmp(cache_fields[i].key, key))
+            kind = cache_fields[i].kind;
+    if (kind < 0) /* not a field of any method: the config's message lists the method's */
+        err = ditd_cache_config_set(c, key, "0");
+    else if (kind == CF_NUM || kind == CF_INT || kind == CF_INT_OR_NULL) {
+        if (kind == CF_INT_OR_NULL && json_is_null(v)) {
+            err = ditd_cache_config_set(c, key, "None");
+        } else if (!json_is_number(v)) {
+            return bad(e, param, "'%s' must be %s", param,
+                       kind == CF_NUM ? "a number" : kind == CF_INT ? "an integer"
+                                                                    : "an integer or null");
+        } else {
+            if (json_is_integer(v))
+                snprintf(text, sizeof text, "%lld", (long long)json_integer_value(v));
+            else
+                snprintf(text, sizeof text, "%.17g", json_real_value(v));
+            err = ditd_cache_config_set(c, key, text);
+        }
+    } else if (kind == CF_BOOL) {
+        if (!json_is_boolean(v))
+            return bad(e, param, "'%s' must be true or false", param);
+        err = ditd_cache_config_set(c, key, json_is_true(v) ? "true" : "false");
+    } else if (kind == CF_DTYPE) {
+        if (!json_is_string(v))
+            return bad(e, param, "'%s' must be a string (\"bfloat16\" or \"float32\")", param);
+        err = ditd_cache_config_set(c, key, json_string_value(v));
+    } else if (kind == CF_PATTERNS) {
+        const char *items[DITD_CACHE_MAX_PATTERNS];
+        size_t n;
+        if (json_is_null(v))
+            return ditd_cache_config_set_list(c, key, items, 0) ? bad(e, param, "'%s': %s", param,
+                                                                      ditd_err_detail())
+                                                                : 0;
+        if (!json_is_array(v) || (n = json_array_size(v)) > DITD_CACHE_MAX_PATTERNS)
+            return bad(e, param, "'%s' must be an array of at most %d regular expressions, or null",
+                       param, DITD_CACHE_MAX_PATTERNS);
+        for (size_t i = 0; i < n; i++) {
+            if (!json_is_string(json_array_get(v, i)))
+                return bad(e, param, "'%s'[%zu] must be a string", param, i);
+            items[i] = json_string_value(json_array_get(v, i));
+        }
+        err = ditd_cache_config_set_list(c, key, items, (int)n);
+    } else { /* CF_RATIOS: numbers, or "FLUX" */
+        size_t n;
+        if (json_is_string(v) && !strcmp(json_string_value(v), "FLUX")) {
+            err = ditd_cache_config_set(c, key, "FLUX");
+        } else if (!json_is_array(v) || (n = json_array_size(v)) > DITD_CACHE_MAX_RATIOS) {
+            return bad(e, param, "'%s' must be an array of at most %d numbers, or \"FLUX\"", param,
+                       DITD_CACHE_MAX_RATIOS);
+        } else {
+            double *vals = malloc((n ? n : 1) * sizeof *vals);
+            if (!vals)
+                return ditd_api_error_set(e, 500, "server_error", "internal_error", NULL,
+                                          "out of memory"), DITD_ENOMEM;
+            for (size_t i = 0; i < n; i++) {
+                if (!json_is_number(json_array_get(v, i))) {
+                    free(vals);
+                    return bad(e, param, "'%s'[%zu] must be a number", param, i);
+                }
+                vals[i] = json_number_value(json_array_get(v, i));
+            }
+            err = ditd_cache_config_set_floats(c, key, vals, (int)n);
+            free(vals);
+        }
+    }
+    if (err)
+        return bad(e, param, "'%s': %s", param, ditd_err_detail());
+    return 0;
+}
+
+/* "cache": {"method": ..., <the Diffusers config's fields>} (null or
+ * method "none": off), else the server's default. */
+static int get_cache(json_t *root, const ditd_genreq_model *gm, ditd_genreq *r, ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, "cache"), *mv, *x;
+    const char *key;
+    ditd_cache_method m;
+    if (!v) {
+        if (gm->cache_default)
+            r->cache = *gm->cache_default;
+        else
+            ditd_cache_config_default(DITD_CACHE_NONE, &r->cache);
+        return 0;
+    }
+    ditd_cache_config_default(DITD_CACHE_NONE, &r->cache);
+    if (json_is_null(v))
+        return 0;
+    if (!json_is_object(v))
+        return bad(e, "cache", "'cache' must be an object {\"method\": \"first_block_cache\" | "
+                   "\"taylorseer_cache\" | \"mag_cache\" | \"none\", <its fields>} or null");
+    mv = json_object_get(v, "method");
+    if (!mv || !json_is_string(mv))
+        return bad(e, "cache.method", "'cache.method' must be a string: \"first_block_cache\", "
+                   "\"taylorseer_cache\", \"mag_cache\" or \"none\"");
+    if (ditd_cache_method_from_str(json_string_value(mv), &m))
+        return bad(e, "cache.method", "'cache.method': %s", ditd_err_detail());
+    ditd_cache_config_default(m, &r->cache);
+    json_object_foreach(v, key, x) {
+        if (!strcmp(key, "method"))
+            continue;
+        if (m == DITD_CACHE_NONE) {
+            char param[64];
+            snprintf(param, sizeof param, "cache.%s", key);
+            return bad(e, param, "'%s': cache method \"none\" takes no fields", param);
+        }
+        if (cache_field(&r->cache, key, x, e))
+            return DITD_EINVAL;
+    }
+    if (ditd_cache_config_check(&r->cache)) {
+        /* a range: name the request's field the check names */
+        char param[64] = "cache";
+        json_object_foreach(v, key, x) {
+            if (strcmp(key, "method") != 0 && strstr(ditd_err_detail(), key)) {
+                snprintf(param, sizeof param, "cache.%s", key);
+                break;
+            }
+        }
+        return bad(e, param, "'%s': %s", param, ditd_err_detail());
+    }
+    return 0;
+}
+
 /* "size": "WxH" in pixels (the image, not the latents), or "auto". A fixed
  * model makes its one size; a resizable one any multiple of size_multiple
  * within [min_size, max_size] per side. */
@@ -525,6 +672,8 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
         if (get_class(root, m, r, e))
             goto done;
     }
+    if ((err = get_cache(root, gm, r, e)))
+        goto done;
     err = 0;
 done:
     if (err)

@@ -52,6 +52,9 @@ typedef struct ditd_genreq {
     int seed_given;
     int stream;
     int partial_images;         /* 0..3 */
+    /* step caching (engine/pipeline/step_cache.h): the request's "cache",
+     * else the server's default; method none: off */
+    ditd_cache_config cache;
 } ditd_genreq;
 
 /* A validation failure: HTTP status, OpenAI type/code, the offending field
@@ -71,6 +74,7 @@ typedef struct ditd_genreq_model {
     const char *const *aliases;
     int n_aliases;
     ditd_sampler_kind sched_default; /* the model's scheduler kind */
+    const ditd_cache_config *cache_default; /* ditd serve --cache; NULL: none */
 } ditd_genreq_model;
 
 /* 1 when `name` reaches the model: its folder name or one of its aliases. */

@@ -86,6 +86,8 @@ struct ditd_job {
     uint8_t *pixels;              /* n x numel, as results arrive */
     int finished;                 /* samples back (done or dropped) */
     int channels;
+    /* step caching: the sums over the request's images back so far */
+    long cache_steps, cache_steps_skipped, cache_evals, cache_evals_skipped;
 
     /* the scheduler's (sched.c) */
     uint64_t cost;                /* n x steps x tokens */

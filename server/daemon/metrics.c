@@ -289,6 +289,19 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     put(&b, "# HELP ditd_timeouts_total Requests that hit --request-timeout.\n"
             "# TYPE ditd_timeouts_total counter\nditd_timeouts_total{%s} %llu\n", ml,
         (unsigned long long)m->timeouts_total);
+    put(&b, "# HELP ditd_cache_steps_total Denoising steps of images made with step caching, "
+            "computed (the blocks ran) or skipped.\n# TYPE ditd_cache_steps_total counter\n"
+            "ditd_cache_steps_total{%s,outcome=\"computed\"} %llu\n"
+            "ditd_cache_steps_total{%s,outcome=\"skipped\"} %llu\n",
+        ml, (unsigned long long)m->cache_steps_computed, ml,
+        (unsigned long long)m->cache_steps_skipped);
+    put(&b, "# HELP ditd_cache_block_evals_total Block evaluations (TaylorSeer: hooked-module calls) "
+            "of images made with step caching, computed or skipped.\n"
+            "# TYPE ditd_cache_block_evals_total counter\n"
+            "ditd_cache_block_evals_total{%s,outcome=\"computed\"} %llu\n"
+            "ditd_cache_block_evals_total{%s,outcome=\"skipped\"} %llu\n",
+        ml, (unsigned long long)m->cache_evals_computed, ml,
+        (unsigned long long)m->cache_evals_skipped);
     put(&b, "# HELP ditd_text_cache_hits_total Prompts whose embeddings came from a replica's cache.\n"
             "# TYPE ditd_text_cache_hits_total counter\nditd_text_cache_hits_total{%s} %llu\n", ml,
         (unsigned long long)g->text_cache_hits);

@@ -48,6 +48,10 @@ typedef struct ditd_metrics {
     uint64_t canceled_total;  /* samples dropped: disconnect, timeout */
     uint64_t rejected_total;  /* 429 */
     uint64_t timeouts_total;
+    /* step caching, over the images made with a cache: denoising steps
+     * and block evaluations computed and skipped */
+    uint64_t cache_steps_computed, cache_steps_skipped;
+    uint64_t cache_evals_computed, cache_evals_skipped;
     uint64_t replica_batches[DITD_METRICS_MAX_REPLICAS];
     uint64_t replica_samples[DITD_METRICS_MAX_REPLICAS];
     /* operator series: ditd_build_info, ditd_model_load_seconds */

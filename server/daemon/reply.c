@@ -397,6 +397,14 @@ static void on_complete(ditd_job *j)
     } else if (head) {
         json_object_set_new(head, "class_label", json_integer((json_int_t)j->rq.class_id));
     }
+    if (head && j->rq.cache.method != DITD_CACHE_NONE) /* sums over the request's images */
+        json_object_set_new(head, "cache",
+                            json_pack("{s:s,s:I,s:I,s:I,s:I}", "method",
+                                      ditd_cache_method_name(j->rq.cache.method), "steps",
+                                      (json_int_t)j->cache_steps, "steps_skipped",
+                                      (json_int_t)j->cache_steps_skipped, "evals",
+                                      (json_int_t)j->cache_evals, "evals_skipped",
+                                      (json_int_t)j->cache_evals_skipped));
     char *hs = head ? json_dumps(head, JSON_COMPACT) : NULL;
     json_decref(head);
     if (!hs || strlen(hs) >= sizeof w->head) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/worker/cache_msg.h"
 #include "proto/ditd.pb-c.h"
 #include "server/daemon/log.h"
 #include "server/daemon/serve.h"
@@ -161,13 +162,14 @@ static int same_slg(const ditd_genreq *a, const ditd_genreq *b)
            memcmp(a->skip_layers, b->skip_layers, (size_t)a->n_skip_layers * sizeof(int)) == 0;
 }
 
-/* One batch runs one size, step count, sampler, T5 length and skip-layer
- * guidance. */
+/* One batch runs one size, step count, sampler, T5 length, skip-layer
+ * guidance and step caching. */
 static int compatible(const ditd_job *a, const ditd_job *b)
 {
     return a->rq.steps == b->rq.steps && a->rq.sampler == b->rq.sampler &&
            a->rq.width == b->rq.width && a->rq.height == b->rq.height &&
-           a->rq.max_sequence_length == b->rq.max_sequence_length && same_slg(&a->rq, &b->rq);
+           a->rq.max_sequence_length == b->rq.max_sequence_length && same_slg(&a->rq, &b->rq) &&
+           ditd_cache_config_equal(&a->rq.cache, &b->rq.cache);
 }
 
 /* The idle replica with the least work: fewest samples served breaks ties,
@@ -286,6 +288,12 @@ void ditd__sched_kick(ditd_srv *s)
         bm.slg_scale = head->rq.slg_scale;
         bm.slg_start = head->rq.slg_start;
         bm.slg_stop = head->rq.slg_stop;
+        Ditd__CacheConfig cm;
+        char *cids[2 * DITD_CACHE_MAX_PATTERNS];
+        if (head->rq.cache.method != DITD_CACHE_NONE) {
+            ditd_cache_msg_from_config(&head->rq.cache, &cm, cids);
+            bm.cache = &cm;
+        }
         bm.n_samples = (size_t)b->n;
         bm.samples = smpp;
         env.msg_case = DITD__ENVELOPE__MSG_BATCH;
@@ -459,6 +467,20 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
         Ditd__Result *res = env->result;
         if (!(b = find_batch(s, r, res->batch_id)))
             break;
+        for (size_t k = 0; k < res->n_cache; k++) { /* before the images complete the jobs */
+            const Ditd__CacheStats *cs = res->cache[k];
+            if (cs->slot >= (uint32_t)b->n)
+                continue;
+            ditd_job *j = b->job[cs->slot];
+            j->cache_steps += (long)cs->steps;
+            j->cache_steps_skipped += (long)cs->steps_skipped;
+            j->cache_evals += (long)cs->evals;
+            j->cache_evals_skipped += (long)cs->evals_skipped;
+            s->m.cache_steps_computed += cs->steps - cs->steps_skipped;
+            s->m.cache_steps_skipped += cs->steps_skipped;
+            s->m.cache_evals_computed += cs->evals - cs->evals_skipped;
+            s->m.cache_evals_skipped += cs->evals_skipped;
+        }
         for (size_t k = 0; k < res->n_images; k++) {
             Ditd__Image *im = res->images[k];
             if (im->slot >= (uint32_t)b->n)

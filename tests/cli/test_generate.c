@@ -96,6 +96,36 @@ int main(int argc, char **argv)
     rc = RUN("generate", "--model", model, "--class", "3", "--seed", "8", "--steps", "5", "-q", "-o", c);
     TU_CHECK(rc == 0 && !same_file(a, c), "another seed gave the same picture (rc %d)", rc);
 
+    /* --cache: First Block Cache at a threshold that skips steps (this random-weight
+     * model's first-block residual changes a lot: 1 skips 3 of 5) changes the
+     * picture and says what it skipped; a bad spec is refused by name */
+    {
+        char fbc[512];
+        int skipped = -1, steps = -1;
+        snprintf(fbc, sizeof fbc, "%s/fbc.png", tmpdir);
+        rc = RUN("generate", "--model", model, "--class", "3", "--seed", "7", "--steps", "5",
+                 "--cache", "first_block_cache:threshold=1", "-o", fbc);
+        const char *at = strstr(errbuf, "first_block_cache skipped ");
+        if (at)
+            sscanf(at, "first_block_cache skipped %d of %d steps", &skipped, &steps);
+        TU_CHECK(rc == 0 && skipped > 0 && steps == 5, "--cache first_block_cache: rc %d, "
+                 "skipped %d of %d: %s", rc, skipped, steps, errbuf);
+        TU_CHECK(rc == 0 && !same_file(a, fbc), "skipped steps left the picture as it was");
+        rc = RUN("generate", "--model", model, "--class", "3", "--seed", "7", "--steps", "5",
+                 "--cache", "first_block_cache:threshold=0", "-q", "-o", fbc);
+        TU_CHECK(rc == 0 && same_file(a, fbc), "threshold 0 skips nothing: the same picture (rc %d)",
+                 rc);
+        rc = RUN("generate", "--model", model, "--cache", "first_block_cache:thresold=0.1", "-o", fbc);
+        TU_CHECK(rc == 2 && strstr(errbuf, "--cache") && strstr(errbuf, "thresold"),
+                 "a misspelled field: rc %d: %s", rc, errbuf);
+        rc = RUN("generate", "--model", model, "--cache", "fastercache", "-o", fbc);
+        TU_CHECK(rc == 2 && strstr(errbuf, "--cache") && strstr(errbuf, "fastercache"),
+                 "an unknown method: rc %d: %s", rc, errbuf);
+        rc = RUN("generate", "--model", model, "--cache", "first_block_cache:threshold=-1", "-o", fbc);
+        TU_CHECK(rc == 2 && strstr(errbuf, "threshold"), "a negative threshold: rc %d: %s", rc,
+                 errbuf);
+    }
+
     /* 4 channels: an RGBA PNG; -n 2 writes two files */
     snprintf(c, sizeof c, "%s/four.png", tmpdir);
     rc = RUN("generate", "--model", model4, "-n", "2", "--steps", "3", "-q", "-o", c);

@@ -44,7 +44,7 @@ static void check_accepted(const ditd_model_info *m, const ditd_genreq *rq)
     if (rq->n < 1 || rq->n > DITD_GENREQ_MAX_N || rq->steps < 1 || rq->steps > 1000 ||
         !(rq->guidance >= 0 && rq->guidance <= 100) || rq->partial_images < 0 ||
         rq->partial_images > 3 || (unsigned)rq->sampler >= DITD_SAMPLER_KIND_COUNT ||
-        rq->seed > (uint64_t)INT64_MAX)
+        rq->seed > (uint64_t)INT64_MAX || ditd_cache_config_check(&rq->cache))
         abort();
     if (m->resizable) {
         if (rq->width % m->size_multiple || rq->height % m->size_multiple ||
@@ -123,9 +123,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         s3.default_max_sequence_length = 256;
         s3.default_guidance = 7.0f;
     }
-    const ditd_genreq_model models[] = {{&m, NULL, 0, DITD_SAMPLER_DDIM},
-                                        {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER},
-                                        {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER}};
+    const ditd_genreq_model models[] = {{&m, NULL, 0, DITD_SAMPLER_DDIM, NULL},
+                                        {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL},
+                                        {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL}};
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         if (ditd_genreq_parse((const char *)data, size, &models[k], &rq, &e) == 0) {
             check_accepted(models[k].info, &rq);

@@ -5,7 +5,7 @@ http.client. One case per run (meson test names them); exit 0 pass, 1 fail,
 77 skip.
 
 usage: test_http.py --ditd BUILD/ditd CASE
-cases: api errors names stream cancel drain load mpi mpi_fault latent text
+cases: api errors names stream cancel drain load mpi mpi_fault latent text sd3 cache
 
 The text case serves the tiny FLUX pipeline the build makes
 (BUILD/tests/golden/flux_pipeline/dev, or DITD_TEXT_MODEL) and skips (77)
@@ -1346,9 +1346,95 @@ def case_sd3(ditd):
     return 0
 
 
+def case_cache(ditd):
+    """Step caching: a request's "cache", the server's --cache default, and
+    what /metrics counted."""
+    fbc = {"method": "first_block_cache", "threshold": 1.0}
+    body = dict(GEN, num_inference_steps=5, seed=7)
+    d = Daemon(ditd)
+    try:
+        st, _, data = d.generate(body)
+        plain = json.loads(data)
+        check(st == 200 and "cache" not in plain, "no cache: 200, no cache object", st)
+        st, _, data = d.generate(dict(body, cache=fbc))
+        got = json.loads(data)
+        c = got.get("cache") or {}
+        check(st == 200 and validate(got, "ImagesResponse"), "first_block_cache: 200, validates", st)
+        check(c.get("method") == "first_block_cache" and c.get("steps") == 5 and
+              0 < c.get("steps_skipped", 0) < 5, "the response says which steps were skipped", c)
+        check(c.get("evals", 0) > 0 and 0 < c.get("evals_skipped", 0) < c.get("evals", 0),
+              "block evaluations computed and skipped", c)
+        check(got["data"][0]["b64_json"] != plain["data"][0]["b64_json"],
+              "skipped steps change the image")
+        st, _, data = d.generate(dict(body, cache=None))
+        check(st == 200 and json.loads(data)["data"][0]["b64_json"] == plain["data"][0]["b64_json"],
+              "cache null: the uncached image", st)
+        m = d.metrics()
+        ml = f'model="{MODEL_ID}"'
+        sk = m.get(f'ditd_cache_steps_total{{{ml},outcome="skipped"}}')
+        cp = m.get(f'ditd_cache_steps_total{{{ml},outcome="computed"}}')
+        ek = m.get(f'ditd_cache_block_evals_total{{{ml},outcome="skipped"}}')
+        check(sk == c.get("steps_skipped") and cp == 5 - c.get("steps_skipped", 0),
+              "metrics: steps computed and skipped", (cp, sk), (5 - c.get("steps_skipped", 0),
+                                                                c.get("steps_skipped")))
+        check(ek == c.get("evals_skipped"), "metrics: block evaluations skipped", ek,
+              c.get("evals_skipped"))
+        _, _, text = d.request("GET", "/metrics")
+        check(b"# TYPE ditd_cache_steps_total counter" in text and
+              b"# HELP ditd_cache_block_evals_total" in text, "metrics: HELP and TYPE lines")
+        for cache, param in [({"method": "first_block_cache", "threshold": -1}, "cache.threshold"),
+                             ({"method": "first_block_cache", "thresold": 0.1}, "cache.thresold"),
+                             ({"method": "fastercache"}, "cache.method"),
+                             ("first_block_cache", "cache")]:
+            st, _, data = d.generate(dict(body, cache=cache))
+            err = json.loads(data).get("error", {})
+            check(st == 400 and err.get("param") == param, f"bad cache {cache!r}: 400 naming {param}",
+                  (st, err.get("param")), (400, param))
+    finally:
+        rc = d.stop()
+    check(rc == 0, "SIGTERM: exit 0", rc)
+
+    # ditd serve --cache: the default of requests without "cache"
+    d = Daemon(ditd, "--cache", "first_block_cache:threshold=1")
+    try:
+        st, _, data = d.generate(body)
+        dflt = json.loads(data)
+        check(st == 200 and dflt.get("cache") == c, "--cache applies to a request without one",
+              dflt.get("cache"), c)
+        check(st == 200 and dflt["data"][0]["b64_json"] == got["data"][0]["b64_json"],
+              "--cache: the same image as the request's own cache")
+        st, _, data = d.generate(dict(body, cache={"method": "none"}))
+        r = json.loads(data)
+        check(st == 200 and "cache" not in r and
+              r["data"][0]["b64_json"] == plain["data"][0]["b64_json"],
+              "method none turns the default off", st)
+    finally:
+        rc = d.stop()
+    check(rc == 0, "SIGTERM: exit 0", rc)
+    # a group of two ranks (cfg halves): every rank runs the request's cache,
+    # so it skips the steps one process skips
+    if shutil.which("mpirun"):
+        d = Daemon(ditd, "--cfg-degree", "2", mpi_np=3)
+        try:
+            st, _, data = d.generate(dict(body, cache=fbc))
+            g = json.loads(data)
+            check(st == 200 and g.get("cache") == c, "mpirun, cfg 2: the same steps skipped",
+                  g.get("cache"), c)
+            same = same_pictures(images((st, None, data)), images((200, None, json.dumps(got))))
+            check(same[0], "mpirun, cfg 2: the single-process picture", same)
+        finally:
+            rc = d.stop()
+        check(rc == 0, "mpirun: exit 0", rc)
+    p = subprocess.run([ditd, "serve", "--model", MODEL, "--port", "0", "--cache",
+                        "first_block_cache:thresold=1"], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and "--cache" in p.stderr and "thresold" in p.stderr,
+          "serve --cache with a bad field: exit 2 naming it", (p.returncode, p.stderr[-300:]))
+
+
 CASES = {"api": case_api, "errors": case_errors, "names": case_names, "stream": case_stream,
          "cancel": case_cancel, "drain": case_drain, "load": case_load, "mpi": case_mpi,
-         "mpi_fault": case_mpi_fault, "latent": case_latent, "text": case_text, "sd3": case_sd3}
+         "mpi_fault": case_mpi_fault, "latent": case_latent, "text": case_text, "sd3": case_sd3,
+         "cache": case_cache}
 
 
 def main():

@@ -44,7 +44,7 @@ static void models(void)
     cls.default_steps = 25;
     cls.default_guidance = 4.0f;
     cls.pipeline = &ditd_pipeline_dit;
-    gm_cls = (ditd_genreq_model){&cls, NULL, 0, DITD_SAMPLER_DDIM};
+    gm_cls = (ditd_genreq_model){&cls, NULL, 0, DITD_SAMPLER_DDIM, NULL};
 
     strcpy(txt.name, "dev");
     txt.shapes.cond.kind = DITD_COND_TEXT;
@@ -63,7 +63,7 @@ static void models(void)
     txt.default_steps = 28;
     txt.default_guidance = 3.5f;
     txt.pipeline = &ditd_pipeline_flux;
-    gm_txt = (ditd_genreq_model){&txt, aliases, 2, DITD_SAMPLER_FLOW_EULER};
+    gm_txt = (ditd_genreq_model){&txt, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL};
 
     sd3 = txt; /* StableDiffusion3Pipeline's row: three prompts, skip-layer guidance */
     strcpy(sd3.name, "sd3");
@@ -71,7 +71,7 @@ static void models(void)
     sd3.default_max_sequence_length = 256;
     sd3.default_steps = 28;
     sd3.default_guidance = 7.0f;
-    gm_sd3 = (ditd_genreq_model){&sd3, NULL, 0, DITD_SAMPLER_FLOW_EULER};
+    gm_sd3 = (ditd_genreq_model){&sd3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL};
 }
 
 /* body refused by the model: status, param ("" for none) and a word of the message */
@@ -268,9 +268,111 @@ static void test_accepted(void)
           "names: exact, case-sensitive, per model");
 }
 
+/* "cache": typed once, the server's default when absent, off by null or
+ * method none; bad fields refused naming cache.<field>. */
+static void test_cache(void)
+{
+    ditd_genreq rq;
+    ditd_api_error e;
+    ditd_cache_config def;
+    const char *b;
+    int n = 0;
+
+    b = "{\"prompt\":\"dress\"}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 && rq.cache.method == DITD_CACHE_NONE,
+          "no cache, no default: off (%d)", (int)rq.cache.method);
+    b = "{\"prompt\":\"dress\",\"cache\":{\"method\":\"first_block_cache\",\"threshold\":0.2}}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 &&
+              rq.cache.method == DITD_CACHE_FIRST_BLOCK && rq.cache.threshold == 0.2,
+          "first_block_cache threshold 0.2 exactly (%s; got %d %.17g)", e.message,
+          (int)rq.cache.method, rq.cache.threshold);
+    b = "{\"prompt\":\"dress\",\"cache\":{\"method\":\"first_block_cache\"}}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 && rq.cache.threshold == 0.05,
+          "Diffusers' default threshold 0.05 (got %g)", rq.cache.threshold);
+    b = "{\"prompt\":\"dress\",\"cache\":{\"method\":\"taylorseer_cache\",\"cache_interval\":4,"
+        "\"disable_cache_before_step\":2,\"disable_cache_after_step\":null,\"max_order\":2,"
+        "\"taylor_factors_dtype\":\"float32\",\"use_lite_mode\":false,"
+        "\"cache_identifiers\":[\"blocks\\\\.\\\\d+\"]}}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 &&
+              rq.cache.method == DITD_CACHE_TAYLORSEER && rq.cache.cache_interval == 4 &&
+              rq.cache.disable_cache_before_step == 2 && rq.cache.disable_cache_after_step == -1 &&
+              rq.cache.max_order == 2 && rq.cache.taylor_factors_dtype == DITD_DTYPE_F32 &&
+              rq.cache.n_cache_identifiers == 1 &&
+              !strcmp(rq.cache.cache_identifiers[0], "blocks\\.\\d+"),
+          "taylorseer_cache's fields (%s; pattern '%s')", e.message, rq.cache.cache_identifiers[0]);
+    b = "{\"prompt\":\"dress\",\"cache\":{\"method\":\"mag_cache\",\"threshold\":0.1,"
+        "\"max_skip_steps\":2,\"retention_ratio\":0.25,\"mag_ratios\":[1.0,0.99,0.98,0.97]}}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 && rq.cache.method == DITD_CACHE_MAG &&
+              rq.cache.threshold == 0.1 && rq.cache.max_skip_steps == 2 &&
+              rq.cache.retention_ratio == 0.25 && rq.cache.n_mag_ratios == 4 &&
+              rq.cache.mag_ratios[3] == 0.97f,
+          "mag_cache with ratios as numbers (%s)", e.message);
+    b = "{\"prompt\":\"dress\",\"cache\":{\"method\":\"mag_cache\",\"mag_ratios\":\"FLUX\"}}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e) == 0 && rq.cache.n_mag_ratios > 4,
+          "mag_cache with FLUX's ratios (%s)", e.message);
+
+    /* the server's default, and turning it off */
+    CHECK(ditd_cache_config_parse("first_block_cache:threshold=0.3", &def) == 0, "a default spec");
+    ditd_genreq_model gd = gm_cls;
+    gd.cache_default = &def;
+    b = "{\"prompt\":\"dress\"}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gd, &rq, &e) == 0 && ditd_cache_config_equal(&rq.cache, &def),
+          "the server's default applies when the request gives none");
+    b = "{\"prompt\":\"dress\",\"cache\":null}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gd, &rq, &e) == 0 && rq.cache.method == DITD_CACHE_NONE,
+          "cache null turns the default off");
+    b = "{\"prompt\":\"dress\",\"cache\":{\"method\":\"none\"}}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gd, &rq, &e) == 0 && rq.cache.method == DITD_CACHE_NONE,
+          "method none turns the default off");
+    b = "{\"prompt\":\"dress\",\"cache\":{\"method\":\"mag_cache\",\"calibrate\":true}}";
+    CHECK(ditd_genreq_parse(b, strlen(b), &gd, &rq, &e) == 0 && rq.cache.method == DITD_CACHE_MAG &&
+              rq.cache.calibrate,
+          "a request's own cache wins over the default (%s)", e.message);
+
+    static const struct {
+        const char *cache, *param, *says;
+    } bad_cache[] = {
+        {"3", "cache", "must be an object"},
+        {"\"first_block_cache\"", "cache", "must be an object"},
+        {"{}", "cache.method", "must be a string"},
+        {"{\"threshold\":0.1}", "cache.method", "must be a string"},
+        {"{\"method\":\"fastercache\"}", "cache.method", "fastercache"},
+        {"{\"method\":\"none\",\"threshold\":0.1}", "cache.threshold", "takes no fields"},
+        {"{\"method\":\"first_block_cache\",\"threshold\":\"high\"}", "cache.threshold", "must be a number"},
+        {"{\"method\":\"first_block_cache\",\"threshold\":-0.5}", "cache.threshold", ">= 0"},
+        {"{\"method\":\"first_block_cache\",\"cache_interval\":2}", "cache.cache_interval", "not a field"},
+        {"{\"method\":\"first_block_cache\",\"threshold\":{}}", "cache.threshold", "must be a number"},
+        {"{\"method\":\"taylorseer_cache\",\"cache_interval\":0}", "cache.cache_interval", ">= 1"},
+        {"{\"method\":\"taylorseer_cache\",\"max_order\":1.5}", "cache.max_order", "not an integer"},
+        {"{\"method\":\"taylorseer_cache\",\"use_lite_mode\":3}", "cache.use_lite_mode", "true or false"},
+        {"{\"method\":\"taylorseer_cache\",\"cache_identifiers\":[\"a\",3]}", "cache.cache_identifiers", "must be a string"},
+        {"{\"method\":\"mag_cache\"}", "cache", "mag_ratios"},
+        {"{\"method\":\"mag_cache\",\"mag_ratios\":[1.0,\"x\"]}", "cache.mag_ratios", "must be a number"},
+        {"{\"method\":\"mag_cache\",\"calibrate\":true,\"retention_ratio\":2}", "cache.retention_ratio", "0..1"},
+        {"{\"method\":\"first_block_cache\",\"threshold\":null}", "cache.threshold", "must be a number"},
+        {"{\"method\":\"taylorseer_cache\",\"cache_identifiers\":\"blocks\"}", "cache.cache_identifiers", "must be an array"},
+        {"{\"method\":\"mag_cache\",\"mag_ratios\":\"1;2\"}", "cache.mag_ratios", "must be an array"},
+        {"{\"method\":\"mag_cache\",\"calibrate\":1}", "cache.calibrate", "true or false"},
+        {"{\"method\":\"taylorseer_cache\",\"taylor_factors_dtype\":\"float8\"}", "cache.taylor_factors_dtype", "float8"},
+        {"{\"method\":\"taylorseer_cache\",\"frobnicate\":1}", "cache.frobnicate", "not a field"},
+    };
+    for (size_t i = 0; i < sizeof bad_cache / sizeof bad_cache[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"prompt\":\"dress\",\"cache\":%s}", bad_cache[i].cache);
+        int rc = ditd_genreq_parse(body, strlen(body), &gm_cls, &rq, &e);
+        CHECK(rc == DITD_EINVAL && e.status == 400 && !strcmp(e.param, bad_cache[i].param) &&
+                  strstr(e.message, bad_cache[i].says),
+              "%s: want 400 param '%s' saying '%s'; got %d %d '%s': %s", body, bad_cache[i].param,
+              bad_cache[i].says, rc, e.status, e.param, e.message);
+        n++;
+    }
+    CHECK(n >= 23, "%d cache refusals checked", n);
+}
+
 int main(void)
 {
     models();
+    test_cache();
     test_refusals();
     test_prompt_limit();
     test_accepted();

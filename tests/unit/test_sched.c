@@ -264,6 +264,99 @@ static void release(ditd_job **jobs, int n)
 
 /* ---- cases */
 
+/* Step caching: requests with different caching are batched apart; the
+ * batch carries the config exactly; the Result's per-slot counts reach the
+ * jobs and the metrics. */
+static ditd_job *submit_cache(const char *spec)
+{
+    ditd_job *j = ditd_job_new(&S.jobs, &S, &sink, NULL);
+    ditd_genreq rq = {0};
+    ditd_api_error e;
+    rq.n = 1;
+    rq.width = rq.height = 28;
+    rq.steps = 4;
+    rq.guidance = 1.0f;
+    rq.seed = 1;
+    CHECK(ditd_cache_config_parse(spec, &rq.cache) == 0, "spec %s", spec);
+    ditd_job_accept(j, &rq, ditd_genreq_numel(&rq, &S.info));
+    CHECK(ditd__sched_submit(&S, j, &e) == 0, "submit %s", spec);
+    return j;
+}
+
+static void test_cache_batches(void)
+{
+    static uint8_t px[28 * 28];
+    srv_init("cache", 1, 4, 0);
+    ditd_fbatch busy = {0};
+    S.rep[0].running = &busy;
+    ditd_job *j[4] = {submit_cache("first_block_cache:threshold=0.2"), submit_cache("none"),
+                      submit_cache("first_block_cache:threshold=0.2"),
+                      submit_cache("first_block_cache:threshold=0.30000000000000004")};
+    S.rep[0].running = NULL;
+    ditd__sched_kick(&S);
+    Ditd__Envelope *env = batch_to(0);
+    CHECK(env && env->batch->n_samples == 2 && env->batch->cache &&
+              env->batch->cache->method == DITD_CACHE_FIRST_BLOCK &&
+              env->batch->cache->threshold == 0.2,
+          "the same caching shares a batch, carried exactly (%zu samples, threshold %.17g)",
+          env ? env->batch->n_samples : 0,
+          env && env->batch->cache ? env->batch->cache->threshold : -1.0);
+    if (env) {
+        Ditd__Envelope out = DITD__ENVELOPE__INIT;
+        Ditd__Result res = DITD__RESULT__INIT;
+        Ditd__Image im[2], *imp[2];
+        Ditd__CacheStats cs[2], *csp[2];
+        for (int i = 0; i < 2; i++) {
+            ditd__image__init(&im[i]);
+            im[i].slot = (uint32_t)i;
+            im[i].pixels.data = px;
+            im[i].pixels.len = sizeof px;
+            imp[i] = &im[i];
+            ditd__cache_stats__init(&cs[i]);
+            cs[i].slot = (uint32_t)i;
+            cs[i].steps = 4;
+            cs[i].steps_skipped = (uint32_t)(1 + i);
+            cs[i].evals = 8;
+            cs[i].evals_skipped = (uint64_t)(1 + i);
+            csp[i] = &cs[i];
+        }
+        res.batch_id = env->batch->batch_id;
+        res.width = res.height = 28;
+        res.channels = 1;
+        res.n_images = 2;
+        res.images = imp;
+        res.n_cache = 2;
+        res.cache = csp;
+        out.msg_case = DITD__ENVELOPE__MSG_RESULT;
+        out.result = &res;
+        deliver(0, &out);
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    CHECK(j[0]->cache_steps == 4 && j[0]->cache_steps_skipped == 1 && j[2]->cache_steps_skipped == 2 &&
+              j[2]->cache_evals_skipped == 2,
+          "each job has its slot's counts (%ld %ld %ld)", j[0]->cache_steps,
+          j[0]->cache_steps_skipped, j[2]->cache_steps_skipped);
+    CHECK(S.m.cache_steps_skipped == 3 && S.m.cache_steps_computed == 5 &&
+              S.m.cache_evals_skipped == 3 && S.m.cache_evals_computed == 13,
+          "metrics: steps %llu computed %llu skipped, evals %llu / %llu",
+          (unsigned long long)S.m.cache_steps_computed, (unsigned long long)S.m.cache_steps_skipped,
+          (unsigned long long)S.m.cache_evals_computed, (unsigned long long)S.m.cache_evals_skipped);
+    for (int k = 0; k < 2; k++) {
+        env = batch_to(0);
+        int none = k == 0;
+        CHECK(env && env->batch->n_samples == 1 &&
+                  (none ? env->batch->cache == NULL
+                        : env->batch->cache && env->batch->cache->threshold == 0.30000000000000004),
+              "%s goes alone", none ? "no caching" : "another threshold");
+        if (env) {
+            answer(0, env->batch, -1);
+            ditd__envelope__free_unpacked(env, NULL);
+        }
+    }
+    release(j, 4);
+    srv_free();
+}
+
 static void test_compatibility(void)
 {
     srv_init("compatibility", 1, 4, 0);
@@ -719,6 +812,7 @@ int main(void)
 {
     ditd_log_open(DITD_LOG_ERROR, DITD_LOG_TEXT, NULL); /* quiet */
     test_compatibility();
+    test_cache_batches();
     test_window();
     test_least_loaded();
     test_stalled();
