@@ -23,6 +23,14 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: no vae/config.json: the latents cannot be decoded",
                             info->dir);
     }
+    if (info->pipeline->unscale == DITD_LATENT_RULE_MEAN_STD || info->frames > 0) {
+        free(li);
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: %s makes video latents; their decode (latents_mean / latents_std, "
+                            "the Wan VAE over frames) is not wired into ditd's pipeline yet: save "
+                            "the latents instead",
+                            info->dir, info->pipeline->name);
+    }
     li->rule = info->pipeline->unscale;
     snprintf(dir, sizeof dir, "%s", info->vae_dir);
     ditd_vae_opts o = {.max_h = info->shapes.height, .max_w = info->shapes.width,
