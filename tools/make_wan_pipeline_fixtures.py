@@ -7,8 +7,8 @@ UMT5EncoderModel with the real UMT5 vocabulary of 256,384 rows; the tokenizer is
 build time by tests/fixtures/wan_pipeline/assemble.py from tests/fixtures/tokenizers/'s
 umt5_hub) and records what Diffusers' WanPipeline makes with it in float64 in expected/ (.npy
 files listed in expected/cases.json): the prompt embeddings (prompt_clean, 512 tokens with the
-mask, padding zeroed), the timesteps (UniPC flow), and the final latents (output_type
-"latent") for clips of 5 and 9 frames, non-square sizes, negative prompts, batches and
+mask, padding zeroed), the timesteps (UniPC flow), the final latents (output_type
+"latent") and the decoded frames (output_type "np", x 255 rounded to 8 bits) for clips of 5 and 9 frames, non-square sizes, negative prompts, batches and
 num_videos_per_prompt.
 
 One change to WanPipeline as run here: prepare_latents casts given latents to float32
@@ -195,6 +195,14 @@ def make_case(pipe, exp, index, case):
     timesteps = pipe.scheduler.timesteps.clone()
     again = run()
     assert torch.equal(again, lat), f"{name}: not deterministic"
+    with torch.no_grad():  # the decode: latents_mean / latents_std, the VAE, postprocess_video
+        frames = pipe(**kw, latents=noise.to(torch.float64).clone(), output_type="np",
+                      return_dict=False)[0]
+    Hs, Ws = h * vs, w * vs
+    assert frames.shape == (B, Nr, Hs, Ws, 3), (name, frames.shape)
+    u8 = np.round(frames * 255).astype(np.uint8)
+    inside = float(((frames > 0.0) & (frames < 1.0)).mean())
+    assert inside > 0.5, f"{name}: only {inside:.2f} of the pixels are not clipped"
     moved = float(((lat - noise.double()).abs().max() / lat.abs().max()).item())
     assert moved > 1e-2, f"{name}: the latents hardly moved ({moved})"
 
@@ -215,6 +223,7 @@ def make_case(pipe, exp, index, case):
         prompt_embeds=npy(exp, p + "prompt_embeds.npy", pe),
         timesteps=npy(exp, p + "timesteps.npy", timesteps),
         final_latents=npy(exp, p + "final_latents.npy", lat),
+        frames_u8=npy(exp, p + "frames_u8.npy", u8, np.uint8),
     )
     if cfg:
         entry["negative_prompt_embeds"] = npy(exp, p + "negative_prompt_embeds.npy", npe)

@@ -86,8 +86,8 @@ const ditd_pipeline_class ditd_pipeline_sd3 = {
  * the negative prompt ("" when none), two passes; 50 steps on the
  * scheduler's own sigmas (UniPC flow, flow_shift); 81 frames at 16 fps. The
  * latents go to the VAE through latents_mean / latents_std
- * (ditd_wan_vae_unscale); ditd's decode of video latents is not wired yet
- * (engine/pipeline/latent_image.c refuses it, docs/wan_pipeline.md). */
+ * (ditd_wan_vae_unscale) in engine/pipeline/latent_video.c; the image tail
+ * (latent_image.c) refuses them (docs/wan_pipeline.md). */
 const ditd_pipeline_class ditd_pipeline_wan = {
     .name = "WanPipeline",
     .transformers = {"WanTransformer3DModel", NULL},

@@ -26,9 +26,8 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
     if (info->pipeline->unscale == DITD_LATENT_RULE_MEAN_STD || info->frames > 0) {
         free(li);
         return ditd_err_set(DITD_EUNSUPPORTED,
-                            "%s: %s makes video latents; their decode (latents_mean / latents_std, "
-                            "the Wan VAE over frames) is not wired into ditd's pipeline yet: save "
-                            "the latents instead",
+                            "%s: %s makes video latents: they decode to frames through "
+                            "engine/pipeline/latent_video.h, not as an image",
                             info->dir, info->pipeline->name);
     }
     li->rule = info->pipeline->unscale;

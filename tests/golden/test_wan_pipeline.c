@@ -13,10 +13,11 @@
  *     Diffusers';
  *   - the final latents (C, F, h, w) per sample (CFG over the negative
  *     prompt or "", batches, num_videos_per_prompt, non-square sizes through
- *     ditd_pipeline_set_video_size) within 1e-4 relative.
- * At least 5 cases are checked, 2 of them with 9 frames (3 latent frames).
- * The decode of Wan latents is not wired into the pipeline yet: the test
- * checks that ditd_latent_image_new refuses it by name. */
+ *     ditd_pipeline_set_video_size) within 1e-4 relative;
+ *   - the decoded frames (latents_mean / latents_std, the Wan VAE,
+ *     postprocess_video) within one 8-bit level; the image tail
+ *     (latent_image.h) refuses these latents by name.
+ * At least 5 cases are checked, 2 of them with 9 frames (3 latent frames). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/latent_image.h"
+#include "engine/pipeline/latent_video.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/prompt_encoder.h"
 #include "tests/test_util.h"
@@ -85,17 +87,19 @@ static int run_case(json_t *c, int *nine)
     int cfg = json_is_true(json_object_get(c, "cfg_used"));
     float g = (float)jnum(c, "guidance_scale");
     int done = 0;
-    size_t n_emb, n_noise, n_fin, n_ts, n_nemb = 0;
+    size_t n_emb, n_noise, n_fin, n_ts, n_nemb = 0, n_img = 0;
 
     snprintf(dir, sizeof dir, "%s/%s", WAN_PIPELINE_DIR, jstr(c, "folder"));
     float *emb = npy(jstr(c, "prompt_embeds"), &n_emb);
     float *noise = npy(jstr(c, "noise"), &n_noise), *fin = npy(jstr(c, "final_latents"), &n_fin);
-    float *ts = npy(jstr(c, "timesteps"), &n_ts);
+    float *ts = npy(jstr(c, "timesteps"), &n_ts), *img = npy(jstr(c, "frames_u8"), &n_img);
     float *nemb = cfg ? npy(jstr(c, "negative_prompt_embeds"), &n_nemb) : NULL;
     ditd_model_info info;
     ditd_prompt_encoder *pe = NULL;
     ditd_pipeline *p = NULL;
     ditd_latent_image *li = NULL;
+    ditd_latent_video *lv = NULL;
+    uint8_t *pix = NULL;
     float *seq = NULL, *pooled = NULL, *out = NULL;
     ditd_text_embeds te[2 * MAXB];
     ditd_gen_sample smp[MAXB];
@@ -103,7 +107,7 @@ static int run_case(json_t *c, int *nine)
 
     TU_CHECK(B == nb * per && B >= 1 && B <= MAXB, "%s: %d videos of %d prompts x %d", name, B, nb,
              per);
-    if (!emb || !noise || !fin || !ts || (cfg && !nemb) || B > MAXB || B < 1 || B != nb * per)
+    if (!emb || !noise || !fin || !ts || !img || (cfg && !nemb) || B > MAXB || B < 1 || B != nb * per)
         goto out;
     TU_OK(ditd_model_info_load(dir, &info));
     if (!info.pipeline)
@@ -190,20 +194,44 @@ static int run_case(json_t *c, int *nine)
              lh, lw, steps, cfg ? ", CFG" : "");
     TU_CLOSE(what, out, fin, n_fin, 1e-4);
 
-    /* the decode is not wired: refused by name, never run on the wrong rule */
+    /* the image tail refuses video latents by name */
     int err = ditd_latent_image_new(&info, &ditd_backend_cpu, NULL, 0, &li);
     TU_CHECK(err == DITD_EUNSUPPORTED && li == NULL && strstr(ditd_err_detail(), "video"),
-             "%s: the video decode is refused (%d: %s)", name, err, ditd_err_detail());
+             "%s: the image decode is refused (%d: %s)", name, err, ditd_err_detail());
+    /* the video tail: frames within one 8-bit level */
+    TU_OK(ditd_latent_video_new(&info, &ditd_backend_cpu, lh, lw, &lv));
+    if (!lv)
+        goto out;
+    const int s = ditd_latent_video_scale(lv), NF = ditd_latent_video_frames(lv, F);
+    const size_t npx = (size_t)B * NF * (lh * s) * (lw * s) * 3;
+    TU_CHECK(NF == jint(c, "num_frames_rounded") && n_img == npx,
+             "%s: %d frames (Diffusers %d), %zu frame values (Diffusers %zu)", name, NF,
+             jint(c, "num_frames_rounded"), npx, n_img);
+    if (n_img != npx || !(pix = malloc(npx)))
+        goto out;
+    TU_OK(ditd_latent_video_run(lv, out, B, F, lh, lw, pix));
+    int worst = 0;
+    size_t off = 0;
+    for (size_t i = 0; i < npx; i++) {
+        int d = abs((int)pix[i] - (int)img[i]);
+        worst = d > worst ? d : worst;
+        off += d != 0;
+    }
+    TU_CHECK(worst <= 1, "%s: frames %dx%d x%d: worst %d levels (%zu of %zu values off by one)",
+             name, lw * s, lh * s, NF, worst, off, npx);
+    printf("ok   %s: %d frames %dx%d x%d within %d level(s) (%zu of %zu off)\n", name, NF, lw * s,
+           lh * s, B, worst, off, npx);
     *nine = F == 3;
     done = 1;
 out:
     ditd_latent_image_free(li);
+    ditd_latent_video_free(lv);
     ditd_pipeline_free(p);
     ditd_prompt_encoder_free(pe);
     if (info.dir[0])
         ditd_model_info_free(&info);
-    free(emb), free(noise), free(fin), free(ts), free(nemb);
-    free(seq), free(pooled), free(out);
+    free(emb), free(noise), free(fin), free(ts), free(nemb), free(img);
+    free(seq), free(pooled), free(out), free(pix);
     return done;
 }
 
