@@ -7,6 +7,7 @@ set -euo pipefail
 pkgs=(
   build-essential pkg-config meson ninja-build
   libopenblas-openmp-dev libjansson-dev libpng-dev
+  libavcodec-dev libavformat-dev libswscale-dev libavutil-dev ffmpeg
   libutf8proc-dev
   libdnnl-dev
   libmicrohttpd-dev libuv1-dev libprotobuf-c-dev protobuf-c-compiler
