@@ -8,6 +8,7 @@ pkgs=(
   build-essential pkg-config meson ninja-build
   libopenblas-openmp-dev libjansson-dev libpng-dev
   libjpeg62-turbo-dev libwebp-dev
+  libavcodec-dev libavformat-dev libswscale-dev libavutil-dev ffmpeg
   libutf8proc-dev
   libdnnl-dev
   libmicrohttpd-dev libuv1-dev libprotobuf-c-dev protobuf-c-compiler

@@ -123,6 +123,26 @@ static int load_defaults(ditd_model_info *m)
         }
         m->default_max_sequence_length = (int)json_integer_value(v);
     }
+    if ((v = json_object_get(root, "max_frames"))) {
+        if (!m->frames || !json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > 4097 || json_integer_value(v) % m->frame_step != 1 % m->frame_step) {
+            err = ditd_err_set(DITD_EFORMAT, "%s: max_frames must be 1 + k x %d in 1..4097, for a "
+                               "video model", path, m->frame_step > 0 ? m->frame_step : 1);
+            goto done;
+        }
+        m->max_frames = (int)json_integer_value(v);
+    }
+    if ((v = json_object_get(root, "num_frames"))) {
+        if (!m->frames || !json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > m->max_frames ||
+            json_integer_value(v) % m->frame_step != 1 % m->frame_step) {
+            err = ditd_err_set(DITD_EFORMAT, "%s: num_frames must be 1 + k x %d in 1..%d, for a "
+                               "video model", path, m->frame_step > 0 ? m->frame_step : 1,
+                               m->max_frames > 0 ? m->max_frames : 1);
+            goto done;
+        }
+        m->frames = (int)json_integer_value(v);
+    }
     if ((v = json_object_get(root, "max_image_size"))) {
         if (!m->resizable || !json_is_integer(v) || json_integer_value(v) < m->min_size ||
             json_integer_value(v) > 16384 || json_integer_value(v) % m->size_multiple) {
@@ -136,6 +156,68 @@ static int load_defaults(ditd_model_info *m)
 done:
     json_decref(root);
     return err;
+}
+
+/* A video pipeline's frames: the row's defaults, the VAE's
+ * scale_factor_temporal (4 when vae/config.json has none or there is no
+ * VAE, as WanPipeline), and the transformer's latent frames at the default
+ * clip. */
+static int load_frames(ditd_model_info *m)
+{
+    char cfg[DITD_MODEL_PATH_MAX + 16];
+    if (m->pipeline->default_frames <= 0)
+        return 0;
+    m->frame_step = 4;
+    if (m->vae_dir[0]) {
+        json_error_t jerr;
+        json_t *root, *v;
+        snprintf(cfg, sizeof cfg, "%s/config.json", m->vae_dir);
+        if (!(root = json_load_file(cfg, 0, &jerr)))
+            return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", cfg, jerr.line, jerr.text);
+        v = json_object_get(root, "scale_factor_temporal");
+        if (v && (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 16)) {
+            json_decref(root);
+            return ditd_err_set(DITD_EFORMAT, "%s: scale_factor_temporal must be an integer in 1..16",
+                                cfg);
+        }
+        if (v)
+            m->frame_step = (int)json_integer_value(v);
+        json_decref(root);
+    }
+    m->frames = ditd_model_round_frames(m, m->pipeline->default_frames);
+    m->max_frames = 1 + 64 * m->frame_step;
+    m->fps = m->pipeline->fps;
+    return 0;
+}
+
+int ditd_model_round_frames(const ditd_model_info *m, int n)
+{
+    if (m->frame_step <= 0)
+        return n;
+    if (n % m->frame_step != 1 % m->frame_step)
+        n = n / m->frame_step * m->frame_step + 1;
+    return n < 1 ? 1 : n;
+}
+
+int ditd_model_latent_frames(const ditd_model_info *m, int n)
+{
+    if (m->frame_step <= 0)
+        return 0;
+    return (ditd_model_round_frames(m, n) - 1) / m->frame_step + 1;
+}
+
+int ditd_model_check_frames(const ditd_model_info *m, int n)
+{
+    if (m->frame_step <= 0) {
+        if (n <= 1)
+            return 0;
+        return ditd_err_set(DITD_EINVAL, "%d frames: %s is an image model", n, m->name);
+    }
+    int r = ditd_model_round_frames(m, n);
+    if (n < 1 || r > m->max_frames)
+        return ditd_err_set(DITD_EINVAL, "%d frames: %s makes 1..%d (1 + k x %d)", n, m->name,
+                            m->max_frames, m->frame_step);
+    return 0;
 }
 
 /* vae/config.json: the scale factor 2^(len(block_out_channels) - 1), as
@@ -273,7 +355,7 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
         err = ditd_err_set(err, "%s: %s", path, d);
         goto fail;
     }
-    if ((err = load_vae(m)))
+    if ((err = load_vae(m)) || (err = load_frames(m)))
         goto fail;
     m->num_classes = m->shapes.cond.kind == DITD_COND_CLASS ? m->shapes.cond.num_classes : 0;
     if ((err = load_labels(m, index, path)) || (err = load_defaults(m)))

@@ -74,6 +74,18 @@ typedef struct ditd_model_info {
     int default_steps;
     float default_guidance;
     char default_sampler[32];    /* "" = the scheduler_config's own class */
+    /* Video models (a pipeline row with default_frames: WanPipeline): the
+     * clip's default frame count in pixels (81; ditd.json "num_frames" may
+     * change it), the VAE's scale_factor_temporal (vae/config.json, 4 when
+     * absent, as WanPipeline), the most frames a request may ask for
+     * (ditd.json "max_frames", default 1 + 64 frame_step) and the frame rate
+     * (the row's: 16). A clip of N frames (N = 1 + k frame_step) is
+     * (N - 1) / frame_step + 1 latent frames: ditd_model_latent_frames.
+     * All 0 for an image model. */
+    int frames;
+    int frame_step;
+    int max_frames;
+    int fps;
 } ditd_model_info;
 
 /* Reads the folder. Errors name the file and key; a pipeline class the
@@ -95,6 +107,20 @@ int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out);
  * size, the model and what it takes (the server, the worker and generate
  * all say the same). */
 int ditd_model_check_size(const ditd_model_info *m, int width, int height);
+
+/* WanPipeline's rounding of num_frames: N stays when N % frame_step is 1,
+ * else N / frame_step x frame_step + 1 (and at least 1). n for an image
+ * model. */
+int ditd_model_round_frames(const ditd_model_info *m, int n);
+
+/* The latent frames of a clip of n frames ((n - 1) / frame_step + 1 after
+ * ditd_model_round_frames); 0 for an image model. */
+int ditd_model_latent_frames(const ditd_model_info *m, int n);
+
+/* Whether a video model makes clips of n frames (after rounding: 1..
+ * max_frames): 0, or DITD_EINVAL naming the count, the model and its
+ * limits; an image model takes n <= 1 only. */
+int ditd_model_check_frames(const ditd_model_info *m, int n);
 
 /* Class id from a request's words: a number "0".."K-1", or a label from
  * id2label (case-insensitive; a label with commas has each part as a

@@ -79,7 +79,37 @@ const ditd_pipeline_class ditd_pipeline_sd3 = {
     .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_SKIP_LAYERS,
 };
 
-static const char *const rule_names[DITD_LATENT_RULE_COUNT] = {"dit", "shifted"};
+/* WanPipeline (Wan 2.1 T2V, diffusers 0.42 pipelines/wan/pipeline_wan.py):
+ * the UMT5 encoder's last_hidden_state at max_sequence_length (512) as
+ * _get_t5_prompt_embeds makes it (prompt_clean, the attention mask, the rows
+ * past the prompt's tokens zeroed), no pooled vector; guidance_scale 5 over
+ * the negative prompt ("" when none), two passes; 50 steps on the
+ * scheduler's own sigmas (UniPC flow, flow_shift); 81 frames at 16 fps. The
+ * latents go to the VAE through latents_mean / latents_std
+ * (ditd_wan_vae_unscale) in engine/pipeline/latent_video.c; the image tail
+ * (latent_image.c) refuses them (docs/wan_pipeline.md). */
+const ditd_pipeline_class ditd_pipeline_wan = {
+    .name = "WanPipeline",
+    .transformers = {"WanTransformer3DModel", NULL},
+    .cond = DITD_COND_TEXT,
+    .n_parts = 1,
+    .parts = {
+        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_UMT5,
+         .tokens = 0, .prompt = 0, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 0,
+         .pooled = DITD_PROMPT_POOLED_NONE},
+    },
+    .guidance = DITD_GUIDANCE_CFG,
+    .unscale = DITD_LATENT_RULE_MEAN_STD,
+    .default_steps = 50,
+    .default_guidance = 5.0f,
+    .default_max_sequence_length = 512,
+    .max_sequence_length = 512,
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE,
+    .default_frames = 81,
+    .fps = 16,
+};
+
+static const char *const rule_names[DITD_LATENT_RULE_COUNT] = {"dit", "shifted", "mean_std"};
 static const char *const guidance_names[DITD_GUIDANCE_KIND_COUNT] = {"cfg", "true_cfg"};
 
 const char *ditd_latent_rule_name(ditd_latent_rule r)
@@ -94,7 +124,7 @@ int ditd_latent_rule_from_str(const char *s, ditd_latent_rule *out)
             *out = (ditd_latent_rule)i;
             return 0;
         }
-    return ditd_err_set(DITD_EINVAL, "unknown latent rule \"%s\" (dit, shifted)", s ? s : "(null)");
+    return ditd_err_set(DITD_EINVAL, "unknown latent rule \"%s\" (dit, shifted, mean_std)", s ? s : "(null)");
 }
 
 const char *ditd_guidance_kind_name(ditd_guidance_kind k)

@@ -23,7 +23,7 @@
  *   - defaults (steps, guidance, max_sequence_length) and what a request may
  *     carry (DITD_REQ_* bits: the HTTP layer refuses the rest by name).
  *
- * Built in: DiTPipeline, FluxPipeline, StableDiffusion3Pipeline. A test or
+ * Built in: DiTPipeline, FluxPipeline, StableDiffusion3Pipeline, WanPipeline. A test or
  * an embedding program adds its own with ditd_registry_add(
  * DITD_COMPONENT_PIPELINE, name, &row) before any model loads, and
  * ditd_registry_find_pipeline() finds a row by name.
@@ -40,8 +40,10 @@
 typedef enum ditd_latent_rule {
     DITD_LATENT_RULE_DIT = 0,  /* latents / scaling_factor (DiTPipeline) */
     DITD_LATENT_RULE_SHIFTED,  /* latents / scaling_factor + shift_factor (FLUX, SD3) */
+    DITD_LATENT_RULE_MEAN_STD, /* latents x latents_std + latents_mean per channel
+                                * (WanPipeline: ditd_wan_vae_unscale) */
 } ditd_latent_rule;
-#define DITD_LATENT_RULE_COUNT 2
+#define DITD_LATENT_RULE_COUNT 3
 
 const char *ditd_latent_rule_name(ditd_latent_rule r);
 int ditd_latent_rule_from_str(const char *s, ditd_latent_rule *out);
@@ -66,6 +68,9 @@ int ditd_guidance_kind_from_str(const char *s, ditd_guidance_kind *out);
 typedef enum ditd_prompt_encoder_kind {
     DITD_PROMPT_ENC_CLIP = 0, /* "clip": CLIPTextModel / CLIPTextModelWithProjection */
     DITD_PROMPT_ENC_T5,       /* "t5": T5EncoderModel */
+    DITD_PROMPT_ENC_UMT5,     /* "umt5": UMT5EncoderModel as WanPipeline calls it
+                               * (ditd_wan_prompt_embeds: prompt_clean, the attention
+                               * mask, the padded rows zeroed) */
 } ditd_prompt_encoder_kind;
 
 /* Which hidden states of an encoder join the sequence. */
@@ -132,6 +137,13 @@ typedef struct ditd_pipeline_class {
     /* skip-layer guidance defaults (StableDiffusion3Pipeline's __call__) */
     float slg_scale, slg_start, slg_stop;
     unsigned request;                    /* DITD_REQ_* */
+    /* video pipelines (WanPipeline): num_frames when a request gives none
+     * (81) and the frame rate of the clip (16); 0 for an image pipeline.
+     * num_frames is rounded to 1 + k x the VAE's scale_factor_temporal and
+     * the latents have (num_frames - 1) / scale_factor_temporal + 1 frames
+     * (ditd_model_info's frames, engine/models/model.h). */
+    int default_frames;
+    int fps;
 } ditd_pipeline_class;
 
 /* Whether row pc drives transformer class `tcls` with conditioning `kind`:
@@ -165,5 +177,6 @@ int ditd_pipeline_class_needs_negative(const ditd_pipeline_class *pc, float guid
 extern const ditd_pipeline_class ditd_pipeline_dit;
 extern const ditd_pipeline_class ditd_pipeline_flux;
 extern const ditd_pipeline_class ditd_pipeline_sd3;
+extern const ditd_pipeline_class ditd_pipeline_wan;
 
 #endif

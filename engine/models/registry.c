@@ -33,6 +33,7 @@ static const entry builtin[] = {
     {DITD_COMPONENT_PIPELINE, "DiTPipeline", &ditd_pipeline_dit},
     {DITD_COMPONENT_PIPELINE, "FluxPipeline", &ditd_pipeline_flux},
     {DITD_COMPONENT_PIPELINE, "StableDiffusion3Pipeline", &ditd_pipeline_sd3},
+    {DITD_COMPONENT_PIPELINE, "WanPipeline", &ditd_pipeline_wan},
     {DITD_COMPONENT_VAE, "AutoencoderKLWan", &ditd_autoencoder_kl_wan_family},
 };
 

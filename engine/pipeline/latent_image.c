@@ -23,6 +23,13 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: no vae/config.json: the latents cannot be decoded",
                             info->dir);
     }
+    if (info->pipeline->unscale == DITD_LATENT_RULE_MEAN_STD || info->frames > 0) {
+        free(li);
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: %s makes video latents: they decode to frames through "
+                            "engine/pipeline/latent_video.h, not as an image",
+                            info->dir, info->pipeline->name);
+    }
     li->rule = info->pipeline->unscale;
     snprintf(dir, sizeof dir, "%s", info->vae_dir);
     ditd_vae_opts o = {.max_h = info->shapes.height, .max_w = info->shapes.width,

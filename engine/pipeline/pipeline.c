@@ -143,12 +143,18 @@ static int plan_buffers(ditd_pipeline *p)
 
 int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len)
 {
+    return ditd_pipeline_set_video_size(p, p->shapes.frames, height, width, text_len);
+}
+
+int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int width,
+                                 int text_len)
+{
     const ditd_denoiser_shapes *s = &p->shapes;
     int err;
-    if (height == s->height && width == s->width &&
+    if (frames == s->frames && height == s->height && width == s->width &&
         (s->cond.kind != DITD_COND_TEXT || text_len == s->cond.text_len))
         return 0;
-    if ((err = ditd_denoiser_set_size(p->den, height, width, text_len)))
+    if ((err = ditd_denoiser_set_video_size(p->den, frames, height, width, text_len)))
         return err;
     p->shapes = p->den->shapes;
     p->numel = ditd_denoiser_numel_in(&p->shapes);

@@ -140,6 +140,13 @@ void ditd_pipeline_free(ditd_pipeline *p);
  * same sizes, and a refusal is the same on every rank). */
 int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len);
 
+/* The same for a video family (set_video_size: Wan) with frames latent
+ * frames (ditd_model_latent_frames of the clip's frame count): the noise,
+ * the buffers and the sampler state are then (C, frames, height, width)
+ * per sample. frames <= 1 on an image family is ditd_pipeline_set_size. */
+int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int width,
+                                 int text_len);
+
 /* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
  * (n, C, h, w) host f32 and replaces the generator (Diffusers' latents=);
  * otherwise sample i's noise is ditd_philox_normal(seed_i, index_i, ...).

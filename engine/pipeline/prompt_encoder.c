@@ -12,6 +12,7 @@
 #include "engine/text/t5_encoder.h"
 #include "engine/text/text_cache.h"
 #include "engine/text/tokenizer.h"
+#include "engine/text/wan_text.h"
 
 #define KEY_SEP '\x1e' /* between the prompts of a cache key */
 
@@ -21,7 +22,7 @@ typedef struct part {
     int present;              /* 0: an optional part the folder names null */
     ditd_tokenizer *tok;
     ditd_clip_text *clip;     /* DITD_PROMPT_ENC_CLIP */
-    ditd_t5_encoder *t5;      /* DITD_PROMPT_ENC_T5 */
+    ditd_t5_encoder *t5;      /* DITD_PROMPT_ENC_T5, DITD_PROMPT_ENC_UMT5 */
     int len;                  /* its tokens; 0: max_sequence_length */
     int width;                /* its hidden width */
     int pooled_width;         /* what it adds to the pooled vector */
@@ -311,12 +312,33 @@ static const char *cache_key(ditd_prompt_encoder *e, const ditd_prompt_texts *t)
     return e->keybuf;
 }
 
+/* WanPipeline's _get_t5_prompt_embeds for one prompt of len bytes: cleaned,
+ * N tokens with the attention mask, the padded rows zeroed (the prompt
+ * needs a NUL end: ditd_wan_prompt_embeds takes C strings; a prompt holding
+ * a NUL byte is refused). */
+static int run_umt5(part *p, const char *text, size_t len, int N)
+{
+    if (memchr(text, '\0', len))
+        return ditd_err_set(DITD_EINVAL, "a prompt for %s holds a NUL byte", p->pp->encoder);
+    char *z = malloc(len + 1);
+    if (!z)
+        return ditd_err_set(DITD_ENOMEM, "prompt of %zu bytes", len);
+    memcpy(z, text, len);
+    z[len] = '\0';
+    const char *one = z;
+    int err = ditd_wan_prompt_embeds(p->t5, p->tok, 1, &one, N, p->hidden, NULL);
+    free(z);
+    return err;
+}
+
 /* Runs part p on its prompt: hidden (len, width) when it joins the sequence,
  * and its pooled vector at pooled. */
 static int run_part(ditd_prompt_encoder *e, part *p, const char *text, size_t len, int L,
                     float *pooled)
 {
     const int N = p->len > 0 ? p->len : L;
+    if (p->pp->kind == DITD_PROMPT_ENC_UMT5)
+        return run_umt5(p, text, len, N);
     int err = ditd_tokenizer_encode(p->tok, text, len, N, e->ids32, NULL, NULL);
     if (err)
         return err;

@@ -427,6 +427,16 @@ static void test_registry(const char *tmp)
                  !ditd_pipeline_class_needs_negative(&ditd_pipeline_dit, 4.0f, 1.0f, 0, 0) &&
                  !ditd_pipeline_class_needs_negative(&ditd_pipeline_flux, 3.5f, 4.0f, 0, 1),
              "which samples encode a negative prompt");
+    /* WanPipeline: one UMT5 sequence of L, no pooled vector, CFG on
+     * guidance_scale > 1 ("" as the negative), 81 frames at 16 fps */
+    TU_CHECK(ditd_pipeline_class_text_len(&ditd_pipeline_wan, 512) == 512 &&
+                 ditd_pipeline_class_prompts(&ditd_pipeline_wan) == 1 &&
+                 ditd_pipeline_class_cfg_scale(&ditd_pipeline_wan, 5.0f, 1.0f, 0, 0) == 5.0f &&
+                 ditd_pipeline_class_needs_negative(&ditd_pipeline_wan, 5.0f, 1.0f, 0, 0) &&
+                 !ditd_pipeline_class_needs_negative(&ditd_pipeline_wan, 1.0f, 1.0f, 1, 0) &&
+                 ditd_pipeline_wan.default_frames == 81 && ditd_pipeline_wan.fps == 16 &&
+                 ditd_pipeline_wan.parts[0].kind == DITD_PROMPT_ENC_UMT5,
+             "WanPipeline's row");
     for (int k = 0; k < DITD_GUIDANCE_KIND_COUNT; k++) {
         ditd_guidance_kind g;
         TU_OK(ditd_guidance_kind_from_str(ditd_guidance_kind_name((ditd_guidance_kind)k), &g));
@@ -476,7 +486,7 @@ static void test_registry(const char *tmp)
         write_file(pdir, "model_index.json",
                    "{\"_class_name\": \"FooPipeline\", \"transformer\": [\"test\", \"x\"]}");
         TU_CHECK_ERR(ditd_model_info_load(pdir, &pi), DITD_EUNSUPPORTED, "FooPipeline",
-                     "DiTPipeline, FluxPipeline, StableDiffusion3Pipeline, ToyPipeline");
+                     "DiTPipeline, FluxPipeline, StableDiffusion3Pipeline, WanPipeline, ToyPipeline");
         write_file(pdir, "model_index.json",
                    "{\"_class_name\": \"DiTPipeline\", \"transformer\": [\"test\", \"x\"]}");
         TU_CHECK_ERR(ditd_model_info_load(pdir, &pi), DITD_EUNSUPPORTED,
