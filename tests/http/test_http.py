@@ -1338,8 +1338,19 @@ def case_sd3(ditd):
     d = Daemon(ditd, "--cfg-degree", "2", "--max-batch", "4", model=model, mpi_np=3)
     try:
         got = [d.generate(dict(base, seed=s)) for s in (1, 2)]
-        same = [same_pictures(images(g), images(w)) for g, w in zip(got, single)]
-        check(all(x[0] for x in same), "mpirun -np 3 --cfg-degree 2: the single process's pictures", same)
+        # cfg parallel runs the two passes as forwards of one row each, where
+        # one process runs them as one forward of two: the invariant is the
+        # latents' (1e-4), so a value on a rounding tie may land one level
+        # away; tests/mpi/test_worker_text.c holds the replica to the same
+        # "within one level" on every SD3 layout
+        worst = []
+        for g, w in zip(got, single):
+            a, b = images(g), images(w)
+            pa = png_pixels(base64.b64decode(a[0]["b64_json"])) if a else None
+            pb = png_pixels(base64.b64decode(b[0]["b64_json"])) if b else None
+            worst.append(max(abs(x - y) for x, y in zip(pa, pb)) if pa and pb and len(pa) == len(pb) else None)
+        check(all(x is not None and x <= 1 for x in worst),
+              "mpirun -np 3 --cfg-degree 2: the single process's pictures within one level", worst)
     finally:
         rc = d.stop()
     check(rc == 0, "--cfg-degree 2: exit 0", rc)
