@@ -197,7 +197,8 @@ static int plan_acts(ditd_sd3 *m)
                                          c->head_dim, &m->cpa2)))
             goto fail;
         if (m->cpa2->n_loc != m->n_loc || m->cpa2->tok0 != m->tok0) {
-            err = ditd_err_set(DITD_EINVAL, "SD3 attn2's image split [%d, +%d) is not the joint one [%d, +%d)",
+            err = ditd_err_set(DITD_EINVAL,
+                               "SD3 attn2's image split [%d, +%d) is not the joint one [%d, +%d)",
                                m->cpa2->tok0, m->cpa2->n_loc, m->tok0, m->n_loc);
             goto fail;
         }
@@ -509,7 +510,8 @@ static int load_weights(ditd_sd3 *m, const ditd_safetensors *st)
     for (int l = 0; l < c->num_layers; l++) {
         ditd_sd3_block *b = &m->blk[l];
         LIN(b->ada, (b->dual ? 9 : 6) * D, D, "transformer_blocks.%d.norm1.linear", l);
-        LIN(b->ada_c, (b->pre_only ? 2 : 6) * D, D, "transformer_blocks.%d.norm1_context.linear", l);
+        LIN(b->ada_c, (b->pre_only ? 2 : 6) * D, D, "transformer_blocks.%d.norm1_context.linear",
+            l);
         QKV(b->qkv, qkv, "transformer_blocks.%d.attn", l);
         QKV(b->qkv_c, qkv_c, "transformer_blocks.%d.attn", l);
         if (qk) {
