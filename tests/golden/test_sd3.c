@@ -7,11 +7,13 @@
  * guidance on and off.
  * Bound: max|ours - ref| / max|ref| <= 1e-5 on every output; at least 10
  * cases must be checked. The bf16-weight CPU table on the same cases: no
- * farther from the reference than Diffusers' own bf16 run. Also: the registry hands out the SD3 family, its
- * shapes come from the config, the table's set_size and forward (with
- * conditioning rows and ditd_cond.skip_layers) give the same numbers, sizes
- * and skip lists it cannot take are refused, and bad configs are refused
- * naming key and value. */
+ * farther from the reference than Diffusers' own bf16 run. Also: the
+ * registry hands out the SD3 family, its shapes come from the config, the
+ * table's set_size and forward (with conditioning rows and
+ * ditd_cond.skip_layers) give the same numbers, sizes and skip lists it
+ * cannot take are refused, checkpoints that disagree with their config are
+ * refused naming the tensor, and bad configs are refused naming key and
+ * value. */
 #include <string.h>
 
 #include "engine/backend/backend.h"
@@ -35,7 +37,8 @@ static int run_model(const char *dir)
         sd3_case fc;
         ditd_sd3 *m = NULL;
         if (sd3_case_load(dir, c, &fc) == 0)
-            TU_OK(ditd_sd3_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h, fc.w, fc.L, dir, NULL, &m));
+            TU_OK(ditd_sd3_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h, fc.w, fc.L, dir, NULL,
+                                    &m));
         if (m) {
             float *got = calloc(fc.n_out, sizeof *got);
             TU_CHECK(fc.n_out == (size_t)fc.B * (size_t)cfg.out_channels * fc.h * fc.w,
@@ -43,8 +46,8 @@ static int run_model(const char *dir)
             TU_OK(ditd_sd3_forward(m, fc.B, fc.x, fc.t, fc.text, fc.pooled, fc.skip, fc.n_skip,
                                    got));
             char what[512];
-            snprintf(what, sizeof what, "%s forward[%zu] B=%d latent %dx%d text %d, %d skipped", dir,
-                     i, fc.B, fc.w, fc.h, fc.L, fc.n_skip);
+            snprintf(what, sizeof what, "%s forward[%zu] B=%d latent %dx%d text %d, %d skipped",
+                     dir, i, fc.B, fc.w, fc.h, fc.L, fc.n_skip);
             TU_CLOSE(what, got, fc.out, fc.n_out, TOL);
             checked++;
             if (fc.n_skip) { /* the skip list matters: without it the output moves off */

@@ -46,7 +46,7 @@ max_bytes=$((40 * 1024 * 1024))
 # GLIBC_<= the version MANIFEST names) and CUDA's.
 system_re='^(linux-vdso\.so|ld-linux[-a-z0-9_]*\.so|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libresolv\.so|libutil\.so)'
 cuda_re='^(libcuda\.so|libcudart\.so|libcublas\.so|libcublasLt\.so|libnccl\.so)'
-targets="ditd tests/gpu/test_cuda_ops tests/gpu/test_cuda_model tests/gpu/test_cuda_flux tests/gpu/bench_cuda tests/gpu/bench_cuda_flux tests/gpu/test_nccl_one"
+targets="ditd tests/gpu/test_cuda_ops tests/gpu/test_cuda_model tests/gpu/test_cuda_flux tests/gpu/test_cuda_sd3 tests/gpu/bench_cuda tests/gpu/bench_cuda_flux tests/gpu/test_nccl_one"
 
 # ---- 3. the check: with lib/ first, every library resolves inside the
 # bundle except glibc's and the CUDA ones; ditd starts through the bundled
@@ -113,7 +113,7 @@ stage=$build/ditd-gpu-bundle
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib/glibc" "$stage/fixtures"
 for t in $avail; do cp "$build/$t" "$stage/bin/"; done
-cp -r "$here/tests/fixtures/models" "$here/tests/fixtures/flux" "$stage/fixtures/"
+cp -r "$here/tests/fixtures/models" "$here/tests/fixtures/flux" "$here/tests/fixtures/sd3" "$stage/fixtures/"
 cp "$here/tests/gpu/run.sh" "$here/tests/gpu/run_lib.sh" "$stage/"
 # ldd lists the whole closure; copy each library under its soname
 ldd "$stage"/bin/* | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |

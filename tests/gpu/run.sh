@@ -24,6 +24,8 @@
 #   flux          test_cuda_flux (rope and rmsnorm_heads vs the CPU; the FLUX
 #                 fixtures' weights bf16 on the device; their forwards vs the
 #                 CPU backend and float64 Diffusers)
+#   sd3           test_cuda_sd3 (the SD3 fixtures' forwards on the device vs
+#                 the CPU's bf16-weight table and float64 Diffusers)
 #   memcheck-flux compute-sanitizer memcheck on test_cuda_flux
 #   nccl1         test_nccl_one (a one-rank NCCL communicator: splits, every
 #                 collective, send/recv to self, fail-stop, finalize)
@@ -93,7 +95,7 @@ else
     kit_step setup 120 10 "${cfg[@]}" -Dcuda=enabled -Dwerror=true
     if [ "$(kit_result setup)" != PASS ]; then kit_summary; exit 1; fi
     targets=()
-    for t in ditd tests/gpu/test_cuda_ops tests/gpu/test_cuda_model tests/gpu/test_cuda_flux tests/gpu/bench_cuda tests/gpu/bench_cuda_flux tests/gpu/test_nccl_one; do
+    for t in ditd tests/gpu/test_cuda_ops tests/gpu/test_cuda_model tests/gpu/test_cuda_flux tests/gpu/test_cuda_sd3 tests/gpu/bench_cuda tests/gpu/bench_cuda_flux tests/gpu/test_nccl_one; do
         ninja -C "$build" -t query "$t" >/dev/null 2>&1 && targets+=("$t") # test_nccl_one: with NCCL
     done
     kit_step build 300 30 ninja -C "$build" "${targets[@]}"
@@ -233,6 +235,7 @@ echo "seed $seed (DITD_TEST_SEED=$seed repeats the ops run)"
 # each binary, through the bundled loader where the glibc is older
 ops=("${RUN[@]}" "$bin/test_cuda_ops") model=("${RUN[@]}" "$bin/test_cuda_model")
 flux=("${RUN[@]}" "$bin/test_cuda_flux") benchf=("${RUN[@]}" "$bin/bench_cuda_flux")
+sd3=("${RUN[@]}" "$bin/test_cuda_sd3")
 ditd=("${RUN[@]}" "$bin/ditd") benchk=("${RUN[@]}" "$bin/bench_cuda") nccl1=("${RUN[@]}" "$bin/test_nccl_one")
 
 kit_step ops 150 20 env DITD_TEST_SEED="$seed" DITD_TEST_OUT="$out/ops" "${ops[@]}"
@@ -248,6 +251,7 @@ else
 fi
 kit_step model 180 30 env DITD_FIXTURES="$fix" DITD_TEST_OUT="$out/model" "${model[@]}"
 kit_step flux 120 20 env DITD_FIXTURES="$fix" DITD_TEST_SEED="$seed" "${flux[@]}"
+kit_step sd3 60 10 env DITD_FIXTURES="$fix" "${sd3[@]}"
 if [ -x "$bin/test_nccl_one" ]; then
     kit_step nccl1 60 15 "${nccl1[@]}"
 else

@@ -38,9 +38,9 @@ check "the archive is under 40 MiB" test "$(stat -c %s "$tarball")" -lt $((40 * 
 
 tar -C "$tmp" -xzf "$tarball"
 b=$tmp/ditd-gpu-bundle
-for f in bin/ditd bin/test_cuda_ops bin/test_cuda_model bin/test_cuda_flux bin/bench_cuda bin/bench_cuda_flux bin/test_nccl_one run.sh run_lib.sh MANIFEST \
+for f in bin/ditd bin/test_cuda_ops bin/test_cuda_model bin/test_cuda_flux bin/test_cuda_sd3 bin/bench_cuda bin/bench_cuda_flux bin/test_nccl_one run.sh run_lib.sh MANIFEST \
          lib/libopenblas.so.0 lib/libjansson.so.4 lib/libmpi.so.40 lib/glibc/ld-linux-x86-64.so.2 \
-         fixtures/models/tiny-p4-c1-h3/model_index.json fixtures/flux/tiny-c4/config.json; do
+         fixtures/models/tiny-p4-c1-h3/model_index.json fixtures/flux/tiny-c4/config.json fixtures/sd3/sd35-tiny/config.json; do
     check "the bundle has $f" test -e "$b/$f"
 done
 check "no CUDA library is bundled" test -z "$(ls "$b/lib" | grep -E '^lib(cuda|cudart|cublas|cublasLt|nccl)\.so')"
@@ -92,7 +92,7 @@ rc=$?
 check "stand-in GPU: exit 1 (the binaries find no device; got $rc)" test "$rc" -eq 1
 steps=$(sed -n '/^| step /,$p' "$tmp/run3.txt" | awk -F'|' 'NR > 2 && NF > 3 { gsub(/ /, "", $2); printf "%s ", $2 }')
 check "stand-in GPU: the steps in order" test "$steps" = \
-    "env ops memcheck model flux nccl1 gen-graphs gen-nographs graphs-cmp memcheck-flux bench-xl bench-kernels bench-flux racecheck "
+    "env ops memcheck model flux sd3 nccl1 gen-graphs gen-nographs graphs-cmp memcheck-flux bench-xl bench-kernels bench-flux racecheck "
 check "stand-in GPU: the summary is last" has <(tail -n 1 "$tmp/run3.txt") "gpu kit: "
 check "stand-in GPU: memcheck reaches test_cuda_ops" has "$tmp/out3/memcheck.log" "no CUDA device: skipped"
 check "stand-in GPU: memcheck-flux reaches test_cuda_flux" has "$tmp/out3/memcheck-flux.log" "no CUDA device: skipped"

@@ -26,17 +26,13 @@ static int carve_lin(ditd_arena *a, ditd_sd3_lin *l, ditd_dtype dt, size_t n, si
     return carve(a, &l->w, dt, n * k) | carve(a, &l->b, dt, n);
 }
 
-/* a row-parallel Linear: weight (n, k) of this rank's k columns, the whole bias */
-static int carve_row(ditd_arena *a, ditd_sd3_lin *l, ditd_dtype dt, size_t n, size_t k)
-{
-    return carve_lin(a, l, dt, n, k);
-}
-
 static int carve_weights(ditd_sd3 *m)
 {
     const ditd_sd3_config *c = &m->cfg;
     size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
-    size_t A = (size_t)m->A, F = (size_t)m->fc; /* this tp rank's */
+    /* this tp rank's heads (A columns of q, k, v; A input columns of the
+     * output projections) and MLP columns (F) */
+    size_t A = (size_t)m->A, F = (size_t)m->fc;
     size_t p = (size_t)c->patch_size;
     ditd_dtype wt = m->ops->weight_dtype;
     ditd_arena *a = &m->weights;
@@ -61,17 +57,17 @@ static int carve_weights(ditd_sd3 *m)
             err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
             err |= carve(a, &b->nq_c, wt, Dh) | carve(a, &b->nk_c, wt, Dh);
         }
-        err |= carve_row(a, &b->out, wt, D, A);
+        err |= carve_lin(a, &b->out, wt, D, A);
         err |= carve_lin(a, &b->ff1, wt, F, D);
-        err |= carve_row(a, &b->ff2, wt, D, F);
+        err |= carve_lin(a, &b->ff2, wt, D, F);
         if (!b->pre_only) {
-            err |= carve_row(a, &b->out_c, wt, D, A);
+            err |= carve_lin(a, &b->out_c, wt, D, A);
             err |= carve_lin(a, &b->ff1_c, wt, F, D);
-            err |= carve_row(a, &b->ff2_c, wt, D, F);
+            err |= carve_lin(a, &b->ff2_c, wt, D, F);
         }
         if (b->dual) {
             err |= carve_lin(a, &b->qkv2, wt, 3 * A, D);
-            err |= carve_row(a, &b->out2, wt, D, A);
+            err |= carve_lin(a, &b->out2, wt, D, A);
             if (qk)
                 err |= carve(a, &b->nq2, wt, Dh) | carve(a, &b->nk2, wt, Dh);
         }
@@ -197,7 +193,8 @@ static int plan_acts(ditd_sd3 *m)
                                          c->head_dim, &m->cpa2)))
             goto fail;
         if (m->cpa2->n_loc != m->n_loc || m->cpa2->tok0 != m->tok0) {
-            err = ditd_err_set(DITD_EINVAL, "SD3 attn2's image split [%d, +%d) is not the joint one [%d, +%d)",
+            err = ditd_err_set(DITD_EINVAL,
+                               "SD3 attn2's image split [%d, +%d) is not the joint one [%d, +%d)",
                                m->cpa2->tok0, m->cpa2->n_loc, m->tok0, m->n_loc);
             goto fail;
         }
@@ -510,7 +507,8 @@ static int load_weights(ditd_sd3 *m, const ditd_safetensors *st)
     for (int l = 0; l < c->num_layers; l++) {
         ditd_sd3_block *b = &m->blk[l];
         LIN(b->ada, (b->dual ? 9 : 6) * D, D, "transformer_blocks.%d.norm1.linear", l);
-        LIN(b->ada_c, (b->pre_only ? 2 : 6) * D, D, "transformer_blocks.%d.norm1_context.linear", l);
+        LIN(b->ada_c, (b->pre_only ? 2 : 6) * D, D, "transformer_blocks.%d.norm1_context.linear",
+            l);
         QKV(b->qkv, qkv, "transformer_blocks.%d.attn", l);
         QKV(b->qkv_c, qkv_c, "transformer_blocks.%d.attn", l);
         if (qk) {

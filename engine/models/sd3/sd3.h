@@ -26,7 +26,8 @@
  * only the window of the current size is kept on the device.
  *
  * Timesteps: t is the scheduler's (sigma * 1000), which is what
- * StableDiffusion3Pipeline passes the model. Skip-layer guidance: a forward
+ * StableDiffusion3Pipeline passes the model. The text's attention mask is
+ * not used (the pipeline passes none; every token attends). Skip-layer guidance: a forward
  * may skip a list of blocks (forward(skip_layers=...), the pipeline's
  * skip_guidance_layers; ditd_cond.skip_layers through the family table).
  *

@@ -70,11 +70,12 @@ static int get_dual(json_t *root, const char *path, int *idx, int *n)
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_array(v))
-        return ditd_err_set(DITD_EFORMAT, "%s: dual_attention_layers must be a list of block indices",
-                            path);
+        return ditd_err_set(DITD_EFORMAT,
+                            "%s: dual_attention_layers must be a list of block indices", path);
     if (json_array_size(v) > DITD_SD3_MAX_LAYERS)
-        return ditd_err_set(DITD_EUNSUPPORTED, "%s: dual_attention_layers has %zu entries (at most %d)",
-                            path, json_array_size(v), DITD_SD3_MAX_LAYERS);
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: dual_attention_layers has %zu entries (at most %d)", path,
+                            json_array_size(v), DITD_SD3_MAX_LAYERS);
     json_array_foreach(v, i, e) {
         if (!json_is_integer(e))
             return ditd_err_set(DITD_EFORMAT, "%s: dual_attention_layers[%zu] must be an integer",
@@ -82,8 +83,8 @@ static int get_dual(json_t *root, const char *path, int *idx, int *n)
         json_int_t k = json_integer_value(e);
         if (k < 0 || k >= DITD_SD3_MAX_LAYERS)
             return ditd_err_set(DITD_EUNSUPPORTED,
-                                "%s: dual_attention_layers[%zu] = %lld is not a block index", path, i,
-                                (long long)k);
+                                "%s: dual_attention_layers[%zu] = %lld is not a block index",
+                                path, i, (long long)k);
         idx[(*n)++] = (int)k;
     }
     return 0;
@@ -131,16 +132,16 @@ int ditd_sd3_config_finish(ditd_sd3_config *c, const char *what)
                             "%s: pos_embed_max_size = %d is not supported (1..4096; every SD3 checkpoint sets it)",
                             what, c->pos_embed_max_size);
     if (c->sample_size < c->patch_size || c->sample_size > 65536)
-        return ditd_err_set(DITD_EUNSUPPORTED, "%s: sample_size = %d (patch_size = %d..65536)", what,
-                            c->sample_size, c->patch_size);
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: sample_size = %d (patch_size = %d..65536)",
+                            what, c->sample_size, c->patch_size);
     if ((unsigned)c->qk_norm > DITD_SD3_QK_RMS)
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: qk_norm %d", what, (int)c->qk_norm);
     c->n_dual = 0;
     for (int l = 0; l < DITD_SD3_MAX_LAYERS; l++) {
         if (c->dual[l] && l >= c->num_layers)
             return ditd_err_set(DITD_EUNSUPPORTED,
-                                "%s: dual_attention_layers names block %d, but num_layers = %d", what,
-                                l, c->num_layers);
+                                "%s: dual_attention_layers names block %d, but num_layers = %d",
+                                what, l, c->num_layers);
         c->n_dual += c->dual[l] != 0;
     }
     c->inner_dim = D;
