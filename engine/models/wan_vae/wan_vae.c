@@ -12,8 +12,6 @@
 #include "engine/core/error.h"
 #include "engine/io/safetensors.h"
 #include "engine/models/wan_vae/wan_vae_internal.h"
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/text_kernels.h"
 
 /* ---- the parameter list: every tensor with its name, shape and slot ---- */
 
