@@ -172,6 +172,10 @@ typedef struct ditd_backend_ops {
      * (tensor parallel: the caller all-reduces ss over the ranks holding
      * the rest of the row in between). */
     void (*row_sumsq)(const void *x, size_t ld, int rows, int n, float *ss);
+    /* y = GELU(y) with erf (torch's approximate="none"), in place, n
+     * activations: Wan 2.1 I2V's image embedder. NULL where a backend lacks
+     * it (such a model is then refused at load). */
+    void (*gelu_erf)(void *y, size_t n);
     void (*rmsnorm_rows)(void *x, size_t ld, const void *w, const float *ss, int rows, int n,
                          int n_total, float eps);
 

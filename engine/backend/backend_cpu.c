@@ -17,6 +17,7 @@
 #include "kernels/cpu/image_kernels.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/video_kernels.h"
+#include "kernels/cpu/text_kernels.h"
 
 const char *ditd_device_name(ditd_device d)
 {
@@ -318,6 +319,15 @@ static void cpu_row_sumsq(const void *x, size_t ld, int rows, int n, float *ss)
     ditd_cpu_row_sumsq(x, ld, rows, n, ss);
 }
 
+/* the text kernels' erf GELU (torch "gelu"), in chunks an int counts */
+static void cpu_gelu_erf(void *y, size_t n)
+{
+    for (size_t i = 0; i < n; i += (size_t)1 << 30) {
+        size_t k = n - i < (size_t)1 << 30 ? n - i : (size_t)1 << 30;
+        ditd_cpu_tact_apply((float *)y + i, k, 1, (int)k, DITD_CPU_TACT_GELU);
+    }
+}
+
 static void cpu_rmsnorm_rows(void *x, size_t ld, const void *w, const float *ss, int rows, int n,
                              int n_total, float eps)
 {
@@ -428,6 +438,7 @@ const ditd_backend_ops ditd_backend_cpu = {
     .rmsnorm_heads = cpu_rmsnorm_heads,
     .row_sumsq = cpu_row_sumsq,
     .rmsnorm_rows = cpu_rmsnorm_rows,
+    .gelu_erf = cpu_gelu_erf,
     .upload_f32 = cpu_upload, /* activations are f32 here */
     .conv3d_frame = cpu_conv3d_frame,
     .rmsnorm_channels = cpu_rmsnorm_channels,
@@ -472,10 +483,7 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
     .rmsnorm_heads = cpu_rmsnorm_heads_bf16,
     .row_sumsq = cpu_row_sumsq,        /* activations stay f32: the f32 table's */
     .rmsnorm_rows = cpu_rmsnorm_rows,
-    /* the Wan image embedder's (engine/models/wan): f32 activations, the
-     * weight's type given per call, as on the f32 table */
-    .linear_wt = ditd__cpu_linear_wt,
-    .layernorm_affine = ditd__cpu_layernorm_affine,
+    .gelu_erf = cpu_gelu_erf,
     .upload_f32 = cpu_upload,
     .row_diff_stats = cpu_row_diff_stats,
     .axpby = cpu_axpby,

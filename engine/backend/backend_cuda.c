@@ -278,6 +278,11 @@ static void cu_row_sumsq(const void *x, size_t ld, int rows, int n, float *ss)
     keep(ditd_cuda_row_sumsq(x, ld, rows, n, ss, CS), "row_sumsq");
 }
 
+static void cu_gelu_erf(void *y, size_t n)
+{
+    keep(ditd_cuda_gelu_erf(y, n, CS), "gelu_erf");
+}
+
 static void cu_rmsnorm_rows(void *x, size_t ld, const void *w, const float *ss, int rows, int n,
                             int n_total, float eps)
 {
@@ -498,6 +503,7 @@ static const ditd_backend_ops cuda_ops = {
     .rope = cu_rope,
     .rmsnorm_heads = cu_rmsnorm_heads,
     .row_sumsq = cu_row_sumsq,
+    .gelu_erf = cu_gelu_erf,
     .rmsnorm_rows = cu_rmsnorm_rows,
     .upload_f32 = cu_upload_f32,
     .conv3d_frame = cu_conv3d_frame,

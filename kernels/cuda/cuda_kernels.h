@@ -88,6 +88,9 @@ int ditd_cuda_f32_to_bf16(const float *src, void *dst, size_t n, ditd_cuda_strea
 int ditd_cuda_bf16_to_f32(const void *src, float *dst, size_t n, ditd_cuda_stream s);
 /* y = act(x), y == x allowed. */
 int ditd_cuda_act_apply(const void *x, void *y, size_t n, ditd_cuda_act act, ditd_cuda_stream s);
+/* y = 0.5 y (1 + erf(y / sqrt 2)) in place (torch GELU, approximate="none"):
+ * Wan 2.1 I2V's image embedder. */
+int ditd_cuda_gelu_erf(void *y, size_t n, ditd_cuda_stream s);
 /* y += x. */
 int ditd_cuda_add(void *y, const void *x, size_t n, ditd_cuda_stream s);
 /* Step caching (engine/pipeline/step_cache.c): y = a x + b y over n

@@ -70,6 +70,26 @@ extern "C" int ditd_cuda_act_apply(const void *x, void *y, size_t n, ditd_cuda_a
     return launch_check();
 }
 
+/* erf GELU (torch's approximate="none"), in place */
+static __global__ void gelu_erf_kernel(bf16 *y, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float v = ld_bf16(y + i);
+        st_bf16(y + i, 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+    }
+}
+
+extern "C" int ditd_cuda_gelu_erf(void *y, size_t n, ditd_cuda_stream s)
+{
+    if (n == 0)
+        return 0;
+    if (!y)
+        return DITD_CUDA_EINVAL;
+    gelu_erf_kernel<<<ew_blocks(n), DITD_CUDA_EW_THREADS, 0, (cudaStream_t)s>>>((bf16 *)y, n);
+    return launch_check();
+}
+
 static __global__ void add_kernel(bf16 *y, const bf16 *x, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

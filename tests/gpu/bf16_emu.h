@@ -119,6 +119,12 @@ static void e_rmsnorm_rows(void *x, size_t ld, const void *w, const float *ss, i
     round_rows(x, (size_t)rows, ld, (size_t)n);
 }
 
+static void e_gelu_erf(void *y, size_t n)
+{
+    W->gelu_erf(y, n);
+    round_n(y, n);
+}
+
 static inline void bf16_emu_table(ditd_backend_ops *E)
 {
     *E = ditd_backend_cpu_bf16;
@@ -135,6 +141,7 @@ static inline void bf16_emu_table(ditd_backend_ops *E)
     E->rope = e_rope;
     E->rmsnorm_heads = e_rmsnorm_heads;
     E->rmsnorm_rows = e_rmsnorm_rows;
+    E->gelu_erf = e_gelu_erf;
 }
 
 #endif

@@ -7,8 +7,7 @@
  *   against Diffusers' float64 output: WAN_FWD_REF / 2.
  * What it is not: a test of any CUDA code; it says whether bf16 storage
  * alone, with these models, leaves room inside the stated bounds. At least
- * 10 cases must be checked (the image-branch models, which the CUDA
- * backend refuses, are not run). */
+ * 13 cases must be checked. */
 #include <string.h>
 
 #include "engine/backend/backend.h"
@@ -17,7 +16,7 @@
 #include "tests/gpu/wan_bounds.h"
 #include "tests/wan_case.h"
 
-#define MIN_CASES 10
+#define MIN_CASES 13
 
 int main(void)
 {
@@ -33,8 +32,6 @@ int main(void)
         snprintf(dir, sizeof dir, "%s/wan/%s", tu_fixtures(), wan_models[mi]);
         snprintf(path, sizeof path, "%s/config.json", dir);
         TU_OK(ditd_wan_config_load(path, &cfg));
-        if (cfg.image_dim) /* refused on CUDA (test_cuda_wan): no bound to check */
-            continue;
         cases = wan_cases(dir);
         json_array_foreach(cases, i, c) {
             wan_case wc;

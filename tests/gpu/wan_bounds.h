@@ -5,7 +5,7 @@
  * the other half left for what the emulation does not model (attention's
  * bf16 P, cuBLASLt's summation order).
  *
- * Measured by that emulation on the fixtures (tests/fixtures/wan, 10 cases):
+ * Measured by that emulation on the fixtures (tests/fixtures/wan, 13 cases):
  *   bf16 activations against the CPU's bf16-weight table (the same weights):
  *     rel 3.7e-3 .. 6.9e-3                        -> WAN_FWD_ACT = 2e-2;
  *   against Diffusers' float64 output (the weights' bf16 rounding on top;

@@ -44,7 +44,7 @@ static int carve_weights(ditd_wan *m)
     if (c->image_dim) {
         size_t Di = (size_t)c->image_dim;
         err |= carve(a, &m->ie_n1w, at, Di) | carve(a, &m->ie_n1b, at, Di);
-        err |= carve(a, &m->ie_ff1w, DITD_DTYPE_F32, Di * Di) | carve(a, &m->ie_ff1b, at, Di);
+        err |= carve_lin(a, &m->ie_ff1, wt, Di, Di);
         err |= carve_lin(a, &m->ie_ff2, wt, D, Di);
         err |= carve(a, &m->ie_n2w, at, D) | carve(a, &m->ie_n2b, at, D);
         if (c->pos_embed_seq_len)
@@ -91,7 +91,7 @@ static int carve_acts(ditd_wan *m)
         size_t Li = (size_t)m->Li, Di = (size_t)c->image_dim;
         err |= carve(a, &m->im_in, at, B * Li * Di) | carve(a, &m->im_h, at, B * Li * Di);
         err |= carve(a, &m->im_ctx, at, B * Li * D) | carve(a, &m->kvim, at, B * Li * 2 * A);
-        err |= carve(a, &m->aoi, at, B * Nl * A) | carve(a, &m->lwt_scratch, at, 64 * Di);
+        err |= carve(a, &m->aoi, at, B * Nl * A);
     }
     size_t ssr = Nl > L ? Nl : L; /* rows of any qk_norm: tokens, text or image */
     ssr = ssr > (size_t)m->Li ? ssr : (size_t)m->Li;
@@ -426,29 +426,16 @@ static int load_weights(ditd_wan *m, const ditd_safetensors *st)
                             "the checkpoint has an image branch (condition_embedder.image_embedder, attn2.add_k_proj) but the config has no image_dim");
     if (Di) {
         const char *ie = "condition_embedder.image_embedder";
-        int64_t sq[2] = {Di, Di};
         NAME("%s.norm1.weight", ie);
-        TRY(vec_act(&ld, m->ie_n1w, Di, 0, -1, NULL));
+        TRY(vec_act(&ld, m->ie_n1w, Di, 0, -1, minus_one));
         NAME("%s.norm1.bias", ie);
         TRY(vec_act(&ld, m->ie_n1b, Di, 0, -1, NULL));
-        NAME("%s.ff.net.0.proj.weight", ie); /* fp32 as read: linear_wt widens nothing */
-        if (ld.cap < (size_t)(Di * Di)) {
-            float *t = realloc(ld.stage, (size_t)(Di * Di) * sizeof(float));
-            if (!t) {
-                err = ditd_err_set(DITD_ENOMEM, "staging %s", ld.name);
-                goto done;
-            }
-            ld.stage = t;
-            ld.cap = (size_t)(Di * Di);
-        }
-        TRY(ditd_safetensors_read_f32(st, ld.name, 2, sq, ld.stage));
-        ops->upload_f32(m->ie_ff1w, ld.stage, (size_t)(Di * Di));
-        NAME("%s.ff.net.0.proj.bias", ie);
-        TRY(vec_act(&ld, m->ie_ff1b, Di, 0, -1, NULL));
+        snprintf(pre, sizeof pre, "%s.ff.net.0.proj", ie);
+        TRY(lin_all(&ld, &m->ie_ff1, Di, Di, pre));
         snprintf(pre, sizeof pre, "%s.ff.net.2", ie);
         TRY(lin_all(&ld, &m->ie_ff2, D, Di, pre));
         NAME("%s.norm2.weight", ie);
-        TRY(vec_act(&ld, m->ie_n2w, D, 0, -1, NULL));
+        TRY(vec_act(&ld, m->ie_n2w, D, 0, -1, minus_one));
         NAME("%s.norm2.bias", ie);
         TRY(vec_act(&ld, m->ie_n2b, D, 0, -1, NULL));
         if (c->pos_embed_seq_len) {
@@ -571,8 +558,10 @@ static int pack_linears(ditd_wan *m)
     PACK(m->x1, D, c->text_dim);
     PACK(m->x2, D, D);
     PACK(m->proj, pp * c->out_channels, D);
-    if (c->image_dim)
+    if (c->image_dim) {
+        PACK(m->ie_ff1, c->image_dim, c->image_dim);
         PACK(m->ie_ff2, D, c->image_dim);
+    }
     for (int l = 0; l < c->num_layers; l++) {
         ditd_wan_block *b = &m->blk[l];
         PACK(b->qkv, 3 * A, D);
@@ -603,9 +592,9 @@ int ditd_wan_new_mesh(const ditd_wan_config *cfg, const ditd_backend_ops *ops, i
         return ditd_err_set(DITD_EUNSUPPORTED,
                             "WanTransformer3DModel needs the rope, row_sumsq, rmsnorm_rows and upload_f32 ops, which the %s backend lacks",
                             ops->name);
-    if (cfg->image_dim && (!ops->linear_wt || !ops->layernorm_affine))
+    if (cfg->image_dim && !ops->gelu_erf)
         return ditd_err_set(DITD_EUNSUPPORTED,
-                            "a WanTransformer3DModel with an image branch (image_dim = %d) needs the linear_wt and layernorm_affine ops, which the %s backend lacks",
+                            "a WanTransformer3DModel with an image branch (image_dim = %d) needs the gelu_erf op, which the %s backend lacks",
                             cfg->image_dim, ops->name);
     if ((err = check_sizes(cfg, frames, height, width, text_len)))
         return err;

@@ -59,9 +59,9 @@
  * add_v_proj of that context (k RMS-normalized across heads by
  * norm_added_k), added to the text attention's output before to_out; the
  * text is then the last 512 tokens (WanAttnProcessor splits there), so such
- * a model runs at text length 512 only. Its FeedForward runs through
- * linear_wt and its LayerNorms through layernorm_affine: a backend without
- * them (CUDA today) refuses such a model at load.
+ * a model runs at text length 512 only. Its erf GELU is the gelu_erf op (a
+ * backend without it refuses such a model at load); its affine LayerNorms
+ * run as layernorm_modulate with scale w - 1 and shift b, as norm2 does.
  *
  * What it is not: no text encoder (UMT5), no CLIP vision encoder, no
  * sampler, no VAE, no pipeline. A backend without the rope, row_sumsq,
@@ -127,11 +127,11 @@ typedef struct ditd_wan {
     ditd_wan_block *blk;
     /* the image embedder (WanImageEmbedding; image_dim > 0): LN, FF (GELU
      * erf), LN, with pos_embed for FLF2V */
-    void *ie_n1w, *ie_n1b;  /* condition_embedder.image_embedder.norm1 (Di), act type */
-    void *ie_ff1w;          /* .ff.net.0.proj.weight (Di, Di), fp32 (linear_wt) */
-    void *ie_ff1b;          /* .ff.net.0.proj.bias (Di), act type */
+    void *ie_n1w, *ie_n1b;  /* condition_embedder.image_embedder.norm1: weight - 1, bias (Di),
+                             * act type (the modulate op's scale and shift) */
+    ditd_wan_lin ie_ff1;    /* .ff.net.0.proj (Di, Di) */
     ditd_wan_lin ie_ff2;    /* .ff.net.2 (D, Di) */
-    void *ie_n2w, *ie_n2b;  /* .norm2 (D), act type */
+    void *ie_n2w, *ie_n2b;  /* .norm2: weight - 1, bias (D), act type */
     void *ie_pos;           /* .pos_embed (Li, Di), act type (pos_embed_seq_len) */
 
     /* activations for max_batch samples; Nl = this rank's video tokens; the
@@ -150,7 +150,6 @@ typedef struct ditd_wan {
     void *im_ctx;           /* (B, Li, D) embedded image context */
     void *kvim;             /* (B, Li, 2A) its k|v */
     void *aoi;              /* (B, Nl, A) the image attention's output */
-    void *lwt_scratch;      /* linear_wt's panel scratch (Di x 64) */
     float *ss;              /* (B max(Nl, L, Li)) fp32 sums of squares (qk_norm) */
     void *tfreq;            /* (B F, freq) sinusoidal features */
     void *temb;             /* (B F, D) */

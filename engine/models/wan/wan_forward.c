@@ -131,11 +131,13 @@ static void image_embedding(ditd_wan *m, int B, const float *h_image)
     if (c->pos_embed_seq_len)
         for (size_t b = 0; b < (size_t)B; b++)
             ops->add(at(m, m->im_in, b * (size_t)Li * Dz), m->ie_pos, (size_t)Li * Dz);
-    ops->layernorm_affine(m->im_in, m->im_h, M, Di, 1e-5f, m->ie_n1w, m->ie_n1b);
-    ops->linear_wt(m->im_h, Dz, m->ie_ff1w, DITD_DTYPE_F32, m->ie_ff1b, m->im_in, Dz, M, Di, Di,
-                   DITD_TEXT_ACT_GELU, m->lwt_scratch, 64 * Dz);
+    /* LN(x) w + b as LN(x) (1 + (w - 1)) + b, one modulation row for all */
+    ops->layernorm_modulate(m->im_in, m->im_h, 1, M, Di, 1e-5f, m->ie_n1b, m->ie_n1w, Dz);
+    lin(m, m->im_h, Dz, &m->ie_ff1, m->im_in, Dz, M, Di, Di, DITD_ACT_NONE);
+    ops->gelu_erf(m->im_in, (size_t)M * Dz);
     lin(m, m->im_in, Dz, &m->ie_ff2, m->im_ctx, (size_t)D, M, D, Di, DITD_ACT_NONE);
-    ops->layernorm_affine(m->im_ctx, m->im_ctx, M, D, 1e-5f, m->ie_n2w, m->ie_n2b);
+    ops->layernorm_modulate(m->im_ctx, m->im_ctx, 1, M, D, 1e-5f, m->ie_n2b, m->ie_n2w,
+                            (size_t)D);
 }
 
 /* WanTransformerBlock over this rank's tokens img (B, Nl, D); R modulation
