@@ -1,5 +1,5 @@
 /* A CPU emulation of the CUDA backend's storage, for the bound checks that
- * run without a GPU (tests/gpu/test_flux_bf16_emu.c, test_wan_bf16_emu.c):
+ * run without a GPU (tests/gpu/test_flux_bf16_emu.c, test_wan_bf16_emu.c, test_sd3_bf16_emu.c):
  * the CPU's bf16-weight table with every op's output (and every upload)
  * rounded to bf16 to nearest even, as the CUDA kernels round what they
  * store. bf16_emu_table(&E) fills E; unpatchify and copy2d move values

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "engine/models/sd3/sd3.h"
-#include "tests/gpu/bf16_emu_sd3.h"
+#include "tests/gpu/bf16_emu.h"
 #include "tests/gpu/sd3_bounds.h"
 #include "tests/sd3_case.h"
 
@@ -19,7 +19,8 @@
 
 int main(void)
 {
-    ditd_backend_ops E = emu_bf16_table();
+    ditd_backend_ops E;
+    bf16_emu_table(&E);
     int checked = 0;
     for (int mi = 0; mi < SD3_MODELS; mi++) {
         char dir[4096], path[4200], what[600];
@@ -34,7 +35,7 @@ int main(void)
             sd3_case fc;
             ditd_sd3 *mw = NULL, *me = NULL;
             if (sd3_case_load(dir, c, &fc) == 0) {
-                TU_OK(ditd_sd3_new_mesh(&cfg, EMU_W, fc.B, fc.h, fc.w, fc.L, dir, NULL, &mw));
+                TU_OK(ditd_sd3_new_mesh(&cfg, W, fc.B, fc.h, fc.w, fc.L, dir, NULL, &mw));
                 TU_OK(ditd_sd3_new_mesh(&cfg, &E, fc.B, fc.h, fc.w, fc.L, dir, NULL, &me));
             }
             if (mw && me) {
@@ -42,7 +43,7 @@ int main(void)
                 float *ref = calloc(fc.n_out, sizeof *ref), *got = calloc(fc.n_out, sizeof *got);
                 float *x = malloc(nin * sizeof *x);
                 memcpy(x, fc.x, nin * sizeof *x);
-                emu_round_n(x, nin); /* as the CUDA test uploads it */
+                round_n(x, nin); /* as the CUDA test uploads it */
                 TU_OK(ditd_sd3_forward(mw, fc.B, fc.x, fc.t, fc.text, fc.pooled, fc.skip,
                                        fc.n_skip, ref));
                 TU_OK(ditd_sd3_forward(me, fc.B, x, fc.t, fc.text, fc.pooled, fc.skip, fc.n_skip,
