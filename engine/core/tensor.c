@@ -65,6 +65,18 @@ const char *ditd_tensor_shape_str(const ditd_tensor *t, char *buf, size_t len)
     return buf;
 }
 
+const char *ditd_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    o += (size_t)snprintf(buf + o, len - o, "(");
+    for (int i = 0; i < ndim && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < len)
+        snprintf(buf + o, len - o, ndim == 1 ? ",)" : ")");
+    return buf;
+}
+
 void ditd_arena_init(ditd_arena *a)
 {
     memset(a, 0, sizeof *a);

@@ -39,6 +39,10 @@ typedef struct ditd_tensor {
 int64_t ditd_tensor_numel(const ditd_tensor *t);
 /* "(2, 49, 384)" into buf; returns buf. */
 const char *ditd_tensor_shape_str(const ditd_tensor *t, char *buf, size_t len);
+/* ndim sizes as Python prints a shape: "(384, 96)", "(384,)", "()"; into
+ * buf (len bytes, cut when short), which it returns. For file readers'
+ * messages. */
+const char *ditd_shape_str(char *buf, size_t len, int ndim, const int64_t *shape);
 
 /* The arena works in two passes over the same plan: first with
  * ditd_arena_plan() (reserve sizes, no memory), then ditd_arena_commit()

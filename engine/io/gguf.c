@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "engine/core/error.h"
+#include "engine/core/tensor.h"
 #include "kernels/cpu/dequant.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -779,18 +780,6 @@ const ditd_gguf_tensor *ditd_gguf_find(const ditd_gguf *g, const char *name)
 
 /* ---- reads ------------------------------------------------------------------ */
 
-static const char *shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
-{
-    size_t o = 0;
-    buf[0] = '\0';
-    o += (size_t)snprintf(buf + o, len - o, "(");
-    for (int i = 0; i < ndim && o < len; i++)
-        o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (o < len)
-        snprintf(buf + o, len - o, ndim == 1 ? ",)" : ")");
-    return buf;
-}
-
 static int lookup(const ditd_gguf *g, const char *name, int ndim, const int64_t *shape,
                   const ditd_gguf_tensor **out)
 {
@@ -806,8 +795,8 @@ static int lookup(const ditd_gguf *g, const char *name, int ndim, const int64_t 
     if (!same) {
         char have[160], want[160];
         return ditd_err_set(DITD_ESHAPE, "tensor '%s' has shape %s in %s, expected %s", name,
-                            shape_str(have, sizeof have, t->ndim, t->shape), g->path,
-                            shape_str(want, sizeof want, ndim, shape));
+                            ditd_shape_str(have, sizeof have, t->ndim, t->shape), g->path,
+                            ditd_shape_str(want, sizeof want, ndim, shape));
     }
     if (!ditd_gguf_type_supported(t->type))
         return ditd_err_set(DITD_EUNSUPPORTED,

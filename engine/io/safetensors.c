@@ -27,6 +27,7 @@
 #include <jansson.h>
 
 #include "engine/core/error.h"
+#include "engine/core/tensor.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "ditd reads little-endian safetensors and needs a little-endian host"
@@ -877,19 +878,6 @@ const ditd_st_tensor *ditd_safetensors_find(const ditd_safetensors *st, const ch
     return NULL;
 }
 
-/* "(384, 96)", "(384,)", "()" as Python prints a shape. */
-static const char *shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
-{
-    size_t o = 0;
-    buf[0] = '\0';
-    o += (size_t)snprintf(buf + o, len - o, "(");
-    for (int i = 0; i < ndim && o < len; i++)
-        o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (o < len)
-        snprintf(buf + o, len - o, ndim == 1 ? ",)" : ")");
-    return buf;
-}
-
 /* Finds `name`, checks its shape against the caller's and that it reads as
  * f32. */
 static int st_lookup(const ditd_safetensors *st, const char *name, int ndim,
@@ -907,8 +895,8 @@ static int st_lookup(const ditd_safetensors *st, const char *name, int ndim,
     if (!same) {
         char have[160], want[160];
         return ditd_err_set(DITD_ESHAPE, "tensor '%s' has shape %s in %s, expected %s", name,
-                            shape_str(have, sizeof have, t->ndim, t->shape), t->file,
-                            shape_str(want, sizeof want, ndim, shape));
+                            ditd_shape_str(have, sizeof have, t->ndim, t->shape), t->file,
+                            ditd_shape_str(want, sizeof want, ndim, shape));
     }
     if (!is_f32_readable(t->dtype))
         return ditd_err_set(DITD_EUNSUPPORTED,

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "engine/core/error.h"
+#include "engine/core/tensor.h"
 #include "kernels/cpu/dequant.h"
 
 #define MAX_SEGS 4
@@ -281,16 +282,6 @@ int ditd_weights_alias(ditd_weights *w, const char *name, int nseg, const ditd_w
     return 0;
 }
 
-static const char *shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
-{
-    size_t o = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < ndim && o < len; i++)
-        o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (o < len)
-        snprintf(buf + o, len - o, ndim == 1 ? ",)" : ")");
-    return buf;
-}
-
 static int alias_check(const ditd_weights *w, const alias *a, int ndim, const int64_t *shape)
 {
     int same = ndim == a->ndim;
@@ -299,8 +290,9 @@ static int alias_check(const ditd_weights *w, const alias *a, int ndim, const in
     if (!same) {
         char have[160], want[160];
         return ditd_err_set(DITD_ESHAPE, "tensor '%s' (from %s) has shape %s in %s, expected %s",
-                            a->name, a->seg[0].src, shape_str(have, sizeof have, a->ndim, a->shape),
-                            w->path, shape_str(want, sizeof want, ndim, shape));
+                            a->name, a->seg[0].src,
+                            ditd_shape_str(have, sizeof have, a->ndim, a->shape), w->path,
+                            ditd_shape_str(want, sizeof want, ndim, shape));
     }
     return 0;
 }
