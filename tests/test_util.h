@@ -145,6 +145,21 @@ static inline tu_err tu_compare(const float *a, const float *b, size_t n)
         }                                                                          \
     } while (0)
 
+/* 8-bit pixels against a reference stored as floats (a fixture's uint8
+ * image read through the .npy reader): the worst level difference, and in
+ * *off how many of the n values differ at all. */
+static inline int tu_pixels_worst(const uint8_t *got, const float *want, size_t n, size_t *off)
+{
+    int worst = 0;
+    *off = 0;
+    for (size_t i = 0; i < n; i++) {
+        int d = abs((int)got[i] - (int)want[i]);
+        worst = d > worst ? d : worst;
+        *off += d != 0;
+    }
+    return worst;
+}
+
 static inline const char *tu_fixtures(void)
 {
     const char *d = getenv("DITD_FIXTURES");

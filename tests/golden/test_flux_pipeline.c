@@ -294,13 +294,8 @@ static int run_case(json_t *c, int *bf16)
         goto out;
     pix = malloc(n_img);
     TU_OK(ditd_latent_image_run(li, out, B, NULL, pix));
-    int worst = 0;
-    size_t off = 0;
-    for (size_t i = 0; i < n_img; i++) {
-        int d = abs((int)pix[i] - (int)img[i]);
-        worst = d > worst ? d : worst;
-        off += d != 0;
-    }
+    size_t off;
+    int worst = tu_pixels_worst(pix, img, n_img, &off);
     TU_CHECK(worst <= 1, "%s: image %dx%d: worst %d levels (%zu of %zu values off by one)", name,
              li->W, li->H, worst, off, n_img);
     printf("ok   %s: image %dx%d x%d within %d level(s) (%zu of %zu off)\n", name, li->W, li->H, B,

@@ -210,13 +210,8 @@ static int run_case(json_t *c, int *nine)
     if (n_img != npx || !(pix = malloc(npx)))
         goto out;
     TU_OK(ditd_latent_video_run(lv, out, B, F, lh, lw, pix));
-    int worst = 0;
-    size_t off = 0;
-    for (size_t i = 0; i < npx; i++) {
-        int d = abs((int)pix[i] - (int)img[i]);
-        worst = d > worst ? d : worst;
-        off += d != 0;
-    }
+    size_t off;
+    int worst = tu_pixels_worst(pix, img, npx, &off);
     TU_CHECK(worst <= 1, "%s: frames %dx%d x%d: worst %d levels (%zu of %zu values off by one)",
              name, lw * s, lh * s, NF, worst, off, npx);
     printf("ok   %s: %d frames %dx%d x%d within %d level(s) (%zu of %zu off)\n", name, NF, lw * s,
