@@ -67,6 +67,7 @@
 #include "engine/core/tensor.h"
 #include "engine/models/denoiser.h"
 #include "engine/models/flux/flux_config.h"
+#include "engine/models/weight_list.h"
 #include "engine/parallel/cp_attention.h"
 #include "engine/parallel/mesh.h"
 
@@ -115,6 +116,7 @@ typedef struct ditd_flux {
     ditd_arena weights, acts;
     const struct ditd_weights *src; /* while loading: which linears stay quantized */
     int quantized;          /* linears kept in GGML blocks */
+    ditd_wl wl;             /* while loading: the weight list (weight_list.h) */
 
     ditd_flux_lin x_emb;    /* x_embedder (D, 4C) = conv (D, C, 2, 2) */
     ditd_flux_lin ctx_emb;  /* context_embedder (D, Dt) */
