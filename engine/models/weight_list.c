@@ -187,8 +187,10 @@ int ditd_wl_plan(const ditd_wl *l, ditd_arena *a, const ditd_backend_ops *ops,
             *e->w = ditd_arena_bytes(a, N * K * ws, &e1);
         }
         err |= e1;
-        *e->b = ditd_arena_bytes(a, N * ws, &e1);
-        err |= e1;
+        if (e->b) {
+            *e->b = ditd_arena_bytes(a, N * ws, &e1);
+            err |= e1;
+        }
     }
     return err ? DITD_ENOMEM : 0;
 }
@@ -269,7 +271,7 @@ static int load_entry(const ditd_wl_entry *e, const struct ditd_weights *st,
         int quant = e->q && e->q->data;
         void *w = quant ? (void *)((uint8_t *)*e->w + (size_t)(j * pn) * e->q->row_bytes)
                         : ditd_ptr_w(ops, *e->w, (size_t)(j * pn * K));
-        void *b = ditd_ptr_w(ops, *e->b, (size_t)(j * pn));
+        void *b = e->b ? ditd_ptr_w(ops, *e->b, (size_t)(j * pn)) : NULL;
         snprintf(name, sizeof name, "%s.weight", pre);
         if (quant) {
             err = e->split == DITD_WL_COLS ? qcols(st, name, e, w)
@@ -297,6 +299,8 @@ static int load_entry(const ditd_wl_entry *e, const struct ditd_weights *st,
         }
         if (err)
             return err;
+        if (!b)
+            continue;
         snprintf(name, sizeof name, "%s.bias", pre);
         int64_t r0 = e->split == DITD_WL_ROWS ? e->r0 : 0;
         float *buf = room(s, (size_t)pn, name, &err);

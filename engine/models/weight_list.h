@@ -57,7 +57,7 @@ typedef struct ditd_wl_entry {
     int64_t r0, rn;       /* DITD_WL_ROWS */
     int ncols;            /* DITD_WL_COLS: 1 or 2 ranges */
     int64_t c0[2], cn[2];
-    void **w, **b;        /* where the carved weight and bias go (b NULL for a vector) */
+    void **w, **b;        /* where the carved weight and bias go (b NULL: no bias) */
     ditd_qweight *q;      /* NULL: never quantized */
 } ditd_wl_entry;
 

@@ -9,6 +9,7 @@
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
 #include "engine/io/weights.h"
+#include "engine/models/weight_list.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #define TFREQ 256 /* E: Timesteps(num_channels=256) in CombinedTimestepLabelEmbeddings */
@@ -23,45 +24,67 @@ static int carve(ditd_arena *a, void **p, ditd_dtype dt, size_t n)
     return err;
 }
 
-static int carve_weights(ditd_dit *m)
+/* The model's weight list (engine/models/weight_list.h), written once from
+ * the config and this rank's tp plan, walked for planning, loading and
+ * packing. tp: q, k, v and ff.net.0.proj column-parallel (this rank's heads
+ * and MLP rows), to_out.0 and ff.net.2 row-parallel (the matching columns). */
+static void weight_list(ditd_dit *m, ditd_wl *wl)
 {
     const ditd_dit_config *c = &m->cfg;
-    size_t D = (size_t)c->inner_dim, p = (size_t)c->patch_size;
-    size_t K1 = (size_t)c->num_embeds_ada_norm + 1, po = p * p * (size_t)c->out_channels;
-    size_t hcD = (size_t)m->hc * (size_t)c->head_dim, Fl = (size_t)m->fc;
-    ditd_dtype wt = m->ops->weight_dtype;
-    ditd_arena *a = &m->weights;
-    int err = 0;
+    int64_t D = c->inner_dim, F = c->ff_dim, p = c->patch_size;
+    int64_t K1 = (int64_t)c->num_embeds_ada_norm + 1, po = p * p * c->out_channels;
+    int64_t Dh = c->head_dim, hcD = (int64_t)m->hc * Dh, h0D = (int64_t)m->h0 * Dh;
+    int64_t Fl = m->fc, f0 = m->f0;
+    const int P = DITD_WL_PACK;
+    static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
+    char pre[160];
 
-    err |= carve(a, &m->patch_w, wt, D * (size_t)c->in_channels * p * p);
-    err |= carve(a, &m->patch_b, wt, D);
-    err |= carve(a, &m->pos, m->ops->act_dtype, (size_t)m->N * D);
-    err |= carve(a, &m->out1_w, wt, 2 * D * D);
-    err |= carve(a, &m->out1_b, wt, 2 * D);
-    err |= carve(a, &m->out2_w, wt, po * D);
-    err |= carve(a, &m->out2_b, wt, po);
+    /* a (D, C, p, p) conv weight: read by load_weights, never packed */
+    ditd_wl_add(wl, DITD_WL_DENSE | DITD_WL_OWN_LOAD, D, c->in_channels * p * p, &m->patch_w,
+                &m->patch_b, NULL, "pos_embed.proj");
+    ditd_wl_add(wl, P, 2 * D, D, &m->out1_w, &m->out1_b, NULL, "proj_out_1");
+    ditd_wl_add(wl, P, po, D, &m->out2_w, &m->out2_b, NULL, "proj_out_2");
     for (int l = 0; l < c->num_layers; l++) {
         ditd_dit_block *b = &m->blocks[l];
-        err |= carve(a, &b->t1_w, wt, D * TFREQ);
-        err |= carve(a, &b->t1_b, wt, D);
-        err |= carve(a, &b->t2_w, wt, D * D);
-        err |= carve(a, &b->t2_b, wt, D);
-        err |= carve(a, &b->cls, wt, K1 * D);
-        err |= carve(a, &b->ada_w, wt, 6 * D * D);
-        err |= carve(a, &b->ada_b, wt, 6 * D);
-        /* tp: this rank's heads of each of q, k, v; to_out.0's matching columns */
-        err |= carve(a, &b->qkv_w, wt, 3 * hcD * D);
+        ditd_wl_add(wl, P, D, TFREQ, &b->t1_w, &b->t1_b, NULL,
+                    "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_1", l);
+        ditd_wl_add(wl, P, D, D, &b->t2_w, &b->t2_b, NULL,
+                    "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_2", l);
+        /* LabelEmbedding keeps one extra row, the null class, for CFG; a
+         * table (rows read by class id), no bias */
+        ditd_wl_add(wl, DITD_WL_DENSE, K1, D, &b->cls, NULL, NULL,
+                    "transformer_blocks.%d.norm1.emb.class_embedder.embedding_table", l);
+        ditd_wl_add(wl, P, 6 * D, D, &b->ada_w, &b->ada_b, NULL,
+                    "transformer_blocks.%d.norm1.linear", l);
         b->qkv_b = NULL;
-        if (c->attention_bias)
-            err |= carve(a, &b->qkv_b, wt, 3 * hcD);
-        err |= carve(a, &b->o_w, wt, D * hcD);
-        err |= carve(a, &b->o_b, wt, D);
-        err |= carve(a, &b->ff1_w, wt, Fl * D);
-        err |= carve(a, &b->ff1_b, wt, Fl);
-        err |= carve(a, &b->ff2_w, wt, D * Fl);
-        err |= carve(a, &b->ff2_b, wt, D);
+        snprintf(pre, sizeof pre, "transformer_blocks.%d.attn1", l);
+        ditd_wl_rows_of(ditd_wl_add_fused(wl, P, D, D, &b->qkv_w,
+                                          c->attention_bias ? &b->qkv_b : NULL, NULL, pre, 3, qkv),
+                        h0D, hcD);
+        ditd_wl_cols_of(ditd_wl_add(wl, P, D, D, &b->o_w, &b->o_b, NULL,
+                                    "transformer_blocks.%d.attn1.to_out.0", l),
+                        1, &h0D, &hcD);
+        ditd_wl_rows_of(ditd_wl_add(wl, P, F, D, &b->ff1_w, &b->ff1_b, NULL,
+                                    "transformer_blocks.%d.ff.net.0.proj", l),
+                        f0, Fl);
+        ditd_wl_cols_of(ditd_wl_add(wl, P, D, F, &b->ff2_w, &b->ff2_b, NULL,
+                                    "transformer_blocks.%d.ff.net.2", l),
+                        1, &f0, &Fl);
     }
-    return err ? DITD_ENOMEM : 0;
+}
+
+static int carve_weights(ditd_dit *m)
+{
+    int err1, err;
+    if (!m->wl.n)
+        weight_list(m, &m->wl);
+    if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
+        return err;
+    m->pos = ditd_arena_bytes(&m->weights,
+                              (size_t)m->N * (size_t)m->cfg.inner_dim *
+                                  ditd_dtype_size(m->ops->act_dtype),
+                              &err1);
+    return err1 ? DITD_ENOMEM : 0;
 }
 
 static int carve_acts(ditd_dit *m)
@@ -195,6 +218,7 @@ void ditd_dit_free(ditd_dit *m)
 {
     if (!m)
         return;
+    ditd_wl_free(&m->wl);
     if (m->graphs) {
         for (int b = 0; b <= m->max_batch; b++)
             if (m->graphs[b].exec)
@@ -266,25 +290,11 @@ static int load(loader *ld, void *dst, const char *name, int ndim, int64_t d0, i
     return load_part(ld, dst, name, ndim, shape, 0, 0, -1);
 }
 
-/* A slice along `axis` of a 1-D or 2-D tensor (d0, d1); the whole tensor
- * when the slice is all of it (one rank), so that path reads as before. */
-static int load_slice(loader *ld, void *dst, const char *name, int ndim, int64_t d0, int64_t d1,
-                      int axis, int64_t start, int64_t len)
-{
-    int64_t shape[2] = {d0, d1};
-    if (start == 0 && len == shape[axis])
-        len = -1;
-    return load_part(ld, dst, name, ndim, shape, axis, start, len);
-}
-
 static int load_weights(ditd_dit *m, const ditd_weights *st)
 {
     const ditd_dit_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
-    int64_t D = c->inner_dim, F = c->ff_dim, p = c->patch_size, C = c->in_channels;
-    int64_t po = p * p * c->out_channels;
-    int64_t Dh = c->head_dim, hcD = (int64_t)m->hc * Dh, h0D = (int64_t)m->h0 * Dh;
-    int64_t Fl = m->fc, f0 = m->f0;
+    int64_t D = c->inner_dim, p = c->patch_size, C = c->in_channels;
     loader ld = {.st = st, .ops = ops};
     char name[256];
     int err = 0;
@@ -295,49 +305,12 @@ static int load_weights(ditd_dit *m, const ditd_weights *st)
         if ((err = load(&ld, (dst), name, (nd), (a), (b), (cc), (d))))    \
             goto done;                                                    \
     } while (0)
-#define LOAD_SLICE(dst, nd, a, b, axis, start, len, ...)                                   \
-    do {                                                                                   \
-        snprintf(name, sizeof name, __VA_ARGS__);                                          \
-        if ((err = load_slice(&ld, (dst), name, (nd), (a), (b), (axis), (start), (len))))  \
-            goto done;                                                                     \
-    } while (0)
 
     LOAD(m->patch_w, 4, D, C, p, p, "pos_embed.proj.weight");
     LOAD(m->patch_b, 1, D, 0, 0, 0, "pos_embed.proj.bias");
-    LOAD(m->out1_w, 2, 2 * D, D, 0, 0, "proj_out_1.weight");
-    LOAD(m->out1_b, 1, 2 * D, 0, 0, 0, "proj_out_1.bias");
-    LOAD(m->out2_w, 2, po, D, 0, 0, "proj_out_2.weight");
-    LOAD(m->out2_b, 1, po, 0, 0, 0, "proj_out_2.bias");
-    for (int l = 0; l < c->num_layers; l++) {
-        ditd_dit_block *b = &m->blocks[l];
-        const char *qkv[3] = {"to_q", "to_k", "to_v"};
-        LOAD(b->t1_w, 2, D, TFREQ, 0, 0, "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_1.weight", l);
-        LOAD(b->t1_b, 1, D, 0, 0, 0, "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_1.bias", l);
-        LOAD(b->t2_w, 2, D, D, 0, 0, "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_2.weight", l);
-        LOAD(b->t2_b, 1, D, 0, 0, 0, "transformer_blocks.%d.norm1.emb.timestep_embedder.linear_2.bias", l);
-        /* LabelEmbedding keeps one extra row, the null class, for CFG. */
-        LOAD(b->cls, 2, c->num_embeds_ada_norm + 1, D, 0, 0,
-             "transformer_blocks.%d.norm1.emb.class_embedder.embedding_table.weight", l);
-        LOAD(b->ada_w, 2, 6 * D, D, 0, 0, "transformer_blocks.%d.norm1.linear.weight", l);
-        LOAD(b->ada_b, 1, 6 * D, 0, 0, 0, "transformer_blocks.%d.norm1.linear.bias", l);
-        /* column-parallel (tp): this rank's heads, rows [h0 Dh, (h0 + hc) Dh) */
-        for (int j = 0; j < 3; j++) {
-            LOAD_SLICE(ditd_ptr_w(ops, b->qkv_w, (size_t)(j * hcD * D)), 2, D, D, 0, h0D, hcD,
-                       "transformer_blocks.%d.attn1.%s.weight", l, qkv[j]);
-            if (b->qkv_b)
-                LOAD_SLICE(ditd_ptr_w(ops, b->qkv_b, (size_t)(j * hcD)), 1, D, 0, 0, h0D, hcD,
-                           "transformer_blocks.%d.attn1.%s.bias", l, qkv[j]);
-        }
-        /* row-parallel: the matching input columns */
-        LOAD_SLICE(b->o_w, 2, D, D, 1, h0D, hcD, "transformer_blocks.%d.attn1.to_out.0.weight", l);
-        LOAD(b->o_b, 1, D, 0, 0, 0, "transformer_blocks.%d.attn1.to_out.0.bias", l);
-        LOAD_SLICE(b->ff1_w, 2, F, D, 0, f0, Fl, "transformer_blocks.%d.ff.net.0.proj.weight", l);
-        LOAD_SLICE(b->ff1_b, 1, F, 0, 0, f0, Fl, "transformer_blocks.%d.ff.net.0.proj.bias", l);
-        LOAD_SLICE(b->ff2_w, 2, D, F, 1, f0, Fl, "transformer_blocks.%d.ff.net.2.weight", l);
-        LOAD(b->ff2_b, 1, D, 0, 0, 0, "transformer_blocks.%d.ff.net.2.bias", l);
-    }
+    if ((err = ditd_wl_load(&m->wl, st, ops)))
+        goto done;
 #undef LOAD
-#undef LOAD_SLICE
     /* A checkpoint with attention biases that the config says it lacks would
      * silently change the numbers: refuse it. */
     if (!c->attention_bias && ditd_weights_has(st, "transformer_blocks.0.attn1.to_q.bias"))
@@ -353,26 +326,7 @@ done:
  * After the whole model is in place: qkv_w is filled in three parts. */
 static int pack_linears(ditd_dit *m)
 {
-    const ditd_dit_config *c = &m->cfg;
-    const ditd_backend_ops *ops = m->ops;
-    int D = c->inner_dim, hcD = m->hc * c->head_dim, Fl = m->fc;
-    int po = c->patch_size * c->patch_size * c->out_channels;
-    int err;
-    if ((err = ditd_pack_linear(ops, m->out1_w, 2 * D, D)) ||
-        (err = ditd_pack_linear(ops, m->out2_w, po, D)))
-        return err;
-    for (int l = 0; l < c->num_layers; l++) {
-        ditd_dit_block *b = &m->blocks[l];
-        if ((err = ditd_pack_linear(ops, b->t1_w, D, TFREQ)) ||
-            (err = ditd_pack_linear(ops, b->t2_w, D, D)) ||
-            (err = ditd_pack_linear(ops, b->ada_w, 6 * D, D)) ||
-            (err = ditd_pack_linear(ops, b->qkv_w, 3 * hcD, D)) ||
-            (err = ditd_pack_linear(ops, b->o_w, D, hcD)) ||
-            (err = ditd_pack_linear(ops, b->ff1_w, Fl, D)) ||
-            (err = ditd_pack_linear(ops, b->ff2_w, D, Fl)))
-            break;
-    }
-    return err;
+    return ditd_wl_pack(&m->wl, m->ops, NULL);
 }
 
 int ditd_dit_new(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,

@@ -38,6 +38,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/models/dit/dit_config.h"
+#include "engine/models/weight_list.h"
 #include "engine/parallel/cp_attention.h"
 #include "engine/parallel/mesh.h"
 #include "engine/core/tensor.h"
@@ -72,6 +73,7 @@ typedef struct ditd_dit {
 
     ditd_arena weights;
     ditd_arena acts;
+    ditd_wl wl;             /* the weight list (engine/models/weight_list.h) */
 
     void *patch_w, *patch_b; /* (D, C, p, p), (D) */
     void *pos;               /* (N, D) 2-D sin-cos, computed at load */
