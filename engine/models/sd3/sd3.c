@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/io/weights.h"
+#include "engine/models/weight_list.h"
 #include "engine/io/safetensors.h"
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -21,59 +23,80 @@ static int carve(ditd_arena *a, void **p, ditd_dtype dt, size_t n)
     return err;
 }
 
-static int carve_lin(ditd_arena *a, ditd_sd3_lin *l, ditd_dtype dt, size_t n, size_t k)
-{
-    return carve(a, &l->w, dt, n * k) | carve(a, &l->b, dt, n);
-}
+/* The model's weight list (engine/models/weight_list.h), written once from
+ * the config and this rank's tp plan, walked for planning, loading and
+ * packing. tp: q, k, v (each attention) and ff(.context).net.0.proj
+ * column-parallel (this rank's heads and MLP rows); to_out.0, to_add_out,
+ * attn2.to_out.0 and ff(.context).net.2 row-parallel (matching columns). */
+#define L1(l, n, k, ...) ditd_wl_add(wl, DITD_WL_PACK, (n), (k), &(l)->w, &(l)->b, NULL, __VA_ARGS__)
+#define VEC(p, n, ...) ditd_wl_add(wl, DITD_WL_VEC, (n), 0, &(p), NULL, NULL, __VA_ARGS__)
+#define QKV(l, sfx, ...)                                                                    \
+    do {                                                                                    \
+        snprintf(pre, sizeof pre, __VA_ARGS__);                                             \
+        ditd_wl_rows_of(ditd_wl_add_fused(wl, DITD_WL_PACK, D, D, &(l)->w, &(l)->b, NULL,   \
+                                          pre, 3, (sfx)),                                   \
+                        a0, A);                                                             \
+    } while (0)
 
-static int carve_weights(ditd_sd3 *m)
+static void weight_list(ditd_sd3 *m, ditd_wl *wl)
 {
     const ditd_sd3_config *c = &m->cfg;
-    size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
-    /* this tp rank's heads (A columns of q, k, v; A input columns of the
-     * output projections) and MLP columns (F) */
-    size_t A = (size_t)m->A, F = (size_t)m->fc;
-    size_t p = (size_t)c->patch_size;
-    ditd_dtype wt = m->ops->weight_dtype;
-    ditd_arena *a = &m->weights;
-    int err = 0, qk = c->qk_norm == DITD_SD3_QK_RMS;
+    int64_t D = c->inner_dim, FF = c->mlp_dim, Dh = c->head_dim, p = c->patch_size;
+    int64_t A = m->A, a0 = (int64_t)m->h0 * Dh, F = m->fc, f0 = m->f0; /* this tp rank's */
+    int qk = c->qk_norm == DITD_SD3_QK_RMS;
+    static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
+    static const char *const qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
+    char pre[160];
 
-    err |= carve(a, &m->patch_w, wt, D * (size_t)c->in_channels * p * p);
-    err |= carve(a, &m->patch_b, wt, D);
-    err |= carve_lin(a, &m->ctx_emb, wt, D, (size_t)c->joint_attention_dim);
-    err |= carve_lin(a, &m->t1, wt, D, TFREQ);
-    err |= carve_lin(a, &m->t2, wt, D, D);
-    err |= carve_lin(a, &m->p1, wt, D, (size_t)c->pooled_dim);
-    err |= carve_lin(a, &m->p2, wt, D, D);
-    err |= carve_lin(a, &m->norm_out, wt, 2 * D, D);
-    err |= carve_lin(a, &m->proj, wt, p * p * (size_t)c->out_channels, D);
+    /* a (D, C, p, p) conv weight: read by load_weights, never packed */
+    ditd_wl_add(wl, DITD_WL_DENSE | DITD_WL_OWN_LOAD, D, c->in_channels * p * p, &m->patch_w,
+                &m->patch_b, NULL, "pos_embed.proj");
+    L1(&m->ctx_emb, D, c->joint_attention_dim, "context_embedder");
+    L1(&m->t1, D, TFREQ, "time_text_embed.timestep_embedder.linear_1");
+    L1(&m->t2, D, D, "time_text_embed.timestep_embedder.linear_2");
+    L1(&m->p1, D, c->pooled_dim, "time_text_embed.text_embedder.linear_1");
+    L1(&m->p2, D, D, "time_text_embed.text_embedder.linear_2");
+    L1(&m->norm_out, 2 * D, D, "norm_out.linear");
+    /* proj_out's rows are (dy, dx, c) already: the unpatchify op's order */
+    L1(&m->proj, p * p * c->out_channels, D, "proj_out");
     for (int l = 0; l < c->num_layers; l++) {
         ditd_sd3_block *b = &m->blk[l];
-        err |= carve_lin(a, &b->ada, wt, (b->dual ? 9 : 6) * D, D);
-        err |= carve_lin(a, &b->ada_c, wt, (b->pre_only ? 2 : 6) * D, D);
-        err |= carve_lin(a, &b->qkv, wt, 3 * A, D);
-        err |= carve_lin(a, &b->qkv_c, wt, 3 * A, D);
+        L1(&b->ada, (b->dual ? 9 : 6) * D, D, "transformer_blocks.%d.norm1.linear", l);
+        L1(&b->ada_c, (b->pre_only ? 2 : 6) * D, D, "transformer_blocks.%d.norm1_context.linear",
+           l);
+        QKV(&b->qkv, qkv, "transformer_blocks.%d.attn", l);
+        QKV(&b->qkv_c, qkv_c, "transformer_blocks.%d.attn", l);
         if (qk) {
-            err |= carve(a, &b->nq, wt, Dh) | carve(a, &b->nk, wt, Dh);
-            err |= carve(a, &b->nq_c, wt, Dh) | carve(a, &b->nk_c, wt, Dh);
+            VEC(b->nq, Dh, "transformer_blocks.%d.attn.norm_q.weight", l);
+            VEC(b->nk, Dh, "transformer_blocks.%d.attn.norm_k.weight", l);
+            VEC(b->nq_c, Dh, "transformer_blocks.%d.attn.norm_added_q.weight", l);
+            VEC(b->nk_c, Dh, "transformer_blocks.%d.attn.norm_added_k.weight", l);
         }
-        err |= carve_lin(a, &b->out, wt, D, A);
-        err |= carve_lin(a, &b->ff1, wt, F, D);
-        err |= carve_lin(a, &b->ff2, wt, D, F);
+        ditd_wl_cols_of(L1(&b->out, D, D, "transformer_blocks.%d.attn.to_out.0", l), 1, &a0, &A);
+        ditd_wl_rows_of(L1(&b->ff1, FF, D, "transformer_blocks.%d.ff.net.0.proj", l), f0, F);
+        ditd_wl_cols_of(L1(&b->ff2, D, FF, "transformer_blocks.%d.ff.net.2", l), 1, &f0, &F);
         if (!b->pre_only) {
-            err |= carve_lin(a, &b->out_c, wt, D, A);
-            err |= carve_lin(a, &b->ff1_c, wt, F, D);
-            err |= carve_lin(a, &b->ff2_c, wt, D, F);
+            ditd_wl_cols_of(L1(&b->out_c, D, D, "transformer_blocks.%d.attn.to_add_out", l), 1,
+                            &a0, &A);
+            ditd_wl_rows_of(L1(&b->ff1_c, FF, D, "transformer_blocks.%d.ff_context.net.0.proj", l),
+                            f0, F);
+            ditd_wl_cols_of(L1(&b->ff2_c, D, FF, "transformer_blocks.%d.ff_context.net.2", l), 1,
+                            &f0, &F);
         }
         if (b->dual) {
-            err |= carve_lin(a, &b->qkv2, wt, 3 * A, D);
-            err |= carve_lin(a, &b->out2, wt, D, A);
-            if (qk)
-                err |= carve(a, &b->nq2, wt, Dh) | carve(a, &b->nk2, wt, Dh);
+            QKV(&b->qkv2, qkv, "transformer_blocks.%d.attn2", l);
+            ditd_wl_cols_of(L1(&b->out2, D, D, "transformer_blocks.%d.attn2.to_out.0", l), 1, &a0,
+                            &A);
+            if (qk) {
+                VEC(b->nq2, Dh, "transformer_blocks.%d.attn2.norm_q.weight", l);
+                VEC(b->nk2, Dh, "transformer_blocks.%d.attn2.norm_k.weight", l);
+            }
         }
     }
-    return err ? DITD_ENOMEM : 0;
 }
+#undef L1
+#undef VEC
+#undef QKV
 
 static int carve_acts(ditd_sd3 *m)
 {
@@ -232,8 +255,10 @@ static int plan(ditd_sd3 *m, const ditd_mesh *mesh)
     m->ioff = m->icnt + RU;
     m->jcnt = m->ioff + RU;
     m->jlead = m->jcnt + RU;
-    if ((err = carve_weights(m)) || (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
-        (err = carve_weights(m)))
+    weight_list(m, &m->wl);
+    if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)) ||
+        (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
+        (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
         return err;
     return 0;
 }
@@ -286,8 +311,8 @@ void ditd_sd3_free(ditd_sd3 *m)
     ditd_arena_free(&m->acts);
     ditd_cp_attention_free(m->cpa);
     ditd_cp_attention_free(m->cpa2);
-    if (m->pos_st)
-        ditd_safetensors_free(m->pos_st);
+    ditd_weights_free(m->pos_w);
+    ditd_wl_free(&m->wl);
     free(m->pos_cols);
     free(m->pos_rows);
     free(m->blk);
@@ -330,122 +355,12 @@ void ditd_sd3_shapes(const ditd_sd3_config *c, int height, int width, int text_l
 
 /* ---- loading ---- */
 
-typedef struct loader {
-    const ditd_safetensors *st;
-    const ditd_backend_ops *ops;
-    float *stage;
-    size_t cap;
-    char name[256];
-} loader;
-
-static int grow(loader *ld, size_t n)
-{
-    if (n <= ld->cap)
-        return 0;
-    float *s = realloc(ld->stage, n * sizeof(float));
-    if (!s)
-        return ditd_err_set(DITD_ENOMEM, "staging %zu floats for %s", n, ld->name);
-    ld->stage = s;
-    ld->cap = n;
-    return 0;
-}
-
-/* dst := tensor `name` of shape (nd dims), uploaded as a weight. */
-static int get_nd(loader *ld, void *dst, int nd, const int64_t *shape)
-{
-    size_t n = 1;
-    int err;
-    for (int i = 0; i < nd; i++)
-        n *= (size_t)shape[i];
-    if ((err = grow(ld, n)) ||
-        (err = ditd_safetensors_read_f32(ld->st, ld->name, nd, shape, ld->stage)))
-        return err;
-    ld->ops->upload_weight(dst, ld->stage, n);
-    return 0;
-}
-
-/* dst := tensor (d0[, d1]); d1 = 0 for a vector. */
-static int get(loader *ld, void *dst, int64_t d0, int64_t d1)
-{
-    int64_t shape[2] = {d0, d1};
-    return get_nd(ld, dst, d1 > 0 ? 2 : 1, shape);
-}
-
-/* dst := the slice [start, start + len) along `axis` of the 2-D tensor
- * (d0, d1) (a tp rank's rows or columns), or of the vector (d0) when d1 = 0. */
-static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, int64_t start,
-                     int64_t len)
-{
-    int64_t shape[2] = {d0, d1};
-    int nd = d1 > 0 ? 2 : 1, err;
-    size_t n = (size_t)(axis == 0 ? len : d0) * (size_t)(nd == 2 ? (axis == 1 ? len : d1) : 1);
-    if ((err = grow(ld, n)))
-        return err;
-    err = start == 0 && len == shape[axis]
-              ? ditd_safetensors_read_f32(ld->st, ld->name, nd, shape, ld->stage)
-              : ditd_safetensors_read_f32_slice(ld->st, ld->name, nd, shape, axis, start, len,
-                                                ld->stage);
-    if (!err)
-        ld->ops->upload_weight(dst, ld->stage, n);
-    return err;
-}
-
-#define NAME(...) snprintf(ld.name, sizeof ld.name, __VA_ARGS__)
-#define GET(dst, d0, d1, ...)                            \
-    do {                                                 \
-        NAME(__VA_ARGS__);                               \
-        if ((err = get(&ld, (dst), (d0), (d1))))         \
-            goto done;                                   \
-    } while (0)
-/* a Linear "<prefix>.weight" (n, k) and "<prefix>.bias" (n) */
-#define LIN(l, n, k, ...)                                \
-    do {                                                 \
-        char pre_[200];                                  \
-        snprintf(pre_, sizeof pre_, __VA_ARGS__);        \
-        GET((l).w, (n), (k), "%s.weight", pre_);         \
-        GET((l).b, (n), 0, "%s.bias", pre_);             \
-    } while (0)
-/* column-parallel Linear (n, k): rows [start, start + len) of weight and bias */
-#define COL(l, n, k, start, len, ...)                                             \
-    do {                                                                          \
-        char pre_[200];                                                           \
-        snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
-        NAME("%s.weight", pre_);                                                  \
-        if ((err = get_slice(&ld, (l).w, (n), (k), 0, (start), (len))))           \
-            goto done;                                                            \
-        NAME("%s.bias", pre_);                                                    \
-        if ((err = get_slice(&ld, (l).b, (n), 0, 0, (start), (len))))             \
-            goto done;                                                            \
-    } while (0)
-/* row-parallel Linear (n, k): weight columns [start, start + len), the whole bias */
-#define ROW(l, n, k, start, len, ...)                                             \
-    do {                                                                          \
-        char pre_[200];                                                           \
-        snprintf(pre_, sizeof pre_, __VA_ARGS__);                                 \
-        NAME("%s.weight", pre_);                                                  \
-        if ((err = get_slice(&ld, (l).w, (n), (k), 1, (start), (len))))           \
-            goto done;                                                            \
-        GET((l).b, (n), 0, "%s.bias", pre_);                                      \
-    } while (0)
-/* q|k|v fused by rows, this rank's heads of each: "<prefix>.<names[j]>" */
-#define QKV(l, names, ...)                                                                 \
-    do {                                                                                   \
-        char qpre_[160];                                                                   \
-        snprintf(qpre_, sizeof qpre_, __VA_ARGS__);                                        \
-        for (int j = 0; j < 3; j++) {                                                      \
-            ditd_sd3_lin part = {ditd_ptr_w(ops, (l).w, (size_t)(j * A * D)),              \
-                                 ditd_ptr_w(ops, (l).b, (size_t)(j * A))};                 \
-            COL(part, D, D, a0, A, "%s.%s", qpre_, (names)[j]);                            \
-        }                                                                                  \
-    } while (0)
 /* a tensor the config says the checkpoint must not have */
 #define ABSENT(why, ...)                                                                   \
     do {                                                                                   \
-        NAME(__VA_ARGS__);                                                                 \
-        if (ditd_safetensors_find(st, ld.name)) {                                          \
-            err = ditd_err_set(DITD_EFORMAT, "checkpoint has %s but %s", ld.name, (why));  \
-            goto done;                                                                     \
-        }                                                                                  \
+        snprintf(name, sizeof name, __VA_ARGS__);                                          \
+        if (ditd_weights_has(w, name))                                                     \
+            return ditd_err_set(DITD_EFORMAT, "checkpoint has %s but %s", name, (why));    \
     } while (0)
 
 /* The positional table's source: the checkpoint's persistent buffer
@@ -455,18 +370,20 @@ static int get_slice(loader *ld, void *dst, int64_t d0, int64_t d1, int axis, in
  * sample_size / patch_size, interpolation_scale 1): the column halves of
  * one table row and the row halves of one table column, which give every
  * token's. *st is taken (NULL after) when kept. */
-static int pos_source(ditd_sd3 *m, ditd_safetensors **st)
+static int pos_source(ditd_sd3 *m, ditd_weights **w)
 {
     const ditd_sd3_config *c = &m->cfg;
     int M = c->pos_embed_max_size, D = c->inner_dim, base = c->sample_size / c->patch_size;
-    const ditd_st_tensor *t = ditd_safetensors_find(*st, "pos_embed.pos_embed");
+    const ditd_safetensors *sst = ditd_weights_st(*w);
+    const ditd_st_tensor *t = ditd_safetensors_find(sst, "pos_embed.pos_embed");
     if (t) {
         if (t->ndim != 3 || t->shape[0] != 1 || t->shape[1] != (int64_t)M * M || t->shape[2] != D)
             return ditd_err_set(DITD_EFORMAT,
                                 "tensor 'pos_embed.pos_embed' is not (1, %d, %d): pos_embed_max_size %d, inner dim %d",
                                 M * M, D, M, D);
-        m->pos_st = *st;
-        *st = NULL;
+        m->pos_w = *w;
+        m->pos_st = sst;
+        *w = NULL;
         return 0;
     }
     if (!(m->pos_cols = malloc((size_t)M * (size_t)D * sizeof(float))) ||
@@ -477,126 +394,49 @@ static int pos_source(ditd_sd3 *m, ditd_safetensors **st)
     return 0;
 }
 
-static int load_weights(ditd_sd3 *m, const ditd_safetensors *st)
+static int load_weights(ditd_sd3 *m, const ditd_weights *w)
 {
     const ditd_sd3_config *c = &m->cfg;
-    const ditd_backend_ops *ops = m->ops;
-    int64_t D = c->inner_dim, F = c->mlp_dim, Dh = c->head_dim, p = c->patch_size;
-    int64_t A = m->A, a0 = (int64_t)m->h0 * Dh, Fl = m->fc, f0 = m->f0; /* this tp rank's */
-    int qk = c->qk_norm == DITD_SD3_QK_RMS;
-    const char *qkv[3] = {"to_q", "to_k", "to_v"};
-    const char *qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
-    loader ld = {.st = st, .ops = ops};
-    int err = 0;
-
+    int64_t D = c->inner_dim, p = c->patch_size;
+    char name[160];
+    int err;
     {
         int64_t shape[4] = {D, c->in_channels, p, p};
-        NAME("pos_embed.proj.weight");
-        if ((err = get_nd(&ld, m->patch_w, 4, shape)))
-            goto done;
-        GET(m->patch_b, D, 0, "pos_embed.proj.bias");
+        size_t n = (size_t)(D * c->in_channels * p * p);
+        float *buf = malloc((n > (size_t)D ? n : (size_t)D) * sizeof(float));
+        if (!buf)
+            return ditd_err_set(DITD_ENOMEM, "pos_embed.proj");
+        if (!(err = ditd_weights_read_f32(w, "pos_embed.proj.weight", 4, shape, buf))) {
+            m->ops->upload_weight(m->patch_w, buf, n);
+            if (!(err = ditd_weights_read_f32(w, "pos_embed.proj.bias", 1, &D, buf)))
+                m->ops->upload_weight(m->patch_b, buf, (size_t)D);
+        }
+        free(buf);
+        if (err)
+            return err;
     }
-    LIN(m->ctx_emb, D, c->joint_attention_dim, "context_embedder");
-    LIN(m->t1, D, TFREQ, "time_text_embed.timestep_embedder.linear_1");
-    LIN(m->t2, D, D, "time_text_embed.timestep_embedder.linear_2");
-    LIN(m->p1, D, c->pooled_dim, "time_text_embed.text_embedder.linear_1");
-    LIN(m->p2, D, D, "time_text_embed.text_embedder.linear_2");
-    LIN(m->norm_out, 2 * D, D, "norm_out.linear");
-    /* proj_out's rows are (dy, dx, c) already: the unpatchify op's order */
-    LIN(m->proj, p * p * c->out_channels, D, "proj_out");
+    if ((err = ditd_wl_load(&m->wl, w, m->ops)))
+        return err;
     for (int l = 0; l < c->num_layers; l++) {
-        ditd_sd3_block *b = &m->blk[l];
-        LIN(b->ada, (b->dual ? 9 : 6) * D, D, "transformer_blocks.%d.norm1.linear", l);
-        LIN(b->ada_c, (b->pre_only ? 2 : 6) * D, D, "transformer_blocks.%d.norm1_context.linear",
-            l);
-        QKV(b->qkv, qkv, "transformer_blocks.%d.attn", l);
-        QKV(b->qkv_c, qkv_c, "transformer_blocks.%d.attn", l);
-        if (qk) {
-            GET(b->nq, Dh, 0, "transformer_blocks.%d.attn.norm_q.weight", l);
-            GET(b->nk, Dh, 0, "transformer_blocks.%d.attn.norm_k.weight", l);
-            GET(b->nq_c, Dh, 0, "transformer_blocks.%d.attn.norm_added_q.weight", l);
-            GET(b->nk_c, Dh, 0, "transformer_blocks.%d.attn.norm_added_k.weight", l);
-        } else {
+        if (c->qk_norm != DITD_SD3_QK_RMS)
             ABSENT("config says qk_norm null", "transformer_blocks.%d.attn.norm_q.weight", l);
-        }
-        ROW(b->out, D, D, a0, A, "transformer_blocks.%d.attn.to_out.0", l);
-        COL(b->ff1, F, D, f0, Fl, "transformer_blocks.%d.ff.net.0.proj", l);
-        ROW(b->ff2, D, F, f0, Fl, "transformer_blocks.%d.ff.net.2", l);
-        if (!b->pre_only) {
-            ROW(b->out_c, D, D, a0, A, "transformer_blocks.%d.attn.to_add_out", l);
-            COL(b->ff1_c, F, D, f0, Fl, "transformer_blocks.%d.ff_context.net.0.proj", l);
-            ROW(b->ff2_c, D, F, f0, Fl, "transformer_blocks.%d.ff_context.net.2", l);
-        }
-        if (b->dual) {
-            QKV(b->qkv2, qkv, "transformer_blocks.%d.attn2", l);
-            ROW(b->out2, D, D, a0, A, "transformer_blocks.%d.attn2.to_out.0", l);
-            if (qk) {
-                GET(b->nq2, Dh, 0, "transformer_blocks.%d.attn2.norm_q.weight", l);
-                GET(b->nk2, Dh, 0, "transformer_blocks.%d.attn2.norm_k.weight", l);
-            }
-        } else {
+        if (!m->blk[l].dual)
             ABSENT("config's dual_attention_layers does not list that block",
                    "transformer_blocks.%d.attn2.to_q.weight", l);
-        }
     }
     /* more blocks in the checkpoint than the config says would silently
      * drop layers: refuse */
     ABSENT("config says num_layers fewer", "transformer_blocks.%d.norm1.linear.weight",
            c->num_layers);
-done:
-    free(ld.stage);
-    return err;
+    return 0;
 }
-
-/* Every weight the forward passes to linear, re-laid for the backend
- * (backend.h pack_linear), once all are loaded (q|k|v come in three parts).
- * Not pos_embed.proj: patch_embed reads it as a conv weight. */
-static int pack_linears(ditd_sd3 *m)
-{
-    const ditd_sd3_config *c = &m->cfg;
-    const ditd_backend_ops *ops = m->ops;
-    int D = c->inner_dim, A = m->A, F = m->fc, p = c->patch_size;
-    int err = 0;
-#define PACK(l, n, k)                                               \
-    do {                                                            \
-        if (!err)                                                   \
-            err = ditd_pack_linear(ops, (l).w, (int)(n), (int)(k)); \
-    } while (0)
-    PACK(m->ctx_emb, D, c->joint_attention_dim);
-    PACK(m->t1, D, TFREQ);
-    PACK(m->t2, D, D);
-    PACK(m->p1, D, c->pooled_dim);
-    PACK(m->p2, D, D);
-    PACK(m->norm_out, 2 * D, D);
-    PACK(m->proj, p * p * c->out_channels, D);
-    for (int l = 0; l < c->num_layers; l++) {
-        ditd_sd3_block *b = &m->blk[l];
-        PACK(b->ada, (b->dual ? 9 : 6) * D, D);
-        PACK(b->ada_c, (b->pre_only ? 2 : 6) * D, D);
-        PACK(b->qkv, 3 * A, D);
-        PACK(b->qkv_c, 3 * A, D);
-        PACK(b->out, D, A);
-        PACK(b->ff1, F, D);
-        PACK(b->ff2, D, F);
-        if (!b->pre_only) {
-            PACK(b->out_c, D, A);
-            PACK(b->ff1_c, F, D);
-            PACK(b->ff2_c, D, F);
-        }
-        if (b->dual) {
-            PACK(b->qkv2, 3 * A, D);
-            PACK(b->out2, D, A);
-        }
-    }
-#undef PACK
-    return err;
-}
+#undef ABSENT
 
 int ditd_sd3_new_mesh(const ditd_sd3_config *cfg, const ditd_backend_ops *ops, int max_batch,
                       int height, int width, int text_len, const char *weights_path,
                       const ditd_mesh *mesh, ditd_sd3 **out)
 {
-    ditd_safetensors *st = NULL;
+    ditd_weights *st = NULL;
     ditd_sd3 *m;
     int err;
 
@@ -627,17 +467,23 @@ int ditd_sd3_new_mesh(const ditd_sd3_config *cfg, const ditd_backend_ops *ops, i
     set_sizes(m, height, width, text_len);
     /* the weights and the positional table's source before the
      * activations: plan_acts crops the table */
-    if ((err = plan(m, mesh)) || (err = ditd_safetensors_open(weights_path, &st)) ||
-        (err = load_weights(m, st)) || (err = pack_linears(m)) || (err = pos_source(m, &st)) ||
-        (err = plan_acts(m)))
+    if ((err = plan(m, mesh)) || (err = ditd_weights_open(weights_path, &st)))
         goto fail;
-    if (st)
-        ditd_safetensors_free(st);
+    if (!ditd_weights_st(st)) {
+        err = ditd_err_set(DITD_EUNSUPPORTED,
+                           "SD3Transformer2DModel loads safetensors checkpoints; %s is %s",
+                           weights_path, ditd_weights_format(st));
+        goto fail;
+    }
+    if ((err = load_weights(m, st)) || (err = ditd_wl_pack(&m->wl, m->ops, NULL)) ||
+        (err = pos_source(m, &st)) || (err = plan_acts(m)))
+        goto fail;
+    ditd_wl_free(&m->wl); /* the list is the loading's; the forward reads m */
+    ditd_weights_free(st);
     *out = m;
     return 0;
 fail:
-    if (st)
-        ditd_safetensors_free(st);
+    ditd_weights_free(st);
     ditd_sd3_free(m);
     return err;
 }

@@ -61,6 +61,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/tensor.h"
 #include "engine/models/denoiser.h"
+#include "engine/models/weight_list.h"
 #include "engine/models/sd3/sd3_config.h"
 #include "engine/parallel/cp_attention.h"
 #include "engine/parallel/mesh.h"
@@ -107,7 +108,9 @@ typedef struct ditd_sd3 {
      * pos_embed.pos_embed (pos_st, kept open: a mapping, no copy), or, for
      * a checkpoint without one, assembles it from the table's column and
      * row halves (pos_cols, pos_rows: (M, D) host, computed at load) */
-    struct ditd_safetensors *pos_st;
+    struct ditd_weights *pos_w;            /* kept open for pos_st */
+    const struct ditd_safetensors *pos_st; /* pos_w's reader */
+    ditd_wl wl;             /* while loading: the weight list (weight_list.h) */
     float *pos_cols, *pos_rows;
     ditd_sd3_lin ctx_emb;   /* context_embedder (D, Dt) */
     ditd_sd3_lin t1, t2;    /* time_text_embed.timestep_embedder linear_1 (D, 256), linear_2 */
