@@ -8,6 +8,8 @@
 
 #ifndef DITD_HAVE_FFMPEG
 
+int ditd_video_mp4_available(void) { return 0; }
+
 int ditd_video_write_mp4(const char *path, const uint8_t *frames, int F, int W, int H, int fps)
 {
     (void)frames, (void)F, (void)W, (void)H, (void)fps;
@@ -28,6 +30,8 @@ int ditd_video_probe(const char *path, int *frames, int *W, int *H, int *fps_num
 #include <libavutil/imgutils.h>
 #include <libavutil/opt.h>
 #include <libswscale/swscale.h>
+
+int ditd_video_mp4_available(void) { return 1; }
 
 static int av_fail(const char *path, const char *what, int averr)
 {

@@ -21,4 +21,9 @@ int ditd_video_write_mp4(const char *path, const uint8_t *frames, int F, int W, 
  * size and the stream's average frame rate (num / den). */
 int ditd_video_probe(const char *path, int *frames, int *W, int *H, int *fps_num, int *fps_den);
 
+/* 1 when ditd was built with FFmpeg's libraries (the two calls above
+ * work), 0 when they return DITD_EUNSUPPORTED: for refusing an .mp4
+ * output before any work is done. */
+int ditd_video_mp4_available(void);
+
 #endif
