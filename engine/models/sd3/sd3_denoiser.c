@@ -39,6 +39,15 @@ static int sd3_shapes(const char *dir, ditd_denoiser_shapes *out)
     return err;
 }
 
+/* step caching: the joint blocks under the block hooks; a row of the image
+ * stream is this rank's n_loc tokens of D (no module hooks: TaylorSeer is
+ * refused for SD3) */
+static void cache_plan(ditd_sd3 *m)
+{
+    m->base.cache_blocks = m->cfg.num_layers;
+    m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
+}
+
 static int sd3_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
                     const ditd_mesh *mesh, ditd_denoiser **out)
 {
@@ -50,6 +59,7 @@ static int sd3_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
                                  DITD_SD3_DEFAULT_TEXT_LEN, dir, mesh, &m)))
         return err;
     m->base.family = &ditd_sd3_family;
+    cache_plan(m);
     *out = &m->base;
     return 0;
 }
@@ -72,7 +82,9 @@ static int sd3_forward(ditd_denoiser *d, int B, const void *x, const float *t,
 
 static int sd3_set_size(ditd_denoiser *d, int height, int width, int text_len)
 {
-    return ditd_sd3_set_size((ditd_sd3 *)d, height, width, text_len);
+    int err = ditd_sd3_set_size((ditd_sd3 *)d, height, width, text_len);
+    cache_plan((ditd_sd3 *)d);
+    return err;
 }
 
 static void sd3_free(ditd_denoiser *d)

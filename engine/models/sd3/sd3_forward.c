@@ -255,10 +255,24 @@ static int forward_ops(ditd_sd3 *m, int B, const void *x, const float *h_t, cons
     ops->upload(m->pooled_in, h_pooled, (size_t)B * (size_t)c->pooled_dim);
     conditioning(m, B, h_t);
 
-    /* the joint blocks, less those skip-layer guidance skips */
-    for (int l = 0; l < c->num_layers; l++)
+    /* the joint blocks, less those skip-layer guidance skips; step caching's
+     * block hooks (engine/models/denoiser.h) around them as Diffusers' hooks
+     * take transformer_blocks.0 as the head and transformer_blocks.-1 as the
+     * tail (a skip-layer forward runs without a cache: the pipeline's rows
+     * for it stay outside the cache's) */
+    const ditd_denoiser_cache *cc = n_skip > 0 ? NULL : m->base.cache;
+    ditd_cache_streams cs = {B, m->img, Nl, m->tok0, m->txt, L, D};
+    int run = 1;
+    if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
+        return err;
+    for (int l = 0; run && l < c->num_layers; l++) {
         if (!skipped(skip, n_skip, l) && (err = joint_block(m, &m->blk[l], B)))
             return err;
+        if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
+            return err;
+        if (run && l == c->num_layers - 1 && cc && (err = cc->blocks_end(cc->ctx, &cs)))
+            return err;
+    }
 
     /* norm_out (AdaLayerNormContinuous): [scale, shift] = Linear(SiLU(temb));
      * tokens (B, Nl, p p Co) = proj_out(LN(img) (1 + scale) + shift) */
