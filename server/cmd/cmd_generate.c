@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "engine/backend/backend.h"
@@ -17,6 +18,8 @@
 #include "engine/pipeline/prompt_encoder.h"
 #include "server/cmd/cli.h"
 #include "engine/pipeline/latent_image.h"
+#include "engine/pipeline/latent_video.h"
+#include "engine/io/video_mp4.h"
 #include "server/cmd/cmd.h"
 #include "server/common/image.h"
 
@@ -62,6 +65,10 @@ static void usage(FILE *f)
             "  --latents FILE.npy   initial noise (N, C, h, w) float (latent shape), instead\n"
             "                       of the generator\n"
             "  --save-latents FILE.npy  write the final latents (N, C, h, w) float32\n"
+            "  --frames N           video models: frames of the clip (default: the model's;\n"
+            "                       rounded to 1 + k x the VAE's temporal factor)\n"
+            "  --save-frames        video models with -o OUT.mp4: also OUT-000.png, ...\n"
+            "                       (-o OUT.png writes the frames only)\n"
             "  --vae-tiling         decode a latent model's image tile by tile (Diffusers' enable_tiling)\n"
             "  -o, --output OUT.png output file\n"
             "  -q, --quiet          no progress on stderr\n"
@@ -173,12 +180,58 @@ static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh,
     return 0;
 }
 
+/* Decodes a video model's n clips (n, C, T, h, w) and writes each as
+ * OUT.mp4 (OUT-i.mp4 for n > 1) and/or PNG frames OUT-000.png ...
+ * (OUT-i-000.png). *vid: the frames, the caller frees. 0 or 1 (said). */
+static int write_clips(ditd_latent_video *lv, const float *lat, int n, int T, int h, int w,
+                       const char *out_path, int mp4, int save_frames, int fps, int quiet,
+                       long seed, int steps, uint8_t **vid)
+{
+    const int s = ditd_latent_video_scale(lv), F = ditd_latent_video_frames(lv, T);
+    const int H = h * s, W = w * s;
+    const size_t frame = (size_t)H * W * 3, clip = (size_t)F * frame;
+    int err;
+    if (!(*vid = malloc((size_t)n * clip)))
+        return fail("decoding", DITD_ENOMEM), 1;
+    if ((err = ditd_latent_video_run(lv, lat, n, T, h, w, *vid)))
+        return fail("decoding", err), 1;
+    const char *dot = strrchr(out_path, '.');
+    int stem = dot && !strchr(dot, '/') ? (int)(dot - out_path) : (int)strlen(out_path);
+    for (int i = 0; i < n; i++) {
+        char base[4096], path[4200];
+        if (n == 1)
+            snprintf(base, sizeof base, "%.*s", stem, out_path);
+        else
+            snprintf(base, sizeof base, "%.*s-%d", stem, out_path, i);
+        const uint8_t *c = *vid + (size_t)i * clip;
+        if (mp4) {
+            snprintf(path, sizeof path, "%s.mp4", base);
+            if ((err = ditd_video_write_mp4(path, c, F, W, H, fps)))
+                return fail(path, err), 1;
+            if (!quiet)
+                fprintf(stderr, "wrote %s (%dx%d, %d frames at %d fps, seed %ld, %d steps)\n",
+                        path, W, H, F, fps, seed, steps);
+        }
+        if (mp4 && !save_frames)
+            continue;
+        for (int f = 0; f < F; f++) {
+            snprintf(path, sizeof path, "%s-%03d.png", base, f);
+            if ((err = ditd_png_write_file(path, c + (size_t)f * frame, W, H, 3)))
+                return fail(path, err), 1;
+        }
+        if (!quiet)
+            fprintf(stderr, "wrote %s-000.png .. %s-%03d.png (%dx%d, seed %ld, %d steps)\n", base,
+                    base, F - 1, W, H, seed, steps);
+    }
+    return 0;
+}
+
 int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
-           O_SLG_START, O_SLG_STOP, O_CACHE };
+           O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -204,6 +257,8 @@ int ditd_cmd_generate(int argc, char **argv)
         {"slg-start", required_argument, 0, O_SLG_START},
         {"slg-stop", required_argument, 0, O_SLG_STOP},
         {"cache", required_argument, 0, O_CACHE},
+        {"frames", required_argument, 0, O_FRAMES},
+        {"save-frames", no_argument, 0, O_SAVE_FRAMES},
         DITD_LAYOUT_LONGOPTS,
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
@@ -218,6 +273,10 @@ int ditd_cmd_generate(int argc, char **argv)
     const char *save_path = NULL, *out_path = NULL, *dtype_str = "auto";
     int vae_tiling = 0;
     ditd_latent_image *li = NULL; /* latent models: the VAE decode */
+    ditd_latent_video *lv = NULL; /* video models: the video VAE, on the leader */
+    uint8_t *vid = NULL;          /* video models: (n, F, H, W, 3) frames */
+    long frames = 0;
+    int save_frames = 0;
     long seed = 0, steps = -1, n = 1, threads = 0, comm_timeout_ms = DITD_NCCL_DEFAULT_TIMEOUT_MS;
     ditd_device device = DITD_DEVICE_CPU;
     double guidance = -1;
@@ -261,6 +320,8 @@ int ditd_cmd_generate(int argc, char **argv)
                 ditd_err_set(err, "--cache: %s", why);
             }
             break;
+        case O_FRAMES: err = ditd_parse_long(optarg, 1, 100000, "--frames", &frames); break;
+        case O_SAVE_FRAMES: save_frames = 1; break;
         case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &true_cfg); break;
         case O_SIZE: err = parse_size(optarg, &size_w, &size_h); break;
         case O_MAXSEQ: err = ditd_parse_long(optarg, 1, 4096, "--max-sequence-length", &max_seq); break;
@@ -352,6 +413,45 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     int text = info.shapes.cond.kind == DITD_COND_TEXT;
     class_id = 0;
+    /* video models (WanPipeline): the clip's frames, rounded as the
+     * pipeline rounds them; -o OUT.mp4 and/or PNG frames */
+    const int video = info.frames > 0;
+    const char *ext = out_path ? strrchr(out_path, '.') : NULL;
+    if (ext && strchr(ext, '/'))
+        ext = NULL;
+    const int want_mp4 = video && ext && !strcasecmp(ext, ".mp4");
+    int nfr = 1, lat_t = 1;
+    if (!video && (frames > 1 || save_frames)) {
+        fprintf(stderr, "ditd generate: --frames/--save-frames: %s makes images, not clips\n",
+                info.name);
+        goto done_info;
+    }
+    if (video) {
+        nfr = frames ? ditd_model_round_frames(&info, (int)frames) : info.frames;
+        if (ditd_model_check_frames(&info, nfr)) {
+            fprintf(stderr, "ditd generate: --frames: %s\n", ditd_err_detail());
+            goto done_info;
+        }
+        if (frames && nfr != frames && leader && !pr.quiet)
+            fprintf(stderr, "ditd generate: --frames %ld rounded to %d (1 + k x %d, as %s)\n",
+                    frames, nfr, info.frame_step, info.pipeline->name);
+        lat_t = ditd_model_latent_frames(&info, nfr);
+        if (vae_tiling) {
+            fprintf(stderr, "ditd generate: --vae-tiling: image models only (a clip is decoded "
+                    "frame chunk by frame chunk)\n");
+            goto done_info;
+        }
+        if (out_path && !want_mp4 && !(ext && !strcasecmp(ext, ".png"))) {
+            fprintf(stderr, "ditd generate: -o %s: %s writes clips: -o OUT.mp4, or -o OUT.png for "
+                    "PNG frames OUT-000.png, ...\n", out_path, info.name);
+            goto done_info;
+        }
+        if (want_mp4 && !ditd_video_mp4_available()) {
+            fprintf(stderr, "ditd generate: -o %s: this ditd is built without FFmpeg; write PNG "
+                    "frames with -o OUT.png instead\n", out_path);
+            goto done_info;
+        }
+    }
     if (text && class_str) {
         fprintf(stderr, "ditd generate: --class: %s takes a text --prompt, not a class\n", info.name);
         goto done_info;
@@ -439,13 +539,26 @@ int ditd_cmd_generate(int argc, char **argv)
         fail("loading the model", err);
         goto done_info;
     }
-    if (out_path && info.needs_vae &&
+    if (out_path && info.needs_vae && !video &&
         (err = ditd_latent_image_new(&info, &ditd_backend_cpu, mesh ? mesh->group : NULL, vae_tiling,
                                      &li))) { /* on the CPU, whatever the denoiser's device */
         fail("loading the VAE", err);
         goto done;
     }
-    if (info.resizable) { /* the size asked for, else the model's default */
+    if (video) { /* the clip: frames x the size asked for, else the model's */
+        int sh = (size_h ? (int)size_h : info.image_height) / info.vae_scale;
+        int sw = (size_w ? (int)size_w : info.image_width) / info.vae_scale;
+        if ((err = ditd_pipeline_set_video_size(
+                 pipe, lat_t, sh, sw, text ? ditd_pipeline_class_text_len(pc, (int)max_seq) : 0))) {
+            fail("--frames/--size", err);
+            goto done;
+        }
+        if (out_path && leader &&
+            (err = ditd_latent_video_new(&info, &ditd_backend_cpu, sh, sw, &lv))) {
+            fail("loading the VAE", err);
+            goto done;
+        }
+    } else if (info.resizable) { /* the size asked for, else the model's default */
         int sh = (size_h ? (int)size_h : info.image_height) / info.vae_scale;
         int sw = (size_w ? (int)size_w : info.image_width) / info.vae_scale;
         if ((err = ditd_pipeline_set_size(
@@ -472,8 +585,21 @@ int ditd_cmd_generate(int argc, char **argv)
 
     /* latents (n, C, h, w); for a pixel-space model they are the image */
     int C = pipe->shapes.in_channels, LH = pipe->shapes.height, LW = pipe->shapes.width;
-    size_t numel = ditd_denoiser_numel_in(&pipe->shapes);
-    if (latents_path) {
+    size_t numel = video ? pipe->numel : ditd_denoiser_numel_in(&pipe->shapes);
+    if (latents_path && video) { /* (n, C, T, h, w) */
+        int nd;
+        int64_t shape[8];
+        if ((err = ditd_npy_read_f32(latents_path, 8, &nd, shape, &noise))) {
+            fail("--latents", err);
+            goto done;
+        }
+        if (nd != 5 || shape[0] != n || shape[1] != C || shape[2] != lat_t || shape[3] != LH ||
+            shape[4] != LW) {
+            fprintf(stderr, "ditd generate: --latents: %s has %d dims, expected (%ld, %d, %d, %d, "
+                    "%d) (n, C, latent frames, h, w)\n", latents_path, nd, n, C, lat_t, LH, LW);
+            goto done;
+        }
+    } else if (latents_path) {
         int nd;
         int64_t shape[8];
         if ((err = ditd_npy_read_f32(latents_path, 8, &nd, shape, &noise))) {
@@ -539,11 +665,22 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done;
     }
     if (save_path) {
-        int64_t shape[4] = {n, C, LH, LW};
-        if ((err = ditd_npy_write_f32(save_path, 4, shape, out))) {
+        int64_t shape[5] = {n, C, LH, LW, 0};
+        if (video) {
+            int64_t v5[5] = {n, C, lat_t, LH, LW};
+            memcpy(shape, v5, sizeof v5);
+        }
+        if ((err = ditd_npy_write_f32(save_path, video ? 5 : 4, shape, out))) {
             fail("--save-latents", err);
             goto done;
         }
+    }
+    if (lv) {
+        free(img_all);
+        img_all = NULL;
+        rc = write_clips(lv, out, (int)n, lat_t, LH, LW, out_path, want_mp4, save_frames,
+                         info.fps, pr.quiet, seed, gp.steps, &vid);
+        goto done;
     }
     for (long i = 0; out_path && i < n; i++) {
         char path[4096];
@@ -580,6 +717,8 @@ int ditd_cmd_generate(int argc, char **argv)
     free(img_all);
     rc = 0;
 done:
+    ditd_latent_video_free(lv);
+    free(vid);
     ditd_latent_image_free(li);
     ditd_pipeline_free(pipe);
 done_info:

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""ditd generate on a WanPipeline folder (issue 21): clips end to end.
+
+For each case of tests/fixtures/wan_pipeline/expected/cases.json (Diffusers'
+WanPipeline in float64, its noise given with --latents), `ditd generate
+--frames N --size WxH -o clip.mp4 --save-frames --save-latents` must give:
+  - final latents (n, C, T, h, w) within 1e-4 relative of Diffusers';
+  - PNG frames within one 8-bit level of Diffusers' frames;
+  - an MP4 whose stream (ffprobe) has the clip's frame count, size and fps,
+    its first frame within codec error of the PNG frame: PSNR >= 30 dB
+    against the PNG frame put through the same 4:2:0 conversion by ffmpeg.
+Then the refusals: a frame count past the model's limit, --frames on an
+image model, -o with another extension. At least 2 clips and 3 refusals are
+checked. Stdlib only; ffmpeg/ffprobe from deploy/install-deps.sh.
+
+usage: wan_generate.py DITD WAN_PIPELINE_DIR FIXTURES_DIR
+"""
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+
+ditd, pipes, fix = sys.argv[1:4]
+failures = []
+
+
+def fail(msg):
+    print("FAIL", msg)
+    failures.append(msg)
+
+
+def read_npy(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:6] == b"\x93NUMPY", path
+    major = data[6]
+    if major == 1:
+        hlen = struct.unpack("<H", data[8:10])[0]
+        off = 10
+    else:
+        hlen = struct.unpack("<I", data[8:12])[0]
+        off = 12
+    header = eval(data[off:off + hlen].decode("latin1"))  # a Python dict literal
+    shape = tuple(header["shape"])
+    descr = header["descr"]
+    body = data[off + hlen:]
+    n = 1
+    for d in shape:
+        n *= d
+    fmt = {"<f4": "f", "<f8": "d", "|u1": "B"}[descr]
+    vals = struct.unpack("<%d%s" % (n, fmt), body[: n * struct.calcsize(fmt)])
+    return shape, vals
+
+
+def png_rgb(path):
+    """The RGB bytes of an 8-bit RGB PNG (what ditd writes), stdlib only."""
+    with open(path, "rb") as f:
+        data = f.read()
+    pos, idat, w, h = 8, b"", 0, 0
+    while pos < len(data):
+        ln, typ = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + ln]
+        if typ == b"IHDR":
+            w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and ctype == 2, (path, depth, ctype)
+        elif typ == b"IDAT":
+            idat += body
+        pos += 12 + ln
+    raw, bpp, stride = zlib.decompress(idat), 3, w * 3
+    out, prev = bytearray(), bytearray(stride)
+    for y in range(h):
+        ft, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+            if ft == 1:
+                line[x] = (line[x] + a) & 255
+            elif ft == 2:
+                line[x] = (line[x] + b) & 255
+            elif ft == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif ft == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pr = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                line[x] = (line[x] + pr) & 255
+        out += line
+        prev = line
+    return w, h, bytes(out)
+
+
+def run(args):
+    return subprocess.run([ditd, "generate"] + args, capture_output=True, text=True)
+
+
+tmp = tempfile.mkdtemp(prefix="wan_generate.")
+cases = json.load(open(os.path.join(fix, "cases.json")))["cases"]
+checked = 0
+for c in cases:
+    if c["batch"] != 1 or c.get("num_videos_per_prompt", 1) != 1 or c.get("negative_prompts"):
+        continue
+    name, out = c["name"], os.path.join(tmp, c["name"])
+    args = ["--model", os.path.join(pipes, c["folder"]), "--prompt", c["prompts"][0],
+            "--frames", str(c["num_frames"]), "--size", "%dx%d" % (c["width"], c["height"]),
+            "--steps", str(c["num_inference_steps"]), "--guidance", str(c["guidance_scale"]),
+            "--max-sequence-length", str(c["max_sequence_length"]),
+            "--latents", os.path.join(fix, c["noise"]), "--save-latents", out + ".npy",
+            "-o", out + ".mp4", "--save-frames", "--threads", "1", "-q"]
+    r = run(args)
+    if r.returncode != 0:
+        fail("%s: exit %d: %s" % (name, r.returncode, r.stderr.strip()))
+        continue
+    mp4 = "without FFmpeg" not in r.stderr
+    shape, got = read_npy(out + ".npy")
+    rshape, ref = read_npy(os.path.join(fix, c["final_latents"]))
+    if shape != rshape:
+        fail("%s: latents %s, Diffusers %s" % (name, shape, rshape))
+        continue
+    scale = max(abs(v) for v in ref)
+    rel = max(abs(a - b) for a, b in zip(got, ref)) / scale
+    if not rel <= 1e-4:
+        fail("%s: final latents %.3g relative (1e-4)" % (name, rel))
+    fshape, fref = read_npy(os.path.join(fix, c["frames_u8"]))  # (B, F, H, W, 3)
+    F, H, W = fshape[1], fshape[2], fshape[3]
+    if F != c["num_frames_rounded"]:
+        fail("%s: Diffusers' clip has %d frames, the case says %d" % (name, F, c["num_frames_rounded"]))
+    worst = 0
+    for f in range(F):
+        p = "%s-%03d.png" % (out, f)
+        if not os.path.exists(p):
+            fail("%s: %s not written" % (name, p))
+            break
+        w, h, px = png_rgb(p)
+        if (w, h) != (W, H):
+            fail("%s: frame %d is %dx%d, expected %dx%d" % (name, f, w, h, W, H))
+            break
+        ref_f = fref[f * H * W * 3:(f + 1) * H * W * 3]
+        worst = max(worst, max(abs(a - b) for a, b in zip(px, ref_f)))
+    if worst > 1:
+        fail("%s: frames %d levels off Diffusers' (1)" % (name, worst))
+    print("ok %s: latents %.2g relative, frames worst %d level(s)" % (name, rel, worst))
+    if mp4:
+        probe = subprocess.run(["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0",
+                                "-show_entries", "stream=codec_name,pix_fmt,width,height,r_frame_rate,nb_read_frames",
+                                "-of", "json", out + ".mp4"], capture_output=True, text=True)
+        st = json.loads(probe.stdout)["streams"][0] if probe.returncode == 0 else {}
+        want = {"codec_name": "h264", "pix_fmt": "yuv420p", "width": W, "height": H,
+                "r_frame_rate": "16/1", "nb_read_frames": str(F)}
+        for k, v in want.items():
+            if st.get(k) != v:
+                fail("%s: mp4 %s = %r, expected %r" % (name, k, st.get(k), v))
+        raw = subprocess.run(["ffmpeg", "-v", "error", "-i", out + ".mp4", "-frames:v", "1",
+                              "-f", "rawvideo", "-pix_fmt", "rgb24", "-"], capture_output=True).stdout
+        # codec error: the PNG frame through the same 4:2:0 conversion (what
+        # chroma subsampling alone costs; noise-like tiny clips lose ~20 dB
+        # there), against the H.264 frame (CRF 18)
+        yuv = subprocess.run(["ffmpeg", "-v", "error", "-i", out + "-000.png", "-pix_fmt", "yuv420p",
+                              "-f", "rawvideo", "-"], capture_output=True).stdout
+        px0 = subprocess.run(["ffmpeg", "-v", "error", "-f", "rawvideo", "-pix_fmt", "yuv420p",
+                              "-s", "%dx%d" % (W, H), "-i", "-", "-f", "rawvideo", "-pix_fmt", "rgb24",
+                              "-"], input=yuv, capture_output=True).stdout
+        if len(raw) != len(px0):
+            fail("%s: mp4 first frame %d bytes, PNG %d" % (name, len(raw), len(px0)))
+        else:
+            mse = sum((a - b) ** 2 for a, b in zip(raw, px0)) / len(px0)
+            psnr = 99.0 if mse == 0 else 10 * math.log10(255 * 255 / mse)
+            if psnr < 30:
+                fail("%s: mp4 first frame %.1f dB PSNR against the PNG frame in 4:2:0 (30)" % (name, psnr))
+            print("ok %s: mp4 %s %dx%d %s fps %s frames, first frame %.1f dB" % (
+                name, st.get("codec_name"), W, H, st.get("r_frame_rate"), st.get("nb_read_frames"), psnr))
+    else:
+        print("note %s: ditd built without FFmpeg, mp4 not checked" % name)
+    checked += 1
+
+refusals = 0
+wan = os.path.join(pipes, "wan21")
+for args, needle in [
+        (["--model", wan, "--prompt", "a", "--frames", "100001", "-o", tmp + "/x.mp4"], "--frames"),
+        (["--model", wan, "--prompt", "a", "--frames", "5", "-o", tmp + "/x.gif"], "writes clips"),
+        (["--frames", "5", "-o", tmp + "/x.png"], "makes images"),  # the embedded image model
+        (["--model", wan, "--prompt", "a", "--frames", "5000", "-o", tmp + "/x.png"], "--frames")]:
+    r = run(args)
+    if r.returncode == 0 or needle not in r.stderr:
+        fail("refusal %s: exit %d, stderr %r (wanted %r)" % (args, r.returncode, r.stderr, needle))
+    refusals += 1
+
+shutil.rmtree(tmp, ignore_errors=True)
+print("%d clips, %d refusals checked" % (checked, refusals))
+if checked < 2 or refusals < 3:
+    fail("too few checked: %d clips (2), %d refusals (3)" % (checked, refusals))
+sys.exit(1 if failures else 0)
