@@ -280,6 +280,15 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
         snprintf(d, sizeof d, "%s", ditd_err_detail());
         return ditd_err_set(err, "%s: %s", model_dir, d);
     }
+    if (info.frames > 0) { /* before any replica loads it */
+        err = ditd_err_set(DITD_EUNSUPPORTED,
+                           "%s is a video model (%s): ditd serve makes images "
+                           "(/v1/images/generations) and does not serve clips yet (the "
+                           "/v1/videos endpoint is not built); make clips with ditd generate "
+                           "--frames N -o clip.mp4", info.name, info.pipeline->name);
+        ditd_model_info_free(&info);
+        return err;
+    }
     if (!(err = ditd_sched_config_load(info.scheduler_config, &sc)) && info.needs_vae &&
         !info.vae_dir[0])
         err = ditd_err_set(DITD_ENOENT, "%s is a latent model without vae/config.json", model_dir);

@@ -10,7 +10,8 @@ WanPipeline in float64, its noise given with --latents), `ditd generate
     its first frame within codec error of the PNG frame: PSNR >= 30 dB
     against the PNG frame put through the same 4:2:0 conversion by ffmpeg.
 Then the refusals: a frame count past the model's limit, --frames on an
-image model, -o with another extension. At least 2 clips and 3 refusals are
+image model, -o with another extension, and `ditd serve` on a video model
+(naming the videos endpoint). At least 2 clips and 4 refusals are
 checked. Stdlib only; ffmpeg/ffprobe from deploy/install-deps.sh.
 
 usage: wan_generate.py DITD WAN_PIPELINE_DIR FIXTURES_DIR
@@ -189,8 +190,15 @@ for args, needle in [
         fail("refusal %s: exit %d, stderr %r (wanted %r)" % (args, r.returncode, r.stderr, needle))
     refusals += 1
 
+# ditd serve refuses a video model at start-up, naming the videos endpoint
+r = subprocess.run([ditd, "serve", "--model", wan, "--port", "18931", "--host", "127.0.0.1"],
+                   capture_output=True, text=True, timeout=60)
+if r.returncode == 0 or "video model" not in r.stderr or "/v1/videos" not in r.stderr:
+    fail("serve on a video model: exit %d, stderr %r" % (r.returncode, r.stderr[-600:]))
+refusals += 1
+
 shutil.rmtree(tmp, ignore_errors=True)
 print("%d clips, %d refusals checked" % (checked, refusals))
-if checked < 2 or refusals < 3:
-    fail("too few checked: %d clips (2), %d refusals (3)" % (checked, refusals))
+if checked < 2 or refusals < 4:
+    fail("too few checked: %d clips (2), %d refusals (4)" % (checked, refusals))
 sys.exit(1 if failures else 0)
