@@ -87,7 +87,9 @@ fi
 # ---- 1. build ----
 # The CPU reference kernels the GPU tests compare against use OpenBLAS there:
 # oneDNN (40 MB) would not fit the bundle's 40 MiB and is not what is tested.
-opts=(-Dwerror=true -Dbuildtype=release -Dnative=false -Dcuda=enabled -Donednn=disabled)
+# no FFmpeg: the kit writes no MP4, and libavcodec's dependency tree (x265, codec2, librsvg, ...)
+# would take the archive past its 40 MiB
+opts=(-Dwerror=true -Dbuildtype=release -Dnative=false -Dcuda=enabled -Donednn=disabled -Dffmpeg=disabled)
 if [ -n "$reuse" ]; then
     lib=$(cd "$reuse" && pwd)/kernels/cuda/libditd_kernels_cuda.a
     ninja -C "$reuse" kernels/cuda/libditd_kernels_cuda.a >/dev/null
