@@ -665,19 +665,13 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done;
     }
     if (save_path) {
-        int64_t shape[5] = {n, C, LH, LW, 0};
-        if (video) {
-            int64_t v5[5] = {n, C, lat_t, LH, LW};
-            memcpy(shape, v5, sizeof v5);
-        }
+        int64_t shape[5] = {n, C, video ? lat_t : LH, video ? LH : LW, LW};
         if ((err = ditd_npy_write_f32(save_path, video ? 5 : 4, shape, out))) {
             fail("--save-latents", err);
             goto done;
         }
     }
-    if (lv) {
-        free(img_all);
-        img_all = NULL;
+    if (lv) { /* a video model: no image tail (img_all is NULL) */
         rc = write_clips(lv, out, (int)n, lat_t, LH, LW, out_path, want_mp4, save_frames,
                          info.fps, pr.quiet, seed, gp.steps, &vid);
         goto done;
