@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Build the WanPipeline fixtures that ditd's C tests compare against.
 
-What it is: a script that makes a tiny random-weight WanPipeline folder under
-tests/fixtures/wan_pipeline/wan21/ (Wan 2.1 T2V-like: WanTransformer3DModel, AutoencoderKLWan,
+What it is: a script that makes tiny random-weight WanPipeline folders under
+tests/fixtures/wan_pipeline/ -- wan21/ (Wan 2.1 T2V-like), wan22/ (Wan 2.2 T2V-A14B-like: a
+second expert transformer_2 below boundary_ratio 0.875, guidance_scale_2; it commits only its
+model_index.json and transformer_2/, the rest is wan21's, copied by assemble.py) and ti2v/
+(Wan 2.2 TI2V-5B-like: expand_timesteps, a 48-channel residual AutoencoderKLWan with patch_size 2
+and spatial scale 16, a 48-channel transformer; text encoder and scheduler are wan21's) --
+(wan21: WanTransformer3DModel, AutoencoderKLWan,
 UMT5EncoderModel with the real UMT5 vocabulary of 256,384 rows; the tokenizer is assembled at
 build time by tests/fixtures/wan_pipeline/assemble.py from tests/fixtures/tokenizers/'s
 umt5_hub) and records what Diffusers' WanPipeline makes with it in float64 in expected/ (.npy
@@ -99,6 +104,33 @@ CASES = [
 ]
 
 
+CASES_22 = [
+    ("wan22_5f_32x48_experts", dict(prompt="A cat walks on the grass, realistic", height=32,
+                                    width=48, num_frames=5, num_inference_steps=4,
+                                    max_sequence_length=32)),
+    ("wan22_9f_48x32_guidance2", dict(prompt=["a red fox running through snow", "rain on a window"],
+                                      negative_prompt=["blurry", ""], height=48, width=32,
+                                      num_frames=9, num_inference_steps=4, guidance_scale=4.0,
+                                      guidance_scale_2=2.5, max_sequence_length=24)),
+    ("wan22_5f_32x32_nocfg", dict(prompt="a lighthouse", height=32, width=32, num_frames=5,
+                                  num_inference_steps=5, guidance_scale=1.0, guidance_scale_2=3.0,
+                                  max_sequence_length=16)),
+]
+CASES_TI2V = [
+    ("ti2v_5f_64x32", dict(prompt="waves crashing on rocks at sunset", height=64, width=32,
+                           num_frames=5, num_inference_steps=3, max_sequence_length=16)),
+    ("ti2v_9f_32x64_negative", dict(prompt="a red balloon over a city", negative_prompt="fog",
+                                    height=32, width=64, num_frames=9, num_inference_steps=3,
+                                    guidance_scale=3.0, max_sequence_length=16)),
+]
+# Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json's shape, at tiny widths
+VAE_TI2V = dict(base_dim=4, decoder_base_dim=6, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
+                temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
+                out_channels=12, patch_size=2, scale_factor_spatial=16, scale_factor_temporal=4,
+                latents_mean=[0.05 * i - 1.2 for i in range(48)],
+                latents_std=[0.8 + 0.02 * i for i in range(48)])
+
+
 def randomize(model, gen):
     """Non-degenerate random weights: every matrix N(0, 1/fan_in), embeddings N(0, 1),
     norm gains 1 + N(0, 0.1^2), biases N(0, 0.1^2); so no layer is the default init."""
@@ -150,9 +182,38 @@ def make_pipeline(d):
     vae.to(torch.float32).save_pretrained(d / "vae", safe_serialization=True)
 
 
+def make_wan22(d):
+    """Wan 2.2 T2V-A14B-like: wan21's components plus a second expert (its own random weights,
+    the same config) and boundary_ratio 0.875 (the A14B's), so the four-step schedule
+    999, 899 | 749, 499 switches inside."""
+    write_json(d / "model_index.json", dict(MODEL_INDEX, _diffusers_version=diffusers.__version__,
+                                            transformer_2=["diffusers", "WanTransformer3DModel"],
+                                            boundary_ratio=0.875, expand_timesteps=False))
+    gen = torch.Generator().manual_seed(2222)
+    tr = WanTransformer3DModel(**TRANSFORMER).to(torch.float64)
+    randomize(tr, gen)
+    tr.to(torch.float32).save_pretrained(d / "transformer_2", safe_serialization=True)
+
+
+def make_ti2v(d):
+    """Wan 2.2 TI2V-5B-like: expand_timesteps, the residual 48-channel VAE (patch_size 2, spatial
+    scale 16) and a 48-channel transformer; wan21's text encoder and scheduler."""
+    write_json(d / "model_index.json", dict(MODEL_INDEX, _diffusers_version=diffusers.__version__,
+                                            boundary_ratio=None, expand_timesteps=True))
+    gen = torch.Generator().manual_seed(2323)
+    tr = WanTransformer3DModel(**dict(TRANSFORMER, in_channels=48, out_channels=48)).to(torch.float64)
+    randomize(tr, gen)
+    tr.to(torch.float32).save_pretrained(d / "transformer", safe_serialization=True)
+    vae = AutoencoderKLWan(**VAE_TI2V).to(torch.float64)
+    randomize(vae, gen)
+    vae.to(torch.float32).save_pretrained(d / "vae", safe_serialization=True)
+
+
 def check_float64(pipe):
-    for cname in ("text_encoder", "transformer", "vae"):
+    for cname in ("text_encoder", "transformer", "transformer_2", "vae"):
         m = getattr(pipe, cname)
+        if m is None:
+            continue
         for k, t in list(m.named_parameters()) + list(m.named_buffers()):
             if t.is_floating_point():
                 assert t.dtype == torch.float64, f"{cname}.{k} is {t.dtype}"
@@ -171,7 +232,27 @@ def as_list(v, n):
     return [v] * n if isinstance(v, str) else list(v)
 
 
-def make_case(pipe, exp, index, case):
+def load_pipe(d):
+    """The assembled folder in float64, given latents kept float64 (see the docstring)."""
+    kw = {} if (d / "transformer_2").is_dir() else dict(transformer_2=None)
+    pipe = WanPipeline.from_pretrained(d, torch_dtype=torch.float64, **kw)
+    pipe.set_progress_bar_config(disable=True)
+    for t in (pipe.transformer, pipe.transformer_2):  # _keep_in_fp32_modules kept
+        if t is not None:                             # scale_shift_table f32
+            t.to(torch.float64)
+    orig = pipe.prepare_latents
+
+    def prepare_latents(*a, **k):
+        lat = k.get("latents", a[-1] if a else None)
+        if lat is not None:
+            return lat.to(torch.float64)
+        return orig(*a, **k)
+    pipe.prepare_latents = prepare_latents
+    check_float64(pipe)
+    return pipe
+
+
+def make_case(pipe, exp, index, case, folder):
     name, kw = case
     prompts = as_list(kw["prompt"], 1)
     per = kw.get("num_videos_per_prompt", 1)
@@ -183,7 +264,8 @@ def make_case(pipe, exp, index, case):
     L = kw.get("max_sequence_length", 512)
     g = kw.get("guidance_scale", 5.0)
     gen = torch.Generator().manual_seed(7100 + index)
-    noise = torch.randn((B, 16, F, h, w), generator=gen, dtype=torch.float32)
+    C = pipe.transformer.config.in_channels
+    noise = torch.randn((B, C, F, h, w), generator=gen, dtype=torch.float32)
 
     def run():
         with torch.no_grad():
@@ -191,7 +273,7 @@ def make_case(pipe, exp, index, case):
                         return_dict=False)[0]
 
     lat = run()
-    assert lat.dtype == torch.float64 and lat.shape == (B, 16, F, h, w), (name, lat.shape)
+    assert lat.dtype == torch.float64 and lat.shape == (B, C, F, h, w), (name, lat.shape)
     timesteps = pipe.scheduler.timesteps.clone()
     again = run()
     assert torch.equal(again, lat), f"{name}: not deterministic"
@@ -214,7 +296,7 @@ def make_case(pipe, exp, index, case):
     assert pe.shape == (B, L, UMT5["d_model"]), (name, pe.shape)
     p = f"{name}_"
     entry = dict(
-        name=name, folder="wan21", prompts=prompts, batch=B, num_videos_per_prompt=per,
+        name=name, folder=folder, prompts=prompts, batch=B, num_videos_per_prompt=per,
         negative_prompts=as_list(kw.get("negative_prompt"), len(prompts)),
         height=H, width=W, num_frames=N, num_frames_rounded=Nr, latent_frames=F,
         latent_height=h, latent_width=w, num_inference_steps=kw["num_inference_steps"],
@@ -227,6 +309,13 @@ def make_case(pipe, exp, index, case):
     )
     if cfg:
         entry["negative_prompt_embeds"] = npy(exp, p + "negative_prompt_embeds.npy", npe)
+    if "guidance_scale_2" in kw:
+        entry["guidance_scale_2"] = kw["guidance_scale_2"]
+    if pipe.transformer_2 is not None:  # which expert ran each step (WanPipeline's rule)
+        bt = pipe.config.boundary_ratio * pipe.scheduler.config.num_train_timesteps
+        entry["boundary_timestep"] = bt
+        entry["expert_per_step"] = [1 if t >= bt else 2 for t in timesteps.tolist()]
+        assert 1 in entry["expert_per_step"] and 2 in entry["expert_per_step"], name
     print(f"{name}: B={B} {N}->{Nr} frames {H}x{W} latent {F}x{h}x{w} steps "
           f"{kw['num_inference_steps']} L {L} cfg {cfg} moved {moved:.3f}")
     return entry
@@ -242,9 +331,11 @@ def main():
     diffusers.utils.logging.set_verbosity_error()
     diffusers.utils.logging.disable_progress_bar()
     out = args.out
-    for sub in ("wan21", "expected"):
+    for sub in ("wan21", "wan22", "ti2v", "expected"):
         shutil.rmtree(out / sub, ignore_errors=True)
     make_pipeline(out / "wan21")
+    make_wan22(out / "wan22")
+    make_ti2v(out / "ti2v")
     exp = out / "expected"
     exp.mkdir()
     with tempfile.TemporaryDirectory() as tmp:
@@ -252,22 +343,14 @@ def main():
         subprocess.run([sys.executable, str(UNPACK), str(tmp / "tok"), str(tmp / "tok.stamp")], check=True)
         subprocess.run([sys.executable, str(out / "assemble.py"), str(tmp / "tok"), str(tmp / "pipes"),
                         str(tmp / "pipes.stamp")], check=True)
-        pipe = WanPipeline.from_pretrained(tmp / "pipes" / "wan21", torch_dtype=torch.float64,
-                                           transformer_2=None)
-        pipe.set_progress_bar_config(disable=True)
-        pipe.transformer.to(torch.float64)  # _keep_in_fp32_modules kept scale_shift_table f32
-        # keep given latents float64 (WanPipeline casts them to float32: see the docstring)
-        orig = pipe.prepare_latents
-
-        def prepare_latents(*a, **k):
-            lat = k.get("latents", a[-1] if a else None)
-            if lat is not None:
-                return lat.to(torch.float64)
-            return orig(*a, **k)
-        pipe.prepare_latents = prepare_latents
-        check_float64(pipe)
-        cases = [make_case(pipe, exp, i, c) for i, c in enumerate(CASES)]
-    assert len(cases) >= 5
+        cases = []
+        for folder, fcases in (("wan21", CASES), ("wan22", CASES_22), ("ti2v", CASES_TI2V)):
+            pipe = load_pipe(tmp / "pipes" / folder)
+            assert (pipe.transformer_2 is not None) == (folder == "wan22"), folder
+            assert bool(pipe.config.expand_timesteps) == (folder == "ti2v"), folder
+            for c in fcases:  # the case's index seeds its noise
+                cases.append(make_case(pipe, exp, len(cases), c, folder))
+    assert len(cases) >= 10
     meta = dict(diffusers=diffusers.__version__, transformers=transformers.__version__,
                 torch=torch.__version__, compute="float64", stored="float32", cases=cases)
     write_json(exp / "cases.json", meta)

@@ -2,6 +2,8 @@
 #include "engine/models/denoiser.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <string.h>
 
 #include "engine/core/error.h"
 
@@ -25,6 +27,30 @@ int ditd_denoiser_shapes_check(const ditd_denoiser_shapes *s, const char *what)
                             s->cond.text_dim);
     if ((unsigned)s->cond.kind >= DITD_COND_KIND_COUNT)
         return ditd_err_set(DITD_EINVAL, "%s: conditioning kind %d", what, (int)s->cond.kind);
+    return 0;
+}
+
+int ditd_denoiser_shapes_same(const ditd_denoiser_shapes *a, const ditd_denoiser_shapes *b,
+                              const char *what)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } fields[] = {
+#define F(x) {#x, offsetof(ditd_denoiser_shapes, x)}
+        F(in_channels), F(out_channels), F(height), F(width), F(frames), F(heads), F(head_dim),
+        F(tokens), F(prefix_tokens), F(guidance_embed), F(latent_multiple), F(cond.kind),
+        F(cond.num_classes), F(cond.text_len), F(cond.text_dim), F(cond.pooled_dim),
+#undef F
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        int va, vb;
+        memcpy(&va, (const char *)a + fields[i].off, sizeof va);
+        memcpy(&vb, (const char *)b + fields[i].off, sizeof vb);
+        if (va != vb)
+            return ditd_err_set(DITD_EUNSUPPORTED, "%s: %s %d, the first transformer's is %d", what,
+                                fields[i].name, vb, va);
+    }
     return 0;
 }
 

@@ -172,6 +172,12 @@ struct ditd_denoiser {
  * consistent); `what` names the config in messages. DITD_EINVAL. */
 int ditd_denoiser_shapes_check(const ditd_denoiser_shapes *s, const char *what);
 
+/* Whether b (what: the config it came from) has a's shapes, field for field
+ * (two experts of one pipeline must): 0, or DITD_EUNSUPPORTED naming the
+ * first field that differs and both values. */
+int ditd_denoiser_shapes_same(const ditd_denoiser_shapes *a, const ditd_denoiser_shapes *b,
+                              const char *what);
+
 /* Wrappers over the table, with the checks every family shares. */
 int ditd_denoiser_load(const ditd_denoiser_family *f, const char *dir,
                        const ditd_backend_ops *ops, int max_batch, const ditd_mesh *mesh,

@@ -275,6 +275,76 @@ static int load_vae(ditd_model_info *m)
     return 0;
 }
 
+/* A component entry of model_index.json: ["library", "Class"] is present,
+ * null or absent is not; anything else is refused naming it. */
+static int component_present(json_t *index, const char *name, const char *path, int *present)
+{
+    json_t *v = json_object_get(index, name);
+    *present = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_string(json_array_get(v, 1)))
+        return ditd_err_set(DITD_EFORMAT, "%s: %s must be [\"library\", \"Class\"] or null", path,
+                            name);
+    *present = 1;
+    return 0;
+}
+
+/* The second expert (Wan 2.2 A14B; ditd_model_info's transformer_2_dir,
+ * boundary_ratio) and expand_timesteps, after the first transformer is
+ * known. */
+static int load_experts(ditd_model_info *m, json_t *index, const char *path)
+{
+    char cfg[DITD_MODEL_PATH_MAX + 16], cls[128];
+    json_t *br = json_object_get(index, "boundary_ratio"), *et;
+    int has2, err;
+
+    m->transformer_2_dir[0] = '\0';
+    m->boundary_ratio = -1.0;
+    if ((err = component_present(index, "transformer_2", path, &has2)))
+        return err;
+    if (br && !json_is_null(br)) {
+        if (!json_is_number(br) || !(json_number_value(br) > 0.0) || json_number_value(br) > 1.0)
+            return ditd_err_set(DITD_EFORMAT, "%s: boundary_ratio must be a number in (0, 1] or null",
+                                path);
+        m->boundary_ratio = json_number_value(br);
+    }
+    if ((et = json_object_get(index, "expand_timesteps")) && !json_is_null(et)) {
+        if (!json_is_boolean(et))
+            return ditd_err_set(DITD_EFORMAT, "%s: expand_timesteps must be true or false", path);
+        if (json_is_true(et) && m->pipeline->default_frames <= 0)
+            return ditd_err_set(DITD_EUNSUPPORTED, "%s: expand_timesteps: %s is not a video pipeline",
+                                path, m->pipeline->name);
+        m->expand_timesteps = json_is_true(et);
+    }
+    if (m->boundary_ratio > 0 && !has2)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: boundary_ratio %g names a second expert, but transformer_2 is absent",
+                            path, m->boundary_ratio);
+    if (!has2)
+        return 0;
+    if (m->pipeline->max_experts < 2)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: transformer_2: %s drives one transformer", path,
+                            m->pipeline->name);
+    if (m->boundary_ratio < 0) /* WanPipeline: no boundary, transformer_2 never runs */
+        return 0;
+    if ((err = path_join(m->transformer_2_dir, sizeof m->transformer_2_dir, m->dir, "transformer_2")))
+        return err;
+    snprintf(cfg, sizeof cfg, "%s/config.json", m->transformer_2_dir);
+    if (!is_file(cfg))
+        return ditd_err_set(DITD_ENOENT, "%s: missing (model_index.json names transformer_2)", cfg);
+    if ((err = ditd_registry_config_class(cfg, cls, sizeof cls)))
+        return err;
+    if (strcmp(cls, m->denoiser_class) != 0)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: _class_name %s, transformer/ is %s: two experts "
+                            "must be one class", cfg, cls, m->denoiser_class);
+    ditd_denoiser_shapes s2;
+    if ((err = m->denoiser->shapes(m->transformer_2_dir, &s2)) ||
+        (err = ditd_denoiser_shapes_check(&s2, cfg)))
+        return err;
+    return ditd_denoiser_shapes_same(&m->shapes, &s2, cfg);
+}
+
 int ditd_model_info_load(const char *dir, ditd_model_info *out)
 {
     ditd_model_info *m = out;
@@ -355,7 +425,7 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
         err = ditd_err_set(err, "%s: %s", path, d);
         goto fail;
     }
-    if ((err = load_vae(m)) || (err = load_frames(m)))
+    if ((err = load_experts(m, index, path)) || (err = load_vae(m)) || (err = load_frames(m)))
         goto fail;
     m->num_classes = m->shapes.cond.kind == DITD_COND_CLASS ? m->shapes.cond.num_classes : 0;
     if ((err = load_labels(m, index, path)) || (err = load_defaults(m)))

@@ -86,6 +86,18 @@ typedef struct ditd_model_info {
     int frame_step;
     int max_frames;
     int fps;
+    /* Two experts (a pipeline row with max_experts 2: WanPipeline, Wan 2.2
+     * A14B): model_index.json's transformer_2 folder, the same transformer
+     * class with the same shapes, and the pipeline config's boundary_ratio:
+     * the steps whose timestep t < boundary_ratio x num_train_timesteps run
+     * transformer_2. "" and -1 without: one transformer. transformer_2
+     * without boundary_ratio is not used (as Diffusers: its boundary is
+     * None), boundary_ratio without transformer_2 is refused (Diffusers
+     * would fail at the first low-noise step). expand_timesteps (TI2V-5B):
+     * the model_index.json flag, 0 or 1 (docs/wan_pipeline.md). */
+    char transformer_2_dir[DITD_MODEL_PATH_MAX];
+    double boundary_ratio;
+    int expand_timesteps;
 } ditd_model_info;
 
 /* Reads the folder. Errors name the file and key; a pipeline class the

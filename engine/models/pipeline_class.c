@@ -87,7 +87,9 @@ const ditd_pipeline_class ditd_pipeline_sd3 = {
  * scheduler's own sigmas (UniPC flow, flow_shift); 81 frames at 16 fps. The
  * latents go to the VAE through latents_mean / latents_std
  * (ditd_wan_vae_unscale) in engine/pipeline/latent_video.c; the image tail
- * (latent_image.c) refuses them (docs/wan_pipeline.md). */
+ * (latent_image.c) refuses them (docs/wan_pipeline.md). Wan 2.2 A14B's
+ * second expert (transformer_2, boundary_ratio, guidance_scale_2) and TI2V-5B's
+ * expand_timesteps are the same row: the model folder says which. */
 const ditd_pipeline_class ditd_pipeline_wan = {
     .name = "WanPipeline",
     .transformers = {"WanTransformer3DModel", NULL},
@@ -104,9 +106,10 @@ const ditd_pipeline_class ditd_pipeline_wan = {
     .default_guidance = 5.0f,
     .default_max_sequence_length = 512,
     .max_sequence_length = 512,
-    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE,
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_GUIDANCE_2,
     .default_frames = 81,
     .fps = 16,
+    .max_experts = 2, /* Wan 2.2 A14B: transformer_2 below boundary_ratio */
 };
 
 static const char *const rule_names[DITD_LATENT_RULE_COUNT] = {"dit", "shifted", "mean_std"};

@@ -116,6 +116,8 @@ enum {
     DITD_REQ_TRUE_CFG = 1u << 1,        /* true_cfg_scale */
     DITD_REQ_MAX_SEQUENCE = 1u << 2,    /* max_sequence_length */
     DITD_REQ_SKIP_LAYERS = 1u << 3,     /* skip_guidance_layers and their scale, start, stop */
+    DITD_REQ_GUIDANCE_2 = 1u << 4,      /* guidance_scale_2: the second expert's guidance (a
+                                         * folder with two experts only, below) */
 };
 /* prompt_2 / prompt_3 (and their negative_prompt_2 / _3) are what the
  * recipe's parts read: ditd_pipeline_class_prompts(). */
@@ -144,6 +146,13 @@ typedef struct ditd_pipeline_class {
      * (ditd_model_info's frames, engine/models/model.h). */
     int default_frames;
     int fps;
+    /* Two experts (WanPipeline, Wan 2.2 A14B): 2 when the row may drive a
+     * second transformer, model_index.json's `transformer_2`, for the steps
+     * whose timestep is below boundary_ratio x num_train_timesteps (the
+     * pipeline config's `boundary_ratio`), with guidance_scale_2 (the
+     * request's; guidance_scale when it gives none). 0 or 1: one transformer
+     * (a folder naming transformer_2 is then refused). */
+    int max_experts;
 } ditd_pipeline_class;
 
 /* Whether row pc drives transformer class `tcls` with conditioning `kind`:

@@ -61,6 +61,21 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
                                                                       : 2 * max_samples,
                                   p->mesh, &p->den)))
         goto fail;
+    p->cur = p->den;
+    p->boundary_t = -1.0f;
+    if (info->transformer_2_dir[0]) {
+        char what[DITD_MODEL_PATH_MAX + 16];
+        snprintf(what, sizeof what, "%s/config.json", info->transformer_2_dir);
+        if ((err = ditd_denoiser_load(info->denoiser, info->transformer_2_dir, ops,
+                                      p->mesh && p->mesh->layout.cfg == 2 ? max_samples
+                                                                          : 2 * max_samples,
+                                      p->mesh, &p->den2)) ||
+            (err = ditd_denoiser_shapes_same(&p->den->shapes, &p->den2->shapes, what)))
+            goto fail;
+        /* WanPipeline: boundary_ratio * scheduler.config.num_train_timesteps, a
+         * Python float that `t >= boundary` promotes to float32 */
+        p->boundary_t = (float)(info->boundary_ratio * (double)p->sched_base.num_train_timesteps);
+    }
     p->shapes = p->den->shapes;
     p->numel = ditd_denoiser_numel_in(&p->shapes);
     p->numel_out = ditd_denoiser_numel_out(&p->shapes);
@@ -156,6 +171,8 @@ int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int w
         return 0;
     if ((err = ditd_denoiser_set_video_size(p->den, frames, height, width, text_len)))
         return err;
+    if (p->den2 && (err = ditd_denoiser_set_video_size(p->den2, frames, height, width, text_len)))
+        return err;
     p->shapes = p->den->shapes;
     p->numel = ditd_denoiser_numel_in(&p->shapes);
     p->numel_out = ditd_denoiser_numel_out(&p->shapes);
@@ -176,6 +193,7 @@ void ditd_pipeline_free(ditd_pipeline *p)
         return;
     ditd_sampler_free(p->sampler);
     ditd_denoiser_free(p->den);
+    ditd_denoiser_free(p->den2);
     ditd_cond_free(&p->cond);
     free_buffers(p);
     free(p->h_t);
@@ -273,7 +291,7 @@ static int forward_rows(ditd_pipeline *p, int r0, int nr, const ditd_gen_params 
         c.skip_layers = skip->skip_layers;
         c.n_skip_layers = skip->n_skip_layers;
     }
-    return ditd_denoiser_forward(p->den, nr, ditd_ptr_act(ops, p->model_in, (size_t)r0 * p->numel),
+    return ditd_denoiser_forward(p->cur, nr, ditd_ptr_act(ops, p->model_in, (size_t)r0 * p->numel),
                                  p->h_t + r0, &c,
                                  ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out));
 }
@@ -340,7 +358,16 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             return ditd_err_set(DITD_EINVAL, "guidance_scale %g", (double)samples[i].guidance);
         if (!isfinite(samples[i].true_cfg) || samples[i].true_cfg < 0)
             return ditd_err_set(DITD_EINVAL, "true_cfg_scale %g", (double)samples[i].true_cfg);
+        if (samples[i].has_guidance_2 && !p->den2)
+            return ditd_err_set(DITD_EINVAL, "guidance_scale_2: %s has one transformer (it needs "
+                                "transformer_2 and boundary_ratio)", p->info.name);
+        if (samples[i].has_guidance_2 &&
+            (!isfinite(samples[i].guidance_2) || samples[i].guidance_2 < 0))
+            return ditd_err_set(DITD_EINVAL, "guidance_scale_2 %g", (double)samples[i].guidance_2);
     }
+    if (p->den2 && p->cache_cfg.method != DITD_CACHE_NONE)
+        return ditd_err_set(DITD_EUNSUPPORTED, "step caching with two experts (%s/transformer_2) "
+                            "is not supported yet", p->info.name);
     if ((err = ensure_sampler(p, gp->sampler, gp->steps)))
         return err;
     ts = ditd_sampler_timesteps(p->sampler);
@@ -378,6 +405,10 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
 
     int cfg_par = p->mesh && p->mesh->layout.cfg == 2;
     for (int s = 0; s < steps; s++) {
+        /* WanPipeline: t >= boundary runs transformer, the rest transformer_2
+         * with guidance_scale_2 */
+        int low = p->den2 && ts[s] < p->boundary_t;
+        p->cur = low ? p->den2 : p->den;
         /* The forward batch: the active samples with their conditioning,
          * then the unconditional input (null class, negative prompt) for
          * those with guidance > 1 (DiTPipeline's [x; x]). A family that
@@ -444,7 +475,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             float *cond = p->h_out + (size_t)p->cond_row[i] * p->numel_out;
             if (p->uncond_row[i] >= 0) {
                 const float *unc = p->h_out + (size_t)p->uncond_row[i] * p->numel_out;
-                float g = cfg_scale(p, &samples[i]);
+                float g = low && samples[i].has_guidance_2 ? samples[i].guidance_2
+                                                           : cfg_scale(p, &samples[i]);
                 if (p->skip_row[i] >= 0) {
                     /* noise_pred + (noise_pred_text - noise_pred_skip_layers) * scale,
                      * in the pipeline's order of operations */
@@ -484,6 +516,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         }
     }
     ditd_step_cache_end(p->scache);
+    p->cur = p->den;
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
     return 0;
 }

@@ -73,6 +73,11 @@ typedef struct ditd_gen_sample {
     float true_cfg;             /* true_cfg_scale of a DITD_GUIDANCE_TRUE_CFG pipeline
                                  * (FluxPipeline): > 1 with a negative prompt runs the
                                  * unconditional pass; else unused */
+    int has_guidance_2;         /* guidance_scale_2 given (a model with two experts only) */
+    float guidance_2;           /* the scale of the second expert's steps (WanPipeline's
+                                 * guidance_scale_2); without it guidance. Whether the
+                                 * unconditional pass runs is guidance's decision alone,
+                                 * as in WanPipeline */
 } ditd_gen_sample;
 
 /* Called after every step on the calling thread: step is 1-based. x0 is
@@ -88,6 +93,11 @@ typedef struct ditd_pipeline {
     const ditd_backend_ops *ops;
     ditd_model_info info;        /* copied; labels borrowed from the caller's info */
     ditd_denoiser *den;
+    ditd_denoiser *den2;         /* the second expert (info.transformer_2_dir), or NULL */
+    float boundary_t;            /* den2 runs the steps whose timestep is below this
+                                  * (boundary_ratio x num_train_timesteps, in float32 as
+                                  * WanPipeline compares it); -1 without den2 */
+    ditd_denoiser *cur;          /* the step's denoiser: den or den2 */
     ditd_denoiser_shapes shapes; /* the denoiser's (latent) */
     ditd_sched_config sched_base;
     ditd_sampler *sampler;       /* for (sampler_kind, sampler_steps) */
@@ -116,8 +126,10 @@ typedef struct ditd_pipeline {
 } ditd_pipeline;
 
 /* Loads the transformer weights of `info` for up to max_samples images per
- * batch (2 x max_samples forwards with guidance). For a latent model the
- * output stays latents: decoding them is the caller's business. */
+ * batch (2 x max_samples forwards with guidance), and those of its second
+ * expert when the folder has one (info.transformer_2_dir: Wan 2.2 A14B; both
+ * planned for the same sizes, both re-planned by set_size). For a latent
+ * model the output stays latents: decoding them is the caller's business. */
 int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
                       ditd_pipeline **out);
 

@@ -49,6 +49,8 @@ static void usage(FILE *f)
             "  --steps K            denoising steps (default: the model's)\n"
             "  --guidance G         classifier-free guidance scale, <= 1 turns it off\n"
             "                       (default: the model's)\n"
+            "  --guidance-2 G       two experts (Wan 2.2 A14B): guidance_scale_2, the low-noise\n"
+            "                       expert's scale (default: --guidance)\n"
             "  --sampler NAME       %s (default: the model's)\n"
             "  --cache SPEC         step caching: METHOD[:key=value,...] with METHOD\n"
             "                       first_block_cache | taylorseer_cache | mag_cache | none\n"
@@ -231,11 +233,12 @@ int ditd_cmd_generate(int argc, char **argv)
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
-           O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES };
+           O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2 };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
         {"guidance", required_argument, 0, O_GUIDANCE}, {"sampler", required_argument, 0, O_SAMPLER},
+        {"guidance-2", required_argument, 0, O_GUIDANCE2},
         {"threads", required_argument, 0, O_THREADS}, {"latents", required_argument, 0, O_LATENTS},
         {"save-latents", required_argument, 0, O_SAVE},
         {"vae-tiling", no_argument, 0, O_VAE_TILING}, {"output", required_argument, 0, 'o'},
@@ -279,7 +282,7 @@ int ditd_cmd_generate(int argc, char **argv)
     int save_frames = 0;
     long seed = 0, steps = -1, n = 1, threads = 0, comm_timeout_ms = DITD_NCCL_DEFAULT_TIMEOUT_MS;
     ditd_device device = DITD_DEVICE_CPU;
-    double guidance = -1;
+    double guidance = -1, guidance_2 = -1;
     progress pr = {0};
     ditd_cache_config cache_cfg; /* --cache (method none: off) */
     int c, err, rc = 1;
@@ -296,6 +299,9 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_SEED: err = ditd_parse_long(optarg, 0, 0x7fffffffffffffffL, "--seed", &seed); break;
         case O_STEPS: err = ditd_parse_long(optarg, 1, 1000, "--steps", &steps); break;
         case O_GUIDANCE: err = ditd_parse_double(optarg, 0, 100, "--guidance", &guidance); break;
+        case O_GUIDANCE2:
+            err = ditd_parse_double(optarg, 0, 100, "--guidance-2", &guidance_2);
+            break;
         case O_SAMPLER: sampler_str = optarg; break;
         case O_THREADS: err = ditd_parse_long(optarg, 1, 1024, "--threads", &threads); break;
         case O_LATENTS: latents_path = optarg; break;
@@ -478,6 +484,11 @@ int ditd_cmd_generate(int argc, char **argv)
         fprintf(stderr, "ditd generate: --true-cfg: %s guides with --guidance\n", pc->name);
         goto done_info;
     }
+    if (guidance_2 >= 0 && !info.transformer_2_dir[0]) {
+        fprintf(stderr, "ditd generate: --guidance-2: %s has one transformer (guidance_scale_2 "
+                "needs transformer_2 and boundary_ratio in model_index.json)\n", info.name);
+        goto done_info;
+    }
     memset(&gp, 0, sizeof gp);
     if (skip_str) {
         if (!(pc->request & DITD_REQ_SKIP_LAYERS)) {
@@ -633,6 +644,8 @@ int ditd_cmd_generate(int argc, char **argv)
         }
         samples[i].guidance = guidance >= 0 ? (float)guidance : info.default_guidance;
         samples[i].true_cfg = (float)true_cfg;
+        samples[i].has_guidance_2 = guidance_2 >= 0;
+        samples[i].guidance_2 = (float)guidance_2;
     }
     if ((err = ditd_pipeline_set_cache(pipe, &cache_cfg))) { /* every rank alike */
         fail("--cache", err);

@@ -10,9 +10,9 @@ WanPipeline in float64, its noise given with --latents), `ditd generate
     its first frame within codec error of the PNG frame: PSNR >= 30 dB
     against the PNG frame put through the same 4:2:0 conversion by ffmpeg.
 Then the refusals: a frame count past the model's limit, --frames on an
-image model, -o with another extension, and `ditd serve` on a video model
-(naming the videos endpoint). At least 2 clips and 4 refusals are
-checked. Stdlib plus the ffmpeg/ffprobe commands (deploy/install-deps.sh), which also decode the PNG frames.
+image model, -o with another extension, --guidance-2 on a one-expert model,
+and `ditd serve` on a video model (naming the videos endpoint). At least 4
+clips (a two-expert and a TI2V one among them) and 6 refusals are checked. Stdlib plus the ffmpeg/ffprobe commands (deploy/install-deps.sh), which also decode the PNG frames.
 
 usage: wan_generate.py DITD WAN_PIPELINE_DIR FIXTURES_DIR
 """
@@ -71,6 +71,7 @@ def run(args):
 tmp = tempfile.mkdtemp(prefix="wan_generate.")
 cases = json.load(open(os.path.join(fix, "cases.json")))["cases"]
 checked = 0
+kinds = set()
 for c in cases:
     if c["batch"] != 1 or c.get("num_videos_per_prompt", 1) != 1 or c.get("negative_prompts"):
         continue
@@ -81,6 +82,8 @@ for c in cases:
             "--max-sequence-length", str(c["max_sequence_length"]),
             "--latents", os.path.join(fix, c["noise"]), "--save-latents", out + ".npy",
             "-o", out + ".mp4", "--save-frames", "--threads", "1", "-q"]
+    if "guidance_scale_2" in c:
+        args += ["--guidance-2", str(c["guidance_scale_2"])]
     r = run(args)
     if r.returncode != 0:
         fail("%s: exit %d: %s" % (name, r.returncode, r.stderr.strip()))
@@ -146,6 +149,7 @@ for c in cases:
     else:
         print("note %s: ditd built without FFmpeg, mp4 not checked" % name)
     checked += 1
+    kinds.add(c["folder"])
 
 refusals = 0
 wan = os.path.join(pipes, "wan21")
@@ -153,7 +157,9 @@ for args, needle in [
         (["--model", wan, "--prompt", "a", "--frames", "100001", "-o", tmp + "/x.mp4"], "--frames"),
         (["--model", wan, "--prompt", "a", "--frames", "5", "-o", tmp + "/x.gif"], "writes clips"),
         (["--frames", "5", "-o", tmp + "/x.png"], "makes images"),  # the embedded image model
-        (["--model", wan, "--prompt", "a", "--frames", "5000", "-o", tmp + "/x.png"], "--frames")]:
+        (["--model", wan, "--prompt", "a", "--frames", "5000", "-o", tmp + "/x.png"], "--frames"),
+        (["--model", wan, "--prompt", "a", "--frames", "5", "--guidance-2", "3", "-o", tmp + "/x.png"],
+         "one transformer")]:
     r = run(args)
     if r.returncode == 0 or needle not in r.stderr:
         fail("refusal %s: exit %d, stderr %r (wanted %r)" % (args, r.returncode, r.stderr, needle))
@@ -168,6 +174,7 @@ refusals += 1
 
 shutil.rmtree(tmp, ignore_errors=True)
 print("%d clips, %d refusals checked" % (checked, refusals))
-if checked < 2 or refusals < 4:
-    fail("too few checked: %d clips (2), %d refusals (4)" % (checked, refusals))
+if checked < 4 or refusals < 6 or kinds != {"wan21", "wan22", "ti2v"}:
+    fail("too few checked: %d clips (4), %d refusals (6), folders %s" % (checked, refusals,
+                                                                        sorted(kinds)))
 sys.exit(1 if failures else 0)
