@@ -190,36 +190,6 @@ static int load_frames(ditd_model_info *m)
     return 0;
 }
 
-int ditd_model_round_frames(const ditd_model_info *m, int n)
-{
-    if (m->frame_step <= 0)
-        return n;
-    if (n % m->frame_step != 1 % m->frame_step)
-        n = n / m->frame_step * m->frame_step + 1;
-    return n < 1 ? 1 : n;
-}
-
-int ditd_model_latent_frames(const ditd_model_info *m, int n)
-{
-    if (m->frame_step <= 0)
-        return 0;
-    return (ditd_model_round_frames(m, n) - 1) / m->frame_step + 1;
-}
-
-int ditd_model_check_frames(const ditd_model_info *m, int n)
-{
-    if (m->frame_step <= 0) {
-        if (n <= 1)
-            return 0;
-        return ditd_err_set(DITD_EINVAL, "%d frames: %s is an image model", n, m->name);
-    }
-    int r = ditd_model_round_frames(m, n);
-    if (n < 1 || r > m->max_frames)
-        return ditd_err_set(DITD_EINVAL, "%d frames: %s makes 1..%d (1 + k x %d)", n, m->name,
-                            m->max_frames, m->frame_step);
-    return 0;
-}
-
 /* vae/config.json: the scale factor 2^(len(block_out_channels) - 1), as
  * Diffusers' pipelines compute vae_scale_factor, and the image channels.
  * Loading the VAE itself is the VAE family's business. */

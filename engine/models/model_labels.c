@@ -1,6 +1,6 @@
 /* What a request may ask of a loaded model folder: a class-conditional
- * model's class names (id2label, a number or a label) and the image sizes
- * it makes. Apart from model.c, which reads the folder, so that request
+ * model's class names (id2label, a number or a label), the image sizes it
+ * makes and a video model's clip lengths. Apart from model.c, which reads the folder, so that request
  * validation (and its fuzz target) needs no model loading code. */
 #include <ctype.h>
 #include <errno.h>
@@ -76,5 +76,35 @@ int ditd_model_check_size(const ditd_model_info *m, int width, int height)
     if (width != m->image_width || height != m->image_height)
         return ditd_err_set(DITD_EINVAL, "size \"%dx%d\" is not supported by '%s'; supported: \"%dx%d\"",
                             width, height, m->name, m->image_width, m->image_height);
+    return 0;
+}
+
+int ditd_model_round_frames(const ditd_model_info *m, int n)
+{
+    if (m->frame_step <= 0)
+        return n;
+    if (n % m->frame_step != 1 % m->frame_step)
+        n = n / m->frame_step * m->frame_step + 1;
+    return n < 1 ? 1 : n;
+}
+
+int ditd_model_latent_frames(const ditd_model_info *m, int n)
+{
+    if (m->frame_step <= 0)
+        return 0;
+    return (ditd_model_round_frames(m, n) - 1) / m->frame_step + 1;
+}
+
+int ditd_model_check_frames(const ditd_model_info *m, int n)
+{
+    if (m->frame_step <= 0) {
+        if (n <= 1)
+            return 0;
+        return ditd_err_set(DITD_EINVAL, "%d frames: %s is an image model", n, m->name);
+    }
+    int r = ditd_model_round_frames(m, n);
+    if (n < 1 || r > m->max_frames)
+        return ditd_err_set(DITD_EINVAL, "%d frames: %s makes 1..%d (1 + k x %d)", n, m->name,
+                            m->max_frames, m->frame_step);
     return 0;
 }

@@ -13,6 +13,7 @@
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/latent_image.h"
+#include "engine/pipeline/latent_video.h"
 #include "engine/pipeline/prompt_encoder.h"
 #include "engine/worker/cache_msg.h"
 #include "proto/ditd.pb-c.h"
@@ -53,6 +54,7 @@ typedef struct worker {
     ditd_pipeline *pipe;
     ditd_cache_config cache_cfg; /* the running batch's step caching (method none: off) */
     ditd_latent_image *li; /* a latent model's VAE decode (the whole group), else NULL */
+    ditd_latent_video *lv; /* a video model's decode: the leader's alone (latent_video.h) */
     /* a text model: the encoders on the text-encoder rank (else NULL), and
      * every rank's embeddings of the running batch: prompt i at te[i], its
      * negative at te[max_batch + i] */
@@ -77,6 +79,8 @@ typedef struct worker {
     size_t numel_lat, numel_img;   /* at the running batch's size */
     size_t cap_lat, cap_img;       /* what out and pix hold per sample */
     int img_w, img_h;              /* the running batch's image, pixels */
+    int frames;                    /* a video model: the running batch's clip in pixel frames
+                                    * (its images are (frames, H, W, C)); 0 for images */
     uint8_t *gbuf; /* a follower's copy of the batch Envelope */
     size_t gcap;
     int comm_err;  /* the transport failed */
@@ -274,7 +278,8 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     for (size_t i = 0; i < b->n_samples; i++) {
         int k = (int)b->samples[i]->partial_images;
         /* no previews of a latent model: its decode is collective, this callback the leader's */
-        if (w->li || !w->active[i] || !preview_due(k, w->partial_sent[i], step, total))
+        if (w->li || w->info.frames > 0 || !w->active[i] ||
+            !preview_due(k, w->partial_sent[i], step, total))
             continue;
         uint8_t *px = w->pix + (size_t)pg.n_previews * w->numel_img;
         latents_to_image(w, x0 + i * w->numel_lat, px);
@@ -339,6 +344,17 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
+    if (m->frames > 0 ? b->num_frames < 1 || ditd_model_check_frames(m, (int)b->num_frames) ||
+                            ditd_model_round_frames(m, (int)b->num_frames) != (int)b->num_frames
+                      : b->num_frames > 1) {
+        if (m->frames > 0 && b->num_frames >= 1 && ditd_model_check_frames(m, (int)b->num_frames))
+            snprintf(msg, sizeof msg, "%s", ditd_err_detail());
+        else
+            snprintf(msg, sizeof msg, "num_frames %u: %s takes %s", b->num_frames, m->name,
+                     m->frames > 0 ? "1 + k x its temporal scale" : "images only");
+        send_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
     if (ditd_cache_msg_to_config(b->cache, &w->cache_cfg)) {
         snprintf(msg, sizeof msg, "%s", ditd_err_detail());
         send_error(w, b->batch_id, DITD_EINVAL, msg);
@@ -361,6 +377,8 @@ static int plan_batch_buffers(worker *w)
         w->img_w = w->pipe->shapes.width * (m->vae_scale > 0 ? m->vae_scale : 1);
         w->img_h = w->pipe->shapes.height * (m->vae_scale > 0 ? m->vae_scale : 1);
         ni = (size_t)w->img_w * (size_t)w->img_h * (size_t)m->image_channels;
+        if (w->frames > 0) /* a clip: (F, H, W, C) */
+            ni *= (size_t)w->frames;
     }
     w->numel_lat = nl;
     w->numel_img = ni;
@@ -394,8 +412,14 @@ static int set_batch_size(worker *w, const Ditd__Batch *b)
         int L = m->shapes.cond.kind == DITD_COND_TEXT
                     ? ditd_pipeline_class_text_len(m->pipeline, (int)b->max_sequence_length)
                     : 0;
-        if ((err = ditd_pipeline_set_size(w->pipe, h, wd, L)) ||
-            (w->li && (err = ditd_latent_image_set_size(w->li, h, wd))))
+        if (m->frames > 0) { /* batch_ok checked the count */
+            w->frames = (int)b->num_frames;
+            err = ditd_pipeline_set_video_size(w->pipe, ditd_model_latent_frames(m, w->frames), h,
+                                               wd, L);
+        } else {
+            err = ditd_pipeline_set_size(w->pipe, h, wd, L);
+        }
+        if (err || (w->li && (err = ditd_latent_image_set_size(w->li, h, wd))))
             return err;
     }
     return plan_batch_buffers(w);
@@ -509,6 +533,8 @@ static void run_batch(worker *w, const Ditd__Batch *b)
         w->samples[i].cond = (ditd_cond_input){.class_id = b->samples[i]->class_id};
         w->samples[i].guidance = b->samples[i]->guidance;
         w->samples[i].true_cfg = b->samples[i]->true_cfg;
+        w->samples[i].has_guidance_2 = b->samples[i]->has_guidance_2;
+        w->samples[i].guidance_2 = b->samples[i]->guidance_2;
         w->active[i] = 1;
         w->partial_sent[i] = 0;
     }
@@ -530,6 +556,13 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     /* a latent model: the group decodes the latents together */
     if (!err && w->li)
         err = ditd_latent_image_run(w->li, w->out, n, w->active, w->leader ? w->pix : NULL);
+    /* a video model: the leader decodes each clip still wanted (one rank) */
+    for (int i = 0; !err && w->lv && i < n; i++) {
+        const ditd_denoiser_shapes *sh = &w->pipe->shapes;
+        if (w->active[i])
+            err = ditd_latent_video_run(w->lv, w->out + (size_t)i * w->numel_lat, 1, sh->frames,
+                                        sh->height, sh->width, w->pix + (size_t)i * w->numel_img);
+    }
     if (err == DITD_ECOMM)
         w->group_err = err; /* a collective failed: the group is out of step */
     if (!w->leader) {
@@ -556,6 +589,7 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     r.width = (uint32_t)w->img_w;
     r.height = (uint32_t)w->img_h;
     r.channels = (uint32_t)m->image_channels;
+    r.frames = (uint32_t)w->frames;
     r.compute_ms = now_ms() - w->t_start;
     for (int i = 0; i < n; i++) {
         ditd__image__init(&im[i]);
@@ -563,7 +597,7 @@ static void run_batch(worker *w, const Ditd__Batch *b)
         im[i].canceled = !w->active[i];
         if (w->active[i]) {
             uint8_t *px = w->pix + (size_t)i * w->numel_img;
-            if (!w->li) /* a latent model's pixels came from its VAE */
+            if (!w->li && !w->lv) /* a latent model's pixels came from its VAE */
                 latents_to_image(w, w->out + (size_t)i * w->numel_lat, px);
             im[i].pixels.data = px;
             im[i].pixels.len = w->numel_img;
@@ -822,12 +856,26 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     }
     if (!err)
         err = ditd_pipeline_new_group(&w->info, wops, cfg->max_batch, w->mesh, &w->pipe);
-    if (!err && w->info.needs_vae)
+    if (!err && w->info.frames > 0) {
+        /* a video model: its clips decode on the leader (latent_video.h),
+         * planned for the largest size a request may ask for */
+        const ditd_model_info *m = &w->info;
+        w->frames = m->frames;
+        if (!m->vae_dir[0] || m->vae_scale <= 0)
+            err = ditd_err_set(DITD_EUNSUPPORTED, "%s: a video model without vae/: its clips "
+                               "cannot be decoded", m->name);
+        else if (cfg->vae_tiling)
+            err = ditd_err_set(DITD_EUNSUPPORTED, "--vae-tiling: not for video models yet");
+        else if (w->leader)
+            err = ditd_latent_video_new(m, &ditd_backend_cpu, m->max_size / m->vae_scale,
+                                        m->max_size / m->vae_scale, &w->lv);
+    } else if (!err && w->info.needs_vae) {
         /* the decode runs on each rank's CPU backend (also on a GPU replica:
          * the VAE has no device decode yet, docs/vae.md); the group's comm
          * is host MPI */
         err = ditd_latent_image_new(&w->info, &ditd_backend_cpu, in_group(w) ? w->mesh->group : NULL,
                                     cfg->vae_tiling, &w->li);
+    }
     if (!err) {
         ops->set_threads(cfg->threads);
         err = plan_batch_buffers(w);
@@ -866,6 +914,7 @@ done:
     free(w->pix);
     free(w->out);
     ditd_latent_image_free(w->li);
+    ditd_latent_video_free(w->lv);
     ditd_pipeline_free(w->pipe);
     if (have_info)
         ditd_model_info_free(&w->info);

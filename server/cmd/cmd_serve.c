@@ -25,6 +25,7 @@
 
 #include "engine/parallel/comm.h"
 #include "engine/core/error.h"
+#include "engine/io/video_mp4.h"
 #include "engine/parallel/mesh.h"
 #include "engine/pipeline/pipeline.h"
 #include "server/cmd/cli.h"
@@ -280,12 +281,12 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
         snprintf(d, sizeof d, "%s", ditd_err_detail());
         return ditd_err_set(err, "%s: %s", model_dir, d);
     }
-    if (info.frames > 0) { /* before any replica loads it */
+    if (info.frames > 0 && !ditd_video_mp4_available()) { /* before any replica loads it */
         err = ditd_err_set(DITD_EUNSUPPORTED,
-                           "%s is a video model (%s): ditd serve makes images "
-                           "(/v1/images/generations) and does not serve clips yet (the "
-                           "/v1/videos endpoint is not built); make clips with ditd generate "
-                           "--frames N -o clip.mp4", info.name, info.pipeline->name);
+                           "%s is a video model (%s): /v1/videos writes MP4 through FFmpeg's "
+                           "libraries, and this ditd was built without them "
+                           "(deploy/install-deps.sh installs them; rebuild)", info.name,
+                           info.pipeline->name);
         ditd_model_info_free(&info);
         return err;
     }

@@ -184,7 +184,8 @@ void ditd_genreq_free(ditd_genreq *r)
 
 size_t ditd_genreq_numel(const ditd_genreq *r, const ditd_model_info *m)
 {
-    return (size_t)m->image_channels * (size_t)r->width * (size_t)r->height;
+    return (size_t)m->image_channels * (size_t)r->width * (size_t)r->height *
+           (size_t)(r->frames > 0 ? r->frames : 1);
 }
 
 /* A text field of a text model: a string of at most
@@ -545,8 +546,85 @@ static int get_size(json_t *root, const ditd_model_info *m, ditd_genreq *r, ditd
     return 0;
 }
 
+static int parse(const char *body, size_t len, const ditd_genreq_model *gm, int video,
+                 ditd_genreq *r, ditd_api_error *e);
+
 int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
                       ditd_genreq *r, ditd_api_error *e)
+{
+    return parse(body, len, gm, 0, r, e);
+}
+
+void ditd_genreq_seconds(const ditd_genreq *r, char *out, size_t n)
+{
+    snprintf(out, n, "%g", r->fps > 0 ? (double)r->frames / (double)r->fps : 0.0);
+}
+
+/* The clip fields of a video body (the rest is parse's). */
+static int get_video(json_t *root, const ditd_model_info *m, ditd_genreq *r, ditd_api_error *e)
+{
+    static const char *const image_only[] = {"n", "response_format", "output_format", "stream",
+                                             "partial_images", "background"};
+    json_t *v;
+    long l;
+    int given;
+    for (size_t i = 0; i < sizeof image_only / sizeof image_only[0]; i++)
+        if ((v = json_object_get(root, image_only[i])) && !json_is_null(v))
+            return bad(e, image_only[i], "'%s' is for images; a video job makes one clip, "
+                       "polled at /v1/videos/{id}", image_only[i]);
+    if ((v = json_object_get(root, "input_reference")) && !json_is_null(v))
+        return bad(e, "input_reference", "'input_reference' (image-to-video) is not supported "
+                   "yet: '%s' is %s (text-to-video); send the prompt alone", m->name, m->pipeline->name);
+    r->fps = m->fps;
+    if (get_int(root, "fps", 1, 120, &l, &given, e))
+        return DITD_EINVAL;
+    if (given)
+        r->fps = (int)l;
+    /* frames: num_frames, else seconds (OpenAI sends a string: "4") */
+    int n = m->frames;
+    json_t *sec = json_object_get(root, "seconds");
+    if (get_int(root, "num_frames", 1, 100000, &l, &given, e))
+        return DITD_EINVAL;
+    if (given && sec && !json_is_null(sec))
+        return bad(e, "seconds", "give 'seconds' or 'num_frames', not both");
+    if (given) {
+        n = (int)l;
+    } else if (sec && !json_is_null(sec)) {
+        double d = -1;
+        char *end = NULL;
+        if (json_is_number(sec))
+            d = json_number_value(sec);
+        else if (json_is_string(sec) && json_string_length(sec) > 0 && json_string_length(sec) < 32)
+            d = strtod(json_string_value(sec), &end);
+        if ((end && *end) || !(d > 0) || d > 3600)
+            return bad(e, "seconds", "'seconds' must be a positive number of seconds (a string "
+                       "such as \"4\" or a number), at most %g here",
+                       (double)(m->max_frames - 1) / (double)r->fps);
+        n = (int)(d * (double)r->fps + 0.5) + 1;
+    }
+    if (ditd_model_check_frames(m, n))
+        return bad(e, given ? "num_frames" : sec && !json_is_null(sec) ? "seconds" : "num_frames",
+                   "%s", ditd_err_detail());
+    r->frames = ditd_model_round_frames(m, n);
+    if ((v = json_object_get(root, "guidance_scale_2")) && !json_is_null(v)) {
+        if (!m->transformer_2_dir[0])
+            return bad(e, "guidance_scale_2", "'guidance_scale_2' is the second expert's scale; "
+                       "'%s' has one transformer", m->name);
+        if (get_number(root, "guidance_scale_2", 0, 100, &r->guidance_2, e))
+            return DITD_EINVAL;
+        r->has_guidance_2 = 1;
+    }
+    return 0;
+}
+
+int ditd_genreq_parse_video(const char *body, size_t len, const ditd_genreq_model *gm,
+                            ditd_genreq *r, ditd_api_error *e)
+{
+    return parse(body, len, gm, 1, r, e);
+}
+
+static int parse(const char *body, size_t len, const ditd_genreq_model *gm, int video,
+                 ditd_genreq *r, ditd_api_error *e)
 {
     const ditd_model_info *m = gm->info;
     int text = m->shapes.cond.kind == DITD_COND_TEXT;
@@ -585,6 +663,18 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
         err = DITD_ENOENT;
         goto done;
     }
+    /* a clip or an image: each has its endpoint */
+    if (!video && m->frames > 0) {
+        bad(e, "model", "'%s' is a video model (%s): create clips with POST /v1/videos", m->name,
+            m->pipeline->name);
+        goto done;
+    }
+    if (video && m->frames <= 0) {
+        bad(e, "model", "'%s' is an image model: POST /v1/images/generations", m->name);
+        goto done;
+    }
+    if (video && get_video(root, m, r, e))
+        goto done;
     /* n */
     r->n = 1;
     if (get_int(root, "n", 1, DITD_GENREQ_MAX_N, &l, &given, e))

@@ -55,6 +55,14 @@ typedef struct ditd_genreq {
     /* step caching (engine/pipeline/step_cache.h): the request's "cache",
      * else the server's default; method none: off */
     ditd_cache_config cache;
+    /* a clip (POST /v1/videos, ditd_genreq_parse_video): its frames in
+     * pixels, rounded as WanPipeline (1 + k x the VAE's temporal scale), and
+     * the MP4's frame rate; 0 for an image. guidance_scale_2: a model with
+     * two experts only. */
+    int frames;
+    int fps;
+    int has_guidance_2;
+    float guidance_2;
 } ditd_genreq;
 
 /* A validation failure: HTTP status, OpenAI type/code, the offending field
@@ -87,10 +95,26 @@ int ditd_genreq_model_named(const ditd_genreq_model *gm, const char *name);
  * with *e filled and nothing owned. */
 int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
                       ditd_genreq *out, ditd_api_error *e);
+/* The same for the body of POST /v1/videos (OpenAI's video create: model,
+ * prompt, seconds, size; plus ditd's seed, num_inference_steps,
+ * guidance_scale, guidance_scale_2, negative_prompt, num_frames, fps,
+ * max_sequence_length, sampler, cache), for a video model: one clip (n 1),
+ * frames from num_frames, else seconds x fps + 1, else the model's default,
+ * rounded as the pipeline rounds them. An image model is refused naming
+ * /v1/images/generations; input_reference (image-to-video) is refused: no
+ * image-to-video row yet. ditd_genreq_parse refuses a video model naming
+ * /v1/videos. */
+int ditd_genreq_parse_video(const char *body, size_t len, const ditd_genreq_model *gm,
+                            ditd_genreq *out, ditd_api_error *e);
+/* The clip's length in seconds as OpenAI's video object states it: frames
+ * over fps, "%g" ("5.0625" for 81 frames at 16 fps). */
+void ditd_genreq_seconds(const ditd_genreq *r, char *out, size_t n);
+
 /* Frees what the request owns (its strings); the struct may be reused. */
 void ditd_genreq_free(ditd_genreq *r);
 
-/* Values per image of the request: channels x width x height. */
+/* Values per image of the request: channels x width x height (x frames for
+ * a clip). */
 size_t ditd_genreq_numel(const ditd_genreq *r, const ditd_model_info *m);
 
 /* The envelope {"error":{"message","type","param","code"}} as a malloc'd

@@ -8,9 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "engine/core/error.h"
+#include "engine/io/video_mp4.h"
 #include "server/common/image.h"
 #include "server/daemon/log.h"
 #include "server/daemon/sched.h"
@@ -44,6 +46,7 @@ typedef struct write_work {
     char dir[4096];            /* "" in memory: the PNGs stay in png[] */
     char id[40];
     int n, W, H, C;
+    int frames, fps;           /* a clip: n 1, its (frames, H, W, C) pixels; 0: images */
     uint8_t *pixels;           /* n images, owned */
     uint8_t *png[DITD_GENREQ_MAX_N];
     size_t png_len[DITD_GENREQ_MAX_N];
@@ -52,10 +55,55 @@ typedef struct write_work {
     char detail[512];
 } write_work;
 
+/* A clip's outputs: the MP4 (through a temporary file: libavformat writes
+ * to a path) and its first frame as a PNG. */
+static int encode_clip(write_work *w)
+{
+    const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char path[4200];
+    int fd, err;
+    snprintf(path, sizeof path, "%s/ditd-clip-%s-XXXXXX.mp4", tmpdir, w->id);
+    if ((fd = mkstemps(path, 4)) < 0) {
+        snprintf(w->detail, sizeof w->detail, "a temporary file in %s for the MP4", tmpdir);
+        return DITD_EIO;
+    }
+    close(fd);
+    err = ditd_video_write_mp4(path, w->pixels, w->frames, w->W, w->H, w->fps);
+    if (err) {
+        snprintf(w->detail, sizeof w->detail, "encoding the clip: %s", ditd_err_detail());
+    } else {
+        FILE *f = fopen(path, "rb");
+        long n = -1;
+        if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+            (w->png[0] = malloc((size_t)n)) && fread(w->png[0], 1, (size_t)n, f) == (size_t)n) {
+            w->png_len[0] = (size_t)n;
+        } else {
+            err = DITD_EIO;
+            snprintf(w->detail, sizeof w->detail, "reading back the MP4 %s", path);
+        }
+        if (f)
+            fclose(f);
+    }
+    unlink(path);
+    if (!err && (err = ditd_png_encode(w->pixels, w->W, w->H, w->C, &w->png[1], &w->png_len[1])))
+        snprintf(w->detail, sizeof w->detail, "encoding the thumbnail failed");
+    for (int i = 0; i < 2 && !err; i++) {
+        w->bytes += (long long)w->png_len[i];
+        if (w->dir[0] && (err = ditd_jobstore_write_file(w->dir, w->id, i, i ? "png" : "mp4",
+                                                         w->png[i], w->png_len[i])))
+            snprintf(w->detail, sizeof w->detail, "writing the result: %s", ditd_err_detail());
+    }
+    return err;
+}
+
 static void write_work_fn(uv_work_t *req)
 {
     write_work *w = req->data;
     size_t numel = (size_t)w->W * (size_t)w->H * (size_t)w->C;
+    if (w->frames > 0) {
+        w->err = encode_clip(w);
+        return;
+    }
     for (int i = 0; i < w->n && !w->err; i++) {
         if ((w->err = ditd_png_encode(w->pixels + (size_t)i * numel, w->W, w->H, w->C, &w->png[i],
                                       &w->png_len[i]))) {
@@ -82,14 +130,19 @@ static void write_work_done(uv_work_t *req, int status)
     if (!alive) {
         ditd_jobstore_remove_files(r->st, w->id);
     } else {
-        for (int i = 0; i < w->n && !w->err && !w->dir[0]; i++)
+        int outs = w->frames > 0 ? 2 : w->n; /* a clip: its MP4 and its thumbnail */
+        for (int i = 0; i < outs && !w->err && !w->dir[0]; i++)
             if ((w->err = ditd_jobstore_put_blob(r->st, w->id, i, w->png[i], w->png_len[i])))
                 snprintf(w->detail, sizeof w->detail, "storing the result: %s", ditd_err_detail());
         long long now = wall();
-        if (!w->err && !ditd_jobstore_set_completed(r->st, w->id, w->n, w->bytes, now, expiry(r, now))) {
+        if (!w->err && !ditd_jobstore_set_completed(r->st, w->id, outs, w->bytes, now, expiry(r, now))) {
             r->completed++;
-            ditd_log(DITD_LOG_INFO, "job %s: completed (%d image%s, %lld bytes)", w->id, w->n,
-                     w->n == 1 ? "" : "s", w->bytes);
+            if (w->frames > 0)
+                ditd_log(DITD_LOG_INFO, "job %s: completed (a clip of %d frames, %lld bytes)",
+                         w->id, w->frames, w->bytes);
+            else
+                ditd_log(DITD_LOG_INFO, "job %s: completed (%d image%s, %lld bytes)", w->id, w->n,
+                         w->n == 1 ? "" : "s", w->bytes);
         } else {
             if (!w->err)
                 snprintf(w->detail, sizeof w->detail, "%s", ditd_err_detail());
@@ -166,6 +219,8 @@ static void job_complete(ditd_job *j)
         w->W = j->rq.width;
         w->H = j->rq.height;
         w->C = s->info.image_channels;
+        w->frames = j->rq.frames;
+        w->fps = j->rq.fps;
         memcpy(w->pixels, j->pixels, (size_t)j->rq.n * j->numel);
         r->n_writing++;
         if (uv_queue_work(s->loop, &w->req, write_work_fn, write_work_done)) {
@@ -240,14 +295,23 @@ void ditd_jobrun_close(ditd_srv *s)
     s->jobrun = NULL;
 }
 
-int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *body, size_t len,
-                       ditd_jrow *row, ditd_api_error *e)
+/* A stored request by its row's kind. */
+static int parse_kind(ditd_srv *s, const char *kind, const char *body, size_t len, ditd_genreq *rq,
+                      ditd_api_error *e)
+{
+    if (!strcmp(kind, "video"))
+        return ditd_genreq_parse_video(body, len, &s->gm, rq, e);
+    return ditd_genreq_parse(body, len, &s->gm, rq, e);
+}
+
+int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *kind, const char *body,
+                       size_t len, ditd_jrow *row, ditd_api_error *e)
 {
     ditd_jobrun *r = s->jobrun;
     ditd_genreq rq;
     json_error_t je;
     int err;
-    if ((err = ditd_genreq_parse(body, len, &s->gm, &rq, e)))
+    if ((err = parse_kind(s, kind, body, len, &rq, e)))
         return e->status;
     if (rq.stream) {
         ditd_genreq_free(&rq);
@@ -260,8 +324,9 @@ int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *body, size_t 
         ditd_genreq_free(&rq);
         return ditd_api_error_set(e, 400, "invalid_request_error", "cost_too_high", "n",
                                   "the job costs %llu (n x num_inference_steps x tokens) and this "
-                                  "server takes at most %ld (--max-cost): ask for fewer images or "
-                                  "steps", (unsigned long long)cost, s->cfg.max_cost);
+                                  "server takes at most %ld (--max-cost): ask for fewer %s or "
+                                  "steps", (unsigned long long)cost, s->cfg.max_cost,
+                                  rq.frames > 0 ? "frames" : "images");
     }
     if (r->max_bytes > 0) {
         long long have = ditd_jobstore_bytes(r->st);
@@ -283,10 +348,15 @@ int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *body, size_t 
     }
     json_object_del(root, "background");
     json_object_set_new(root, "seed", json_integer((json_int_t)rq.seed));
+    if (rq.frames > 0) { /* a clip: its frames and rate as resolved (the video object says them) */
+        json_object_del(root, "seconds");
+        json_object_set_new(root, "num_frames", json_integer(rq.frames));
+        json_object_set_new(root, "fps", json_integer(rq.fps));
+    }
     char *req = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     memset(row, 0, sizeof *row);
-    snprintf(row->kind, sizeof row->kind, "image");
+    snprintf(row->kind, sizeof row->kind, "%s", kind);
     snprintf(row->owner, sizeof row->owner, "%s", owner);
     snprintf(row->model, sizeof row->model, "%s", s->info.name);
     snprintf(row->size, sizeof row->size, "%dx%d", rq.width, rq.height);
@@ -339,7 +409,7 @@ static int hand_over(ditd_srv *s)
     long long now = wall();
     if (ditd_jobstore_claim_next(r->st, &row))
         return 0;
-    if (ditd_genreq_parse(row.request, strlen(row.request), &s->gm, &rq, &e)) {
+    if (parse_kind(s, row.kind, row.request, strlen(row.request), &rq, &e)) {
         /* a stored request the model no longer takes (served another) */
         ditd_jobstore_set_failed(r->st, row.id, e.code, e.message, now, expiry(r, now));
         r->failed++;

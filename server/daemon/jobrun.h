@@ -47,11 +47,14 @@ typedef struct ditd_jobrun {
 int ditd_jobrun_open(ditd_srv *s);
 void ditd_jobrun_close(ditd_srv *s);
 
-/* A new background job from a generation body (len bytes) for owner: 0
- * with *row filled (queued), or an HTTP status with *e (400 bad request,
- * 404 model, 507 over the disk budget, 500). */
-int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *body, size_t len,
-                       ditd_jrow *row, ditd_api_error *e);
+/* A new background job for owner: 0 with *row filled (queued), or an HTTP
+ * status with *e (400 bad request, 404 model, 507 over the disk budget,
+ * 500). kind "image": a generation body (len bytes, JSON), its PNGs the
+ * outputs; kind "video": a POST /v1/videos body as JSON (route_videos.c
+ * turns a form into one), its outputs the MP4 (output 0) and the first
+ * frame as a PNG (output 1, the thumbnail). */
+int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *kind, const char *body,
+                       size_t len, ditd_jrow *row, ditd_api_error *e);
 /* Deletes the job: a running one stops at its next step boundary. */
 int ditd_jobrun_delete(ditd_srv *s, const char *id);
 /* Periodic (the 100 ms watch): hands queued rows over, marks dispatched

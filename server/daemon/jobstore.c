@@ -312,13 +312,16 @@ int ditd_jobstore_persistent(const ditd_jobstore *st)
 /* ------------------------------------------------------------------ */
 /* open and recovery                                                   */
 
-/* A completed job's outputs are all there. */
-static int outputs_present(ditd_jobstore *st, const char *id, int n)
+/* A completed job's outputs are all there: PNGs, or a clip's MP4 (output
+ * 0) and thumbnail PNG (jobrun.h). */
+static int outputs_present(ditd_jobstore *st, const char *id, int n, const char *kind)
 {
     char path[4500];
     struct stat sb;
+    int video = kind && !strcmp(kind, "video");
     for (int i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/%s/%d.png", st->results, id, i);
+        snprintf(path, sizeof path, "%s/%s/%d.%s", st->results, id, i,
+                 video && i == 0 ? "mp4" : "png");
         if (stat(path, &sb) || !S_ISREG(sb.st_mode))
             return 0;
     }
@@ -356,14 +359,14 @@ static int recover(ditd_jobstore *st, ditd_jobstore_recovery *rec)
     if (!st->dir[0])
         return 0;
     /* completed rows whose files are gone */
-    sqlite3_stmt *q = prep(st, "SELECT id, n_outputs FROM jobs WHERE status = 'completed'");
+    sqlite3_stmt *q = prep(st, "SELECT id, n_outputs, kind FROM jobs WHERE status = 'completed'");
     if (!q)
         return DITD_EIO;
     char (*lost)[40] = NULL;
     int nl = 0, cap = 0;
     while (sqlite3_step(q) == SQLITE_ROW) {
         const char *id = (const char *)sqlite3_column_text(q, 0);
-        if (outputs_present(st, id, sqlite3_column_int(q, 1)))
+        if (outputs_present(st, id, sqlite3_column_int(q, 1), (const char *)sqlite3_column_text(q, 2)))
             continue;
         if (nl == cap) {
             void *p = realloc(lost, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *lost);
@@ -531,8 +534,8 @@ int ditd_jobstore_get(ditd_jobstore *st, const char *id, const char *owner, ditd
     return rc == SQLITE_DONE ? DITD_ENOENT : db_err(st, "reading a job");
 }
 
-int ditd_jobstore_list(ditd_jobstore *st, const char *owner, const char *after, int limit,
-                       int desc, ditd_jrow *rows, int *n, int *more)
+int ditd_jobstore_list(ditd_jobstore *st, const char *owner, const char *kind, const char *after,
+                       int limit, int desc, ditd_jrow *rows, int *n, int *more)
 {
     long long from = desc ? INT64_MAX : 0;
     int rc;
@@ -543,12 +546,15 @@ int ditd_jobstore_list(ditd_jobstore *st, const char *owner, const char *after, 
     if (limit > DITD_JOBSTORE_MAX_LIST)
         limit = DITD_JOBSTORE_MAX_LIST;
     if (after) {
-        sqlite3_stmt *q = prep(st, "SELECT seq FROM jobs WHERE id = ? AND (?2 IS NULL OR owner = ?2)");
+        sqlite3_stmt *q = prep(st, "SELECT seq FROM jobs WHERE id = ? AND (?2 IS NULL OR owner = ?2)"
+                                   " AND (?3 IS NULL OR kind = ?3)");
         if (!q)
             return DITD_EIO;
         sqlite3_bind_text(q, 1, after, -1, SQLITE_STATIC);
         if (owner)
             sqlite3_bind_text(q, 2, owner, -1, SQLITE_STATIC);
+        if (kind)
+            sqlite3_bind_text(q, 3, kind, -1, SQLITE_STATIC);
         rc = sqlite3_step(q);
         if (rc == SQLITE_ROW)
             from = sqlite3_column_int64(q, 0);
@@ -557,13 +563,17 @@ int ditd_jobstore_list(ditd_jobstore *st, const char *owner, const char *after, 
             return DITD_ENOENT;
     }
     sqlite3_stmt *q = prep(st, desc ? "SELECT " COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1)"
+                                      " AND (?4 IS NULL OR kind = ?4)"
                                       " AND seq < ?2 ORDER BY seq DESC LIMIT ?3"
                                     : "SELECT " COLS " FROM jobs WHERE (?1 IS NULL OR owner = ?1)"
+                                      " AND (?4 IS NULL OR kind = ?4)"
                                       " AND seq > ?2 ORDER BY seq ASC LIMIT ?3");
     if (!q)
         return DITD_EIO;
     if (owner)
         sqlite3_bind_text(q, 1, owner, -1, SQLITE_STATIC);
+    if (kind)
+        sqlite3_bind_text(q, 4, kind, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 2, from);
     sqlite3_bind_int(q, 3, limit + 1);
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {

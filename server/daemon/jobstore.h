@@ -5,8 +5,8 @@
  * Without a folder the database is in memory and results are rows of a
  * second table: the same code, nothing survives the process.
  *
- * A row is a kind ("image" today; a video job will be another kind with the
- * same columns: its request is its own JSON, its outputs its own files), an
+ * A row is a kind ("image"; "video": its request is a POST /v1/videos body,
+ * its outputs 0.mp4 and the thumbnail 1.png), an
  * owner (the SHA-256 of the API key that made it), a status, the request to
  * run (JSON, with the seed fixed at creation so a re-run makes the same
  * result), timestamps and an error.
@@ -41,7 +41,7 @@ int ditd_jstatus_from_str(const char *s, ditd_jstatus *out);
 
 typedef struct ditd_jrow {
     char id[40];              /* "job_" + 24 hex */
-    char kind[16];            /* "image" */
+    char kind[16];            /* "image", "video" */
     char owner[65];
     char model[256];
     ditd_jstatus status;
@@ -77,12 +77,12 @@ int ditd_jobstore_insert(ditd_jobstore *st, ditd_jrow *r);
 int ditd_jobstore_get(ditd_jobstore *st, const char *id, const char *owner, ditd_jrow *r,
                       int with_request);
 void ditd_jrow_free(ditd_jrow *r);
-/* A page of owner's rows (NULL: all) in creation order (desc: newest
- * first), after the row `after` (NULL: from the start). *n rows (at most
- * limit <= DITD_JOBSTORE_MAX_LIST) into rows; *more when others follow.
- * DITD_ENOENT when `after` is not one of owner's. */
-int ditd_jobstore_list(ditd_jobstore *st, const char *owner, const char *after, int limit,
-                       int desc, ditd_jrow *rows, int *n, int *more);
+/* A page of owner's rows (NULL: all) of one kind (NULL: every kind) in
+ * creation order (desc: newest first), after the row `after` (NULL: from
+ * the start). *n rows (at most limit <= DITD_JOBSTORE_MAX_LIST) into rows;
+ * *more when others follow. DITD_ENOENT when `after` is not one of those. */
+int ditd_jobstore_list(ditd_jobstore *st, const char *owner, const char *kind, const char *after,
+                       int limit, int desc, ditd_jrow *rows, int *n, int *more);
 /* The oldest queued, unclaimed row, claimed (with its request). DITD_ENOENT
  * when none. */
 int ditd_jobstore_claim_next(ditd_jobstore *st, ditd_jrow *r);

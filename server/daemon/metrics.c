@@ -23,7 +23,8 @@ static const double size_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 const char *ditd_route_name(ditd_route r)
 {
     static const char *names[] = {"/v1/images/generations", "/v1/models", "/healthz", "/readyz",
-                                  "/metrics", "/openapi.json", "other", "/", "/v1/jobs"};
+                                  "/metrics", "/openapi.json", "other", "/", "/v1/jobs",
+                                  "/v1/videos"};
     return (unsigned)r < DITD_ROUTE_COUNT ? names[r] : "?";
 }
 

@@ -31,8 +31,9 @@ typedef enum ditd_route {
     DITD_ROUTE_OTHER,
     DITD_ROUTE_PAGE,
     DITD_ROUTE_JOBS,          /* /v1/jobs and /v1/jobs/{id}... */
+    DITD_ROUTE_VIDEOS,        /* /v1/videos and /v1/videos/{id}... */
 } ditd_route;
-#define DITD_ROUTE_COUNT 9
+#define DITD_ROUTE_COUNT 10
 const char *ditd_route_name(ditd_route r);
 
 #define DITD_METRICS_MAX_REPLICAS 64

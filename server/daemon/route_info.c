@@ -65,8 +65,18 @@ static json_t *model_json(ditd_srv *s, const char *id)
             json_array_append_new(params, json_string("skip_layer_guidance_start"));
             json_array_append_new(params, json_string("skip_layer_guidance_stop"));
         }
+        if (m->transformer_2_dir[0] && (pc->request & DITD_REQ_GUIDANCE_2))
+            json_array_append_new(params, json_string("guidance_scale_2"));
         json_object_set_new(o, "parameters", params);
     }
+    /* a video model: its clips (POST /v1/videos) */
+    if (m->frames > 0)
+        json_object_set_new(o, "video",
+                            json_pack("{s:i,s:i,s:i,s:i,s:i,s:b,s:s}", "default_frames", m->frames,
+                                      "frame_step", m->frame_step, "max_frames", m->max_frames,
+                                      "fps", m->fps, "experts", m->transformer_2_dir[0] ? 2 : 1,
+                                      "expand_timesteps", m->expand_timesteps, "endpoint",
+                                      "/v1/videos"));
     json_object_set_new(o, "conditioning", json_string(text ? "text" : "class"));
     if (!text) {
         json_t *classes = json_array();

@@ -76,7 +76,8 @@ enum MHD_Result ditd_route_job_create(ditd_srv *s, struct MHD_Connection *c, dit
 {
     ditd_api_error e;
     ditd_jrow row;
-    int st = ditd_jobrun_create(s, rq->owner, rq->body ? rq->body : "", rq->body_len, &row, &e);
+    int st = ditd_jobrun_create(s, rq->owner, "image", rq->body ? rq->body : "",
+                                rq->body_len, &row, &e);
     if (st)
         return ditd_route_answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, rid, 0, 0);
     json_t *o = job_json(&row);
@@ -146,12 +147,15 @@ enum MHD_Result ditd_route_job_content(ditd_srv *s, struct MHD_Connection *c, di
     }
     uint8_t *data;
     size_t len;
-    if ((err = ditd_jobstore_read(s->jobrun->st, row.id, (int)index, "png", &data, &len)))
+    /* a video job's output 0 is its MP4 (/v1/videos/{id}/content says the same) */
+    const char *ext = !strcmp(row.kind, "video") && index == 0 ? "mp4" : "png";
+    if ((err = ditd_jobstore_read(s->jobrun->st, row.id, (int)index, ext, &data, &len)))
         return store_error(s, c, rq, rid);
-    struct MHD_Response *r = ditd_reply_buffer((char *)data, len, "image/png", rid);
+    struct MHD_Response *r = ditd_reply_buffer((char *)data, len,
+                                               ext[0] == 'm' ? "video/mp4" : "image/png", rid);
     if (r) {
         char cd[96];
-        snprintf(cd, sizeof cd, "attachment; filename=\"%s-%ld.png\"", row.id, index);
+        snprintf(cd, sizeof cd, "attachment; filename=\"%s-%ld.%s\"", row.id, index, ext);
         MHD_add_response_header(r, "Content-Disposition", cd);
     }
     return ditd_route_answer(s, c, rq->route, 200, r, len);
@@ -181,8 +185,8 @@ enum MHD_Result ditd_route_jobs_list(ditd_srv *s, struct MHD_Connection *c, ditd
     ditd_jrow *rows = calloc(DITD_JOBSTORE_MAX_LIST, sizeof *rows);
     if (!rows)
         return ditd_route_answer(s, c, rq->route, 500, NULL, 0);
-    err = ditd_jobstore_list(s->jobrun->st, rq->owner, after && *after ? after : NULL, (int)limit,
-                             desc, rows, &n, &more);
+    err = ditd_jobstore_list(s->jobrun->st, rq->owner, NULL, after && *after ? after : NULL,
+                             (int)limit, desc, rows, &n, &more);
     if (err == DITD_ENOENT) {
         free(rows);
         ditd_api_error_set(&e, 400, "invalid_request_error", "invalid_value", "after",

@@ -100,6 +100,11 @@ uint64_t ditd__sched_cost(const ditd_srv *s, const ditd_genreq *rq)
         (rq->width != m->image_width || rq->height != m->image_height))
         tokens = tokens * (uint64_t)rq->width * (uint64_t)rq->height /
                  ((uint64_t)m->image_width * (uint64_t)m->image_height);
+    /* a clip: its latent frames at the size (shapes.tokens counts the
+     * default clip's) */
+    if (rq->frames > 0 && m->frames > 0)
+        tokens = tokens * (uint64_t)ditd_model_latent_frames(m, rq->frames) /
+                 (uint64_t)ditd_model_latent_frames(m, m->frames);
     tokens += (uint64_t)(rq->max_sequence_length > 0 ? rq->max_sequence_length : 0);
     return (uint64_t)rq->n * (uint64_t)rq->steps * (tokens ? tokens : 1);
 }
@@ -162,12 +167,13 @@ static int same_slg(const ditd_genreq *a, const ditd_genreq *b)
            memcmp(a->skip_layers, b->skip_layers, (size_t)a->n_skip_layers * sizeof(int)) == 0;
 }
 
-/* One batch runs one size, step count, sampler, T5 length, skip-layer
- * guidance and step caching. */
+/* One batch runs one size (and clip length), step count, sampler, T5
+ * length, skip-layer guidance and step caching. */
 static int compatible(const ditd_job *a, const ditd_job *b)
 {
     return a->rq.steps == b->rq.steps && a->rq.sampler == b->rq.sampler &&
            a->rq.width == b->rq.width && a->rq.height == b->rq.height &&
+           a->rq.frames == b->rq.frames &&
            a->rq.max_sequence_length == b->rq.max_sequence_length && same_slg(&a->rq, &b->rq) &&
            ditd_cache_config_equal(&a->rq.cache, &b->rq.cache);
 }
@@ -258,6 +264,8 @@ void ditd__sched_kick(ditd_srv *s)
                  * prompt given, "" counts) */
                 smp[i].has_negative = j->rq.negative_prompt != NULL;
                 smp[i].true_cfg = j->rq.true_cfg;
+                smp[i].has_guidance_2 = j->rq.has_guidance_2 != 0;
+                smp[i].guidance_2 = j->rq.guidance_2;
                 smpp[i] = &smp[i];
                 b->job[i] = j;
                 b->idx[i] = j->dispatched;
@@ -280,6 +288,7 @@ void ditd__sched_kick(ditd_srv *s)
         bm.steps = (uint32_t)b->steps;
         bm.sampler = (uint32_t)head->rq.sampler;
         bm.max_sequence_length = (uint32_t)head->rq.max_sequence_length;
+        bm.num_frames = (uint32_t)head->rq.frames;
         uint32_t skip[DITD_MAX_SKIP_LAYERS];
         for (int i = 0; i < head->rq.n_skip_layers; i++)
             skip[i] = (uint32_t)head->rq.skip_layers[i];

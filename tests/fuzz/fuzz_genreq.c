@@ -1,7 +1,8 @@
 /* libFuzzer target: what the HTTP edge validates of a request, the bytes a
  * client controls: the JSON body of POST /v1/images/generations
  * (ditd_genreq_parse against a fixed-size class model and a resizable
- * text model with an alias), the error envelope every
+ * text model with an alias) and of POST /v1/videos (ditd_genreq_parse_video
+ * against a two-expert Wan-like video model and the image models), the error envelope every
  * refusal is written in (it must stay valid JSON whatever the message
  * quotes), and an Authorization header (ditd_auth_check). Any input gives a
  * typed request within its bounds or a 4xx naming the problem; never a
@@ -77,7 +78,7 @@ static void check_accepted(const ditd_model_info *m, const ditd_genreq *rq)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static ditd_model_info m, t, s3;
+    static ditd_model_info m, t, s3, wv;
     static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "dall-e-3"};
     static char *keys[] = {"k1", "a-longer-key-0123456789"};
     static ditd_auth auth = {keys, 2};
@@ -122,11 +123,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         s3.pipeline = &ditd_pipeline_sd3;
         s3.default_max_sequence_length = 256;
         s3.default_guidance = 7.0f;
+        /* a Wan 2.2-like video model: two experts, 16 fps, 1 + 4k frames up to 257 */
+        wv = t;
+        strcpy(wv.name, "wan");
+        wv.pipeline = &ditd_pipeline_wan;
+        wv.default_guidance = 5.0f;
+        wv.frames = 81;
+        wv.frame_step = 4;
+        wv.max_frames = 257;
+        wv.fps = 16;
+        strcpy(wv.transformer_2_dir, "/nonexistent/transformer_2");
+        wv.boundary_ratio = 0.875;
     }
     const ditd_genreq_model models[] = {{&m, NULL, 0, DITD_SAMPLER_DDIM, NULL},
                                         {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL},
-                                        {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL}};
+                                        {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL},
+                                        {&wv, NULL, 0, DITD_SAMPLER_UNIPC, NULL}};
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
+        /* a clip: only the video model takes it; frames rounded and in range */
+        if (ditd_genreq_parse_video((const char *)data, size, &models[k], &rq, &e) == 0) {
+            const ditd_model_info *vm = models[k].info;
+            if (vm->frames <= 0 || rq.n != 1 || rq.frames < 1 || rq.frames > vm->max_frames ||
+                rq.frames % vm->frame_step != 1 || rq.fps < 1 || rq.fps > 120 ||
+                (rq.has_guidance_2 && !(rq.guidance_2 >= 0 && rq.guidance_2 <= 100)))
+                abort();
+            check_accepted(vm, &rq);
+            ditd_genreq_free(&rq);
+        } else {
+            if (e.status != 400 && e.status != 404)
+                abort();
+            envelope_is_json(&e);
+        }
         if (ditd_genreq_parse((const char *)data, size, &models[k], &rq, &e) == 0) {
             check_accepted(models[k].info, &rq);
             ditd_genreq_free(&rq);

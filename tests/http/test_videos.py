@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""OpenAI's videos API on `ditd serve` (issues 21 and 22): /v1/videos on a WanPipeline folder,
+driven by the official `openai` client (its videos methods unchanged, create_and_poll included),
+http.client and ffprobe. The model is the tiny Wan 2.2 A14B-like folder the build assembles
+(<builddir>/tests/golden/wan_pipeline/wan22: two experts, the real UMT5 tokenizer; its numerics
+are checked against Diffusers by test_wan_pipeline and wan_generate_cli). Exit 0 pass, 1 fail,
+77 skip.
+
+usage: test_videos.py --ditd BUILD/ditd CASE
+cases: videos (create_and_poll, retrieve, list, download_content video and thumbnail, delete;
+       the clip equals `ditd generate`'s for the same seed, frame for frame; keys; the refusals:
+       bad ids, another key's video, bad fields, input_reference, an image endpoint on a video
+       model; /v1/models' frame fields),
+       videos_restart (--data-dir: a completed clip listed and downloadable after SIGTERM and
+       after SIGKILL, a deleted running clip stops and its files go)
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_http as th  # noqa: E402
+from test_http import Daemon, check  # noqa: E402
+
+PROMPT = "a red fox running through snow"
+EXTRA = {"seed": 5, "num_inference_steps": 4, "guidance_scale_2": 2.5}
+
+
+def wan_model(ditd):
+    d = os.path.join(os.path.dirname(ditd), "tests", "golden", "wan_pipeline", "wan22")
+    return d if os.path.exists(os.path.join(d, "model_index.json")) else None
+
+
+def probe(data):
+    """ffprobe's (codec, pix_fmt, width, height, rate, frames) of MP4 bytes."""
+    with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
+        f.write(data)
+        f.flush()
+        r = subprocess.run(["ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0",
+                            "-show_entries",
+                            "stream=codec_name,pix_fmt,width,height,r_frame_rate,nb_read_frames",
+                            "-of", "json", f.name], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    s = json.loads(r.stdout)["streams"][0]
+    return (s["codec_name"], s["pix_fmt"], s["width"], s["height"], s["r_frame_rate"],
+            int(s["nb_read_frames"]))
+
+
+def reference_frames(ditd, model, tmp):
+    """`ditd generate` with the same request: its PNG frames (pixels)."""
+    out = os.path.join(tmp, "ref.png")
+    r = subprocess.run([ditd, "generate", "--model", model, "--prompt", PROMPT, "--size", "48x32",
+                        "--frames", "5", "--steps", "4", "--seed", "5", "--guidance-2", "2.5",
+                        "--threads", "1", "-q", "-o", out], capture_output=True, text=True,
+                       timeout=300)
+    check(r.returncode == 0, "ditd generate makes the reference clip", r.stderr[-300:])
+    frames = []
+    for i in range(5):
+        p = os.path.join(tmp, "ref-%03d.png" % i)
+        frames.append(th.png_pixels(open(p, "rb").read()) if os.path.exists(p) else None)
+    return frames
+
+
+def api_error(d, method, path, body=None, headers=None):
+    st, _, data = d.request(method, path, body, headers)
+    try:
+        return st, json.loads(data)["error"]
+    except (ValueError, KeyError, TypeError):
+        return st, {}
+
+
+def case_videos(ditd):
+    model = wan_model(ditd)
+    if not model:
+        print("skip: no Wan pipeline folder (the build assembles it)")
+        return 77
+    if not shutil.which("ffprobe"):
+        print("skip: no ffprobe")
+        return 77
+    import openai
+    tmp = tempfile.mkdtemp(prefix="ditd-videos-")
+    ref = reference_frames(ditd, model, tmp)
+    d = Daemon(ditd, "--api-key", "k1,k2", api_key="k1", model=model)
+    checked = 0
+    try:
+        c = openai.OpenAI(base_url=d.url("/v1"), api_key="k1", max_retries=0)
+        v = c.videos.create_and_poll(model="wan22", prompt=PROMPT, size="48x32", seconds="0.25",
+                                     extra_body=EXTRA, poll_interval_ms=100)
+        check(v.status == "completed" and v.object == "video" and v.progress == 100,
+              "create_and_poll: completed", (v.status, v.progress, v.error))
+        check(v.size == "48x32" and v.seconds == "0.3125" and v.model == "wan22",
+              "the video object: size, seconds (5 frames at 16 fps), model",
+              (v.size, v.seconds, v.model))
+        check(v.completed_at and v.created_at and v.expires_at and v.expires_at > v.completed_at,
+              "created_at, completed_at, expires_at (--job-ttl)")
+        r = c.videos.retrieve(v.id)
+        check(r.id == v.id and r.status == "completed", "retrieve", r.status)
+        mp4 = c.videos.download_content(v.id).read()
+        check(probe(mp4) == ("h264", "yuv420p", 48, 32, "16/1", 5),
+              "download_content: an H.264 MP4 of 5 frames, 48x32, 16 fps", probe(mp4))
+        png = c.videos.download_content(v.id, variant="thumbnail").read()
+        px = th.png_pixels(png) if png[:8] == b"\x89PNG\r\n\x1a\n" else None
+        check(px is not None and px == ref[0],
+              "the thumbnail is the first frame, equal to ditd generate's for the same seed")
+        # the whole clip: the MP4's frames against generate's frames through the same 4:2:0
+        with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
+            f.write(mp4)
+            f.flush()
+            raw = subprocess.run(["ffmpeg", "-v", "error", "-i", f.name, "-f", "rawvideo",
+                                  "-pix_fmt", "rgb24", "-"], capture_output=True).stdout
+        check(len(raw) == 5 * 48 * 32 * 3, "the MP4 decodes to 5 frames", len(raw))
+        # codec error: generate's frame put through the same 4:2:0 conversion (chroma
+        # subsampling alone costs these noise-like tiny clips about 20 dB) against the H.264
+        # frame (CRF 18), as wan_generate_cli checks ditd generate's own MP4
+        worst = 99.0
+        for i in range(5):
+            if ref[i] is None or len(raw) != 5 * 48 * 32 * 3:
+                worst = 0
+                break
+            yuv = subprocess.run(["ffmpeg", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
+                                  "-s", "48x32", "-i", "-", "-pix_fmt", "yuv420p", "-f", "rawvideo",
+                                  "-"], input=bytes(ref[i]), capture_output=True).stdout
+            back = subprocess.run(["ffmpeg", "-v", "error", "-f", "rawvideo", "-pix_fmt", "yuv420p",
+                                   "-s", "48x32", "-i", "-", "-f", "rawvideo", "-pix_fmt", "rgb24",
+                                   "-"], input=yuv, capture_output=True).stdout
+            got = raw[i * 4608:(i + 1) * 4608]
+            mse = sum((a - b) ** 2 for a, b in zip(got, back)) / 4608 if len(back) == 4608 else 1e9
+            worst = min(worst, 99.0 if mse == 0 else 10 * math.log10(255 * 255 / mse))
+        check(worst >= 30, "every MP4 frame within codec error of generate's frame (%.1f dB at "
+              "worst, 30 asked)" % worst)
+        checked += 1
+        # list: ours only, newest first, after/limit
+        v2 = c.videos.create(model="wan22", prompt="waves", size="32x32", extra_body=dict(
+            EXTRA, num_frames=5))
+        page = c.videos.list(limit=1)
+        check([x.id for x in page.data] == [v2.id] and page.has_more, "list: newest first, limit 1",
+              [x.id for x in page.data])
+        allv = c.videos.list(order="asc")
+        check([x.id for x in allv.data] == [v.id, v2.id], "list: order asc", [x.id for x in allv.data])
+        st, _, data = d.request("GET", f"/v1/videos?after={v2.id}&order=desc")
+        check(st == 200 and [x["id"] for x in json.loads(data)["data"]] == [v.id], "list: after")
+        st, _, data = d.request("GET", "/v1/jobs", headers={"Authorization": "Bearer k1"})
+        check(st == 200 and {x["kind"] for x in json.loads(data)["data"]} == {"video"},
+              "the videos are jobs of kind video in /v1/jobs")
+        # another key sees none of them
+        c2 = openai.OpenAI(base_url=d.url("/v1"), api_key="k2", max_retries=0)
+        check(c2.videos.list().data == [], "another key lists none")
+        for fn in (lambda: c2.videos.retrieve(v.id), lambda: c2.videos.download_content(v.id),
+                   lambda: c2.videos.delete(v.id)):
+            try:
+                fn()
+                check(False, "another key's video is 404")
+            except openai.NotFoundError:
+                check(True, "another key's video is 404")
+        # delete
+        dl = c.videos.delete(v.id)
+        check(dl.deleted and dl.id == v.id and dl.object == "video.deleted", "delete")
+        try:
+            c.videos.retrieve(v.id)
+            check(False, "a deleted video is 404")
+        except openai.NotFoundError:
+            check(True, "a deleted video is 404")
+        # refusals, in the OpenAI envelope, naming the field
+        bad = [
+            ({"prompt": "x", "seconds": "abc"}, 400, "seconds"),
+            ({"prompt": "x", "seconds": "4", "num_frames": 5}, 400, "seconds"),
+            ({"prompt": "x", "num_frames": 100000}, 400, "num_frames"),
+            ({"prompt": "x", "size": "50x32"}, 400, "size"),
+            ({"prompt": "x", "n": 2}, 400, "n"),
+            ({"prompt": "x", "stream": True}, 400, "stream"),
+            ({"prompt": "x", "fps": 0}, 400, "fps"),
+            ({"prompt": "x", "guidance_scale_2": -1}, 400, "guidance_scale_2"),
+            ({"prompt": "x", "input_reference": "data:image/png;base64,AAAA"}, 400,
+             "input_reference"),
+            ({"size": "32x32"}, 400, "prompt"),
+            ({"prompt": "x", "model": "nope"}, 404, "model"),
+        ]
+        for body, want, param in bad:
+            st, e = api_error(d, "POST", "/v1/videos", body)
+            check(st == want and e.get("param") == param and e.get("message"),
+                  f"POST /v1/videos {body}: {want} naming '{param}'", (st, e))
+            checked += 1
+        try:
+            c.videos.create(model="wan22", prompt="x", input_reference=("a.png", b"\x89PNG", "image/png"))
+            check(False, "the client's input_reference is refused")
+        except openai.APIError as ex:
+            check(isinstance(ex, openai.BadRequestError) and "input_reference" in str(ex),
+                  "the client's input_reference is refused by name", str(ex)[:300])
+        st, e = api_error(d, "POST", "/v1/images/generations", {"prompt": "x"})
+        check(st == 400 and "/v1/videos" in e.get("message", ""),
+              "/v1/images/generations on a video model names /v1/videos", (st, e))
+        for path in ("/v1/videos/job_000000000000000000000000", "/v1/videos/nope/content"):
+            st, e = api_error(d, "GET", path)
+            check(st == 404 and e.get("code") == "video_not_found", f"GET {path}: 404", (st, e))
+        st, e = api_error(d, "GET", f"/v1/videos/{v2.id}/content?variant=spritesheet")
+        check(st in (400, 409), "variant spritesheet is refused", (st, e))
+        st, e = api_error(d, "GET", "/v1/videos", headers={"Authorization": "Bearer nope"})
+        check(st == 401, "a bad key is 401", st)
+        # /v1/models: the clip's fields
+        st, _, data = d.request("GET", "/v1/models/wan22")
+        m = json.loads(data) if st == 200 else {}
+        vf = m.get("video", {})
+        check(vf.get("fps") == 16 and vf.get("default_frames") == 81 and vf.get("frame_step") == 4
+              and vf.get("max_frames") == 257 and vf.get("experts") == 2
+              and "guidance_scale_2" in m.get("parameters", []),
+              "/v1/models: frames, fps, experts, guidance_scale_2", m.get("video"))
+        c.videos.delete(v2.id)
+    finally:
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    check(checked >= 12, f"{checked} video cases checked (at least 12)")
+    return 0
+
+
+def case_videos_restart(ditd):
+    model = wan_model(ditd)
+    if not model:
+        print("skip: no Wan pipeline folder (the build assembles it)")
+        return 77
+    data_dir = tempfile.mkdtemp(prefix="ditd-videos-store-")
+    try:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            d = Daemon(ditd, "--data-dir", data_dir, model=model)
+            st, _, body = d.request("POST", "/v1/videos", dict(EXTRA, prompt=PROMPT, size="48x32",
+                                                                num_frames=5))
+            vid = json.loads(body)["id"] if st == 200 else None
+            check(st == 200 and vid, f"created ({sig.name})", st)
+            o = {}
+            t0 = time.time()
+            while time.time() - t0 < 120:
+                _, _, b = d.request("GET", f"/v1/videos/{vid}")
+                o = json.loads(b)
+                if o["status"] in ("completed", "failed"):
+                    break
+                time.sleep(0.1)
+            check(o.get("status") == "completed", f"completed before the restart ({sig.name})", o)
+            _, _, mp4 = d.request("GET", f"/v1/videos/{vid}/content")
+            # a long clip that is running when it is deleted
+            st, _, body = d.request("POST", "/v1/videos", dict(EXTRA, prompt="long", size="256x256",
+                                                                num_frames=33,
+                                                                num_inference_steps=200))
+            lid = json.loads(body)["id"]
+            t0, lo = time.time(), {}
+            while time.time() - t0 < 60:
+                _, _, b = d.request("GET", f"/v1/videos/{lid}")
+                lo = json.loads(b)
+                if lo["status"] != "queued" and (lo["progress"] > 0 or lo["status"] != "in_progress"):
+                    break
+                time.sleep(0.05)
+            check(lo.get("status") == "in_progress" and 0 < lo.get("progress", 0) < 100,
+                  "the long clip runs, its progress moves", lo)
+            st, _, _ = d.request("DELETE", f"/v1/videos/{lid}")
+            check(st == 200, "a running clip deleted", st)
+            # it stopped: the next clip runs at once (the long one takes ~16 s alone here)
+            st, _, body = d.request("POST", "/v1/videos", dict(EXTRA, prompt="next", size="32x32",
+                                                                num_frames=5))
+            nid = json.loads(body)["id"] if st == 200 else None
+            t0, no = time.time(), {}
+            while nid and time.time() - t0 < 60:
+                _, _, b = d.request("GET", f"/v1/videos/{nid}")
+                no = json.loads(b)
+                if no["status"] in ("completed", "failed"):
+                    break
+                time.sleep(0.05)
+            check(no.get("status") == "completed" and time.time() - t0 < 5,
+                  "after the delete the next clip completes at once (%.1f s)" % (time.time() - t0))
+            d.request("DELETE", f"/v1/videos/{nid}")
+            st, _, _ = d.request("GET", f"/v1/videos/{lid}")
+            check(st == 404, "and gone", st)
+            if sig == signal.SIGKILL:
+                os.killpg(d.proc.pid, signal.SIGKILL)
+                d.proc.wait()
+            else:
+                d.stop(sig)
+            check(not os.path.exists(os.path.join(data_dir, "results", lid)),
+                  "the deleted clip left no files")
+            d = Daemon(ditd, "--data-dir", data_dir, model=model)
+            st, _, b = d.request("GET", "/v1/videos")
+            ids = [x["id"] for x in json.loads(b)["data"]] if st == 200 else []
+            check(vid in ids and lid not in ids, f"after {sig.name}: the completed clip is listed",
+                  ids)
+            st, _, again = d.request("GET", f"/v1/videos/{vid}/content")
+            check(st == 200 and again == mp4, f"after {sig.name}: the same MP4 bytes")
+            st, _, thumb = d.request("GET", f"/v1/videos/{vid}/content?variant=thumbnail")
+            check(st == 200 and thumb[:4] == b"\x89PNG", f"after {sig.name}: the thumbnail")
+            d.request("DELETE", f"/v1/videos/{vid}")
+            d.stop()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return 0
+
+
+CASES = {"videos": case_videos, "videos_restart": case_videos_restart}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ditd", required=True)
+    ap.add_argument("case", choices=sorted(CASES))
+    a = ap.parse_args()
+    t0 = time.time()
+    rc = CASES[a.case](os.path.abspath(a.ditd))
+    print(f"{a.case}: {time.time() - t0:.1f} s, {len(th.failures)} failure(s)")
+    if rc == 77:
+        return 77
+    return 1 if th.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
