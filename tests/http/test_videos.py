@@ -12,7 +12,8 @@ cases: videos (create_and_poll, retrieve, list, download_content video and thumb
        bad ids, another key's video, bad fields, input_reference, an image endpoint on a video
        model; /v1/models' frame fields),
        videos_restart (--data-dir: a completed clip listed and downloadable after SIGTERM and
-       after SIGKILL, a deleted running clip stops and its files go)
+       after SIGKILL, a deleted running clip stops and its files go),
+       videos_mpi (a two-rank replica under ulysses 2 and cfg 2 makes one rank's clip)
 """
 import argparse
 import json
@@ -298,7 +299,52 @@ def case_videos_restart(ditd):
     return 0
 
 
-CASES = {"videos": case_videos, "videos_restart": case_videos_restart}
+def case_videos_mpi(ditd):
+    """A replica of two ranks (mpirun -np 3 ditd serve --ulysses-degree 2, then --cfg-degree 2):
+    the denoising on the group, the decode on its leader; the clip equals one rank's
+    (`ditd generate`), frame for frame within one level, and the group serves the next."""
+    model = wan_model(ditd)
+    if not model:
+        print("skip: no Wan pipeline folder (the build assembles it)")
+        return 77
+    if not shutil.which("mpirun"):
+        print("skip: no mpirun")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="ditd-videos-mpi-")
+    ref = reference_frames(ditd, model, tmp)
+    checked = 0
+    try:
+        for flags in (["--ulysses-degree", "2"], ["--cfg-degree", "2"]):
+            d = Daemon(ditd, *flags, mpi_np=3, model=model)  # rank 0 is the front-end
+            try:
+                for k in range(2):
+                    st, _, body = d.request("POST", "/v1/videos", dict(
+                        EXTRA, prompt=PROMPT, size="48x32", num_frames=5))
+                    vid = json.loads(body)["id"] if st == 200 else None
+                    o, t0 = {}, time.time()
+                    while vid and time.time() - t0 < 120:
+                        _, _, b = d.request("GET", f"/v1/videos/{vid}")
+                        o = json.loads(b)
+                        if o["status"] in ("completed", "failed"):
+                            break
+                        time.sleep(0.1)
+                    check(o.get("status") == "completed", f"{flags} clip {k}: completed", o)
+                    st, _, png = d.request("GET", f"/v1/videos/{vid}/content?variant=thumbnail")
+                    px = th.png_pixels(png) if st == 200 else None
+                    worst = max(abs(a - b) for a, b in zip(px, ref[0])) if px and ref[0] else 99
+                    check(px is not None and len(px) == len(ref[0] or []) and worst <= 1,
+                          f"{flags} clip {k}: the first frame within one level of one rank's "
+                          f"({worst})")
+                    checked += 1
+            finally:
+                d.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    check(checked >= 4, f"{checked} group clips checked (at least 4)")
+    return 0
+
+
+CASES = {"videos": case_videos, "videos_restart": case_videos_restart, "videos_mpi": case_videos_mpi}
 
 
 def main():
