@@ -15,7 +15,7 @@ struct MHD_Response *ditd_page_response(void)
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
     MHD_add_response_header(r, "Content-Security-Policy",
                             "default-src 'none'; script-src 'unsafe-inline'; style-src "
-                            "'unsafe-inline'; img-src data:; connect-src 'self'; "
+                            "'unsafe-inline'; img-src data:; media-src blob:; connect-src 'self' blob:; "
                             "form-action 'none'; frame-ancestors 'none'; base-uri 'none'");
     return r;
 }

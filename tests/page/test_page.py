@@ -13,7 +13,11 @@ build makes, BUILD/tests/golden/flux_pipeline/dev, or DITD_TEXT_MODEL): the
 page shows a prompt box, a negative prompt and width/height fields from the
 model's size range, no class picker, and its images equal curl's.
 
-usage: test_page.py --ditd BUILD/ditd [--model DIR] [--text] [--screenshot OUT.png]
+With --video it serves the tiny Wan 2.2 folder the build makes: the page
+shows a frame count, makes one clip through /v1/videos, plays it, and its
+MP4 equals curl's; Stop deletes a running clip's job.
+
+usage: test_page.py --ditd BUILD/ditd [--model DIR] [--text | --video] [--screenshot OUT.png]
 exit 0 pass, 1 fail, 77 skip (no Chromium; --text: no text model)."""
 import argparse
 import base64
@@ -253,6 +257,109 @@ def text_page(args, exe):
     return 1 if failures else 0
 
 
+def video_page(args, exe):
+    """The page with a video model (the build's tiny Wan 2.2 folder): a frame count instead of
+    images and previews, one clip made through /v1/videos and played, its MP4 the bytes the
+    same request gives through curl; Stop deletes a running clip."""
+    model_dir = os.path.join(os.path.dirname(os.path.abspath(args.ditd)), "tests", "golden",
+                             "wan_pipeline", "wan22")
+    if not os.path.exists(os.path.join(model_dir, "model_index.json")):
+        print("skip: no video model (the build's tests/golden/wan_pipeline/wan22)")
+        return 77
+    log = tempfile.NamedTemporaryFile("w+", prefix="ditd-page-", suffix=".log", delete=False)
+    daemon, browser = None, None
+    try:
+        daemon, base = start_daemon(args.ditd, model_dir, log)
+        model = curl_json(base + "/v1/models")["data"][0]
+        check(model.get("video", {}).get("fps") == 16, "the test model is a video model", model.get("video"))
+        browser = Browser(exe)
+        browser.open(base + "/")
+        browser.wait("document.getElementById('status')?.dataset.state === 'idle' && "
+                     "document.getElementById('model').options.length")
+        shown = lambda i: browser.js(f"!document.getElementById('{i}').classList.contains('hidden')")
+        check(shown("frames-row") and shown("prompt-row") and shown("size-row") and not shown("n-row")
+              and not shown("partials-row") and not shown("class-row"),
+              "a video model: frames, prompt and size shown; no image count, previews or classes")
+        check(browser.js("Number(document.getElementById('frames').value)") == model["video"]["default_frames"],
+              "the frame count defaults to the model's")
+        prompt, seed, steps, frames = "a red fox running through snow", 5, 4, 5
+        browser.js(f"""(() => {{
+            const set = (id, v) => {{ document.getElementById(id).value = v; }};
+            set('prompt', {json.dumps(prompt)}); set('width', '48'); set('height', '32');
+            set('steps', '{steps}'); set('seed', '{seed}'); set('frames', '{frames}');
+            document.getElementById('go').click();
+            return true; }})()""")
+        final = browser.wait("['done', 'error'].includes(document.getElementById('status').dataset.state)"
+                             " && document.getElementById('status').dataset.state", timeout=120)
+        check(final == "done", "the page reports the clip done", final,
+              browser.js("document.getElementById('error').textContent"))
+        b64 = browser.js("(async () => { const v = document.querySelector('#clip video'); "
+                         "if (!v.src) return 'no src'; try { const b = await (await fetch(v.src)).arrayBuffer(); "
+                         "let s = ''; for (const x of new Uint8Array(b)) s += String.fromCharCode(x); "
+                         "return btoa(s); } catch (e) { return 'error ' + e; } })()")
+        if not b64 or b64.startswith(("no src", "error")):
+            check(False, "the clip's MP4 is in the page", b64)
+            b64 = ""
+        page_mp4 = base64.b64decode(b64 or "")
+        dims = browser.wait("(() => { const v = document.querySelector('#clip video'); "
+                            "return v.readyState >= 1 && v.videoWidth ? [v.videoWidth, v.videoHeight, "
+                            "Math.round(v.duration * 1000)] : null; })()", timeout=20)
+        check(dims is not None and dims[:2] == [48, 32] and abs(dims[2] - 312) <= 70,
+              "the browser plays the clip: 48x32, 5 frames at 16 fps (~0.31 s)", dims)
+        trace = browser.js("window.ditdTrace")
+        check(trace and trace[-1] == "completed:100", "the page polled the job to completed", trace[-3:])
+        body = {"model": model["id"], "prompt": prompt, "size": "48x32", "num_frames": frames,
+                "seed": seed, "num_inference_steps": steps,
+                "guidance_scale": model["defaults"]["guidance_scale"],
+                "sampler": model["defaults"]["sampler"]}
+        vid = curl_json(base + "/v1/videos", body)["id"]
+        t0, st = time.time(), ""
+        while time.time() - t0 < 120 and st not in ("completed", "failed"):
+            st = curl_json(base + f"/v1/videos/{vid}")["status"]
+            time.sleep(0.1)
+        want = subprocess.run(["curl", "-sf", base + f"/v1/videos/{vid}/content"],
+                              capture_output=True).stdout
+        check(page_mp4[4:8] == b"ftyp" and page_mp4 == want,
+              "the page's MP4 == curl's for the same request (%d bytes)" % len(page_mp4))
+        # Stop on a long clip deletes the job
+        browser.js("""(() => { const set = (id, v) => { document.getElementById(id).value = v; };
+            set('width', '256'); set('height', '256'); set('frames', '33'); set('steps', '200');
+            document.getElementById('go').click(); return true; })()""")
+        browser.wait("document.getElementById('status').dataset.state === 'running' && "
+                     "window.ditdTrace.some(t => t.startsWith('in_progress'))", timeout=60)
+        browser.js("document.getElementById('stop').click(), true")
+        final = browser.wait("document.getElementById('status').dataset.state === 'error' && "
+                             "document.getElementById('error').textContent", timeout=30)
+        check(final == "Stopped.", "Stop: the page says stopped", final)
+        t0, ids = time.time(), None
+        while time.time() - t0 < 10:
+            ids = [v["id"] for v in curl_json(base + "/v1/videos")["data"]]
+            if len(ids) == 2:  # the two completed clips: the stopped one is deleted
+                break
+            time.sleep(0.1)
+        check(ids is not None and len(ids) == 2, "Stop deleted the running clip's job", ids)
+        if args.screenshot:
+            browser.screenshot(args.screenshot)
+    except Exception as e:
+        check(False, f"test ran to the end ({type(e).__name__}: {e})")
+    finally:
+        if browser:
+            browser.close()
+        if daemon:
+            daemon.terminate()
+            try:
+                rc = daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, 9)
+                rc = daemon.wait()
+            check(rc == 0, "ditd serve drained and exited 0", rc, 0)
+        if failures:
+            print(open(log.name).read()[-3000:])
+        os.unlink(log.name)
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ditd", required=True)
@@ -262,6 +369,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--text", action="store_true")
+    ap.add_argument("--video", action="store_true")
     args = ap.parse_args()
 
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -270,6 +378,8 @@ def main():
         return 77
     if args.text:
         return text_page(args, exe)
+    if args.video:
+        return video_page(args, exe)
 
     log = tempfile.NamedTemporaryFile("w+", prefix="ditd-page-", suffix=".log", delete=False)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
