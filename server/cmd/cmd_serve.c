@@ -35,6 +35,7 @@
 #include "server/daemon/routes.h"
 #include "server/daemon/sched.h"
 #include "server/daemon/serve.h"
+#include "server/daemon/webhook.h"
 
 /* ---- replicas ---- */
 
@@ -365,6 +366,10 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     if (!(s->rep = calloc((size_t)s->nrep, sizeof *s->rep)))
         goto fail_info;
 
+    if ((err = ditd_webhook_open(s->cfg.webhook_url, s->cfg.webhook_secret, &s->webhook))) {
+        ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
+        goto fail_rep;
+    }
     if ((err = ditd_jobrun_open(s))) {
         ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
         ditd_jobrun_close(s);
@@ -472,6 +477,7 @@ join:
     free(targs);
     free(s->threads);
     ditd_jobrun_close(s);
+    ditd_webhook_close(s->webhook);
     free(s->rep);
     uv_loop_close(loop);
     ditd_model_info_free(&s->info);
@@ -499,6 +505,8 @@ fail_async:
     free(s->threads);
     ditd_jobrun_close(s);
 fail_rep:
+    ditd_webhook_close(s->webhook);
+    s->webhook = NULL;
     free(s->rep);
 fail_info:
     ditd_model_info_free(&s->info);

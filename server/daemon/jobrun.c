@@ -17,6 +17,7 @@
 #include "server/daemon/log.h"
 #include "server/daemon/sched.h"
 #include "server/daemon/serve.h"
+#include "server/daemon/webhook.h"
 
 static long long wall(void)
 {
@@ -138,6 +139,8 @@ static void write_work_done(uv_work_t *req, int status)
         if (!w->err && !ditd_jobstore_set_completed(r->st, w->id, outs, w->bytes, now, expiry(r, now))) {
             r->completed++;
             if (w->frames > 0)
+                ditd_webhook_emit(s->webhook, "video.completed", w->id);
+            if (w->frames > 0)
                 ditd_log(DITD_LOG_INFO, "job %s: completed (a clip of %d frames, %lld bytes)",
                          w->id, w->frames, w->bytes);
             else
@@ -149,6 +152,8 @@ static void write_work_done(uv_work_t *req, int status)
             ditd_jobstore_remove_files(r->st, w->id);
             ditd_jobstore_set_failed(r->st, w->id, "storage_failed", w->detail, now, expiry(r, now));
             r->failed++;
+            if (w->frames > 0)
+                ditd_webhook_emit(s->webhook, "video.failed", w->id);
             ditd_log(DITD_LOG_ERROR, "job %s: failed: %s", w->id, w->detail);
         }
     }
@@ -244,6 +249,8 @@ static void job_failed(ditd_job *j, const ditd_api_error *e)
     } else {
         ditd_jobstore_set_failed(r->st, j->store_id, e->code, e->message, now, expiry(r, now));
         r->failed++;
+        if (j->rq.frames > 0)
+            ditd_webhook_emit(s->webhook, "video.failed", j->store_id);
         ditd_log(DITD_LOG_WARN, "job %s: failed: %s", j->store_id, e->message);
     }
     j->store_done = 1; /* let go at the next watch */
@@ -413,6 +420,8 @@ static int hand_over(ditd_srv *s)
         /* a stored request the model no longer takes (served another) */
         ditd_jobstore_set_failed(r->st, row.id, e.code, e.message, now, expiry(r, now));
         r->failed++;
+        if (!strcmp(row.kind, "video"))
+            ditd_webhook_emit(s->webhook, "video.failed", row.id);
         ditd_jrow_free(&row);
         return 1;
     }
@@ -440,6 +449,8 @@ static int hand_over(ditd_srv *s)
         }
         ditd_jobstore_set_failed(r->st, j->store_id, e.code, e.message, now, expiry(r, now));
         r->failed++;
+        if (j->rq.frames > 0)
+            ditd_webhook_emit(s->webhook, "video.failed", j->store_id);
         return 1;
     }
     r->fl[r->n_fl++] = j;

@@ -3,7 +3,8 @@
  * per HTTP request) are a record of their own with fixed fields.
  *
  * Process-wide, like syslog: opened once by `ditd serve`, written from the
- * loop thread (and, before the loop runs, from main). Each line is one
+ * loop thread (and, before the loop runs, from main; the webhook thread's
+ * rare warnings too: webhook.h). Each line is one
  * write(), so ranks under mpirun never interleave mid-line. Not a metrics
  * or tracing facility.
  *

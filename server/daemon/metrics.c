@@ -353,6 +353,13 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     put(&b, "# HELP ditd_jobs_refused_storage_total New jobs refused with 507 (--data-max-gb).\n"
             "# TYPE ditd_jobs_refused_storage_total counter\nditd_jobs_refused_storage_total %llu\n",
         g->jobs_refused_full);
+    put(&b, "# HELP ditd_webhooks_total Webhook events (--webhook-url): delivered, or dropped after "
+            "the last retry.\n# TYPE ditd_webhooks_total counter\n"
+            "ditd_webhooks_total{outcome=\"delivered\"} %llu\nditd_webhooks_total{outcome=\"dropped\"} %llu\n",
+        g->hooks_delivered, g->hooks_dropped);
+    put(&b, "# HELP ditd_webhook_failed_attempts_total Webhook deliveries that got no 2xx (each retried).\n"
+            "# TYPE ditd_webhook_failed_attempts_total counter\nditd_webhook_failed_attempts_total %llu\n",
+        g->hooks_failed);
     char dev[2 * sizeof m->device], com[128];
     label_value(dev, sizeof dev, m->device[0] ? m->device : "unknown");
     label_value(com, sizeof com, ditd_build_commit);

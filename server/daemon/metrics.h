@@ -95,6 +95,8 @@ typedef struct ditd_metrics_gauges {
     long long jobs[4];
     long long store_bytes;
     unsigned long long jobs_created, jobs_expired, jobs_deleted, jobs_refused_full;
+    /* webhooks (webhook.h): events delivered, failed attempts, events dropped */
+    unsigned long long hooks_delivered, hooks_failed, hooks_dropped;
 } ditd_metrics_gauges;
 
 /* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM.

@@ -15,6 +15,7 @@
 #include "server/daemon/routes.h"
 #include "server/daemon/sched.h"
 #include "server/daemon/serve.h"
+#include "server/daemon/webhook.h"
 
 /* One entry of GET /v1/models: the served model under one of its names
  * (its folder's or an alias; "root" is the folder's). docs/api.md shows
@@ -217,6 +218,7 @@ enum MHD_Result ditd_route_metrics(ditd_srv *s, struct MHD_Connection *c, ditd_r
         g.jobs_deleted = s->jobrun->deleted;
         g.jobs_refused_full = s->jobrun->refused_full;
     }
+    ditd_webhook_counts(s->webhook, &g.hooks_delivered, &g.hooks_failed, &g.hooks_dropped);
     size_t len = 0;
     char *text = ditd_metrics_render(&s->m, &g, &len);
     return ditd_route_answer(

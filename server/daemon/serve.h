@@ -90,6 +90,7 @@ struct ditd_srv {
     double sec_per_cost;  /* measured: batch seconds per unit of cost (0: not yet) */
     ditd_metrics m;
     struct ditd_jobrun *jobrun; /* background jobs and their store (jobrun.h; owned) */
+    struct ditd_webhook *webhook; /* --webhook-url's deliveries (webhook.h; owned), or NULL */
     int draining;
     double drain_deadline;
     int aborted_left;    /* drain deadline passed, the rest got errors */

@@ -13,7 +13,8 @@ cases: videos (create_and_poll, retrieve, list, download_content video and thumb
        model; /v1/models' frame fields),
        videos_restart (--data-dir: a completed clip listed and downloadable after SIGTERM and
        after SIGKILL, a deleted running clip stops and its files go),
-       videos_mpi (a two-rank replica under ulysses 2 and cfg 2 makes one rank's clip)
+       videos_mpi (a two-rank replica under ulysses 2 and cfg 2 makes one rank's clip),
+       videos_webhook (signed video.completed / video.failed events, a retry after a 500)
 """
 import argparse
 import json
@@ -344,7 +345,93 @@ def case_videos_mpi(ditd):
     return 0
 
 
-CASES = {"videos": case_videos, "videos_restart": case_videos_restart, "videos_mpi": case_videos_mpi}
+def case_videos_webhook(ditd):
+    """--webhook-url / --webhook-secret: a receiver on 127.0.0.1 answers 500 to the first
+    delivery and 204 to the retry; the event verifies with the official client's
+    webhooks.unwrap (the Standard Webhooks signature) and names the clip; a failed clip sends
+    video.failed; the metrics count them; a bad URL or secret stops the start."""
+    import base64 as b64
+    import http.server
+    import threading
+    import openai
+    model = wan_model(ditd)
+    if not model:
+        print("skip: no Wan pipeline folder (the build assembles it)")
+        return 77
+    secret = "whsec_" + b64.b64encode(b"ditd-test-webhook-key-0123456789").decode()
+    got, lock = [], threading.Lock()
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            with lock:
+                got.append((dict(self.headers), body))
+                first = len(got) == 1
+            self.send_response(500 if first else 204)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/hooks/ditd"
+    try:
+        for bad_url, bad_secret, needle in [("https://127.0.0.1/x", secret, "https"),
+                                            (url, "s3cret", "whsec_"),
+                                            ("ftp://x", secret, "http://")]:
+            r = subprocess.run([ditd, "serve", "--model", model, "--port", "0", "--webhook-url",
+                                bad_url, "--webhook-secret", bad_secret], capture_output=True,
+                               text=True, timeout=60)
+            check(r.returncode != 0 and needle in r.stderr, f"--webhook-url {bad_url}: refused "
+                  f"naming '{needle}'", r.stderr[-300:])
+        d = Daemon(ditd, "--webhook-url", url, env={"DITD_WEBHOOK_SECRET": secret}, model=model)
+        try:
+            st, _, body = d.request("POST", "/v1/videos", dict(EXTRA, prompt=PROMPT, size="48x32",
+                                                                num_frames=5))
+            vid = json.loads(body)["id"]
+            t0 = time.time()
+            while time.time() - t0 < 30 and len(got) < 2:
+                time.sleep(0.1)
+            check(len(got) == 2, "the event came twice: a 500, then the retry", len(got))
+            if len(got) == 2:
+                (h1, b1), (h2, b2) = got
+                client = openai.OpenAI(api_key="x", webhook_secret=secret)
+                ev = client.webhooks.unwrap(b2, h2)
+                check(ev.type == "video.completed" and ev.data.id == vid and ev.object == "event",
+                      "webhooks.unwrap verifies the event: video.completed for the clip", ev)
+                check(h1.get("webhook-id") == h2.get("webhook-id") and b1 == b2,
+                      "the retry is the same event (same webhook-id and body)")
+                try:
+                    client.webhooks.unwrap(b2.replace(vid.encode(), b"job_forged"), h2)
+                    check(False, "a changed body fails the signature")
+                except openai.InvalidWebhookSignatureError:
+                    check(True, "a changed body fails the signature")
+            # a failed clip: the stored request asks for more steps than UniPC takes
+            st, _, body = d.request("POST", "/v1/videos", dict(EXTRA, prompt="x", size="32x32",
+                                                                num_frames=5,
+                                                                num_inference_steps=1000))
+            fid = json.loads(body)["id"]
+            t0 = time.time()
+            while time.time() - t0 < 30 and len(got) < 3:
+                time.sleep(0.1)
+            ev = openai.OpenAI(api_key="x", webhook_secret=secret).webhooks.unwrap(
+                got[-1][1], got[-1][0]) if len(got) >= 3 else None
+            check(ev is not None and ev.type == "video.failed" and ev.data.id == fid,
+                  "a failed clip sends video.failed", ev)
+            m = d.metrics()
+            check(m.get('ditd_webhooks_total{outcome="delivered"}') == 2 and
+                  m.get("ditd_webhook_failed_attempts_total") == 1,
+                  "metrics: 2 delivered, 1 failed attempt",
+                  {k: v for k, v in m.items() if "webhook" in k})
+        finally:
+            d.stop()
+    finally:
+        srv.shutdown()
+    return 0
+
+
+CASES = {"videos": case_videos, "videos_webhook": case_videos_webhook, "videos_restart": case_videos_restart, "videos_mpi": case_videos_mpi}
 
 
 def main():
