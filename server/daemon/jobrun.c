@@ -302,6 +302,13 @@ void ditd_jobrun_close(ditd_srv *s)
     s->jobrun = NULL;
 }
 
+/* Whether a store error is the disk being full (SQLite's SQLITE_FULL, or
+ * ENOSPC writing a result). */
+static int disk_full(const char *detail)
+{
+    return strstr(detail, "is full") || strstr(detail, "No space left");
+}
+
 /* A stored request by its row's kind. */
 static int parse_kind(ditd_srv *s, const char *kind, const char *body, size_t len, ditd_genreq *rq,
                       ditd_api_error *e)
@@ -374,6 +381,12 @@ int ditd_jobrun_create(ditd_srv *s, const char *owner, const char *kind, const c
         return ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
     err = ditd_jobstore_insert(r->st, row);
     ditd_jrow_free(row);
+    if (err && disk_full(ditd_err_detail())) {
+        r->refused_full++;
+        return ditd_api_error_set(e, 507, "server_error", "insufficient_storage", NULL,
+                                  "the job store's disk is full (%s): delete jobs or free space",
+                                  ditd_err_detail());
+    }
     if (err)
         return ditd_api_error_set(e, 500, "server_error", "storage_failed", NULL, "%s",
                                   ditd_err_detail());
@@ -414,8 +427,17 @@ static int hand_over(ditd_srv *s)
     ditd_genreq rq;
     ditd_api_error e;
     long long now = wall();
-    if (ditd_jobstore_claim_next(r->st, &row))
+    int err = ditd_jobstore_claim_next(r->st, &row);
+    if (err) {
+        /* the store cannot take the claim (a full disk): the queued jobs
+         * wait, and the log says why once a minute */
+        if (err != DITD_ENOENT && ditd__now() >= r->next_claim_warn) {
+            r->next_claim_warn = ditd__now() + 60;
+            ditd_log(DITD_LOG_WARN, "job store: queued jobs cannot start: %s; they wait",
+                     ditd_err_detail());
+        }
         return 0;
+    }
     if (parse_kind(s, row.kind, row.request, strlen(row.request), &rq, &e)) {
         /* a stored request the model no longer takes (served another) */
         ditd_jobstore_set_failed(r->st, row.id, e.code, e.message, now, expiry(r, now));

@@ -37,6 +37,7 @@ typedef struct ditd_jobrun {
     int n_fl;
     int n_writing;                /* results being written */
     double next_sweep;
+    double next_claim_warn;       /* the next "queued jobs cannot start" warning */
     int drained;
     /* counters for /metrics */
     unsigned long long created, completed, failed, deleted, expired, refused_full;

@@ -9,7 +9,8 @@ cases: jobs (create, poll, download, keys, delete mid-run, metrics),
        jobs_list (1,000 jobs through limit/after/order),
        jobs_limits (--job-ttl, --data-max-gb, the in-memory store),
        jobs_restart (SIGTERM, SIGKILL, the attempts rule; integrity_check and
-       no orphan files after each)
+       no orphan files after each),
+       jobs_full_disk (a store on a full tmpfs: the job fails clearly, the rest goes on)
 """
 import argparse
 import base64
@@ -18,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sqlite3
 import sys
 import tempfile
@@ -424,8 +426,87 @@ def case_jobs_restart(ditd):
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def case_jobs_full_disk(ditd):
+    """--data-dir on a 4 MiB tmpfs filled to the brim: a job whose result cannot be written
+    fails with a clear error, the server keeps serving (a synchronous request, the earlier
+    job's download), nothing else is lost; with room again new jobs complete. Root and a
+    tmpfs mount are needed (77 without)."""
+    mnt = tempfile.mkdtemp(prefix="ditd-full-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        os.rmdir(mnt)
+        print(f"skip: cannot mount a tmpfs ({r.stderr.strip()})")
+        return 77
+    filler = os.path.join(mnt, "filler")
+    try:
+        d = Daemon(ditd, "--data-dir", mnt)
+        try:
+            st, _, o = create(d, SMALL)
+            done = wait_status(d, o["id"], ("completed",))
+            check(done["status"] == "completed", "a job completes while there is room", done)
+            _, _, png0 = get(d, f"/v1/jobs/{o['id']}/content?index=0")
+            # fill the file system: what is left is less than one more result
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+            for size in (65536, 4096, 512, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * size)
+                except OSError:
+                    pass
+            # room for the row (a few WAL pages), not for ten results written with fsync
+            os.ftruncate(fd, os.fstat(fd).st_size - 24576)
+            os.close(fd)
+            # a new job: refused with 507 when its row does not fit; when the row fits
+            # but the rest does not, it fails with the reason or waits queued (the
+            # claim cannot be written), never hangs in_progress
+            waiting = None
+            for k in range(3):
+                st, _, o2 = create(d, dict(SMALL, n=10))
+                if st != 202:
+                    msg = (o2 or {}).get("error", {}).get("message", "")
+                    check(st == 507 and "full" in msg,
+                          "a full disk: a new job is refused with 507, saying the disk is full",
+                          (st, o2))
+                    print("     the refusal:", msg)
+                    break
+                o2 = wait_status(d, o2["id"], ("failed",), timeout=3)
+                if o2["status"] == "failed":
+                    check(o2["error"]["code"] == "storage_failed" and "space" in o2["error"]["message"],
+                          "a full disk: the job fails with a clear error", o2)
+                else:
+                    check(o2["status"] == "queued", "a full disk: the job waits queued", o2)
+                    waiting = o2["id"]
+            if waiting:
+                check("queued jobs cannot start" in d.logtext(), "the log says why jobs wait")
+            st, _, data = d.generate(dict(SMALL, n=1))
+            check(st == 200, "the server keeps serving synchronous requests", st)
+            st, _, again = get(d, f"/v1/jobs/{o['id']}/content?index=0")
+            check(st == 200 and again == png0, "the earlier job is still downloadable, the same bytes")
+            os.unlink(filler)
+            if waiting:
+                w = wait_status(d, waiting, ("completed", "failed"))
+                check(w["status"] == "completed", "with room again the waiting job runs", w)
+            st, _, o3 = create(d, SMALL)
+            o3 = wait_status(d, o3["id"], ("completed", "failed")) if st == 202 else {"status": st}
+            check(o3["status"] == "completed", "with room again a new job completes", o3)
+        finally:
+            rc = d.stop()
+        check(rc == 0, "exit 0", rc)
+        c = sqlite3.connect(os.path.join(mnt, "jobs.db"))
+        ok = c.execute("PRAGMA integrity_check").fetchone()[0]
+        c.close()
+        check(ok == "ok", "the store passes integrity_check after the full disk", ok)
+    finally:
+        if os.path.exists(filler):
+            os.unlink(filler)
+        subprocess.run(["umount", mnt])
+        os.rmdir(mnt)
+    return 0
+
+
 CASES = {"jobs": case_jobs, "jobs_list": case_jobs_list, "jobs_limits": case_jobs_limits,
-         "jobs_restart": case_jobs_restart}
+         "jobs_restart": case_jobs_restart, "jobs_full_disk": case_jobs_full_disk}
 
 
 def main():
