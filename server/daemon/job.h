@@ -104,6 +104,8 @@ struct ditd_job {
     int store_running;            /* the row says in_progress */
     int store_pct;                /* the progress the row has */
     double store_t;               /* when the row's progress was written */
+    long long store_created;      /* the row's created_at (wall s) */
+    double store_started;         /* when it started here (ditd__now), 0: not yet */
     int store_done;               /* its outcome reached the store: the runner lets go */
 
     /* the HTTP side's (routes.c) */

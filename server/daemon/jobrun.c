@@ -37,6 +37,17 @@ static void fl_drop(ditd_jobrun *r, int i)
     ditd_job_unref(j);
 }
 
+/* The row goes in_progress; its wait since creation is observed. */
+static void mark_running(ditd_srv *s, ditd_job *j)
+{
+    long long now = wall();
+    j->store_running = 1;
+    j->store_started = ditd__now();
+    ditd_jobstore_set_running(s->jobrun->st, j->store_id, now);
+    ditd_hist_observe(&s->m.job_wait[j->rq.frames > 0],
+                      (double)(now - j->store_created > 0 ? now - j->store_created : 0));
+}
+
 /* ------------------------------------------------------------------ */
 /* writing results                                                     */
 
@@ -138,6 +149,8 @@ static void write_work_done(uv_work_t *req, int status)
         long long now = wall();
         if (!w->err && !ditd_jobstore_set_completed(r->st, w->id, outs, w->bytes, now, expiry(r, now))) {
             r->completed++;
+            if (w->job->store_started > 0)
+                ditd_hist_observe(&s->m.job_run[w->frames > 0], ditd__now() - w->job->store_started);
             if (w->frames > 0)
                 ditd_webhook_emit(s->webhook, "video.completed", w->id);
             if (w->frames > 0)
@@ -181,10 +194,8 @@ static void job_progress(ditd_job *j, int step, int total)
         pct = 99; /* 100 once the result is stored */
     if (pct < j->store_pct)
         pct = j->store_pct; /* never back */
-    if (!j->store_running) {
-        j->store_running = 1;
-        ditd_jobstore_set_running(r->st, j->store_id, wall());
-    }
+    if (!j->store_running)
+        mark_running(j->s, j);
     /* a write when the percent moved, at most 4 a second */
     if (pct != j->store_pct && now - j->store_t >= 0.25) {
         j->store_pct = pct;
@@ -459,6 +470,7 @@ static int hand_over(ditd_srv *s)
         return 0;
     }
     j->background = 1;
+    j->store_created = row.created_at;
     snprintf(j->store_id, sizeof j->store_id, "%s", row.id);
     ditd_jrow_free(&row);
     int st = ditd__sched_submit(s, j, &e);
@@ -507,10 +519,8 @@ void ditd_jobrun_watch(ditd_srv *s)
     }
     /* dispatched: in_progress (the first step's progress says it too) */
     for (int i = 0; i < r->n_fl; i++)
-        if (r->fl[i]->dispatched > 0 && !r->fl[i]->store_running) {
-            r->fl[i]->store_running = 1;
-            ditd_jobstore_set_running(r->st, r->fl[i]->store_id, wall());
-        }
+        if (r->fl[i]->dispatched > 0 && !r->fl[i]->store_running)
+            mark_running(s, r->fl[i]);
     while (r->n_fl < r->max_inflight && ditd__sched_replicas_up(s) > 0 && hand_over(s))
         ;
     if (now >= r->next_sweep) {

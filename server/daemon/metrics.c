@@ -19,6 +19,7 @@ extern const char ditd_build_commit[]; /* build_commit.c, made by meson's vcs_ta
 static const double lat_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
 static const double step_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 static const double size_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+static const double job_bounds[] = {0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600};
 
 const char *ditd_route_name(ditd_route r)
 {
@@ -40,6 +41,10 @@ void ditd_metrics_init(ditd_metrics *m)
     hist_init(&m->queue_time, lat_bounds, (int)(sizeof lat_bounds / sizeof lat_bounds[0]));
     hist_init(&m->step_time, step_bounds, (int)(sizeof step_bounds / sizeof step_bounds[0]));
     hist_init(&m->batch_size, size_bounds, (int)(sizeof size_bounds / sizeof size_bounds[0]));
+    for (int k = 0; k < 2; k++) {
+        hist_init(&m->job_wait[k], job_bounds, (int)(sizeof job_bounds / sizeof job_bounds[0]));
+        hist_init(&m->job_run[k], job_bounds, (int)(sizeof job_bounds / sizeof job_bounds[0]));
+    }
 }
 
 void ditd_hist_observe(ditd_hist *h, double v)
@@ -151,10 +156,10 @@ static void put(sbuf *b, const char *fmt, ...)
     }
 }
 
-static void hist(sbuf *b, const char *name, const char *help, const char *labels, const ditd_hist *h)
+/* One series of a histogram (its HELP and TYPE written once, before). */
+static void hist_series(sbuf *b, const char *name, const char *labels, const ditd_hist *h)
 {
     uint64_t cum = 0;
-    put(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     for (int i = 0; i < h->nb; i++) {
         cum += h->counts[i];
         put(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, *labels ? "," : "", h->bounds[i],
@@ -164,6 +169,12 @@ static void hist(sbuf *b, const char *name, const char *help, const char *labels
     put(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, *labels ? "," : "", (unsigned long long)cum);
     put(b, "%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name, labels, h->sum, name, labels,
         (unsigned long long)h->count);
+}
+
+static void hist(sbuf *b, const char *name, const char *help, const char *labels, const ditd_hist *h)
+{
+    put(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    hist_series(b, name, labels, h);
 }
 
 /* A label value as Prometheus text wants it: backslash, quote, newline escaped. */
@@ -267,6 +278,16 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
     hist(&b, "ditd_step_duration_seconds", "Duration of one denoising step of a batch.", ml,
          &m->step_time);
     hist(&b, "ditd_batch_size", "Samples per dispatched batch.", ml, &m->batch_size);
+    for (int w = 0; w < 2; w++) {
+        const char *name = w ? "ditd_job_run_seconds" : "ditd_job_wait_seconds";
+        put(&b, "# HELP %s Background jobs: %s.\n# TYPE %s histogram\n", name,
+            w ? "started to their result stored" : "created to started", name);
+        for (int k = 0; k < 2; k++) {
+            char kl[600];
+            snprintf(kl, sizeof kl, "%s,kind=\"%s\"", ml, k ? "video" : "image");
+            hist_series(&b, name, kl, w ? &m->job_run[k] : &m->job_wait[k]);
+        }
+    }
     put(&b, "# HELP ditd_queue_depth Requests waiting for a replica.\n# TYPE ditd_queue_depth gauge\n"
             "ditd_queue_depth{%s} %d\n", ml, g->queue_depth);
     put(&b, "# HELP ditd_running_batches Batches running on replicas.\n# TYPE ditd_running_batches gauge\n"

@@ -45,6 +45,8 @@ typedef struct ditd_metrics {
     ditd_hist queue_time;     /* arrival to dispatch */
     ditd_hist step_time;      /* one denoising step of a batch */
     ditd_hist batch_size;     /* samples per batch */
+    ditd_hist job_wait[2];    /* background jobs [image, video]: created to started, s */
+    ditd_hist job_run[2];     /* started to its result stored, s */
     uint64_t images_total;
     uint64_t canceled_total;  /* samples dropped: disconnect, timeout */
     uint64_t rejected_total;  /* 429 */

@@ -103,6 +103,11 @@ def case_videos(ditd):
               (v.size, v.seconds, v.model))
         check(v.completed_at and v.created_at and v.expires_at and v.expires_at > v.completed_at,
               "created_at, completed_at, expires_at (--job-ttl)")
+        m = d.metrics()
+        runs = [v_ for k, v_ in m.items() if k.startswith("ditd_job_run_seconds_count{") and 'kind="video"' in k]
+        waits = [v_ for k, v_ in m.items() if k.startswith("ditd_job_wait_seconds_count{") and 'kind="video"' in k]
+        check(runs == [1.0] and waits == [1.0], "metrics: the clip's wait and run time observed",
+              (runs, waits))
         r = c.videos.retrieve(v.id)
         check(r.id == v.id and r.status == "completed", "retrieve", r.status)
         mp4 = c.videos.download_content(v.id).read()
