@@ -27,7 +27,7 @@ from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 K8S = os.path.join(ROOT, "deploy", "k8s")
-TARGETS = ["base", "overlays/cpu", "overlays/gpu", "overlays/multi-node"]
+TARGETS = ["base", "overlays/cpu", "overlays/gpu", "overlays/multi-node", "overlays/cpu-jobs"]
 VERSIONS = [f"1.{m}.0" for m in range(30, 38)]
 GIB = 1 << 30
 XL_WEIGHTS_GIB = 3  # DiT-XL/2 resident per rank that holds it
@@ -173,6 +173,9 @@ def selects(sel, labels):
     return bool(sel) and all(labels.get(k) == v for k, v in sel.items())
 
 
+stores = []  # pods with a job store on a claim, over every rendering
+
+
 def check_wiring(where, docs):
     pods = list(pod_templates(docs))
     byname = {(d["kind"], d["metadata"]["name"]): d for d in docs}
@@ -204,6 +207,28 @@ def check_wiring(where, docs):
                   f"{where}: ServiceMonitor finds the Service and its port", ports)
     for n, t, r, owner in pods:
         check_pod(where, n, t, r, owner)
+    # a job store (--data-dir) on a claim: one writer per store (one pod, replaced with
+    # Recreate, not autoscaled), the folder a mounted volume
+    for n, t, r, owner in pods:
+        for c in t["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            argv = c.get("command", []) + c.get("args", [])
+            data = flag(argv, "--data-dir", env.get("DITD_DATA_DIR", ""))
+            if not data:
+                continue
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            vols = {v["name"]: v for v in t["spec"].get("volumes", [])}
+            claim = vols.get(mounts.get(data), {}).get("persistentVolumeClaim", {}).get("claimName")
+            check(claim and ("PersistentVolumeClaim", claim) in byname,
+                  f"{where} {n}: --data-dir {data} is a rendered PersistentVolumeClaim", claim)
+            spec = owner.get("spec", {})
+            scaled = [d for d in docs if d["kind"] == "ScaledObject"
+                      and d["spec"]["scaleTargetRef"]["name"] == owner["metadata"]["name"]]
+            check(owner["kind"] == "Deployment" and spec.get("replicas") == 1 and
+                  spec.get("strategy", {}).get("type") == "Recreate" and not scaled,
+                  f"{where} {n}: one writer per job store (1 replica, Recreate, no autoscaler)",
+                  (spec.get("replicas"), spec.get("strategy"), len(scaled)))
+            stores.append(n)
 
 
 def main():
@@ -228,6 +253,7 @@ def main():
             kinds.add(d["kind"])
         check_wiring(target, docs)
     check(total >= 22, "validated at least 22 rendered resources", total)
+    check(len(stores) >= 1, "a rendering keeps its job store on a claim (overlays/cpu-jobs)", stores)
     check({"Deployment", "LeaderWorkerSet", "ScaledObject", "ServiceMonitor", "PodDisruptionBudget",
            "Service", "NetworkPolicy", "PersistentVolumeClaim"} <= kinds, "every kind was rendered",
           sorted(kinds))
