@@ -116,6 +116,7 @@ struct ditd_job {
     size_t resp_len;
     int resp_status;
     int probed;                   /* a half-close probe was written (routes.c) */
+    int http10;                   /* the request was HTTP/1.0: no probe (no 1xx answer) */
     int status;                   /* the status sent, for metrics and the log */
     ditd_sse_ev *ev_head, **ev_tail;
     char *out;

@@ -36,6 +36,7 @@ enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_
         return MHD_NO;
     req->job = j;
     j->conn = c;
+    j->http10 = req->http10;
     const char *acc = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept");
     j->want_png = acc && strstr(acc, "image/png") != NULL;
     ditd_api_error e;

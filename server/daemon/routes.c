@@ -365,12 +365,12 @@ enum MHD_Result ditd__on_request(void *cls, struct MHD_Connection *c, const char
 {
     ditd_srv *s = cls;
     route_conn *rc = *ctx;
-    (void)version;
 
     if (!rc) {
         if (!(rc = calloc(1, sizeof *rc)))
             return MHD_NO;
         *ctx = rc;
+        rc->rq.http10 = version && !strcmp(version, MHD_HTTP_VERSION_1_0);
         return on_headers(s, c, url, method, rc);
     }
     ditd_route_req *rq = &rc->rq;
@@ -469,10 +469,12 @@ void ditd__on_completed(void *cls, struct MHD_Connection *c, void **ctx,
  * An end of stream alone does not say it: a client that half-closed
  * (shutdown(SHUT_WR) after its request, as some proxies do) still reads.
  * So on the first end of stream an interim answer is written,
- * "HTTP/1.1 102 Processing" (every HTTP/1.1 client reads past 1xx
- * answers); a client that closed for good answers it with a reset, which
- * the next look sees. Over TLS nothing can be written outside the
- * session: an end of stream means gone. */
+ * "HTTP/1.1 102 Processing" (HTTP/1.1 clients read past 1xx answers); a
+ * client that closed for good answers it with a reset, which the next look
+ * sees. An HTTP/1.0 client must never get a 1xx answer (RFC 9110 15.2):
+ * for it an end of stream is taken as a half-close, and --request-timeout
+ * ends the wait of one that is gone. Over TLS nothing can be written
+ * outside the session: an end of stream means gone. */
 static int peer_gone(ditd_srv *s, struct MHD_Connection *c, ditd_job *j)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -487,6 +489,8 @@ static int peer_gone(ditd_srv *s, struct MHD_Connection *c, ditd_job *j)
         return 0; /* a pipelined request waits its turn */
     if (s->cfg.tls_cert[0])
         return 1;
+    if (j->http10)
+        return 0;
     if (!j->probed) {
         static const char probe[] = "HTTP/1.1 102 Processing\r\n\r\n";
         j->probed = 1;

@@ -40,6 +40,7 @@ typedef struct ditd_route_req {
     const ditd_route_row *row; /* NULL: no row matched (404 or 405) */
     ditd_route route;          /* the metrics label */
     int head;                  /* HEAD: no body is sent */
+    int http10;                /* an HTTP/1.0 request: it must never get a 1xx answer */
     int handled;               /* the handler ran (later calls are resumes) */
     char *id;                  /* the path's {id} or {name} (owned), or NULL */
     char owner[65];            /* the caller's key as a SHA-256 hex digest ("" without keys) */

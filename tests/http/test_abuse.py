@@ -447,6 +447,36 @@ def case_half_close(ditd):
         m = d.metrics()
         check(m.get('ditd_canceled_samples_total{model="%s"}' % MODEL_ID, 0) == 0,
               "nothing was canceled", m.get('ditd_canceled_samples_total{model="%s"}' % MODEL_ID))
+        # a request long enough (about a second) for the watch to see the half-close:
+        # HTTP/1.1 gets the 102 probe before its 200; HTTP/1.0 must never get a 1xx
+        # answer (RFC 9110 15.2): its 200 comes first
+        for ver in ("HTTP/1.1", "HTTP/1.0"):
+            s = conn(d.port, timeout=60)
+            s.sendall(raw_post("/v1/images/generations", dict(GEN, n=4, num_inference_steps=1000))
+                      .replace(b"HTTP/1.1", ver.encode(), 1))
+            s.shutdown(socket.SHUT_WR)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            s.close()
+            if ver == "HTTP/1.1":
+                check(data.startswith(b"HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 200"),
+                      "HTTP/1.1, half-closed, a long request: the 102 probe, then 200", data[:60])
+            else:
+                check(data.startswith(b"HTTP/1.1 200") and b" 102 " not in data,
+                      "HTTP/1.0, half-closed, a long request: 200 first, no 102", data[:60])
+        # http.client (what urllib and requests use) reads the answer of a long request
+        import http.client
+        hc = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+        hc.request("POST", "/v1/images/generations", json.dumps(dict(GEN, n=4, num_inference_steps=1000)),
+                   {"Content-Type": "application/json"})
+        r = hc.getresponse()
+        check(r.status == 200 and json.loads(r.read())["data"], "http.client: 200 with the image",
+              r.status)
+        hc.close()
     finally:
         rc = d.stop()
     check(rc == 0, "exit 0", rc)
