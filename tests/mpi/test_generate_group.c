@@ -5,6 +5,9 @@
  * tp layouts: latents within 1e-4 and PNGs within one 8-bit level of one
  * rank's, the VAE decoded by every rank of the group (its decode alone is
  * bit-identical to one rank: test_vae_parallel).
+ * LoRA adapters (docs/lora.md) on the tiny DiT under ulysses, ring, cfg and
+ * cfg x ulysses: latents within 1e-4 of Diffusers' float64 run
+ * (tests/fixtures/lora), and tp refused with its reason.
  *   test_generate_group DITD MPIRUN */
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +104,51 @@ static void latent_layout(const char *ditd, const char *mpirun, const char *mode
     remove(lat), remove(png), remove(rlat), remove(rpng);
 }
 
+/* Two adapters on the tiny DiT under a layout, against Diffusers. */
+static int lora_layout(const char *ditd, const char *mpirun, int np, const char *flags,
+                       const char *tmp)
+{
+    char cmd[8192], lat[256], want[4300], log[256];
+    const char *fx = tu_fixtures();
+    snprintf(lat, sizeof lat, "%s/ditd-lora-par-%d.npy", tmp, (int)getpid());
+    snprintf(log, sizeof log, "%s/ditd-lora-log-%d.txt", tmp, (int)getpid());
+    snprintf(want, sizeof want, "%s/lora/dit_two_out.npy", fx);
+    snprintf(cmd, sizeof cmd,
+             "%s --oversubscribe -np %d %s generate --model %s/models/tiny-p2-c1-h6 --class 3 "
+             "--steps 6 --guidance 4 --sampler flow-euler --latents %s/lora/dit_two_noise.npy "
+             "--lora d4=%s/lora/dit_r4_peft.safetensors "
+             "--lora d8=%s/lora/dit_r8_some_downup.safetensors --lora-scale d8=0.5 "
+             "--save-latents %s -q --threads 1 %s 2>%s",
+             mpirun, np, ditd, fx, fx, fx, fx, lat, flags, log);
+    int rc = run(cmd);
+    if (strstr(flags, "--tp-degree")) { /* refused, with the reason */
+        FILE *f = fopen(log, "r");
+        char text[8192] = "";
+        if (f) {
+            size_t k = fread(text, 1, sizeof text - 1, f);
+            text[k] = 0;
+            fclose(f);
+        }
+        TU_CHECK(rc != 0 && strstr(text, "tensor parallel"), "LoRA under %s refused (rc %d): %s",
+                 flags, rc, text);
+        remove(log);
+        return rc != 0;
+    }
+    TU_CHECK(rc == 0, "LoRA under %s", flags);
+    size_t na = 0, nb = 0;
+    float *a = rc == 0 ? load(lat, &na) : NULL, *b = load(want, &nb);
+    int ok = a && b && na == nb;
+    TU_CHECK(ok, "LoRA under %s: latents of both (%zu, %zu)", flags, na, nb);
+    if (ok) {
+        char what[256];
+        snprintf(what, sizeof what, "LoRA d4 + 0.5 d8 under %s vs Diffusers", flags);
+        TU_CLOSE(what, a, b, na, 1e-4);
+    }
+    free(a), free(b);
+    remove(lat), remove(log);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     char cmd[8192], model[4096], ref[256], par[256], log[256];
@@ -159,5 +207,14 @@ int main(int argc, char **argv)
     latent_layout(ditd, mpirun, model, 2, "--cfg-degree 2", tmp), layouts++;
     latent_layout(ditd, mpirun, model, 3, "--ring-degree 3", tmp), layouts++;
     TU_CHECK(layouts == 3, "latent layouts checked: %d", layouts);
+
+    /* LoRA adapters under the layouts the tiny DiT's 6 heads allow */
+    int lora = 0;
+    lora += lora_layout(ditd, mpirun, 2, "--ulysses-degree 2", tmp);
+    lora += lora_layout(ditd, mpirun, 2, "--ring-degree 2 --ring-rotate p2p", tmp);
+    lora += lora_layout(ditd, mpirun, 2, "--cfg-degree 2", tmp);
+    lora += lora_layout(ditd, mpirun, 4, "--cfg-degree 2 --ulysses-degree 2", tmp);
+    lora += lora_layout(ditd, mpirun, 2, "--tp-degree 2", tmp);
+    TU_CHECK(lora == 5, "LoRA layouts checked: %d of 5", lora);
     return tu_exit();
 }
