@@ -7,7 +7,9 @@
  * bit-identical to one rank: test_vae_parallel).
  * LoRA adapters (docs/lora.md) on the tiny DiT under ulysses, ring, cfg and
  * cfg x ulysses: latents within 1e-4 of Diffusers' float64 run
- * (tests/fixtures/lora), and tp refused with its reason.
+ * (tests/fixtures/lora), and tp refused with its reason; FLUX.1-dev (the
+ * assembled tiny folder, third argument) with adapters under ulysses and
+ * ring against one rank.
  *   test_generate_group DITD MPIRUN */
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,11 +151,53 @@ static int lora_layout(const char *ditd, const char *mpirun, int np, const char 
     return ok;
 }
 
+/* FLUX.1-dev (the assembled tiny folder) with two adapters under a layout,
+ * against one rank with the same adapters. */
+static int flux_lora_layout(const char *ditd, const char *mpirun, const char *dev, int np,
+                            const char *flags, const char *tmp)
+{
+    char cmd[8192], ref[256], par[256], base[256], common[4096];
+    const char *fx = tu_fixtures();
+    snprintf(ref, sizeof ref, "%s/ditd-flora-ref-%d.npy", tmp, (int)getpid());
+    snprintf(par, sizeof par, "%s/ditd-flora-par-%d.npy", tmp, (int)getpid());
+    snprintf(base, sizeof base, "%s/ditd-flora-base-%d.npy", tmp, (int)getpid());
+    snprintf(common, sizeof common,
+             "--model %s --prompt \"a red cube\" --size 64x64 --steps 3 --seed 4 "
+             "--max-sequence-length 32 -q --threads 1",
+             dev);
+    char loras[4096];
+    snprintf(loras, sizeof loras,
+             "--lora f4=%s/lora/flux_r4_peft.safetensors "
+             "--lora f8k=%s/lora/flux_r8_some_kohya.safetensors --lora-scale f8k=0.5",
+             fx, fx);
+    snprintf(cmd, sizeof cmd, "%s generate %s --save-latents %s", ditd, common, base);
+    TU_CHECK(run(cmd) == 0, "FLUX, one rank, no adapters");
+    snprintf(cmd, sizeof cmd, "%s generate %s %s --save-latents %s", ditd, common, loras, ref);
+    TU_CHECK(run(cmd) == 0, "FLUX, one rank, adapters");
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s generate %s %s --save-latents %s %s",
+             mpirun, np, ditd, common, loras, par, flags);
+    TU_CHECK(run(cmd) == 0, "FLUX with adapters under %s", flags);
+    size_t na = 0, nb = 0, nc = 0;
+    float *a = load(par, &na), *b = load(ref, &nb), *c = load(base, &nc);
+    int ok = a && b && c && na == nb && nb == nc;
+    TU_CHECK(ok, "FLUX latents (%zu, %zu, %zu)", na, nb, nc);
+    if (ok) {
+        char what[256];
+        snprintf(what, sizeof what, "FLUX, f4 + 0.5 f8k under %s vs one rank", flags);
+        TU_CLOSE(what, a, b, na, 1e-4);
+        tu_err e = tu_compare(b, c, nb);
+        TU_CHECK(e.rel > 1e-2, "the adapters change FLUX's latents (rel %.3g)", e.rel);
+    }
+    free(a), free(b), free(c);
+    remove(ref), remove(par), remove(base);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     char cmd[8192], model[4096], ref[256], par[256], log[256];
-    if (argc != 3) {
-        fprintf(stderr, "usage: test_generate_group DITD MPIRUN\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: test_generate_group DITD MPIRUN [FLUX_DEV_FOLDER]\n");
         return 2;
     }
     const char *ditd = argv[1], *mpirun = argv[2];
@@ -216,5 +260,11 @@ int main(int argc, char **argv)
     lora += lora_layout(ditd, mpirun, 4, "--cfg-degree 2 --ulysses-degree 2", tmp);
     lora += lora_layout(ditd, mpirun, 2, "--tp-degree 2", tmp);
     TU_CHECK(lora == 5, "LoRA layouts checked: %d of 5", lora);
+    if (argc == 4) {
+        int fl = 0;
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, "--ulysses-degree 2", tmp);
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, "--ring-degree 2 --ring-rotate p2p", tmp);
+        TU_CHECK(fl == 2, "FLUX LoRA layouts checked: %d of 2", fl);
+    }
     return tu_exit();
 }
