@@ -283,6 +283,16 @@ typedef struct ditd_backend_ops {
     /* y = a x + b y over n activations (x NULL: y = b y); round_bf16: the
      * result rounded to bfloat16 (a no-op where activations are bf16). */
     void (*axpby)(void *y, const void *x, float a, float b, size_t n, int round_bf16);
+    /* ---- LoRA adapters, unmerged (engine/models/lora.h, docs/lora.md);
+     * NULL where a backend lacks it (adapters are then refused) ----
+     * y (M, N) rows of stride ldy = act(y + s (x A^T) B^T): x (M, K) rows
+     * of stride ldx, A (r, K) and B (N, r) in the ACTIVATION type (put there
+     * by upload), tmp M * r floats of fp32 device scratch. The activation a
+     * linear would fuse comes after the adapter's term: the caller runs the
+     * linear without it and passes it here. r == 0 or s == 0: y = act(y)
+     * only (rows of a batch that carry no adapter on this layer). */
+    void (*lora)(const void *x, size_t ldx, const void *a, const void *b, float s, void *y,
+                 size_t ldy, int M, int N, int K, int r, float *tmp, ditd_act act);
 } ditd_backend_ops;
 
 extern const ditd_backend_ops ditd_backend_cpu;

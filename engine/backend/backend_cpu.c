@@ -176,6 +176,12 @@ static int cpu_pack_linear_bf16(void *w, int N, int K)
     return pack_any(w, 1, N, K);
 }
 
+static void cpu_lora(const void *x, size_t ldx, const void *a, const void *b, float s, void *y,
+                     size_t ldy, int M, int N, int K, int r, float *tmp, ditd_act act)
+{
+    ditd_cpu_lora(x, ldx, a, b, s, y, ldy, M, N, K, r, tmp, cpu_act(act));
+}
+
 static void cpu_act_apply(const void *x, void *y, size_t n, ditd_act act)
 {
     if (x != y)
@@ -446,6 +452,7 @@ const ditd_backend_ops ditd_backend_cpu = {
     .dupup3d_frame = cpu_dupup3d_frame,
     .row_diff_stats = cpu_row_diff_stats,
     .axpby = cpu_axpby,
+    .lora = cpu_lora,
 };
 
 /* The same table with bf16 weights: only the ops that read weights differ. */
@@ -487,6 +494,7 @@ const ditd_backend_ops ditd_backend_cpu_bf16 = {
     .upload_f32 = cpu_upload,
     .row_diff_stats = cpu_row_diff_stats,
     .axpby = cpu_axpby,
+    .lora = cpu_lora,
 };
 
 const char *ditd_backend_cpu_gemm_info(void)

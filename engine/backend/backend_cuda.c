@@ -403,6 +403,12 @@ static void cu_axpby(void *y, const void *x, float a, float b, size_t n, int rou
     keep(ditd_cuda_axpby(y, x, a, b, n, CS), "axpby");
 }
 
+static void cu_lora(const void *x, size_t ldx, const void *a, const void *b, float s, void *y,
+                    size_t ldy, int M, int N, int K, int r, float *tmp, ditd_act act)
+{
+    keep(ditd_cuda_lora(x, ldx, a, b, s, y, ldy, M, N, K, r, tmp, cuda_act(act), CS), "lora");
+}
+
 static void cu_groupnorm_apply(const void *x, size_t psx, void *y, size_t psy, int B, int C,
                                int rows, int W, int G, const float *h_mean, const float *h_rstd,
                                const void *gamma, const void *beta, int silu)
@@ -496,6 +502,7 @@ static const ditd_backend_ops cuda_ops = {
     .groupnorm_stats = cu_groupnorm_stats,
     .row_diff_stats = cu_row_diff_stats,
     .axpby = cu_axpby,
+    .lora = cu_lora,
     .groupnorm_apply = cu_groupnorm_apply,
     .upsample_nearest2x = cu_upsample_nearest2x,
     .planes_to_tokens = cu_planes_to_tokens,

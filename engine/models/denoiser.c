@@ -68,6 +68,9 @@ int ditd_denoiser_load(const ditd_denoiser_family *f, const char *dir,
     d->family = f;
     d->max_batch = max_batch;
     d->cache = NULL; /* step caching is the pipeline's to set, per batch */
+    d->loras = NULL; /* and so are the adapters of the rows */
+    if (d->n_lora_targets <= 0 && !d->lora_refusal)
+        d->lora_refusal = "this model family does not take LoRA adapters yet";
     if (!f->module_name)
         d->cache_modules = 0;
     if ((err = ditd_denoiser_shapes_check(&d->shapes, f->class_name))) {

@@ -34,6 +34,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/models/conditioning.h"
+#include "engine/models/lora.h"
 #include "engine/parallel/mesh.h"
 
 /* What a family reads from its config: enough to plan buffers, check a
@@ -166,6 +167,16 @@ struct ditd_denoiser {
     size_t cache_img_elems;    /* n_img * D of this rank: elements of one row of streams->img */
     /* set by the pipeline around a batch (borrowed); NULL: no caching */
     const ditd_denoiser_cache *cache;
+    /* LoRA adapters (engine/models/lora.h, docs/lora.md): the linears an
+     * adapter may target, set by the family at load (owned by it; 0
+     * targets: this model takes no adapters, lora_refusal says why); and,
+     * set by the pipeline around each forward (borrowed), the adapter set
+     * of each forward row (B entries, a NULL entry: none); NULL: no row
+     * carries one, the forward is exactly the base model's. */
+    const ditd_lora_target *lora_targets;
+    int n_lora_targets;
+    const char *lora_refusal;
+    const ditd_lora_set *const *loras;
 };
 
 /* The checks every family's shapes get (positive sizes, conditioning

@@ -89,10 +89,11 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     /* step caching: its states; buffers are planned per batch (step_cache.h) */
     p->row_sample = malloc(n2 * sizeof(int));
     p->row_branch = malloc(n2);
+    p->row_lora = calloc(n2, sizeof *p->row_lora);
     if ((err = ditd_step_cache_new(ops, p->mesh, max_samples, &p->scache)))
         goto fail;
     if (!p->ctl || !p->cond_row || !p->uncond_row || !p->skip_row || !p->h_t || !p->row_sample ||
-        !p->row_branch) {
+        !p->row_branch || !p->row_lora) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
         goto fail;
     }
@@ -204,6 +205,7 @@ void ditd_pipeline_free(ditd_pipeline *p)
     ditd_step_cache_free(p->scache);
     free(p->row_sample);
     free(p->row_branch);
+    free(p->row_lora);
     free(p);
 }
 
@@ -279,6 +281,27 @@ void ditd_pipeline_cache_stats(const ditd_pipeline *p, int i, ditd_cache_stats *
     ditd_step_cache_sample_stats(p->scache, i, out);
 }
 
+int ditd_pipeline_check_loras(const ditd_pipeline *p, const ditd_lora_set *s)
+{
+    if (!s)
+        return 0;
+    if (s->n < 0 || s->n > DITD_LORA_MAX_SET)
+        return ditd_err_set(DITD_EINVAL, "%d LoRA adapters on one image (0..%d)", s->n,
+                            DITD_LORA_MAX_SET);
+    if (s->n > 0 && p->den->n_lora_targets <= 0)
+        return ditd_err_set(DITD_EUNSUPPORTED, "LoRA adapters: %s", p->den->lora_refusal);
+    for (int i = 0; i < s->n; i++) {
+        if (!s->ad[i] || s->ad[i]->n_targets != p->den->n_lora_targets ||
+            s->ad[i]->ops != p->ops)
+            return ditd_err_set(DITD_EINVAL, "LoRA adapter %s was not loaded for this model",
+                                s->ad[i] ? s->ad[i]->name : "(null)");
+        if (!isfinite(s->weight[i]))
+            return ditd_err_set(DITD_EINVAL, "LoRA adapter %s: scale %g is not finite",
+                                s->ad[i]->name, (double)s->weight[i]);
+    }
+    return 0;
+}
+
 /* One forward of rows [r0, r0 + nr) of the planned inputs, with the
  * layers skipped when skip is set. */
 static int forward_rows(ditd_pipeline *p, int r0, int nr, const ditd_gen_params *skip)
@@ -291,9 +314,18 @@ static int forward_rows(ditd_pipeline *p, int r0, int nr, const ditd_gen_params 
         c.skip_layers = skip->skip_layers;
         c.n_skip_layers = skip->n_skip_layers;
     }
-    return ditd_denoiser_forward(p->cur, nr, ditd_ptr_act(ops, p->model_in, (size_t)r0 * p->numel),
-                                 p->h_t + r0, &c,
-                                 ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out));
+    /* the rows' adapters (engine/models/lora.h), for this forward only */
+    const ditd_lora_set *const *ls = NULL;
+    for (int r = r0; r < r0 + nr && !ls; r++)
+        if (p->row_lora[r])
+            ls = p->row_lora + r0;
+    p->cur->loras = ls;
+    int err = ditd_denoiser_forward(p->cur, nr,
+                                    ditd_ptr_act(ops, p->model_in, (size_t)r0 * p->numel),
+                                    p->h_t + r0, &c,
+                                    ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out));
+    p->cur->loras = NULL;
+    return err;
 }
 
 /* The step's forwards: rows [0, rc) conditional, [rc, ru) unconditional,
@@ -364,6 +396,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         if (samples[i].has_guidance_2 &&
             (!isfinite(samples[i].guidance_2) || samples[i].guidance_2 < 0))
             return ditd_err_set(DITD_EINVAL, "guidance_scale_2 %g", (double)samples[i].guidance_2);
+        if ((err = ditd_pipeline_check_loras(p, samples[i].loras)))
+            return err;
     }
     if (p->den2 && p->cache_cfg.method != DITD_CACHE_NONE)
         return ditd_err_set(DITD_EUNSUPPORTED, "step caching with two experts (%s/transformer_2) "
@@ -424,6 +458,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 return err;
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
+            p->row_lora[rows] = samples[i].loras;
             ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
                         p->lat + (size_t)i * numel, numel);
             rows++;
@@ -440,6 +475,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 return err;
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
+            p->row_lora[rows] = samples[i].loras;
             ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
                         p->lat + (size_t)i * numel, numel);
             rows++;
@@ -456,6 +492,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 return err;
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
+            p->row_lora[rows] = samples[i].loras;
             ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
                         p->lat + (size_t)i * numel, numel);
             rows++;

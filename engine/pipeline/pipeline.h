@@ -78,6 +78,9 @@ typedef struct ditd_gen_sample {
                                  * guidance_scale_2); without it guidance. Whether the
                                  * unconditional pass runs is guidance's decision alone,
                                  * as in WanPipeline */
+    const ditd_lora_set *loras; /* LoRA adapters and their scales for every forward row
+                                 * of this sample (borrowed; NULL: none). Samples of one
+                                 * batch may carry different sets (engine/models/lora.h) */
 } ditd_gen_sample;
 
 /* Called after every step on the calling thread: step is 1-based. x0 is
@@ -123,6 +126,7 @@ typedef struct ditd_pipeline {
     ditd_cache_config cache_cfg; /* what ditd_pipeline_set_cache() gave (method none: off) */
     int *row_sample;             /* (2n) the step's forward rows: sample and branch */
     uint8_t *row_branch;
+    const ditd_lora_set **row_lora; /* (max_rows) the step's forward rows: their adapters */
 } ditd_pipeline;
 
 /* Loads the transformer weights of `info` for up to max_samples images per
@@ -173,6 +177,12 @@ int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int w
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud);
+
+/* Whether a sample's adapter set can run on this pipeline's model: 0, or
+ * DITD_EUNSUPPORTED (the model takes no adapters: its reason) /
+ * DITD_EINVAL (too many, an adapter uploaded for another model, a scale
+ * not finite). ditd_pipeline_generate checks every sample's. */
+int ditd_pipeline_check_loras(const ditd_pipeline *p, const ditd_lora_set *s);
 
 /* Step caching (engine/pipeline/step_cache.h) for the batches that follow:
  * cfg is copied (NULL or method none: every step computes); checked as

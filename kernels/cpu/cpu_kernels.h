@@ -122,6 +122,13 @@ double ditd_cpu_fma_peak_gflops(int threads, double seconds, int *bits);
 /* y = act(x), elementwise, in place allowed. */
 void ditd_cpu_act_apply(float *y, size_t n, ditd_cpu_act act);
 
+/* LoRA (kernels/cpu/lora.c): y (M, N), rows of stride ldy, = act(y + s (x
+ * A^T) B^T) with x (M, K) rows of stride ldx, A (r, K), B (N, r); tmp holds
+ * M * r floats. r == 0 or s == 0: y = act(y) only. The activation comes
+ * after the adapter's term (PEFT wraps the Linear, not its activation). */
+void ditd_cpu_lora(const float *x, size_t ldx, const float *a, const float *b, float s, float *y,
+                   size_t ldy, int M, int N, int K, int r, float *tmp, ditd_cpu_act act);
+
 /* Row-wise LayerNorm without affine, then adaLN modulation:
  *   y[b, n, :] = (x - mean) / sqrt(var + eps) * (1 + scale[b, :]) + shift[b, :]
  * x, y: (B, N, D), y may alias x. shift/scale: rows of D for each b with row

@@ -96,6 +96,13 @@ int ditd_cuda_add(void *y, const void *x, size_t n, ditd_cuda_stream s);
 /* Step caching (engine/pipeline/step_cache.c): y = a x + b y over n
  * elements (x NULL: y = b y), fp32 arithmetic, stored bf16. */
 int ditd_cuda_axpby(void *y, const void *x, float a, float b, size_t n, ditd_cuda_stream s);
+
+/* LoRA (kernels/cuda/lora.cu): y (M, N) bf16 rows of stride ldy = act(y + s
+ * (x A^T) B^T), x (M, K) rows of stride ldx, A (r, K), B (N, r) bf16; tmp
+ * (M * r) fp32 device scratch. r == 0 or s == 0: y = act(y) only. */
+int ditd_cuda_lora(const void *x, size_t ldx, const void *a, const void *b, float s, void *y,
+                   size_t ldy, int M, int N, int K, int r, float *tmp, ditd_cuda_act act,
+                   ditd_cuda_stream st);
 /* Per row of a and b (rows, D) bf16: d_out[4r..4r+3] = sum |a - b|, sum |b|,
  * sum a^2, sum b^2 in float64, one block per row and a fixed reduction
  * tree (the same bits every run); b NULL: only sum a^2. d_out device. */

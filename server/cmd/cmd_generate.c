@@ -1,6 +1,7 @@
 /* `ditd generate`: one batch of images to PNG files, no server. Also the
  * way to reproduce a Diffusers run exactly: --latents gives the initial
  * noise, --save-latents writes the final latents. */
+#include <ctype.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,9 @@ static void usage(FILE *f)
             "  --guidance-2 G       two experts (Wan 2.2 A14B): guidance_scale_2, the low-noise\n"
             "                       expert's scale (default: --guidance)\n"
             "  --sampler NAME       %s (default: the model's)\n"
+            "  --lora NAME=PATH     a LoRA adapter (.safetensors: PEFT/Diffusers or kohya names)\n"
+            "                       applied unmerged at scale 1; repeatable (docs/lora.md)\n"
+            "  --lora-scale NAME=S  the scale of adapter NAME (Diffusers' adapter_weights)\n"
             "  --cache SPEC         step caching: METHOD[:key=value,...] with METHOD\n"
             "                       first_block_cache | taylorseer_cache | mag_cache | none\n"
             "                       and the Diffusers config's fields, e.g.\n"
@@ -228,12 +232,101 @@ static int write_clips(ditd_latent_video *lv, const float *lat, int n, int T, in
     return 0;
 }
 
+/* --lora NAME=PATH (repeatable) and --lora-scale NAME=S, as given. */
+typedef struct lora_args {
+    int n;
+    char name[DITD_LORA_MAX_SET][64];
+    const char *path[DITD_LORA_MAX_SET];
+    float scale[DITD_LORA_MAX_SET];
+    int n_scale;
+    char scale_name[DITD_LORA_MAX_SET][64];
+    float scale_val[DITD_LORA_MAX_SET];
+} lora_args;
+
+/* NAME=VALUE into name (letters, digits, '_', '-', '.'; 1..63) and *val. */
+static int name_eq(const char *arg, const char *opt, char name[64], const char **val)
+{
+    const char *eq = strchr(arg, '=');
+    size_t len = eq ? (size_t)(eq - arg) : 0;
+    if (!eq || len == 0 || len >= 64 || !eq[1])
+        return ditd_err_set(DITD_EINVAL, "%s \"%s\": expected NAME=%s", opt, arg,
+                            strcmp(opt, "--lora") ? "SCALE" : "PATH");
+    for (size_t i = 0; i < len; i++)
+        if (!isalnum((unsigned char)arg[i]) && !strchr("_-.", arg[i]))
+            return ditd_err_set(DITD_EINVAL, "%s \"%s\": an adapter name takes letters, digits, "
+                                             "'_', '-' and '.'",
+                                opt, arg);
+    memcpy(name, arg, len);
+    name[len] = '\0';
+    *val = eq + 1;
+    return 0;
+}
+
+static int lora_arg(lora_args *la, const char *arg)
+{
+    const char *path;
+    int err;
+    if (la->n == DITD_LORA_MAX_SET)
+        return ditd_err_set(DITD_EINVAL, "--lora: at most %d adapters", DITD_LORA_MAX_SET);
+    if ((err = name_eq(arg, "--lora", la->name[la->n], &path)))
+        return err;
+    for (int i = 0; i < la->n; i++)
+        if (!strcmp(la->name[i], la->name[la->n]))
+            return ditd_err_set(DITD_EINVAL, "--lora: adapter name %s given twice", la->name[i]);
+    la->path[la->n] = path;
+    la->scale[la->n++] = 1.0f;
+    return 0;
+}
+
+static int lora_scale_arg(lora_args *la, const char *arg)
+{
+    const char *v;
+    double s;
+    int err;
+    if (la->n_scale == DITD_LORA_MAX_SET)
+        return ditd_err_set(DITD_EINVAL, "--lora-scale: at most %d", DITD_LORA_MAX_SET);
+    if ((err = name_eq(arg, "--lora-scale", la->scale_name[la->n_scale], &v)) ||
+        (err = ditd_parse_double(v, -100, 100, "--lora-scale", &s)))
+        return err;
+    la->scale_val[la->n_scale++] = (float)s;
+    return 0;
+}
+
+/* Opens and uploads every --lora for the pipeline's model into *set. On an
+ * error, says so (naming the option and the file) and returns it; what was
+ * uploaded is in *set for the caller to free. */
+static int lora_load(const lora_args *la, ditd_pipeline *p, ditd_lora_set *set)
+{
+    int err;
+    for (int i = 0; i < la->n; i++) {
+        ditd_lora *l = NULL;
+        ditd_lora_dev *d = NULL;
+        if (p->den->n_lora_targets <= 0) {
+            fprintf(stderr, "ditd generate: --lora %s: %s\n", la->name[i], p->den->lora_refusal);
+            return DITD_EUNSUPPORTED;
+        }
+        if ((err = ditd_lora_open(la->path[i], la->name[i], p->den->lora_targets,
+                                  p->den->n_lora_targets, &l)) ||
+            (err = ditd_lora_dev_new(l, p->ops, p->den->n_lora_targets, &d))) {
+            fprintf(stderr, "ditd generate: --lora %s=%s: %s: %s\n", la->name[i], la->path[i],
+                    ditd_err_name(err), ditd_err_detail());
+            ditd_lora_free(l);
+            return err;
+        }
+        set->ad[set->n] = d;
+        set->weight[set->n++] = la->scale[i];
+        ditd_lora_free(l);
+    }
+    return 0;
+}
+
 int ditd_cmd_generate(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
-           O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2 };
+           O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2, O_LORA,
+           O_LORA_SCALE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -260,6 +353,8 @@ int ditd_cmd_generate(int argc, char **argv)
         {"slg-start", required_argument, 0, O_SLG_START},
         {"slg-stop", required_argument, 0, O_SLG_STOP},
         {"cache", required_argument, 0, O_CACHE},
+        {"lora", required_argument, 0, O_LORA},
+        {"lora-scale", required_argument, 0, O_LORA_SCALE},
         {"frames", required_argument, 0, O_FRAMES},
         {"save-frames", no_argument, 0, O_SAVE_FRAMES},
         DITD_LAYOUT_LONGOPTS,
@@ -285,6 +380,8 @@ int ditd_cmd_generate(int argc, char **argv)
     double guidance = -1, guidance_2 = -1;
     progress pr = {0};
     ditd_cache_config cache_cfg; /* --cache (method none: off) */
+    lora_args la = {0};          /* --lora, --lora-scale */
+    ditd_lora_set lora_set = {0};
     int c, err, rc = 1;
 
     ditd_cache_config_default(DITD_CACHE_NONE, &cache_cfg);
@@ -327,6 +424,8 @@ int ditd_cmd_generate(int argc, char **argv)
             }
             break;
         case O_FRAMES: err = ditd_parse_long(optarg, 1, 100000, "--frames", &frames); break;
+        case O_LORA: err = lora_arg(&la, optarg); break;
+        case O_LORA_SCALE: err = lora_scale_arg(&la, optarg); break;
         case O_SAVE_FRAMES: save_frames = 1; break;
         case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &true_cfg); break;
         case O_SIZE: err = parse_size(optarg, &size_w, &size_h); break;
@@ -348,6 +447,17 @@ int ditd_cmd_generate(int argc, char **argv)
             fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
             return 2;
         }
+    }
+    for (int i = 0; i < la.n_scale; i++) {
+        int k = 0;
+        while (k < la.n && strcmp(la.name[k], la.scale_name[i]))
+            k++;
+        if (k == la.n) {
+            fprintf(stderr, "ditd generate: --lora-scale %s: no --lora %s=PATH given\n",
+                    la.scale_name[i], la.scale_name[i]);
+            return 2;
+        }
+        la.scale[k] = la.scale_val[i];
     }
     if (optind < argc) {
         fprintf(stderr, "ditd generate: unexpected argument \"%s\"\n", argv[optind]);
@@ -587,6 +697,8 @@ int ditd_cmd_generate(int argc, char **argv)
         fail("encoding the prompt", err);
         goto done;
     }
+    if ((err = lora_load(&la, pipe, &lora_set)))
+        goto done;
     gp.sampler = pipe->sched_base.kind;
     if (sampler_str && (err = ditd_sampler_kind_from_str(sampler_str, &gp.sampler))) {
         fail("--sampler", err);
@@ -646,6 +758,7 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].true_cfg = (float)true_cfg;
         samples[i].has_guidance_2 = guidance_2 >= 0;
         samples[i].guidance_2 = (float)guidance_2;
+        samples[i].loras = lora_set.n ? &lora_set : NULL;
     }
     if ((err = ditd_pipeline_set_cache(pipe, &cache_cfg))) { /* every rank alike */
         fail("--cache", err);
@@ -727,6 +840,8 @@ done:
     ditd_latent_video_free(lv);
     free(vid);
     ditd_latent_image_free(li);
+    for (int i = 0; i < lora_set.n; i++)
+        ditd_lora_dev_free((ditd_lora_dev *)lora_set.ad[i]);
     ditd_pipeline_free(pipe);
 done_info:
     ditd_prompt_encoder_free(penc);

@@ -215,6 +215,42 @@ def main():
     write("st_index", "no-shard-file", idx({"a": "s9.safetensors"}))
     write("st_index", "bad-json", b'{"weight_map": {"a": "s1.safetensors"')
 
+    # --- LoRA adapters (fuzz_lora: targets to_q (3, 2), ff.net.0.proj (4, 2),
+    # proj_out (2, 4)) --------------------------------------------------
+    q = "transformer.transformer_blocks.0.attn1.to_q"
+    write("lora", "peft", st({q + ".lora_A.weight": ("F32", [2, 2], (0, 16)),
+                              q + ".lora_B.weight": ("F32", [3, 2], (16, 40))},
+                             f32(*[0.1 * i for i in range(10)])))
+    write("lora", "peft-alpha-f16", st({q + ".alpha": ("F16", [], (0, 2)),
+                                        q + ".lora_down.weight": ("F16", [1, 2], (2, 6)),
+                                        q + ".lora_up.weight": ("F16", [3, 1], (6, 12))},
+                                       struct.pack("<6H", 0x4000, 0x3C00, 0xBC00, 0x3800,
+                                                   0x3400, 0x3000)))
+    k = "lora_unet_transformer_blocks_0_ff_net_0_proj"
+    p = "lora_unet_proj_out"
+    write("lora", "kohya-two", st({k + ".alpha": ("F32", [], (0, 4)),
+                                   k + ".lora_down.weight": ("BF16", [1, 2], (4, 8)),
+                                   k + ".lora_up.weight": ("BF16", [4, 1], (8, 16)),
+                                   p + ".lora_down.weight": ("F32", [1, 4], (16, 32)),
+                                   p + ".lora_up.weight": ("F32", [2, 1], (32, 40))},
+                                  f32(4.0) + struct.pack("<6H", 0x3F80, 0xBF80, 0x3F00, 0x3E80,
+                                                         0x3E00, 0x3D80)
+                                  + f32(1, 2, 3, 4, 0.5, -0.5)))
+    write("lora", "unknown-module", st({"transformer.x.lora_A.weight": ("F32", [1, 2], (0, 8))},
+                                       f32(1, 2)))
+    write("lora", "wrong-shape", st({q + ".lora_A.weight": ("F32", [2, 3], (0, 24)),
+                                     q + ".lora_B.weight": ("F32", [3, 2], (24, 48))},
+                                    f32(*range(12))))
+    write("lora", "no-b", st({q + ".lora_A.weight": ("F32", [2, 2], (0, 16))}, f32(1, 2, 3, 4)))
+    write("lora", "nan", st({q + ".lora_A.weight": ("F32", [1, 2], (0, 8)),
+                             q + ".lora_B.weight": ("F32", [3, 1], (8, 20))},
+                            f32(1, float("nan"), 1, 2, 3)))
+    write("lora", "text-encoder", st({"lora_te_x.lora_down.weight": ("F32", [1, 2], (0, 8))},
+                                     f32(1, 2)))
+    write("lora", "truncated", st({q + ".lora_A.weight": ("F32", [2, 2], (0, 16)),
+                                   q + ".lora_B.weight": ("F32", [3, 2], (16, 40))},
+                                  f32(*range(7))))
+
 
 if __name__ == "__main__":
     main()

@@ -72,7 +72,7 @@ static void run_model(const char *dir, void *ud)
         json_t *labels = json_object_get(sc, "class_labels");
         int n = (int)json_array_size(labels);
         ditd_gen_params gp = {.steps = (int)json_integer_value(json_object_get(sc, "steps"))};
-        ditd_gen_sample samples[2];
+        ditd_gen_sample samples[2] = {0};
         char what[512];
         float *got32 = NULL, *got16 = NULL;
         TU_CHECK(sc && noise && ref && torch16 && n >= 1 && n <= 2, "%s case %zu incomplete", dir, i);

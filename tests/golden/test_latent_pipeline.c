@@ -58,7 +58,7 @@ int main(void)
                  "the fixture VAE has shift_factor 0.5 (DiTPipeline must ignore it)");
     if (p && li && noise && dec_in && pix_ref && n == 2) {
         ditd_gen_params gp = {.steps = (int)json_integer_value(json_object_get(cases, "steps"))};
-        ditd_gen_sample s[2];
+        ditd_gen_sample s[2] = {0};
         TU_OK(ditd_sampler_kind_from_str(json_string_value(json_object_get(cases, "sampler")), &gp.sampler));
         for (int i = 0; i < n; i++) {
             s[i].seed = 0;

@@ -56,7 +56,7 @@ static void run_model(const char *dir, void *ud)
             .steps = (int)json_integer_value(json_object_get(c, "steps")),
         };
         float guidance = (float)json_number_value(json_object_get(c, "guidance_scale"));
-        ditd_gen_sample samples[2];
+        ditd_gen_sample samples[2] = {0};
         int n = (int)json_array_size(labels);
         char what[512];
 

@@ -150,7 +150,7 @@ static void sampling_cases(const char *dir, const ditd_model_info *info, json_t 
         json_t *labels = json_object_get(c, "class_labels");
         ditd_gen_params gp = {.steps = (int)json_integer_value(json_object_get(c, "steps"))};
         float guidance = (float)json_number_value(json_object_get(c, "guidance_scale"));
-        ditd_gen_sample samples[2];
+        ditd_gen_sample samples[2] = {0};
         int n = (int)json_array_size(labels);
         char what[512];
         TU_OK(ditd_sampler_kind_from_str(json_string_value(json_object_get(c, "sampler")),

@@ -257,6 +257,31 @@ static void check_linear(int M, int N, int K, size_t ldx, size_t ldy, int bias, 
     free(x), free(w), free(b), free(y), free(gy);
 }
 
+/* ---- LoRA (kernels/cuda/lora.cu) ----
+ * y = act(y + s (x A^T) B^T) on a y the GPU and the CPU start from alike
+ * (rounded to bf16); columns past N (ldy > N) must stay as they were. The
+ * bound: the rank-r term in fp32, one bf16 rounding of y: LINEAR. */
+static void check_lora(int M, int N, int K, int r, size_t ldx, size_t ldy, float s, ditd_act act)
+{
+    shape sh = shp("mn", M, (int64_t)ldy, 0, 0);
+    char what[160];
+    float *x = rnd((size_t)M * ldx, 1.0f), *a = rnd((size_t)r * K + 1, 0.1f);
+    float *b = rnd((size_t)N * (r ? r : 1), 0.1f), *y = rnd((size_t)M * ldy, 1.0f);
+    float *tmp = zeros((size_t)M * (r ? r : 1));
+    void *dx = dev_in(x, (size_t)M * ldx), *da = dev_in(a, (size_t)r * K + 1);
+    void *db = dev_in(b, (size_t)N * (r ? r : 1)), *dy = dev_in(y, (size_t)M * ldy);
+    float *dt = dev_f32(NULL, (size_t)M * (r ? r : 1));
+    C->lora(x, ldx, a, b, s, y, ldy, M, N, K, r, tmp, act);
+    G->lora(dx, ldx, da, db, s, dy, ldy, M, N, K, r, dt, act);
+    float *gy = down(dy, (size_t)M * ldy);
+    snprintf(what, sizeof what, "lora M %d N %d K %d r %d ldx %zu ldy %zu s %g %s", M, N, K, r,
+             ldx, ldy, (double)s, ditd_act_name(act));
+    close_to(what, gy, y, &sh, LINEAR);
+    G->mem_free(dx, 0), G->mem_free(da, 0), G->mem_free(db, 0), G->mem_free(dy, 0);
+    cudaFree(dt);
+    free(x), free(a), free(b), free(y), free(tmp), free(gy);
+}
+
 /* ---- attention ---- */
 
 static void check_attention(int B, int Nq, int Nk, int H, int Dh, int fused)
@@ -832,6 +857,12 @@ static int run_checks(void)
     CHECK("linear/proj-out-fixture", check_linear(98, 8, 96, 96, 8, 1, DITD_ACT_NONE, 0));
     CHECK("linear/k4-fallback", check_linear(98, 96, 4, 4, 96, 0, DITD_ACT_GELU_TANH, 0));
     CHECK("linear/odd", check_linear(33, 30, 17, 17, 30, 1, DITD_ACT_SILU, 0));
+    /* LoRA: FLUX-ish qkv at rank 16, an MLP's fc1 with its GELU after the
+     * term, strided rows (a column block of a fused qkv), act only (r 0) */
+    CHECK("lora/qkv-r16", check_lora(256, 3072, 3072, 16, 3072, 3 * 3072, 1.0f, DITD_ACT_NONE));
+    CHECK("lora/fc1-gelu-r64", check_lora(130, 1536, 384, 64, 384, 1536, 0.5f, DITD_ACT_GELU_TANH));
+    CHECK("lora/strided-r4", check_lora(33, 48, 48, 4, 64, 144, -1.0f, DITD_ACT_SILU));
+    CHECK("lora/act-only", check_lora(17, 40, 24, 0, 24, 40, 1.0f, DITD_ACT_GELU_TANH));
     CHECK("attention/dit-xl-fused", check_attention(2, 256, 256, 16, 72, 1));
     CHECK("attention/n1024-dh64-fused", check_attention(1, 1024, 1024, 4, 64, 1));
     CHECK("attention/nk37-strided", check_attention(2, 100, 37, 3, 64, 0));

@@ -5,6 +5,11 @@
  * tp layouts: latents within 1e-4 and PNGs within one 8-bit level of one
  * rank's, the VAE decoded by every rank of the group (its decode alone is
  * bit-identical to one rank: test_vae_parallel).
+ * LoRA adapters (docs/lora.md) on the tiny DiT under ulysses, ring, cfg and
+ * cfg x ulysses: latents within 1e-4 of Diffusers' float64 run
+ * (tests/fixtures/lora), and tp refused with its reason; FLUX.1-dev (the
+ * assembled tiny folder, third argument) with adapters under ulysses and
+ * ring against one rank.
  *   test_generate_group DITD MPIRUN */
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,11 +106,98 @@ static void latent_layout(const char *ditd, const char *mpirun, const char *mode
     remove(lat), remove(png), remove(rlat), remove(rpng);
 }
 
+/* Two adapters on the tiny DiT under a layout, against Diffusers. */
+static int lora_layout(const char *ditd, const char *mpirun, int np, const char *flags,
+                       const char *tmp)
+{
+    char cmd[8192], lat[256], want[4300], log[256];
+    const char *fx = tu_fixtures();
+    snprintf(lat, sizeof lat, "%s/ditd-lora-par-%d.npy", tmp, (int)getpid());
+    snprintf(log, sizeof log, "%s/ditd-lora-log-%d.txt", tmp, (int)getpid());
+    snprintf(want, sizeof want, "%s/lora/dit_two_out.npy", fx);
+    snprintf(cmd, sizeof cmd,
+             "%s --oversubscribe -np %d %s generate --model %s/models/tiny-p2-c1-h6 --class 3 "
+             "--steps 6 --guidance 4 --sampler flow-euler --latents %s/lora/dit_two_noise.npy "
+             "--lora d4=%s/lora/dit_r4_peft.safetensors "
+             "--lora d8=%s/lora/dit_r8_some_downup.safetensors --lora-scale d8=0.5 "
+             "--save-latents %s -q --threads 1 %s 2>%s",
+             mpirun, np, ditd, fx, fx, fx, fx, lat, flags, log);
+    int rc = run(cmd);
+    if (strstr(flags, "--tp-degree")) { /* refused, with the reason */
+        FILE *f = fopen(log, "r");
+        char text[8192] = "";
+        if (f) {
+            size_t k = fread(text, 1, sizeof text - 1, f);
+            text[k] = 0;
+            fclose(f);
+        }
+        TU_CHECK(rc != 0 && strstr(text, "tensor parallel"), "LoRA under %s refused (rc %d): %s",
+                 flags, rc, text);
+        remove(log);
+        return rc != 0;
+    }
+    TU_CHECK(rc == 0, "LoRA under %s", flags);
+    size_t na = 0, nb = 0;
+    float *a = rc == 0 ? load(lat, &na) : NULL, *b = load(want, &nb);
+    int ok = a && b && na == nb;
+    TU_CHECK(ok, "LoRA under %s: latents of both (%zu, %zu)", flags, na, nb);
+    if (ok) {
+        char what[256];
+        snprintf(what, sizeof what, "LoRA d4 + 0.5 d8 under %s vs Diffusers", flags);
+        TU_CLOSE(what, a, b, na, 1e-4);
+    }
+    free(a), free(b);
+    remove(lat), remove(log);
+    return ok;
+}
+
+/* FLUX.1-dev (the assembled tiny folder) with two adapters under a layout,
+ * against one rank with the same adapters. */
+static int flux_lora_layout(const char *ditd, const char *mpirun, const char *dev, int np,
+                            const char *flags, const char *tmp)
+{
+    char cmd[8192], ref[256], par[256], base[256], common[4096];
+    const char *fx = tu_fixtures();
+    snprintf(ref, sizeof ref, "%s/ditd-flora-ref-%d.npy", tmp, (int)getpid());
+    snprintf(par, sizeof par, "%s/ditd-flora-par-%d.npy", tmp, (int)getpid());
+    snprintf(base, sizeof base, "%s/ditd-flora-base-%d.npy", tmp, (int)getpid());
+    snprintf(common, sizeof common,
+             "--model %s --prompt \"a red cube\" --size 64x64 --steps 3 --seed 4 "
+             "--max-sequence-length 32 -q --threads 1",
+             dev);
+    char loras[4096];
+    snprintf(loras, sizeof loras,
+             "--lora f4=%s/lora/flux_r4_peft.safetensors "
+             "--lora f8k=%s/lora/flux_r8_some_kohya.safetensors --lora-scale f8k=0.5",
+             fx, fx);
+    snprintf(cmd, sizeof cmd, "%s generate %s --save-latents %s", ditd, common, base);
+    TU_CHECK(run(cmd) == 0, "FLUX, one rank, no adapters");
+    snprintf(cmd, sizeof cmd, "%s generate %s %s --save-latents %s", ditd, common, loras, ref);
+    TU_CHECK(run(cmd) == 0, "FLUX, one rank, adapters");
+    snprintf(cmd, sizeof cmd, "%s --oversubscribe -np %d %s generate %s %s --save-latents %s %s",
+             mpirun, np, ditd, common, loras, par, flags);
+    TU_CHECK(run(cmd) == 0, "FLUX with adapters under %s", flags);
+    size_t na = 0, nb = 0, nc = 0;
+    float *a = load(par, &na), *b = load(ref, &nb), *c = load(base, &nc);
+    int ok = a && b && c && na == nb && nb == nc;
+    TU_CHECK(ok, "FLUX latents (%zu, %zu, %zu)", na, nb, nc);
+    if (ok) {
+        char what[256];
+        snprintf(what, sizeof what, "FLUX, f4 + 0.5 f8k under %s vs one rank", flags);
+        TU_CLOSE(what, a, b, na, 1e-4);
+        tu_err e = tu_compare(b, c, nb);
+        TU_CHECK(e.rel > 1e-2, "the adapters change FLUX's latents (rel %.3g)", e.rel);
+    }
+    free(a), free(b), free(c);
+    remove(ref), remove(par), remove(base);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     char cmd[8192], model[4096], ref[256], par[256], log[256];
-    if (argc != 3) {
-        fprintf(stderr, "usage: test_generate_group DITD MPIRUN\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: test_generate_group DITD MPIRUN [FLUX_DEV_FOLDER]\n");
         return 2;
     }
     const char *ditd = argv[1], *mpirun = argv[2];
@@ -159,5 +251,20 @@ int main(int argc, char **argv)
     latent_layout(ditd, mpirun, model, 2, "--cfg-degree 2", tmp), layouts++;
     latent_layout(ditd, mpirun, model, 3, "--ring-degree 3", tmp), layouts++;
     TU_CHECK(layouts == 3, "latent layouts checked: %d", layouts);
+
+    /* LoRA adapters under the layouts the tiny DiT's 6 heads allow */
+    int lora = 0;
+    lora += lora_layout(ditd, mpirun, 2, "--ulysses-degree 2", tmp);
+    lora += lora_layout(ditd, mpirun, 2, "--ring-degree 2 --ring-rotate p2p", tmp);
+    lora += lora_layout(ditd, mpirun, 2, "--cfg-degree 2", tmp);
+    lora += lora_layout(ditd, mpirun, 4, "--cfg-degree 2 --ulysses-degree 2", tmp);
+    lora += lora_layout(ditd, mpirun, 2, "--tp-degree 2", tmp);
+    TU_CHECK(lora == 5, "LoRA layouts checked: %d of 5", lora);
+    if (argc == 4) {
+        int fl = 0;
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, "--ulysses-degree 2", tmp);
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, "--ring-degree 2 --ring-rotate p2p", tmp);
+        TU_CHECK(fl == 2, "FLUX LoRA layouts checked: %d of 2", fl);
+    }
     return tu_exit();
 }

@@ -116,6 +116,10 @@ static int carve_acts(ditd_dit *m)
         err |= carve(a, &m->tok_loc, at, B * Nl * po);
         err |= carve(a, &m->tok_gath, at, B * N * po);
     }
+    if (m->n_lora_t) { /* LoRA's rank-r scratch, fp32 */
+        m->lora_tmp_n = ditd_lora_tmp_floats(B * Nl);
+        err |= carve(a, (void **)&m->lora_tmp, DITD_DTYPE_F32, m->lora_tmp_n);
+    }
     if (m->ops->upload_args) { /* per-step arguments on the device (graphs) */
         err |= carve(a, (void **)&m->d_t, DITD_DTYPE_F32, B);
         err |= carve(a, (void **)&m->d_y, DITD_DTYPE_I64, B);
@@ -174,6 +178,49 @@ static int plan(ditd_dit *m)
     return 0;
 }
 
+/* The linears a LoRA adapter may target (Diffusers' module names): per
+ * block DITD_DIT_LORA_PER_BLOCK, then proj_out_1, proj_out_2. None under
+ * tp, none on a backend without the lora op. */
+static int lora_targets(ditd_dit *m)
+{
+    const ditd_dit_config *c = &m->cfg;
+    int D = c->inner_dim, F = c->ff_dim, p = c->patch_size, L = c->num_layers;
+    if (m->lay.tp > 1) {
+        m->base.lora_refusal = "LoRA adapters under tensor parallel are not supported yet "
+                               "(docs/lora.md)";
+        return 0;
+    }
+    if (!m->ops->lora) {
+        m->base.lora_refusal = "this backend has no LoRA op";
+        return 0;
+    }
+    int n = L * DITD_DIT_LORA_PER_BLOCK + 2;
+    if (!(m->lora_t = calloc((size_t)n, sizeof *m->lora_t)))
+        return ditd_err_set(DITD_ENOMEM, "LoRA targets");
+    static const char *const sub[DITD_DIT_LORA_PER_BLOCK] = {
+        "norm1.emb.timestep_embedder.linear_1", "norm1.emb.timestep_embedder.linear_2",
+        "norm1.linear", "attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+        "ff.net.0.proj", "ff.net.2"};
+    const int shape[DITD_DIT_LORA_PER_BLOCK][2] = {{D, TFREQ}, {D, D}, {6 * D, D}, {D, D}, {D, D},
+                                                  {D, D}, {D, D}, {F, D}, {D, F}};
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < DITD_DIT_LORA_PER_BLOCK; j++) {
+            ditd_lora_target *t = &m->lora_t[l * DITD_DIT_LORA_PER_BLOCK + j];
+            snprintf(t->name, sizeof t->name, "transformer_blocks.%d.%s", l, sub[j]);
+            t->n_out = shape[j][0];
+            t->k_in = shape[j][1];
+        }
+    ditd_lora_target *t = &m->lora_t[L * DITD_DIT_LORA_PER_BLOCK];
+    snprintf(t[0].name, sizeof t[0].name, "proj_out_1");
+    t[0].n_out = 2 * D, t[0].k_in = D;
+    snprintf(t[1].name, sizeof t[1].name, "proj_out_2");
+    t[1].n_out = p * p * c->out_channels, t[1].k_in = D;
+    m->n_lora_t = n;
+    m->base.lora_targets = m->lora_t;
+    m->base.n_lora_targets = n;
+    return 0;
+}
+
 static int dit_alloc(const ditd_dit_config *cfg, const ditd_backend_ops *ops, int max_batch,
                      const ditd_mesh *mesh, ditd_dit **out)
 {
@@ -199,7 +246,7 @@ static int dit_alloc(const ditd_dit_config *cfg, const ditd_backend_ops *ops, in
         free(m);
         return ditd_err_set(DITD_ENOMEM, "model blocks");
     }
-    if ((err = plan_par(m, mesh)) || (err = plan(m))) {
+    if ((err = plan_par(m, mesh)) || (err = lora_targets(m)) || (err = plan(m))) {
         ditd_dit_free(m);
         return err;
     }
@@ -230,6 +277,7 @@ void ditd_dit_free(ditd_dit *m)
     free(m->blocks);
     ditd_cp_attention_free(m->cpa);
     free(m->cnt_a);
+    free(m->lora_t);
     free(m);
 }
 
@@ -456,15 +504,40 @@ int ditd_dit_new_random_mesh(const ditd_dit_config *cfg, const ditd_backend_ops 
 
 /* ---- forward ---- */
 
+/* ops->linear, plus the LoRA adapters of the rows on target t (engine/
+ * models/lora.h): y (B rows, N) from x (B rows, K), `rows` rows a sample.
+ * With an adapter on t the linear runs without its activation and the
+ * activation follows the adapters' term (PEFT wraps the Linear). */
+static void lin(ditd_dit *m, int t, int B, int rows, const void *x, size_t ldx, const void *w,
+                const void *b, void *y, size_t ldy, int N, int K, ditd_act act)
+{
+    const ditd_lora_set *const *ls = m->base.loras;
+    if (!ditd_lora_touches(ls, B, t)) {
+        m->ops->linear(x, ldx, w, b, y, ldy, B * rows, N, K, act);
+        return;
+    }
+    m->ops->linear(x, ldx, w, b, y, ldy, B * rows, N, K, DITD_ACT_NONE);
+    ditd_lora_apply(m->ops, ls, B, rows, t, x, ldx, y, ldy, N, K, act, m->lora_tmp,
+                    m->lora_tmp_n);
+}
+
+/* Block l's target j. */
+static int lt(int l, int j)
+{
+    return l * DITD_DIT_LORA_PER_BLOCK + j;
+}
+
 /* Conditioning of one block: c = TimestepEmbedding(tfreq) + LabelEmbedding(y).
  *   tfreq (B, E) -> linear_1, SiLU -> linear_2 -> (B, D); + table[y] (B, D) */
-static void block_conditioning(ditd_dit *m, const ditd_dit_block *b, int B, const int64_t *h_y,
-                               void *cond)
+static void block_conditioning(ditd_dit *m, int l, int B, const int64_t *h_y, void *cond)
 {
     const ditd_backend_ops *ops = m->ops;
+    const ditd_dit_block *b = &m->blocks[l];
     int D = m->cfg.inner_dim;
-    ops->linear(m->tfreq, TFREQ, b->t1_w, b->t1_b, m->temb, (size_t)D, B, D, TFREQ, DITD_ACT_SILU);
-    ops->linear(m->temb, (size_t)D, b->t2_w, b->t2_b, cond, (size_t)D, B, D, D, DITD_ACT_NONE);
+    lin(m, lt(l, DITD_DIT_LORA_T1), B, 1, m->tfreq, TFREQ, b->t1_w, b->t1_b, m->temb, (size_t)D,
+        D, TFREQ, DITD_ACT_SILU);
+    lin(m, lt(l, DITD_DIT_LORA_T2), B, 1, m->temb, (size_t)D, b->t2_w, b->t2_b, cond, (size_t)D,
+        D, D, DITD_ACT_NONE);
     if (m->d_y)
         ops->embedding_dev(b->cls, m->d_y, m->temb, B, D);
     else
@@ -482,8 +555,9 @@ static void copy2d(const ditd_backend_ops *ops, void *dst, size_t ldd, const voi
 
 /* Multi-head self-attention on the modulated tokens xn (B, N_loc, D) into
  * xn: this rank's heads (tp), over the whole sequence (cp). */
-static int self_attention(ditd_dit *m, const ditd_dit_block *b, int B)
+static int self_attention(ditd_dit *m, int l, int B)
 {
+    const ditd_dit_block *b = &m->blocks[l];
     const ditd_backend_ops *ops = m->ops;
     const ditd_dit_config *c = &m->cfg;
     int D = c->inner_dim, M = B * m->n_loc, hcD = m->hc * c->head_dim;
@@ -493,6 +567,14 @@ static int self_attention(ditd_dit *m, const ditd_dit_block *b, int B)
     /* qkv (B, N_loc, 3 H_loc Dh) = xn @ [Wq; Wk; Wv]^T (this rank's rows):
      * q, k, v are (B, N_loc, H_loc, Dh) views of stride 3 H_loc Dh */
     ops->linear(m->xn, (size_t)D, b->qkv_w, b->qkv_b, m->qkv, ld3, M, 3 * hcD, D, DITD_ACT_NONE);
+    /* adapters on to_q, to_k, to_v: their column blocks (no tp here) */
+    for (int j = 0; j < 3 && m->base.loras; j++) {
+        int t = lt(l, DITD_DIT_LORA_Q + j);
+        if (ditd_lora_touches(m->base.loras, B, t))
+            ditd_lora_apply(ops, m->base.loras, B, m->n_loc, t, m->xn, (size_t)D,
+                            ditd_ptr_act(ops, m->qkv, (size_t)j * (size_t)hcD), ld3, hcD, D,
+                            DITD_ACT_NONE, m->lora_tmp, m->lora_tmp_n);
+    }
     /* attention over the whole sequence (context parallel: engine/parallel) */
     if ((err = ditd_cp_attention_run(m->cpa, B, m->qkv, ditd_ptr_act(ops, m->qkv, (size_t)hcD),
                                      ditd_ptr_act(ops, m->qkv, 2 * (size_t)hcD), ld3, m->att,
@@ -500,8 +582,8 @@ static int self_attention(ditd_dit *m, const ditd_dit_block *b, int B)
         return err;
     /* to_out.0: (B, N_loc, H_loc Dh) -> (B, N_loc, D) into xn (free again);
      * row-parallel under tp: partial sums, the bias once, then all-reduce */
-    ops->linear(m->att, (size_t)hcD, b->o_w, m->tp_rank == 0 ? b->o_b : NULL, m->xn, (size_t)D, M,
-                D, hcD, DITD_ACT_NONE);
+    lin(m, lt(l, DITD_DIT_LORA_O), B, m->n_loc, m->att, (size_t)hcD, b->o_w,
+        m->tp_rank == 0 ? b->o_b : NULL, m->xn, (size_t)D, D, hcD, DITD_ACT_NONE);
     if (m->lay.tp > 1)
         return ditd_comm_allreduce_sum(m->mesh->tp_comm, ops->act_dtype, m->xn,
                                        (size_t)M * (size_t)D);
@@ -511,14 +593,15 @@ static int self_attention(ditd_dit *m, const ditd_dit_block *b, int B)
 /* The MLP on the modulated tokens xn (B, N_loc, D) into xn:
  *   FF = Linear(F -> D) . GELU(tanh) . Linear(D -> F);
  *   tp: fc1 by columns (B, N_loc, F_loc), fc2 by rows, all-reduce */
-static int feed_forward(ditd_dit *m, const ditd_dit_block *b, int B)
+static int feed_forward(ditd_dit *m, int l, int B)
 {
     const ditd_backend_ops *ops = m->ops;
+    const ditd_dit_block *b = &m->blocks[l];
     int D = m->cfg.inner_dim, M = B * m->n_loc, Fl = m->fc;
-    ops->linear(m->xn, (size_t)D, b->ff1_w, b->ff1_b, m->ff, (size_t)Fl, M, Fl, D,
-                m->cfg.activation);
-    ops->linear(m->ff, (size_t)Fl, b->ff2_w, m->tp_rank == 0 ? b->ff2_b : NULL, m->xn, (size_t)D,
-                M, D, Fl, DITD_ACT_NONE);
+    lin(m, lt(l, DITD_DIT_LORA_FF1), B, m->n_loc, m->xn, (size_t)D, b->ff1_w, b->ff1_b, m->ff,
+        (size_t)Fl, Fl, D, m->cfg.activation);
+    lin(m, lt(l, DITD_DIT_LORA_FF2), B, m->n_loc, m->ff, (size_t)Fl, b->ff2_w,
+        m->tp_rank == 0 ? b->ff2_b : NULL, m->xn, (size_t)D, D, Fl, DITD_ACT_NONE);
     if (m->lay.tp > 1)
         return ditd_comm_allreduce_sum(m->mesh->tp_comm, ops->act_dtype, m->xn,
                                        (size_t)M * (size_t)D);
@@ -527,7 +610,7 @@ static int feed_forward(ditd_dit *m, const ditd_dit_block *b, int B)
 
 /* Module `id` of a block (attn1: self_attention, ff: feed_forward) into xn,
  * or its output as a cache predicts it (TaylorSeer, denoiser.h). */
-static int module(ditd_dit *m, int id, const ditd_dit_block *b, int B, int ff)
+static int module(ditd_dit *m, int id, int l, int B, int ff)
 {
     const ditd_denoiser_cache *cc = m->base.cache;
     int pred = 0, err;
@@ -535,7 +618,7 @@ static int module(ditd_dit *m, int id, const ditd_dit_block *b, int B, int ff)
         return err;
     if (pred)
         return 0;
-    if ((err = ff ? feed_forward(m, b, B) : self_attention(m, b, B)))
+    if ((err = ff ? feed_forward(m, l, B) : self_attention(m, l, B)))
         return err;
     return cc && cc->module_end ? cc->module_end(cc->ctx, id, m->xn) : 0;
 }
@@ -548,12 +631,10 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_dit_config *c = &m->cfg;
-    int D = c->inner_dim, N = m->N, Nl = m->n_loc, M, p = c->patch_size;
+    int D = c->inner_dim, N = m->N, Nl = m->n_loc, p = c->patch_size;
     int po = p * p * c->out_channels, cp = m->lay.ring * m->lay.ulysses > 1;
     size_t ld6 = 6 * (size_t)D;
     int err;
-
-    M = B * Nl;
 
     /* patch embedding: x (B, C, S, S) -> h (B, N, D), plus positions; under
      * cp every rank embeds the whole image (cheap) and keeps its tokens */
@@ -577,7 +658,7 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
     /* block 0's conditioning first: the final layer reads it even when a
      * cache skips block 0 (Diffusers calls transformer_blocks[0].norm1.emb
      * there directly) */
-    block_conditioning(m, &m->blocks[0], B, h_y, m->cond0);
+    block_conditioning(m, 0, B, h_y, m->cond0);
 
     /* step caching (engine/models/denoiser.h): the block hooks around the
      * blocks, the module hooks around each block, its attn1 and its ff */
@@ -602,13 +683,14 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
         if (pred)
             goto block_done;
         if (l > 0)
-            block_conditioning(m, b, B, h_y, cond);
+            block_conditioning(m, l, B, h_y, cond);
         ops->act(cond, m->temb, (size_t)B * (size_t)D, DITD_ACT_SILU);
-        ops->linear(m->temb, (size_t)D, b->ada_w, b->ada_b, m->mod, ld6, B, 6 * D, D, DITD_ACT_NONE);
+        lin(m, lt(l, DITD_DIT_LORA_ADA), B, 1, m->temb, (size_t)D, b->ada_w, b->ada_b, m->mod, ld6,
+            6 * D, D, DITD_ACT_NONE);
 
         /* attention: h += gate_msa * Attn(LN(h) * (1 + scale_msa) + shift_msa) */
         ops->layernorm_modulate(m->h, m->xn, B, Nl, D, ADA_EPS, shift_msa, scale_msa, ld6);
-        if ((err = module(m, 3 * l + 1, b, B, 0)))
+        if ((err = module(m, 3 * l + 1, l, B, 0)))
             return err;
         ops->gated_residual(m->h, m->xn, B, Nl, D, gate_msa, ld6);
 
@@ -616,7 +698,7 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
          *   FF = Linear(F -> D) . GELU(tanh) . Linear(D -> F);
          *   tp: fc1 by columns (B, N_loc, F_loc), fc2 by rows, all-reduce */
         ops->layernorm_modulate(m->h, m->xn, B, Nl, D, c->norm_eps, shift_mlp, scale_mlp, ld6);
-        if ((err = module(m, 3 * l + 2, b, B, 1)))
+        if ((err = module(m, 3 * l + 2, l, B, 1)))
             return err;
         ops->gated_residual(m->h, m->xn, B, Nl, D, gate_mlp, ld6);
         if (cc && cc->module_end && (err = cc->module_end(cc->ctx, 3 * l, m->h)))
@@ -632,12 +714,13 @@ static int forward_ops(ditd_dit *m, int B, const void *x, const float *h_t, cons
      *   [shift, scale] (B, 2D) = proj_out_1(SiLU(cond0));
      *   tokens (B, N_loc, p*p*Co) = proj_out_2(LN(h) * (1 + scale) + shift) */
     ops->act(m->cond0, m->temb, (size_t)B * (size_t)D, DITD_ACT_SILU);
-    ops->linear(m->temb, (size_t)D, m->out1_w, m->out1_b, m->mod, 2 * (size_t)D, B, 2 * D, D,
-                DITD_ACT_NONE);
+    int t_out = c->num_layers * DITD_DIT_LORA_PER_BLOCK; /* proj_out_1, proj_out_2 */
+    lin(m, t_out, B, 1, m->temb, (size_t)D, m->out1_w, m->out1_b, m->mod, 2 * (size_t)D, 2 * D, D,
+        DITD_ACT_NONE);
     ops->layernorm_modulate(m->h, m->xn, B, Nl, D, ADA_EPS, m->mod,
                             ditd_ptr_act(ops, m->mod, (size_t)D), 2 * (size_t)D);
-    ops->linear(m->xn, (size_t)D, m->out2_w, m->out2_b, cp ? m->tok_loc : m->tok_out, (size_t)po,
-                M, po, D, DITD_ACT_NONE);
+    lin(m, t_out + 1, B, Nl, m->xn, (size_t)D, m->out2_w, m->out2_b, cp ? m->tok_loc : m->tok_out,
+        (size_t)po, po, D, DITD_ACT_NONE);
     if (cp) {
         /* gather the sequence: cp rank s's block is (B, N_s, p*p*Co) */
         int RU = m->lay.ring * m->lay.ulysses;
@@ -726,8 +809,9 @@ int ditd_dit_forward(ditd_dit *m, int B, const void *x, const float *h_t, const 
     /* this step's arguments into the device buffers, in stream order before
      * whatever reads them (a replay included) */
     ops->upload_args(m->d_t, h_t, m->d_y, h_y, B);
-    /* a cache decides on the host inside the forward: op by op */
-    if (!m->graphs || m->base.cache)
+    /* a cache decides on the host inside the forward, and adapters change
+     * per batch: op by op */
+    if (!m->graphs || m->base.cache || m->base.loras)
         return forward_ops(m, B, x, h_t, h_y, out);
     ditd_dit_graph *gr = &m->graphs[B];
     if (gr->exec && (gr->x != x || gr->out != out)) { /* other buffers: capture anew */

@@ -120,7 +120,30 @@ typedef struct ditd_dit {
     float *d_t;
     int64_t *d_y;
     ditd_dit_graph *graphs;
+
+    /* LoRA (engine/models/lora.h): the linears an adapter may target, in
+     * the order of DITD_DIT_LORA_* per block then proj_out_1, proj_out_2;
+     * none under tp (A and B would have to split with their weight). The
+     * rank-r scratch (fp32, lora_tmp_n floats) in the activation arena. */
+    ditd_lora_target *lora_t;
+    int n_lora_t;
+    float *lora_tmp;
+    size_t lora_tmp_n;
 } ditd_dit;
+
+/* A block's LoRA targets, in this order (block l's are at l * DITD_DIT_LORA_PER_BLOCK). */
+enum {
+    DITD_DIT_LORA_T1 = 0,  /* norm1.emb.timestep_embedder.linear_1 (SiLU after) */
+    DITD_DIT_LORA_T2,      /* norm1.emb.timestep_embedder.linear_2 */
+    DITD_DIT_LORA_ADA,     /* norm1.linear */
+    DITD_DIT_LORA_Q,       /* attn1.to_q, to_k, to_v: column blocks of the fused qkv */
+    DITD_DIT_LORA_K,
+    DITD_DIT_LORA_V,
+    DITD_DIT_LORA_O,       /* attn1.to_out.0 */
+    DITD_DIT_LORA_FF1,     /* ff.net.0.proj (GELU after) */
+    DITD_DIT_LORA_FF2,     /* ff.net.2 */
+    DITD_DIT_LORA_PER_BLOCK
+};
 
 /* Creates a model with weights from a safetensors checkpoint (a file, an
  * index, or a folder: see engine/io/safetensors.h) or a GGUF file (or a

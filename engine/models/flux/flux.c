@@ -2,6 +2,7 @@
  * flux_forward.c). */
 #include "engine/models/flux/flux.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,84 @@ static void weight_list(ditd_flux *m, ditd_wl *wl)
 #undef L1
 #undef VEC
 
+/* One LoRA target (parts > 1: name.<part[i]> for each of the fused parts,
+ * each n_out / parts outputs). */
+static void lora_add(ditd_flux *m, ditd_flux_lin *l, int n_out, int k_in, int parts,
+                     const char *const *part, const char *fmt, ...)
+{
+    char name[sizeof m->lora_t->name];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    l->lora = m->n_lora_t + 1;
+    l->lora_parts = parts;
+    for (int i = 0; i < parts; i++) {
+        ditd_lora_target *t = &m->lora_t[m->n_lora_t++];
+        if (parts > 1)
+            snprintf(t->name, sizeof t->name, "%s.%s", name, part[i]);
+        else
+            snprintf(t->name, sizeof t->name, "%s", name);
+        t->n_out = n_out / parts;
+        t->k_in = k_in;
+    }
+}
+
+/* The linears an adapter may target, in Diffusers' module names; none
+ * under tp or on a backend without the lora op (base.lora_refusal). */
+static int lora_targets(ditd_flux *m)
+{
+    const ditd_flux_config *c = &m->cfg;
+    int D = c->inner_dim, FF = c->mlp_dim;
+    static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
+    static const char *const qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
+    if (m->lay.tp > 1) {
+        m->base.lora_refusal = "LoRA adapters under tensor parallel are not supported yet "
+                               "(docs/lora.md)";
+        return 0;
+    }
+    if (!m->ops->lora) {
+        m->base.lora_refusal = "this backend has no LoRA op";
+        return 0;
+    }
+    size_t n = 8 + 14 * (size_t)c->num_layers + 6 * (size_t)c->num_single_layers;
+    if (!(m->lora_t = calloc(n, sizeof *m->lora_t)))
+        return ditd_err_set(DITD_ENOMEM, "LoRA targets");
+    lora_add(m, &m->ctx_emb, D, c->joint_attention_dim, 1, NULL, "context_embedder");
+    lora_add(m, &m->t1, D, TFREQ, 1, NULL, "time_text_embed.timestep_embedder.linear_1");
+    lora_add(m, &m->t2, D, D, 1, NULL, "time_text_embed.timestep_embedder.linear_2");
+    if (c->guidance_embeds) {
+        lora_add(m, &m->g1, D, TFREQ, 1, NULL, "time_text_embed.guidance_embedder.linear_1");
+        lora_add(m, &m->g2, D, D, 1, NULL, "time_text_embed.guidance_embedder.linear_2");
+    }
+    lora_add(m, &m->p1, D, c->pooled_dim, 1, NULL, "time_text_embed.text_embedder.linear_1");
+    lora_add(m, &m->p2, D, D, 1, NULL, "time_text_embed.text_embedder.linear_2");
+    lora_add(m, &m->norm_out, 2 * D, D, 1, NULL, "norm_out.linear");
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_flux_double *b = &m->dbl[l];
+        lora_add(m, &b->ada, 6 * D, D, 1, NULL, "transformer_blocks.%d.norm1.linear", l);
+        lora_add(m, &b->ada_c, 6 * D, D, 1, NULL, "transformer_blocks.%d.norm1_context.linear", l);
+        lora_add(m, &b->qkv, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn", l);
+        lora_add(m, &b->qkv_c, 3 * D, D, 3, qkv_c, "transformer_blocks.%d.attn", l);
+        lora_add(m, &b->out, D, D, 1, NULL, "transformer_blocks.%d.attn.to_out.0", l);
+        lora_add(m, &b->out_c, D, D, 1, NULL, "transformer_blocks.%d.attn.to_add_out", l);
+        lora_add(m, &b->ff1, FF, D, 1, NULL, "transformer_blocks.%d.ff.net.0.proj", l);
+        lora_add(m, &b->ff2, D, FF, 1, NULL, "transformer_blocks.%d.ff.net.2", l);
+        lora_add(m, &b->ff1_c, FF, D, 1, NULL, "transformer_blocks.%d.ff_context.net.0.proj", l);
+        lora_add(m, &b->ff2_c, D, FF, 1, NULL, "transformer_blocks.%d.ff_context.net.2", l);
+    }
+    for (int l = 0; l < c->num_single_layers; l++) {
+        ditd_flux_single *b = &m->sgl[l];
+        lora_add(m, &b->ada, 3 * D, D, 1, NULL, "single_transformer_blocks.%d.norm.linear", l);
+        lora_add(m, &b->qkv, 3 * D, D, 3, qkv, "single_transformer_blocks.%d.attn", l);
+        lora_add(m, &b->mlp, FF, D, 1, NULL, "single_transformer_blocks.%d.proj_mlp", l);
+        lora_add(m, &b->out, D, D + FF, 1, NULL, "single_transformer_blocks.%d.proj_out", l);
+    }
+    m->base.lora_targets = m->lora_t;
+    m->base.n_lora_targets = m->n_lora_t;
+    return 0;
+}
+
 static int carve_acts(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
@@ -123,6 +202,10 @@ static int carve_acts(ditd_flux *m)
            carve(a, &m->rope_sin, DITD_DTYPE_F32, N * Dh / 2);
     err |= carve(a, &m->scratch, at, B * N * Ci);
     err |= carve(a, &m->tok_out, at, B * N * Co);
+    if (m->n_lora_t) { /* LoRA's rank-r scratch, fp32 */
+        m->lora_tmp_n = ditd_lora_tmp_floats(B * (Nl > L ? Nl : L));
+        err |= carve(a, (void **)&m->lora_tmp, DITD_DTYPE_F32, m->lora_tmp_n);
+    }
     if (m->lay.ring * m->lay.ulysses > 1) {
         err |= carve(a, &m->embed, at, B * N * D);
         err |= carve(a, &m->tok_loc, at, B * Nl * Co);
@@ -232,7 +315,7 @@ static int plan(ditd_flux *m, const ditd_mesh *mesh)
     weight_list(m, &m->wl);
     if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, m->src)) ||
         (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
-        (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, m->src)))
+        (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, m->src)) || (err = lora_targets(m)))
         return err;
     return plan_acts(m);
 }
@@ -283,6 +366,7 @@ void ditd_flux_free(ditd_flux *m)
     free(m->sgl);
     free(m->cnt_a);
     free(m->h_freq);
+    free(m->lora_t);
     free(m);
 }
 

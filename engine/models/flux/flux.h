@@ -83,6 +83,10 @@
 typedef struct ditd_flux_lin {
     void *w, *b;
     ditd_qweight q;
+    /* LoRA: 1 + its first target in ditd_flux.lora_t (0: none), and how
+     * many consecutive targets share its output columns in equal blocks
+     * (3 for a fused to_q|to_k|to_v) */
+    int lora, lora_parts;
 } ditd_flux_lin;
 
 /* FluxTransformerBlock: the image stream's weights, then the text stream's. */
@@ -167,6 +171,16 @@ typedef struct ditd_flux {
     void *embed;            /* (B, N, D) the whole image's embedding (cp) */
     void *tok_loc;          /* (B, Nl, 4Co) (cp) */
     void *tok_gath;         /* (B*N, 4Co) rank blocks (cp) */
+
+    /* LoRA (engine/models/lora.h): the linears an adapter may target, by
+     * Diffusers' module names (none under tp; x_embedder and the final
+     * proj_out, whose rows ditd re-lays, are not targets yet); the rank-r
+     * scratch (fp32) in the activation arena; the forward's batch size. */
+    ditd_lora_target *lora_t;
+    int n_lora_t;
+    float *lora_tmp;
+    size_t lora_tmp_n;
+    int fwd_B;
 } ditd_flux;
 
 /* Loads a model for latents (C, height, width) and text_len text tokens,

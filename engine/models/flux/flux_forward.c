@@ -17,13 +17,29 @@ static void *at(const ditd_flux *m, const void *p, size_t elems)
 }
 
 /* A linear layer, its weight dense or kept in GGML blocks (flux.h). */
+/* With the rows' LoRA adapters on it (engine/models/lora.h): the linear
+ * runs without its activation, the adapters' term follows, then the
+ * activation (PEFT wraps the Linear). M is fwd_B samples of M / fwd_B rows;
+ * a fused linear's parts each take their block of N / parts columns. */
 static void linear_any(const ditd_flux *m, const void *x, size_t ldx, const ditd_flux_lin *l,
                        const void *b, void *y, size_t ldy, int M, int N, int K, ditd_act act)
 {
+    const ditd_lora_set *const *ls = m->base.loras;
+    int B = m->fwd_B, touch = 0;
+    for (int p = 0; ls && l->lora && p < l->lora_parts; p++)
+        touch |= ditd_lora_touches(ls, B, l->lora - 1 + p);
+    ditd_act a0 = touch ? DITD_ACT_NONE : act;
     if (l->q.data)
-        m->ops->linear_q(x, ldx, &l->q, b, y, ldy, M, act);
+        m->ops->linear_q(x, ldx, &l->q, b, y, ldy, M, a0);
     else
-        m->ops->linear(x, ldx, l->w, b, y, ldy, M, N, K, act);
+        m->ops->linear(x, ldx, l->w, b, y, ldy, M, N, K, a0);
+    if (!touch)
+        return;
+    int np = l->lora_parts, Np = N / np;
+    for (int p = 0; p < np; p++) /* a fused linear has no activation */
+        ditd_lora_apply(m->ops, ls, B, M / B, l->lora - 1 + p, x, ldx,
+                        at(m, y, (size_t)p * (size_t)Np), ldy, Np, K, np > 1 ? DITD_ACT_NONE : act,
+                        m->lora_tmp, m->lora_tmp_n);
 }
 
 static void lin(const ditd_flux *m, const void *x, size_t ldx, const ditd_flux_lin *l, void *y,
@@ -355,5 +371,6 @@ int ditd_flux_forward(ditd_flux *m, int B, const void *x, const float *h_t, cons
         if (m->cfg.guidance_embeds && !isfinite(h_guidance[i]))
             return ditd_err_set(DITD_EINVAL, "guidance scale of sample %d is not finite", i);
     }
+    m->fwd_B = B;
     return forward_ops(m, B, x, h_t, h_text, h_pooled, h_guidance, out);
 }

@@ -1,0 +1,49 @@
+/* libFuzzer target: the LoRA adapter loader (engine/models/lora.c) over one
+ * safetensors image, against a fixed list of three linears (PEFT and kohya
+ * names resolve onto them). When it opens, every module it returned is
+ * checked against its target (rank in range, the scale finite, A and B
+ * finite numbers), so what passed the loader's checks is what a model may
+ * upload. Replayed over corpus/lora in the 'fuzz' suite. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "engine/core/error.h"
+#include "engine/models/lora.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const ditd_lora_target targets[] = {
+    {"transformer_blocks.0.attn1.to_q", 3, 2},
+    {"transformer_blocks.0.ff.net.0.proj", 4, 2},
+    {"proj_out", 2, 4},
+};
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ditd_lora *l = NULL;
+    if (ditd_lora_open_mem(data, size, "fuzz.safetensors", "fuzz", targets, 3, &l) != 0) {
+        if (l || ditd_err_detail()[0] == '\0')
+            abort(); /* an error must leave no adapter and say why */
+        return 0;
+    }
+    if (l->n_mod < 1)
+        abort();
+    for (int i = 0; i < l->n_mod; i++) {
+        const ditd_lora_module *m = &l->mod[i];
+        if (m->target < 0 || m->target >= 3 || (i && m->target <= l->mod[i - 1].target))
+            abort(); /* one module per target, sorted */
+        const ditd_lora_target *t = &targets[m->target];
+        if (m->rank < 1 || m->rank > DITD_LORA_MAX_RANK || m->rank > l->max_rank ||
+            m->n_out != t->n_out || m->k_in != t->k_in || !isfinite(m->scale))
+            abort();
+        for (size_t j = 0; j < (size_t)m->rank * (size_t)m->k_in; j++)
+            if (!isfinite(m->a[j]))
+                abort();
+        for (size_t j = 0; j < (size_t)m->n_out * (size_t)m->rank; j++)
+            if (!isfinite(m->b[j]))
+                abort();
+    }
+    ditd_lora_free(l);
+    return 0;
+}
