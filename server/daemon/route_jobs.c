@@ -18,9 +18,16 @@
 #include "server/daemon/routes.h"
 #include "server/daemon/serve.h"
 
-static json_t *opt_time(long long t)
+json_t *ditd_route_opt_time(long long t)
 {
     return t > 0 ? json_integer((json_int_t)t) : json_null();
+}
+
+json_t *ditd_route_job_error(const ditd_jrow *r)
+{
+    return r->status == DITD_JS_FAILED
+               ? json_pack("{s:s,s:s}", "code", r->error_code, "message", r->error_message)
+               : json_null();
 }
 
 /* The job object. NULL on out of memory. */
@@ -37,19 +44,22 @@ static json_t *job_json(const ditd_jrow *r)
     json_object_set_new(o, "status", json_string(ditd_jstatus_name(r->status)));
     json_object_set_new(o, "progress", json_integer(r->progress));
     json_object_set_new(o, "created_at", json_integer((json_int_t)r->created_at));
-    json_object_set_new(o, "started_at", opt_time(r->started_at));
-    json_object_set_new(o, "completed_at", opt_time(r->completed_at));
-    json_object_set_new(o, "expires_at", opt_time(r->expires_at));
+    json_object_set_new(o, "started_at", ditd_route_opt_time(r->started_at));
+    json_object_set_new(o, "completed_at", ditd_route_opt_time(r->completed_at));
+    json_object_set_new(o, "expires_at", ditd_route_opt_time(r->expires_at));
     json_object_set_new(o, "size", json_string(r->size));
     json_object_set_new(o, "outputs", json_integer(r->n_outputs));
     snprintf(url, sizeof url, "/v1/jobs/%s/content", r->id);
     json_object_set_new(o, "content_url",
                         r->status == DITD_JS_COMPLETED ? json_string(url) : json_null());
-    json_object_set_new(o, "error", r->status == DITD_JS_FAILED
-                                        ? json_pack("{s:s,s:s}", "code", r->error_code, "message",
-                                                    r->error_message)
-                                        : json_null());
+    json_object_set_new(o, "error", ditd_route_job_error(r));
     return o;
+}
+
+static json_t *job_json_s(ditd_srv *s, const ditd_jrow *r)
+{
+    (void)s;
+    return job_json(r);
 }
 
 static enum MHD_Result not_found(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
@@ -61,8 +71,8 @@ static enum MHD_Result not_found(ditd_srv *s, struct MHD_Connection *c, ditd_rou
     return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 0);
 }
 
-static enum MHD_Result store_error(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
-                                   const char *rid)
+enum MHD_Result ditd_route_store_error(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                       const char *rid)
 {
     ditd_api_error e;
     ditd_api_error_set(&e, 500, "server_error", "storage_failed", NULL, "the job store: %s",
@@ -101,7 +111,7 @@ enum MHD_Result ditd_route_job_get(ditd_srv *s, struct MHD_Connection *c, ditd_r
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err)
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     return ditd_route_answer_json(s, c, rq->route, 200, job_json(&row), rid);
 }
 
@@ -113,7 +123,7 @@ enum MHD_Result ditd_route_job_delete(ditd_srv *s, struct MHD_Connection *c, dit
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err || ditd_jobrun_delete(s, row.id))
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     return ditd_route_answer_json(s, c, rq->route, 200,
                                   json_pack("{s:s,s:s,s:b}", "id", row.id, "object", "job.deleted",
                                             "deleted", 1),
@@ -130,7 +140,7 @@ enum MHD_Result ditd_route_job_content(ditd_srv *s, struct MHD_Connection *c, di
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err)
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     if (row.status != DITD_JS_COMPLETED) {
         ditd_api_error_set(&e, 409, "invalid_request_error", "job_not_completed", "id",
                            "job %s is %s: its content is there once it is completed", row.id,
@@ -150,7 +160,7 @@ enum MHD_Result ditd_route_job_content(ditd_srv *s, struct MHD_Connection *c, di
     /* a video job's output 0 is its MP4 (/v1/videos/{id}/content says the same) */
     const char *ext = !strcmp(row.kind, "video") && index == 0 ? "mp4" : "png";
     if ((err = ditd_jobstore_read(s->jobrun->st, row.id, (int)index, ext, &data, &len)))
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     struct MHD_Response *r = ditd_reply_buffer((char *)data, len,
                                                ext[0] == 'm' ? "video/mp4" : "image/png", rid);
     if (r) {
@@ -161,8 +171,8 @@ enum MHD_Result ditd_route_job_content(ditd_srv *s, struct MHD_Connection *c, di
     return ditd_route_answer(s, c, rq->route, 200, r, len);
 }
 
-enum MHD_Result ditd_route_jobs_list(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
-                                     const char *rid)
+enum MHD_Result ditd_route_jobs_page(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                     const char *rid, const char *kind, ditd_route_job_fn obj)
 {
     ditd_api_error e;
     const char *ls = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
@@ -185,21 +195,21 @@ enum MHD_Result ditd_route_jobs_list(ditd_srv *s, struct MHD_Connection *c, ditd
     ditd_jrow *rows = calloc(DITD_JOBSTORE_MAX_LIST, sizeof *rows);
     if (!rows)
         return ditd_route_answer(s, c, rq->route, 500, NULL, 0);
-    err = ditd_jobstore_list(s->jobrun->st, rq->owner, NULL, after && *after ? after : NULL,
+    err = ditd_jobstore_list(s->jobrun->st, rq->owner, kind, after && *after ? after : NULL,
                              (int)limit, desc, rows, &n, &more);
     if (err == DITD_ENOENT) {
         free(rows);
         ditd_api_error_set(&e, 400, "invalid_request_error", "invalid_value", "after",
-                           "after: no job '%.100s'", after);
+                           "after: no %s '%.100s'", kind ? kind : "job", after);
         return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 0);
     }
     if (err) {
         free(rows);
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     }
     json_t *data = json_array();
     for (int i = 0; data && i < n; i++)
-        json_array_append_new(data, job_json(&rows[i]));
+        json_array_append_new(data, obj(s, &rows[i]));
     json_t *root = data ? json_pack("{s:s,s:o,s:o,s:o,s:b}", "object", "list", "data", data,
                                     "first_id", n ? json_string(rows[0].id) : json_null(),
                                     "last_id", n ? json_string(rows[n - 1].id) : json_null(),
@@ -207,4 +217,10 @@ enum MHD_Result ditd_route_jobs_list(ditd_srv *s, struct MHD_Connection *c, ditd
                         : NULL;
     free(rows);
     return ditd_route_answer_json(s, c, rq->route, 200, root, rid);
+}
+
+enum MHD_Result ditd_route_jobs_list(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                     const char *rid)
+{
+    return ditd_route_jobs_page(s, c, rq, rid, NULL, job_json_s);
 }

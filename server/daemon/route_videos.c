@@ -25,11 +25,6 @@
 #include "server/daemon/routes.h"
 #include "server/daemon/serve.h"
 
-static json_t *opt_time(long long t)
-{
-    return t > 0 ? json_integer((json_int_t)t) : json_null();
-}
-
 /* The video object of a row (its stored request gives the clip's frames
  * and frame rate). NULL on out of memory. */
 static json_t *video_json(ditd_srv *s, const ditd_jrow *r)
@@ -57,17 +52,14 @@ static json_t *video_json(ditd_srv *s, const ditd_jrow *r)
     json_object_set_new(o, "status", json_string(ditd_jstatus_name(r->status)));
     json_object_set_new(o, "progress", json_integer(r->progress));
     json_object_set_new(o, "created_at", json_integer((json_int_t)r->created_at));
-    json_object_set_new(o, "completed_at", opt_time(r->completed_at));
-    json_object_set_new(o, "expires_at", opt_time(r->expires_at));
+    json_object_set_new(o, "completed_at", ditd_route_opt_time(r->completed_at));
+    json_object_set_new(o, "expires_at", ditd_route_opt_time(r->expires_at));
     json_object_set_new(o, "size", json_string(r->size));
     json_object_set_new(o, "seconds", json_string(seconds));
     json_object_set_new(o, "num_frames", json_integer((json_int_t)frames));
     json_object_set_new(o, "fps", json_integer((json_int_t)fps));
     json_object_set_new(o, "remixed_from_video_id", json_null());
-    json_object_set_new(o, "error", r->status == DITD_JS_FAILED
-                                        ? json_pack("{s:s,s:s}", "code", r->error_code, "message",
-                                                    r->error_message)
-                                        : json_null());
+    json_object_set_new(o, "error", ditd_route_job_error(r));
     return o;
 }
 
@@ -77,15 +69,6 @@ static enum MHD_Result not_found(ditd_srv *s, struct MHD_Connection *c, ditd_rou
     ditd_api_error e;
     ditd_api_error_set(&e, 404, "invalid_request_error", "video_not_found", "video_id",
                        "no video '%.100s'", rq->id ? rq->id : "");
-    return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 0);
-}
-
-static enum MHD_Result store_error(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
-                                   const char *rid)
-{
-    ditd_api_error e;
-    ditd_api_error_set(&e, 500, "server_error", "storage_failed", NULL, "the job store: %s",
-                       ditd_err_detail());
     return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 0);
 }
 
@@ -229,7 +212,7 @@ enum MHD_Result ditd_route_video_get(ditd_srv *s, struct MHD_Connection *c, ditd
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err)
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     return ditd_route_answer_json(s, c, rq->route, 200, video_json(s, &row), rid);
 }
 
@@ -241,7 +224,7 @@ enum MHD_Result ditd_route_video_delete(ditd_srv *s, struct MHD_Connection *c, d
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err || ditd_jobrun_delete(s, row.id))
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     return ditd_route_answer_json(s, c, rq->route, 200,
                                   json_pack("{s:s,s:s,s:b}", "id", row.id, "object",
                                             "video.deleted", "deleted", 1),
@@ -257,7 +240,7 @@ enum MHD_Result ditd_route_video_content(ditd_srv *s, struct MHD_Connection *c, 
     if (err == DITD_ENOENT)
         return not_found(s, c, rq, rid);
     if (err)
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     const char *variant = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "variant");
     int thumb = variant && !strcmp(variant, "thumbnail");
     if (variant && !thumb && strcmp(variant, "video")) {
@@ -275,7 +258,7 @@ enum MHD_Result ditd_route_video_content(ditd_srv *s, struct MHD_Connection *c, 
     uint8_t *data;
     size_t len;
     if ((err = ditd_jobstore_read(s->jobrun->st, row.id, thumb, thumb ? "png" : "mp4", &data, &len)))
-        return store_error(s, c, rq, rid);
+        return ditd_route_store_error(s, c, rq, rid);
     struct MHD_Response *r = ditd_reply_buffer((char *)data, len, thumb ? "image/png" : "video/mp4",
                                                rid);
     if (r) {
@@ -289,46 +272,5 @@ enum MHD_Result ditd_route_video_content(ditd_srv *s, struct MHD_Connection *c, 
 enum MHD_Result ditd_route_videos_list(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                        const char *rid)
 {
-    ditd_api_error e;
-    const char *ls = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
-    const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
-    const char *order = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "order");
-    long limit = 20;
-    int n = 0, more = 0, err;
-    if (ls && ditd_parse_long(ls, 1, DITD_JOBSTORE_MAX_LIST, "limit", &limit)) {
-        ditd_err_clear();
-        ditd_api_error_set(&e, 400, "invalid_request_error", "invalid_value", "limit",
-                           "limit must be an integer in 1..%d", DITD_JOBSTORE_MAX_LIST);
-        return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 0);
-    }
-    if (order && strcmp(order, "asc") && strcmp(order, "desc")) {
-        ditd_api_error_set(&e, 400, "invalid_request_error", "invalid_value", "order",
-                           "order must be 'asc' or 'desc'");
-        return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 0);
-    }
-    ditd_jrow *rows = calloc(DITD_JOBSTORE_MAX_LIST, sizeof *rows);
-    if (!rows)
-        return ditd_route_answer(s, c, rq->route, 500, NULL, 0);
-    err = ditd_jobstore_list(s->jobrun->st, rq->owner, "video", after && *after ? after : NULL,
-                             (int)limit, !order || !strcmp(order, "desc"), rows, &n, &more);
-    if (err == DITD_ENOENT) {
-        free(rows);
-        ditd_api_error_set(&e, 400, "invalid_request_error", "invalid_value", "after",
-                           "after: no video '%.100s'", after);
-        return ditd_route_answer_err(s, c, rq->route, &e, rid, 0, 0);
-    }
-    if (err) {
-        free(rows);
-        return store_error(s, c, rq, rid);
-    }
-    json_t *data = json_array();
-    for (int i = 0; data && i < n; i++)
-        json_array_append_new(data, video_json(s, &rows[i]));
-    json_t *root = data ? json_pack("{s:s,s:o,s:o,s:o,s:b}", "object", "list", "data", data,
-                                    "first_id", n ? json_string(rows[0].id) : json_null(),
-                                    "last_id", n ? json_string(rows[n - 1].id) : json_null(),
-                                    "has_more", more)
-                        : NULL;
-    free(rows);
-    return ditd_route_answer_json(s, c, rq->route, 200, root, rid);
+    return ditd_route_jobs_page(s, c, rq, rid, "video", video_json);
 }

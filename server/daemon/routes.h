@@ -114,6 +114,20 @@ enum MHD_Result ditd_route_page(ditd_srv *s, struct MHD_Connection *c, ditd_rout
 enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                     const char *rid);
 /* route_jobs.c: background jobs (create is asked by ditd_route_generate) */
+/* Shared by the job routes (route_jobs.c) and the video routes
+ * (route_videos.c): a finished-at time or null, a failed job's
+ * {code, message} or null, the 500 of a store error, and a page of the
+ * caller's jobs of one kind (NULL: all; limit, after, order from the
+ * query) with obj making each row's object. */
+struct ditd_jrow;
+typedef json_t *(*ditd_route_job_fn)(ditd_srv *s, const struct ditd_jrow *r);
+json_t *ditd_route_opt_time(long long t);
+json_t *ditd_route_job_error(const struct ditd_jrow *r);
+enum MHD_Result ditd_route_store_error(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                       const char *rid);
+enum MHD_Result ditd_route_jobs_page(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                     const char *rid, const char *kind, ditd_route_job_fn obj);
+
 /* route_videos.c: OpenAI's videos API on the job store */
 enum MHD_Result ditd_route_video_create(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                         const char *rid);
