@@ -25,6 +25,7 @@ Run with the project's virtualenv:
   /root/ditd-venv/bin/python tools/make_cache_fixtures.py
 The C test (tests/golden/test_step_cache.c) reads the files, never Python.
 """
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -134,6 +135,26 @@ def per_step(log, kind, steps, per_forward=1):
     rows = [(v, c) for k, v, c in log if k == kind]
     assert len(rows) == steps * per_forward, (kind, len(rows), steps, per_forward)
     return rows
+
+
+def mag_margin(fields, steps):
+    """The smallest |err - threshold| over the steps at which MagCacheHeadHook
+    compares (the log keeps err after a reset, not the value compared):
+    MagCache's decisions follow from the ratios alone, replayed here."""
+    ratios = fields["mag_ratios"]
+    retention = int(fields["retention_ratio"] * fields["num_inference_steps"] + 0.5)
+    ratio, n, err, margin, have_res = 1.0, 0, 0.0, float("inf"), False
+    for s in range(steps):
+        if s >= retention:
+            ratio *= ratios[s] if s < len(ratios) else 1.0
+            n += 1
+            err += abs(1.0 - ratio)
+            if have_res and n <= fields["max_skip_steps"]:
+                margin = min(margin, abs(err - fields["threshold"]))
+            if not (have_res and err <= fields["threshold"] and n <= fields["max_skip_steps"]):
+                ratio, n, err = 1.0, 0, 0.0
+        have_res = True
+    return margin
 
 
 # ---------------------------------------------------------------- FLUX ---
@@ -249,11 +270,132 @@ def flux_cases():
     return out_cases
 
 
-def main():
-    instrument()
-    OUT.mkdir(parents=True, exist_ok=True)
-    for f in OUT.glob("*.npy"):
-        f.unlink()
+# ----------------------------------------------------------------- SD3 ---
+SD3DIR = REPO / "tests" / "fixtures" / "sd3_pipeline"
+SD3_CASE = "sd3_48_slg"  # its embeddings and noise; run here without skip-layer guidance
+SD3_STEPS = 12
+
+
+def sd3_tail_text_passthrough(tr):
+    """SD3's last JointTransformerBlock is context_pre_only and returns None
+    for the text stream. Diffusers' FBCBlockHook (tail) subtracts the head's
+    text output from it and FBCHeadBlockHook adds that residual back on a
+    skip: both raise TypeError on SD3 (diffusers 0.42.1). Here the tail's
+    text output is its text input instead of None: a value nothing reads
+    (SD3Transformer2DModel's norm_out and proj_out read only the image
+    stream), so the hooks' arithmetic runs and every image value is
+    Diffusers' own. Applied before the hooks wrap the block."""
+    tail = tr.transformer_blocks[-1]
+    assert tail.context_pre_only
+    orig = tail.forward
+
+    def forward(hidden_states, encoder_hidden_states, temb, *args, **kwargs):
+        enc, hid = orig(hidden_states, encoder_hidden_states, temb, *args, **kwargs)
+        assert enc is None
+        return encoder_hidden_states, hid
+
+    tail.forward = forward
+
+
+def sd3_run(method, fields, case, exp):
+    """StableDiffusion3Pipeline (CFG, prompt embeddings given), the hook
+    applied to its transformer with diffusers.hooks' apply_* (SD3Transformer2DModel
+    has no CacheMixin: no enable_cache, no cache_context). The pipeline sets
+    no cache context: MagCache's hooks then set their own ("inference"),
+    First Block Cache needs one set by its user: one for the whole call, as
+    for DiT. Either way the [uncond; cond] rows of a step share one state."""
+    from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
+    d = SD3DIR / case["folder"]
+    tr = SD3Transformer2DModel.from_pretrained(d / "transformer", torch_dtype=torch.float64)
+    vae = AutoencoderKL.from_pretrained(d / "vae", torch_dtype=torch.float64)
+    sched = FlowMatchEulerDiscreteScheduler.from_pretrained(d / "scheduler")
+    pipe = StableDiffusion3Pipeline(transformer=tr, scheduler=sched, vae=vae, text_encoder=None,
+                                    tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+                                    text_encoder_3=None, tokenizer_3=None)
+    pipe.set_progress_bar_config(disable=True)
+    if method == "first_block_cache":
+        sd3_tail_text_passthrough(tr)
+        apply_first_block_cache(tr, FirstBlockCacheConfig(**fields))
+        _set_cache_context(tr, CacheContext("cond"))
+    elif method == "mag_cache":
+        apply_mag_cache(tr, MagCacheConfig(**fields))
+    ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
+    noise = np.load(exp / case["noise"])
+    LOG.clear()
+    with torch.no_grad():
+        out = pipe(prompt_embeds=ld("prompt_embeds"), pooled_prompt_embeds=ld("pooled"),
+                   negative_prompt_embeds=ld("negative_prompt_embeds"),
+                   negative_pooled_prompt_embeds=ld("negative_pooled"),
+                   guidance_scale=case["guidance_scale"], height=case["height"],
+                   width=case["width"], num_inference_steps=SD3_STEPS,
+                   latents=torch.from_numpy(noise).to(torch.float64), output_type="latent",
+                   return_dict=False)[0]
+    return out.numpy(), noise, list(LOG)
+
+
+def sd3_cases():
+    exp = SD3DIR / "expected"
+    case = next(c for c in json.loads((exp / "cases.json").read_text())["cases"]
+                if c["name"] == SD3_CASE)
+    assert case["cfg_used"] and case["batch"] == 1
+    out_cases = []
+
+    def emit(name, method, fields, out, noise, rows, extra=None):
+        skipped = [not c for _, c in rows]
+        assert 0 < sum(skipped) < SD3_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        c = {"name": name, "family": "sd3", "method": method, "fields": fields,
+             "sd3_case": SD3_CASE, "steps": SD3_STEPS, "skipped": skipped,
+             "values": [v for v, _ in rows], "noise": f"{name}_noise.npy",
+             "out": f"{name}_out.npy", "dtype_reference": "float64"}
+        c.update(extra or {})
+        out_cases.append(c)
+        print(f"{name}: skipped {skipped}", file=sys.stderr)
+
+    # First Block Cache: a threshold between the measured values, 2 % clear of all
+    _, _, log = sd3_run("first_block_cache", {"threshold": 0.0}, case, exp)
+    vals = sorted(v for v, _ in per_step(log, "fbc", SD3_STEPS) if v is not None)
+    gaps = sorted(range(len(vals) - 1), key=lambda i: -vals[i + 1] / vals[i])
+    for k in gaps:
+        thr = float(np.sqrt(vals[k] * vals[k + 1]))
+        out, noise, log = sd3_run("first_block_cache", {"threshold": thr}, case, exp)
+        rows = per_step(log, "fbc", SD3_STEPS)
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < SD3_STEPS - 2 and all(v is None or abs(v - thr) > 0.02 * thr
+                                               for v, _ in rows):
+            break
+    else:
+        raise SystemExit("no SD3 First Block Cache threshold fits")
+    emit("sd3_fbc", "first_block_cache", {"threshold": thr}, out, noise, rows)
+
+    # MagCache: ratios calibrated on this model (the calibration checked too),
+    # then a threshold that skips some steps
+    cal_fields = {"calibrate": True, "num_inference_steps": SD3_STEPS}
+    out_c, noise, log = sd3_run("mag_cache", cal_fields, case, exp)
+    ratios = [v for k2, v, _ in log if k2 == "cal"]
+    assert len(ratios) == SD3_STEPS
+    np.save(OUT / "sd3_mag_calibrate_out.npy", out_c.astype("<f8"))
+    out_cases.append({"name": "sd3_mag_calibrate", "family": "sd3", "method": "mag_cache",
+                      "fields": cal_fields, "sd3_case": SD3_CASE, "steps": SD3_STEPS,
+                      "skipped": [False] * SD3_STEPS, "calibration": ratios,
+                      "noise": "sd3_mag_noise.npy", "out": "sd3_mag_calibrate_out.npy",
+                      "dtype_reference": "float64"})
+    for thr in (0.3, 0.5, 0.8, 1.2):
+        fields = {"threshold": thr, "max_skip_steps": 2, "retention_ratio": 0.2,
+                  "num_inference_steps": SD3_STEPS, "mag_ratios": [float(r) for r in ratios]}
+        out, noise, log = sd3_run("mag_cache", fields, case, exp)
+        rows = per_step(log, "mag", SD3_STEPS)
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < SD3_STEPS - 2 and mag_margin(fields, SD3_STEPS) > 0.02 * thr:
+            break
+    else:
+        raise SystemExit("no SD3 MagCache threshold fits")
+    emit("sd3_mag", "mag_cache", fields, out, noise, rows)
+    return out_cases
+
+
+def dit_cases():
     cfg = json.loads((MODEL / "transformer" / "config.json").read_text())
     C, S = cfg["in_channels"], cfg["sample_size"]
     rng = np.random.default_rng(2024)
@@ -365,8 +507,33 @@ def main():
                   "out": "fbc_batch2_out.npy", "dtype_reference": "float64"})
     print(f"fbc_batch2: skipped {skips}", file=sys.stderr)
 
-    cases += flux_cases()
+    return cases
 
+
+FAMILIES = {"dit": dit_cases, "flux": flux_cases, "sd3": sd3_cases}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
+                    help="remake only this family's cases (repeatable); the others' "
+                         "cases and files stay as committed. Default: all")
+    args = ap.parse_args()
+    fams = args.family or list(FAMILIES)
+    instrument()
+    OUT.mkdir(parents=True, exist_ok=True)
+    old = []
+    if args.family and (OUT / "cases.json").exists():
+        old = json.loads((OUT / "cases.json").read_text())["cases"]
+    keep = [c for c in old if c.get("family", "dit") not in fams]
+    kept_files = {c[k] for c in keep for k in ("noise", "out")}
+    for f in OUT.glob("*.npy"):
+        if f.name not in kept_files:
+            f.unlink()
+    cases = []
+    for fam in FAMILIES:  # the document keeps one order: dit, flux, sd3, ...
+        cases += FAMILIES[fam]() if fam in fams else [c for c in keep
+                                                      if c.get("family", "dit") == fam]
     doc = {"model": "models/tiny-p2-c1-h6", "diffusers": diffusers.__version__,
            "torch": torch.__version__, "cases": cases}
     (OUT / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -2,7 +2,10 @@
  * First Block Cache, MagCache (given ratios, FLUX's ratios interpolated,
  * calibration) and TaylorSeer (modules, whole blocks) on the tiny DiT fixture,
  * DiTPipeline's loop with guidance; First Block Cache and MagCache on the
- * tiny FLUX.1-dev folder with true CFG (a state per branch). Per case: the same steps skipped, step by
+ * tiny FLUX.1-dev folder with true CFG (a state per branch); First Block
+ * Cache, MagCache and its calibration on the tiny SD3 folder with CFG
+ * ([uncond; cond] under one state, as StableDiffusion3Pipeline runs them
+ * through the hooks). Per case: the same steps skipped, step by
  * step, and the final latents within 1e-4 of Diffusers' float64 run. Plus the
  * config parser's refusals. */
 #include <jansson.h>
@@ -197,6 +200,70 @@ out:
     return ran;
 }
 
+/* The cases of one text family (c.family): the pipeline on the assembled
+ * folder mdir, each case's embeddings, noise and size from its pipeline
+ * fixture (<family>_pipeline/expected, case c.<family>_case). */
+static int family_cases(json_t *doc, const char *family, const char *mdir, int *skips_seen,
+                        int *computes_seen)
+{
+    char edir[4096], fpath[4300], key[64];
+    json_error_t jerr;
+    json_t *fdoc = NULL, *c;
+    ditd_model_info info;
+    ditd_pipeline *p = NULL;
+    float *emb = NULL, *pool = NULL, *nemb = NULL, *npool = NULL;
+    int ran = 0, sd3 = !strcmp(family, "sd3");
+    size_t k;
+
+    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), family);
+    snprintf(key, sizeof key, "%s_case", family);
+    TU_OK(ditd_model_info_load(mdir, &info));
+    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
+    json_array_foreach(json_object_get(doc, "cases"), k, c) {
+        const char *fam = json_string_value(json_object_get(c, "family"));
+        if (!fam || strcmp(fam, family) || !p)
+            continue;
+        int64_t sh[4];
+        if (!fdoc) {
+            snprintf(fpath, sizeof fpath, "%s/cases.json", edir);
+            fdoc = json_load_file(fpath, 0, &jerr);
+            TU_CHECK(fdoc != NULL, "%s: %s", fpath, jerr.text);
+        }
+        json_t *fc = NULL, *e;
+        size_t j;
+        json_array_foreach(json_object_get(fdoc, "cases"), j, e)
+            if (!strcmp(json_string_value(json_object_get(e, "name")),
+                        json_string_value(json_object_get(c, key))))
+                fc = e;
+        TU_CHECK(fc != NULL, "%s case %s", family, json_string_value(json_object_get(c, key)));
+        if (!fc)
+            continue;
+        free(emb), free(pool), free(nemb), free(npool);
+        emb = load(edir, json_string_value(json_object_get(fc, "prompt_embeds")), sh);
+        pool = load(edir, json_string_value(json_object_get(fc, "pooled")), sh);
+        nemb = load(edir, json_string_value(json_object_get(fc, "negative_prompt_embeds")), sh);
+        npool = load(edir, json_string_value(json_object_get(fc, "negative_pooled")), sh);
+        /* FLUX's text is max_sequence_length T5 tokens, SD3's 77 CLIP + that */
+        TU_OK(ditd_pipeline_set_size(p, (int)json_integer_value(json_object_get(fc, "latent_height")),
+                                     (int)json_integer_value(json_object_get(fc, "latent_width")),
+                                     (int)json_integer_value(json_object_get(
+                                         fc, sd3 ? "text_len" : "max_sequence_length"))));
+        ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
+        ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
+                               .true_cfg = sd3 ? 1.0f
+                                               : (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
+        smp.cond.prompt = &te[0];
+        smp.cond.negative = &te[1];
+        if (emb && pool && nemb && npool)
+            ran += run_one(p, c, 1, &smp, p->sched_base.kind, skips_seen, computes_seen);
+    }
+    free(emb), free(pool), free(nemb), free(npool);
+    json_decref(fdoc);
+    ditd_pipeline_free(p);
+    ditd_model_info_free(&info);
+    return ran;
+}
+
 static int run_cases(void)
 {
     char dir[4096], mdir[4096], path[4300];
@@ -232,54 +299,10 @@ static int run_cases(void)
         }
         ran += run_one(p, c, n, samples, DITD_SAMPLER_FLOW_EULER, &skips_seen, &computes_seen);
     }
-    ditd_pipeline_free(p);
-    p = NULL;
-    ditd_model_info_free(&info);
-
-    /* FLUX.1-dev, true CFG: a state per branch (FluxPipeline's contexts) */
-    json_t *fdoc = NULL;
-    float *emb = NULL, *pool = NULL, *nemb = NULL, *npool = NULL;
-    snprintf(mdir, sizeof mdir, "%s/dev", FLUX_PIPELINE_DIR);
-    TU_OK(ditd_model_info_load(mdir, &info));
-    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
-    json_array_foreach(json_object_get(doc, "cases"), k, c) {
-        if (!json_object_get(c, "family") || !p)
-            continue;
-        char edir[4096], fpath[4300];
-        int64_t sh[4];
-        snprintf(edir, sizeof edir, "%s/flux_pipeline/expected", tu_fixtures());
-        if (!fdoc) {
-            snprintf(fpath, sizeof fpath, "%s/cases.json", edir);
-            fdoc = json_load_file(fpath, 0, &jerr);
-            TU_CHECK(fdoc != NULL, "%s: %s", fpath, jerr.text);
-        }
-        json_t *fc = NULL, *e;
-        size_t j;
-        json_array_foreach(json_object_get(fdoc, "cases"), j, e)
-            if (!strcmp(json_string_value(json_object_get(e, "name")),
-                        json_string_value(json_object_get(c, "flux_case"))))
-                fc = e;
-        TU_CHECK(fc != NULL, "flux case %s", json_string_value(json_object_get(c, "flux_case")));
-        if (!fc)
-            continue;
-        free(emb), free(pool), free(nemb), free(npool);
-        emb = load(edir, json_string_value(json_object_get(fc, "prompt_embeds")), sh);
-        pool = load(edir, json_string_value(json_object_get(fc, "pooled")), sh);
-        nemb = load(edir, json_string_value(json_object_get(fc, "negative_prompt_embeds")), sh);
-        npool = load(edir, json_string_value(json_object_get(fc, "negative_pooled")), sh);
-        TU_OK(ditd_pipeline_set_size(p, (int)json_integer_value(json_object_get(fc, "latent_height")),
-                                     (int)json_integer_value(json_object_get(fc, "latent_width")),
-                                     (int)json_integer_value(json_object_get(fc, "max_sequence_length"))));
-        ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
-        ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
-                               .true_cfg = (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
-        smp.cond.prompt = &te[0];
-        smp.cond.negative = &te[1];
-        if (emb && pool && nemb && npool)
-            ran += run_one(p, c, 1, &smp, p->sched_base.kind, &skips_seen, &computes_seen);
-    }
-    free(emb), free(pool), free(nemb), free(npool);
-    json_decref(fdoc);
+    /* FLUX.1-dev, true CFG: a state per branch (FluxPipeline's contexts);
+     * SD3, CFG: [uncond; cond] under one state */
+    ran += family_cases(doc, "flux", FLUX_PIPELINE_DIR "/dev", &skips_seen, &computes_seen);
+    ran += family_cases(doc, "sd3", SD3_PIPELINE_DIR "/sd3", &skips_seen, &computes_seen);
     TU_CHECK(skips_seen > 0 && computes_seen > 0, "skipped %d, computed %d steps in all cases",
              skips_seen, computes_seen);
     printf("cases: %d; steps skipped %d, computed %d\n", ran, skips_seen, computes_seen);
@@ -386,6 +409,6 @@ int main(void)
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 11, "ran %d cache cases (8 DiT, 3 FLUX expected)", ran);
+    TU_CHECK(ran >= 14, "ran %d cache cases (8 DiT, 3 FLUX, 3 SD3 expected)", ran);
     return tu_exit();
 }
