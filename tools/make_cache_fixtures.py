@@ -395,6 +395,131 @@ def sd3_cases():
     return out_cases
 
 
+# ----------------------------------------------------------------- Wan ---
+WANDIR = REPO / "tests" / "fixtures" / "wan_pipeline"
+WAN_CASE = "wan_9f_48x32_negative"  # its embeddings and noise (3 latent frames of 6x4)
+WAN_STEPS = 12
+
+
+def wan_run(method, fields, case, exp):
+    """WanPipeline (CFG with a negative prompt, prompt embeddings given) with
+    the hook on its transformer through transformer.enable_cache, as a user
+    does; the pipeline runs its two passes under cache_context("cond") and
+    ("uncond"): a state per branch. Float64 throughout, given latents kept
+    float64 as tools/make_wan_pipeline_fixtures.py keeps them."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    d = WANDIR / case["folder"]
+    tr = WanTransformer3DModel.from_pretrained(d / "transformer", torch_dtype=torch.float64)
+    tr.to(torch.float64)  # _keep_in_fp32_modules kept scale_shift_table float32
+    vae = AutoencoderKLWan.from_pretrained(d / "vae", torch_dtype=torch.float64)
+    sched = UniPCMultistepScheduler.from_pretrained(d / "scheduler")
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=tr, vae=vae, scheduler=sched)
+    pipe.set_progress_bar_config(disable=True)
+    orig = pipe.prepare_latents
+
+    def prepare_latents(*a, **k):
+        lat = k.get("latents", a[-1] if a else None)
+        return lat.to(torch.float64) if lat is not None else orig(*a, **k)
+
+    pipe.prepare_latents = prepare_latents
+    if method == "first_block_cache":
+        tr.enable_cache(FirstBlockCacheConfig(**fields))
+    elif method == "mag_cache":
+        tr.enable_cache(MagCacheConfig(**fields))
+    for k, t in list(tr.named_parameters()) + list(tr.named_buffers()):
+        assert not t.is_floating_point() or t.dtype == torch.float64, k
+    ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
+    noise = np.load(exp / case["noise"])
+    LOG.clear()
+    with torch.no_grad():
+        out = pipe(prompt_embeds=ld("prompt_embeds"), negative_prompt_embeds=ld("negative_prompt_embeds"),
+                   guidance_scale=case["guidance_scale"], height=case["height"],
+                   width=case["width"], num_frames=case["num_frames"],
+                   num_inference_steps=WAN_STEPS, max_sequence_length=case["max_sequence_length"],
+                   latents=torch.from_numpy(noise).to(torch.float64), output_type="latent",
+                   return_dict=False)[0]
+    assert out.dtype == torch.float64
+    return out.numpy(), noise, list(LOG)
+
+
+def wan_cases():
+    exp = WANDIR / "expected"
+    case = next(c for c in json.loads((exp / "cases.json").read_text())["cases"]
+                if c["name"] == WAN_CASE)
+    assert case["cfg_used"] and case["batch"] == 1
+    out_cases = []
+
+    def branches(log, kind):
+        rows = [(v, c) for k, v, c in log if k == kind]
+        assert len(rows) == 2 * WAN_STEPS, (kind, len(rows))
+        return rows
+
+    def emit(name, method, fields, out, noise, rows, extra=None):
+        skipped = [[not rows[2 * s + b][1] for s in range(WAN_STEPS)] for b in range(2)]
+        n_skip = sum(map(sum, skipped))
+        assert 0 < n_skip < 2 * WAN_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        c = {"name": name, "family": "wan", "method": method, "fields": fields,
+             "wan_case": WAN_CASE, "steps": WAN_STEPS,
+             "skipped": [a and b for a, b in zip(*skipped)], "skipped_branches": skipped,
+             "values_branches": [[rows[2 * s + b][0] for s in range(WAN_STEPS)] for b in range(2)],
+             "noise": f"{name}_noise.npy", "out": f"{name}_out.npy", "dtype_reference": "float64"}
+        c.update(extra or {})
+        out_cases.append(c)
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+
+    # First Block Cache: a threshold between the measured values (both
+    # branches), 2 % clear of all; preferably one at which the branches decide
+    # differently somewhere (their states are apart)
+    _, _, log = wan_run("first_block_cache", {"threshold": 0.0}, case, exp)
+    vals = sorted(v for v, _ in branches(log, "fbc") if v is not None)
+    gaps = sorted(range(len(vals) - 1), key=lambda i: -vals[i + 1] / vals[i])
+    fits = []
+    for k in gaps:
+        thr = float(np.sqrt(vals[k] * vals[k + 1]))
+        out, noise, log = wan_run("first_block_cache", {"threshold": thr}, case, exp)
+        rows = branches(log, "fbc")
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < 2 * WAN_STEPS - 4 and all(v is None or abs(v - thr) > 0.02 * thr
+                                                  for v, _ in rows):
+            fits.append((thr, out, noise, rows))
+            if any(rows[2 * s][1] != rows[2 * s + 1][1] for s in range(WAN_STEPS)):
+                fits = fits[-1:]
+                break
+    if not fits:
+        raise SystemExit("no Wan First Block Cache threshold fits")
+    thr, out, noise, rows = fits[0]
+    emit("wan_fbc", "first_block_cache", {"threshold": thr}, out, noise, rows)
+
+    # MagCache: ratios calibrated per branch here; Diffusers' calibration
+    # prints each context's list, the hook takes one: the cond branch's
+    cal_fields = {"calibrate": True, "num_inference_steps": WAN_STEPS}
+    out_c, noise, log = wan_run("mag_cache", cal_fields, case, exp)
+    cal = [v for k2, v, _ in log if k2 == "cal"]
+    assert len(cal) == 2 * WAN_STEPS
+    cal_br = [cal[0::2], cal[1::2]]
+    np.save(OUT / "wan_mag_calibrate_out.npy", out_c.astype("<f8"))
+    out_cases.append({"name": "wan_mag_calibrate", "family": "wan", "method": "mag_cache",
+                      "fields": cal_fields, "wan_case": WAN_CASE, "steps": WAN_STEPS,
+                      "skipped": [False] * WAN_STEPS, "calibration": cal_br[0],
+                      "calibration_branches": cal_br,
+                      "noise": "wan_mag_noise.npy", "out": "wan_mag_calibrate_out.npy",
+                      "dtype_reference": "float64"})
+    for thr in (0.1, 0.2, 0.3, 0.5, 0.8):
+        fields = {"threshold": thr, "max_skip_steps": 2, "retention_ratio": 0.2,
+                  "num_inference_steps": WAN_STEPS, "mag_ratios": [float(r) for r in cal_br[0]]}
+        out, noise, log = wan_run("mag_cache", fields, case, exp)
+        rows = branches(log, "mag")
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < 2 * WAN_STEPS - 4 and mag_margin(fields, WAN_STEPS) > 0.02 * thr:
+            break
+    else:
+        raise SystemExit("no Wan MagCache threshold fits")
+    emit("wan_mag", "mag_cache", fields, out, noise, rows)
+    return out_cases
+
+
 def dit_cases():
     cfg = json.loads((MODEL / "transformer" / "config.json").read_text())
     C, S = cfg["in_channels"], cfg["sample_size"]
@@ -510,7 +635,7 @@ def dit_cases():
     return cases
 
 
-FAMILIES = {"dit": dit_cases, "flux": flux_cases, "sd3": sd3_cases}
+FAMILIES = {"dit": dit_cases, "flux": flux_cases, "sd3": sd3_cases, "wan": wan_cases}
 
 
 def main():

@@ -5,7 +5,8 @@
  * tiny FLUX.1-dev folder with true CFG (a state per branch); First Block
  * Cache, MagCache and its calibration on the tiny SD3 folder with CFG
  * ([uncond; cond] under one state, as StableDiffusion3Pipeline runs them
- * through the hooks). Per case: the same steps skipped, step by
+ * through the hooks); the same on the tiny Wan 2.1 folder (WanPipeline's
+ * cond / uncond contexts: a state per branch, calibrated per branch). Per case: the same steps skipped, step by
  * step, and the final latents within 1e-4 of Diffusers' float64 run. Plus the
  * config parser's refusals. */
 #include <jansson.h>
@@ -87,14 +88,26 @@ static int config_from_json(const char *method, json_t *fields, ditd_cache_confi
     return ditd_cache_config_check(cfg);
 }
 
-static float *load(const char *dir, const char *name, int64_t *shape)
+/* A fixture array of up to 5 dimensions; *numel1: the elements past the
+ * first dimension (one sample's), when numel1 is given */
+static float *load_n(const char *dir, const char *name, int64_t *shape, size_t *numel1)
 {
     char path[4300];
     float *d = NULL;
-    int nd;
+    int nd = 0;
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    TU_OK(ditd_npy_read_f32(path, 4, &nd, shape, &d));
+    TU_OK(ditd_npy_read_f32(path, 5, &nd, shape, &d));
+    if (numel1) {
+        *numel1 = 1;
+        for (int i = 1; i < nd; i++)
+            *numel1 *= (size_t)shape[i];
+    }
     return d;
+}
+
+static float *load(const char *dir, const char *name, int64_t *shape)
+{
+    return load_n(dir, name, shape, NULL);
 }
 
 /* One case on pipeline p: the same steps skipped as Diffusers, step by
@@ -105,20 +118,21 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
     char dir[4096];
     const char *name = json_string_value(json_object_get(c, "name"));
     int steps = (int)json_integer_value(json_object_get(c, "steps")), ran = 0;
-    int64_t sn[4], so[4];
+    int64_t sn[5], so[5];
+    size_t numel = 0, numel_o = 0;
     ditd_cache_config cfg;
     step_log lg = {.p = p, .n = n};
     snprintf(dir, sizeof dir, "%s/cache", tu_fixtures());
-    float *noise = load(dir, json_string_value(json_object_get(c, "noise")), sn);
-    float *want = load(dir, json_string_value(json_object_get(c, "out")), so);
+    float *noise = load_n(dir, json_string_value(json_object_get(c, "noise")), sn, &numel);
+    float *want = load_n(dir, json_string_value(json_object_get(c, "out")), so, &numel_o);
     ditd_gen_params gp = {.steps = steps, .sampler = sampler};
     TU_OK(config_from_json(json_string_value(json_object_get(c, "method")),
                            json_object_get(c, "fields"), &cfg));
     TU_OK(ditd_pipeline_set_cache(p, &cfg));
-    TU_CHECK(n >= 1 && n <= 2 && steps <= MAX_STEPS, "%s: %d samples, %d steps", name, n, steps);
-    if (!noise || !want || n < 1 || n > 2 || steps > MAX_STEPS)
+    TU_CHECK(n >= 1 && n <= 2 && steps <= MAX_STEPS && numel == numel_o, "%s: %d samples, %d steps, %zu / %zu elements", name, n,
+             steps, numel, numel_o);
+    if (!noise || !want || n < 1 || n > 2 || steps > MAX_STEPS || numel != numel_o)
         goto out;
-    size_t numel = (size_t)(sn[1] * sn[2] * sn[3]);
     float *got = calloc((size_t)n * numel, sizeof *got), *plain = calloc((size_t)n * numel, sizeof *plain);
     TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, got, NULL, on_step, &lg));
     /* the same steps skipped, step by step */
@@ -159,10 +173,14 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
         }
     }
     /* calibration: the ratios MagCacheBlockHook measures */
-    json_t *cal = json_object_get(c, "calibration");
-    if (cal) {
+    /* calibration_branches: one list per branch (a pipeline with cond /
+     * uncond contexts), else "calibration" for the one shared state */
+    json_t *cal_br = json_object_get(c, "calibration_branches");
+    size_t n_br = cal_br ? json_array_size(cal_br) : 1;
+    for (size_t b = 0; b < n_br && (cal_br || json_object_get(c, "calibration")); b++) {
+        json_t *cal = cal_br ? json_array_get(cal_br, b) : json_object_get(c, "calibration");
         int nc = 0;
-        const float *r = ditd_step_cache_calibration(p->scache, 0, 0, &nc);
+        const float *r = ditd_step_cache_calibration(p->scache, 0, (int)b, &nc);
         TU_CHECK(nc == (int)json_array_size(cal), "%s: %d ratios, want %zu", name, nc,
                  json_array_size(cal));
         double worst = 0;
@@ -172,8 +190,8 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
             worst = e > worst ? e : worst;
         }
         TU_CHECK(worst <= 1e-5, "%s: calibration ratios off by %.3g", name, worst);
-        printf("%s %s: %d calibration ratios within %.3g of Diffusers' (first %.6g, last %.6g)\n",
-               worst <= 1e-5 ? "ok  " : "FAIL", name, nc, worst, nc ? (double)r[0] : 0.0,
+        printf("%s %s branch %zu: %d calibration ratios within %.3g of Diffusers' (first %.6g, last %.6g)\n",
+               worst <= 1e-5 ? "ok  " : "FAIL", name, b, nc, worst, nc ? (double)r[0] : 0.0,
                nc ? (double)r[nc - 1] : 0.0);
     }
     TU_CLOSE(name, got, want, (size_t)n * numel, TOL);
@@ -212,7 +230,7 @@ static int family_cases(json_t *doc, const char *family, const char *mdir, int *
     ditd_model_info info;
     ditd_pipeline *p = NULL;
     float *emb = NULL, *pool = NULL, *nemb = NULL, *npool = NULL;
-    int ran = 0, sd3 = !strcmp(family, "sd3");
+    int ran = 0, sd3 = !strcmp(family, "sd3"), wan = !strcmp(family, "wan");
     size_t k;
 
     snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), family);
@@ -223,7 +241,7 @@ static int family_cases(json_t *doc, const char *family, const char *mdir, int *
         const char *fam = json_string_value(json_object_get(c, "family"));
         if (!fam || strcmp(fam, family) || !p)
             continue;
-        int64_t sh[4];
+        int64_t sh[5];
         if (!fdoc) {
             snprintf(fpath, sizeof fpath, "%s/cases.json", edir);
             fdoc = json_load_file(fpath, 0, &jerr);
@@ -240,21 +258,26 @@ static int family_cases(json_t *doc, const char *family, const char *mdir, int *
             continue;
         free(emb), free(pool), free(nemb), free(npool);
         emb = load(edir, json_string_value(json_object_get(fc, "prompt_embeds")), sh);
-        pool = load(edir, json_string_value(json_object_get(fc, "pooled")), sh);
+        pool = wan ? NULL : load(edir, json_string_value(json_object_get(fc, "pooled")), sh);
         nemb = load(edir, json_string_value(json_object_get(fc, "negative_prompt_embeds")), sh);
-        npool = load(edir, json_string_value(json_object_get(fc, "negative_pooled")), sh);
-        /* FLUX's text is max_sequence_length T5 tokens, SD3's 77 CLIP + that */
-        TU_OK(ditd_pipeline_set_size(p, (int)json_integer_value(json_object_get(fc, "latent_height")),
-                                     (int)json_integer_value(json_object_get(fc, "latent_width")),
-                                     (int)json_integer_value(json_object_get(
-                                         fc, sd3 ? "text_len" : "max_sequence_length"))));
+        npool = wan ? NULL : load(edir, json_string_value(json_object_get(fc, "negative_pooled")), sh);
+        /* FLUX's and Wan's text is max_sequence_length T5 tokens, SD3's 77
+         * CLIP + that; Wan's latents have frames */
+        int lh = (int)json_integer_value(json_object_get(fc, "latent_height"));
+        int lw = (int)json_integer_value(json_object_get(fc, "latent_width"));
+        int T = (int)json_integer_value(json_object_get(fc, sd3 ? "text_len" : "max_sequence_length"));
+        if (wan)
+            TU_OK(ditd_pipeline_set_video_size(
+                p, (int)json_integer_value(json_object_get(fc, "latent_frames")), lh, lw, T));
+        else
+            TU_OK(ditd_pipeline_set_size(p, lh, lw, T));
         ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
         ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
-                               .true_cfg = sd3 ? 1.0f
-                                               : (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
+                               .true_cfg = sd3 || wan ? 1.0f
+                                                      : (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
         smp.cond.prompt = &te[0];
         smp.cond.negative = &te[1];
-        if (emb && pool && nemb && npool)
+        if (emb && nemb && (wan || (pool && npool)))
             ran += run_one(p, c, 1, &smp, p->sched_base.kind, skips_seen, computes_seen);
     }
     free(emb), free(pool), free(nemb), free(npool);
@@ -303,6 +326,8 @@ static int run_cases(void)
      * SD3, CFG: [uncond; cond] under one state */
     ran += family_cases(doc, "flux", FLUX_PIPELINE_DIR "/dev", &skips_seen, &computes_seen);
     ran += family_cases(doc, "sd3", SD3_PIPELINE_DIR "/sd3", &skips_seen, &computes_seen);
+    /* Wan 2.1, CFG: WanPipeline's cond / uncond contexts, a state per branch */
+    ran += family_cases(doc, "wan", WAN_PIPELINE_DIR "/wan21", &skips_seen, &computes_seen);
     TU_CHECK(skips_seen > 0 && computes_seen > 0, "skipped %d, computed %d steps in all cases",
              skips_seen, computes_seen);
     printf("cases: %d; steps skipped %d, computed %d\n", ran, skips_seen, computes_seen);
@@ -409,6 +434,6 @@ int main(void)
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 14, "ran %d cache cases (8 DiT, 3 FLUX, 3 SD3 expected)", ran);
+    TU_CHECK(ran >= 17, "ran %d cache cases (8 DiT, 3 FLUX, 3 SD3, 3 Wan expected)", ran);
     return tu_exit();
 }

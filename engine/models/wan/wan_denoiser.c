@@ -32,6 +32,16 @@ static int wan_shapes(const char *dir, ditd_denoiser_shapes *out)
     return err;
 }
 
+/* step caching: the blocks under the block hooks (Diffusers' hooks find
+ * the ModuleList `blocks`: head blocks.0, tail blocks.-1; a WanTransformerBlock
+ * returns the video stream only); a row of it is this rank's n_loc tokens
+ * of D (no module hooks: TaylorSeer is refused for Wan) */
+static void cache_plan(ditd_wan *m)
+{
+    m->base.cache_blocks = m->cfg.num_layers;
+    m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
+}
+
 static int wan_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
                     const ditd_mesh *mesh, ditd_denoiser **out)
 {
@@ -44,6 +54,7 @@ static int wan_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
                                  DITD_WAN_DEFAULT_TEXT_LEN, dir, mesh, &m)))
         return err;
     m->base.family = &ditd_wan_family;
+    cache_plan(m);
     *out = &m->base;
     return 0;
 }
@@ -69,13 +80,17 @@ static int wan_forward(ditd_denoiser *d, int B, const void *x, const float *t,
 
 static int wan_set_video_size(ditd_denoiser *d, int frames, int height, int width, int text_len)
 {
-    return ditd_wan_set_size((ditd_wan *)d, frames, height, width, text_len);
+    int err = ditd_wan_set_size((ditd_wan *)d, frames, height, width, text_len);
+    cache_plan((ditd_wan *)d);
+    return err;
 }
 
 static int wan_set_size(ditd_denoiser *d, int height, int width, int text_len)
 {
     ditd_wan *m = (ditd_wan *)d;
-    return ditd_wan_set_size(m, m->F, height, width, text_len);
+    int err = ditd_wan_set_size(m, m->F, height, width, text_len);
+    cache_plan(m);
+    return err;
 }
 
 static void wan_free(ditd_denoiser *d)

@@ -246,9 +246,23 @@ static int forward_ops(ditd_wan *m, int B, const void *x, const float *h_t,
     if (c->image_dim)
         image_embedding(m, B, h_image);
 
-    for (int l = 0; l < c->num_layers; l++)
+    /* the blocks; step caching's block hooks (engine/models/denoiser.h)
+     * around them as Diffusers' hooks take blocks.0 as the head and
+     * blocks.-1 as the tail. The text context is an input of every block,
+     * not a stream they change: only the video stream is kept. */
+    const ditd_denoiser_cache *cc = m->base.cache;
+    ditd_cache_streams cs = {B, m->img, Nl, m->tok0, NULL, 0, D};
+    int run = 1;
+    if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
+        return err;
+    for (int l = 0; run && l < c->num_layers; l++) {
         if ((err = block(m, &m->blk[l], B, R, pf)))
             return err;
+        if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
+            return err;
+        if (run && l == c->num_layers - 1 && cc && (err = cc->blocks_end(cc->ctx, &cs)))
+            return err;
+    }
 
     /* norm_out (no affine) with [shift, scale] = scale_shift_table + temb,
      * proj_out: tokens (B, Nl, p p Co) */
