@@ -426,6 +426,8 @@ def wan_run(method, fields, case, exp):
         tr.enable_cache(FirstBlockCacheConfig(**fields))
     elif method == "mag_cache":
         tr.enable_cache(MagCacheConfig(**fields))
+    elif method == "taylorseer_cache":
+        tr.enable_cache(TaylorSeerCacheConfig(**dict(fields, taylor_factors_dtype=torch.float64)))
     for k, t in list(tr.named_parameters()) + list(tr.named_buffers()):
         assert not t.is_floating_point() or t.dtype == torch.float64, k
     ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
@@ -517,6 +519,35 @@ def wan_cases():
     else:
         raise SystemExit("no Wan MagCache threshold fits")
     emit("wan_mag", "mag_cache", fields, out, noise, rows)
+
+    # TaylorSeer (float64 factors here, float32 in ditd): attn1, attn2 and
+    # ffn of every block at order 1; whole blocks at order 2 with a cool-down
+    n_layers = json.loads((WANDIR / case["folder"] / "transformer" / "config.json")
+                          .read_text())["num_layers"]
+    tay = [("wan_tay_modules", {"cache_interval": 3, "disable_cache_before_step": 2,
+                                "max_order": 1,
+                                "cache_identifiers": [r"blocks\.\d+\.attn1", r"blocks\.\d+\.attn2",
+                                                      r"blocks\.\d+\.ffn"]}, 3 * n_layers),
+           ("wan_tay_blocks", {"cache_interval": 2, "disable_cache_before_step": 3,
+                               "max_order": 2, "disable_cache_after_step": 10,
+                               "cache_identifiers": [r"blocks\.\d+"]}, n_layers)]
+    for name, fields, per in tay:
+        out, noise, log = wan_run("taylorseer_cache", fields, case, exp)
+        rows = [c for k2, _, c in log if k2 == "tay"]
+        assert len(rows) == 2 * WAN_STEPS * per, (name, len(rows))
+        comp = [[any(rows[(2 * s + b) * per:(2 * s + b + 1) * per]) for s in range(WAN_STEPS)]
+                for b in range(2)]
+        skipped = [[not x for x in comp[b]] for b in range(2)]
+        assert 0 < sum(map(sum, skipped)) < 2 * WAN_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        out_cases.append({
+            "name": name, "family": "wan", "method": "taylorseer_cache",
+            "fields": dict(fields, taylor_factors_dtype="float32"), "wan_case": WAN_CASE,
+            "steps": WAN_STEPS, "skipped": [a and b for a, b in zip(*skipped)],
+            "modules_per_step": per, "noise": f"{name}_noise.npy", "out": f"{name}_out.npy",
+            "dtype_reference": "float64"})
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
     return out_cases
 
 
