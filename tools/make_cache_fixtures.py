@@ -319,6 +319,10 @@ def sd3_run(method, fields, case, exp):
         _set_cache_context(tr, CacheContext("cond"))
     elif method == "mag_cache":
         apply_mag_cache(tr, MagCacheConfig(**fields))
+    elif method == "taylorseer_cache":
+        apply_taylorseer_cache(tr, TaylorSeerCacheConfig(**dict(fields,
+                                                                taylor_factors_dtype=torch.float64)))
+        _set_cache_context(tr, CacheContext("cond"))
     ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
     noise = np.load(exp / case["noise"])
     LOG.clear()
@@ -392,6 +396,22 @@ def sd3_cases():
     else:
         raise SystemExit("no SD3 MagCache threshold fits")
     emit("sd3_mag", "mag_cache", fields, out, noise, rows)
+
+    # TaylorSeer on the single-stream modules (ff of each block, ff_context
+    # of all but the context_pre_only last one), order 1, float64 factors
+    # here (ditd: float32); one context, as First Block Cache
+    n_layers = json.loads((SD3DIR / case["folder"] / "transformer" / "config.json")
+                          .read_text())["num_layers"]
+    fields = {"cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1,
+              "cache_identifiers": [r"transformer_blocks\.\d+\.ff",
+                                    r"transformer_blocks\.\d+\.ff_context"]}
+    per = 2 * n_layers - 1
+    out, noise, log = sd3_run("taylorseer_cache", fields, case, exp)
+    rows = [c for k2, _, c in log if k2 == "tay"]
+    assert len(rows) == SD3_STEPS * per, len(rows)
+    comp = [any(rows[s * per:(s + 1) * per]) for s in range(SD3_STEPS)]
+    emit("sd3_tay_ff", "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"), out,
+         noise, [(None, c) for c in comp], {"modules_per_step": per})
     return out_cases
 
 

@@ -434,6 +434,6 @@ int main(void)
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 19, "ran %d cache cases (8 DiT, 3 FLUX, 3 SD3, 5 Wan expected)", ran);
+    TU_CHECK(ran >= 20, "ran %d cache cases (8 DiT, 3 FLUX, 4 SD3, 5 Wan expected)", ran);
     return tu_exit();
 }

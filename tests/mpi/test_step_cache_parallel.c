@@ -565,13 +565,13 @@ int main(int argc, char **argv)
         TU_CHECK(checked >= 8, "%d cache configs checked under the mesh (8 expected)", checked);
         /* FLUX: First Block Cache at the fixture's threshold, MagCache with
          * FLUX's ratios, TaylorSeer's lite mode; SD3 and Wan: their fixture
-         * cases (Wan's TaylorSeer on attn1 / attn2 / ffn) */
+         * cases (TaylorSeer: SD3 on ff / ff_context, Wan on attn1 / attn2 / ffn) */
         static const char *const flux_cases[] = {"flux_fbc", "flux_mag", "flux_tay_lite"};
-        static const char *const sd3_cases[] = {"sd3_fbc", "sd3_mag"};
+        static const char *const sd3_cases[] = {"sd3_fbc", "sd3_mag", "sd3_tay_ff"};
         static const char *const wan_cases[] = {"wan_fbc", "wan_mag", "wan_tay_modules"};
         static const char *const fam[3] = {"flux", "sd3", "wan"}, *sub[3] = {"dev", "sd3", "wan21"};
         const char *const *names[3] = {flux_cases, sd3_cases, wan_cases};
-        const int n_names[3] = {3, 2, 3};
+        const int n_names[3] = {3, 3, 3};
         char mdir[4200];
         for (int f = 0; f < 3; f++) {
             if (!dirs[f])
