@@ -3,10 +3,12 @@
  * calibration) and TaylorSeer (modules, whole blocks) on the tiny DiT fixture,
  * DiTPipeline's loop with guidance; First Block Cache and MagCache on the
  * tiny FLUX.1-dev folder with true CFG (a state per branch); First Block
- * Cache, MagCache and its calibration on the tiny SD3 folder with CFG
- * ([uncond; cond] under one state, as StableDiffusion3Pipeline runs them
- * through the hooks); the same on the tiny Wan 2.1 folder (WanPipeline's
- * cond / uncond contexts: a state per branch, calibrated per branch). Per case: the same steps skipped, step by
+ * Cache, MagCache, its calibration and TaylorSeer (ff, ff_context) on the
+ * tiny SD3 folder with CFG ([uncond; cond] under one state, as
+ * StableDiffusion3Pipeline runs them through the hooks); the same on the
+ * tiny Wan 2.1 folder (WanPipeline's cond / uncond contexts: a state per
+ * branch, calibrated per branch; TaylorSeer on attn1 / attn2 / ffn and on
+ * whole blocks). At least 20 cases. Per case: the same steps skipped, step by
  * step, and the final latents within 1e-4 of Diffusers' float64 run. Plus the
  * config parser's refusals. */
 #include <jansson.h>
