@@ -6,7 +6,10 @@
  * (the CPU time is what a shared machine measures fairly), steps and
  * block evaluations skipped. DITD_CACHE_EVAL_BATCH=B runs B images of a
  * class per batch instead (each keeps its own state: the blocks run when
- * any of them computes). Not a test.
+ * any of them computes). DITD_CACHE_EVAL_NOISE=FILE.npy gives the initial
+ * latents, float32 (classes, N, C, H, W) (image j of class c is row c N + j),
+ * instead of each seed's noise: tools/bench_cache.py hands the same noise to
+ * Diffusers. Not a test.
  *
  *   cache_eval MODEL_DIR OUT_PREFIX N SEED STEPS GUIDANCE SPEC...
  *     SPEC: "none" or a --cache specification (engine/pipeline/step_cache.h);
@@ -71,6 +74,20 @@ int main(int argc, char **argv)
     }
     float *lat = malloc(BMAX * numel * sizeof(float)), *pix = malloc((size_t)K * N * H * W * sizeof(float));
     uint8_t *u8 = malloc(numel);
+    float *noise = NULL;
+    const char *nf = getenv("DITD_CACHE_EVAL_NOISE");
+    if (nf) {
+        int64_t sh[5];
+        int nd = 0;
+        if (ditd_npy_read_f32(nf, 5, &nd, sh, &noise)) {
+            fprintf(stderr, "%s: %s\n", nf, ditd_err_detail());
+            return 1;
+        }
+        if (nd != 5 || sh[0] != K || sh[1] != N || sh[2] * sh[3] * sh[4] != (int64_t)numel) {
+            fprintf(stderr, "%s: want (%d, %d, %d, %d, %d)\n", nf, K, N, C, H, W);
+            return 2;
+        }
+    }
     ditd_gen_sample smp[BMAX];
     for (int k = 7; k < argc; k++) {
         ditd_cache_config cfg;
@@ -94,7 +111,8 @@ int main(int argc, char **argv)
                                                .guidance = guidance};
                     smp[b].cond.class_id = c;
                 }
-                if (ditd_pipeline_generate(p, &gp, Bt, smp, NULL, lat, NULL, NULL, NULL)) {
+                const float *x0 = noise ? noise + ((size_t)c * (size_t)N + (size_t)j0) * numel : NULL;
+                if (ditd_pipeline_generate(p, &gp, Bt, smp, x0, lat, NULL, NULL, NULL)) {
                     fprintf(stderr, "%s: %s\n", argv[k], ditd_err_detail());
                     return 1;
                 }
@@ -133,6 +151,7 @@ int main(int argc, char **argv)
         free(cal);
         fflush(stdout);
     }
+    free(noise);
     free(lat);
     free(pix);
     free(u8);

@@ -25,6 +25,7 @@ Run with the project's virtualenv:
   /root/ditd-venv/bin/python tools/make_cache_fixtures.py
 The C test (tests/golden/test_step_cache.c) reads the files, never Python.
 """
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -134,6 +135,26 @@ def per_step(log, kind, steps, per_forward=1):
     rows = [(v, c) for k, v, c in log if k == kind]
     assert len(rows) == steps * per_forward, (kind, len(rows), steps, per_forward)
     return rows
+
+
+def mag_margin(fields, steps):
+    """The smallest |err - threshold| over the steps at which MagCacheHeadHook
+    compares (the log keeps err after a reset, not the value compared):
+    MagCache's decisions follow from the ratios alone, replayed here."""
+    ratios = fields["mag_ratios"]
+    retention = int(fields["retention_ratio"] * fields["num_inference_steps"] + 0.5)
+    ratio, n, err, margin, have_res = 1.0, 0, 0.0, float("inf"), False
+    for s in range(steps):
+        if s >= retention:
+            ratio *= ratios[s] if s < len(ratios) else 1.0
+            n += 1
+            err += abs(1.0 - ratio)
+            if have_res and n <= fields["max_skip_steps"]:
+                margin = min(margin, abs(err - fields["threshold"]))
+            if not (have_res and err <= fields["threshold"] and n <= fields["max_skip_steps"]):
+                ratio, n, err = 1.0, 0, 0.0
+        have_res = True
+    return margin
 
 
 # ---------------------------------------------------------------- FLUX ---
@@ -249,11 +270,308 @@ def flux_cases():
     return out_cases
 
 
-def main():
-    instrument()
-    OUT.mkdir(parents=True, exist_ok=True)
-    for f in OUT.glob("*.npy"):
-        f.unlink()
+# ----------------------------------------------------------------- SD3 ---
+SD3DIR = REPO / "tests" / "fixtures" / "sd3_pipeline"
+SD3_CASE = "sd3_48_slg"  # its embeddings and noise; run here without skip-layer guidance
+SD3_STEPS = 12
+
+
+def sd3_tail_text_passthrough(tr):
+    """SD3's last JointTransformerBlock is context_pre_only and returns None
+    for the text stream. Diffusers' FBCBlockHook (tail) subtracts the head's
+    text output from it and FBCHeadBlockHook adds that residual back on a
+    skip: both raise TypeError on SD3 (diffusers 0.42.1). Here the tail's
+    text output is its text input instead of None: a value nothing reads
+    (SD3Transformer2DModel's norm_out and proj_out read only the image
+    stream), so the hooks' arithmetic runs and every image value is
+    Diffusers' own. Applied before the hooks wrap the block."""
+    tail = tr.transformer_blocks[-1]
+    assert tail.context_pre_only
+    orig = tail.forward
+
+    def forward(hidden_states, encoder_hidden_states, temb, *args, **kwargs):
+        enc, hid = orig(hidden_states, encoder_hidden_states, temb, *args, **kwargs)
+        assert enc is None
+        return encoder_hidden_states, hid
+
+    tail.forward = forward
+
+
+def sd3_run(method, fields, case, exp):
+    """StableDiffusion3Pipeline (CFG, prompt embeddings given), the hook
+    applied to its transformer with diffusers.hooks' apply_* (SD3Transformer2DModel
+    has no CacheMixin: no enable_cache, no cache_context). The pipeline sets
+    no cache context: MagCache's hooks then set their own ("inference"),
+    First Block Cache needs one set by its user: one for the whole call, as
+    for DiT. Either way the [uncond; cond] rows of a step share one state."""
+    from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
+    d = SD3DIR / case["folder"]
+    tr = SD3Transformer2DModel.from_pretrained(d / "transformer", torch_dtype=torch.float64)
+    vae = AutoencoderKL.from_pretrained(d / "vae", torch_dtype=torch.float64)
+    sched = FlowMatchEulerDiscreteScheduler.from_pretrained(d / "scheduler")
+    pipe = StableDiffusion3Pipeline(transformer=tr, scheduler=sched, vae=vae, text_encoder=None,
+                                    tokenizer=None, text_encoder_2=None, tokenizer_2=None,
+                                    text_encoder_3=None, tokenizer_3=None)
+    pipe.set_progress_bar_config(disable=True)
+    if method == "first_block_cache":
+        sd3_tail_text_passthrough(tr)
+        apply_first_block_cache(tr, FirstBlockCacheConfig(**fields))
+        _set_cache_context(tr, CacheContext("cond"))
+    elif method == "mag_cache":
+        apply_mag_cache(tr, MagCacheConfig(**fields))
+    elif method == "taylorseer_cache":
+        apply_taylorseer_cache(tr, TaylorSeerCacheConfig(**dict(fields,
+                                                                taylor_factors_dtype=torch.float64)))
+        _set_cache_context(tr, CacheContext("cond"))
+    ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
+    noise = np.load(exp / case["noise"])
+    LOG.clear()
+    with torch.no_grad():
+        out = pipe(prompt_embeds=ld("prompt_embeds"), pooled_prompt_embeds=ld("pooled"),
+                   negative_prompt_embeds=ld("negative_prompt_embeds"),
+                   negative_pooled_prompt_embeds=ld("negative_pooled"),
+                   guidance_scale=case["guidance_scale"], height=case["height"],
+                   width=case["width"], num_inference_steps=SD3_STEPS,
+                   latents=torch.from_numpy(noise).to(torch.float64), output_type="latent",
+                   return_dict=False)[0]
+    return out.numpy(), noise, list(LOG)
+
+
+def sd3_cases():
+    exp = SD3DIR / "expected"
+    case = next(c for c in json.loads((exp / "cases.json").read_text())["cases"]
+                if c["name"] == SD3_CASE)
+    assert case["cfg_used"] and case["batch"] == 1
+    out_cases = []
+
+    def emit(name, method, fields, out, noise, rows, extra=None):
+        skipped = [not c for _, c in rows]
+        assert 0 < sum(skipped) < SD3_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        c = {"name": name, "family": "sd3", "method": method, "fields": fields,
+             "sd3_case": SD3_CASE, "steps": SD3_STEPS, "skipped": skipped,
+             "values": [v for v, _ in rows], "noise": f"{name}_noise.npy",
+             "out": f"{name}_out.npy", "dtype_reference": "float64"}
+        c.update(extra or {})
+        out_cases.append(c)
+        print(f"{name}: skipped {skipped}", file=sys.stderr)
+
+    # First Block Cache: a threshold between the measured values, 2 % clear of all
+    _, _, log = sd3_run("first_block_cache", {"threshold": 0.0}, case, exp)
+    vals = sorted(v for v, _ in per_step(log, "fbc", SD3_STEPS) if v is not None)
+    gaps = sorted(range(len(vals) - 1), key=lambda i: -vals[i + 1] / vals[i])
+    for k in gaps:
+        thr = float(np.sqrt(vals[k] * vals[k + 1]))
+        out, noise, log = sd3_run("first_block_cache", {"threshold": thr}, case, exp)
+        rows = per_step(log, "fbc", SD3_STEPS)
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < SD3_STEPS - 2 and all(v is None or abs(v - thr) > 0.02 * thr
+                                               for v, _ in rows):
+            break
+    else:
+        raise SystemExit("no SD3 First Block Cache threshold fits")
+    emit("sd3_fbc", "first_block_cache", {"threshold": thr}, out, noise, rows)
+
+    # MagCache: ratios calibrated on this model (the calibration checked too),
+    # then a threshold that skips some steps
+    cal_fields = {"calibrate": True, "num_inference_steps": SD3_STEPS}
+    out_c, noise, log = sd3_run("mag_cache", cal_fields, case, exp)
+    ratios = [v for k2, v, _ in log if k2 == "cal"]
+    assert len(ratios) == SD3_STEPS
+    np.save(OUT / "sd3_mag_calibrate_out.npy", out_c.astype("<f8"))
+    out_cases.append({"name": "sd3_mag_calibrate", "family": "sd3", "method": "mag_cache",
+                      "fields": cal_fields, "sd3_case": SD3_CASE, "steps": SD3_STEPS,
+                      "skipped": [False] * SD3_STEPS, "calibration": ratios,
+                      "noise": "sd3_mag_noise.npy", "out": "sd3_mag_calibrate_out.npy",
+                      "dtype_reference": "float64"})
+    for thr in (0.3, 0.5, 0.8, 1.2):
+        fields = {"threshold": thr, "max_skip_steps": 2, "retention_ratio": 0.2,
+                  "num_inference_steps": SD3_STEPS, "mag_ratios": [float(r) for r in ratios]}
+        out, noise, log = sd3_run("mag_cache", fields, case, exp)
+        rows = per_step(log, "mag", SD3_STEPS)
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < SD3_STEPS - 2 and mag_margin(fields, SD3_STEPS) > 0.02 * thr:
+            break
+    else:
+        raise SystemExit("no SD3 MagCache threshold fits")
+    emit("sd3_mag", "mag_cache", fields, out, noise, rows)
+
+    # TaylorSeer on the single-stream modules (ff of each block, ff_context
+    # of all but the context_pre_only last one), order 1, float64 factors
+    # here (ditd: float32); one context, as First Block Cache
+    n_layers = json.loads((SD3DIR / case["folder"] / "transformer" / "config.json")
+                          .read_text())["num_layers"]
+    fields = {"cache_interval": 3, "disable_cache_before_step": 2, "max_order": 1,
+              "cache_identifiers": [r"transformer_blocks\.\d+\.ff",
+                                    r"transformer_blocks\.\d+\.ff_context"]}
+    per = 2 * n_layers - 1
+    out, noise, log = sd3_run("taylorseer_cache", fields, case, exp)
+    rows = [c for k2, _, c in log if k2 == "tay"]
+    assert len(rows) == SD3_STEPS * per, len(rows)
+    comp = [any(rows[s * per:(s + 1) * per]) for s in range(SD3_STEPS)]
+    emit("sd3_tay_ff", "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"), out,
+         noise, [(None, c) for c in comp], {"modules_per_step": per})
+    return out_cases
+
+
+# ----------------------------------------------------------------- Wan ---
+WANDIR = REPO / "tests" / "fixtures" / "wan_pipeline"
+WAN_CASE = "wan_9f_48x32_negative"  # its embeddings and noise (3 latent frames of 6x4)
+WAN_STEPS = 12
+
+
+def wan_run(method, fields, case, exp):
+    """WanPipeline (CFG with a negative prompt, prompt embeddings given) with
+    the hook on its transformer through transformer.enable_cache, as a user
+    does; the pipeline runs its two passes under cache_context("cond") and
+    ("uncond"): a state per branch. Float64 throughout, given latents kept
+    float64 as tools/make_wan_pipeline_fixtures.py keeps them."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    d = WANDIR / case["folder"]
+    tr = WanTransformer3DModel.from_pretrained(d / "transformer", torch_dtype=torch.float64)
+    tr.to(torch.float64)  # _keep_in_fp32_modules kept scale_shift_table float32
+    vae = AutoencoderKLWan.from_pretrained(d / "vae", torch_dtype=torch.float64)
+    sched = UniPCMultistepScheduler.from_pretrained(d / "scheduler")
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=tr, vae=vae, scheduler=sched)
+    pipe.set_progress_bar_config(disable=True)
+    orig = pipe.prepare_latents
+
+    def prepare_latents(*a, **k):
+        lat = k.get("latents", a[-1] if a else None)
+        return lat.to(torch.float64) if lat is not None else orig(*a, **k)
+
+    pipe.prepare_latents = prepare_latents
+    if method == "first_block_cache":
+        tr.enable_cache(FirstBlockCacheConfig(**fields))
+    elif method == "mag_cache":
+        tr.enable_cache(MagCacheConfig(**fields))
+    elif method == "taylorseer_cache":
+        tr.enable_cache(TaylorSeerCacheConfig(**dict(fields, taylor_factors_dtype=torch.float64)))
+    for k, t in list(tr.named_parameters()) + list(tr.named_buffers()):
+        assert not t.is_floating_point() or t.dtype == torch.float64, k
+    ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
+    noise = np.load(exp / case["noise"])
+    LOG.clear()
+    with torch.no_grad():
+        out = pipe(prompt_embeds=ld("prompt_embeds"), negative_prompt_embeds=ld("negative_prompt_embeds"),
+                   guidance_scale=case["guidance_scale"], height=case["height"],
+                   width=case["width"], num_frames=case["num_frames"],
+                   num_inference_steps=WAN_STEPS, max_sequence_length=case["max_sequence_length"],
+                   latents=torch.from_numpy(noise).to(torch.float64), output_type="latent",
+                   return_dict=False)[0]
+    assert out.dtype == torch.float64
+    return out.numpy(), noise, list(LOG)
+
+
+def wan_cases():
+    exp = WANDIR / "expected"
+    case = next(c for c in json.loads((exp / "cases.json").read_text())["cases"]
+                if c["name"] == WAN_CASE)
+    assert case["cfg_used"] and case["batch"] == 1
+    out_cases = []
+
+    def branches(log, kind):
+        rows = [(v, c) for k, v, c in log if k == kind]
+        assert len(rows) == 2 * WAN_STEPS, (kind, len(rows))
+        return rows
+
+    def emit(name, method, fields, out, noise, rows, extra=None):
+        skipped = [[not rows[2 * s + b][1] for s in range(WAN_STEPS)] for b in range(2)]
+        n_skip = sum(map(sum, skipped))
+        assert 0 < n_skip < 2 * WAN_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        c = {"name": name, "family": "wan", "method": method, "fields": fields,
+             "wan_case": WAN_CASE, "steps": WAN_STEPS,
+             "skipped": [a and b for a, b in zip(*skipped)], "skipped_branches": skipped,
+             "values_branches": [[rows[2 * s + b][0] for s in range(WAN_STEPS)] for b in range(2)],
+             "noise": f"{name}_noise.npy", "out": f"{name}_out.npy", "dtype_reference": "float64"}
+        c.update(extra or {})
+        out_cases.append(c)
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+
+    # First Block Cache: a threshold between the measured values (both
+    # branches), 2 % clear of all; preferably one at which the branches decide
+    # differently somewhere (their states are apart)
+    _, _, log = wan_run("first_block_cache", {"threshold": 0.0}, case, exp)
+    vals = sorted(v for v, _ in branches(log, "fbc") if v is not None)
+    gaps = sorted(range(len(vals) - 1), key=lambda i: -vals[i + 1] / vals[i])
+    fits = []
+    for k in gaps:
+        thr = float(np.sqrt(vals[k] * vals[k + 1]))
+        out, noise, log = wan_run("first_block_cache", {"threshold": thr}, case, exp)
+        rows = branches(log, "fbc")
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < 2 * WAN_STEPS - 4 and all(v is None or abs(v - thr) > 0.02 * thr
+                                                  for v, _ in rows):
+            fits.append((thr, out, noise, rows))
+            if any(rows[2 * s][1] != rows[2 * s + 1][1] for s in range(WAN_STEPS)):
+                fits = fits[-1:]
+                break
+    if not fits:
+        raise SystemExit("no Wan First Block Cache threshold fits")
+    thr, out, noise, rows = fits[0]
+    emit("wan_fbc", "first_block_cache", {"threshold": thr}, out, noise, rows)
+
+    # MagCache: ratios calibrated per branch here; Diffusers' calibration
+    # prints each context's list, the hook takes one: the cond branch's
+    cal_fields = {"calibrate": True, "num_inference_steps": WAN_STEPS}
+    out_c, noise, log = wan_run("mag_cache", cal_fields, case, exp)
+    cal = [v for k2, v, _ in log if k2 == "cal"]
+    assert len(cal) == 2 * WAN_STEPS
+    cal_br = [cal[0::2], cal[1::2]]
+    np.save(OUT / "wan_mag_calibrate_out.npy", out_c.astype("<f8"))
+    out_cases.append({"name": "wan_mag_calibrate", "family": "wan", "method": "mag_cache",
+                      "fields": cal_fields, "wan_case": WAN_CASE, "steps": WAN_STEPS,
+                      "skipped": [False] * WAN_STEPS, "calibration": cal_br[0],
+                      "calibration_branches": cal_br,
+                      "noise": "wan_mag_noise.npy", "out": "wan_mag_calibrate_out.npy",
+                      "dtype_reference": "float64"})
+    for thr in (0.1, 0.2, 0.3, 0.5, 0.8):
+        fields = {"threshold": thr, "max_skip_steps": 2, "retention_ratio": 0.2,
+                  "num_inference_steps": WAN_STEPS, "mag_ratios": [float(r) for r in cal_br[0]]}
+        out, noise, log = wan_run("mag_cache", fields, case, exp)
+        rows = branches(log, "mag")
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < 2 * WAN_STEPS - 4 and mag_margin(fields, WAN_STEPS) > 0.02 * thr:
+            break
+    else:
+        raise SystemExit("no Wan MagCache threshold fits")
+    emit("wan_mag", "mag_cache", fields, out, noise, rows)
+
+    # TaylorSeer (float64 factors here, float32 in ditd): attn1, attn2 and
+    # ffn of every block at order 1; whole blocks at order 2 with a cool-down
+    n_layers = json.loads((WANDIR / case["folder"] / "transformer" / "config.json")
+                          .read_text())["num_layers"]
+    tay = [("wan_tay_modules", {"cache_interval": 3, "disable_cache_before_step": 2,
+                                "max_order": 1,
+                                "cache_identifiers": [r"blocks\.\d+\.attn1", r"blocks\.\d+\.attn2",
+                                                      r"blocks\.\d+\.ffn"]}, 3 * n_layers),
+           ("wan_tay_blocks", {"cache_interval": 2, "disable_cache_before_step": 3,
+                               "max_order": 2, "disable_cache_after_step": 10,
+                               "cache_identifiers": [r"blocks\.\d+"]}, n_layers)]
+    for name, fields, per in tay:
+        out, noise, log = wan_run("taylorseer_cache", fields, case, exp)
+        rows = [c for k2, _, c in log if k2 == "tay"]
+        assert len(rows) == 2 * WAN_STEPS * per, (name, len(rows))
+        comp = [[any(rows[(2 * s + b) * per:(2 * s + b + 1) * per]) for s in range(WAN_STEPS)]
+                for b in range(2)]
+        skipped = [[not x for x in comp[b]] for b in range(2)]
+        assert 0 < sum(map(sum, skipped)) < 2 * WAN_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        out_cases.append({
+            "name": name, "family": "wan", "method": "taylorseer_cache",
+            "fields": dict(fields, taylor_factors_dtype="float32"), "wan_case": WAN_CASE,
+            "steps": WAN_STEPS, "skipped": [a and b for a, b in zip(*skipped)],
+            "modules_per_step": per, "noise": f"{name}_noise.npy", "out": f"{name}_out.npy",
+            "dtype_reference": "float64"})
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+    return out_cases
+
+
+def dit_cases():
     cfg = json.loads((MODEL / "transformer" / "config.json").read_text())
     C, S = cfg["in_channels"], cfg["sample_size"]
     rng = np.random.default_rng(2024)
@@ -365,8 +683,33 @@ def main():
                   "out": "fbc_batch2_out.npy", "dtype_reference": "float64"})
     print(f"fbc_batch2: skipped {skips}", file=sys.stderr)
 
-    cases += flux_cases()
+    return cases
 
+
+FAMILIES = {"dit": dit_cases, "flux": flux_cases, "sd3": sd3_cases, "wan": wan_cases}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES),
+                    help="remake only this family's cases (repeatable); the others' "
+                         "cases and files stay as committed. Default: all")
+    args = ap.parse_args()
+    fams = args.family or list(FAMILIES)
+    instrument()
+    OUT.mkdir(parents=True, exist_ok=True)
+    old = []
+    if args.family and (OUT / "cases.json").exists():
+        old = json.loads((OUT / "cases.json").read_text())["cases"]
+    keep = [c for c in old if c.get("family", "dit") not in fams]
+    kept_files = {c[k] for c in keep for k in ("noise", "out")}
+    for f in OUT.glob("*.npy"):
+        if f.name not in kept_files:
+            f.unlink()
+    cases = []
+    for fam in FAMILIES:  # the document keeps one order: dit, flux, sd3, ...
+        cases += FAMILIES[fam]() if fam in fams else [c for c in keep
+                                                      if c.get("family", "dit") == fam]
     doc = {"model": "models/tiny-p2-c1-h6", "diffusers": diffusers.__version__,
            "torch": torch.__version__, "cases": cases}
     (OUT / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")

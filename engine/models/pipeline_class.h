@@ -130,6 +130,12 @@ typedef struct ditd_pipeline_class {
     int n_parts;                         /* text: the prompt recipe */
     ditd_prompt_part parts[DITD_PROMPT_MAX_PARTS];
     ditd_guidance_kind guidance;
+    /* step caching (docs/caching.md): 1 when the pipeline runs its guidance
+     * branches under cache_context("cond") / ("uncond") (FluxPipeline,
+     * WanPipeline), so Diffusers' hooks keep a state per branch; 0 when the
+     * guided rows run in one forward under one context (DiTPipeline,
+     * StableDiffusion3Pipeline): a sample's branches share one state */
+    int cache_branch_contexts;
     int pipeline_sigmas;                 /* 1: the scheduler gets linspace(1, 1/steps) */
     ditd_latent_rule unscale;
     int default_steps;

@@ -406,10 +406,11 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         return err;
     ts = ditd_sampler_timesteps(p->sampler);
     steps = ditd_sampler_num_steps(p->sampler);
-    /* DiTPipeline runs [x; x] under one cache state, FluxPipeline its
-     * branches under cache_context("cond") / ("uncond") */
+    /* DiTPipeline and StableDiffusion3Pipeline run [x; x] under one cache
+     * state, FluxPipeline and WanPipeline their branches under
+     * cache_context("cond") / ("uncond") */
     if ((err = ditd_step_cache_begin(p->scache, p->den, &p->cache_cfg, steps, n,
-                                     p->pc->guidance != DITD_GUIDANCE_TRUE_CFG)))
+                                     !p->pc->cache_branch_contexts)))
         return err;
 
     /* In a group the leader's flags rule: ctl = [stop, active[0..n)],

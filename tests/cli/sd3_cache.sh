@@ -1,7 +1,8 @@
 #!/bin/sh
 # ditd generate --cache on the tiny SD3 folder: each block-hook method skips
 # some steps and computes others (the counts the command prints), and an
-# uncached run skips none. Not yet a Diffusers comparison (docs/caching.md).
+# uncached run skips none. The Diffusers comparison is tests/golden/test_step_cache.c
+# (docs/caching.md); this checks the command line end to end.
 # usage: sd3_cache.sh DITD SD3_PIPELINE_DIR
 set -u
 ditd=$1 dir=$2/sd3 tmp=${TMPDIR:-/tmp}/sd3_cache.$$

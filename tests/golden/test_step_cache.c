@@ -2,7 +2,13 @@
  * First Block Cache, MagCache (given ratios, FLUX's ratios interpolated,
  * calibration) and TaylorSeer (modules, whole blocks) on the tiny DiT fixture,
  * DiTPipeline's loop with guidance; First Block Cache and MagCache on the
- * tiny FLUX.1-dev folder with true CFG (a state per branch). Per case: the same steps skipped, step by
+ * tiny FLUX.1-dev folder with true CFG (a state per branch); First Block
+ * Cache, MagCache, its calibration and TaylorSeer (ff, ff_context) on the
+ * tiny SD3 folder with CFG ([uncond; cond] under one state, as
+ * StableDiffusion3Pipeline runs them through the hooks); the same on the
+ * tiny Wan 2.1 folder (WanPipeline's cond / uncond contexts: a state per
+ * branch, calibrated per branch; TaylorSeer on attn1 / attn2 / ffn and on
+ * whole blocks). At least 20 cases. Per case: the same steps skipped, step by
  * step, and the final latents within 1e-4 of Diffusers' float64 run. Plus the
  * config parser's refusals. */
 #include <jansson.h>
@@ -84,14 +90,26 @@ static int config_from_json(const char *method, json_t *fields, ditd_cache_confi
     return ditd_cache_config_check(cfg);
 }
 
-static float *load(const char *dir, const char *name, int64_t *shape)
+/* A fixture array of up to 5 dimensions; *numel1: the elements past the
+ * first dimension (one sample's), when numel1 is given */
+static float *load_n(const char *dir, const char *name, int64_t *shape, size_t *numel1)
 {
     char path[4300];
     float *d = NULL;
-    int nd;
+    int nd = 0;
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    TU_OK(ditd_npy_read_f32(path, 4, &nd, shape, &d));
+    TU_OK(ditd_npy_read_f32(path, 5, &nd, shape, &d));
+    if (numel1) {
+        *numel1 = 1;
+        for (int i = 1; i < nd; i++)
+            *numel1 *= (size_t)shape[i];
+    }
     return d;
+}
+
+static float *load(const char *dir, const char *name, int64_t *shape)
+{
+    return load_n(dir, name, shape, NULL);
 }
 
 /* One case on pipeline p: the same steps skipped as Diffusers, step by
@@ -102,20 +120,21 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
     char dir[4096];
     const char *name = json_string_value(json_object_get(c, "name"));
     int steps = (int)json_integer_value(json_object_get(c, "steps")), ran = 0;
-    int64_t sn[4], so[4];
+    int64_t sn[5], so[5];
+    size_t numel = 0, numel_o = 0;
     ditd_cache_config cfg;
     step_log lg = {.p = p, .n = n};
     snprintf(dir, sizeof dir, "%s/cache", tu_fixtures());
-    float *noise = load(dir, json_string_value(json_object_get(c, "noise")), sn);
-    float *want = load(dir, json_string_value(json_object_get(c, "out")), so);
+    float *noise = load_n(dir, json_string_value(json_object_get(c, "noise")), sn, &numel);
+    float *want = load_n(dir, json_string_value(json_object_get(c, "out")), so, &numel_o);
     ditd_gen_params gp = {.steps = steps, .sampler = sampler};
     TU_OK(config_from_json(json_string_value(json_object_get(c, "method")),
                            json_object_get(c, "fields"), &cfg));
     TU_OK(ditd_pipeline_set_cache(p, &cfg));
-    TU_CHECK(n >= 1 && n <= 2 && steps <= MAX_STEPS, "%s: %d samples, %d steps", name, n, steps);
-    if (!noise || !want || n < 1 || n > 2 || steps > MAX_STEPS)
+    TU_CHECK(n >= 1 && n <= 2 && steps <= MAX_STEPS && numel == numel_o, "%s: %d samples, %d steps, %zu / %zu elements", name, n,
+             steps, numel, numel_o);
+    if (!noise || !want || n < 1 || n > 2 || steps > MAX_STEPS || numel != numel_o)
         goto out;
-    size_t numel = (size_t)(sn[1] * sn[2] * sn[3]);
     float *got = calloc((size_t)n * numel, sizeof *got), *plain = calloc((size_t)n * numel, sizeof *plain);
     TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, got, NULL, on_step, &lg));
     /* the same steps skipped, step by step */
@@ -156,10 +175,14 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
         }
     }
     /* calibration: the ratios MagCacheBlockHook measures */
-    json_t *cal = json_object_get(c, "calibration");
-    if (cal) {
+    /* calibration_branches: one list per branch (a pipeline with cond /
+     * uncond contexts), else "calibration" for the one shared state */
+    json_t *cal_br = json_object_get(c, "calibration_branches");
+    size_t n_br = cal_br ? json_array_size(cal_br) : 1;
+    for (size_t b = 0; b < n_br && (cal_br || json_object_get(c, "calibration")); b++) {
+        json_t *cal = cal_br ? json_array_get(cal_br, b) : json_object_get(c, "calibration");
         int nc = 0;
-        const float *r = ditd_step_cache_calibration(p->scache, 0, 0, &nc);
+        const float *r = ditd_step_cache_calibration(p->scache, 0, (int)b, &nc);
         TU_CHECK(nc == (int)json_array_size(cal), "%s: %d ratios, want %zu", name, nc,
                  json_array_size(cal));
         double worst = 0;
@@ -169,8 +192,8 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
             worst = e > worst ? e : worst;
         }
         TU_CHECK(worst <= 1e-5, "%s: calibration ratios off by %.3g", name, worst);
-        printf("%s %s: %d calibration ratios within %.3g of Diffusers' (first %.6g, last %.6g)\n",
-               worst <= 1e-5 ? "ok  " : "FAIL", name, nc, worst, nc ? (double)r[0] : 0.0,
+        printf("%s %s branch %zu: %d calibration ratios within %.3g of Diffusers' (first %.6g, last %.6g)\n",
+               worst <= 1e-5 ? "ok  " : "FAIL", name, b, nc, worst, nc ? (double)r[0] : 0.0,
                nc ? (double)r[nc - 1] : 0.0);
     }
     TU_CLOSE(name, got, want, (size_t)n * numel, TOL);
@@ -194,6 +217,75 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
 out:
     free(noise);
     free(want);
+    return ran;
+}
+
+/* The cases of one text family (c.family): the pipeline on the assembled
+ * folder mdir, each case's embeddings, noise and size from its pipeline
+ * fixture (<family>_pipeline/expected, case c.<family>_case). */
+static int family_cases(json_t *doc, const char *family, const char *mdir, int *skips_seen,
+                        int *computes_seen)
+{
+    char edir[4096], fpath[4300], key[64];
+    json_error_t jerr;
+    json_t *fdoc = NULL, *c;
+    ditd_model_info info;
+    ditd_pipeline *p = NULL;
+    float *emb = NULL, *pool = NULL, *nemb = NULL, *npool = NULL;
+    int ran = 0, sd3 = !strcmp(family, "sd3"), wan = !strcmp(family, "wan");
+    size_t k;
+
+    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), family);
+    snprintf(key, sizeof key, "%s_case", family);
+    TU_OK(ditd_model_info_load(mdir, &info));
+    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
+    json_array_foreach(json_object_get(doc, "cases"), k, c) {
+        const char *fam = json_string_value(json_object_get(c, "family"));
+        if (!fam || strcmp(fam, family) || !p)
+            continue;
+        int64_t sh[5];
+        if (!fdoc) {
+            snprintf(fpath, sizeof fpath, "%s/cases.json", edir);
+            fdoc = json_load_file(fpath, 0, &jerr);
+            TU_CHECK(fdoc != NULL, "%s: %s", fpath, jerr.text);
+        }
+        json_t *fc = NULL, *e;
+        size_t j;
+        json_array_foreach(json_object_get(fdoc, "cases"), j, e)
+            if (!strcmp(json_string_value(json_object_get(e, "name")),
+                        json_string_value(json_object_get(c, key))))
+                fc = e;
+        TU_CHECK(fc != NULL, "%s case %s", family, json_string_value(json_object_get(c, key)));
+        if (!fc)
+            continue;
+        free(emb), free(pool), free(nemb), free(npool);
+        emb = load(edir, json_string_value(json_object_get(fc, "prompt_embeds")), sh);
+        pool = wan ? NULL : load(edir, json_string_value(json_object_get(fc, "pooled")), sh);
+        nemb = load(edir, json_string_value(json_object_get(fc, "negative_prompt_embeds")), sh);
+        npool = wan ? NULL : load(edir, json_string_value(json_object_get(fc, "negative_pooled")), sh);
+        /* FLUX's and Wan's text is max_sequence_length T5 tokens, SD3's 77
+         * CLIP + that; Wan's latents have frames */
+        int lh = (int)json_integer_value(json_object_get(fc, "latent_height"));
+        int lw = (int)json_integer_value(json_object_get(fc, "latent_width"));
+        int T = (int)json_integer_value(json_object_get(fc, sd3 ? "text_len" : "max_sequence_length"));
+        if (wan)
+            TU_OK(ditd_pipeline_set_video_size(
+                p, (int)json_integer_value(json_object_get(fc, "latent_frames")), lh, lw, T));
+        else
+            TU_OK(ditd_pipeline_set_size(p, lh, lw, T));
+        ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
+        ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
+                               .true_cfg = sd3 || wan ? 1.0f
+                                                      : (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
+        smp.cond.prompt = &te[0];
+        smp.cond.negative = &te[1];
+        if (emb && nemb && (wan || (pool && npool)))
+            ran += run_one(p, c, 1, &smp, p->sched_base.kind, skips_seen, computes_seen);
+    }
+    free(emb), free(pool), free(nemb), free(npool);
+    json_decref(fdoc);
+    ditd_pipeline_free(p);
+    ditd_model_info_free(&info);
     return ran;
 }
 
@@ -232,54 +324,12 @@ static int run_cases(void)
         }
         ran += run_one(p, c, n, samples, DITD_SAMPLER_FLOW_EULER, &skips_seen, &computes_seen);
     }
-    ditd_pipeline_free(p);
-    p = NULL;
-    ditd_model_info_free(&info);
-
-    /* FLUX.1-dev, true CFG: a state per branch (FluxPipeline's contexts) */
-    json_t *fdoc = NULL;
-    float *emb = NULL, *pool = NULL, *nemb = NULL, *npool = NULL;
-    snprintf(mdir, sizeof mdir, "%s/dev", FLUX_PIPELINE_DIR);
-    TU_OK(ditd_model_info_load(mdir, &info));
-    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
-    json_array_foreach(json_object_get(doc, "cases"), k, c) {
-        if (!json_object_get(c, "family") || !p)
-            continue;
-        char edir[4096], fpath[4300];
-        int64_t sh[4];
-        snprintf(edir, sizeof edir, "%s/flux_pipeline/expected", tu_fixtures());
-        if (!fdoc) {
-            snprintf(fpath, sizeof fpath, "%s/cases.json", edir);
-            fdoc = json_load_file(fpath, 0, &jerr);
-            TU_CHECK(fdoc != NULL, "%s: %s", fpath, jerr.text);
-        }
-        json_t *fc = NULL, *e;
-        size_t j;
-        json_array_foreach(json_object_get(fdoc, "cases"), j, e)
-            if (!strcmp(json_string_value(json_object_get(e, "name")),
-                        json_string_value(json_object_get(c, "flux_case"))))
-                fc = e;
-        TU_CHECK(fc != NULL, "flux case %s", json_string_value(json_object_get(c, "flux_case")));
-        if (!fc)
-            continue;
-        free(emb), free(pool), free(nemb), free(npool);
-        emb = load(edir, json_string_value(json_object_get(fc, "prompt_embeds")), sh);
-        pool = load(edir, json_string_value(json_object_get(fc, "pooled")), sh);
-        nemb = load(edir, json_string_value(json_object_get(fc, "negative_prompt_embeds")), sh);
-        npool = load(edir, json_string_value(json_object_get(fc, "negative_pooled")), sh);
-        TU_OK(ditd_pipeline_set_size(p, (int)json_integer_value(json_object_get(fc, "latent_height")),
-                                     (int)json_integer_value(json_object_get(fc, "latent_width")),
-                                     (int)json_integer_value(json_object_get(fc, "max_sequence_length"))));
-        ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
-        ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
-                               .true_cfg = (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
-        smp.cond.prompt = &te[0];
-        smp.cond.negative = &te[1];
-        if (emb && pool && nemb && npool)
-            ran += run_one(p, c, 1, &smp, p->sched_base.kind, &skips_seen, &computes_seen);
-    }
-    free(emb), free(pool), free(nemb), free(npool);
-    json_decref(fdoc);
+    /* FLUX.1-dev, true CFG: a state per branch (FluxPipeline's contexts);
+     * SD3, CFG: [uncond; cond] under one state */
+    ran += family_cases(doc, "flux", FLUX_PIPELINE_DIR "/dev", &skips_seen, &computes_seen);
+    ran += family_cases(doc, "sd3", SD3_PIPELINE_DIR "/sd3", &skips_seen, &computes_seen);
+    /* Wan 2.1, CFG: WanPipeline's cond / uncond contexts, a state per branch */
+    ran += family_cases(doc, "wan", WAN_PIPELINE_DIR "/wan21", &skips_seen, &computes_seen);
     TU_CHECK(skips_seen > 0 && computes_seen > 0, "skipped %d, computed %d steps in all cases",
              skips_seen, computes_seen);
     printf("cases: %d; steps skipped %d, computed %d\n", ran, skips_seen, computes_seen);
@@ -386,6 +436,6 @@ int main(void)
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 11, "ran %d cache cases (8 DiT, 3 FLUX expected)", ran);
+    TU_CHECK(ran >= 20, "ran %d cache cases (8 DiT, 3 FLUX, 4 SD3, 5 Wan expected)", ran);
     return tu_exit();
 }

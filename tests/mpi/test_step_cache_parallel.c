@@ -17,9 +17,11 @@
  * CFG (a state per branch; text tokens split with the image under cp),
  * First Block Cache (tools/make_cache_fixtures.py's threshold), MagCache
  * (FLUX's ratios) and TaylorSeer's lite mode, the group against one rank likewise; a layout the model
- * cannot take (its 2 heads) skips this part on every rank.
+ * cannot take (its 2 heads) skips this part on every rank. With --sd3 DIR
+ * and --wan DIR (the assembled folders) the same for SD3 (CFG, one state)
+ * and Wan 2.1 (CFG, a state per branch) with their fixture cases.
  *   mpirun -np G test_step_cache_parallel [--cfg 2] [--ring R] [--ulysses U]
- *       [--tp T] [--rotate p2p] [--flux DIR] */
+ *       [--tp T] [--rotate p2p] [--flux DIR] [--sd3 DIR] [--wan DIR] */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -372,9 +374,9 @@ static float *npy(const char *dir, json_t *c, const char *key)
     char path[4300];
     float *d = NULL;
     int nd;
-    int64_t sh[4];
+    int64_t sh[5];
     snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(c, key)));
-    TU_OK(ditd_npy_read_f32(path, 4, &nd, sh, &d));
+    TU_OK(ditd_npy_read_f32(path, 5, &nd, sh, &d));
     return d;
 }
 
@@ -388,70 +390,118 @@ static json_t *case_named(json_t *doc, const char *name)
     return NULL;
 }
 
-static int run_flux(const ditd_layout *l, ditd_mesh *mesh, const char *fdir)
+/* "<method>:<fields>" of a tools/make_cache_fixtures.py case: numbers and
+ * lists (';'-separated) as the --cache syntax takes them */
+static void case_spec(json_t *c, char *buf, size_t cap)
 {
-    char dir[4096], edir[4096], path[4300], what[256];
+    const char *key;
+    json_t *v;
+    size_t n = (size_t)snprintf(buf, cap, "%s:", json_string_value(json_object_get(c, "method")));
+    json_object_foreach(json_object_get(c, "fields"), key, v) {
+        n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s=", buf[n - 1] == ':' ? "" : ",",
+                              key);
+        if (json_is_array(v)) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(v, i, e) {
+                if (json_is_string(e))
+                    n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s", i ? ";" : "",
+                                          json_string_value(e));
+                else
+                    n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%.9g", i ? ";" : "",
+                                          json_number_value(e));
+            }
+        } else if (json_is_string(v)) {
+            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s", json_string_value(v));
+        } else if (json_is_boolean(v)) {
+            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s", json_is_true(v) ? "true" : "false");
+        } else if (json_is_null(v)) {
+            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "None");
+        } else {
+            n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%.17g", json_number_value(v));
+        }
+    }
+    TU_CHECK(n < cap, "spec of %s: %zu characters", json_string_value(json_object_get(c, "name")), n);
+}
+
+/* A text family's pipeline (folder mdir) under the mesh against one rank,
+ * with the cache cases `names` of tools/make_cache_fixtures.py (their
+ * configs; the embeddings, noise and size of their <family>_pipeline case).
+ * FLUX: true CFG; SD3: CFG, one state; Wan: CFG, a state per branch, video
+ * latents. Returns the cases checked, or -1 when the layout does not fit
+ * the model (skipped, the same on every rank). */
+static int run_text(ditd_mesh *mesh, const char *family, const char *mdir,
+                    const char *const *names, int n_names)
+{
+    char edir[4096], path[4300], what[256], key[64];
     json_error_t jerr;
     ditd_model_info info;
     ditd_pipeline *one = NULL, *grp = NULL;
-    int checked = 0;
-    (void)l;
+    int checked = 0, sd3 = !strcmp(family, "sd3"), wan = !strcmp(family, "wan");
+    memset(&info, 0, sizeof info);
     snprintf(path, sizeof path, "%s/cache/cases.json", tu_fixtures());
     json_t *cdoc = json_load_file(path, 0, &jerr);
-    snprintf(edir, sizeof edir, "%s/flux_pipeline/expected", tu_fixtures());
+    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), family);
     snprintf(path, sizeof path, "%s/cases.json", edir);
     json_t *fdoc = json_load_file(path, 0, &jerr);
-    json_t *fbc = cdoc ? case_named(cdoc, "flux_fbc") : NULL;
-    json_t *fc = fdoc && fbc ? case_named(fdoc, json_string_value(json_object_get(fbc, "flux_case")))
-                             : NULL;
-    TU_CHECK(fbc && fc, "FLUX fixtures (%s)", path);
-    if (!fbc || !fc)
+    snprintf(key, sizeof key, "%s_case", family);
+    json_t *c0 = cdoc ? case_named(cdoc, names[0]) : NULL;
+    json_t *fc = fdoc && c0 ? case_named(fdoc, json_string_value(json_object_get(c0, key))) : NULL;
+    TU_CHECK(c0 && fc, "%s fixtures (%s)", family, path);
+    if (!c0 || !fc)
         goto out0;
-    snprintf(dir, sizeof dir, "%s/dev", fdir);
-    TU_OK(ditd_model_info_load(dir, &info));
+    TU_OK(ditd_model_info_load(mdir, &info));
     TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &one));
     int err = ditd_pipeline_new_group(&info, &ditd_backend_cpu, 1, mesh, &grp);
     if (err == DITD_EINVAL) { /* this layout does not fit the model: the same on every rank */
         if (ditd_mesh_is_leader(mesh))
-            printf("skip FLUX: %s\n", ditd_err_detail());
+            printf("skip %s: %s\n", family, ditd_err_detail());
+        checked = -1;
         goto out;
     }
     TU_OK(err);
     int lh = (int)json_integer_value(json_object_get(fc, "latent_height"));
     int lw = (int)json_integer_value(json_object_get(fc, "latent_width"));
-    int L = (int)json_integer_value(json_object_get(fc, "max_sequence_length"));
-    TU_OK(ditd_pipeline_set_size(one, lh, lw, L));
-    TU_OK(ditd_pipeline_set_size(grp, lh, lw, L));
-    float *emb = npy(edir, fc, "prompt_embeds"), *pool = npy(edir, fc, "pooled");
-    float *nemb = npy(edir, fc, "negative_prompt_embeds"), *npool = npy(edir, fc, "negative_pooled");
+    int F = wan ? (int)json_integer_value(json_object_get(fc, "latent_frames")) : 1;
+    int L = (int)json_integer_value(json_object_get(fc, sd3 ? "text_len" : "max_sequence_length"));
+    if (wan) {
+        TU_OK(ditd_pipeline_set_video_size(one, F, lh, lw, L));
+        TU_OK(ditd_pipeline_set_video_size(grp, F, lh, lw, L));
+    } else {
+        TU_OK(ditd_pipeline_set_size(one, lh, lw, L));
+        TU_OK(ditd_pipeline_set_size(grp, lh, lw, L));
+    }
+    float *emb = npy(edir, fc, "prompt_embeds"), *nemb = npy(edir, fc, "negative_prompt_embeds");
+    float *pool = wan ? NULL : npy(edir, fc, "pooled");
+    float *npool = wan ? NULL : npy(edir, fc, "negative_pooled");
     float *noise = npy(edir, fc, "noise");
-    size_t numel = (size_t)16 * lh * lw;
+    size_t numel = (size_t)16 * F * lh * lw;
     float *ref = malloc(numel * sizeof(float)), *got = malloc(numel * sizeof(float));
     ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
     ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
-                           .true_cfg = (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
+                           .true_cfg = sd3 || wan ? 1.0f
+                                                  : (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
     smp.cond.prompt = &te[0];
     smp.cond.negative = &te[1];
-    char fbc_spec[64];
-    snprintf(fbc_spec, sizeof fbc_spec, "first_block_cache:threshold=%.17g",
-             json_number_value(json_object_get(json_object_get(fbc, "fields"), "threshold")));
-    const char *specs[] = {fbc_spec,
-                           "mag_cache:threshold=0.1,max_skip_steps=2,retention_ratio=0.2,"
-                           "num_inference_steps=12,mag_ratios=FLUX",
-                           "taylorseer_cache:use_lite_mode=true,cache_interval=3,"
-                           "disable_cache_before_step=2,taylor_factors_dtype=float32"};
-    ditd_gen_params gp = {.steps = (int)json_integer_value(json_object_get(fbc, "steps")),
-                          .sampler = one->sched_base.kind};
-    for (size_t k = 0; k < 3 && emb && pool && nemb && npool && noise; k++) {
+    int ok_in = emb && nemb && noise && (wan || (pool && npool));
+    for (int k = 0; k < n_names && ok_in; k++) {
+        json_t *c = case_named(cdoc, names[k]);
+        char spec[16384];
         ditd_cache_config cfg;
         ditd_cache_stats a, b;
-        TU_OK(ditd_cache_config_parse(specs[k], &cfg));
+        TU_CHECK(c != NULL, "cache case %s", names[k]);
+        if (!c)
+            continue;
+        case_spec(c, spec, sizeof spec);
+        ditd_gen_params gp = {.steps = (int)json_integer_value(json_object_get(c, "steps")),
+                              .sampler = one->sched_base.kind};
+        TU_OK(ditd_cache_config_parse(spec, &cfg));
         TU_OK(ditd_pipeline_set_cache(one, &cfg));
         TU_OK(ditd_pipeline_set_cache(grp, &cfg));
         TU_OK(ditd_pipeline_generate(one, &gp, 1, &smp, noise, ref, NULL, NULL, NULL));
         TU_OK(ditd_pipeline_generate(grp, &gp, 1, &smp, noise, got, NULL, NULL, NULL));
-        snprintf(what, sizeof what, "rank %d: FLUX true CFG, %s", rank_world,
-                 ditd_cache_method_name(cfg.method));
+        snprintf(what, sizeof what, "rank %d: %s %s (%s)", rank_world, family,
+                 ditd_cache_method_name(cfg.method), names[k]);
         TU_CLOSE(what, got, ref, numel, TOL);
         ditd_pipeline_cache_stats(one, 0, &a);
         ditd_pipeline_cache_stats(grp, 0, &b);
@@ -489,15 +539,22 @@ int main(int argc, char **argv)
         return 1;
     }
     rank_world = ditd_comm_rank(world);
-    const char *flux = NULL;
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--flux")) { /* ours; the rest is the layout */
-            flux = argv[i + 1];
-            for (int j = i; j + 2 < argc; j++)
-                argv[j] = argv[j + 2];
-            argc -= 2;
-            break;
+    /* ours: --flux / --sd3 / --wan DIR; the rest is the layout */
+    static const char *const opt[3] = {"--flux", "--sd3", "--wan"};
+    const char *dirs[3] = {NULL, NULL, NULL};
+    for (int i = 1; i + 1 < argc;) {
+        int o = 0;
+        while (o < 3 && strcmp(argv[i], opt[o]))
+            o++;
+        if (o == 3) {
+            i++;
+            continue;
         }
+        dirs[o] = argv[i + 1];
+        for (int j = i; j + 2 <= argc; j++)
+            argv[j] = argv[j + 2];
+        argc -= 2;
+    }
     int arg_rc = tm_parse_layout(argc, argv, &l, NULL, NULL);
     if (arg_rc)
         return arg_rc;
@@ -506,8 +563,24 @@ int main(int argc, char **argv)
     if (mesh) {
         checked = run(&l, mesh);
         TU_CHECK(checked >= 8, "%d cache configs checked under the mesh (8 expected)", checked);
-        if (flux)
-            run_flux(&l, mesh, flux);
+        /* FLUX: First Block Cache at the fixture's threshold, MagCache with
+         * FLUX's ratios, TaylorSeer's lite mode; SD3 and Wan: their fixture
+         * cases (TaylorSeer: SD3 on ff / ff_context, Wan on attn1 / attn2 / ffn) */
+        static const char *const flux_cases[] = {"flux_fbc", "flux_mag", "flux_tay_lite"};
+        static const char *const sd3_cases[] = {"sd3_fbc", "sd3_mag", "sd3_tay_ff"};
+        static const char *const wan_cases[] = {"wan_fbc", "wan_mag", "wan_tay_modules"};
+        static const char *const fam[3] = {"flux", "sd3", "wan"}, *sub[3] = {"dev", "sd3", "wan21"};
+        const char *const *names[3] = {flux_cases, sd3_cases, wan_cases};
+        const int n_names[3] = {3, 3, 3};
+        char mdir[4200];
+        for (int f = 0; f < 3; f++) {
+            if (!dirs[f])
+                continue;
+            snprintf(mdir, sizeof mdir, "%s/%s", dirs[f], sub[f]);
+            int r = run_text(mesh, fam[f], mdir, names[f], n_names[f]);
+            TU_CHECK(r < 0 || r == n_names[f], "%s: %d of %d cache cases checked", fam[f], r,
+                     n_names[f]);
+        }
         ditd_mesh_free(mesh);
     }
     float f = (float)tu_failures;

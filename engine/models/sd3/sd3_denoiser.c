@@ -40,12 +40,29 @@ static int sd3_shapes(const char *dir, ditd_denoiser_shapes *out)
 }
 
 /* step caching: the joint blocks under the block hooks; a row of the image
- * stream is this rank's n_loc tokens of D (no module hooks: TaylorSeer is
- * refused for SD3) */
+ * stream is this rank's n_loc tokens of D. TaylorSeer's modules: each
+ * block's ff and (but the last, context_pre_only block) ff_context, the
+ * single-stream modules; the blocks and their attn return two streams and
+ * are not offered. */
 static void cache_plan(ditd_sd3 *m)
 {
     m->base.cache_blocks = m->cfg.num_layers;
+    m->base.cache_modules = 2 * m->cfg.num_layers - 1;
     m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
+}
+
+/* Module 2l is transformer_blocks.l.ff ((n_loc, D) a row), 2l + 1 its
+ * ff_context ((l_loc, D); a cp rank without text tokens never runs it and
+ * plans one token's room, as 0 would mean a two-stream module) */
+static int sd3_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems)
+{
+    const ditd_sd3 *m = (const ditd_sd3 *)d;
+    if (id < 0 || id >= d->cache_modules)
+        return DITD_ERANGE;
+    snprintf(buf, cap, "transformer_blocks.%d.%s", id / 2, id % 2 ? "ff_context" : "ff");
+    *elems = id % 2 ? (size_t)(m->l_loc > 0 ? m->l_loc : 1) * (size_t)m->cfg.inner_dim
+                    : d->cache_img_elems;
+    return 0;
 }
 
 static int sd3_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
@@ -99,4 +116,5 @@ const ditd_denoiser_family ditd_sd3_family = {
     .forward = sd3_forward,
     .free = sd3_free,
     .set_size = sd3_set_size,
+    .module_name = sd3_module_name,
 };

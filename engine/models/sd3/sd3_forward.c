@@ -142,18 +142,26 @@ static int self_attention2(ditd_sd3 *m, int B, const ditd_sd3_block *b, size_t l
 /* h (B, n, D) += gate * FF(LN(h) (1 + scale) + shift), FF = Linear(F -> D)
  * . GELU(tanh) . Linear(D -> F) (tp: this rank's Fl columns, all-reduced);
  * mod (B, ldm) holds shift, scale, gate at 3D, 4D, 5D; xn and hid ((B, n, Fl)
- * of row stride A + Fl) are scratch. */
+ * of row stride A + Fl) are scratch. With cc, FF is TaylorSeer's module id
+ * (sd3_denoiser.c: ff or ff_context): its output (B, n, D) in xn, before the
+ * gate, or as the cache predicts it. */
 static int mlp(ditd_sd3 *m, int B, int n, void *h, void *xn, void *hid, const void *mod,
-               size_t ldm, const ditd_sd3_lin *f1, const ditd_sd3_lin *f2)
+               size_t ldm, const ditd_sd3_lin *f1, const ditd_sd3_lin *f2,
+               const ditd_denoiser_cache *cc, int id)
 {
     const ditd_backend_ops *ops = m->ops;
-    int D = m->cfg.inner_dim, F = m->fc, err;
+    int D = m->cfg.inner_dim, F = m->fc, err, pred = 0;
     size_t ldc = (size_t)m->A + (size_t)F;
     ops->layernorm_modulate(h, xn, B, n, D, SD3_EPS, at(m, mod, 3 * (size_t)D),
                             at(m, mod, 4 * (size_t)D), ldm);
-    lin(m, xn, (size_t)D, f1, hid, ldc, B * n, F, D, DITD_ACT_GELU_TANH);
-    if ((err = row_lin(m, hid, ldc, f2, xn, B * n, F)))
+    if (cc && cc->module_begin && (err = cc->module_begin(cc->ctx, id, xn, &pred)))
         return err;
+    if (!pred) {
+        lin(m, xn, (size_t)D, f1, hid, ldc, B * n, F, D, DITD_ACT_GELU_TANH);
+        if ((err = row_lin(m, hid, ldc, f2, xn, B * n, F)) ||
+            (cc && cc->module_end && (err = cc->module_end(cc->ctx, id, xn))))
+            return err;
+    }
     ops->gated_residual(h, xn, B, n, D, at(m, mod, 5 * (size_t)D), ldm);
     return 0;
 }
@@ -165,8 +173,11 @@ static int mlp(ditd_sd3 *m, int B, int n, void *h, void *xn, void *hid, const vo
  * context_pre_only block AdaLayerNormContinuous's [scale, shift]. Then
  *   img += gate_msa * to_out(attn_img);  (dual) img += gate_msa2 * attn2(...)
  *   img += gate_mlp * FF(LN(img) (1 + scale_mlp) + shift_mlp)
- *   (not pre_only) txt likewise with to_add_out and ff_context. */
-static int joint_block(ditd_sd3 *m, const ditd_sd3_block *b, int B)
+ *   (not pre_only) txt likewise with to_add_out and ff_context.
+ * cc: the step cache's hooks of this forward (NULL: none, as under a
+ * skip-layer guidance forward); ff and ff_context are its modules 2l, 2l + 1. */
+static int joint_block(ditd_sd3 *m, int l, const ditd_sd3_block *b, int B,
+                       const ditd_denoiser_cache *cc)
 {
     const ditd_backend_ops *ops = m->ops;
     int D = m->cfg.inner_dim, Nl = m->n_loc, L = m->l_loc, A = m->A;
@@ -204,12 +215,12 @@ static int joint_block(ditd_sd3 *m, const ditd_sd3_block *b, int B)
         return err;
     /* the MLPs (hidden in the MLP columns of cat / pcat) */
     if ((err = mlp(m, B, Nl, m->img, m->xn, at(m, m->cat, (size_t)A), m->mod, ldm, &b->ff1,
-                   &b->ff2)))
+                   &b->ff2, cc, 2 * l)))
         return err;
     if (b->pre_only || L == 0)
         return 0; /* the last block's text is not used again */
     return mlp(m, B, L, m->txt, m->tn, at(m, m->pcat, (size_t)A), m->mod_c, ldmc, &b->ff1_c,
-               &b->ff2_c);
+               &b->ff2_c, cc, 2 * l + 1);
 }
 
 static int skipped(const int *skip, int n_skip, int l)
@@ -266,7 +277,7 @@ static int forward_ops(ditd_sd3 *m, int B, const void *x, const float *h_t, cons
     if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
         return err;
     for (int l = 0; run && l < c->num_layers; l++) {
-        if (!skipped(skip, n_skip, l) && (err = joint_block(m, &m->blk[l], B)))
+        if (!skipped(skip, n_skip, l) && (err = joint_block(m, l, &m->blk[l], B, cc)))
             return err;
         if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
             return err;

@@ -32,6 +32,30 @@ static int wan_shapes(const char *dir, ditd_denoiser_shapes *out)
     return err;
 }
 
+/* step caching: the blocks under the block hooks (Diffusers' hooks find
+ * the ModuleList `blocks`: head blocks.0, tail blocks.-1; a WanTransformerBlock
+ * returns the video stream only); a row of it is this rank's n_loc tokens
+ * of D. Per block four modules for TaylorSeer (the block, attn1, attn2,
+ * ffn), each (n_loc, D) per row. */
+static void cache_plan(ditd_wan *m)
+{
+    m->base.cache_blocks = m->cfg.num_layers;
+    m->base.cache_modules = 4 * m->cfg.num_layers;
+    m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
+}
+
+/* Module 4l is blocks.l, 4l + 1 its attn1, 4l + 2 attn2, 4l + 3 ffn
+ * (WanTransformerBlock's names in named_modules()) */
+static int wan_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems)
+{
+    static const char *const sub[4] = {"", ".attn1", ".attn2", ".ffn"};
+    if (id < 0 || id >= d->cache_modules)
+        return DITD_ERANGE;
+    snprintf(buf, cap, "blocks.%d%s", id / 4, sub[id % 4]);
+    *elems = d->cache_img_elems;
+    return 0;
+}
+
 static int wan_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
                     const ditd_mesh *mesh, ditd_denoiser **out)
 {
@@ -44,6 +68,7 @@ static int wan_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
                                  DITD_WAN_DEFAULT_TEXT_LEN, dir, mesh, &m)))
         return err;
     m->base.family = &ditd_wan_family;
+    cache_plan(m);
     *out = &m->base;
     return 0;
 }
@@ -69,13 +94,17 @@ static int wan_forward(ditd_denoiser *d, int B, const void *x, const float *t,
 
 static int wan_set_video_size(ditd_denoiser *d, int frames, int height, int width, int text_len)
 {
-    return ditd_wan_set_size((ditd_wan *)d, frames, height, width, text_len);
+    int err = ditd_wan_set_size((ditd_wan *)d, frames, height, width, text_len);
+    cache_plan((ditd_wan *)d);
+    return err;
 }
 
 static int wan_set_size(ditd_denoiser *d, int height, int width, int text_len)
 {
     ditd_wan *m = (ditd_wan *)d;
-    return ditd_wan_set_size(m, m->F, height, width, text_len);
+    int err = ditd_wan_set_size(m, m->F, height, width, text_len);
+    cache_plan(m);
+    return err;
 }
 
 static void wan_free(ditd_denoiser *d)
@@ -91,4 +120,5 @@ const ditd_denoiser_family ditd_wan_family = {
     .free = wan_free,
     .set_size = wan_set_size,
     .set_video_size = wan_set_video_size,
+    .module_name = wan_module_name,
 };

@@ -140,23 +140,30 @@ static void image_embedding(ditd_wan *m, int B, const float *h_image)
                             (size_t)D);
 }
 
-/* WanTransformerBlock over this rank's tokens img (B, Nl, D); R modulation
- * rows (pf: per frame). */
-static int block(ditd_wan *m, const ditd_wan_block *b, int B, int R, int pf)
+/* TaylorSeer's module hooks (engine/models/denoiser.h): module id's output
+ * into out, or as the cache predicts it (*pred = 1: do not run it). */
+static int mod_begin(const ditd_wan *m, int id, void *out, int *pred)
+{
+    const ditd_denoiser_cache *cc = m->base.cache;
+    *pred = 0;
+    return cc && cc->module_begin ? cc->module_begin(cc->ctx, id, out, pred) : 0;
+}
+
+static int mod_end(const ditd_wan *m, int id, const void *out)
+{
+    const ditd_denoiser_cache *cc = m->base.cache;
+    return cc && cc->module_end ? cc->module_end(cc->ctx, id, out) : 0;
+}
+
+/* attn1 of block b, module id (xn: its input, norm1's modulated x; output
+ * into xn, before the gate): q, k RMS-normalized across heads, RoPE, the cp
+ * attention, to_out */
+static int self_attention(ditd_wan *m, const ditd_wan_block *b, int B, int id)
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_wan_config *c = &m->cfg;
-    int D = c->inner_dim, Nl = m->n_loc, L = m->L, A = m->A, Fl = m->fc, Dh = c->head_dim;
-    size_t Dz = (size_t)D, ld6 = 6 * Dz, ld3 = 3 * (size_t)A, half = (size_t)Dh / 2;
-    int M = B * Nl, err;
-
-    /* [shift, scale, gate, c_shift, c_scale, c_gate] = scale_shift_table + timestep_proj */
-    ops->copy2d(m->mod, ld6, m->tp6, ld6, (size_t)R, ld6);
-    for (size_t r = 0; r < (size_t)R; r++)
-        ops->add(at(m, m->mod, r * ld6), b->sst, ld6);
-
-    /* self-attention: q, k RMS-normalized across heads, RoPE, the cp attention */
-    modulate(m, B, pf, m->img, m->xn, m->mod, ld6, 0, 1);
+    int D = c->inner_dim, Nl = m->n_loc, A = m->A, Dh = c->head_dim, M = B * Nl, err;
+    size_t Dz = (size_t)D, ld3 = 3 * (size_t)A, half = (size_t)Dh / 2;
     lin(m, m->xn, Dz, &b->qkv, m->qkv, ld3, M, 3 * A, D, DITD_ACT_NONE);
     if ((err = rms_across(m, m->qkv, ld3, M, b->nq1)) ||
         (err = rms_across(m, at(m, m->qkv, (size_t)A), ld3, M, b->nk1)))
@@ -170,15 +177,18 @@ static int block(ditd_wan *m, const ditd_wan_block *b, int B, int R, int pf)
                                      NULL, NULL, 0, NULL, 0)) ||
         (err = row_lin(m, m->ao, (size_t)A, &b->out1, m->xn, M, A)))
         return err;
-    gated(m, B, pf, m->img, m->xn, m->mod, ld6, 2);
+    return mod_end(m, id, m->xn);
+}
 
-    /* cross-attention of norm2(x) to the whole text (every rank holds it),
-     * no RoPE, plain residual */
-    const void *src = m->img;
-    if (c->cross_attn_norm) { /* LN(x) w + b as LN(x) (1 + (w - 1)) + b, one row for all */
-        ops->layernorm_modulate(m->img, m->xn, 1, M, D, c->eps, b->n2b, b->n2w, Dz);
-        src = m->xn;
-    }
+/* attn2 of block b, module id: src (norm2(x), or x) to the whole text
+ * (every rank holds it) and, with an image branch, to the image context;
+ * no RoPE; output into xn */
+static int cross_attention(ditd_wan *m, const ditd_wan_block *b, int B, const void *src, int id)
+{
+    const ditd_backend_ops *ops = m->ops;
+    const ditd_wan_config *c = &m->cfg;
+    int D = c->inner_dim, Nl = m->n_loc, L = m->L, A = m->A, Dh = c->head_dim, M = B * Nl, err;
+    size_t Dz = (size_t)D, ld3 = 3 * (size_t)A;
     lin(m, src, Dz, &b->q2, m->qkv, ld3, M, A, D, DITD_ACT_NONE);
     lin(m, m->ctx, Dz, &b->kv2, m->kv, 2 * (size_t)A, B * L, 2 * A, D, DITD_ACT_NONE);
     if ((err = rms_across(m, m->qkv, ld3, M, b->nq2)) ||
@@ -197,15 +207,60 @@ static int block(ditd_wan *m, const ditd_wan_block *b, int B, int R, int pf)
     }
     if ((err = row_lin(m, m->ao, (size_t)A, &b->out2, m->xn, M, A)))
         return err;
+    return mod_end(m, id, m->xn);
+}
+
+/* WanTransformerBlock l over this rank's tokens img (B, Nl, D); R modulation
+ * rows (pf: per frame). Its modules for TaylorSeer (wan_denoiser.c): 4l the
+ * block (img), 4l + 1 attn1, 4l + 2 attn2, 4l + 3 ffn (each its output in xn,
+ * before the gate / residual, as the Diffusers modules return it). */
+static int block(ditd_wan *m, int l, const ditd_wan_block *b, int B, int R, int pf)
+{
+    const ditd_backend_ops *ops = m->ops;
+    const ditd_wan_config *c = &m->cfg;
+    int D = c->inner_dim, Nl = m->n_loc, Fl = m->fc, M = B * Nl, err, pred;
+    size_t Dz = (size_t)D, ld6 = 6 * Dz;
+
+    if ((err = mod_begin(m, 4 * l, m->img, &pred)) || pred)
+        return err;
+    /* [shift, scale, gate, c_shift, c_scale, c_gate] = scale_shift_table + timestep_proj */
+    ops->copy2d(m->mod, ld6, m->tp6, ld6, (size_t)R, ld6);
+    for (size_t r = 0; r < (size_t)R; r++)
+        ops->add(at(m, m->mod, r * ld6), b->sst, ld6);
+
+    /* self-attention, gated */
+    modulate(m, B, pf, m->img, m->xn, m->mod, ld6, 0, 1);
+    if ((err = mod_begin(m, 4 * l + 1, m->xn, &pred)))
+        return err;
+    if (!pred && (err = self_attention(m, b, B, 4 * l + 1)))
+        return err;
+    gated(m, B, pf, m->img, m->xn, m->mod, ld6, 2);
+
+    /* cross-attention of norm2(x) to the whole text (every rank holds it),
+     * no RoPE, plain residual */
+    const void *src = m->img;
+    if (c->cross_attn_norm) { /* LN(x) w + b as LN(x) (1 + (w - 1)) + b, one row for all */
+        ops->layernorm_modulate(m->img, m->xn, 1, M, D, c->eps, b->n2b, b->n2w, Dz);
+        src = m->xn;
+    }
+    if ((err = mod_begin(m, 4 * l + 2, m->xn, &pred)))
+        return err;
+    if (!pred && (err = cross_attention(m, b, B, src, 4 * l + 2)))
+        return err;
     ops->add(m->img, m->xn, (size_t)M * Dz);
 
     /* FFN: GELU(tanh) between net.0.proj and net.2, gated */
     modulate(m, B, pf, m->img, m->xn, m->mod, ld6, 3, 4);
-    lin(m, m->xn, Dz, &b->ff1, m->hid, (size_t)Fl, M, Fl, D, DITD_ACT_GELU_TANH);
-    if ((err = row_lin(m, m->hid, (size_t)Fl, &b->ff2, m->xn, M, Fl)))
+    if ((err = mod_begin(m, 4 * l + 3, m->xn, &pred)))
         return err;
+    if (!pred) {
+        lin(m, m->xn, Dz, &b->ff1, m->hid, (size_t)Fl, M, Fl, D, DITD_ACT_GELU_TANH);
+        if ((err = row_lin(m, m->hid, (size_t)Fl, &b->ff2, m->xn, M, Fl)) ||
+            (err = mod_end(m, 4 * l + 3, m->xn)))
+            return err;
+    }
     gated(m, B, pf, m->img, m->xn, m->mod, ld6, 5);
-    return 0;
+    return mod_end(m, 4 * l, m->img);
 }
 
 /* The forward's ops in order; arguments checked by ditd_wan_forward. */
@@ -246,9 +301,23 @@ static int forward_ops(ditd_wan *m, int B, const void *x, const float *h_t,
     if (c->image_dim)
         image_embedding(m, B, h_image);
 
-    for (int l = 0; l < c->num_layers; l++)
-        if ((err = block(m, &m->blk[l], B, R, pf)))
+    /* the blocks; step caching's block hooks (engine/models/denoiser.h)
+     * around them as Diffusers' hooks take blocks.0 as the head and
+     * blocks.-1 as the tail. The text context is an input of every block,
+     * not a stream they change: only the video stream is kept. */
+    const ditd_denoiser_cache *cc = m->base.cache;
+    ditd_cache_streams cs = {B, m->img, Nl, m->tok0, NULL, 0, D};
+    int run = 1;
+    if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
+        return err;
+    for (int l = 0; run && l < c->num_layers; l++) {
+        if ((err = block(m, l, &m->blk[l], B, R, pf)))
             return err;
+        if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
+            return err;
+        if (run && l == c->num_layers - 1 && cc && (err = cc->blocks_end(cc->ctx, &cs)))
+            return err;
+    }
 
     /* norm_out (no affine) with [shift, scale] = scale_shift_table + temb,
      * proj_out: tokens (B, Nl, p p Co) */
