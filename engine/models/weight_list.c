@@ -108,6 +108,20 @@ void ditd_wl_rows_of(ditd_wl_entry *e, int64_t r0, int64_t rn)
     e->rn = rn;
 }
 
+void ditd_wl_vec_shape(ditd_wl_entry *e, int nd, const int64_t *shape)
+{
+    if (!e || nd < 1 || nd > 4)
+        return;
+    e->nd = nd;
+    memcpy(e->shape, shape, (size_t)nd * sizeof *shape);
+}
+
+void ditd_wl_vec_fix(ditd_wl_entry *e, ditd_wl_fix fix)
+{
+    if (e)
+        e->fix = fix;
+}
+
 void ditd_wl_cols_of(ditd_wl_entry *e, int ncols, const int64_t *c0, const int64_t *cn)
 {
     if (!e)
@@ -174,7 +188,8 @@ int ditd_wl_plan(const ditd_wl *l, ditd_arena *a, const ditd_backend_ops *ops,
         const ditd_wl_entry *e = &l->e[i];
         size_t N = (size_t)ditd_wl_rows(e), K = (size_t)ditd_wl_cols(e);
         if (e->flags & DITD_WL_VEC) {
-            *e->w = ditd_arena_bytes(a, N * ws, &e1);
+            size_t es = e->flags & DITD_WL_ACT ? ditd_dtype_size(ops->act_dtype) : ws;
+            *e->w = ditd_arena_bytes(a, N * es, &e1);
             err |= e1;
             continue;
         }
@@ -259,10 +274,22 @@ static int load_entry(const ditd_wl_entry *e, const struct ditd_weights *st,
     char name[192];
     int err = 0;
     if (e->flags & DITD_WL_VEC) {
+        int64_t r0 = e->split == DITD_WL_ROWS ? e->r0 : 0, rn = ditd_wl_rows(e);
         float *buf = room(s, (size_t)e->rows, e->name[0], &err);
-        if (!buf || (err = read_part(st, e->name[0], e->rows, 0, 0, 0, e->rows, buf)))
+        if (!buf)
             return err;
-        ops->upload_weight(*e->w, buf, (size_t)e->rows);
+        if (e->nd > 0)
+            err = ditd_weights_read_f32(st, e->name[0], e->nd, e->shape, buf);
+        else
+            err = read_part(st, e->name[0], e->rows, 0, 0, r0, rn, buf);
+        if (err)
+            return err;
+        if (e->fix)
+            e->fix(buf, (size_t)rn);
+        if (e->flags & DITD_WL_ACT)
+            ops->upload(*e->w, buf, (size_t)rn);
+        else
+            ops->upload_weight(*e->w, buf, (size_t)rn);
         return 0;
     }
     int64_t pn = ditd_wl_rows(e) / e->nparts, K = ditd_wl_cols(e);

@@ -45,8 +45,15 @@ enum {
     DITD_WL_PACK = 1,     /* passed to linear: packed for the backend */
     DITD_WL_DENSE = 2,    /* never kept in GGML blocks (a conv weight, a re-laid one) */
     DITD_WL_OWN_LOAD = 4, /* carved and packed by the walk, loaded by the family */
-    DITD_WL_VEC = 8,      /* one vector "<name>" (rows), no bias */
+    DITD_WL_VEC = 8,      /* one vector "<name>" (rows), no bias; DITD_WL_ROWS keeps a
+                           * slice of it (a tp rank's heads of a norm) */
+    DITD_WL_ACT = 16,     /* a vector kept in the activation type (ops->upload), not the
+                           * weight type: what the forward reads as an activation */
 };
+
+/* An edit of a vector's values as read, before the upload (a norm weight w
+ * stored as w - 1 for the modulate op, say). */
+typedef void (*ditd_wl_fix)(float *v, size_t n);
 
 typedef struct ditd_wl_entry {
     char name[3][160];    /* the parts' names (without ".weight"/".bias") */
@@ -59,6 +66,10 @@ typedef struct ditd_wl_entry {
     int64_t c0[2], cn[2];
     void **w, **b;        /* where the carved weight and bias go (b NULL: no bias) */
     ditd_qweight *q;      /* NULL: never quantized */
+    int nd;               /* a vector's shape in the file when it is not (rows): nd dims of
+                           * shape (their product rows; ditd_wl_vec_shape); 0: (rows) */
+    int64_t shape[4];
+    ditd_wl_fix fix;      /* a vector's edit (ditd_wl_vec_fix), or NULL */
 } ditd_wl_entry;
 
 typedef struct ditd_wl {
@@ -85,6 +96,10 @@ ditd_wl_entry *ditd_wl_add_fused(ditd_wl *l, int flags, int64_t rows, int64_t co
 /* Splits: rows [r0, r0 + rn) / one or two column ranges. e may be NULL (a
  * failed add; nothing done). */
 void ditd_wl_rows_of(ditd_wl_entry *e, int64_t r0, int64_t rn);
+/* A vector's file shape (nd <= 4 dims whose product is its rows: a (1, 6, D)
+ * table read as 6D values; whole reads only) and its edit. e may be NULL. */
+void ditd_wl_vec_shape(ditd_wl_entry *e, int nd, const int64_t *shape);
+void ditd_wl_vec_fix(ditd_wl_entry *e, ditd_wl_fix fix);
 void ditd_wl_cols_of(ditd_wl_entry *e, int ncols, const int64_t *c0, const int64_t *cn);
 void ditd_wl_free(ditd_wl *l);
 

@@ -1,8 +1,10 @@
 /* The weight list walk (engine/models/weight_list.h): a toy list over a
  * tiny safetensors file, planned (this rank's shapes), loaded (whole, a tp
  * rank's rows, two column ranges side by side, three fused parts split by
- * rows, a vector) and compared value by value with the file; a missing
- * tensor and a wrong shape refused naming the tensor. */
+ * rows, a vector, a tp rank's slice of a vector, a vector in the activation
+ * type with an edit, a (1, 3) table read as a vector) and compared value by
+ * value with the file; a missing tensor and a wrong shape refused naming
+ * the tensor. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +21,7 @@ static char dir[256];
  * 1000 p + i, q/k/v.bias (4) = 2000 p + i, n.weight (3) = 7, 8, 9 */
 static void write_fixture(const char *path)
 {
-    float data[24 + 4 + 3 * 24 + 3 * 4 + 3];
+    float data[24 + 4 + 3 * 24 + 3 * 4 + 3 + 3];
     float *d = data;
     char hdr[2048];
     size_t off = 0;
@@ -48,6 +50,9 @@ static void write_fixture(const char *path)
     T("n.weight", "[3]", 3);
     for (int i = 0; i < 3; i++)
         *d++ = 7.0f + (float)i;
+    T("t.table", "[1,3]", 3);
+    for (int i = 0; i < 3; i++)
+        *d++ = 20.0f + (float)i;
 #undef T
     n += snprintf(hdr + n, sizeof hdr - (size_t)n, "}");
     FILE *f = fopen(path, "wb");
@@ -56,6 +61,12 @@ static void write_fixture(const char *path)
     fwrite(hdr, 1, (size_t)n, f);
     fwrite(data, 1, off, f);
     fclose(f);
+}
+
+static void minus_one(float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] -= 1.0f;
 }
 
 typedef struct lin {
@@ -75,7 +86,7 @@ int main(void)
     TU_OK(ditd_weights_open(path, &st));
 
     lin whole, rows, cols, fused;
-    void *vec;
+    void *vec, *vslice, *vact, *vtab;
     ditd_wl wl = {0};
     const int64_t c0[2] = {1, 4}, cn[2] = {2, 1};
     ditd_wl_add(&wl, 0, 4, 6, &whole.w, &whole.b, &whole.q, "a");
@@ -85,7 +96,12 @@ int main(void)
                                       (const char *const[]){"q", "k", "v"}),
                     3, 1);
     ditd_wl_add(&wl, DITD_WL_VEC, 3, 0, &vec, NULL, NULL, "n.weight");
-    TU_CHECK(wl.n == 5 && !wl.err, "5 entries listed (%d, err %d)", wl.n, wl.err);
+    ditd_wl_rows_of(ditd_wl_add(&wl, DITD_WL_VEC, 3, 0, &vslice, NULL, NULL, "n.weight"), 1, 2);
+    ditd_wl_vec_fix(ditd_wl_add(&wl, DITD_WL_VEC | DITD_WL_ACT, 3, 0, &vact, NULL, NULL, "n.weight"),
+                    minus_one);
+    ditd_wl_vec_shape(ditd_wl_add(&wl, DITD_WL_VEC | DITD_WL_ACT, 3, 0, &vtab, NULL, NULL, "t.table"),
+                      2, (const int64_t[]){1, 3});
+    TU_CHECK(wl.n == 8 && !wl.err, "8 entries listed (%d, err %d)", wl.n, wl.err);
     /* this rank's shapes */
     const int64_t want_nk[4][2] = {{4, 6}, {2, 6}, {4, 3}, {3, 6}};
     int checked = 0;
@@ -99,7 +115,7 @@ int main(void)
     ditd_arena_init_mem(&a, ops->mem_alloc, ops->mem_free);
     TU_OK(ditd_wl_plan(&wl, &a, ops, st));
     /* weights + biases + the vector, all f32 */
-    size_t floats = (24 + 4) + (12 + 2) + (12 + 4) + (18 + 3) + 3;
+    size_t floats = (24 + 4) + (12 + 2) + (12 + 4) + (18 + 3) + 3 + 2 + 3 + 3;
     TU_CHECK(a.peak_plan >= floats * 4, "planned %zu bytes < %zu", a.peak_plan, floats * 4);
     TU_OK(ditd_arena_commit(&a, a.peak_plan));
     TU_OK(ditd_wl_plan(&wl, &a, ops, st));
@@ -138,7 +154,16 @@ int main(void)
     }
     for (int i = 0; i < 3; i++, checked++)
         TU_CHECK(((const float *)vec)[i] == 7.0f + (float)i, "vec[%d]", i);
-    TU_CHECK(checked >= 86, "%d values checked", checked);
+    for (int i = 0; i < 2; i++, checked++) /* rows 1, 2 of n.weight */
+        TU_CHECK(((const float *)vslice)[i] == 8.0f + (float)i, "vector slice [%d] = %g", i,
+                 (double)((const float *)vslice)[i]);
+    for (int i = 0; i < 3; i++, checked++) /* the CPU table's activations are f32 too */
+        TU_CHECK(((const float *)vact)[i] == 6.0f + (float)i, "vector edited [%d] = %g", i,
+                 (double)((const float *)vact)[i]);
+    for (int i = 0; i < 3; i++, checked++)
+        TU_CHECK(((const float *)vtab)[i] == 20.0f + (float)i, "(1, 3) table [%d] = %g", i,
+                 (double)((const float *)vtab)[i]);
+    TU_CHECK(checked >= 94, "%d values checked", checked);
     int quantized = 0;
     for (int i = 0; i < 4; i++)
         wl.e[i].flags |= DITD_WL_PACK;
@@ -156,11 +181,13 @@ int main(void)
         {"zz", 4, 6, "zz.weight"},
         {"a", 5, 6, "a.weight"},
         {"a", 4, 7, "a.weight"},
+        {"t.table", 3, 0, "t.table"}, /* (1, 3) in the file, (3) asked */
     };
     int refused = 0;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         lin x;
-        ditd_wl_add(&wl, 0, bad[i].rows, bad[i].cols, &x.w, &x.b, &x.q, "%s", bad[i].name);
+        ditd_wl_add(&wl, bad[i].cols ? 0 : DITD_WL_VEC, bad[i].rows, bad[i].cols, &x.w, &x.b, &x.q,
+                    "%s", bad[i].name);
         ditd_arena_init_mem(&a, ops->mem_alloc, ops->mem_free);
         TU_OK(ditd_wl_plan(&wl, &a, ops, st));
         TU_OK(ditd_arena_commit(&a, a.peak_plan));
@@ -175,7 +202,7 @@ int main(void)
         ditd_arena_free(&a);
         ditd_wl_free(&wl);
     }
-    TU_CHECK(refused == 3, "%d of 3 refused", refused);
+    TU_CHECK(refused == 4, "%d of 4 refused", refused);
     ditd_weights_free(st);
     remove(path);
     rmdir(dir);

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "engine/io/safetensors.h"
+#include "engine/io/weights.h"
 #include "kernels/cpu/rope.h"
 
 /* ---- planning: the same carve sequence runs twice (count, then hand out) ---- */
@@ -19,56 +19,92 @@ static int carve(ditd_arena *a, void **p, ditd_dtype dt, size_t n)
     return err;
 }
 
-static int carve_lin(ditd_arena *a, ditd_wan_lin *l, ditd_dtype dt, size_t n, size_t k)
+/* norm2's and the image embedder's affine LayerNorm weights as the modulate
+ * op's scale: w - 1 (LN(x) (1 + (w - 1)) + b) */
+static void minus_one(float *v, size_t n)
 {
-    return carve(a, &l->w, dt, n * k) | carve(a, &l->b, dt, n);
+    for (size_t i = 0; i < n; i++)
+        v[i] -= 1.0f;
 }
 
-static int carve_weights(ditd_wan *m)
+/* The model's weight list (engine/models/weight_list.h), written once from
+ * the config and this rank's tp plan, walked for planning, loading and
+ * packing. tp: attn1's q|k|v, attn2's q, k|v (and the image branch's
+ * add_k|add_v) and ffn.net.0.proj column-parallel (this rank's heads and FFN
+ * rows, their qk norms' slices with them); attn1/attn2.to_out.0 and
+ * ffn.net.2 row-parallel (matching columns). The modulation tables, norms
+ * and the image embedder's positions stay in the activation type. */
+#define L1(l, n, k, ...) ditd_wl_add(wl, DITD_WL_PACK, (n), (k), &(l)->w, &(l)->b, NULL, __VA_ARGS__)
+#define VEC(p, n, ...) ditd_wl_add(wl, DITD_WL_VEC | DITD_WL_ACT, (n), 0, &(p), NULL, NULL, __VA_ARGS__)
+#define FUSED(l, np, sfx, ...)                                                                  \
+    do {                                                                                        \
+        snprintf(pre, sizeof pre, __VA_ARGS__);                                                 \
+        ditd_wl_rows_of(ditd_wl_add_fused(wl, DITD_WL_PACK, D, D, &(l)->w, &(l)->b, NULL, pre,  \
+                                          (np), (sfx)),                                         \
+                        a0, A);                                                                 \
+    } while (0)
+
+static void weight_list(ditd_wan *m, ditd_wl *wl)
 {
     const ditd_wan_config *c = &m->cfg;
-    size_t D = (size_t)c->inner_dim, A = (size_t)m->A, F = (size_t)m->fc;
-    size_t pp = (size_t)c->patch_h * (size_t)c->patch_w;
-    ditd_dtype wt = m->ops->weight_dtype, at = m->ops->act_dtype;
-    ditd_arena *a = &m->weights;
-    int err = 0;
+    int64_t D = c->inner_dim, FF = c->ffn_dim, p = c->patch_h, Di = c->image_dim;
+    int64_t A = m->A, a0 = (int64_t)m->h0 * c->head_dim, F = m->fc, f0 = m->f0; /* this tp rank's */
+    static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
+    static const char *const kvi[2] = {"add_k_proj", "add_v_proj"};
+    const int64_t s2[3] = {1, 2, D}, s6[3] = {1, 6, D};
+    char pre[160];
 
-    err |= carve_lin(a, &m->patch, wt, D, (size_t)c->in_channels * pp);
-    err |= carve_lin(a, &m->t1, wt, D, (size_t)c->freq_dim);
-    err |= carve_lin(a, &m->t2, wt, D, D);
-    err |= carve_lin(a, &m->tproj, wt, 6 * D, D);
-    err |= carve_lin(a, &m->x1, wt, D, (size_t)c->text_dim);
-    err |= carve_lin(a, &m->x2, wt, D, D);
-    err |= carve(a, &m->sst_out, at, 2 * D);
-    err |= carve_lin(a, &m->proj, wt, pp * (size_t)c->out_channels, D);
-    if (c->image_dim) {
-        size_t Di = (size_t)c->image_dim;
-        err |= carve(a, &m->ie_n1w, at, Di) | carve(a, &m->ie_n1b, at, Di);
-        err |= carve_lin(a, &m->ie_ff1, wt, Di, Di);
-        err |= carve_lin(a, &m->ie_ff2, wt, D, Di);
-        err |= carve(a, &m->ie_n2w, at, D) | carve(a, &m->ie_n2b, at, D);
-        if (c->pos_embed_seq_len)
-            err |= carve(a, &m->ie_pos, at, (size_t)c->pos_embed_seq_len * Di);
+    /* a (D, C, 1, p, p) conv weight: read by load_weights, never packed */
+    ditd_wl_add(wl, DITD_WL_DENSE | DITD_WL_OWN_LOAD, D, (int64_t)c->in_channels * p * p,
+                &m->patch.w, &m->patch.b, NULL, "patch_embedding");
+    L1(&m->t1, D, c->freq_dim, "condition_embedder.time_embedder.linear_1");
+    L1(&m->t2, D, D, "condition_embedder.time_embedder.linear_2");
+    L1(&m->tproj, 6 * D, D, "condition_embedder.time_proj");
+    L1(&m->x1, D, c->text_dim, "condition_embedder.text_embedder.linear_1");
+    L1(&m->x2, D, D, "condition_embedder.text_embedder.linear_2");
+    ditd_wl_vec_shape(VEC(m->sst_out, 2 * D, "scale_shift_table"), 3, s2);
+    /* proj_out rows are (dt, dy, dx, c) with dt = 1: the unpatchify op's order */
+    L1(&m->proj, p * p * c->out_channels, D, "proj_out");
+    if (Di) {
+        const char *ie = "condition_embedder.image_embedder";
+        ditd_wl_vec_fix(VEC(m->ie_n1w, Di, "%s.norm1.weight", ie), minus_one);
+        VEC(m->ie_n1b, Di, "%s.norm1.bias", ie);
+        L1(&m->ie_ff1, Di, Di, "%s.ff.net.0.proj", ie);
+        L1(&m->ie_ff2, D, Di, "%s.ff.net.2", ie);
+        ditd_wl_vec_fix(VEC(m->ie_n2w, D, "%s.norm2.weight", ie), minus_one);
+        VEC(m->ie_n2b, D, "%s.norm2.bias", ie);
+        if (c->pos_embed_seq_len) {
+            const int64_t sp[3] = {1, c->pos_embed_seq_len, Di};
+            ditd_wl_vec_shape(VEC(m->ie_pos, c->pos_embed_seq_len * Di, "%s.pos_embed", ie), 3, sp);
+        }
     }
     for (int l = 0; l < c->num_layers; l++) {
         ditd_wan_block *b = &m->blk[l];
-        err |= carve(a, &b->sst, at, 6 * D);
-        err |= carve_lin(a, &b->qkv, wt, 3 * A, D);
-        err |= carve(a, &b->nq1, at, A) | carve(a, &b->nk1, at, A);
-        err |= carve(a, &b->out1.w, wt, D * A) | carve(a, &b->out1.b, wt, D);
-        if (c->cross_attn_norm)
-            err |= carve(a, &b->n2w, at, D) | carve(a, &b->n2b, at, D);
-        err |= carve_lin(a, &b->q2, wt, A, D);
-        err |= carve_lin(a, &b->kv2, wt, 2 * A, D);
-        err |= carve(a, &b->nq2, at, A) | carve(a, &b->nk2, at, A);
-        if (c->image_dim)
-            err |= carve_lin(a, &b->kvi, wt, 2 * A, D) | carve(a, &b->nki, at, A);
-        err |= carve(a, &b->out2.w, wt, D * A) | carve(a, &b->out2.b, wt, D);
-        err |= carve_lin(a, &b->ff1, wt, F, D);
-        err |= carve(a, &b->ff2.w, wt, D * F) | carve(a, &b->ff2.b, wt, D);
+        ditd_wl_vec_shape(VEC(b->sst, 6 * D, "blocks.%d.scale_shift_table", l), 3, s6);
+        FUSED(&b->qkv, 3, qkv, "blocks.%d.attn1", l);
+        ditd_wl_rows_of(VEC(b->nq1, D, "blocks.%d.attn1.norm_q.weight", l), a0, A);
+        ditd_wl_rows_of(VEC(b->nk1, D, "blocks.%d.attn1.norm_k.weight", l), a0, A);
+        ditd_wl_cols_of(L1(&b->out1, D, D, "blocks.%d.attn1.to_out.0", l), 1, &a0, &A);
+        if (c->cross_attn_norm) {
+            ditd_wl_vec_fix(VEC(b->n2w, D, "blocks.%d.norm2.weight", l), minus_one);
+            VEC(b->n2b, D, "blocks.%d.norm2.bias", l);
+        }
+        ditd_wl_rows_of(L1(&b->q2, D, D, "blocks.%d.attn2.to_q", l), a0, A);
+        FUSED(&b->kv2, 2, qkv + 1, "blocks.%d.attn2", l);
+        ditd_wl_rows_of(VEC(b->nq2, D, "blocks.%d.attn2.norm_q.weight", l), a0, A);
+        ditd_wl_rows_of(VEC(b->nk2, D, "blocks.%d.attn2.norm_k.weight", l), a0, A);
+        if (Di) {
+            FUSED(&b->kvi, 2, kvi, "blocks.%d.attn2", l);
+            ditd_wl_rows_of(VEC(b->nki, D, "blocks.%d.attn2.norm_added_k.weight", l), a0, A);
+        }
+        ditd_wl_cols_of(L1(&b->out2, D, D, "blocks.%d.attn2.to_out.0", l), 1, &a0, &A);
+        ditd_wl_rows_of(L1(&b->ff1, FF, D, "blocks.%d.ffn.net.0.proj", l), f0, F);
+        ditd_wl_cols_of(L1(&b->ff2, D, FF, "blocks.%d.ffn.net.2", l), 1, &f0, &F);
     }
-    return err ? DITD_ENOMEM : 0;
 }
+#undef L1
+#undef VEC
+#undef FUSED
 
 static int carve_acts(ditd_wan *m)
 {
@@ -227,8 +263,10 @@ static int plan(ditd_wan *m, const ditd_mesh *mesh)
     m->dsp_a = m->cnt_a + RU;
     m->icnt = m->dsp_a + RU;
     m->ioff = m->icnt + RU;
-    if ((err = carve_weights(m)) || (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
-        (err = carve_weights(m)))
+    weight_list(m, &m->wl);
+    if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)) ||
+        (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
+        (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
         return err;
     return 0;
 }
@@ -270,6 +308,7 @@ void ditd_wan_free(ditd_wan *m)
     ditd_arena_free(&m->weights);
     ditd_arena_free(&m->acts);
     ditd_cp_attention_free(m->cpa);
+    ditd_wl_free(&m->wl);
     free(m->blk);
     free(m->cnt_a);
     free(m->h_freq);
@@ -308,281 +347,63 @@ void ditd_wan_shapes(const ditd_wan_config *c, int frames, int height, int width
 
 /* ---- loading ---- */
 
-typedef struct loader {
-    const ditd_safetensors *st;
-    const ditd_backend_ops *ops;
-    float *stage;
-    size_t cap;
-    char name[256];
-} loader;
-
-/* dst := the slice [start, start + len) along `axis` of tensor ld->name of
- * shape (nd dims), the whole tensor when len < 0; as a weight (upload_weight)
- * or in the activation type (act: upload). `fix` (may be NULL) edits the
- * staged values first. */
-static int get_x(loader *ld, void *dst, int nd, const int64_t *shape, int axis, int64_t start,
-                 int64_t len, int act, void (*fix)(float *, size_t))
-{
-    size_t n = 1;
-    for (int i = 0; i < nd; i++)
-        n *= (size_t)(i == axis && len >= 0 ? len : shape[i]);
-    if (n > ld->cap) {
-        float *s = realloc(ld->stage, n * sizeof(float));
-        if (!s)
-            return ditd_err_set(DITD_ENOMEM, "staging %zu floats for %s", n, ld->name);
-        ld->stage = s;
-        ld->cap = n;
-    }
-    int err = len < 0 || (start == 0 && len == shape[axis])
-                  ? ditd_safetensors_read_f32(ld->st, ld->name, nd, shape, ld->stage)
-                  : ditd_safetensors_read_f32_slice(ld->st, ld->name, nd, shape, axis, start,
-                                                    len, ld->stage);
-    if (err)
-        return err;
-    if (fix)
-        fix(ld->stage, n);
-    if (act)
-        ld->ops->upload(dst, ld->stage, n);
-    else
-        ld->ops->upload_weight(dst, ld->stage, n);
-    return 0;
-}
-
-/* norm2's weight as the modulate op's scale: w - 1 (LN(x) (1 + (w - 1)) + b) */
-static void minus_one(float *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        v[i] -= 1.0f;
-}
-
-#define NAME(...) snprintf(ld.name, sizeof ld.name, __VA_ARGS__)
-#define TRY(call)             \
-    do {                      \
-        if ((err = (call)))   \
-            goto done;        \
+/* a tensor the config says the checkpoint must not have */
+#define ABSENT(why, ...)                                                                   \
+    do {                                                                                   \
+        snprintf(name, sizeof name, __VA_ARGS__);                                          \
+        if (ditd_weights_has(w, name))                                                     \
+            return ditd_err_set(DITD_EFORMAT, "checkpoint has %s but %s", name, (why));    \
     } while (0)
 
-/* a whole Linear "<prefix>.weight" (n, k) and "<prefix>.bias" (n) */
-static int lin_all(loader *ld, ditd_wan_lin *l, int64_t n, int64_t k, const char *pre)
-{
-    int64_t sw[2] = {n, k}, sb[1] = {n};
-    int err;
-    snprintf(ld->name, sizeof ld->name, "%s.weight", pre);
-    if ((err = get_x(ld, l->w, 2, sw, 0, 0, -1, 0, NULL)))
-        return err;
-    snprintf(ld->name, sizeof ld->name, "%s.bias", pre);
-    return get_x(ld, l->b, 1, sb, 0, 0, -1, 0, NULL);
-}
-
-/* column-parallel: rows [start, start + len) of weight and bias */
-static int lin_col(loader *ld, ditd_wan_lin *l, int64_t n, int64_t k, int64_t start, int64_t len,
-                   const char *pre)
-{
-    int64_t sw[2] = {n, k}, sb[1] = {n};
-    int err;
-    snprintf(ld->name, sizeof ld->name, "%s.weight", pre);
-    if ((err = get_x(ld, l->w, 2, sw, 0, start, len, 0, NULL)))
-        return err;
-    snprintf(ld->name, sizeof ld->name, "%s.bias", pre);
-    return get_x(ld, l->b, 1, sb, 0, start, len, 0, NULL);
-}
-
-/* row-parallel: weight columns [start, start + len), the whole bias */
-static int lin_row(loader *ld, ditd_wan_lin *l, int64_t n, int64_t k, int64_t start, int64_t len,
-                   const char *pre)
-{
-    int64_t sw[2] = {n, k}, sb[1] = {n};
-    int err;
-    snprintf(ld->name, sizeof ld->name, "%s.weight", pre);
-    if ((err = get_x(ld, l->w, 2, sw, 1, start, len, 0, NULL)))
-        return err;
-    snprintf(ld->name, sizeof ld->name, "%s.bias", pre);
-    return get_x(ld, l->b, 1, sb, 0, 0, -1, 0, NULL);
-}
-
-/* a vector (n) [start, start + len) in the activation type */
-static int vec_act(loader *ld, void *dst, int64_t n, int64_t start, int64_t len,
-                   void (*fix)(float *, size_t))
-{
-    int64_t s[1] = {n};
-    return get_x(ld, dst, 1, s, 0, start, len, 1, fix);
-}
-
-static int load_weights(ditd_wan *m, const ditd_safetensors *st)
+/* The patch embedding (a conv weight, the list's own-load entry), then the
+ * list; the tensors the config rules out are refused, naming them. */
+static int load_weights(ditd_wan *m, const ditd_weights *w)
 {
     const ditd_wan_config *c = &m->cfg;
-    const ditd_backend_ops *ops = m->ops;
-    int64_t D = c->inner_dim, FF = c->ffn_dim, p = c->patch_h, C = c->in_channels;
-    int64_t Di = c->image_dim;
-    int64_t A = m->A, a0 = (int64_t)m->h0 * c->head_dim, Fl = m->fc, f0 = m->f0;
-    loader ld = {.st = st, .ops = ops};
-    char pre[200];
-    int err = 0;
+    int64_t D = c->inner_dim, p = c->patch_h, C = c->in_channels;
+    char name[192];
+    int err;
 
     /* an image branch in the checkpoint the config does not declare */
-    if (!Di && (ditd_safetensors_find(st, "condition_embedder.image_embedder.norm1.weight") ||
-                ditd_safetensors_find(st, "blocks.0.attn2.add_k_proj.weight")))
+    if (!c->image_dim && (ditd_weights_has(w, "condition_embedder.image_embedder.norm1.weight") ||
+                          ditd_weights_has(w, "blocks.0.attn2.add_k_proj.weight")))
         return ditd_err_set(DITD_EFORMAT,
                             "the checkpoint has an image branch (condition_embedder.image_embedder, attn2.add_k_proj) but the config has no image_dim");
-    if (Di) {
-        const char *ie = "condition_embedder.image_embedder";
-        NAME("%s.norm1.weight", ie);
-        TRY(vec_act(&ld, m->ie_n1w, Di, 0, -1, minus_one));
-        NAME("%s.norm1.bias", ie);
-        TRY(vec_act(&ld, m->ie_n1b, Di, 0, -1, NULL));
-        snprintf(pre, sizeof pre, "%s.ff.net.0.proj", ie);
-        TRY(lin_all(&ld, &m->ie_ff1, Di, Di, pre));
-        snprintf(pre, sizeof pre, "%s.ff.net.2", ie);
-        TRY(lin_all(&ld, &m->ie_ff2, D, Di, pre));
-        NAME("%s.norm2.weight", ie);
-        TRY(vec_act(&ld, m->ie_n2w, D, 0, -1, minus_one));
-        NAME("%s.norm2.bias", ie);
-        TRY(vec_act(&ld, m->ie_n2b, D, 0, -1, NULL));
-        if (c->pos_embed_seq_len) {
-            int64_t sp[3] = {1, c->pos_embed_seq_len, Di};
-            NAME("%s.pos_embed", ie);
-            TRY(get_x(&ld, m->ie_pos, 3, sp, 0, 0, -1, 1, NULL));
-        } else if (NAME("%s.pos_embed", ie), ditd_safetensors_find(st, ld.name)) {
-            err = ditd_err_set(DITD_EFORMAT,
-                               "checkpoint has %s but config has no pos_embed_seq_len", ld.name);
-            goto done;
-        }
-    }
+    if (c->image_dim && !c->pos_embed_seq_len)
+        ABSENT("config has no pos_embed_seq_len", "condition_embedder.image_embedder.pos_embed");
     {
-        int64_t s[5] = {D, C, 1, p, p}, sb[1] = {D};
-        NAME("patch_embedding.weight");
-        TRY(get_x(&ld, m->patch.w, 5, s, 0, 0, -1, 0, NULL));
-        NAME("patch_embedding.bias");
-        TRY(get_x(&ld, m->patch.b, 1, sb, 0, 0, -1, 0, NULL));
+        int64_t shape[5] = {D, C, 1, p, p};
+        size_t n = (size_t)(D * C * p * p);
+        float *buf = malloc((n > (size_t)D ? n : (size_t)D) * sizeof(float));
+        if (!buf)
+            return ditd_err_set(DITD_ENOMEM, "patch_embedding");
+        if (!(err = ditd_weights_read_f32(w, "patch_embedding.weight", 5, shape, buf))) {
+            m->ops->upload_weight(m->patch.w, buf, n);
+            if (!(err = ditd_weights_read_f32(w, "patch_embedding.bias", 1, &D, buf)))
+                m->ops->upload_weight(m->patch.b, buf, (size_t)D);
+        }
+        free(buf);
+        if (err)
+            return err;
     }
-    TRY(lin_all(&ld, &m->t1, D, c->freq_dim, "condition_embedder.time_embedder.linear_1"));
-    TRY(lin_all(&ld, &m->t2, D, D, "condition_embedder.time_embedder.linear_2"));
-    TRY(lin_all(&ld, &m->tproj, 6 * D, D, "condition_embedder.time_proj"));
-    TRY(lin_all(&ld, &m->x1, D, c->text_dim, "condition_embedder.text_embedder.linear_1"));
-    TRY(lin_all(&ld, &m->x2, D, D, "condition_embedder.text_embedder.linear_2"));
-    {
-        int64_t s[3] = {1, 2, D};
-        NAME("scale_shift_table");
-        TRY(get_x(&ld, m->sst_out, 3, s, 0, 0, -1, 1, NULL));
-    }
-    /* proj_out rows are (dt, dy, dx, c) with dt = 1: the unpatchify op's order */
-    TRY(lin_all(&ld, &m->proj, p * p * c->out_channels, D, "proj_out"));
-    for (int l = 0; l < c->num_layers; l++) {
-        ditd_wan_block *b = &m->blk[l];
-        static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
-        {
-            int64_t s[3] = {1, 6, D};
-            NAME("blocks.%d.scale_shift_table", l);
-            TRY(get_x(&ld, b->sst, 3, s, 0, 0, -1, 1, NULL));
-        }
-        for (int j = 0; j < 3; j++) { /* fused by rows: q, k, v (this rank's heads of each) */
-            ditd_wan_lin part = {ditd_ptr_w(ops, b->qkv.w, (size_t)(j * A * D)),
-                                 ditd_ptr_w(ops, b->qkv.b, (size_t)(j * A))};
-            snprintf(pre, sizeof pre, "blocks.%d.attn1.%s", l, qkv[j]);
-            TRY(lin_col(&ld, &part, D, D, a0, A, pre));
-        }
-        NAME("blocks.%d.attn1.norm_q.weight", l);
-        TRY(vec_act(&ld, b->nq1, D, a0, A, NULL));
-        NAME("blocks.%d.attn1.norm_k.weight", l);
-        TRY(vec_act(&ld, b->nk1, D, a0, A, NULL));
-        snprintf(pre, sizeof pre, "blocks.%d.attn1.to_out.0", l);
-        TRY(lin_row(&ld, &b->out1, D, D, a0, A, pre));
-        if (c->cross_attn_norm) {
-            NAME("blocks.%d.norm2.weight", l);
-            TRY(vec_act(&ld, b->n2w, D, 0, -1, minus_one));
-            NAME("blocks.%d.norm2.bias", l);
-            TRY(vec_act(&ld, b->n2b, D, 0, -1, NULL));
-        } else if (NAME("blocks.%d.norm2.weight", l), ditd_safetensors_find(st, ld.name)) {
-            err = ditd_err_set(DITD_EFORMAT, "checkpoint has %s but config says cross_attn_norm false",
-                               ld.name);
-            goto done;
-        }
-        snprintf(pre, sizeof pre, "blocks.%d.attn2.to_q", l);
-        TRY(lin_col(&ld, &b->q2, D, D, a0, A, pre));
-        for (int j = 0; j < 2; j++) {
-            ditd_wan_lin part = {ditd_ptr_w(ops, b->kv2.w, (size_t)(j * A * D)),
-                                 ditd_ptr_w(ops, b->kv2.b, (size_t)(j * A))};
-            snprintf(pre, sizeof pre, "blocks.%d.attn2.%s", l, qkv[j + 1]);
-            TRY(lin_col(&ld, &part, D, D, a0, A, pre));
-        }
-        NAME("blocks.%d.attn2.norm_q.weight", l);
-        TRY(vec_act(&ld, b->nq2, D, a0, A, NULL));
-        NAME("blocks.%d.attn2.norm_k.weight", l);
-        TRY(vec_act(&ld, b->nk2, D, a0, A, NULL));
-        if (Di) {
-            static const char *const kvi[2] = {"add_k_proj", "add_v_proj"};
-            for (int j = 0; j < 2; j++) {
-                ditd_wan_lin part = {ditd_ptr_w(ops, b->kvi.w, (size_t)(j * A * D)),
-                                     ditd_ptr_w(ops, b->kvi.b, (size_t)(j * A))};
-                snprintf(pre, sizeof pre, "blocks.%d.attn2.%s", l, kvi[j]);
-                TRY(lin_col(&ld, &part, D, D, a0, A, pre));
-            }
-            NAME("blocks.%d.attn2.norm_added_k.weight", l);
-            TRY(vec_act(&ld, b->nki, D, a0, A, NULL));
-        }
-        snprintf(pre, sizeof pre, "blocks.%d.attn2.to_out.0", l);
-        TRY(lin_row(&ld, &b->out2, D, D, a0, A, pre));
-        snprintf(pre, sizeof pre, "blocks.%d.ffn.net.0.proj", l);
-        TRY(lin_col(&ld, &b->ff1, FF, D, f0, Fl, pre));
-        snprintf(pre, sizeof pre, "blocks.%d.ffn.net.2", l);
-        TRY(lin_row(&ld, &b->ff2, D, FF, f0, Fl, pre));
-    }
+    if ((err = ditd_wl_load(&m->wl, w, m->ops)))
+        return err;
+    for (int l = 0; l < c->num_layers && !c->cross_attn_norm; l++)
+        ABSENT("config says cross_attn_norm false", "blocks.%d.norm2.weight", l);
     /* more blocks in the checkpoint than the config says would silently
      * drop layers: refuse */
-    NAME("blocks.%d.scale_shift_table", c->num_layers);
-    if (ditd_safetensors_find(st, ld.name))
-        err = ditd_err_set(DITD_EFORMAT, "checkpoint has %s but config says num_layers %d",
-                           ld.name, c->num_layers);
-done:
-    free(ld.stage);
-    return err;
+    char why[48];
+    snprintf(why, sizeof why, "config says num_layers %d", c->num_layers);
+    ABSENT(why, "blocks.%d.scale_shift_table", c->num_layers);
+    return 0;
 }
-
-/* Every weight the forward passes to linear, re-laid for the backend
- * (backend.h pack_linear), once all are loaded. Not patch_embedding:
- * patch_embed reads it as a conv weight. */
-static int pack_linears(ditd_wan *m)
-{
-    const ditd_wan_config *c = &m->cfg;
-    const ditd_backend_ops *ops = m->ops;
-    int D = c->inner_dim, A = m->A, F = m->fc, pp = c->patch_h * c->patch_w;
-    int err = 0;
-#define PACK(l, n, k)                                               \
-    do {                                                            \
-        if (!err)                                                   \
-            err = ditd_pack_linear(ops, (l).w, (int)(n), (int)(k)); \
-    } while (0)
-    PACK(m->t1, D, c->freq_dim);
-    PACK(m->t2, D, D);
-    PACK(m->tproj, 6 * D, D);
-    PACK(m->x1, D, c->text_dim);
-    PACK(m->x2, D, D);
-    PACK(m->proj, pp * c->out_channels, D);
-    if (c->image_dim) {
-        PACK(m->ie_ff1, c->image_dim, c->image_dim);
-        PACK(m->ie_ff2, D, c->image_dim);
-    }
-    for (int l = 0; l < c->num_layers; l++) {
-        ditd_wan_block *b = &m->blk[l];
-        PACK(b->qkv, 3 * A, D);
-        PACK(b->out1, D, A);
-        PACK(b->q2, A, D);
-        PACK(b->kv2, 2 * A, D);
-        PACK(b->out2, D, A);
-        if (c->image_dim)
-            PACK(b->kvi, 2 * A, D);
-        PACK(b->ff1, F, D);
-        PACK(b->ff2, D, F);
-    }
-#undef PACK
-    return err;
-}
+#undef ABSENT
 
 int ditd_wan_new_mesh(const ditd_wan_config *cfg, const ditd_backend_ops *ops, int max_batch,
                       int frames, int height, int width, int text_len, const char *weights_path,
                       const ditd_mesh *mesh, ditd_wan **out)
 {
-    ditd_safetensors *st = NULL;
+    ditd_weights *st = NULL;
     ditd_wan *m;
     int err;
 
@@ -613,15 +434,22 @@ int ditd_wan_new_mesh(const ditd_wan_config *cfg, const ditd_backend_ops *ops, i
     }
     set_sizes(m, frames, height, width, text_len);
     if ((err = plan(m, mesh)) || (err = plan_host(m)) || (err = plan_acts(m)) ||
-        (err = ditd_safetensors_open(weights_path, &st)) || (err = load_weights(m, st)) ||
-        (err = pack_linears(m)))
+        (err = ditd_weights_open(weights_path, &st)))
         goto fail;
-    ditd_safetensors_free(st);
+    if (!ditd_weights_st(st)) {
+        err = ditd_err_set(DITD_EUNSUPPORTED,
+                           "WanTransformer3DModel loads safetensors checkpoints; %s is %s",
+                           weights_path, ditd_weights_format(st));
+        goto fail;
+    }
+    if ((err = load_weights(m, st)) || (err = ditd_wl_pack(&m->wl, m->ops, NULL)))
+        goto fail;
+    ditd_wl_free(&m->wl); /* the list is the loading's; the forward reads m */
+    ditd_weights_free(st);
     *out = m;
     return 0;
 fail:
-    if (st)
-        ditd_safetensors_free(st);
+    ditd_weights_free(st);
     ditd_wan_free(m);
     return err;
 }

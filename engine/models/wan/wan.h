@@ -74,6 +74,7 @@
 #include "engine/core/tensor.h"
 #include "engine/models/denoiser.h"
 #include "engine/models/wan/wan_config.h"
+#include "engine/models/weight_list.h"
 #include "engine/parallel/cp_attention.h"
 #include "engine/parallel/mesh.h"
 
@@ -110,6 +111,7 @@ typedef struct ditd_wan_block {
 typedef struct ditd_wan {
     ditd_denoiser base;     /* first: a ditd_wan is a denoiser (wan_denoiser.c) */
     ditd_wan_config cfg;
+    ditd_wl wl;             /* while loading: the weight list (weight_list.h) */
     const ditd_backend_ops *ops;
     int max_batch;
     int F, h, w;            /* latent frames and size */
