@@ -3,6 +3,7 @@
 #include "server/daemon/multipart.h"
 
 #include <ctype.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -414,4 +415,78 @@ int ditd_multipart_count(const ditd_multipart_form *form, const char *name)
     for (int i = 0; form && i < form->n_parts; i++)
         n += strcmp(form->parts[i].name, name) == 0;
     return n;
+}
+
+static int listed(const char *const *list, const char *name)
+{
+    for (; list && *list; list++)
+        if (!strcmp(*list, name))
+            return 1;
+    return 0;
+}
+
+json_t *ditd_multipart_to_json(const ditd_multipart_form *form, const char *const *ints,
+                               const char *const *nums, const char *const *objs, char *field,
+                               size_t n)
+{
+    json_t *o = json_object();
+    if (n)
+        field[0] = '\0';
+    if (!o) {
+        ditd_err_set(DITD_ENOMEM, "the form as JSON");
+        return NULL;
+    }
+    for (int i = 0; i < form->n_parts; i++) {
+        const ditd_multipart_part *p = &form->parts[i];
+        json_t *v = NULL;
+        const char *why = NULL;
+        if (json_object_get(o, p->name)) {
+            why = "is given twice";
+        } else if (p->filename) {
+            v = json_true();
+        } else if (memchr(p->data, '\0', p->len)) {
+            why = "holds a NUL byte";
+        } else {
+            char *txt = malloc(p->len + 1);
+            if (!txt) {
+                json_decref(o);
+                ditd_err_set(DITD_ENOMEM, "form field %s", p->name);
+                return NULL;
+            }
+            memcpy(txt, p->data, p->len);
+            txt[p->len] = '\0';
+            char *end = NULL;
+            if (p->len && listed(ints, p->name)) {
+                long long l = strtoll(txt, &end, 10);
+                if (!*end)
+                    v = json_integer((json_int_t)l);
+            } else if (p->len && listed(nums, p->name)) {
+                double d = strtod(txt, &end);
+                if (!*end)
+                    v = json_real(d);
+            } else if (listed(objs, p->name)) {
+                if (!(v = json_loads(txt, JSON_REJECT_DUPLICATES, NULL)))
+                    why = "is not JSON";
+            }
+            if (!v && !why && !(v = json_stringn(txt, p->len)))
+                why = "is not valid UTF-8 text";
+            free(txt);
+        }
+        if (why) {
+            json_decref(v);
+            json_decref(o);
+            if (n)
+                snprintf(field, n, "%s", p->name);
+            ditd_err_set(DITD_EINVAL, "'%s' %s", p->name, why);
+            return NULL;
+        }
+        if (json_object_set_new(o, p->name, v)) { /* jansson takes UTF-8 keys only */
+            json_decref(o);
+            if (n)
+                snprintf(field, n, "%s", p->name);
+            ditd_err_set(DITD_EINVAL, "a field's name is not valid UTF-8");
+            return NULL;
+        }
+    }
+    return o;
 }

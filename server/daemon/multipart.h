@@ -57,6 +57,19 @@ int ditd_multipart_parse(const char *content_type, const uint8_t *body, size_t l
 
 void ditd_multipart_free(ditd_multipart_form *form);
 
+/* The form as the JSON object a JSON body would be (the official OpenAI
+ * client sends its create calls as forms, every value text): a text part
+ * as a string, one named in `ints` (`nums`) as an integer (number) when its
+ * whole text is one, one named in `objs` parsed as JSON, a file part as
+ * true (its bytes are not carried; the caller refuses or reads it). The
+ * lists are NULL-terminated (NULL: none). NULL on a part given twice, a NUL
+ * byte, text that is not UTF-8 or an `objs` part that is not JSON:
+ * DITD_EINVAL with a detail naming the field, its name in field[0..n). */
+struct json_t;
+struct json_t *ditd_multipart_to_json(const ditd_multipart_form *form, const char *const *ints,
+                                      const char *const *nums, const char *const *objs,
+                                      char *field, size_t n);
+
 /* The nth (0-based) part named name, or NULL; ditd_multipart_count: how many. */
 const ditd_multipart_part *ditd_multipart_find(const ditd_multipart_form *form, const char *name,
                                                int nth);

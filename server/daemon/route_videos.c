@@ -82,19 +82,20 @@ static int get_video(ditd_srv *s, ditd_route_req *rq, ditd_jrow *row)
     return err;
 }
 
-/* Form fields whose text is a number in the JSON body. */
+/* Form fields whose text is a number in the JSON body, and the one that
+ * holds JSON. */
 static const char *const int_fields[] = {"seed", "num_inference_steps", "num_frames", "fps",
-                                         "max_sequence_length"};
-static const char *const num_fields[] = {"guidance_scale", "guidance_scale_2"};
+                                         "max_sequence_length", NULL};
+static const char *const num_fields[] = {"guidance_scale", "guidance_scale_2", NULL};
+static const char *const obj_fields[] = {"cache", NULL};
 
-/* A form (the official client's) as the JSON body: text fields as strings,
- * the numeric ones as numbers (a value that is not one stays text: the
- * parser names the field), "cache" as the JSON object it holds, a file
- * part (input_reference) as true (the parser refuses it by name). NULL
- * with *e on a bad form. */
+/* A form (the official client's) as the JSON body the request parser reads
+ * (ditd_multipart_to_json; a file part, input_reference, becomes true and
+ * the parser refuses it by name). NULL with *e on a bad form. */
 static json_t *form_json(const char *ctype, const char *body, size_t len, ditd_api_error *e)
 {
     ditd_multipart_form form;
+    char field[64];
     json_t *o;
     if (ditd_multipart_parse(ctype, (const uint8_t *)body, len, NULL, &form)) {
         ditd_api_error_set(e, 400, "invalid_request_error", "invalid_value", NULL,
@@ -102,67 +103,15 @@ static json_t *form_json(const char *ctype, const char *body, size_t len, ditd_a
         ditd_err_clear();
         return NULL;
     }
-    if (!(o = json_object())) {
-        ditd_multipart_free(&form);
-        ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
-        return NULL;
-    }
-    for (int i = 0; i < form.n_parts; i++) {
-        const ditd_multipart_part *p = &form.parts[i];
-        json_t *v = NULL;
-        if (json_object_get(o, p->name)) {
-            ditd_api_error_set(e, 400, "invalid_request_error", "invalid_value", p->name,
-                               "'%s' is given twice", p->name);
-            goto bad;
-        }
-        if (p->filename) {
-            v = json_true();
-        } else {
-            char *txt = strndup((const char *)p->data, p->len);
-            if (!txt || strlen(txt) != p->len) {
-                free(txt);
-                ditd_api_error_set(e, 400, "invalid_request_error", "invalid_value", p->name,
-                                   "'%s' holds a NUL byte", p->name);
-                goto bad;
-            }
-            for (size_t k = 0; !v && k < sizeof int_fields / sizeof int_fields[0]; k++) {
-                long long l;
-                char *end;
-                if (strcmp(p->name, int_fields[k]))
-                    continue;
-                l = strtoll(txt, &end, 10);
-                if (*txt && !*end)
-                    v = json_integer((json_int_t)l);
-            }
-            for (size_t k = 0; !v && k < sizeof num_fields / sizeof num_fields[0]; k++) {
-                double d;
-                char *end;
-                if (strcmp(p->name, num_fields[k]))
-                    continue;
-                d = strtod(txt, &end);
-                if (*txt && !*end)
-                    v = json_real(d);
-            }
-            if (!v && !strcmp(p->name, "cache"))
-                v = json_loads(txt, JSON_REJECT_DUPLICATES, NULL);
-            if (!v)
-                v = json_stringn(txt, p->len); /* NULL when not UTF-8 */
-            free(txt);
-            if (!v) {
-                ditd_api_error_set(e, 400, "invalid_request_error", "invalid_value", p->name,
-                                   "'%s' is not valid UTF-8 text%s", p->name,
-                                   !strcmp(p->name, "cache") ? " or a JSON object" : "");
-                goto bad;
-            }
-        }
-        json_object_set_new(o, p->name, v);
-    }
+    o = ditd_multipart_to_json(&form, int_fields, num_fields, obj_fields, field, sizeof field);
+    if (!o && field[0]) /* a field named: the client's; else out of memory */
+        ditd_api_error_set(e, 400, "invalid_request_error", "invalid_value", field, "%s",
+                           ditd_err_detail());
+    else if (!o)
+        ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "%s", ditd_err_detail());
     ditd_multipart_free(&form);
+    ditd_err_clear();
     return o;
-bad:
-    json_decref(o);
-    ditd_multipart_free(&form);
-    return NULL;
 }
 
 enum MHD_Result ditd_route_video_create(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,

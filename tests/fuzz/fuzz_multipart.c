@@ -1,10 +1,14 @@
 /* libFuzzer target: multipart/form-data (server/daemon/multipart.c). The
  * input up to its first newline (at most 200 bytes) is the Content-Type;
  * the rest is the body, parsed under small limits. Every part found must
- * lie inside the body and carry a name. */
+ * lie inside the body and carry a name; the form as JSON (what POST
+ * /v1/videos reads: ditd_multipart_to_json) is an object with one member
+ * per part, or refused naming a field. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "engine/core/error.h"
 #include "server/daemon/multipart.h"
@@ -36,6 +40,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
             if (ditd_multipart_find(&f, p->name, 0) == NULL || ditd_multipart_count(&f, p->name) < 1)
                 abort();
+        }
+        static const char *const ints[] = {"seed", "num_frames", NULL};
+        static const char *const nums[] = {"guidance_scale", NULL};
+        static const char *const objs[] = {"cache", NULL};
+        char field[64];
+        json_t *o = ditd_multipart_to_json(&f, ints, nums, objs, field, sizeof field);
+        if (o) {
+            if (!json_is_object(o) || json_object_size(o) != (size_t)f.n_parts)
+                abort();
+            char *txt = json_dumps(o, JSON_COMPACT); /* valid JSON, whatever the parts held */
+            json_t *back = txt ? json_loads(txt, 0, NULL) : NULL;
+            if (txt && !back)
+                abort();
+            json_decref(back);
+            free(txt);
+            json_decref(o);
+        } else if (!field[0] && strstr(ditd_err_detail(), "memory") == NULL) {
+            abort(); /* a refusal names the field */
         }
         ditd_multipart_free(&f);
     } else if (f.parts || f.n_parts || ditd_err_detail()[0] == '\0') {
