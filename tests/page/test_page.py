@@ -321,6 +321,14 @@ def video_page(args, exe):
                               capture_output=True).stdout
         check(page_mp4[4:8] == b"ftyp" and page_mp4 == want,
               "the page's MP4 == curl's for the same request (%d bytes)" % len(page_mp4))
+        # the key's clips: the page's and curl's, newest first, completed
+        browser.js("listClips(), true")
+        listed = browser.wait("(() => { const l = [...document.querySelectorAll('#clips li')]; "
+                              "return l.length >= 2 ? l.map(x => [x.dataset.id, x.dataset.status]) "
+                              ": null; })()", timeout=20)
+        check(listed is not None and listed[0] == [vid, "completed"] and
+              all(s == "completed" for _, s in listed),
+              "the page lists the key's clips, newest first, each completed", listed)
         # Stop on a long clip deletes the job
         browser.js("""(() => { const set = (id, v) => { document.getElementById(id).value = v; };
             set('width', '256'); set('height', '256'); set('frames', '33'); set('steps', '200');
