@@ -75,6 +75,8 @@ static const opt opts[] = {
     {"text-cache-mb", "DITD_TEXT_CACHE_MB", T_INT, OFF(text_cache_mb), 1, 1048576, "512", "text models: MiB of embeddings each replica's cache may hold"},
     {"data-dir", "DITD_DATA_DIR", T_STR, OFF(data_dir), 0, 0, "", "background jobs: the folder of their store (SQLite, jobs.db) and results; they survive a restart. Empty: in memory, lost when the process ends"},
     {"job-ttl", "DITD_JOB_TTL", T_SECS, OFF(job_ttl_s), 0, 1e9, "86400", "background jobs: seconds a finished job (and its result) is kept, then deleted (0: until DELETE)"},
+    {"long-cost", "DITD_LONG_COST", T_LONG, OFF(long_cost), 0, 1e15, "0", "a request or job costing more (images or clips x steps x tokens) is long work (0: none is); see --long-replicas"},
+    {"long-replicas", "DITD_LONG_REPLICAS", T_INT, OFF(long_replicas), 0, 4096, "0", "with --long-cost, the most replicas long work may hold at once, so the rest stay free for short requests (0: any; with --dp 2, 1 keeps one replica for short work)"},
     {"webhook-url", "DITD_WEBHOOK_URL", T_STR, OFF(webhook_url), 0, 0, "", "video jobs: POST video.completed / video.failed events here, signed as OpenAI signs webhooks (an http:// URL; docs/api.md)"},
     {"webhook-secret", "DITD_WEBHOOK_SECRET", T_STR, OFF(webhook_secret), 0, 0, "", "the webhooks' signing secret, whsec_ and base64 (prefer the variable: flags show in ps)"},
     {"data-max-gb", "DITD_DATA_MAX_GB", T_SECS, OFF(data_max_gb), 0, 1e6, "0", "background jobs: the store's size budget in GB (1e9 bytes; 0: none); past it new jobs get 507"},

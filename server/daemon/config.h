@@ -65,6 +65,8 @@ typedef struct ditd_serve_config {
     char data_dir[4096];        /* the job store's folder ("" in memory) */
     double job_ttl_s;           /* a finished job is deleted this long after it ended (0: never) */
     double data_max_gb;         /* the store's budget, GB (0: none); past it new jobs get 507 */
+    long long_cost;             /* a job costing more is long work (0: none is) */
+    int long_replicas;          /* the most replicas long work holds at once (0: any) */
     char webhook_url[2048];     /* video.completed / video.failed events (webhook.h); "" none */
     char webhook_secret[512];   /* whsec_... */
 } ditd_serve_config;

@@ -192,6 +192,23 @@ static int pick_replica(const ditd_srv *s)
     return best;
 }
 
+/* Long work (a job over --long-cost) holds at most --long-replicas
+ * replicas at once; the others stay free for short requests. */
+static int is_long(const ditd_srv *s, const ditd_job *j)
+{
+    return s->cfg.long_cost > 0 && j->cost > (uint64_t)s->cfg.long_cost;
+}
+
+static int long_full(const ditd_srv *s)
+{
+    int n = 0;
+    if (s->cfg.long_cost <= 0 || s->cfg.long_replicas <= 0)
+        return 0;
+    for (int r = 0; r < s->nrep; r++)
+        n += s->rep[r].running && s->rep[r].running->is_long;
+    return n >= s->cfg.long_replicas;
+}
+
 static void on_window(uv_timer_t *t)
 {
     ditd__sched_kick(t->data);
@@ -205,9 +222,16 @@ void ditd__sched_kick(ditd_srv *s)
         if (r < 0)
             return;
         ditd_job *head = s->q_head;
+        /* long work past its replicas waits: the first short job in the
+         * queue's order goes instead */
+        int full = long_full(s);
+        while (head && full && is_long(s, head))
+            head = head->q_next;
+        if (!head)
+            return;
         int avail = 0;
         for (ditd_job *j = head; j && avail < s->cfg.max_batch; j = j->q_next)
-            if (compatible(head, j))
+            if (compatible(head, j) && !(full && is_long(s, j)))
                 avail += j->rq.n - j->dispatched;
         double waited = now - head->t_arrive;
         double window = s->cfg.batch_window_ms / 1000.0;
@@ -229,10 +253,11 @@ void ditd__sched_kick(ditd_srv *s)
         ditd_job *j = head;
         while (j && b->n < s->cfg.max_batch) {
             ditd_job *next = j->q_next;
-            if (!compatible(head, j)) {
+            if (!compatible(head, j) || (full && is_long(s, j))) {
                 j = next;
                 continue;
             }
+            b->is_long |= is_long(s, j);
             if (j->dispatched == 0) {
                 j->t_dispatch = now;
                 ditd_hist_observe(&s->m.queue_time, now - j->t_arrive);

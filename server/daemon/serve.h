@@ -44,6 +44,7 @@ typedef struct ditd_fbatch {
     int n;
     int steps;
     uint64_t cost;      /* the samples' cost */
+    int is_long;        /* holds long work (--long-cost): counts against --long-replicas */
     double t_start;
     ditd_job *job[DITD_WORKER_MAX_BATCH];  /* a ref each */
     int idx[DITD_WORKER_MAX_BATCH];        /* the image of the job */

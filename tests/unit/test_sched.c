@@ -447,6 +447,63 @@ static void test_least_loaded(void)
     srv_free();
 }
 
+/* --long-cost / --long-replicas: with two replicas and one for long work,
+ * a second long job waits while a short one takes the free replica; it
+ * runs when the first long one is done. Without the limit it runs at once. */
+static void long_work(int limit)
+{
+    srv_init(limit ? "long work, one replica" : "long work, no limit", 2, 4, 0);
+    S.cfg.long_cost = 1000;   /* 2 x 20 steps x 49 tokens = 1960: long; 1 x 4 x 49: short */
+    S.cfg.long_replicas = limit;
+    ditd_job *a = submit(2, 20);
+    Ditd__Envelope *ea = batch_to(0), *ea1 = ea ? NULL : batch_to(1);
+    int ra = ea ? 0 : 1;
+    if (!ea)
+        ea = ea1;
+    CHECK(ea && ea->batch->steps == 20, "%s: the first long job runs", cur);
+    ditd_job *b = submit(2, 21);
+    Ditd__Envelope *eb = batch_to(1 - ra);
+    if (limit) {
+        CHECK(eb == NULL, "%s: a second long job waits (one replica for long work)", cur);
+        ditd_job *c = submit(1, 4);
+        Ditd__Envelope *ec = batch_to(1 - ra);
+        CHECK(ec && ec->batch->steps == 4, "%s: a short job takes the free replica", cur);
+        if (ec)
+            answer(1 - ra, ec->batch, -1);
+        CHECK(heard_of(c)->complete == 1, "%s: the short job completed", cur);
+        ditd__envelope__free_unpacked(ec, NULL);
+        CHECK(batch_to(1 - ra) == NULL, "%s: the long job still waits for the long replica", cur);
+        if (ea)
+            answer(ra, ea->batch, -1);
+        Ditd__Envelope *e0 = batch_to(0), *e1 = batch_to(1);
+        eb = e0 ? e0 : e1;
+        CHECK(eb && eb->batch->steps == 21 && !(e0 && e1),
+              "%s: when the first is done, the second long job runs", cur);
+        if (eb)
+            answer(e0 ? 0 : 1, eb->batch, -1);
+        release(&c, 1);
+    } else {
+        CHECK(eb && eb->batch->steps == 21, "%s: the second long job runs at once", cur);
+        if (ea)
+            answer(ra, ea->batch, -1);
+        if (eb)
+            answer(1 - ra, eb->batch, -1);
+    }
+    CHECK(heard_of(a)->complete == 1 && heard_of(b)->complete == 1, "%s: both long jobs completed",
+          cur);
+    ditd__envelope__free_unpacked(ea, NULL);
+    ditd__envelope__free_unpacked(eb, NULL);
+    ditd_job *jobs[2] = {a, b};
+    release(jobs, 2);
+    srv_free();
+}
+
+static void test_long_work(void)
+{
+    long_work(0);
+    long_work(1);
+}
+
 static void test_stalled(void)
 {
     srv_init("stalled", 2, 2, 0);
@@ -815,6 +872,7 @@ int main(void)
     test_cache_batches();
     test_window();
     test_least_loaded();
+    test_long_work();
     test_stalled();
     test_cost_order();
     test_text_batches();
