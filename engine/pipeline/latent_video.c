@@ -14,12 +14,19 @@ struct ditd_latent_video {
     ditd_wan_vae *vae;
     const ditd_wan_vae_config *cfg;
     int max_h, max_w;
+    int leader;             /* rank 0 of the decode's group (or one rank): makes the frames */
     float *z, *px;          /* one clip: unscaled latents, decoded frames (C, F, H, W) */
     size_t cap_z, cap_px;
 };
 
 int ditd_latent_video_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_h,
                           int max_w, ditd_latent_video **out)
+{
+    return ditd_latent_video_new_group(info, ops, max_h, max_w, NULL, out);
+}
+
+int ditd_latent_video_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
+                                int max_h, int max_w, ditd_comm *comm, ditd_latent_video **out)
 {
     ditd_latent_video *lv;
     int err;
@@ -37,7 +44,9 @@ int ditd_latent_video_new(const ditd_model_info *info, const ditd_backend_ops *o
     lv->fam = info->vae->video;
     lv->max_h = max_h > 0 ? max_h : info->shapes.height;
     lv->max_w = max_w > 0 ? max_w : info->shapes.width;
-    ditd_wan_vae_opts o = {.max_h = lv->max_h, .max_w = lv->max_w};
+    int group = comm && ditd_comm_size(comm) > 1;
+    lv->leader = !group || ditd_comm_rank(comm) == 0;
+    ditd_wan_vae_opts o = {.max_h = lv->max_h, .max_w = lv->max_w, .comm = group ? comm : NULL};
     if ((err = lv->fam->load(info->vae_dir, ops, &o, &lv->vae))) {
         free(lv);
         return err;
@@ -95,13 +104,17 @@ int ditd_latent_video_run(ditd_latent_video *lv, const float *latents, int B, in
                             B, T, w, h, lv->max_w, lv->max_h);
     const size_t nz = (size_t)C * T * h * w, plane = (size_t)H * W;
     const size_t npx = (size_t)Co * F * plane;
-    if ((err = grow(&lv->z, &lv->cap_z, nz)) || (err = grow(&lv->px, &lv->cap_px, npx)))
+    if ((err = grow(&lv->z, &lv->cap_z, nz)) ||
+        (lv->leader && (err = grow(&lv->px, &lv->cap_px, npx))))
         return err;
     for (int b = 0; b < B; b++) {
         memcpy(lv->z, latents + (size_t)b * nz, nz * sizeof(float));
         ditd_wan_vae_unscale(lv->cfg, lv->z, 1, (size_t)T * h * w);
-        if ((err = lv->fam->decode(lv->vae, lv->z, 1, T, h, w, lv->px)))
+        /* collective on a group; the frames land on its leader */
+        if ((err = lv->fam->decode(lv->vae, lv->z, 1, T, h, w, lv->leader ? lv->px : NULL)))
             return err;
+        if (!lv->leader || !out)
+            continue;
         uint8_t *o = out + (size_t)b * F * plane * Co;
         for (int f = 0; f < F; f++)
             for (size_t i = 0; i < plane; i++)

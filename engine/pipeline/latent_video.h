@@ -9,8 +9,10 @@
  * (B, F, H, W, 3) bytes, round((x / 2 + 0.5) clamped to [0, 1] x 255) ties
  * to even, as VideoProcessor.postprocess_video(output_type="np") then x 255
  * rounded.
- * What it is not: the image tail (latent_image.h), a video file writer, a
- * parallel decode (one rank decodes; the VAE itself can run on a group).
+ * What it is not: the image tail (latent_image.h), a video file writer.
+ * On a group (ditd_latent_video_new_group) the VAE decodes on every rank,
+ * each a band of rows (the Wan VAE's own split, bit-identical to one rank),
+ * and the leader alone makes the frames.
  * Memory: the VAE is planned at load for max_h x max_w latents; the host
  * buffers grow on the first clip of a larger size (between batches).
  */
@@ -22,6 +24,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/models/model.h"
+#include "engine/parallel/comm.h"
 
 typedef struct ditd_latent_video ditd_latent_video;
 
@@ -30,6 +33,11 @@ typedef struct ditd_latent_video ditd_latent_video;
  * the VAE is not a video VAE, naming them. Owned: ditd_latent_video_free. */
 int ditd_latent_video_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_h,
                           int max_w, ditd_latent_video **out);
+/* The same for the G ranks of comm (borrowed; NULL or a group of one: one
+ * rank): every rank calls ditd_latent_video_run with the same latents; out
+ * is written on the group's rank 0 only (others may pass NULL). */
+int ditd_latent_video_new_group(const ditd_model_info *info, const ditd_backend_ops *ops,
+                                int max_h, int max_w, ditd_comm *comm, ditd_latent_video **out);
 void ditd_latent_video_free(ditd_latent_video *lv);
 
 /* Frames of a clip of T latent frames: 1 + scale_factor_temporal (T - 1). */

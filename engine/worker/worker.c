@@ -54,7 +54,8 @@ typedef struct worker {
     ditd_pipeline *pipe;
     ditd_cache_config cache_cfg; /* the running batch's step caching (method none: off) */
     ditd_latent_image *li; /* a latent model's VAE decode (the whole group), else NULL */
-    ditd_latent_video *lv; /* a video model's decode: the leader's alone (latent_video.h) */
+    ditd_latent_video *lv; /* a video model's decode on the whole group (latent_video.h; the
+                            * leader makes the frames) */
     /* a text model: the encoders on the text-encoder rank (else NULL), and
      * every rank's embeddings of the running batch: prompt i at te[i], its
      * negative at te[max_batch + i] */
@@ -556,12 +557,14 @@ static void run_batch(worker *w, const Ditd__Batch *b)
     /* a latent model: the group decodes the latents together */
     if (!err && w->li)
         err = ditd_latent_image_run(w->li, w->out, n, w->active, w->leader ? w->pix : NULL);
-    /* a video model: the leader decodes each clip still wanted (one rank) */
+    /* a video model: the group decodes each clip still wanted (the same
+     * active flags on every rank), the leader gets the frames */
     for (int i = 0; !err && w->lv && i < n; i++) {
         const ditd_denoiser_shapes *sh = &w->pipe->shapes;
         if (w->active[i])
             err = ditd_latent_video_run(w->lv, w->out + (size_t)i * w->numel_lat, 1, sh->frames,
-                                        sh->height, sh->width, w->pix + (size_t)i * w->numel_img);
+                                        sh->height, sh->width,
+                                        w->leader ? w->pix + (size_t)i * w->numel_img : NULL);
     }
     if (err == DITD_ECOMM)
         w->group_err = err; /* a collective failed: the group is out of step */
@@ -857,8 +860,9 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     if (!err)
         err = ditd_pipeline_new_group(&w->info, wops, cfg->max_batch, w->mesh, &w->pipe);
     if (!err && w->info.frames > 0) {
-        /* a video model: its clips decode on the leader (latent_video.h),
-         * planned for the largest size a request may ask for */
+        /* a video model: its clips decode on the whole group, each rank a
+         * band of rows (latent_video.h), planned for the largest size a
+         * request may ask for */
         const ditd_model_info *m = &w->info;
         w->frames = m->frames;
         if (!m->vae_dir[0] || m->vae_scale <= 0)
@@ -866,9 +870,10 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
                                "cannot be decoded", m->name);
         else if (cfg->vae_tiling)
             err = ditd_err_set(DITD_EUNSUPPORTED, "--vae-tiling: not for video models yet");
-        else if (w->leader)
-            err = ditd_latent_video_new(m, &ditd_backend_cpu, m->max_size / m->vae_scale,
-                                        m->max_size / m->vae_scale, &w->lv);
+        else
+            err = ditd_latent_video_new_group(m, &ditd_backend_cpu, m->max_size / m->vae_scale,
+                                              m->max_size / m->vae_scale,
+                                              in_group(w) ? w->mesh->group : NULL, &w->lv);
     } else if (!err && w->info.needs_vae) {
         /* the decode runs on each rank's CPU backend (also on a GPU replica:
          * the VAE has no device decode yet, docs/vae.md); the group's comm
