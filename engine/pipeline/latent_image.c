@@ -32,8 +32,13 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
     }
     li->rule = info->pipeline->unscale;
     snprintf(dir, sizeof dir, "%s", info->vae_dir);
+    li->encoder = info->pipeline->img2img != NULL;
     ditd_vae_opts o = {.max_h = info->shapes.height, .max_w = info->shapes.width,
                        .tiling = tiling, .comm = group};
+    if (li->encoder) {
+        o.max_image_h = info->shapes.height * info->vae_scale;
+        o.max_image_w = info->shapes.width * info->vae_scale;
+    }
     if ((err = info->vae->load(dir, ops, &o, &li->vae))) {
         free(li);
         return err;
@@ -75,6 +80,10 @@ int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w)
     if (h > li->max_h || w > li->max_w) {
         int mh = h > li->max_h ? h : li->max_h, mw = w > li->max_w ? w : li->max_w;
         ditd_vae_opts o = {.max_h = mh, .max_w = mw, .tiling = li->tiling, .comm = li->group};
+        if (li->encoder) {
+            o.max_image_h = mh * f;
+            o.max_image_w = mw * f;
+        }
         ditd_vae *v = NULL;
         float *z = malloc((size_t)li->Cl * mh * mw * sizeof *z);
         float *img = malloc((size_t)li->Co * mh * f * mw * f * sizeof *img);
@@ -129,5 +138,35 @@ int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
         if (pixels)
             ditd_pipeline_to_pixels(li->img, li->Co, li->H, li->W, pixels + (size_t)i * pn);
     }
+    return 0;
+}
+
+int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
+                             uint64_t seed, float *latents)
+{
+    const ditd_vae_config *c = ditd_vae_config_of(li->vae);
+    if (!li->encoder || li->rule != DITD_LATENT_RULE_SHIFTED)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: the pipeline takes no input image (img2img "
+                            "is done for the shifted latent rule: FLUX)", li->dir);
+    if (H != li->H || W != li->W)
+        return ditd_err_set(DITD_EINVAL, "input image %dx%d: the request is %dx%d (resampling the "
+                            "image to the size is not done yet)", W, H, li->W, li->H);
+    if (c->in_channels != li->Co)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: the VAE takes %d channels, the images have %d",
+                            li->dir, c->in_channels, li->Co);
+    /* VaeImageProcessor: numpy float32 u / 255, then torch 2 x - 1 (float32) */
+    const size_t hw = (size_t)H * W;
+    float *x = li->img; /* (Co, H, W): the decode's buffer, free between decodes */
+    for (int ch = 0; ch < li->Co; ch++)
+        for (size_t i = 0; i < hw; i++) {
+            float u = (float)rgb[i * (size_t)li->Co + (size_t)ch] / 255.0f;
+            x[(size_t)ch * hw + i] = 2.0f * u - 1.0f;
+        }
+    int err = ditd_vae_encode_stream(li->vae, x, 1, H, W, seed, DITD_LATENT_POSTERIOR_STREAM, li->z,
+                                     latents);
+    if (err)
+        return err;
+    /* _encode_vae_image: (z - shift_factor) * scaling_factor */
+    ditd_vae_scale_shifted(c, latents, (size_t)li->Cl * li->h * li->w);
     return 0;
 }
