@@ -34,8 +34,10 @@ typedef struct ditd_latent_image {
     const ditd_backend_ops *ops;
     ditd_comm *group;
     int tiling;
-    int encoder;            /* the row takes input images (img2img): the VAE's encoder is
-                             * loaded and planned for H x W too */
+    int img2img;            /* the row takes input images (its img2img) */
+    int encoder;            /* the VAE's encoder is planned for H x W too
+                             * (ditd_latent_image_enable_encode: off until then, so a
+                             * model that only generates carries no encoder buffers) */
     float *z;               /* one latent, unscaled (host) */
     float *img;             /* one decoded image (host; the leader's) */
 } ditd_latent_image;
@@ -60,6 +62,12 @@ int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w);
 int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
                           const uint8_t *active, uint8_t *pixels);
 
+/* Plans the VAE's encoder too (a reload of vae/ at the planned size; later
+ * re-plans keep it): 0, DITD_EUNSUPPORTED for a row without img2img, or the
+ * load's error (the decoder stays as it was). ditd_latent_image_encode calls
+ * it; call it first to pay the load up front. Not collective. */
+int ditd_latent_image_enable_encode(ditd_latent_image *li);
+
 /* The noise stream of the VAE's posterior draw in an edit: image latents are
  * latent_dist.sample() with n = ditd_philox_normal(seed, this, 0, ...), the
  * request's seed, one draw per request (Diffusers encodes the image once and
@@ -74,7 +82,8 @@ int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
  * latent_dist.sample() (posterior noise from DITD_LATENT_POSTERIOR_STREAM
  * under seed), then (z - shift_factor) x scaling_factor: latents (Cl, h, w)
  * host f32, what ditd_gen_sample.image_latents takes. Needs a model whose row
- * has img2img (DITD_EUNSUPPORTED otherwise). One rank, not collective: in a
+ * has img2img (DITD_EUNSUPPORTED otherwise); the first call plans the encoder
+ * (ditd_latent_image_enable_encode). One rank, not collective: in a
  * group every rank may call it and gets the same latents. */
 int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
                              uint64_t seed, float *latents);

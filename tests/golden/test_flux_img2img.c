@@ -180,7 +180,9 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
     il = malloc(n_il * sizeof *il);
     if (!il)
         goto out;
+    TU_CHECK(li->img2img && !li->encoder, "%s: the encoder is off until an image comes", name);
     TU_OK(ditd_latent_image_encode(li, img, H, W, seed, il));
+    TU_CHECK(li->encoder, "%s: the encoder is planned after the first encode", name);
     snprintf(what, sizeof what, "%s: image latents (1, 16, %d, %d)", name, lh, lw);
     TU_CLOSE(what, il, il_ref, n_il, 1e-4);
 
