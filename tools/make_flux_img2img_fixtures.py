@@ -30,6 +30,8 @@ images, (B, H, W, 3)); float arrays float32 (the float64 results rounded once).
 What it is not: part of the build or the tests. Re-run only when a fixture must change:
 
     python tools/make_flux_img2img_fixtures.py [--out tests/fixtures/flux_img2img]
+
+It rewrites expected/; re-running gives identical files.
 """
 
 import argparse
