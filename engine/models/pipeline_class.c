@@ -18,32 +18,49 @@ const ditd_pipeline_class ditd_pipeline_dit = {
     .default_guidance = 4.0f,
 };
 
+/* FluxPipeline's recipe, guidance and scheduler rules: shared by the rows
+ * of the FLUX family (the img2img row differs only in its defaults). */
+#define FLUX_TEXT_RULES                                                                           \
+    .transformers = {"FluxTransformer2DModel", NULL}, .cond = DITD_COND_TEXT, .n_parts = 2,       \
+    .parts = {                                                                                    \
+        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_CLIP,       \
+         .tokens = 77, .prompt = 0, .seq = DITD_PROMPT_SEQ_NONE, .seq_group = -1,                 \
+         .pooled = DITD_PROMPT_POOLED_POOLER},                                                    \
+        {.tokenizer = "tokenizer_2", .encoder = "text_encoder_2", .kind = DITD_PROMPT_ENC_T5,     \
+         .tokens = 0, .prompt = 1, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 0,                   \
+         .pooled = DITD_PROMPT_POOLED_NONE},                                                      \
+    },                                                                                            \
+    .guidance = DITD_GUIDANCE_TRUE_CFG, .pipeline_sigmas = 1, .unscale = DITD_LATENT_RULE_SHIFTED, \
+    .default_max_sequence_length = 512, .max_sequence_length = 512,                               \
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_TRUE_CFG | DITD_REQ_MAX_SEQUENCE
+
 /* FluxPipeline.encode_prompt: CLIP's pooler_output at 77 tokens (prompt),
  * T5's last_hidden_state at max_sequence_length (prompt_2, else prompt);
  * dev's guidance embedded, true CFG with a negative prompt; the
  * scheduler gets linspace(1, 1/steps). */
 const ditd_pipeline_class ditd_pipeline_flux = {
     .name = "FluxPipeline",
-    .transformers = {"FluxTransformer2DModel", NULL},
-    .cond = DITD_COND_TEXT,
-    .n_parts = 2,
-    .parts = {
-        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_CLIP,
-         .tokens = 77, .prompt = 0, .seq = DITD_PROMPT_SEQ_NONE, .seq_group = -1,
-         .pooled = DITD_PROMPT_POOLED_POOLER},
-        {.tokenizer = "tokenizer_2", .encoder = "text_encoder_2", .kind = DITD_PROMPT_ENC_T5,
-         .tokens = 0, .prompt = 1, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 0,
-         .pooled = DITD_PROMPT_POOLED_NONE},
-    },
-    .guidance = DITD_GUIDANCE_TRUE_CFG,
-    .cache_branch_contexts = 1,
-    .pipeline_sigmas = 1,
-    .unscale = DITD_LATENT_RULE_SHIFTED,
+    FLUX_TEXT_RULES,
+    .cache_branch_contexts = 1, /* cache_context("cond") / ("uncond"); FluxImg2ImgPipeline sets none */
     .default_steps = 28,
     .default_guidance = 3.5f,
-    .default_max_sequence_length = 512,
-    .max_sequence_length = 512,
-    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_TRUE_CFG | DITD_REQ_MAX_SEQUENCE,
+    .img2img = &ditd_pipeline_flux_img2img, /* the same components take edits */
+};
+
+/* FluxImg2ImgPipeline (diffusers 0.42 pipelines/flux/pipeline_flux_img2img.py):
+ * FluxPipeline's rules, its __call__ defaults (strength 0.6, 28 steps,
+ * guidance_scale 7.0), and an input image: latent_dist.sample() of the VAE,
+ * (z - shift_factor) x scaling_factor, scale_noise at the first step
+ * get_timesteps keeps. A folder of this class also serves text-to-image
+ * (no image: noise and the whole schedule, as FluxPipeline with these
+ * defaults). */
+const ditd_pipeline_class ditd_pipeline_flux_img2img = {
+    .name = "FluxImg2ImgPipeline",
+    FLUX_TEXT_RULES,
+    .default_steps = 28,
+    .default_guidance = 7.0f,
+    .img2img = &ditd_pipeline_flux_img2img,
+    .default_strength = 0.6,
 };
 
 /* StableDiffusion3Pipeline.encode_prompt: both CLIPs' hidden_states[-2] at

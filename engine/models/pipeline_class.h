@@ -23,7 +23,8 @@
  *   - defaults (steps, guidance, max_sequence_length) and what a request may
  *     carry (DITD_REQ_* bits: the HTTP layer refuses the rest by name).
  *
- * Built in: DiTPipeline, FluxPipeline, StableDiffusion3Pipeline, WanPipeline. A test or
+ * Built in: DiTPipeline, FluxPipeline, FluxImg2ImgPipeline, StableDiffusion3Pipeline,
+ * WanPipeline. A test or
  * an embedding program adds its own with ditd_registry_add(
  * DITD_COMPONENT_PIPELINE, name, &row) before any model loads, and
  * ditd_registry_find_pipeline() finds a row by name.
@@ -159,6 +160,17 @@ typedef struct ditd_pipeline_class {
      * request's; guidance_scale when it gives none). 0 or 1: one transformer
      * (a folder naming transformer_2 is then refused). */
     int max_experts;
+    /* Image edits (img2img): the row whose rules an edit request on this
+     * folder follows (an input image, strength: the schedule truncated as
+     * get_timesteps, the image's VAE draw shifted and scaled, noised with the
+     * scheduler's scale_noise at the first kept step; engine/pipeline/
+     * pipeline.h, latent_image.h). FluxPipeline names FluxImg2ImgPipeline,
+     * whose components are the same, so a FluxPipeline folder takes edits
+     * too; FluxImg2ImgPipeline names itself. The edit row must share this
+     * row's transformers, recipe, guidance, scheduler rules and unscale
+     * (only defaults differ). NULL: the folder takes no input image. */
+    const struct ditd_pipeline_class *img2img;
+    double default_strength;             /* an img2img row: strength when a request gives none */
 } ditd_pipeline_class;
 
 /* Whether row pc drives transformer class `tcls` with conditioning `kind`:
@@ -191,6 +203,7 @@ int ditd_pipeline_class_needs_negative(const ditd_pipeline_class *pc, float guid
 /* The built-in rows (for tests and documentation). */
 extern const ditd_pipeline_class ditd_pipeline_dit;
 extern const ditd_pipeline_class ditd_pipeline_flux;
+extern const ditd_pipeline_class ditd_pipeline_flux_img2img;
 extern const ditd_pipeline_class ditd_pipeline_sd3;
 extern const ditd_pipeline_class ditd_pipeline_wan;
 

@@ -32,6 +32,7 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
     }
     li->rule = info->pipeline->unscale;
     snprintf(dir, sizeof dir, "%s", info->vae_dir);
+    li->img2img = info->pipeline->img2img != NULL;
     ditd_vae_opts o = {.max_h = info->shapes.height, .max_w = info->shapes.width,
                        .tiling = tiling, .comm = group};
     if ((err = info->vae->load(dir, ops, &o, &li->vae))) {
@@ -67,38 +68,66 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
     return 0;
 }
 
+/* The VAE again, planned for latents up to mh x mw (and images of that size
+ * when the encoder is on); the old one stays on failure. */
+static int reload(ditd_latent_image *li, int mh, int mw)
+{
+    const int f = ditd_vae_config_scale_factor(ditd_vae_config_of(li->vae));
+    ditd_vae_opts o = {.max_h = mh, .max_w = mw, .tiling = li->tiling, .comm = li->group};
+    if (li->encoder) {
+        o.max_image_h = mh * f;
+        o.max_image_w = mw * f;
+    }
+    ditd_vae *v = NULL;
+    float *z = malloc((size_t)li->Cl * mh * mw * sizeof *z);
+    float *img = malloc((size_t)li->Co * mh * f * mw * f * sizeof *img);
+    int err = !z || !img ? ditd_err_set(DITD_ENOMEM, "latent decoder buffers for %dx%d", mh, mw)
+                         : li->family->load(li->dir, li->ops, &o, &v);
+    if (err) {
+        free(z);
+        free(img);
+        return err;
+    }
+    ditd_vae_free(li->vae);
+    free(li->z);
+    free(li->img);
+    li->vae = v;
+    li->z = z;
+    li->img = img;
+    li->max_h = mh;
+    li->max_w = mw;
+    return 0;
+}
+
 int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w)
 {
     const int f = ditd_vae_config_scale_factor(ditd_vae_config_of(li->vae));
     if (h < 1 || w < 1)
         return ditd_err_set(DITD_EINVAL, "latent size %dx%d", h, w);
     if (h > li->max_h || w > li->max_w) {
-        int mh = h > li->max_h ? h : li->max_h, mw = w > li->max_w ? w : li->max_w;
-        ditd_vae_opts o = {.max_h = mh, .max_w = mw, .tiling = li->tiling, .comm = li->group};
-        ditd_vae *v = NULL;
-        float *z = malloc((size_t)li->Cl * mh * mw * sizeof *z);
-        float *img = malloc((size_t)li->Co * mh * f * mw * f * sizeof *img);
-        int err = !z || !img ? ditd_err_set(DITD_ENOMEM, "latent decoder buffers for %dx%d", mh, mw)
-                             : li->family->load(li->dir, li->ops, &o, &v);
-        if (err) {
-            free(z);
-            free(img);
+        int err = reload(li, h > li->max_h ? h : li->max_h, w > li->max_w ? w : li->max_w);
+        if (err)
             return err;
-        }
-        ditd_vae_free(li->vae);
-        free(li->z);
-        free(li->img);
-        li->vae = v;
-        li->z = z;
-        li->img = img;
-        li->max_h = mh;
-        li->max_w = mw;
     }
     li->h = h;
     li->w = w;
     li->H = h * f;
     li->W = w * f;
     return 0;
+}
+
+int ditd_latent_image_enable_encode(ditd_latent_image *li)
+{
+    if (li->encoder)
+        return 0;
+    if (!li->img2img || li->rule != DITD_LATENT_RULE_SHIFTED)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: the pipeline takes no input image (img2img "
+                            "is done for the shifted latent rule: FLUX)", li->dir);
+    li->encoder = 1;
+    int err = reload(li, li->max_h, li->max_w);
+    if (err)
+        li->encoder = 0;
+    return err;
 }
 
 void ditd_latent_image_free(ditd_latent_image *li)
@@ -129,5 +158,35 @@ int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
         if (pixels)
             ditd_pipeline_to_pixels(li->img, li->Co, li->H, li->W, pixels + (size_t)i * pn);
     }
+    return 0;
+}
+
+int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
+                             uint64_t seed, float *latents)
+{
+    int err = ditd_latent_image_enable_encode(li); /* may reload the VAE */
+    if (err)
+        return err;
+    const ditd_vae_config *c = ditd_vae_config_of(li->vae);
+    if (H != li->H || W != li->W)
+        return ditd_err_set(DITD_EINVAL, "input image %dx%d: the request is %dx%d (resampling the "
+                            "image to the size is not done yet)", W, H, li->W, li->H);
+    if (c->in_channels != li->Co)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: the VAE takes %d channels, the images have %d",
+                            li->dir, c->in_channels, li->Co);
+    /* VaeImageProcessor: numpy float32 u / 255, then torch 2 x - 1 (float32) */
+    const size_t hw = (size_t)H * W;
+    float *x = li->img; /* (Co, H, W): the decode's buffer, free between decodes */
+    for (int ch = 0; ch < li->Co; ch++)
+        for (size_t i = 0; i < hw; i++) {
+            float u = (float)rgb[i * (size_t)li->Co + (size_t)ch] / 255.0f;
+            x[(size_t)ch * hw + i] = 2.0f * u - 1.0f;
+        }
+    err = ditd_vae_encode_stream(li->vae, x, 1, H, W, seed, DITD_LATENT_POSTERIOR_STREAM, li->z,
+                                 latents);
+    if (err)
+        return err;
+    /* _encode_vae_image: (z - shift_factor) * scaling_factor */
+    ditd_vae_scale_shifted(c, latents, (size_t)li->Cl * li->h * li->w);
     return 0;
 }

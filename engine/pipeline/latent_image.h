@@ -34,6 +34,10 @@ typedef struct ditd_latent_image {
     const ditd_backend_ops *ops;
     ditd_comm *group;
     int tiling;
+    int img2img;            /* the row takes input images (its img2img) */
+    int encoder;            /* the VAE's encoder is planned for H x W too
+                             * (ditd_latent_image_enable_encode: off until then, so a
+                             * model that only generates carries no encoder buffers) */
     float *z;               /* one latent, unscaled (host) */
     float *img;             /* one decoded image (host; the leader's) */
 } ditd_latent_image;
@@ -57,5 +61,31 @@ int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w);
  * the group: every rank calls it with the same latents and flags. */
 int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
                           const uint8_t *active, uint8_t *pixels);
+
+/* Plans the VAE's encoder too (a reload of vae/ at the planned size; later
+ * re-plans keep it): 0, DITD_EUNSUPPORTED for a row without img2img, or the
+ * load's error (the decoder stays as it was). ditd_latent_image_encode calls
+ * it; call it first to pay the load up front. Not collective. */
+int ditd_latent_image_enable_encode(ditd_latent_image *li);
+
+/* The noise stream of the VAE's posterior draw in an edit: image latents are
+ * latent_dist.sample() with n = ditd_philox_normal(seed, this, 0, ...), the
+ * request's seed, one draw per request (Diffusers encodes the image once and
+ * repeats it for num_images_per_prompt); no image index reaches it. */
+#define DITD_LATENT_POSTERIOR_STREAM (UINT64_C(1) << 63)
+
+/* The input side of an img2img pipeline, as FluxImg2ImgPipeline does it for
+ * an image already at the target size (no resampling: VaeImageProcessor's
+ * resize is the identity then): rgb (H, W, Co) interleaved 8-bit, H x W the
+ * current image size (li->H x li->W, else DITD_EINVAL naming both), to
+ * x = 2 (u / 255) - 1 in float32 (pil_to_numpy, normalize), the VAE's
+ * latent_dist.sample() (posterior noise from DITD_LATENT_POSTERIOR_STREAM
+ * under seed), then (z - shift_factor) x scaling_factor: latents (Cl, h, w)
+ * host f32, what ditd_gen_sample.image_latents takes. Needs a model whose row
+ * has img2img (DITD_EUNSUPPORTED otherwise); the first call plans the encoder
+ * (ditd_latent_image_enable_encode). One rank, not collective: in a
+ * group every rank may call it and gets the same latents. */
+int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
+                             uint64_t seed, float *latents);
 
 #endif

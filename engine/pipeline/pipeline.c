@@ -406,6 +406,29 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         return err;
     ts = ditd_sampler_timesteps(p->sampler);
     steps = ditd_sampler_num_steps(p->sampler);
+    /* img2img: the schedule from t_start, each sample from its image's
+     * latents noised at sigma[t_start] (FlowMatchEulerDiscreteScheduler's
+     * scale_noise after set_begin_index(t_start)) */
+    int t_start = 0;
+    float sigma0 = 1.0f;
+    if (gp->strength != 0.0) {
+        if (!p->pc->img2img)
+            return ditd_err_set(DITD_EINVAL, "%s takes no input image (strength)", p->pc->name);
+        if ((err = ditd_pipeline_strength_start(steps, gp->strength, &t_start)) ||
+            (err = ditd_sampler_scale_noise_sigma(p->sampler, t_start, &sigma0)))
+            return err;
+        for (int i = 0; i < n; i++)
+            if (!samples[i].image_latents)
+                return ditd_err_set(DITD_EINVAL, "strength %g: sample %d has no input image",
+                                    gp->strength, i);
+        if (t_start > 0 && p->cache_cfg.method != DITD_CACHE_NONE)
+            return ditd_err_set(DITD_EUNSUPPORTED, "step caching with strength < 1 (img2img) is "
+                                "not supported yet");
+    } else {
+        for (int i = 0; i < n; i++)
+            if (samples[i].image_latents)
+                return ditd_err_set(DITD_EINVAL, "sample %d has an input image but no strength", i);
+    }
     /* DiTPipeline and StableDiffusion3Pipeline run [x; x] under one cache
      * state, FluxPipeline and WanPipeline their branches under
      * cache_context("cond") / ("uncond") */
@@ -436,10 +459,19 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             memcpy(x, init_noise + (size_t)i * numel, numel * sizeof(float));
         else
             ditd_philox_normal(samples[i].seed, samples[i].index, 0, numel, x);
+        if (samples[i].image_latents) {
+            /* sigma * noise + (1 - sigma) * x0, float32 as the scheduler */
+            const float *x0 = samples[i].image_latents;
+            const float keep = 1.0f - sigma0;
+            for (size_t j = 0; j < numel; j++) {
+                float a = sigma0 * x[j], b = keep * x0[j];
+                x[j] = a + b;
+            }
+        }
     }
 
     int cfg_par = p->mesh && p->mesh->layout.cfg == 2;
-    for (int s = 0; s < steps; s++) {
+    for (int s = t_start; s < steps; s++) {
         /* WanPipeline: t >= boundary runs transformer, the rest transformer_2
          * with guidance_scale_2 */
         int low = p->den2 && ts[s] < p->boundary_t;
@@ -483,7 +515,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         }
         /* skip-layer guidance: the guided samples' conditional input once
          * more, through a forward of its own with the layers skipped */
-        int rows_u = rows, slg = slg_due(gp, s, steps);
+        int rows_u = rows, slg = slg_due(gp, s - t_start, steps - t_start);
         for (int i = 0; i < n; i++) {
             p->skip_row[i] = -1;
             if (!slg || p->uncond_row[i] < 0)
@@ -534,10 +566,10 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         }
         int stop = 0;
         if (!p->mesh) {
-            stop = cb && cb(ud, s + 1, steps, p->x0, active);
+            stop = cb && cb(ud, s - t_start + 1, steps - t_start, p->x0, active);
         } else {
             if (ditd_mesh_is_leader(p->mesh)) {
-                p->ctl[0] = cb && cb(ud, s + 1, steps, p->x0, active) ? 1 : 0;
+                p->ctl[0] = cb && cb(ud, s - t_start + 1, steps - t_start, p->x0, active) ? 1 : 0;
                 if (active)
                     for (int i = 0; i < n; i++)
                         act[i] = active[i] != 0;
@@ -550,12 +582,30 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         }
         if (stop) {
             ditd_step_cache_end(p->scache);
-            return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s + 1, steps);
+            return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s - t_start + 1,
+                                steps - t_start);
         }
     }
     ditd_step_cache_end(p->scache);
     p->cur = p->den;
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
+    return 0;
+}
+
+int ditd_pipeline_strength_start(int steps, double strength, int *t_start)
+{
+    if (!(strength > 0.0 && strength <= 1.0))
+        return ditd_err_set(DITD_EINVAL, "strength %g (0 < strength <= 1)", strength);
+    /* get_timesteps: Python floats */
+    double init = (double)steps * strength;
+    if (init > (double)steps)
+        init = (double)steps;
+    double left = (double)steps - init;
+    int t0 = (int)(left > 0.0 ? left : 0.0);
+    if (steps - t0 < 1)
+        return ditd_err_set(DITD_EINVAL, "strength %g leaves %d of %d num_inference_steps (at "
+                            "least 1)", strength, steps - t0, steps);
+    *t_start = t0;
     return 0;
 }
 

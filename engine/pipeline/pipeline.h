@@ -60,6 +60,14 @@ typedef struct ditd_gen_params {
     int n_skip_layers;
     int skip_layers[DITD_MAX_SKIP_LAYERS];
     float slg_scale, slg_start, slg_stop;
+    /* img2img (a row with img2img, engine/models/pipeline_class.h): 0 for
+     * text-to-image (the whole schedule from noise); in (0, 1] every sample
+     * carries image_latents, the schedule is truncated as Diffusers'
+     * get_timesteps (ditd_pipeline_strength_start) and each sample starts
+     * from its image latents noised at the first kept step
+     * (ditd_sampler_scale_noise_sigma). Double, as Diffusers computes
+     * num_inference_steps * strength in Python floats. */
+    double strength;
 } ditd_gen_params;
 
 /* One image of a batch. */
@@ -78,6 +86,11 @@ typedef struct ditd_gen_sample {
                                  * guidance_scale_2); without it guidance. Whether the
                                  * unconditional pass runs is guidance's decision alone,
                                  * as in WanPipeline */
+    const float *image_latents; /* img2img (gp->strength > 0): the input image's latents
+                                 * (C, h, w) host f32, already as the transformer reads
+                                 * them (VAE draw, shifted and scaled:
+                                 * ditd_latent_image_encode); borrowed for the call,
+                                 * samples may share one. NULL otherwise */
     const ditd_lora_set *loras; /* LoRA adapters and their scales for every forward row
                                  * of this sample (borrowed; NULL: none). Samples of one
                                  * batch may carry different sets (engine/models/lora.h) */
@@ -166,6 +179,10 @@ int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int w
 /* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
  * (n, C, h, w) host f32 and replaces the generator (Diffusers' latents=);
  * otherwise sample i's noise is ditd_philox_normal(seed_i, index_i, ...).
+ * With gp->strength > 0 (img2img) the noise is mixed with each sample's
+ * image_latents as the scheduler's scale_noise does at the first kept step
+ * (so init_noise is the pipeline's randn_tensor draw, not its latents=), the
+ * steps before it are skipped, and cb sees steps 1..(steps - t_start).
  * out: (n, C, h, w) host f32, the final latents. active: n flags, 1 = run
  * (NULL = all); samples whose flag is 0 at a step boundary are skipped from
  * then on (cancellation). A sample's result does not depend on the others
@@ -177,6 +194,13 @@ int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int w
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud);
+
+/* Diffusers' get_timesteps(num_inference_steps, strength) (the img2img
+ * pipelines): init_timestep = min(steps x strength, steps), t_start =
+ * int(max(steps - init_timestep, 0)) in double; the loop runs steps t_start..
+ * steps-1 (steps - t_start of them). 0 and *t_start, or DITD_EINVAL for a
+ * strength outside (0, 1] or fewer than one step left (naming both). */
+int ditd_pipeline_strength_start(int steps, double strength, int *t_start);
 
 /* Whether a sample's adapter set can run on this pipeline's model: 0, or
  * DITD_EUNSUPPORTED (the model takes no adapters: its reason) /

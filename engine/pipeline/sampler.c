@@ -586,6 +586,19 @@ const float *ditd_sampler_timesteps(const ditd_sampler *s) { return s->timesteps
 
 ditd_sampler_kind ditd_sampler_get_kind(const ditd_sampler *s) { return s->cfg.kind; }
 
+int ditd_sampler_scale_noise_sigma(const ditd_sampler *s, int step, float *sigma)
+{
+    if (s->cfg.kind != DITD_SAMPLER_FLOW_EULER)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: starting from a noised image (img2img) needs the flow-euler "
+                            "sampler, not %s",
+                            s->cfg.source, ditd_sampler_kind_name(s->cfg.kind));
+    if (step < 0 || step >= s->n)
+        return ditd_err_set(DITD_EINVAL, "sampler step %d: out of range (%d steps)", step, s->n);
+    *sigma = s->coef[step].sigma;
+    return 0;
+}
+
 /* DDIMScheduler.step with eta = 0, element by element in float32. */
 static void ddim_step(const ditd_sampler *s, const step_coef *k, const float *m, float *x,
                       float *x0_out)

@@ -280,6 +280,16 @@ const float *ditd_sampler_timesteps(const ditd_sampler *s);
 
 ditd_sampler_kind ditd_sampler_get_kind(const ditd_sampler *s);
 
+/* The forward process at step `step` (0 <= step < num_steps()), for a
+ * pipeline that starts from a noised clean sample (img2img): *sigma such that
+ * FlowMatchEulerDiscreteScheduler.scale_noise(x0, timesteps[step], noise) is
+ * sigma * noise + (1 - sigma) * x0, the schedule's float32 sigma. Only the
+ * flow-matching Euler sampler has it (memoryless, so its steps may start at
+ * any index, as set_begin_index allows); the others are DITD_EUNSUPPORTED
+ * naming the sampler (DDIM/DPM-Solver's add_noise and a multistep solver's
+ * start mid-schedule are not done). */
+int ditd_sampler_scale_noise_sigma(const ditd_sampler *s, int step, float *sigma);
+
 /* One step for the sample in `slot`: sample (numel floats) is replaced by
  * the sample of step step_index + 1, from model_output (numel floats: the
  * model's prediction of the configured type, after guidance, learned sigma

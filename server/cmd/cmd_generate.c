@@ -23,6 +23,7 @@
 #include "engine/io/video_mp4.h"
 #include "server/cmd/cmd.h"
 #include "server/common/image.h"
+#include "server/common/image_in.h"
 
 static void usage(FILE *f)
 {
@@ -69,7 +70,9 @@ static void usage(FILE *f)
             "  --comm-timeout-ms MS cuda groups: a NCCL collective not done in MS aborts\n"
             "                       its communicator and fails the run (default 60000)\n"
             "  --latents FILE.npy   initial noise (N, C, h, w) float (latent shape), instead\n"
-            "                       of the generator\n"
+            "                       of the generator (with --image: the noise the pipeline\n"
+            "                       mixes with the image's latents, as Diffusers' randn)\n"
+
             "  --save-latents FILE.npy  write the final latents (N, C, h, w) float32\n"
             "  --frames N           video models: frames of the clip (default: the model's;\n"
             "                       rounded to 1 + k x the VAE's temporal factor)\n"
@@ -87,6 +90,13 @@ static void usage(FILE *f)
             "  --tp-degree T        Megatron tensor parallel\n"
             "  --cfg-degree C       1 or 2: conditional and unconditional halves apart\n",
             samplers);
+    fputs("\nimage edits (docs/edits.md):\n"
+          "  --image FILE         img2img (a row with img2img: FLUX): start from this PNG,\n"
+          "                       JPEG or WebP, at the output size (the default --size;\n"
+          "                       no resampling yet)\n"
+          "  --strength S         with --image: 0 < S <= 1 of the schedule is run from the\n"
+          "                       noised image (default: the pipeline's, FLUX 0.6)\n",
+          f);
 }
 
 typedef struct progress {
@@ -326,7 +336,7 @@ int ditd_cmd_generate(int argc, char **argv)
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
            O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2, O_LORA,
-           O_LORA_SCALE };
+           O_LORA_SCALE, O_IMAGE, O_STRENGTH };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -357,12 +367,17 @@ int ditd_cmd_generate(int argc, char **argv)
         {"lora-scale", required_argument, 0, O_LORA_SCALE},
         {"frames", required_argument, 0, O_FRAMES},
         {"save-frames", no_argument, 0, O_SAVE_FRAMES},
+        {"image", required_argument, 0, O_IMAGE},
+        {"strength", required_argument, 0, O_STRENGTH},
         DITD_LAYOUT_LONGOPTS,
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
     const char *model_dir = NULL, *class_str = NULL, *sampler_str = NULL, *latents_path = NULL;
     const char *prompts[3] = {NULL, NULL, NULL}, *negatives[3] = {NULL, NULL, NULL};
-    const char *skip_str = NULL;
+    const char *skip_str = NULL, *image_path = NULL;
+    double strength = -1;
+    ditd_image in_img = {0}; /* --image, decoded */
+    float *img_lat = NULL;   /* --image: its latents (C, h, w) */
     double true_cfg = 1.0, slg_scale = -1, slg_start = -1, slg_stop = -1;
     long size_w = 0, size_h = 0, max_seq = 0;
     ditd_prompt_encoder *penc = NULL; /* text models, on the leader */
@@ -427,6 +442,8 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_LORA: err = lora_arg(&la, optarg); break;
         case O_LORA_SCALE: err = lora_scale_arg(&la, optarg); break;
         case O_SAVE_FRAMES: save_frames = 1; break;
+        case O_IMAGE: image_path = optarg; break;
+        case O_STRENGTH: err = ditd_parse_double(optarg, 0, 1, "--strength", &strength); break;
         case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &true_cfg); break;
         case O_SIZE: err = parse_size(optarg, &size_w, &size_h); break;
         case O_MAXSEQ: err = ditd_parse_long(optarg, 1, 4096, "--max-sequence-length", &max_seq); break;
@@ -465,6 +482,10 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     if (!out_path && !save_path) {
         fprintf(stderr, "ditd generate: give -o OUT.png (or --save-latents FILE.npy)\n");
+        return 2;
+    }
+    if (strength >= 0 && !image_path) {
+        fprintf(stderr, "ditd generate: --strength needs --image\n");
         return 2;
     }
     if (!model_dir && !(model_dir = ditd_default_model_dir())) {
@@ -590,6 +611,61 @@ int ditd_cmd_generate(int argc, char **argv)
                     k + 1, k + 1, pc->name, ditd_pipeline_class_prompts(pc));
             goto done_info;
         }
+    /* --image: the folder's edit row (FluxPipeline: FluxImg2ImgPipeline) gives
+     * the defaults; the image sets the size */
+    const ditd_pipeline_class *erow = image_path ? pc->img2img : NULL;
+    if (image_path && (!erow || video || !info.needs_vae)) {
+        fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
+                "pipeline row with img2img, e.g. FLUX)\n", info.name, pc->name);
+        goto done_info;
+    }
+    if (image_path) {
+        FILE *f = fopen(image_path, "rb");
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        if (f && fseek(f, 0, SEEK_END) == 0) {
+            long l = ftell(f);
+            if (l >= 0 && (size_t)l <= DITD_IMAGE_MAX_BYTES_DEFAULT && fseek(f, 0, SEEK_SET) == 0 &&
+                (buf = malloc((size_t)l + 1)) && fread(buf, 1, (size_t)l, f) == (size_t)l)
+                len = (size_t)l;
+        }
+        if (f)
+            fclose(f);
+        err = len ? ditd_image_decode(buf, len, NULL, &in_img)
+                  : ditd_err_set(DITD_EIO, "cannot read %s (at most %zu bytes)", image_path,
+                                 DITD_IMAGE_MAX_BYTES_DEFAULT);
+        free(buf);
+        if (err) {
+            fprintf(stderr, "ditd generate: --image %s: %s\n", image_path, ditd_err_detail());
+            goto done_info;
+        }
+        if (in_img.channels == 4) { /* RGBA: the color, as PIL's convert("RGB") */
+            size_t np = (size_t)in_img.width * in_img.height;
+            for (size_t i = 0; i < np; i++)
+                memmove(in_img.pixels + 3 * i, in_img.pixels + 4 * i, 3);
+            in_img.channels = 3;
+        }
+        if (!size_w) {
+            size_w = in_img.width;
+            size_h = in_img.height;
+        } else if (size_w != in_img.width || size_h != in_img.height) {
+            fprintf(stderr, "ditd generate: --image %s is %dx%d, --size %ldx%ld: resampling the "
+                    "input is not done yet (give the image at the output size)\n", image_path,
+                    in_img.width, in_img.height, size_w, size_h);
+            goto done_info;
+        }
+        if (steps <= 0 && erow != pc)
+            steps = erow->default_steps;
+        if (guidance < 0 && erow != pc)
+            guidance = erow->default_guidance;
+        if (strength < 0)
+            strength = erow->default_strength;
+        if (!info.resizable && (size_w != info.image_width || size_h != info.image_height)) {
+            fprintf(stderr, "ditd generate: --image %s is %ldx%ld; %s makes %dx%d\n", image_path,
+                    size_w, size_h, info.name, info.image_width, info.image_height);
+            goto done_info;
+        }
+    }
     if (true_cfg != 1.0 && pc->guidance != DITD_GUIDANCE_TRUE_CFG) {
         fprintf(stderr, "ditd generate: --true-cfg: %s guides with --guidance\n", pc->name);
         goto done_info;
@@ -660,7 +736,7 @@ int ditd_cmd_generate(int argc, char **argv)
         fail("loading the model", err);
         goto done_info;
     }
-    if (out_path && info.needs_vae && !video &&
+    if ((out_path || image_path) && info.needs_vae && !video &&
         (err = ditd_latent_image_new(&info, &ditd_backend_cpu, mesh ? mesh->group : NULL, vae_tiling,
                                      &li))) { /* on the CPU, whatever the denoiser's device */
         fail("loading the VAE", err);
@@ -739,6 +815,26 @@ int ditd_cmd_generate(int argc, char **argv)
             goto done;
         }
     }
+    if (image_path) { /* every rank encodes (one rank's work, the same latents) */
+        int st = 0;
+        gp.strength = strength;
+        if ((err = ditd_pipeline_strength_start(gp.steps, strength, &st))) {
+            fail("--strength", err);
+            goto done;
+        }
+        if (!(img_lat = malloc(numel * sizeof *img_lat))) {
+            fprintf(stderr, "ditd generate: out of memory\n");
+            goto done;
+        }
+        if ((err = ditd_latent_image_encode(li, in_img.pixels, in_img.height, in_img.width,
+                                            (uint64_t)seed, img_lat))) {
+            fail("encoding --image", err);
+            goto done;
+        }
+        if (leader && !pr.quiet)
+            fprintf(stderr, "img2img: %s %dx%d, strength %g: %d of %d steps (%s)\n", image_path,
+                    in_img.width, in_img.height, strength, gp.steps - st, gp.steps, erow->name);
+    }
     samples = calloc((size_t)n, sizeof *samples);
     out = malloc((size_t)n * numel * sizeof *out);
     pix = malloc(li ? (size_t)li->Co * li->H * li->W : numel);
@@ -759,6 +855,7 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].has_guidance_2 = guidance_2 >= 0;
         samples[i].guidance_2 = (float)guidance_2;
         samples[i].loras = lora_set.n ? &lora_set : NULL;
+        samples[i].image_latents = img_lat;
     }
     if ((err = ditd_pipeline_set_cache(pipe, &cache_cfg))) { /* every rank alike */
         fail("--cache", err);
@@ -778,7 +875,7 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     /* a latent model: every rank of the group decodes together */
     uint8_t *img_all = NULL;
-    if (li) {
+    if (li && out_path) {
         img_all = leader ? malloc((size_t)n * li->Co * li->H * li->W) : NULL;
         if ((leader && !img_all) || (err = ditd_latent_image_run(li, out, (int)n, NULL, img_all))) {
             fail("decoding", err ? err : DITD_ENOMEM);
@@ -844,6 +941,8 @@ done:
         ditd_lora_dev_free((ditd_lora_dev *)lora_set.ad[i]);
     ditd_pipeline_free(pipe);
 done_info:
+    ditd_image_free(&in_img);
+    free(img_lat);
     ditd_prompt_encoder_free(penc);
     free(emb);
     free(te);

@@ -397,6 +397,14 @@ void ditd_vae_unscale_shifted(const ditd_vae_config *c, float *latents, size_t n
         latents[i] = latents[i] / sf + shift;
 }
 
+void ditd_vae_scale_shifted(const ditd_vae_config *c, float *latents, size_t n)
+{
+    const float sf = (float)c->scaling_factor;
+    const float shift = c->has_shift_factor ? (float)c->shift_factor : 0.0f;
+    for (size_t i = 0; i < n; i++)
+        latents[i] = (latents[i] - shift) * sf;
+}
+
 ditd_vae_stats ditd_vae_last_stats(const ditd_vae *v)
 {
     return v->st;

@@ -102,6 +102,14 @@ int ditd_vae_decode(ditd_vae *v, const float *z, int B, int h, int w, float *pix
 int ditd_vae_encode(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed, float *mean,
                     float *sample);
 
+/* The same with the draw of image b from the noise stream `stream + b`:
+ * n = ditd_philox_normal(seed, stream + b, 0, Cl*h*w) (ditd_vae_encode is
+ * stream 0). The img2img pipelines draw from a stream of their own
+ * (DITD_LATENT_POSTERIOR_STREAM, engine/pipeline/latent_image.h) so that the
+ * posterior draw is not the initial noise of any image. */
+int ditd_vae_encode_stream(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed,
+                           uint64_t stream, float *mean, float *sample);
+
 
 /* DiTPipeline's rule before decoding: z = (1 / scaling_factor) * latents, in
  * float32, in place (n floats). shift_factor is not applied (DiTPipeline
@@ -112,6 +120,10 @@ void ditd_vae_unscale_dit(const ditd_vae_config *c, float *latents, size_t n);
  * rounded to float first, as a float32 tensor op with a Python float does;
  * no shift_factor: + 0). */
 void ditd_vae_unscale_shifted(const ditd_vae_config *c, float *latents, size_t n);
+/* Its inverse, as the img2img pipelines' _encode_vae_image:
+ * latents = (latents - shift_factor) x scaling_factor (float32, the factors
+ * rounded to float as above; no shift_factor: - 0). */
+void ditd_vae_scale_shifted(const ditd_vae_config *c, float *latents, size_t n);
 
 /* Statistics of the last decode on this rank: milliseconds in compute and
  * in collectives (the comm's own counters hold calls and bytes). */

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""`mpirun -np G ditd generate --image` on the FLUX.1-dev folder (issue 23): every layout equal
+to one rank.
+
+For two cases of tests/fixtures/flux_img2img/expected/cases.json (strength 0.3, and 0.75 with true
+CFG and a negative prompt), ditd generate from the seed alone (the posterior draw and the noise are
+Philox streams, the image encoded on every rank) under ulysses 2, ring 2 (p2p), tp 2, cfg 2 and
+cfg 2 x ulysses 2 writes, from the leader, final latents within 1e-4 relative of one rank's and of
+Diffusers' float64 run. At least 2 cases x 5 layouts are checked. Stdlib only.
+
+usage: img2img_group.py DITD MPIRUN FLUX_DEV_DIR FIXTURES_DIR
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ditd, mpirun, model, fix = sys.argv[1:5]
+failures = []
+LAYOUTS = [
+    (2, ["--ulysses-degree", "2"]),
+    (2, ["--ring-degree", "2", "--ring-rotate", "p2p"]),
+    (2, ["--tp-degree", "2"]),
+    (2, ["--cfg-degree", "2"]),
+    (4, ["--cfg-degree", "2", "--ulysses-degree", "2"]),
+]
+CASES = ("dev_32x48_s03", "dev_32x48_s075_true_cfg")
+
+
+def fail(msg):
+    print("FAIL " + msg)
+    failures.append(msg)
+
+
+def read_npy(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    hl = struct.unpack("<H", data[8:10])[0]
+    header = data[10:10 + hl].decode("latin1")
+    shape = tuple(int(x) for x in header.split("'shape': (")[1].split(")")[0].split(",") if x.strip())
+    n = 1
+    for s in shape:
+        n *= s
+    return shape, struct.unpack("<%df" % n, data[10 + hl:10 + hl + 4 * n])
+
+
+def rel(a, b):
+    scale = max(abs(v) for v in b)
+    return max(abs(x - y) for x, y in zip(a, b)) / scale
+
+
+tmp = tempfile.mkdtemp(prefix="img2img_group.")
+cases = {c["name"]: c for c in json.load(open(os.path.join(fix, "cases.json")))["cases"]}
+checked = 0
+for name in CASES:
+    c = cases[name]
+    args = ["generate", "--model", model, "--prompt", c["prompt"],
+            "--image", os.path.join(fix, c["image"]), "--strength", repr(c["strength"]),
+            "--steps", str(c["num_inference_steps"]), "--guidance", repr(c["guidance_scale"]),
+            "--max-sequence-length", str(c["max_sequence_length"]), "--seed", str(c["seed"]),
+            "--dtype", "f32", "--threads", "1", "-q"]
+    if c["negative_prompt"]:
+        args += ["--negative-prompt", c["negative_prompt"], "--true-cfg", repr(c["true_cfg_scale"])]
+    one = os.path.join(tmp, name + "-1.npy")
+    r = subprocess.run([ditd] + args + ["--save-latents", one], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        fail(f"{name}: one rank: exit {r.returncode}: {r.stderr[-600:]}")
+        continue
+    _, ref1 = read_npy(one)
+    _, ref = read_npy(os.path.join(fix, c["final_latents"]))
+    e = rel(ref1, ref)
+    print(f"{name}: one rank vs Diffusers float64: rel {e:.3g}")
+    if e > 1e-4:
+        fail(f"{name}: one rank vs Diffusers rel {e:.3g} > 1e-4")
+    for np_, lay in LAYOUTS:
+        out = os.path.join(tmp, f"{name}-{'-'.join(lay).replace('--', '')}.npy")
+        cmd = [mpirun, "-np", str(np_), ditd] + args + lay + ["--save-latents", out]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+        if r.returncode != 0:
+            fail(f"{name} {' '.join(lay)}: exit {r.returncode}: {r.stderr[-600:]}")
+            continue
+        _, got = read_npy(out)
+        e1, ed = rel(got, ref1), rel(got, ref)
+        print(f"{name} np {np_} {' '.join(lay)}: vs one rank rel {e1:.3g}, vs Diffusers rel {ed:.3g}")
+        if e1 > 1e-4 or ed > 1e-4:
+            fail(f"{name} {' '.join(lay)}: rel {e1:.3g} (one rank) {ed:.3g} (Diffusers) > 1e-4")
+            continue
+        checked += 1
+shutil.rmtree(tmp, ignore_errors=True)
+want = len(CASES) * len(LAYOUTS)
+if checked < want:
+    fail(f"{checked} case x layout runs checked, want {want}")
+print(f"{checked} runs checked, {len(failures)} failures")
+sys.exit(1 if failures else 0)
