@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "engine/pipeline/step_cache.h"
+#include "server/common/lora_spec.h"
 
 #define DITD_SERVE_MAX_NAMES 16   /* --served-model-name values */
 #define DITD_SERVE_NAME_MAX 256   /* bytes of one, with the NUL */
@@ -67,6 +68,12 @@ typedef struct ditd_serve_config {
     double data_max_gb;         /* the store's budget, GB (0: none); past it new jobs get 507 */
     char webhook_url[2048];     /* video.completed / video.failed events (webhook.h); "" none */
     char webhook_secret[512];   /* whsec_... */
+    /* LoRA adapters every replica loads at start (docs/lora.md): --lora
+     * NAME=PATH (repeatable; DITD_LORA: comma-separated), then the files
+     * of --lora-dir, which parse() lists into loras */
+    ditd_lora_specs loras;
+    char lora_dir[4096];
+    int max_loras_per_request;  /* a request's "loras", 1..DITD_LORA_MAX_SET */
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after
