@@ -11,7 +11,8 @@ cases: lora (GET /v1/loras; images with adapters equal `ditd generate
        each equal to their solo result; refusals naming the field; /metrics
        rows per adapter),
        lora_start (start-up refusals: a file for another model, a missing
-       file, a bad --lora-dir)
+       file, a bad --lora-dir),
+       lora_mpi (mpirun: ulysses 2 and dp 2 with adapters, as one rank)
 """
 import argparse
 import base64
@@ -202,7 +203,45 @@ def case_lora_start(ditd):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-CASES = {"lora": case_lora, "lora_start": case_lora_start}
+def case_lora_mpi(ditd):
+    """Under mpirun: every rank of a multi-rank replica loads the adapters
+    (ulysses 2: the sequence is split, the term is token-wise), and two
+    single-rank replicas (dp 2) each do; images as `ditd generate --lora` on
+    one rank, to the 8-bit quantum (layouts promise latents within 1e-4)."""
+    if not shutil.which("mpirun"):
+        print("skip: no mpirun")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="ditd-lora-")
+    try:
+        req = [{"name": "d4", "scale": 1}, {"name": "d8", "scale": -0.5}]
+        want = cli_pixels(ditd, tmp, [("d4", D4, 1), ("d8", D8, -0.5)], "cli_two")
+        base = cli_pixels(ditd, tmp, [], "cli_base")
+        n = 0
+        for what, flags in [("ulysses 2", ["--ulysses-degree", "2"]), ("dp 2", ["--dp", "2"])]:
+            d = Daemon(ditd, "--lora", f"d4={D4}", "--lora", f"d8={D8}", *flags, mpi_np=3, model=MODEL)
+            try:
+                st, _, data = d.request("GET", "/v1/loras")
+                check(st == 200 and [x["loaded"] for x in json.loads(data)["data"]] == [True, True],
+                      f"{what}: both adapters loaded", data[:200])
+                for k in range(2):  # dp 2: the two requests may land on either replica
+                    got, _ = pixels(d, req)
+                    worst = max(abs(a - b) for a, b in zip(got, want))
+                    differ = sum(1 for a, b in zip(got, want) if a != b)
+                    check(len(got) == len(want) and worst <= 1 and differ <= 2,
+                          f"{what}, request {k}: d4 + d8 at -0.5 as one rank's `ditd generate` "
+                          f"(worst {worst} level, {differ} values differ)")
+                    n += 1
+                got, _ = pixels(d, None)
+                check(max(abs(a - b) for a, b in zip(got, base)) <= 1, f"{what}: no adapters: the base image")
+            finally:
+                rc = d.stop()
+            check(rc == 0, f"{what}: exit 0", rc)
+        check(n == 4, f"{n} layout images checked")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+CASES = {"lora": case_lora, "lora_start": case_lora_start, "lora_mpi": case_lora_mpi}
 
 
 def main():
