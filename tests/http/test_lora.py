@@ -12,7 +12,9 @@ cases: lora (GET /v1/loras; images with adapters equal `ditd generate
        rows per adapter),
        lora_start (start-up refusals: a file for another model, a missing
        file, a bad --lora-dir),
-       lora_mpi (mpirun: ulysses 2 and dp 2 with adapters, as one rank)
+       lora_mpi (mpirun: ulysses 2 and dp 2 with adapters, as one rank; tp 2 refused),
+       lora_flux (the tiny FLUX pipeline: PEFT and kohya adapters, as
+       `ditd generate`, batched together)
 """
 import argparse
 import base64
@@ -237,11 +239,99 @@ def case_lora_mpi(ditd):
                 rc = d.stop()
             check(rc == 0, f"{what}: exit 0", rc)
         check(n == 4, f"{n} layout images checked")
+        p = subprocess.run(["mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none", ditd, "serve",
+                            "--model", MODEL, "--host", "127.0.0.1", "--port", "0", "--threads", "1",
+                            "--tp-degree", "2", "--lora", f"d4={D4}"],
+                           capture_output=True, text=True, timeout=120)
+        out = p.stdout + p.stderr
+        check(p.returncode != 0 and "tensor parallel" in out and "d4=" in out,
+              "tp 2 with an adapter: the start fails naming tensor parallel and the adapter",
+              (p.returncode, out[-400:]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-CASES = {"lora": case_lora, "lora_start": case_lora_start, "lora_mpi": case_lora_mpi}
+def case_lora_flux(ditd):
+    """The tiny FLUX pipeline (FluxPipeline, the folder tests/golden
+    assembles) with a PEFT and a kohya adapter: images equal `ditd generate
+    --lora` pixel for pixel, and two requests with different adapters
+    batched together each equal their solo result to the 8-bit quantum."""
+    model = th.text_model(ditd)
+    if not model:
+        print("skip: no tiny FLUX folder (build tests/golden first)")
+        return 77
+    mid = os.path.basename(model)
+    f4 = os.path.join(LORA, "flux_r4_peft.safetensors")
+    f8k = os.path.join(LORA, "flux_r8_some_kohya.safetensors")
+    body = {"model": mid, "prompt": "a red cube", "size": "64x64", "num_inference_steps": 3,
+            "seed": 4, "max_sequence_length": 32, "guidance_scale": 3.5, "sampler": "flow-euler",
+            "response_format": "b64_json"}
+    tmp = tempfile.mkdtemp(prefix="ditd-lora-")
+
+    def served(d, loras):
+        st, _, data = d.generate(dict(body, loras=loras) if loras else body)
+        assert st == 200, (st, data[:300])
+        return th.png_pixels(base64.b64decode(json.loads(data)["data"][0]["b64_json"]))
+
+    def cli(loras, tag):
+        out = os.path.join(tmp, f"{tag}.png")
+        args = [ditd, "generate", "--model", model, "--prompt", "a red cube", "--size", "64x64",
+                "--steps", "3", "--seed", "4", "--max-sequence-length", "32", "--guidance", "3.5",
+                "--sampler", "flow-euler", "--threads", "1", "-q", "-o", out]
+        for name, path, scale in loras:
+            args += ["--lora", f"{name}={path}", "--lora-scale", f"{name}={scale}"]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert p.returncode == 0, p.stderr
+        return th.png_pixels(open(out, "rb").read())
+
+    d = Daemon(ditd, "--lora", f"f4={f4}", "--lora", f"f8k={f8k}", "--max-batch", "2",
+               "--batch-window-ms", "1500", model=model)
+    try:
+        st, _, data = d.request("GET", "/v1/loras")
+        fm = {x["id"]: x["format"] for x in json.loads(data)["data"]}
+        check(fm == {"f4": "peft", "f8k": "kohya"}, "GET /v1/loras: f4 peft, f8k kohya", fm)
+        base = served(d, None)
+        solo = {}
+        for what, req, cl in [("f4", [{"name": "f4"}], [("f4", f4, 1)]),
+                              ("f8k at 0.5", [{"name": "f8k", "scale": 0.5}], [("f8k", f8k, 0.5)])]:
+            got, want = served(d, req), cli(cl, what.replace(" ", "_"))
+            diff = sum(1 for a, b in zip(got, want) if a != b)
+            check(got == want and got != base, f"FLUX, {what}: equals `ditd generate --lora`, pixel "
+                  f"for pixel ({len(got)} values, {diff} differ), and differs from the base")
+            solo[what] = got
+        check(served(d, None) == base, "FLUX: no adapters after adapters: the base image")
+        m0 = d.metrics()
+        out = {}
+        reqs = [("f4", [{"name": "f4"}]), ("f8k at 0.5", [{"name": "f8k", "scale": 0.5}])]
+        ts = [threading.Thread(target=lambda w=w, r=r: out.__setitem__(w, served(d, r))) for w, r in reqs]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        m1 = d.metrics()
+        key = f'ditd_batch_size_count{{model="{mid}"}}'
+        check(m1[key] - m0[key] == 1, f"FLUX: the two requests ran as one batch ({int(m1[key] - m0[key])})")
+        # Not bit for bit on FLUX (docs/lora.md, not done): a sample with f4
+        # batched with another request lands one 8-bit level away from its
+        # solo image in some values (measured: 629 of 12288), although the
+        # base model batched, and `ditd generate -n 2 --lora f4`, are bit
+        # for bit; f8k's sample is exact. Checked here to the 8-bit quantum.
+        for w, _ in reqs:
+            got = out.get(w) or []
+            worst = max((abs(a - b) for a, b in zip(got, solo[w])), default=None)
+            diff = sum(1 for a, b in zip(got, solo[w]) if a != b)
+            check(len(got) == len(solo[w]) and worst is not None and worst <= 1,
+                  f"FLUX batched together, {w}: its solo result to the 8-bit quantum (worst {worst} "
+                  f"level, {diff} of {len(got)} values differ)")
+    finally:
+        rc = d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    check(rc == 0, "exit 0", rc)
+
+
+CASES = {"lora": case_lora, "lora_start": case_lora_start, "lora_mpi": case_lora_mpi,
+         "lora_flux": case_lora_flux}
 
 
 def main():
