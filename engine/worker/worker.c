@@ -1,6 +1,7 @@
 /* The worker loop of a replica (its transports: engine/worker/hub.c). */
 #include "engine/worker/worker.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "ditd_build_config.h"
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
+#include "engine/models/lora.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/latent_image.h"
@@ -65,6 +67,12 @@ typedef struct worker {
     float *emb;            /* (2 max_batch, text_len(Lmax) Dt + Dp) */
     ditd_text_embeds *te;  /* (2 max_batch) */
     ditd_prompt_stats pstats; /* the text rank's, as its last broadcast said (leader) */
+    /* LoRA adapters (cfg->loras), on the denoiser's device; the leader keeps
+     * the files' host copies until its Adapters message is sent */
+    int n_lora;
+    ditd_lora_dev **lora_dev;
+    ditd_lora **lora_host;
+    ditd_lora_set lsets[DITD_WORKER_MAX_BATCH]; /* the running batch's, per sample */
     uint64_t hb_seq;
     double next_hb;
     bool stop, stop_now;
@@ -304,6 +312,38 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     return w->stop_now || w->comm_err;
 }
 
+/* The index of the loaded adapter called name, or -1. */
+static int find_lora(const worker *w, const char *name)
+{
+    for (int k = 0; k < w->n_lora; k++)
+        if (!strcmp(w->lora_dev[k]->name, name))
+            return k;
+    return -1;
+}
+
+/* Every rank: sample i's adapter set from its message (batch_ok checked
+ * the names on the leader; the group runs the same bytes). */
+static int set_loras(worker *w, int i, const Ditd__Sample *sm)
+{
+    ditd_lora_set *ls = &w->lsets[i];
+    ls->n = 0;
+    w->samples[i].loras = NULL;
+    if (!sm->n_lora_names)
+        return 0;
+    if (sm->n_lora_names != sm->n_lora_scales || sm->n_lora_names > DITD_LORA_MAX_SET)
+        return ditd_err_set(DITD_EINVAL, "sample %d: LoRA names and scales do not pair", i);
+    for (size_t k = 0; k < sm->n_lora_names; k++) {
+        int a = find_lora(w, sm->lora_names[k]);
+        if (a < 0)
+            return ditd_err_set(DITD_EINVAL, "sample %d: LoRA adapter '%.64s' is not loaded", i,
+                                sm->lora_names[k]);
+        ls->ad[ls->n] = w->lora_dev[a];
+        ls->weight[ls->n++] = sm->lora_scales[k];
+    }
+    w->samples[i].loras = ls;
+    return 0;
+}
+
 /* The leader's check of a batch before the group sees it: 0, or an Error
  * went to the front-end. */
 static int batch_ok(worker *w, const Ditd__Batch *b)
@@ -360,6 +400,24 @@ static int batch_ok(worker *w, const Ditd__Batch *b)
         snprintf(msg, sizeof msg, "%s", ditd_err_detail());
         send_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const Ditd__Sample *sm = b->samples[i];
+        if (sm->n_lora_names != sm->n_lora_scales || sm->n_lora_names > DITD_LORA_MAX_SET) {
+            snprintf(msg, sizeof msg, "sample %d: %zu LoRA names, %zu scales (at most %d)", i,
+                     sm->n_lora_names, sm->n_lora_scales, DITD_LORA_MAX_SET);
+            send_error(w, b->batch_id, DITD_EINVAL, msg);
+            return 0;
+        }
+        for (size_t k = 0; k < sm->n_lora_names; k++)
+            if (find_lora(w, sm->lora_names[k]) < 0 || !isfinite(sm->lora_scales[k])) {
+                snprintf(msg, sizeof msg, "sample %d: LoRA adapter '%.64s' %s", i,
+                         sm->lora_names[k],
+                         find_lora(w, sm->lora_names[k]) < 0 ? "is not loaded on this replica"
+                                                             : "has a scale that is not finite");
+                send_error(w, b->batch_id, DITD_EINVAL, msg);
+                return 0;
+            }
     }
     return 1;
 }
@@ -515,7 +573,7 @@ static int encode_prompts(worker *w, const Ditd__Batch *b)
 static void run_batch(worker *w, const Ditd__Batch *b)
 {
     const ditd_model_info *m = &w->info;
-    int n = (int)b->n_samples, err;
+    int n = (int)b->n_samples, err = 0;
     ditd_gen_params gp;
     char msg[512];
 
@@ -538,12 +596,15 @@ static void run_batch(worker *w, const Ditd__Batch *b)
         w->samples[i].guidance_2 = b->samples[i]->guidance_2;
         w->active[i] = 1;
         w->partial_sent[i] = 0;
+        if (!err)
+            err = set_loras(w, i, b->samples[i]);
     }
     w->batch = b;
     w->t_start = w->t_step = now_ms();
     /* step caching: every rank sets the batch's (the leader's batch_ok
      * checked it; the same bytes give the same config on every rank) */
-    err = ditd_cache_msg_to_config(b->cache, &w->cache_cfg);
+    if (!err)
+        err = ditd_cache_msg_to_config(b->cache, &w->cache_cfg);
     if (!err)
         err = ditd_pipeline_set_cache(w->pipe, &w->cache_cfg);
     if (!err)
@@ -767,6 +828,101 @@ static int text_init(worker *w)
     return ditd_prompt_encoder_new(m, &ditd_backend_cpu, &o, &w->penc);
 }
 
+/* Every rank: reads and uploads cfg->loras for the denoiser. The leader
+ * keeps the host copies for its Adapters message. A file that does not
+ * load is named, with the loader's reason. */
+static int lora_init(worker *w)
+{
+    const ditd_worker_config *cfg = w->cfg;
+    const ditd_denoiser *den = w->pipe->den;
+    int err;
+    if (cfg->n_loras <= 0)
+        return 0;
+    if (den->n_lora_targets <= 0)
+        return ditd_err_set(DITD_EUNSUPPORTED, "--lora %s=%s: %s", cfg->loras[0].name,
+                            cfg->loras[0].path, den->lora_refusal);
+    w->lora_dev = calloc((size_t)cfg->n_loras, sizeof *w->lora_dev);
+    w->lora_host = calloc((size_t)cfg->n_loras, sizeof *w->lora_host);
+    if (!w->lora_dev || !w->lora_host)
+        return ditd_err_set(DITD_ENOMEM, "%d LoRA adapters", cfg->n_loras);
+    for (int i = 0; i < cfg->n_loras; i++) {
+        ditd_lora *l = NULL;
+        ditd_lora_dev *d = NULL;
+        if ((err = ditd_lora_open(cfg->loras[i].path, cfg->loras[i].name, den->lora_targets,
+                                  den->n_lora_targets, &l)) ||
+            (err = ditd_lora_dev_new(l, w->pipe->ops, den->n_lora_targets, &d))) {
+            char why[768];
+            snprintf(why, sizeof why, "%s", ditd_err_detail());
+            ditd_lora_free(l);
+            return ditd_err_set(err, "--lora %s=%s: %s", cfg->loras[i].name, cfg->loras[i].path,
+                                why);
+        }
+        w->lora_dev[w->n_lora++] = d;
+        if (w->leader)
+            w->lora_host[i] = l;
+        else
+            ditd_lora_free(l);
+    }
+    return 0;
+}
+
+/* The leader, once after start-up: what it loaded, for GET /v1/loras;
+ * then the host copies go. */
+static void send_adapters(worker *w)
+{
+    const ditd_denoiser *den = w->pipe->den;
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__Adapters am = DITD__ADAPTERS__INIT;
+    Ditd__LoraInfo *li = calloc((size_t)w->n_lora + 1, sizeof *li);
+    Ditd__LoraInfo **lip = calloc((size_t)w->n_lora + 1, sizeof *lip);
+    char ***mods = calloc((size_t)w->n_lora + 1, sizeof *mods);
+    uint32_t **ranks = calloc((size_t)w->n_lora + 1, sizeof *ranks);
+    int ok = li && lip && mods && ranks;
+    for (int i = 0; ok && i < w->n_lora; i++) {
+        const ditd_lora *l = w->lora_host[i];
+        ditd__lora_info__init(&li[i]);
+        li[i].name = w->lora_dev[i]->name;
+        li[i].bytes = w->lora_dev[i]->bytes;
+        lip[i] = &li[i];
+        if (!l)
+            continue;
+        li[i].format = (uint32_t)l->format;
+        li[i].max_rank = (uint32_t)l->max_rank;
+        mods[i] = calloc((size_t)l->n_mod + 1, sizeof *mods[i]);
+        ranks[i] = calloc((size_t)l->n_mod + 1, sizeof *ranks[i]);
+        if (!mods[i] || !ranks[i]) {
+            ok = 0;
+            break;
+        }
+        for (int k = 0; k < l->n_mod; k++) {
+            mods[i][k] = (char *)den->lora_targets[l->mod[k].target].name;
+            ranks[i][k] = (uint32_t)l->mod[k].rank;
+        }
+        li[i].n_modules = li[i].n_ranks = (size_t)l->n_mod;
+        li[i].modules = mods[i];
+        li[i].ranks = ranks[i];
+    }
+    if (ok) {
+        am.n_loras = (size_t)w->n_lora;
+        am.loras = lip;
+        env.msg_case = DITD__ENVELOPE__MSG_ADAPTERS;
+        env.adapters = &am;
+        send_env(w, &env);
+    }
+    for (int i = 0; i < w->n_lora; i++) {
+        if (mods)
+            free(mods[i]);
+        if (ranks)
+            free(ranks[i]);
+        ditd_lora_free(w->lora_host[i]);
+        w->lora_host[i] = NULL;
+    }
+    free(mods);
+    free(ranks);
+    free(lip);
+    free(li);
+}
+
 /* Whether every rank of the group started: each says, all learn who did
  * not. The leader's message names the ranks. */
 static int group_agree(worker *w, int err, char *msg, size_t cap)
@@ -887,6 +1043,8 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     }
     if (!err && w->info.shapes.cond.kind == DITD_COND_TEXT)
         err = text_init(w);
+    if (!err)
+        err = lora_init(w);
     if (err) /* the caller logs this rank's own reason (ditd_err_detail) */
         snprintf(msg, sizeof msg, "%s: %s", ditd_strerror(err), ditd_err_detail());
     own = err;
@@ -901,6 +1059,8 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
         goto done;
     }
 
+    if (w->leader && cfg->n_loras > 0)
+        send_adapters(w); /* before the first ready heartbeat */
     if (w->leader)
         leader_loop(w);
     else
@@ -913,6 +1073,12 @@ done:
     if (w->leader && !w->comm_err)
         send_heartbeat(w, false); /* bye */
     free(w->gbuf);
+    for (int i = 0; i < w->n_lora; i++)
+        ditd_lora_dev_free(w->lora_dev[i]);
+    for (int i = 0; w->lora_host && i < cfg->n_loras; i++)
+        ditd_lora_free(w->lora_host[i]);
+    free(w->lora_dev);
+    free(w->lora_host);
     ditd_prompt_encoder_free(w->penc);
     free(w->emb);
     free(w->te);

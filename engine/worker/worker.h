@@ -37,6 +37,12 @@
 
 #define DITD_WORKER_MAX_BATCH 256
 
+/* A LoRA adapter file the replica loads at start (docs/lora.md). */
+typedef struct ditd_worker_lora {
+    const char *name;       /* what batches call it (Sample.lora_names) */
+    const char *path;       /* a .safetensors adapter */
+} ditd_worker_lora;
+
 typedef struct ditd_worker_config {
     const char *model_dir;  /* Diffusers folder; borrowed for the call */
     ditd_mesh *mesh;        /* the replica's group, borrowed; NULL: one rank; on
@@ -58,6 +64,12 @@ typedef struct ditd_worker_config {
     int text_encoder_rank;
     int text_cache_entries;
     int text_cache_mb;
+    /* LoRA adapters every rank loads and uploads once at start, before the
+     * replica says ready (borrowed for the call); a file that does not
+     * load fails the start naming it. The leader then sends an Adapters
+     * message; batches name them per sample. */
+    const ditd_worker_lora *loras;
+    int n_loras;
 } ditd_worker_config;
 
 /* Loads the model and serves batches until a Shutdown message or a

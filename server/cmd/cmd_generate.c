@@ -24,6 +24,7 @@
 #include "server/cmd/cmd.h"
 #include "server/common/image.h"
 #include "server/common/image_in.h"
+#include "server/common/lora_spec.h"
 
 static void usage(FILE *f)
 {
@@ -57,6 +58,8 @@ static void usage(FILE *f)
             "  --lora NAME=PATH     a LoRA adapter (.safetensors: PEFT/Diffusers or kohya names)\n"
             "                       applied unmerged at scale 1; repeatable (docs/lora.md)\n"
             "  --lora-scale NAME=S  the scale of adapter NAME (Diffusers' adapter_weights)\n"
+            "  --lora-dir DIR       every *.safetensors file in DIR is an adapter too, named\n"
+            "                       by its file name without .safetensors\n"
             "  --cache SPEC         step caching: METHOD[:key=value,...] with METHOD\n"
             "                       first_block_cache | taylorseer_cache | mag_cache | none\n"
             "                       and the Diffusers config's fields, e.g.\n"
@@ -336,7 +339,7 @@ int ditd_cmd_generate(int argc, char **argv)
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
            O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2, O_LORA,
-           O_LORA_SCALE, O_IMAGE, O_STRENGTH };
+           O_LORA_SCALE, O_IMAGE, O_STRENGTH, O_LORA_DIR };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"class", required_argument, 0, O_CLASS},
         {"seed", required_argument, 0, O_SEED},       {"steps", required_argument, 0, O_STEPS},
@@ -365,6 +368,7 @@ int ditd_cmd_generate(int argc, char **argv)
         {"cache", required_argument, 0, O_CACHE},
         {"lora", required_argument, 0, O_LORA},
         {"lora-scale", required_argument, 0, O_LORA_SCALE},
+        {"lora-dir", required_argument, 0, O_LORA_DIR},
         {"frames", required_argument, 0, O_FRAMES},
         {"save-frames", no_argument, 0, O_SAVE_FRAMES},
         {"image", required_argument, 0, O_IMAGE},
@@ -396,6 +400,8 @@ int ditd_cmd_generate(int argc, char **argv)
     progress pr = {0};
     ditd_cache_config cache_cfg; /* --cache (method none: off) */
     lora_args la = {0};          /* --lora, --lora-scale */
+    const char *lora_dir = NULL; /* --lora-dir */
+    static ditd_lora_specs dir_specs; /* its files (the paths la.path points at) */
     ditd_lora_set lora_set = {0};
     int c, err, rc = 1;
 
@@ -441,6 +447,7 @@ int ditd_cmd_generate(int argc, char **argv)
         case O_FRAMES: err = ditd_parse_long(optarg, 1, 100000, "--frames", &frames); break;
         case O_LORA: err = lora_arg(&la, optarg); break;
         case O_LORA_SCALE: err = lora_scale_arg(&la, optarg); break;
+        case O_LORA_DIR: lora_dir = optarg; break;
         case O_SAVE_FRAMES: save_frames = 1; break;
         case O_IMAGE: image_path = optarg; break;
         case O_STRENGTH: err = ditd_parse_double(optarg, 0, 1, "--strength", &strength); break;
@@ -459,6 +466,29 @@ int ditd_cmd_generate(int argc, char **argv)
                 break;
             usage(stderr);
             return 2;
+        }
+        if (err) {
+            fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());
+            return 2;
+        }
+    }
+    if (lora_dir) { /* after the --lora flags, in file-name order */
+        dir_specs.n = 0;
+        err = ditd_lora_specs_add_dir(&dir_specs, lora_dir, "--lora-dir");
+        for (int i = 0; !err && i < dir_specs.n; i++) {
+            for (int k = 0; !err && k < la.n; k++)
+                if (!strcmp(la.name[k], dir_specs.v[i].name))
+                    err = ditd_err_set(DITD_EINVAL, "--lora-dir %s: adapter name %s given twice "
+                                       "(%s and %s)", lora_dir, la.name[k], la.path[k],
+                                       dir_specs.v[i].path);
+            if (!err && la.n == DITD_LORA_MAX_SET)
+                err = ditd_err_set(DITD_EINVAL, "--lora-dir %s: at most %d adapters in all",
+                                   lora_dir, DITD_LORA_MAX_SET);
+            if (!err) {
+                snprintf(la.name[la.n], sizeof la.name[la.n], "%s", dir_specs.v[i].name);
+                la.path[la.n] = dir_specs.v[i].path;
+                la.scale[la.n++] = 1.0f;
+            }
         }
         if (err) {
             fprintf(stderr, "ditd generate: %s\n", ditd_err_detail());

@@ -277,6 +277,12 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
         if ((!mpi || rank > 0) && (err = ditd_backend_check((ditd_device)c->device)))
             return err;
     }
+    /* adapter files: readable here (the replicas read them, and refuse a
+     * bad one naming it) */
+    for (int i = 0; i < c->loras.n; i++)
+        if (access(c->loras.v[i].path, R_OK))
+            return ditd_err_set(errno == ENOENT ? DITD_ENOENT : DITD_EIO, "--lora %s=%s: %s",
+                                c->loras.v[i].name, c->loras.v[i].path, strerror(errno));
     if ((err = ditd_model_info_load(model_dir, &info))) {
         char d[512];
         snprintf(d, sizeof d, "%s", ditd_err_detail());
@@ -362,6 +368,14 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     for (int i = 0; i < s->cfg.n_served_names; i++)
         if (strcmp(s->cfg.served_names[i], s->info.name) != 0)
             s->aliases[s->gm.n_aliases++] = s->cfg.served_names[i];
+    /* the LoRA adapters requests may name; the replicas load the files */
+    for (int i = 0; i < s->cfg.loras.n; i++) {
+        s->lora_names[i] = s->cfg.loras.v[i].name;
+        s->wloras[i] = (ditd_worker_lora){s->cfg.loras.v[i].name, s->cfg.loras.v[i].path};
+    }
+    s->gm.lora_names = s->lora_names;
+    s->gm.n_loras = s->cfg.loras.n;
+    s->gm.max_loras = s->cfg.max_loras_per_request;
     s->nrep = s->cfg.dp;
     if (!(s->rep = calloc((size_t)s->nrep, sizeof *s->rep)))
         goto fail_info;
@@ -404,6 +418,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
             targs[r].cfg.text_encoder_rank = s->cfg.text_encoder_rank;
             targs[r].cfg.text_cache_entries = s->cfg.text_cache_entries;
             targs[r].cfg.text_cache_mb = s->cfg.text_cache_mb;
+            targs[r].cfg.loras = s->wloras;
+            targs[r].cfg.n_loras = s->cfg.loras.n;
             targs[r].t = ditd_hub_transport(s->hub, r);
             uv_thread_options_t to = {UV_THREAD_HAS_STACK_SIZE, 8u << 20};
             if (uv_thread_create_ex(&s->threads[r], &to, replica_main, &targs[r])) {
@@ -479,6 +495,12 @@ join:
     ditd_jobrun_close(s);
     ditd_webhook_close(s->webhook);
     free(s->rep);
+    for (int i = 0; i < s->cfg.loras.n; i++) {
+        for (int m = 0; m < s->loras[i].n_modules; m++)
+            free(s->loras[i].modules[m]);
+        free(s->loras[i].modules);
+        free(s->loras[i].ranks);
+    }
     uv_loop_close(loop);
     ditd_model_info_free(&s->info);
     ditd_auth_free(&s->auth);
@@ -542,7 +564,9 @@ static int serve_worker(ditd_srv *s, const char *model_dir, const ditd_layout *l
                              s->cfg.weight_dtype,
                              s->cfg.text_encoder_rank,
                              s->cfg.text_cache_entries,
-                             s->cfg.text_cache_mb};
+                             s->cfg.text_cache_mb, s->wloras, s->cfg.loras.n};
+    for (int i = 0; i < s->cfg.loras.n; i++)
+        s->wloras[i] = (ditd_worker_lora){s->cfg.loras.v[i].name, s->cfg.loras.v[i].path};
     /* the mesh refuses a bad layout on every rank alike, before any split */
     if ((err = ditd_mesh_new(group, l, &mesh))) {
         fprintf(stderr, "ditd serve: rank %d: %s\n", rank, ditd_err_detail());

@@ -8,13 +8,14 @@
 
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
+#include "engine/models/lora.h"
 #include "engine/parallel/mesh.h"
 #include "server/common/parse.h"
 #include "server/daemon/genreq.h"
 #include "server/daemon/log.h"
 
 typedef enum { T_CACHE, T_STR, T_INT, T_LONG, T_SECS, T_BOOL, T_ROTATE, T_DEVICE, T_LOGFMT, T_LOGLVL,
-               T_WDTYPE, T_NAMES } opt_type;
+               T_WDTYPE, T_NAMES, T_LORA } opt_type;
 
 typedef struct opt {
     const char *flag;   /* without "--" */
@@ -79,6 +80,9 @@ static const opt opts[] = {
     {"long-replicas", "DITD_LONG_REPLICAS", T_INT, OFF(long_replicas), 0, 4096, "0", "with --long-cost, the most replicas long work may hold at once, so the rest stay free for short requests (0: any; with --dp 2, 1 keeps one replica for short work)"},
     {"webhook-url", "DITD_WEBHOOK_URL", T_STR, OFF(webhook_url), 0, 0, "", "video jobs: POST video.completed / video.failed events here, signed as OpenAI signs webhooks (an http:// URL; docs/api.md)"},
     {"webhook-secret", "DITD_WEBHOOK_SECRET", T_STR, OFF(webhook_secret), 0, 0, "", "the webhooks' signing secret, whsec_ and base64 (prefer the variable: flags show in ps)"},
+    {"lora", "DITD_LORA", T_LORA, OFF(loras), 0, 0, "", "a LoRA adapter every replica loads at start, NAME=PATH (a .safetensors file: PEFT/Diffusers or kohya names); repeatable (the variable: comma-separated); requests name it in \"loras\" (docs/lora.md)"},
+    {"lora-dir", "DITD_LORA_DIR", T_STR, OFF(lora_dir), 0, 0, "", "every *.safetensors file in this folder is an adapter too, named by its file name without .safetensors"},
+    {"max-loras-per-request", "DITD_MAX_LORAS_PER_REQUEST", T_INT, OFF(max_loras_per_request), 1, DITD_LORA_MAX_SET, "4", "adapters one request may name in \"loras\""},
     {"data-max-gb", "DITD_DATA_MAX_GB", T_SECS, OFF(data_max_gb), 0, 1e6, "0", "background jobs: the store's size budget in GB (1e9 bytes; 0: none); past it new jobs get 507"},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -197,6 +201,28 @@ static int set(ditd_serve_config *c, const opt *o, const char *val, const char *
     }
     case T_NAMES:
         return add_names(c, val, who);
+    case T_LORA: {
+        /* a flag gives one NAME=PATH (a path may hold commas); the
+         * variable a comma-separated list */
+        if (strncmp(who, "--", 2))
+            for (const char *p = val; *p;) {
+                char one[DITD_LORA_NAME_MAX + DITD_LORA_PATH_MAX + 2];
+                size_t n = strcspn(p, ",");
+                int err2;
+                if (n >= sizeof one)
+                    return ditd_err_set(DITD_EINVAL, "%s: an entry is over %zu bytes", who,
+                                        sizeof one - 1);
+                memcpy(one, p, n);
+                one[n] = '\0';
+                if ((err2 = ditd_lora_specs_add(&c->loras, one, who)))
+                    return err2;
+                p += n;
+                p += *p == ',';
+            }
+        else
+            return ditd_lora_specs_add(&c->loras, val, who);
+        return 0;
+    }
     case T_BOOL:
         if (!strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "yes") || !strcmp(val, "on"))
             *(int *)dst = 1;
@@ -233,7 +259,7 @@ int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv)
 
     memset(c, 0, sizeof *c);
     for (size_t i = 0; i < NOPTS; i++)
-        if (opts[i].type != T_NAMES && (err = set(c, &opts[i], opts[i].def, opts[i].flag)))
+        if (opts[i].type != T_NAMES && opts[i].type != T_LORA && (err = set(c, &opts[i], opts[i].def, opts[i].flag)))
             return err;
     for (size_t i = 0; i < NOPTS; i++) {
         const char *v = getenv(opts[i].env);
@@ -253,6 +279,7 @@ int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv)
     optind = 1;
     opterr = 0;
     int names_flagged = 0; /* the first --served-model-name replaces the variable's */
+    int loras_flagged = 0; /* and the first --lora DITD_LORA's */
     while ((ch = getopt_long(argc, argv, "h", lo, &idx)) != -1) {
         if (ch == 'h') {
             ditd_serve_config_usage(stdout);
@@ -265,11 +292,15 @@ int ditd_serve_config_parse(ditd_serve_config *c, int argc, char **argv)
         snprintf(who, sizeof who, "--%s", o->flag);
         if (o->type == T_NAMES && !names_flagged++)
             c->n_served_names = 0;
+        if (o->type == T_LORA && !loras_flagged++)
+            c->loras.n = 0;
         if ((err = set(c, o, optarg ? optarg : "1", who)))
             return err;
     }
     if (optind < argc)
         return ditd_err_set(DITD_EINVAL, "unexpected argument \"%s\"", argv[optind]);
+    if (c->lora_dir[0] && (err = ditd_lora_specs_add_dir(&c->loras, c->lora_dir, "--lora-dir")))
+        return err;
     if (!c->tls_cert[0] != !c->tls_key[0])
         return ditd_err_set(DITD_EINVAL, "--tls-cert and --tls-key go together (got only %s)",
                             c->tls_cert[0] ? "--tls-cert" : "--tls-key");

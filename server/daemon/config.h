@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "engine/pipeline/step_cache.h"
+#include "server/common/lora_spec.h"
 
 #define DITD_SERVE_MAX_NAMES 16   /* --served-model-name values */
 #define DITD_SERVE_NAME_MAX 256   /* bytes of one, with the NUL */
@@ -69,6 +70,12 @@ typedef struct ditd_serve_config {
     int long_replicas;          /* the most replicas long work holds at once (0: any) */
     char webhook_url[2048];     /* video.completed / video.failed events (webhook.h); "" none */
     char webhook_secret[512];   /* whsec_... */
+    /* LoRA adapters every replica loads at start (docs/lora.md): --lora
+     * NAME=PATH (repeatable; DITD_LORA: comma-separated), then the files
+     * of --lora-dir, which parse() lists into loras */
+    ditd_lora_specs loras;
+    char lora_dir[4096];
+    int max_loras_per_request;  /* a request's "loras", 1..DITD_LORA_MAX_SET */
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after

@@ -523,6 +523,73 @@ static int get_cache(json_t *root, const ditd_genreq_model *gm, ditd_genreq *r, 
     return 0;
 }
 
+/* "loras": [{"name": NAME, "scale": S}, ...] (null or absent: none): each
+ * name one of the server's adapters, at most once; scale a number in
+ * [-10, 10] (default 1, Diffusers' adapter_weights). */
+static int get_loras(json_t *root, const ditd_genreq_model *gm, ditd_genreq *r, ditd_api_error *e)
+{
+    json_t *v = json_object_get(root, "loras"), *it, *x;
+    size_t i;
+    r->n_loras = 0;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v))
+        return bad(e, "loras", "'loras' must be an array of {\"name\": ..., \"scale\": ...}");
+    if (json_array_size(v) > (size_t)gm->max_loras)
+        return bad(e, "loras", "'loras' names %zu adapters; at most %d per request "
+                   "(--max-loras-per-request)", json_array_size(v), gm->max_loras);
+    json_array_foreach(v, i, it) {
+        char param[64];
+        const char *key;
+        int k;
+        snprintf(param, sizeof param, "loras[%zu]", i);
+        if (!json_is_object(it))
+            return bad(e, param, "'%s' must be an object {\"name\": ..., \"scale\": ...}", param);
+        json_object_foreach(it, key, x)
+            if (strcmp(key, "name") && strcmp(key, "scale")) {
+                char kp[64];
+                snprintf(kp, sizeof kp, "loras[%zu].%.32s", i, key);
+                ditd_utf8_clean(kp);
+                return bad(e, kp, "'%s': unknown field (an entry has \"name\" and \"scale\")", kp);
+            }
+        snprintf(param, sizeof param, "loras[%zu].name", i);
+        x = json_object_get(it, "name");
+        if (!json_is_string(x))
+            return bad(e, param, "'%s' must be a string: an adapter of GET /v1/loras", param);
+        const char *name = json_string_value(x);
+        char shown[80];
+        snprintf(shown, sizeof shown, "%.64s", name);
+        ditd_utf8_clean(shown);
+        for (k = 0; k < gm->n_loras && strcmp(gm->lora_names[k], name); k++)
+            ;
+        if (k == gm->n_loras) {
+            bad(e, param, "'%s': unknown LoRA adapter '%s'; ", param, shown);
+            size_t at = strlen(e->message);
+            if (!gm->n_loras)
+                snprintf(e->message + at, sizeof e->message - at,
+                         "this server has none (ditd serve --lora NAME=PATH)");
+            for (int a = 0; a < gm->n_loras && at < sizeof e->message; a++)
+                at += (size_t)snprintf(e->message + at, sizeof e->message - at, "%s'%s'",
+                                       a ? ", " : "this server has ", gm->lora_names[a]);
+            return DITD_EINVAL;
+        }
+        for (int a = 0; a < r->n_loras; a++)
+            if (r->lora_idx[a] == k)
+                return bad(e, param, "'%s': adapter '%s' is named twice", param, shown);
+        float sc = 1.0f;
+        snprintf(param, sizeof param, "loras[%zu].scale", i);
+        x = json_object_get(it, "scale");
+        if (x && !json_is_null(x)) {
+            if (!json_is_number(x) || !(json_number_value(x) >= -10 && json_number_value(x) <= 10))
+                return bad(e, param, "'%s' must be a number in -10..10", param);
+            sc = (float)json_number_value(x);
+        }
+        r->lora_idx[r->n_loras] = k;
+        r->lora_scale[r->n_loras++] = sc;
+    }
+    return 0;
+}
+
 /* "size": "WxH" in pixels (the image, not the latents), or "auto". A fixed
  * model makes its one size; a resizable one any multiple of size_multiple
  * within [min_size, max_size] per side. */
@@ -763,6 +830,8 @@ static int parse(const char *body, size_t len, const ditd_genreq_model *gm, int 
             goto done;
     }
     if ((err = get_cache(root, gm, r, e)))
+        goto done;
+    if ((err = get_loras(root, gm, r, e)))
         goto done;
     err = 0;
 done:

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/models/lora.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/sampler.h"
@@ -63,6 +64,11 @@ typedef struct ditd_genreq {
     int fps;
     int has_guidance_2;
     float guidance_2;
+    /* LoRA adapters ("loras": [{"name", "scale"}, ...]): indexes into the
+     * server's adapters (ditd_genreq_model.lora_names) and their weights */
+    int n_loras;
+    int lora_idx[DITD_LORA_MAX_SET];
+    float lora_scale[DITD_LORA_MAX_SET];
 } ditd_genreq;
 
 /* A validation failure: HTTP status, OpenAI type/code, the offending field
@@ -83,6 +89,10 @@ typedef struct ditd_genreq_model {
     int n_aliases;
     ditd_sampler_kind sched_default; /* the model's scheduler kind */
     const ditd_cache_config *cache_default; /* ditd serve --cache; NULL: none */
+    /* the LoRA adapters a request may name, and how many at once */
+    const char *const *lora_names;
+    int n_loras;
+    int max_loras;
 } ditd_genreq_model;
 
 /* 1 when `name` reaches the model: its folder name or one of its aliases. */

@@ -25,7 +25,7 @@ const char *ditd_route_name(ditd_route r)
 {
     static const char *names[] = {"/v1/images/generations", "/v1/models", "/healthz", "/readyz",
                                   "/metrics", "/openapi.json", "other", "/", "/v1/jobs",
-                                  "/v1/videos"};
+                                  "/v1/videos", "/v1/loras"};
     return (unsigned)r < DITD_ROUTE_COUNT ? names[r] : "?";
 }
 
@@ -302,6 +302,14 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
         g->draining);
     put(&b, "# HELP ditd_images_total Images generated.\n# TYPE ditd_images_total counter\n"
             "ditd_images_total{%s} %llu\n", ml, (unsigned long long)m->images_total);
+    put(&b, "# HELP ditd_lora_adapters LoRA adapters the replicas loaded at start (--lora, --lora-dir).\n"
+            "# TYPE ditd_lora_adapters gauge\nditd_lora_adapters{%s} %d\n", ml, g->loras_loaded);
+    put(&b, "# HELP ditd_lora_rows_total Images (rows of a batch) made carrying each LoRA adapter.\n"
+            "# TYPE ditd_lora_rows_total counter\n");
+    /* adapter names are letters, digits, '_', '-', '.': nothing to escape */
+    for (int i = 0; i < g->n_loras && i < DITD_METRICS_MAX_LORAS; i++)
+        put(&b, "ditd_lora_rows_total{%s,adapter=\"%s\"} %llu\n", ml, g->lora_names[i],
+            (unsigned long long)m->lora_rows[i]);
     put(&b, "# HELP ditd_canceled_samples_total Samples dropped (client gone, timeout, drain).\n"
             "# TYPE ditd_canceled_samples_total counter\nditd_canceled_samples_total{%s} %llu\n", ml,
         (unsigned long long)m->canceled_total);

@@ -32,11 +32,13 @@ typedef enum ditd_route {
     DITD_ROUTE_PAGE,
     DITD_ROUTE_JOBS,          /* /v1/jobs and /v1/jobs/{id}... */
     DITD_ROUTE_VIDEOS,        /* /v1/videos and /v1/videos/{id}... */
+    DITD_ROUTE_LORAS,         /* /v1/loras */
 } ditd_route;
-#define DITD_ROUTE_COUNT 10
+#define DITD_ROUTE_COUNT 11
 const char *ditd_route_name(ditd_route r);
 
 #define DITD_METRICS_MAX_REPLICAS 64
+#define DITD_METRICS_MAX_LORAS 64 /* DITD_LORA_SPEC_MAX */
 
 typedef struct ditd_metrics {
     struct { ditd_route route; int status; uint64_t n; } by_status[96];
@@ -57,6 +59,9 @@ typedef struct ditd_metrics {
     uint64_t cache_evals_computed, cache_evals_skipped;
     uint64_t replica_batches[DITD_METRICS_MAX_REPLICAS];
     uint64_t replica_samples[DITD_METRICS_MAX_REPLICAS];
+    /* LoRA adapters (docs/lora.md), by the server's index of each: the
+     * images (rows of a batch) made carrying it */
+    uint64_t lora_rows[DITD_METRICS_MAX_LORAS];
     /* operator series: ditd_build_info, ditd_model_load_seconds */
     char backend[16];         /* "cpu", "cuda" */
     char device[128];         /* what it runs on: the CPU or GPU model */
@@ -99,6 +104,11 @@ typedef struct ditd_metrics_gauges {
     unsigned long long jobs_created, jobs_expired, jobs_deleted, jobs_refused_full;
     /* webhooks (webhook.h): events delivered, failed attempts, events dropped */
     unsigned long long hooks_delivered, hooks_failed, hooks_dropped;
+    /* LoRA adapters: their names by index (m->lora_rows), and how many the
+     * replicas reported loaded */
+    const char *const *lora_names;
+    int n_loras;
+    int loras_loaded;
 } ditd_metrics_gauges;
 
 /* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM.

@@ -219,6 +219,10 @@ enum MHD_Result ditd_route_metrics(ditd_srv *s, struct MHD_Connection *c, ditd_r
         g.jobs_refused_full = s->jobrun->refused_full;
     }
     ditd_webhook_counts(s->webhook, &g.hooks_delivered, &g.hooks_failed, &g.hooks_dropped);
+    g.lora_names = s->lora_names;
+    g.n_loras = s->cfg.loras.n;
+    for (int i = 0; i < s->cfg.loras.n; i++)
+        g.loras_loaded += s->loras[i].known;
     size_t len = 0;
     char *text = ditd_metrics_render(&s->m, &g, &len);
     return ditd_route_answer(

@@ -45,6 +45,7 @@ const ditd_route_row ditd_routes[] = {
      DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 0, JSON},
     {"GET", "/v1/models", DITD_ROUTE_MODELS, ditd_route_models, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/models/{name}", DITD_ROUTE_MODELS, ditd_route_model, DITD_ROUTE_KEY, 0, 0, NULL},
+    {"GET", "/v1/loras", DITD_ROUTE_LORAS, ditd_route_loras, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/jobs", DITD_ROUTE_JOBS, ditd_route_jobs_list, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/jobs/{id}", DITD_ROUTE_JOBS, ditd_route_job_get, DITD_ROUTE_KEY, 0, 0, NULL},
     {"DELETE", "/v1/jobs/{id}", DITD_ROUTE_JOBS, ditd_route_job_delete, DITD_ROUTE_KEY, 0, 0, NULL},

@@ -113,6 +113,9 @@ enum MHD_Result ditd_route_page(ditd_srv *s, struct MHD_Connection *c, ditd_rout
                                 const char *rid);
 enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                     const char *rid);
+/* route_loras.c: GET /v1/loras */
+enum MHD_Result ditd_route_loras(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                 const char *rid);
 /* route_jobs.c: background jobs (create is asked by ditd_route_generate) */
 /* Shared by the job routes (route_jobs.c) and the video routes
  * (route_videos.c): a finished-at time or null, a failed job's

@@ -242,6 +242,7 @@ void ditd__sched_kick(ditd_srv *s)
 
         ditd_fbatch *b = calloc(1, sizeof *b);
         Ditd__Sample smp[DITD_WORKER_MAX_BATCH], *smpp[DITD_WORKER_MAX_BATCH];
+        char *lnames[DITD_WORKER_MAX_BATCH][DITD_LORA_MAX_SET]; /* borrowed names */
         if (!b) {
             ditd_log(DITD_LOG_INFO, "out of memory building a batch");
             return;
@@ -291,6 +292,13 @@ void ditd__sched_kick(ditd_srv *s)
                 smp[i].true_cfg = j->rq.true_cfg;
                 smp[i].has_guidance_2 = j->rq.has_guidance_2 != 0;
                 smp[i].guidance_2 = j->rq.guidance_2;
+                /* its adapters: samples with different ones share the batch
+                 * (each row carries its own set, engine/models/lora.h) */
+                for (int k = 0; k < j->rq.n_loras; k++)
+                    lnames[i][k] = (char *)s->gm.lora_names[j->rq.lora_idx[k]];
+                smp[i].n_lora_names = smp[i].n_lora_scales = (size_t)j->rq.n_loras;
+                smp[i].lora_names = lnames[i];
+                smp[i].lora_scales = j->rq.lora_scale;
                 smpp[i] = &smp[i];
                 b->job[i] = j;
                 b->idx[i] = j->dispatched;
@@ -445,6 +453,46 @@ static void fail_batch(ditd_srv *s, ditd_fbatch *b, int code, const char *msg)
     batch_done(s, b);
 }
 
+/* A replica's Adapters message: what it loaded of the server's adapters.
+ * Every replica loads the same files; the first report is kept. */
+static void on_adapters(ditd_srv *s, int r, const Ditd__Adapters *am)
+{
+    for (size_t i = 0; i < am->n_loras; i++) {
+        const Ditd__LoraInfo *li = am->loras[i];
+        int k = ditd_lora_specs_find(&s->cfg.loras, li->name ? li->name : "");
+        if (k < 0) {
+            ditd_log(DITD_LOG_WARN, "replica %d reported a LoRA adapter '%.64s' it was not given",
+                     r, li->name ? li->name : "");
+            continue;
+        }
+        ditd_srv_lora *l = &s->loras[k];
+        if (l->known)
+            continue;
+        size_t nm = li->n_modules < li->n_ranks ? li->n_modules : li->n_ranks;
+        char **mods = calloc(nm + 1, sizeof *mods);
+        uint32_t *ranks = calloc(nm + 1, sizeof *ranks);
+        int ok = mods && ranks;
+        for (size_t m = 0; ok && m < nm; m++) {
+            ok = (mods[m] = strdup(li->modules[m] ? li->modules[m] : "")) != NULL;
+            ranks[m] = li->ranks[m];
+        }
+        if (!ok) {
+            for (size_t m = 0; mods && m < nm; m++)
+                free(mods[m]);
+            free(mods);
+            free(ranks);
+            ditd_log(DITD_LOG_WARN, "out of memory keeping LoRA adapter %s's modules", li->name);
+            continue;
+        }
+        *l = (ditd_srv_lora){.known = 1, .format = li->format, .max_rank = li->max_rank,
+                             .n_modules = (int)nm, .modules = mods, .ranks = ranks,
+                             .bytes = li->bytes};
+        ditd_log(DITD_LOG_INFO, "replica %d loaded LoRA adapter %s (%s, rank %u, %d modules)", r,
+                 li->name, ditd_lora_format_name((ditd_lora_format)li->format), li->max_rank,
+                 (int)nm);
+    }
+}
+
 void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
 {
     Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, buf);
@@ -474,6 +522,9 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
             ditd_log(DITD_LOG_INFO, "replica %d ready (max batch %u, %u rank%s)", r, env->heartbeat->max_batch,
                       env->heartbeat->ranks, env->heartbeat->ranks == 1 ? "" : "s");
         }
+        break;
+    case DITD__ENVELOPE__MSG_ADAPTERS:
+        on_adapters(s, r, env->adapters);
         break;
     case DITD__ENVELOPE__MSG_PROGRESS: {
         Ditd__Progress *p = env->progress;
@@ -522,8 +573,12 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
             ditd_job *j = b->job[im->slot];
             int dropped = im->canceled || im->pixels.len != j->numel;
             int was = ditd_job_terminal(j);
-            if (!dropped && !was)
+            if (!dropped && !was) {
                 s->m.images_total++;
+                for (int k = 0; k < j->rq.n_loras; k++)
+                    if (j->rq.lora_idx[k] < DITD_METRICS_MAX_LORAS)
+                        s->m.lora_rows[j->rq.lora_idx[k]]++;
+            }
             ditd_job_sample_back(j, b->idx[im->slot], dropped ? NULL : im->pixels.data,
                                  (int)res->channels);
             if (dropped && !was)

@@ -50,6 +50,19 @@ typedef struct ditd_fbatch {
     int idx[DITD_WORKER_MAX_BATCH];        /* the image of the job */
 } ditd_fbatch;
 
+/* A LoRA adapter of the server (--lora, --lora-dir), by its index in
+ * cfg.loras; what a replica's Adapters message said of it (all replicas
+ * load the same files). */
+typedef struct ditd_srv_lora {
+    int known;          /* a replica reported it */
+    uint32_t format;    /* ditd_lora_format */
+    uint32_t max_rank;
+    int n_modules;
+    char **modules;     /* owned: the model's modules it targets */
+    uint32_t *ranks;    /* owned: each module's rank */
+    uint64_t bytes;
+} ditd_srv_lora;
+
 typedef struct ditd_replica {
     int ready;          /* said ready at least once */
     int failed;         /* reported an error of its own, or gone */
@@ -70,6 +83,11 @@ struct ditd_srv {
      * values other than the folder's name) and sched_default */
     ditd_genreq_model gm;
     const char *aliases[DITD_SERVE_MAX_NAMES];
+    /* LoRA adapters: names for requests (gm.lora_names), the files for the
+     * replicas, what the replicas reported */
+    const char *lora_names[DITD_LORA_SPEC_MAX];
+    ditd_worker_lora wloras[DITD_LORA_SPEC_MAX];
+    ditd_srv_lora loras[DITD_LORA_SPEC_MAX];
     uv_loop_t *loop;
     ditd_http http;
     uv_async_t wake;

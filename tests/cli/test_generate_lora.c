@@ -1,4 +1,4 @@
-/* ditd generate --lora NAME=PATH / --lora-scale NAME=S (docs/lora.md), as a
+/* ditd generate --lora NAME=PATH / --lora-scale NAME=S / --lora-dir DIR (docs/lora.md), as a
  * user runs it: the tiny DiT fixture with the adapters of
  * tests/fixtures/lora, final latents (--save-latents) against Diffusers'
  * float64 runs (tools/make_lora_fixtures.py) within 1e-4; two adapters at
@@ -84,6 +84,22 @@ int main(int argc, char **argv)
     TU_CHECK(rc == 0, "two adapters: rc %d: %s", rc, errbuf);
     ran += rc == 0 && compare("--lora d4 --lora d8 --lora-scale d8=0.5", "dit_two_out.npy");
 
+    /* --lora-dir: its files named by their stems (d8 here), with a --lora */
+    char ldir[400], cp[2900];
+    snprintf(ldir, sizeof ldir, "%s/adapters", tmpdir);
+    snprintf(cp, sizeof cp, "mkdir -p '%s' && cp '%s/dit_r8_some_downup.safetensors' '%s/d8.safetensors' "
+             "&& echo x > '%s/notes.txt'", ldir, fix, ldir, ldir);
+    TU_CHECK(system(cp) == 0, "%s", cp);
+    rc = GEN("--lora", d4, "--lora-dir", ldir, "--lora-scale", "d8=0.5");
+    TU_CHECK(rc == 0, "--lora-dir: rc %d: %s", rc, errbuf);
+    ran += rc == 0 && compare("--lora d4 --lora-dir (d8) --lora-scale d8=0.5", "dit_two_out.npy");
+    rc = GEN("--lora", d8, "--lora-dir", ldir);
+    TU_CHECK(rc == 2 && tu_has(errbuf, "d8 given twice"), "--lora-dir: a name given twice: rc %d: %s",
+             rc, errbuf);
+    rc = GEN("--lora-dir", "/nonexistent-lora-dir");
+    TU_CHECK(rc == 2 && tu_has(errbuf, "--lora-dir /nonexistent-lora-dir"),
+             "a missing --lora-dir: rc %d: %s", rc, errbuf);
+
     /* refusals */
     rc = GEN("--lora", f4);
     TU_CHECK(rc != 0 && tu_has(errbuf, "--lora f4") && tu_has(errbuf, "no linear module"),
@@ -102,7 +118,7 @@ int main(int argc, char **argv)
     TU_CHECK(rc == 2 && tu_has(errbuf, "--lora-scale"), "a scale that is no number: rc %d: %s",
              rc, errbuf);
 
-    TU_CHECK(ran == 5, "%d of 5 runs compared", ran);
+    TU_CHECK(ran == 6, "%d of 6 runs compared", ran);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0)

@@ -28,6 +28,7 @@ static int failures, checks;
 static char *labels[] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"};
 static ditd_model_info cls, txt, sd3;
 static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "flux"};
+static const char *const lora_names[] = {"style", "char.v2"};
 static ditd_genreq_model gm_cls, gm_txt, gm_sd3;
 
 static void models(void)
@@ -44,7 +45,7 @@ static void models(void)
     cls.default_steps = 25;
     cls.default_guidance = 4.0f;
     cls.pipeline = &ditd_pipeline_dit;
-    gm_cls = (ditd_genreq_model){&cls, NULL, 0, DITD_SAMPLER_DDIM, NULL};
+    gm_cls = (ditd_genreq_model){&cls, NULL, 0, DITD_SAMPLER_DDIM, NULL, lora_names, 2, 2};
 
     strcpy(txt.name, "dev");
     txt.shapes.cond.kind = DITD_COND_TEXT;
@@ -63,7 +64,7 @@ static void models(void)
     txt.default_steps = 28;
     txt.default_guidance = 3.5f;
     txt.pipeline = &ditd_pipeline_flux;
-    gm_txt = (ditd_genreq_model){&txt, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL};
+    gm_txt = (ditd_genreq_model){&txt, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4};
 
     sd3 = txt; /* StableDiffusion3Pipeline's row: three prompts, skip-layer guidance */
     strcpy(sd3.name, "sd3");
@@ -71,7 +72,7 @@ static void models(void)
     sd3.default_max_sequence_length = 256;
     sd3.default_steps = 28;
     sd3.default_guidance = 7.0f;
-    gm_sd3 = (ditd_genreq_model){&sd3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL};
+    gm_sd3 = (ditd_genreq_model){&sd3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4};
 }
 
 /* body refused by the model: status, param ("" for none) and a word of the message */
@@ -91,6 +92,17 @@ static const refusal refusals[] = {
     {0, "{\"prompt\":\"dress\",\"size\":\"32x32\"}", 400, "size", "\"28x28\""},
     {0, "{\"prompt\":\"fox\"}", 400, "prompt", "names no class"},
     {0, "{\"model\":\"flux\",\"prompt\":\"dress\"}", 404, "model", "does not exist"},
+    /* LoRA adapters (the class model's server has "style" and "char.v2", 2 a request) */
+    {0, "{\"prompt\":\"dress\",\"loras\":{}}", 400, "loras", "must be an array"},
+    {0, "{\"prompt\":\"dress\",\"loras\":[\"style\"]}", 400, "loras[0]", "must be an object"},
+    {0, "{\"prompt\":\"dress\",\"loras\":[{\"name\":\"nope\"}]}", 400, "loras[0].name", "unknown LoRA adapter 'nope'; this server has 'style', 'char.v2'"},
+    {0, "{\"prompt\":\"dress\",\"loras\":[{\"scale\":1}]}", 400, "loras[0].name", "must be a string"},
+    {0, "{\"prompt\":\"dress\",\"loras\":[{\"name\":\"style\",\"scale\":10.5}]}", 400, "loras[0].scale", "-10..10"},
+    {0, "{\"prompt\":\"dress\",\"loras\":[{\"name\":\"style\",\"scale\":\"1\"}]}", 400, "loras[0].scale", "-10..10"},
+    {0, "{\"prompt\":\"dress\",\"loras\":[{\"name\":\"style\",\"weight\":1}]}", 400, "loras[0].weight", "unknown field"},
+    {0, "{\"prompt\":\"dress\",\"loras\":[{\"name\":\"style\"},{\"name\":\"style\"}]}", 400, "loras[1].name", "named twice"},
+    {0, "{\"prompt\":\"dress\",\"loras\":[{\"name\":\"style\"},{\"name\":\"char.v2\"},{\"name\":\"x\"}]}", 400, "loras", "at most 2 per request"},
+    {1, "{\"prompt\":\"a\",\"loras\":[{\"name\":\"style\"}]}", 400, "loras[0].name", "this server has none"},
     /* a text model */
     {1, "{\"prompt\":\"a fox\",\"class_label\":3}", 400, "class_label", "text-conditioned"},
     {1, "{\"n\":1}", 400, "prompt", "required"},
@@ -137,7 +149,7 @@ static void test_refusals(void)
         free(js);
         n++;
     }
-    CHECK(n >= 30, "%d refusals checked", n);
+    CHECK(n >= 40, "%d refusals checked", n);
 }
 
 /* The byte limit of prompt and negative_prompt, at its edge. */
@@ -171,6 +183,31 @@ static void test_prompt_limit(void)
         }
     }
     free(body);
+}
+
+static void test_loras(void)
+{
+    ditd_genreq rq;
+    ditd_api_error e;
+    const char *b = "{\"prompt\":\"dress\",\"loras\":[{\"name\":\"char.v2\",\"scale\":-0.5},"
+                    "{\"name\":\"style\"}]}";
+    int err = ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e);
+    CHECK(!err && rq.n_loras == 2 && rq.lora_idx[0] == 1 && rq.lora_scale[0] == -0.5f &&
+              rq.lora_idx[1] == 0 && rq.lora_scale[1] == 1.0f,
+          "two adapters in order, scale 1 by default (err %d: %s; n %d)", err, e.message,
+          rq.n_loras);
+    if (!err)
+        ditd_genreq_free(&rq);
+    b = "{\"prompt\":\"dress\",\"loras\":null}";
+    err = ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e);
+    CHECK(!err && rq.n_loras == 0, "loras null: none");
+    if (!err)
+        ditd_genreq_free(&rq);
+    b = "{\"prompt\":\"dress\",\"loras\":[{\"name\":\"style\",\"scale\":-10}]}";
+    err = ditd_genreq_parse(b, strlen(b), &gm_cls, &rq, &e);
+    CHECK(!err && rq.n_loras == 1 && rq.lora_scale[0] == -10.0f, "scale -10 (the edge) accepted");
+    if (!err)
+        ditd_genreq_free(&rq);
 }
 
 static void test_accepted(void)
@@ -376,6 +413,7 @@ int main(void)
     test_refusals();
     test_prompt_limit();
     test_accepted();
+    test_loras();
     ditd_err_clear();
     printf("%d checks, %d failed\n", checks, failures);
     if (checks < 60) {
