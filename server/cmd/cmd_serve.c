@@ -347,12 +347,12 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         goto fail_log;
     }
     {
-        ditd_sched_config sc;
-        if ((err = ditd_sched_config_load(s->info.scheduler_config, &sc))) {
+        ditd_sched_config *sc = &s->sched;
+        if ((err = ditd_sched_config_load(s->info.scheduler_config, sc))) {
             fprintf(stderr, "ditd serve: %s\n", ditd_err_detail());
             goto fail_info;
         }
-        s->sched_default = sc.kind;
+        s->sched_default = sc->kind;
         if (s->info.default_sampler[0])
             ditd_sampler_kind_from_str(s->info.default_sampler, &s->sched_default);
     }
@@ -363,6 +363,7 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     /* the names a request may give: the folder's, then the aliases */
     s->gm.info = &s->info;
     s->gm.sched_default = s->sched_default;
+    s->gm.sched = &s->sched;
     s->gm.cache_default = s->cfg.cache.method != DITD_CACHE_NONE ? &s->cfg.cache : NULL;
     s->gm.aliases = s->aliases;
     for (int i = 0; i < s->cfg.n_served_names; i++)

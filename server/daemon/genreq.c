@@ -833,6 +833,23 @@ static int parse(const char *body, size_t len, const ditd_genreq_model *gm, int 
         goto done;
     if ((err = get_loras(root, gm, r, e)))
         goto done;
+    if (gm->sched) { /* the sampler's schedule for these steps, built as a replica builds it */
+        ditd_sched_config sc;
+        ditd_sampler *smp = NULL;
+        err = ditd_sched_config_convert(gm->sched, r->sampler, &sc);
+        if (!err) {
+            sc.image_seq_len = m->shapes.tokens;
+            sc.pipeline_sigmas = m->pipeline->pipeline_sigmas;
+            err = ditd_sampler_new(&sc, r->steps, 1, 1, &smp);
+        }
+        ditd_sampler_free(smp);
+        if (err) {
+            bad(e, "num_inference_steps", "num_inference_steps %d with %s: %s", r->steps,
+                ditd_sampler_kind_name(r->sampler), ditd_err_detail());
+            err = DITD_EINVAL;
+            goto done;
+        }
+    }
     err = 0;
 done:
     if (err)

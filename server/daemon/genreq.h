@@ -93,6 +93,11 @@ typedef struct ditd_genreq_model {
     const char *const *lora_names;
     int n_loras;
     int max_loras;
+    /* the folder's scheduler_config (borrowed; NULL: steps are not checked
+     * against it): a step count the sampler cannot take (UniPC's flow
+     * sigmas repeating a timestep at 400 steps, say) is refused with 400
+     * naming num_inference_steps, not failed on a replica */
+    const ditd_sched_config *sched;
 } ditd_genreq_model;
 
 /* 1 when `name` reaches the model: its folder name or one of its aliases. */

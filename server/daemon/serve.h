@@ -79,6 +79,7 @@ struct ditd_srv {
     ditd_auth auth;
     ditd_model_info info;
     ditd_sampler_kind sched_default;
+    ditd_sched_config sched;    /* the folder's scheduler_config (gm.sched) */
     /* what requests are checked against: info, the aliases (--served-model-name
      * values other than the folder's name) and sched_default */
     ditd_genreq_model gm;

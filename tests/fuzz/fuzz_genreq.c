@@ -137,10 +137,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     /* LoRA adapters on the class and text models ("loras" is parsed too) */
     static const char *const loras[] = {"style", "d4"};
-    const ditd_genreq_model models[] = {{&m, NULL, 0, DITD_SAMPLER_DDIM, NULL, loras, 2, 4},
-                                        {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL, loras, 2, 1},
-                                        {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4},
-                                        {&wv, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4}};
+    const ditd_genreq_model models[] = {{&m, NULL, 0, DITD_SAMPLER_DDIM, NULL, loras, 2, 4, NULL},
+                                        {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL, loras, 2, 1, NULL},
+                                        {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4, NULL},
+                                        {&wv, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL}};
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         /* a clip: only the video model takes it; frames rounded and in range */
         if (ditd_genreq_parse_video((const char *)data, size, &models[k], &rq, &e) == 0) {

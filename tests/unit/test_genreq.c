@@ -45,7 +45,7 @@ static void models(void)
     cls.default_steps = 25;
     cls.default_guidance = 4.0f;
     cls.pipeline = &ditd_pipeline_dit;
-    gm_cls = (ditd_genreq_model){&cls, NULL, 0, DITD_SAMPLER_DDIM, NULL, lora_names, 2, 2};
+    gm_cls = (ditd_genreq_model){&cls, NULL, 0, DITD_SAMPLER_DDIM, NULL, lora_names, 2, 2, NULL};
 
     strcpy(txt.name, "dev");
     txt.shapes.cond.kind = DITD_COND_TEXT;
@@ -64,7 +64,7 @@ static void models(void)
     txt.default_steps = 28;
     txt.default_guidance = 3.5f;
     txt.pipeline = &ditd_pipeline_flux;
-    gm_txt = (ditd_genreq_model){&txt, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4};
+    gm_txt = (ditd_genreq_model){&txt, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4, NULL};
 
     sd3 = txt; /* StableDiffusion3Pipeline's row: three prompts, skip-layer guidance */
     strcpy(sd3.name, "sd3");
@@ -72,7 +72,7 @@ static void models(void)
     sd3.default_max_sequence_length = 256;
     sd3.default_steps = 28;
     sd3.default_guidance = 7.0f;
-    gm_sd3 = (ditd_genreq_model){&sd3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4};
+    gm_sd3 = (ditd_genreq_model){&sd3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4, NULL};
 }
 
 /* body refused by the model: status, param ("" for none) and a word of the message */
