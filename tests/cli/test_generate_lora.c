@@ -53,8 +53,7 @@ int main(int argc, char **argv)
         return 2;
     }
     ditd_bin = argv[1];
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ditd-test-lora-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (tu_mkdtemp(tmpdir, sizeof tmpdir, "lora"))
         return 2;
     snprintf(model, sizeof model, "%s/models/tiny-p2-c1-h6", tu_fixtures());
     snprintf(fix, sizeof fix, "%s/lora", tu_fixtures());

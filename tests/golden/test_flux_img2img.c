@@ -70,8 +70,7 @@ static const char *jstr(json_t *c, const char *k) { return json_string_value(jso
 static int make_img2img_folder(char *out, size_t cap)
 {
     char src[4096], dst[4096];
-    snprintf(out, cap, "%s", "/tmp/ditd_flux_img2img_XXXXXX");
-    if (!mkdtemp(out))
+    if (tu_mkdtemp(out, cap, "flux-img2img"))
         return -1;
     const char *comps[] = {"scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2",
                            "transformer", "vae"};
