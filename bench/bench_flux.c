@@ -32,27 +32,10 @@
 #include "engine/parallel/comm.h"
 #include "engine/parallel/mesh.h"
 
+#include "bench/bench_util.h"
+
 enum { MODE_FULL, MODE_DOUBLE, MODE_SINGLE, MODE_NONE, MODE_COUNT };
 static const char *const mode_name[MODE_COUNT] = {"forward", "double only", "single only", "none"};
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* FLOPs of one block over S = N + L tokens, batch B (2 per multiply-add;
  * GEMMs and the attention's two products only: norms, RoPE, GELU, softmax
@@ -97,27 +80,6 @@ static void analytic_block(const ditd_flux_config *c, const ditd_layout *l, int 
     out[DITD_AXIS_RING][l->rotate == DITD_RING_P2P ? DITD_COLL_SENDRECV : DITD_COLL_ALLGATHERV] =
         2 * B * (S / R) * (Hl / U) * Dh * (R - 1) * es;
     out[DITD_AXIS_TP][DITD_COLL_ALLREDUCE] = (single ? 1 : 2) * B * n * D * es * 2 * (T - 1) / T;
-}
-
-typedef struct stats {
-    uint64_t calls[DITD_AXIS_COUNT][DITD_COLL_COUNT];
-    uint64_t bytes[DITD_AXIS_COUNT][DITD_COLL_COUNT];
-    double ms;
-} stats;
-
-static void stats_take(const ditd_mesh *mesh, stats *s)
-{
-    memset(s, 0, sizeof *s);
-    if (!mesh)
-        return;
-    for (int a = 0; a < DITD_AXIS_COUNT; a++) {
-        const ditd_comm_stat *st = ditd_comm_stats(ditd_mesh_comm(mesh, (ditd_mesh_axis)a));
-        for (int k = 0; k < DITD_COLL_COUNT; k++) {
-            s->calls[a][k] = st[k].calls;
-            s->bytes[a][k] = st[k].bytes;
-            s->ms += st[k].ms;
-        }
-    }
 }
 
 int main(int argc, char **argv)

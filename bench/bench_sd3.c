@@ -41,36 +41,11 @@
 #include "engine/parallel/comm.h"
 #include "engine/parallel/mesh.h"
 
+#include "bench/bench_util.h"
+
 enum { MODE_FULL, MODE_FIRST, MODE_LAST, MODE_NONE, MODE_COUNT };
 static const char *const mode_name[MODE_COUNT] = {"forward", "first block only", "last block only",
                                                   "no block"};
-
-/* --cpu-time: the process's CPU time (every thread's) over its threads,
- * i.e. wall time as if the process had its cores to itself; on a machine
- * shared by more runnable threads than cores it is far less noisy than
- * wall time (an OpenMP thread spinning at a barrier still counts, and a
- * co-runner's cache and memory traffic still slows an op down). One rank
- * only: a rank waiting in a collective would count too. */
-static int g_cpu_time, g_threads = 1;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(g_cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
-    return ((double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6) / (g_cpu_time ? g_threads : 1);
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* FLOPs of one block, N image + L text tokens, S = N + L, batch B (2 per
  * multiply-add; GEMMs and the attention's two products only):
@@ -116,27 +91,6 @@ static void analytic_block(const ditd_sd3_config *c, const ditd_layout *l, int l
     out[DITD_AXIS_RING][l->rotate == DITD_RING_P2P ? DITD_COLL_SENDRECV : DITD_COLL_ALLGATHERV] =
         2 * B * (S / R) * (Hl / U) * Dh * (R - 1) * e;
     out[DITD_AXIS_TP][DITD_COLL_ALLREDUCE] = 2 * B * (last ? nl : n) * D * e * 2 * (T - 1) / T;
-}
-
-typedef struct stats {
-    uint64_t calls[DITD_AXIS_COUNT][DITD_COLL_COUNT];
-    uint64_t bytes[DITD_AXIS_COUNT][DITD_COLL_COUNT];
-    double ms;
-} stats;
-
-static void stats_take(const ditd_mesh *mesh, stats *s)
-{
-    memset(s, 0, sizeof *s);
-    if (!mesh)
-        return;
-    for (int a = 0; a < DITD_AXIS_COUNT; a++) {
-        const ditd_comm_stat *st = ditd_comm_stats(ditd_mesh_comm(mesh, (ditd_mesh_axis)a));
-        for (int k = 0; k < DITD_COLL_COUNT; k++) {
-            s->calls[a][k] = st[k].calls;
-            s->bytes[a][k] = st[k].bytes;
-            s->ms += st[k].ms;
-        }
-    }
 }
 
 int main(int argc, char **argv)
