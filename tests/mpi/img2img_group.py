@@ -13,13 +13,14 @@ usage: img2img_group.py DITD MPIRUN FLUX_DEV_DIR FIXTURES_DIR
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from group_check import fail, failures, read_npy, rel  # noqa: E402
+
 ditd, mpirun, model, fix = sys.argv[1:5]
-failures = []
 LAYOUTS = [
     (2, ["--ulysses-degree", "2"]),
     (2, ["--ring-degree", "2", "--ring-rotate", "p2p"]),
@@ -28,28 +29,6 @@ LAYOUTS = [
     (4, ["--cfg-degree", "2", "--ulysses-degree", "2"]),
 ]
 CASES = ("dev_32x48_s03", "dev_32x48_s075_true_cfg")
-
-
-def fail(msg):
-    print("FAIL " + msg)
-    failures.append(msg)
-
-
-def read_npy(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    hl = struct.unpack("<H", data[8:10])[0]
-    header = data[10:10 + hl].decode("latin1")
-    shape = tuple(int(x) for x in header.split("'shape': (")[1].split(")")[0].split(",") if x.strip())
-    n = 1
-    for s in shape:
-        n *= s
-    return shape, struct.unpack("<%df" % n, data[10 + hl:10 + hl + 4 * n])
-
-
-def rel(a, b):
-    scale = max(abs(v) for v in b)
-    return max(abs(x - y) for x, y in zip(a, b)) / scale
 
 
 tmp = tempfile.mkdtemp(prefix="img2img_group.")
