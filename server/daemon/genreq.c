@@ -172,6 +172,9 @@ int ditd_genreq_model_named(const ditd_genreq_model *gm, const char *name)
 
 void ditd_genreq_free(ditd_genreq *r)
 {
+    free(r->image);
+    free(r->mask);
+    r->image = r->mask = NULL;
     free(r->prompt);
     free(r->negative_prompt);
     r->prompt = r->negative_prompt = NULL;
