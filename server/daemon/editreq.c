@@ -234,6 +234,16 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
                   "run from the noised image (1: all of it, the image only sets the start)");
         goto done;
     }
+    /* an edit starts mid-schedule from the noised image: flow-euler only
+     * (a known sampler's other names are refused here, before the
+     * generation parser builds their schedule) */
+    const char *smp = json_string_value(json_object_get(root, "sampler"));
+    ditd_sampler_kind sk;
+    if (smp && !ditd_sampler_kind_from_str(smp, &sk) && sk != DITD_SAMPLER_FLOW_EULER) {
+        err = bad(e, "sampler", "sampler '%s': an edit starts from the noised image, which is "
+                  "done for flow-euler only", smp);
+        goto done;
+    }
     if (!(txt = json_dumps(root, JSON_COMPACT))) {
         err = oom(e);
         goto done;
