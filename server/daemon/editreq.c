@@ -234,6 +234,9 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
                   "run from the noised image (1: all of it, the image only sets the start)");
         goto done;
     }
+    double strength = sv && !json_is_null(sv) ? json_number_value(sv) : 0.0;
+    json_object_del(root, "strength"); /* an edit's own: the generation parser refuses it */
+    sv = NULL;
     /* an edit starts mid-schedule from the noised image: flow-euler only
      * (a known sampler's other names are refused here, before the
      * generation parser builds their schedule) */
@@ -321,7 +324,7 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         r->steps = row->default_steps;
     if (!guidance_given && row != pc)
         r->guidance = row->default_guidance;
-    r->strength = sv && !json_is_null(sv) ? json_number_value(sv) : row->default_strength;
+    r->strength = strength > 0.0 ? strength : row->default_strength;
     r->edit = 1;
     int t0;
     if (ditd_pipeline_strength_start(r->steps, r->strength, &t0)) {

@@ -188,6 +188,12 @@ def case_edits(ditd):
         st, _, data = d.request("POST", "/v1/images/edits", b"prompt=x", {"Content-Type": "text/plain"})
         check(st == 415, "a wrong content type: 415", (st, data[:200]))
         checked += st == 415
+        st, _, data = d.request("POST", "/v1/images/generations",
+                                json.dumps({"prompt": PROMPT, "strength": 0.5}).encode(),
+                                {"Content-Type": "application/json"})
+        ok, got = refused(st, data, 400, "strength", ["/v1/images/edits"])
+        check(ok, "an edit's field on a generation: 400 naming it and the edits endpoint", got)
+        checked += ok
         # 50 MB of form data: refused at the headers (the route's 48 MiB), nothing read
         import socket
         with socket.create_connection(("127.0.0.1", d.port), timeout=30) as sk:
@@ -198,7 +204,7 @@ def case_edits(ditd):
         checked += head.startswith(b"HTTP/1.1 413")
     finally:
         d.stop()
-    check(checked >= 18, f"checks run to the end: {checked} (at least 18)")
+    check(checked >= 19, f"checks run to the end: {checked} (at least 19)")
     return 0
 
 
