@@ -144,6 +144,8 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_gen_args a;
     progress pr = {0};
     ditd_image in_img = {0}; /* --image, decoded */
+    uint8_t *mask_l = NULL;  /* --mask: its luma (H, W) */
+    float *mask_lat = NULL;  /* and on the latent grid (h, w) */
     float *img_lat = NULL;   /* --image: its latents (C, h, w) */
     float *emb = NULL;       /* text models: (2n, L Dt + Dp) */
     ditd_text_embeds *te = NULL;
@@ -273,6 +275,14 @@ int ditd_cmd_generate(int argc, char **argv)
     /* --image: the folder's edit row (FluxPipeline: FluxImg2ImgPipeline) gives
      * the defaults; the image sets the size */
     const ditd_pipeline_class *erow = a.image_path ? pc->img2img : NULL;
+    if (a.mask_path && erow) { /* a masked edit follows the row's inpaint row */
+        if (!pc->inpaint) {
+            fprintf(stderr, "ditd generate: --mask: %s (%s) takes no mask (inpainting: a "
+                    "pipeline row with inpaint, e.g. FLUX)\n", rep.info.name, pc->name);
+            goto done;
+        }
+        erow = pc->inpaint;
+    }
     if (a.image_path && (!erow || video || !rep.info.needs_vae)) {
         fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
                 "pipeline row with img2img, e.g. FLUX)\n", rep.info.name, pc->name);
@@ -291,6 +301,27 @@ int ditd_cmd_generate(int argc, char **argv)
                     "input is not done yet (give the image at the output size)\n", a.image_path,
                     in_img.width, in_img.height, a.size_w, a.size_h);
             goto done;
+        }
+        if (a.mask_path) { /* Diffusers' mask_image: its luma (PIL's convert("L")) */
+            ditd_image mk = {0};
+            if ((err = ditd__gen_read_image(a.mask_path, 0, &mk))) {
+                fprintf(stderr, "ditd generate: --mask %s: %s\n", a.mask_path, ditd_err_detail());
+                goto done;
+            }
+            if (mk.width != in_img.width || mk.height != in_img.height) {
+                fprintf(stderr, "ditd generate: --mask %s is %dx%d, --image %dx%d: the same size "
+                        "(no resampling yet)\n", a.mask_path, mk.width, mk.height, in_img.width,
+                        in_img.height);
+                ditd_image_free(&mk);
+                goto done;
+            }
+            if ((mask_l = malloc((size_t)mk.width * (size_t)mk.height)))
+                ditd_image_to_luma(&mk, mask_l);
+            ditd_image_free(&mk);
+            if (!mask_l) {
+                fprintf(stderr, "ditd generate: out of memory\n");
+                goto done;
+            }
         }
         if (a.steps <= 0 && erow != pc)
             a.steps = erow->default_steps;
@@ -464,9 +495,17 @@ int ditd_cmd_generate(int argc, char **argv)
             ditd__gen_fail("encoding --image", err);
             goto done;
         }
+        if (mask_l && (!(mask_lat = malloc((size_t)li->h * li->w * sizeof *mask_lat)) ||
+                       ditd_latent_mask_from_gray(mask_l, in_img.height, in_img.width, li->h,
+                                                  li->w, mask_lat))) {
+            fprintf(stderr, "ditd generate: --mask: %s\n",
+                    mask_lat ? ditd_err_detail() : "out of memory");
+            goto done;
+        }
         if (leader && !pr.quiet)
-            fprintf(stderr, "img2img: %s %dx%d, strength %g: %d of %d steps (%s)\n", a.image_path,
-                    in_img.width, in_img.height, a.strength, gp.steps - st, gp.steps, erow->name);
+            fprintf(stderr, "%s: %s %dx%d, strength %g: %d of %d steps (%s)\n",
+                    mask_l ? "inpaint" : "img2img", a.image_path, in_img.width, in_img.height,
+                    a.strength, gp.steps - st, gp.steps, erow->name);
     }
     samples = calloc((size_t)a.n, sizeof *samples);
     out = malloc((size_t)a.n * numel * sizeof *out);
@@ -489,6 +528,7 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].guidance_2 = (float)a.guidance_2;
         samples[i].loras = lora_set.n ? &lora_set : NULL;
         samples[i].image_latents = img_lat;
+        samples[i].mask_latents = mask_lat;
     }
     if ((err = ditd_pipeline_set_cache(pipe, &a.cache_cfg))) { /* every rank alike */
         ditd__gen_fail("--cache", err);
@@ -588,6 +628,8 @@ done:
         ditd_lora_dev_free((ditd_lora_dev *)lora_set.ad[i]);
     ditd_image_free(&in_img);
     free(img_lat);
+    free(mask_l);
+    free(mask_lat);
     free(emb);
     free(te);
     ditd_replica_close(&rep);
