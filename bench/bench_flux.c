@@ -164,7 +164,7 @@ int main(int argc, char **argv)
     }
 
     int nd = cfg.num_layers, ns = cfg.num_single_layers, nmodes = blocks ? MODE_COUNT : 1;
-    stats st[MODE_COUNT];
+    bench_stats st[MODE_COUNT];
     double comm_ms[MODE_COUNT] = {0};
     for (int r = -1; r < reps; r++)
         for (int md = 0; md < nmodes; md++) {
@@ -174,7 +174,7 @@ int main(int argc, char **argv)
                 ditd_mesh_stats_reset(mesh);
                 ditd_comm_barrier(mesh->group);
             }
-            double t0 = now_ms();
+            double t0 = bench_now_ms();
             int err = ditd_flux_forward(m, B, x, t, text, pooled, cfg.guidance_embeds ? g : NULL, out);
             if (!err)
                 err = ops->status();
@@ -182,7 +182,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_flux: %s\n", ditd_err_detail());
                 goto done;
             }
-            double dt = now_ms() - t0;
+            double dt = bench_now_ms() - t0;
             if (r < 0)
                 continue;
             ms[md * reps + r] = dt;

@@ -204,7 +204,7 @@ int main(int argc, char **argv)
         t[b] = 500.0f;
 
     int nmodes = blocks ? MODE_COUNT : 1;
-    stats st[MODE_COUNT];
+    bench_stats st[MODE_COUNT];
     double comm_ms[MODE_COUNT] = {0};
     size_t es = ditd_dtype_size(ops->act_dtype);
     for (int r = -1; r < reps; r++)
@@ -218,7 +218,7 @@ int main(int argc, char **argv)
                 ditd_mesh_stats_reset(mesh);
                 ditd_comm_barrier(mesh->group);
             }
-            double t0 = now_ms();
+            double t0 = bench_now_ms();
             int err = ditd_sd3_forward(m, Bl, (char *)xin + (size_t)r0 * nx * es, t + r0,
                                        text + (size_t)r0 * ntext,
                                        pooled + (size_t)r0 * cfg.pooled_dim, skip, ns,
@@ -236,7 +236,7 @@ int main(int argc, char **argv)
                 free(xin);
                 goto done;
             }
-            double dt = now_ms() - t0;
+            double dt = bench_now_ms() - t0;
             if (r < 0)
                 continue;
             ms[md * reps + r] = dt;

@@ -18,7 +18,7 @@
 
 static int g_cpu_time, g_threads = 1; /* --cpu-time; the threads it divides by */
 
-static inline double now_ms(void)
+static inline double bench_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(g_cpu_time ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
@@ -38,15 +38,15 @@ static inline double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-typedef struct stats {
+typedef struct bench_stats {
     uint64_t calls[DITD_AXIS_COUNT][DITD_COLL_COUNT];
     uint64_t bytes[DITD_AXIS_COUNT][DITD_COLL_COUNT];
     double ms;
-} stats;
+} bench_stats;
 
 /* The mesh's counters since the last ditd_mesh_stats_reset (zeros
  * without a mesh). */
-static inline void stats_take(const ditd_mesh *mesh, stats *s)
+static inline void stats_take(const ditd_mesh *mesh, bench_stats *s)
 {
     memset(s, 0, sizeof *s);
     if (!mesh)

@@ -164,7 +164,7 @@ int main(int argc, char **argv)
         t[b] = 500.0f;
 
     const int nl = cfg.num_layers, nmodes = blocks ? 2 : 1; /* 0: the forward, 1: no block */
-    stats st[2];
+    bench_stats st[2];
     double comm_ms[2] = {0};
     for (int r = -1; r < reps; r++)
         for (int md = 0; md < nmodes; md++) {
@@ -173,7 +173,7 @@ int main(int argc, char **argv)
                 ditd_mesh_stats_reset(mesh);
                 ditd_comm_barrier(mesh->group);
             }
-            double t0 = now_ms();
+            double t0 = bench_now_ms();
             int err = ditd_wan_forward(m, B, xin, t, NULL, text, NULL, out);
             if (!err)
                 err = ops->status();
@@ -182,7 +182,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_wan: %s\n", ditd_err_detail());
                 goto done;
             }
-            double dt = now_ms() - t0;
+            double dt = bench_now_ms() - t0;
             if (r < 0)
                 continue;
             ms[md * reps + r] = dt;

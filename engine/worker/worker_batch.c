@@ -1,7 +1,7 @@
 /* A batch on every rank of the replica: the leader's check, the sizes and
  * buffers, the step callback (progress, previews, cancels), the run and
- * its Result (worker_internal.h). */
-#include "engine/worker/worker_internal.h"
+ * its Result (worker_state.h). */
+#include "engine/worker/worker_state.h"
 
 #include <math.h>
 #include <stdio.h>

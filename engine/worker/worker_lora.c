@@ -1,6 +1,6 @@
 /* LoRA adapters on a replica: loaded on every rank at start, announced by
- * the leader, and each sample's set (worker_internal.h). */
-#include "engine/worker/worker_internal.h"
+ * the leader, and each sample's set (worker_state.h). */
+#include "engine/worker/worker_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>

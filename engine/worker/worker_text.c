@@ -1,6 +1,6 @@
 /* A text model's prompts: encoded once per batch on the text-encoder
- * rank, the embeddings broadcast to the group (worker_internal.h). */
-#include "engine/worker/worker_internal.h"
+ * rank, the embeddings broadcast to the group (worker_state.h). */
+#include "engine/worker/worker_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>

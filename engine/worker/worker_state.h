@@ -1,10 +1,12 @@
 /* The worker's internals, shared by its files (not a public header:
  * engine/worker/worker.h is):
- *   worker.c       the messages, the leader's and followers' loops, start-up;
+ *   worker_msg.c   its messages to the front-end, and those that come mid-batch;
+ *   worker_text.c  a text model's prompts, encoded once on the text rank;
+ *   worker_lora.c  LoRA adapters: loaded at start, per-sample sets;
  *   worker_batch.c a batch: its check, sizes, buffers, the step callback
  *                  (progress, previews, cancels), the run and its Result;
- *   worker_text.c  a text model's prompts, encoded once on the text rank;
- *   worker_lora.c  LoRA adapters: loaded at start, per-sample sets. */
+ *   worker.c       the group's word, the leader's and followers' loops, start-up.
+ * Each uses only those before it in this list (no circle). */
 #ifndef DITD_ENGINE_WORKER_INTERNAL_H
 #define DITD_ENGINE_WORKER_INTERNAL_H
 
@@ -93,7 +95,7 @@ static inline double ditd__worker_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* worker.c: messages to the front-end (the leader's; a follower says
+/* worker_msg.c: messages to the front-end (the leader's; a follower says
  * nothing), and one that came while a batch runs (takes buf) */
 int ditd__worker_send_env(ditd__worker *w, Ditd__Envelope *env);
 void ditd__worker_heartbeat(ditd__worker *w, bool ready);
