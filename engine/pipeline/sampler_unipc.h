@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "engine/pipeline/sampler.h"
+#include "engine/pipeline/sched_config.h"
 
 typedef struct ditd__unipc ditd__unipc;
 

@@ -7,7 +7,7 @@
  *
  * What it is not: the schedules and the steps (engine/pipeline/sampler.c).
  */
-#include "engine/pipeline/sampler.h"
+#include "engine/pipeline/sched_config.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,6 +20,7 @@
 
 #include "engine/core/error.h"
 #include "engine/io/json_config.h"
+#include "engine/pipeline/sched_math.h"
 
 #define MAX_TRAIN_TIMESTEPS 100000
 #define MAX_CONFIG_BYTES (1u << 20)
@@ -760,4 +761,64 @@ int ditd_sched_config_convert(const ditd_sched_config *base, ditd_sampler_kind k
     memcpy(out->bad_text, b.bad_text, sizeof out->bad_text);
     normalize(out);
     return ditd_sched_config_check(out);
+}
+
+/* betas -> alphas_cumprod, as the VP schedulers' __init__ (sched_math.h) */
+void ditd__sched_alphas_cumprod(const ditd_sched_config *c, float *betas, float *ac)
+{
+    const int N = c->num_train_timesteps;
+    switch (c->beta_schedule) {
+    case DITD_SCHED_BETA_LINEAR:
+        torch_linspace_f32((float)c->beta_start, (float)c->beta_end, N, betas);
+        break;
+    case DITD_SCHED_BETA_SCALED_LINEAR:
+        /* Diffusers: linspace(beta_start**0.5, beta_end**0.5) ** 2, the
+         * square roots in Python floats. */
+        torch_linspace_f32((float)pow(c->beta_start, 0.5), (float)pow(c->beta_end, 0.5), N, betas);
+        for (int i = 0; i < N; i++)
+            betas[i] = betas[i] * betas[i];
+        break;
+    case DITD_SCHED_BETA_SQUAREDCOS_CAP_V2:
+        /* Diffusers: betas_for_alpha_bar, Python floats, then float32. */
+        for (int i = 0; i < N; i++) {
+            double t1 = (double)i / N, t2 = (double)(i + 1) / N;
+            double a1 = pow(cos((t1 + 0.008) / 1.008 * M_PI / 2), 2);
+            double a2 = pow(cos((t2 + 0.008) / 1.008 * M_PI / 2), 2);
+            double b = 1 - a2 / a1;
+            betas[i] = (float)(b < 0.999 ? b : 0.999);
+        }
+        break;
+    }
+    /* torch.cumprod on CPU accumulates in double and stores float. */
+#define CUMPROD(src_expr)                                                                      \
+    do {                                                                                       \
+        double acc = 1.0;                                                                      \
+        for (int i = 0; i < N; i++) {                                                          \
+            acc *= (double)(float)(src_expr);                                                  \
+            ac[i] = (float)acc;                                                                \
+        }                                                                                      \
+    } while (0)
+
+    if (c->rescale_betas_zero_snr) {
+        /* Diffusers: rescale_zero_terminal_snr, all float32. */
+        CUMPROD(1.0f - betas[i]);
+        float *s = ac;
+        for (int i = 0; i < N; i++)
+            s[i] = sqrtf(ac[i]);
+        const float s0 = s[0], sT = s[N - 1];
+        const float scale = s0 / (s0 - sT);
+        for (int i = 0; i < N; i++) {
+            s[i] = s[i] - sT;
+            s[i] = s[i] * scale;
+        }
+        float prev = s[0] * s[0];
+        betas[0] = 1.0f - prev;
+        for (int i = 1; i < N; i++) {
+            float ab = s[i] * s[i];
+            betas[i] = 1.0f - ab / prev;
+            prev = ab;
+        }
+    }
+    CUMPROD(1.0f - betas[i]);
+#undef CUMPROD
 }

@@ -8,7 +8,7 @@
 
 #include <math.h>
 
-#include "engine/pipeline/sampler.h"
+#include "engine/pipeline/sched_config.h"
 
 /* torch.linspace(start, end, steps, dtype=float32) on CPU (ATen
  * linspace_kernel): float step, the first half counted from start and the
