@@ -11,7 +11,7 @@
 
 #include "engine/core/error.h"
 #include "engine/io/safetensors.h"
-#include "engine/models/wan_vae/wan_vae_internal.h"
+#include "engine/models/wan_vae/wan_vae_state.h"
 
 /* ---- the parameter list: every tensor with its name, shape and slot ---- */
 
@@ -336,8 +336,17 @@ int ditd_wan_vae_load(const char *dir, const ditd_backend_ops *ops, const ditd_w
                                                                   : v->weights.used)))
         goto fail;
     ditd_arena_reset(&v->weights);
+    /* the largest latent one decode takes: the whole one, or a tile at most */
+    v->dec_h = v->opts.max_h;
+    v->dec_w = v->opts.max_w;
+    if (v->opts.tiling) {
+        int th = ditd__wan_vae_tile_latent(v, 0), tw = ditd__wan_vae_tile_latent(v, 1);
+        v->dec_h = v->dec_h < th ? v->dec_h : th;
+        v->dec_w = v->dec_w < tw ? v->dec_w : tw;
+    }
     if ((err = carve_weights(v, &pl)) || (err = fill_weights(v, &pl, st)) ||
-        (err = ditd__wan_vae_plan(v)))
+        (err = ditd__wan_vae_plan(v)) ||
+        (v->has_dec && v->opts.tiling && (err = ditd__wan_vae_plan_tiles(v))))
         goto fail;
     free(pl.p);
     ditd_safetensors_free(st);
@@ -367,20 +376,6 @@ void ditd_wan_vae_free(ditd_wan_vae *v)
 const ditd_wan_vae_config *ditd_wan_vae_config_of(const ditd_wan_vae *v)
 {
     return &v->cfg;
-}
-
-int ditd_wan_vae_latent_side(const ditd_wan_vae_config *c, int side)
-{
-    side /= c->patch_size;
-    for (int i = 0; i < c->n_mult - 1; i++)
-        side = (side + 1 - 3) / 2 + 1; /* ZeroPad2d (0, 1), k 3, stride 2 */
-    return side;
-}
-
-int ditd_wan_vae_encode_frames(const ditd_wan_vae_config *c, int F)
-{
-    /* the first frame, then chunks of 4 frames, 4 / time_factor latent frames each */
-    return F < 1 ? 0 : 1 + (F - 1) / 4 * (4 / ditd_wan_vae_config_time_factor(c));
 }
 
 void ditd_wan_vae_unscale(const ditd_wan_vae_config *c, float *latents, int B, size_t n_per_channel)

@@ -109,12 +109,7 @@ int ditd_wan_vae_decode(ditd_wan_vae *v, const float *z, int B, int T, int h, in
 int ditd_wan_vae_encode(ditd_wan_vae *v, const float *x, int B, int F, int H, int W,
                         uint64_t seed, float *mean, float *sample);
 
-/* Latent frames of an encoded video of F frames: 1 + ((F - 1) / 4)
- * (4 / scale_factor_temporal), the first frame then whole chunks of 4. */
-int ditd_wan_vae_encode_frames(const ditd_wan_vae_config *c, int F);
-
-/* Latent side of a video side (the encoder's floor halvings after patchify). */
-int ditd_wan_vae_latent_side(const ditd_wan_vae_config *c, int side);
+/* ditd_wan_vae_encode_frames, ditd_wan_vae_latent_side: wan_vae_config.h */
 
 /* WanPipeline's rule before decoding, in float32 as it computes it:
  * latents = latents / (1 / std[c]) + mean[c] (the reciprocal a float32

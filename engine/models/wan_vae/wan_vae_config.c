@@ -307,3 +307,17 @@ int ditd_wan_vae_config_summary(const char *path, ditd_vae_config *out)
     memcpy(out->latents_std, w.latents_std, sizeof(double) * (size_t)w.z_dim);
     return 0;
 }
+
+int ditd_wan_vae_latent_side(const ditd_wan_vae_config *c, int side)
+{
+    side /= c->patch_size;
+    for (int i = 0; i < c->n_mult - 1; i++)
+        side = (side + 1 - 3) / 2 + 1; /* ZeroPad2d (0, 1), k 3, stride 2 */
+    return side;
+}
+
+int ditd_wan_vae_encode_frames(const ditd_wan_vae_config *c, int F)
+{
+    /* the first frame, then chunks of 4 frames, 4 / time_factor latent frames each */
+    return F < 1 ? 0 : 1 + (F - 1) / 4 * (4 / ditd_wan_vae_config_time_factor(c));
+}

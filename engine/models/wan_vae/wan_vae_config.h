@@ -51,6 +51,13 @@ int ditd_wan_vae_config_parse(const char *text, size_t len, const char *name,
 
 /* Temporal downsamples (0..2): frames per latent frame after the first. */
 int ditd_wan_vae_config_time_factor(const ditd_wan_vae_config *c);
+
+/* Latent frames of an encoded video of F frames: 1 + ((F - 1) / 4)
+ * (4 / scale_factor_temporal), the first frame then whole chunks of 4. */
+int ditd_wan_vae_encode_frames(const ditd_wan_vae_config *c, int F);
+
+/* Latent side of a video side (the encoder's floor halvings after patchify). */
+int ditd_wan_vae_latent_side(const ditd_wan_vae_config *c, int side);
 /* Pixels per latent pixel along a side: 2^(n_mult - 1) * patch_size. */
 int ditd_wan_vae_config_scale_factor(const ditd_wan_vae_config *c);
 /* Video frames of T latent frames: 1 + time_factor (T - 1). */

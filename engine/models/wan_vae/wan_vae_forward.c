@@ -22,7 +22,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
-#include "engine/models/wan_vae/wan_vae_internal.h"
+#include "engine/models/wan_vae/wan_vae_state.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/text_kernels.h"
 
@@ -151,11 +151,7 @@ int ditd__wan_vae_plan(ditd_wan_vae *v)
         return ditd_err_set(DITD_ENOMEM, "Wan VAE group tables");
     v->planning = 1;
     if (v->has_dec) {
-        int h = v->opts.max_h, w = v->opts.max_w;
-        if (v->opts.tiling) { /* a tile at most */
-            h = h < ditd__wan_vae_tile_latent(v, 0) ? h : ditd__wan_vae_tile_latent(v, 0);
-            w = w < ditd__wan_vae_tile_latent(v, 1) ? w : ditd__wan_vae_tile_latent(v, 1);
-        }
+        const int h = v->dec_h, w = v->dec_w; /* the largest latent one decode takes */
         if (h * w > DITD_CPU_MASKED_ATTN_MAX_N &&
             (v->dec.attn.C > DITD_CPU_ATTN_MAX_DH || v->opts.gemm_attention))
             return ditd_err_set(DITD_EUNSUPPORTED,
@@ -215,7 +211,7 @@ int ditd__wan_vae_plan(ditd_wan_vae *v)
         return err;
     if (!(v->h_frame = malloc(v->h_frame_n * sizeof *v->h_frame)))
         return ditd_err_set(DITD_ENOMEM, "Wan VAE host frame (%zu floats)", v->h_frame_n);
-    return v->has_dec && v->opts.tiling ? ditd__wan_vae_plan_tiles(v) : 0;
+    return 0;
 }
 
 /* ---- decode ---- */
@@ -319,55 +315,6 @@ void ditd__wan_vae_put_frame(const ditd_wan_vae_config *c, const float *src, int
                 val = val < -1.0f ? -1.0f : val > 1.0f ? 1.0f : val;
                 out[(((size_t)ch * F + f) * Ho + (size_t)y0 * p + r) * Wo + (size_t)x0 * p + q] = val;
             }
-}
-
-typedef struct whole_sink {
-    const ditd_wan_vae_config *c;
-    float *out;
-    int F, Ho, Wo;
-} whole_sink;
-
-/* A whole-latent decode's frame: unpatchify, clamp, into (C, F, H, W). */
-static int put_whole(void *ctx, int f, const float *frame, int C, int hh, int ww)
-{
-    const whole_sink *s = ctx;
-    (void)C;
-    ditd__wan_vae_put_frame(s->c, frame, hh, ww, 0, 0, hh, ww, s->out, s->F, f, s->Ho, s->Wo);
-    return 0;
-}
-
-int ditd_wan_vae_decode(ditd_wan_vae *v, const float *z, int B, int T, int h, int w, float *frames)
-{
-    const ditd_wan_vae_config *c = &v->cfg;
-    const int p = c->patch_size, s = ditd_wan_vae_config_scale_factor(c), Cp = c->out_channels / (p * p);
-    const int F = ditd_wan_vae_config_frames(c, T), Ho = h * s, Wo = w * s;
-    const size_t zn = (size_t)c->z_dim * T * h * w, fn = (size_t)Cp * F * Ho * Wo;
-    int err;
-
-    if (!v->has_dec)
-        return ditd_err_set(DITD_EINVAL, "Wan VAE decode: loaded without a decoder (max_h/w)");
-    if (B < 1 || T < 1 || h < 1 || w < 1 || h > v->opts.max_h || w > v->opts.max_w)
-        return ditd_err_set(DITD_EINVAL,
-                            "Wan VAE decode: %d latents of %d frames of %d x %d (planned up to %d x %d)",
-                            B, T, h, w, v->opts.max_h, v->opts.max_w);
-    if (ditd__wan_vae_tiled(v, h, w) && T > v->opts.max_frames)
-        return ditd_err_set(DITD_EINVAL, "Wan VAE tiled decode: %d latent frames (planned up to %d)",
-                            T, v->opts.max_frames);
-    if (v->rank == 0 && !frames)
-        return ditd_err_set(DITD_EINVAL, "Wan VAE decode: no output on the leader");
-    for (int bi = 0; bi < B; bi++) {
-        const float *zb = z + (size_t)bi * zn;
-        float *ob = v->rank == 0 ? frames + (size_t)bi * fn : NULL;
-        if (ditd__wan_vae_tiled(v, h, w)) {
-            err = ditd__wan_vae_decode_tiled(v, zb, T, h, w, ob);
-        } else {
-            whole_sink ws = {c, ob, F, Ho, Wo};
-            err = ditd__wan_vae_decode_clip(v, zb, T, h, w, 0, 0, h, w, put_whole, &ws);
-        }
-        if (err)
-            return err;
-    }
-    return 0;
 }
 
 /* ---- encode ---- */

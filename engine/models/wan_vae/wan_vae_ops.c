@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "engine/models/wan_vae/wan_vae_internal.h"
+#include "engine/models/wan_vae/wan_vae_state.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #define WAN_SCRATCH_CAP ((size_t)8 << 20) /* im2col floats per GEMM chunk, at most */

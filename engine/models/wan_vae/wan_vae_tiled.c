@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "engine/models/wan_vae/wan_vae_internal.h"
+#include "engine/models/wan_vae/wan_vae_state.h"
 
 typedef struct tiling {
     int tl_h, tl_w;       /* latent tile: tile_sample_min // ratio */
@@ -169,6 +169,57 @@ int ditd__wan_vae_decode_tiled(ditd_wan_vae *v, const float *z, int T, int h, in
             ocol += cw;
         }
         orow += ph < t.crop_h ? ph : t.crop_h;
+    }
+    return 0;
+}
+
+/* ---- the decode entry: the whole latent, or tile by tile ---- */
+
+typedef struct whole_sink {
+    const ditd_wan_vae_config *c;
+    float *out;
+    int F, Ho, Wo;
+} whole_sink;
+
+/* A whole-latent decode's frame: unpatchify, clamp, into (C, F, H, W). */
+static int put_whole(void *ctx, int f, const float *frame, int C, int hh, int ww)
+{
+    const whole_sink *s = ctx;
+    (void)C;
+    ditd__wan_vae_put_frame(s->c, frame, hh, ww, 0, 0, hh, ww, s->out, s->F, f, s->Ho, s->Wo);
+    return 0;
+}
+
+int ditd_wan_vae_decode(ditd_wan_vae *v, const float *z, int B, int T, int h, int w, float *frames)
+{
+    const ditd_wan_vae_config *c = &v->cfg;
+    const int p = c->patch_size, s = ditd_wan_vae_config_scale_factor(c), Cp = c->out_channels / (p * p);
+    const int F = ditd_wan_vae_config_frames(c, T), Ho = h * s, Wo = w * s;
+    const size_t zn = (size_t)c->z_dim * T * h * w, fn = (size_t)Cp * F * Ho * Wo;
+    int err;
+
+    if (!v->has_dec)
+        return ditd_err_set(DITD_EINVAL, "Wan VAE decode: loaded without a decoder (max_h/w)");
+    if (B < 1 || T < 1 || h < 1 || w < 1 || h > v->opts.max_h || w > v->opts.max_w)
+        return ditd_err_set(DITD_EINVAL,
+                            "Wan VAE decode: %d latents of %d frames of %d x %d (planned up to %d x %d)",
+                            B, T, h, w, v->opts.max_h, v->opts.max_w);
+    if (ditd__wan_vae_tiled(v, h, w) && T > v->opts.max_frames)
+        return ditd_err_set(DITD_EINVAL, "Wan VAE tiled decode: %d latent frames (planned up to %d)",
+                            T, v->opts.max_frames);
+    if (v->rank == 0 && !frames)
+        return ditd_err_set(DITD_EINVAL, "Wan VAE decode: no output on the leader");
+    for (int bi = 0; bi < B; bi++) {
+        const float *zb = z + (size_t)bi * zn;
+        float *ob = v->rank == 0 ? frames + (size_t)bi * fn : NULL;
+        if (ditd__wan_vae_tiled(v, h, w)) {
+            err = ditd__wan_vae_decode_tiled(v, zb, T, h, w, ob);
+        } else {
+            whole_sink ws = {c, ob, F, Ho, Wo};
+            err = ditd__wan_vae_decode_clip(v, zb, T, h, w, 0, 0, h, w, put_whole, &ws);
+        }
+        if (err)
+            return err;
     }
     return 0;
 }

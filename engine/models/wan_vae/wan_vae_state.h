@@ -3,8 +3,8 @@
  * chunked decode and encode). Not a public header: nothing outside
  * engine/models/wan_vae includes it.
  */
-#ifndef DITD_ENGINE_WAN_VAE_INTERNAL_H
-#define DITD_ENGINE_WAN_VAE_INTERNAL_H
+#ifndef DITD_ENGINE_WAN_VAE_STATE_H
+#define DITD_ENGINE_WAN_VAE_STATE_H
 
 #include "engine/core/tensor.h"
 #include "engine/models/wan_vae/wan_vae.h"
@@ -86,6 +86,7 @@ struct ditd_wan_vae {
     int *ub;                       /* (P + 1) first unit of each rank's band, then U */
     int *counts, *displs;          /* (P) */
     int rows_max;                  /* a band's latent rows, at most */
+    int dec_h, dec_w;              /* the largest latent one decode takes (a tile when tiled) */
     int err;                       /* the first collective's error in a chunk */
 
     /* the plan: a dry run of one chunk at its largest records what it needs */
