@@ -12,18 +12,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/core/clock.h"
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/text/clip_text.h"
 #include "engine/text/t5_encoder.h"
 #include "engine/text/text_config.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -92,26 +86,26 @@ int main(int argc, char **argv)
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         ids[i] = (int64_t)(s % (uint64_t)V);
     }
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     ditd_t5_encoder *t5 = NULL;
     ditd_clip_text *clip = NULL;
     err = is_t5 ? ditd_t5_encoder_new(model, NULL, ops, B, N, &t5)
                 : ditd_clip_text_new(model, NULL, ops, B, N, &clip);
-    double load = now_ms() - t0;
+    double load = ditd_now_ms() - t0;
     if (err) {
         fprintf(stderr, "%s: %s\n", ditd_strerror(err), ditd_err_detail());
         return 1;
     }
     double *ms = calloc((size_t)K, sizeof *ms);
     for (int k = 0; k < K && !err; k++) {
-        t0 = now_ms();
+        t0 = ditd_now_ms();
         if (is_t5) {
             err = ditd_t5_encoder_encode(t5, B, N, ids, NULL, out);
         } else {
             ditd_clip_text_out o = {.last = out, .pooled = pooled};
             err = ditd_clip_text_encode(clip, B, N, ids, NULL, &o);
         }
-        ms[k] = now_ms() - t0;
+        ms[k] = ditd_now_ms() - t0;
     }
     if (err) {
         fprintf(stderr, "%s: %s\n", ditd_strerror(err), ditd_err_detail());

@@ -14,6 +14,7 @@
  * keys, H heads of Dh), one line "attention-row N ms gflops" each, for
  * bench/attention_torch.py to set beside PyTorch's SDPA.
  */
+#include "engine/core/clock.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #include <math.h>
@@ -28,13 +29,6 @@
 void openblas_set_num_threads(int num_threads);
 char *openblas_get_corename(void);
 char *openblas_get_config(void);
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -81,9 +75,9 @@ static void bench_linear(int M, int N, int K, ditd_cpu_act act, const char *name
     double *t = xmalloc(sizeof(double) * (size_t)reps);
     ditd_cpu_linear(x, (size_t)K, w, b, y, (size_t)N, M, N, K, act); /* warm-up */
     for (int r = 0; r < reps; ++r) {
-        const double t0 = now_ms();
+        const double t0 = ditd_now_ms();
         ditd_cpu_linear(x, (size_t)K, w, b, y, (size_t)N, M, N, K, act);
-        t[r] = now_ms() - t0;
+        t[r] = ditd_now_ms() - t0;
     }
     const double ms = median(t, reps);
     const double gflop = 2.0 * M * N * K * 1e-9;
@@ -109,10 +103,10 @@ static void bench_attention(int B, int N, int H, int Dh, int reps)
     ditd_cpu_attention(qkv, ld, qkv + HD, ld, qkv + 2 * HD, ld, o, HD, lse, B, N, N, H, Dh,
                        scale);
     for (int r = 0; r < reps; ++r) {
-        const double t0 = now_ms();
+        const double t0 = ditd_now_ms();
         ditd_cpu_attention(qkv, ld, qkv + HD, ld, qkv + 2 * HD, ld, o, HD, lse, B, N, N, H, Dh,
                            scale);
-        t[r] = now_ms() - t0;
+        t[r] = ditd_now_ms() - t0;
     }
     const double ms = median(t, reps);
     const double gflop = 4.0 * B * H * (double)N * N * Dh * 1e-9; /* QK^T and PV */

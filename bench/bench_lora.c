@@ -11,15 +11,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/core/clock.h"
 #include "engine/backend/backend.h"
 #include "engine/core/philox.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int cmp(const void *a, const void *b)
 {
@@ -71,13 +65,13 @@ int main(int argc, char **argv)
         float *a = r ? rnd((size_t)r * K, 4, 0.02f) : NULL, *b = r ? rnd((size_t)N * r, 5, 0.02f) : NULL;
         float *tmp = r ? malloc((size_t)M * r * sizeof *tmp) : NULL;
         for (int k = 0; k <= reps; k++) {
-            double t0 = now_ms();
+            double t0 = ditd_now_ms();
             if (r)
                 ops->lora(x, (size_t)K, a, b, 1.0f, y, (size_t)N, M, N, K, r, tmp, DITD_ACT_NONE);
             else
                 ops->linear(x, (size_t)K, w, NULL, y, (size_t)N, M, N, K, DITD_ACT_NONE);
             if (k) /* the first is a warm-up */
-                ms[k - 1] = now_ms() - t0;
+                ms[k - 1] = ditd_now_ms() - t0;
         }
         qsort(ms, (size_t)reps, sizeof *ms, cmp);
         double med = ms[reps / 2];

@@ -48,7 +48,7 @@ static double clock_ms(clockid_t id)
  * and a co-runner's cache traffic still slows an op down). */
 static int g_cpu_time, g_threads = 1;
 
-static double now_ms(void)
+static double op_ms(void)
 {
     if (g_cpu_time)
         return clock_ms(CLOCK_PROCESS_CPUTIME_ID) / g_threads;
@@ -86,7 +86,7 @@ static op_row *row(const char *name, double flops)
 
 static void add(op_row *r, double t0)
 {
-    r->ms[g_mode][g_iter] += now_ms() - t0;
+    r->ms[g_mode][g_iter] += op_ms() - t0;
     r->cur_calls++;
 }
 
@@ -97,7 +97,7 @@ static void w_linear(const void *x, size_t ldx, const void *w, const void *b, vo
     snprintf(name, sizeof name, "linear%s%s M=%d N=%d K=%d", act == DITD_ACT_NONE ? "" : " ",
              act == DITD_ACT_NONE ? "" : ditd_act_name(act), M, N, K);
     op_row *r = row(name, 2.0 * M * N * K);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->linear(x, ldx, w, b, y, ldy, M, N, K, act);
     add(r, t0);
 }
@@ -109,7 +109,7 @@ static void w_attention(const void *q, size_t ldq, const void *k, size_t ldk, co
     char name[72];
     snprintf(name, sizeof name, "attention Nq=%d Nk=%d", Nq, Nk);
     op_row *r = row(name, 4.0 * B * H * (double)Nq * Nk * Dh);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->attention(q, ldq, k, ldk, v, ldv, o, ldo, lse, B, Nq, Nk, H, Dh, scale);
     add(r, t0);
 }
@@ -120,7 +120,7 @@ static void w_attention_merge(void *o_acc, size_t ldo_acc, float *lse_acc, const
     char name[72];
     snprintf(name, sizeof name, "attention_merge Nq=%d", Nq);
     op_row *r = row(name, 0);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->attention_merge(o_acc, ldo_acc, lse_acc, o_blk, ldo_blk, lse_blk, B, Nq, H, Dh);
     add(r, t0);
 }
@@ -131,7 +131,7 @@ static void w_layernorm_modulate(const void *x, void *y, int B, int N, int D, fl
     char name[72];
     snprintf(name, sizeof name, "layernorm_modulate N=%d", N);
     op_row *r = row(name, 0);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->layernorm_modulate(x, y, B, N, D, eps, shift, scale, ld_mod);
     add(r, t0);
 }
@@ -142,7 +142,7 @@ static void w_gated_residual(void *h, const void *y, int B, int N, int D, const 
     char name[72];
     snprintf(name, sizeof name, "gated_residual N=%d", N);
     op_row *r = row(name, 0);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->gated_residual(h, y, B, N, D, gate, ld_gate);
     add(r, t0);
 }
@@ -153,7 +153,7 @@ static void w_rope(void *x, size_t ld, const void *cos, const void *sin, int B, 
     char name[72];
     snprintf(name, sizeof name, "rope N=%d", N);
     op_row *r = row(name, 0);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->rope(x, ld, cos, sin, B, N, H, Dh);
     add(r, t0);
 }
@@ -163,7 +163,7 @@ static void w_rmsnorm_heads(void *x, size_t ld, const void *w, int rows, int H, 
     char name[72];
     snprintf(name, sizeof name, "rmsnorm_heads rows=%d", rows);
     op_row *r = row(name, 0);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->rmsnorm_heads(x, ld, w, rows, H, Dh, eps);
     add(r, t0);
 }
@@ -173,7 +173,7 @@ static void w_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t 
     char name[72];
     snprintf(name, sizeof name, "copy2d %zux%zu", rows, cols);
     op_row *r = row(name, 0);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->copy2d(dst, ldd, src, lds, rows, cols);
     add(r, t0);
 }
@@ -181,7 +181,7 @@ static void w_copy2d(void *dst, size_t ldd, const void *src, size_t lds, size_t 
 static void w_act(const void *x, void *y, size_t n, ditd_act act)
 {
     op_row *r = row("act", 0);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->act(x, y, n, act);
     add(r, t0);
 }
@@ -189,7 +189,7 @@ static void w_act(const void *x, void *y, size_t n, ditd_act act)
 static void w_add(void *y, const void *x, size_t n)
 {
     op_row *r = row("add", 0);
-    double t0 = now_ms();
+    double t0 = op_ms();
     g_base->add(y, x, n);
     add(r, t0);
 }
@@ -298,7 +298,7 @@ int main(int argc, char **argv)
             g_iter = it, g_mode = md;
             for (int i = 0; i < g_nrows; i++)
                 g_rows[i].ms[md][it] = 0, g_rows[i].cur_calls = 0;
-            double t0 = now_ms();
+            double t0 = op_ms();
             if (sd3) {
                 static const int skip_for[NMODES][2] = {{1, 0}, {0, 1}, {0, 1}};
                 err = ditd_sd3_forward(sm, 1, x, &t, text, pooled, skip_for[md], md == 2 ? 2 : 1,
@@ -313,7 +313,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "block_ops: %s\n", ditd_err_detail());
                 goto done;
             }
-            total[md][it] = now_ms() - t0;
+            total[md][it] = op_ms() - t0;
             for (int i = 0; i < g_nrows; i++)
                 g_rows[i].calls[md] = g_rows[i].cur_calls;
         }

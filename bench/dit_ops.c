@@ -18,18 +18,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/core/clock.h"
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
 #include "engine/models/dit/dit.h"
 #include "engine/models/dit/dit_config.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 #define MAX_KEYS 48
 #define MAX_ITERS 32
@@ -60,7 +54,7 @@ static op_row *row(const char *name, double flops)
 
 static void add(op_row *r, double t0)
 {
-    r->ms[g_iter] += now_ms() - t0;
+    r->ms[g_iter] += ditd_now_ms() - t0;
     r->calls++;
 }
 
@@ -71,7 +65,7 @@ static void w_linear(const void *x, size_t ldx, const void *w, const void *b, vo
     snprintf(name, sizeof name, "linear %s M=%s N=%d K=%d", act == DITD_ACT_NONE ? "" : ditd_act_name(act),
              M <= 16 ? "B" : "tokens", N, K);
     op_row *r = row(name, 2.0 * M * N * K);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->linear(x, ldx, w, b, y, ldy, M, N, K, act);
     add(r, t0);
 }
@@ -81,7 +75,7 @@ static void w_attention(const void *q, size_t ldq, const void *k, size_t ldk, co
                         int Dh, float scale)
 {
     op_row *r = row("attention", 4.0 * B * H * (double)Nq * Nk * Dh);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->attention(q, ldq, k, ldk, v, ldv, o, ldo, lse, B, Nq, Nk, H, Dh, scale);
     add(r, t0);
 }
@@ -90,7 +84,7 @@ static void w_layernorm_modulate(const void *x, void *y, int B, int N, int D, fl
                                  const void *shift, const void *scale, size_t ld_mod)
 {
     op_row *r = row("layernorm_modulate", 0);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->layernorm_modulate(x, y, B, N, D, eps, shift, scale, ld_mod);
     add(r, t0);
 }
@@ -99,7 +93,7 @@ static void w_gated_residual(void *h, const void *y, int B, int N, int D, const 
                              size_t ld_gate)
 {
     op_row *r = row("gated_residual", 0);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->gated_residual(h, y, B, N, D, gate, ld_gate);
     add(r, t0);
 }
@@ -107,7 +101,7 @@ static void w_gated_residual(void *h, const void *y, int B, int N, int D, const 
 static void w_act(const void *x, void *y, size_t n, ditd_act act)
 {
     op_row *r = row("act (B rows)", 0);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->act(x, y, n, act);
     add(r, t0);
 }
@@ -115,7 +109,7 @@ static void w_act(const void *x, void *y, size_t n, ditd_act act)
 static void w_add(void *y, const void *x, size_t n)
 {
     op_row *r = row("add (B rows)", 0);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->add(y, x, n);
     add(r, t0);
 }
@@ -123,7 +117,7 @@ static void w_add(void *y, const void *x, size_t n)
 static void w_embedding(const void *table, const int64_t *h_ids, void *out, int B, int D)
 {
     op_row *r = row("embedding", 0);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->embedding(table, h_ids, out, B, D);
     add(r, t0);
 }
@@ -131,7 +125,7 @@ static void w_embedding(const void *table, const int64_t *h_ids, void *out, int 
 static void w_timestep_embed(const float *h_t, void *out, int B, int dim)
 {
     op_row *r = row("timestep_embed", 0);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->timestep_embed(h_t, out, B, dim);
     add(r, t0);
 }
@@ -140,7 +134,7 @@ static void w_patch_embed(const void *x, const void *w, const void *b, const voi
                           void *scratch, int B, int C, int Hi, int Wi, int p, int D)
 {
     op_row *r = row("patch_embed", 0);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->patch_embed(x, w, b, pos, y, scratch, B, C, Hi, Wi, p, D);
     add(r, t0);
 }
@@ -148,7 +142,7 @@ static void w_patch_embed(const void *x, const void *w, const void *b, const voi
 static void w_unpatchify(const void *x, void *y, int B, int C, int h, int w, int p)
 {
     op_row *r = row("unpatchify", 0);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     g_base->unpatchify(x, y, B, C, h, w, p);
     add(r, t0);
 }
@@ -245,12 +239,12 @@ int main(int argc, char **argv)
         g_iter = it;
         for (int i = 0; i < g_nrows; i++)
             g_rows[i].ms[it] = 0;
-        double t0 = now_ms();
+        double t0 = ditd_now_ms();
         if (ditd_dit_forward(m, B, x, t, y, out)) {
             fprintf(stderr, "dit_ops: %s\n", ditd_err_detail());
             goto done;
         }
-        total[it] = now_ms() - t0;
+        total[it] = ditd_now_ms() - t0;
     }
     double peak2 = ditd_backend_cpu_fma_peak(nt, 0.2, NULL);
     if (peak2 > peak)

@@ -27,18 +27,12 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include "engine/core/clock.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 typedef void (*sgemm_fn)(int order, int ta, int tb, int M, int N, int K, float alpha,
                          const float *A, int lda, const float *B, int ldb, float beta, float *C,
                          int ldc);
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -76,9 +70,9 @@ static void time_row(const char *label, run_fn f, void *ctx, int M, int reps, do
         double *t = malloc(sizeof(double) * (size_t)reps);
         f(ctx, si);
         for (int r = 0; r < reps; r++) {
-            double t0 = now_ms();
+            double t0 = ditd_now_ms();
             f(ctx, si);
-            t[r] = now_ms() - t0;
+            t[r] = ditd_now_ms() - t0;
         }
         qsort(t, (size_t)reps, sizeof *t, cmp_double);
         double flop = 2.0 * M * shapes[si].N * shapes[si].K;

@@ -1,6 +1,7 @@
 /* The collectives interface: public wrappers (statistics, argument checks)
  * and the "self" transport, a group of one. The MPI and NCCL transports
  * live in comm_mpi.c and comm_nccl.c. */
+#include "engine/core/clock.h"
 #include "engine/parallel/comm.h"
 
 #include <stdlib.h>
@@ -34,18 +35,11 @@ int ditd_coll_from_str(const char *s, ditd_coll *out)
     return ditd_err_set(DITD_EINVAL, "unknown collective \"%s\"", s);
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static void account(ditd_comm *c, ditd_coll k, uint64_t bytes, double t0)
 {
     c->stats[k].calls++;
     c->stats[k].bytes += bytes;
-    c->stats[k].ms += now_ms() - t0;
+    c->stats[k].ms += ditd_now_ms() - t0;
 }
 
 ditd_comm *ditd__comm_alloc(const ditd_comm_ops *ops, void *impl, int rank, int size)
@@ -77,7 +71,7 @@ void ditd_comm_free(ditd_comm *c)
 int ditd_comm_alltoallv(ditd_comm *c, ditd_dtype dt, const void *send, const int *scounts,
                         const int *sdispls, void *recv, const int *rcounts, const int *rdispls)
 {
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     uint64_t bytes = 0;
     for (int j = 0; j < c->size; j++)
         if (j != c->rank)
@@ -90,7 +84,7 @@ int ditd_comm_alltoallv(ditd_comm *c, ditd_dtype dt, const void *send, const int
 int ditd_comm_allgatherv(ditd_comm *c, ditd_dtype dt, const void *send, void *recv,
                          const int *counts, const int *displs)
 {
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     uint64_t bytes = (uint64_t)counts[c->rank] * ditd_dtype_size(dt) * (uint64_t)(c->size - 1);
     int err = c->ops->allgatherv(c, dt, send, recv, counts, displs);
     account(c, DITD_COLL_ALLGATHERV, bytes, t0);
@@ -99,7 +93,7 @@ int ditd_comm_allgatherv(ditd_comm *c, ditd_dtype dt, const void *send, void *re
 
 int ditd_comm_allreduce_sum(ditd_comm *c, ditd_dtype dt, void *buf, size_t n)
 {
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     uint64_t bytes = (uint64_t)(n * ditd_dtype_size(dt)) * 2u * (uint64_t)(c->size - 1) /
                      (uint64_t)c->size;
     int err = c->ops->allreduce_sum(c, dt, buf, n);
@@ -123,7 +117,7 @@ int ditd_comm_wait(ditd_comm *c, ditd_comm_req *req)
 {
     if (!req->active)
         return 0;
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     int err = c->ops->wait(c, req);
     req->active = 0;
     account(c, DITD_COLL_SENDRECV, req->bytes, t0);
@@ -134,7 +128,7 @@ int ditd_comm_bcast(ditd_comm *c, void *buf, size_t bytes, int root)
 {
     if (root < 0 || root >= c->size)
         return ditd_err_set(DITD_EINVAL, "broadcast from rank %d of %d", root, c->size);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     int err = c->ops->bcast(c, buf, bytes, root);
     account(c, DITD_COLL_BCAST, c->rank == root && c->size > 1 ? bytes : 0, t0);
     return err;

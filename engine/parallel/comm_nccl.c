@@ -31,6 +31,7 @@
  * 2.14 for non-blocking init and ncclCommSplit); it compiles here and runs
  * on a GPU machine. bcast of host bytes (the group's control channel) is
  * not NCCL's business: the mesh keeps its group on MPI. */
+#include "engine/core/clock.h"
 #include "engine/parallel/comm.h"
 
 #include <cuda_runtime.h>
@@ -116,13 +117,6 @@ static void family_leave(nccl_state *s)
         free(f);
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Spins a little, then naps: a collective usually ends within
  * microseconds of the compute before it, but a stalled one must not burn
  * a core for a minute. */
@@ -166,10 +160,10 @@ static int refused(const nccl_state *s, const char *what)
 static int settle_comm(ncclComm_t comm, ncclResult_t rc, int timeout_ms, nccl_state *abort_s,
                        const char *what)
 {
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     unsigned spins = 0;
     while (rc == ncclInProgress) {
-        if (now_ms() - t0 > timeout_ms) {
+        if (ditd_now_ms() - t0 > timeout_ms) {
             if (abort_s)
                 abort_comm(abort_s);
             else if (comm)
@@ -207,7 +201,7 @@ static int settle(nccl_state *s, ncclResult_t rc, const char *what)
 static int watch(nccl_state *s, cudaEvent_t ev, const char *what)
 {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     unsigned spins = 0;
     if (cudaStreamIsCapturing(s->compute, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)
         return 0;
@@ -228,7 +222,7 @@ static int watch(nccl_state *s, cudaEvent_t ev, const char *what)
             return ditd_err_set(DITD_ECOMM, "%s: NCCL asynchronous error: %s; communicator aborted",
                                 what, ncclGetErrorString(st));
         }
-        if (now_ms() - t0 > s->timeout_ms) {
+        if (ditd_now_ms() - t0 > s->timeout_ms) {
             abort_comm(s);
             return ditd_err_set(DITD_ECOMM,
                                 "%s: not complete after %d ms (a peer rank stopped?); NCCL "

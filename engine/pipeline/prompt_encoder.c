@@ -1,4 +1,5 @@
 /* A pipeline row's prompt recipe over engine/text, with the embedding cache. */
+#include "engine/core/clock.h"
 #include "engine/pipeline/prompt_encoder.h"
 
 #include <jansson.h>
@@ -46,13 +47,6 @@ struct ditd_prompt_encoder {
     uint64_t encodes;              /* prompts through the encoders */
     double encode_ms;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* model_index.json's class for `component` into cls; *named 0 when the
  * index names it null or not at all. */
@@ -421,11 +415,11 @@ int ditd_prompt_encoder_encode_n(ditd_prompt_encoder *e, const ditd_prompt_texts
         memcpy(pooled, hit + nseq, (size_t)e->Dp * sizeof(float));
         return 0;
     }
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     if ((err = encode_parts(e, t, L, seq, pooled)))
         return err;
     e->encodes++;
-    e->encode_ms += now_ms() - t0;
+    e->encode_ms += ditd_now_ms() - t0;
     if (key) { /* the cache stores sequence and pooled vector as one value */
         memcpy(e->packed, seq, nseq * sizeof(float));
         memcpy(e->packed + nseq, pooled, (size_t)e->Dp * sizeof(float));

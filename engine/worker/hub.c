@@ -1,5 +1,6 @@
 /* The transports between the front-end and the replicas: the in-process
  * hub (a world of one) and MPI (the hub on rank 0, a leader's transport). */
+#include "engine/core/clock.h"
 #include "engine/worker/hub.h"
 
 #include <errno.h>
@@ -19,12 +20,6 @@
 
 #define DITD_TAG 7701
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 #endif
 
 /* ------------------------------------------------------------------ */
@@ -283,11 +278,11 @@ static int mpi_probe_recv(int src, uint8_t **buf, size_t *len, int *from)
 
 static int mpi_recv(ditd_transport *t, uint8_t **buf, size_t *len, int timeout_ms)
 {
-    double dl = now_ms() + timeout_ms;
+    double dl = ditd_now_ms() + timeout_ms;
     (void)t;
     for (;;) {
         int err = mpi_probe_recv(0, buf, len, NULL);
-        if (err != DITD_ETIMEDOUT || now_ms() >= dl)
+        if (err != DITD_ETIMEDOUT || ditd_now_ms() >= dl)
             return err;
         sleep_us(500);
     }
@@ -395,10 +390,10 @@ static void *hub_thread(void *arg)
         }
         if (stop) {
             if (stop_at == 0)
-                stop_at = now_ms();
+                stop_at = ditd_now_ms();
             if (nsent == 0 && byes == h->replicas)
                 break;
-            if (now_ms() - stop_at > 30e3) {
+            if (ditd_now_ms() - stop_at > 30e3) {
                 fprintf(stderr, "ditd hub: %d of %d replica(s) did not say bye, %d send(s) "
                         "pending; stopping anyway\n", h->replicas - byes, h->replicas, nsent);
                 break; /* what is still in flight is left to MPI_Finalize / the exit */

@@ -93,7 +93,7 @@ static void leader_loop(ditd__worker *w)
             free(p);
             continue;
         }
-        int wait = (int)(w->next_hb - ditd__worker_now_ms());
+        int wait = (int)(w->next_hb - ditd_now_ms());
         err = t->recv(t, &buf, &len, wait > 0 ? wait : 0);
         if (err == DITD_ETIMEDOUT) {
             ditd__worker_heartbeat(w, true);

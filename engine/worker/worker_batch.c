@@ -44,7 +44,7 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     Ditd__Envelope env = DITD__ENVELOPE__INIT;
     Ditd__Progress pg = DITD__PROGRESS__INIT;
     Ditd__Preview pv[DITD_WORKER_MAX_BATCH], *pvp[DITD_WORKER_MAX_BATCH];
-    double t = ditd__worker_now_ms();
+    double t = ditd_now_ms();
     uint8_t *buf = NULL;
     size_t len = 0;
     (void)active; /* == w->active */
@@ -325,7 +325,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
             err = ditd__worker_set_loras(w, i, b->samples[i]);
     }
     w->batch = b;
-    w->t_start = w->t_step = ditd__worker_now_ms();
+    w->t_start = w->t_step = ditd_now_ms();
     /* step caching: every rank sets the batch's (the leader's batch_ok
      * checked it; the same bytes give the same config on every rank) */
     if (!err)
@@ -381,7 +381,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     r.height = (uint32_t)w->img_h;
     r.channels = (uint32_t)m->image_channels;
     r.frames = (uint32_t)w->frames;
-    r.compute_ms = ditd__worker_now_ms() - w->t_start;
+    r.compute_ms = ditd_now_ms() - w->t_start;
     for (int i = 0; i < n; i++) {
         ditd__image__init(&im[i]);
         im[i].slot = (uint32_t)i;

@@ -44,7 +44,7 @@ void ditd__worker_heartbeat(ditd__worker *w, bool ready)
     env.msg_case = DITD__ENVELOPE__MSG_HEARTBEAT;
     env.heartbeat = &hb;
     ditd__worker_send_env(w, &env);
-    w->next_hb = ditd__worker_now_ms() + w->cfg->heartbeat_ms;
+    w->next_hb = ditd_now_ms() + w->cfg->heartbeat_ms;
 }
 
 void ditd__worker_error(ditd__worker *w, uint64_t batch_id, int code, const char *msg)

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "engine/core/clock.h"
 #include "engine/models/lora.h"
 #include "engine/pipeline/step_cache.h"
 #include "engine/worker/replica.h"
@@ -86,13 +87,6 @@ typedef struct ditd__worker {
 static inline int ditd__worker_in_group(const ditd__worker *w)
 {
     return w->mesh && w->mesh->size > 1;
-}
-
-static inline double ditd__worker_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 /* worker_msg.c: messages to the front-end (the leader's; a follower says

@@ -59,7 +59,7 @@ int ditd__worker_encode_prompts(ditd__worker *w, const Ditd__Batch *b)
             err = ditd_prompt_encoder_encode_n(w->rep.penc, &pt, L, e, e + (size_t)T * w->Dt);
             if (!err && wants_negative(w, sm))
                 err = ditd_prompt_encoder_encode_n(w->rep.penc, &nt, L, ne, ne + (size_t)T * w->Dt);
-            if (!err && w->t && ditd__worker_now_ms() >= w->next_hb) /* long encoders: stay alive */
+            if (!err && w->t && ditd_now_ms() >= w->next_hb) /* long encoders: stay alive */
                 ditd__worker_heartbeat(w, true);
             if (err)
                 snprintf(h.msg, sizeof h.msg, "sample %d: %s", i, ditd_err_detail());

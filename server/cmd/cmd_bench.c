@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "engine/core/clock.h"
 #include "engine/backend/backend.h"
 #include "engine/parallel/comm.h"
 #include "engine/models/dit/dit.h"
@@ -44,13 +45,6 @@ static void usage(FILE *f)
             "and per axis and collective the calls, time and bytes, measured and analytic:\n"
             "  --ulysses-degree U  --ring-degree R  --ring-rotate allgather|p2p\n"
             "  --tp-degree T       --cfg-degree C\n");
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -89,10 +83,10 @@ static double gemm_gflops(const ditd_backend_ops *ops, void *x, void *w, void *y
         iters = 16;
     ops->linear(x, (size_t)K, w, NULL, y, (size_t)N, M, N, K, DITD_ACT_NONE);
     for (int i = 0; i < iters; i++) {
-        double t0 = now_ms();
+        double t0 = ditd_now_ms();
         ops->linear(x, (size_t)K, w, NULL, y, (size_t)N, M, N, K, DITD_ACT_NONE);
         ops->sync();
-        t[i] = now_ms() - t0;
+        t[i] = ditd_now_ms() - t0;
     }
     return 2.0 * M * N * K / (median(t, iters) * 1e6);
 }
@@ -248,7 +242,7 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
             ditd_comm_mpi_wait_stats(NULL, NULL, 1);
         ditd_mesh_stats_reset(mesh);
         ditd_comm_barrier(mesh->group);
-        double t0 = now_ms();
+        double t0 = ditd_now_ms();
         if ((err = ditd_dit_forward(m, B, hx + (size_t)r0 * numel, ht + r0, hy + r0,
                                     out + (size_t)r0 * numel_out))) {
             fail("forward", err);
@@ -258,7 +252,7 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
             (err = ditd_comm_allgatherv(mesh->cfg_comm, DITD_DTYPE_F32, NULL, out, counts, displs)))
             goto done;
         ops->sync();
-        double t = now_ms() - t0;
+        double t = ditd_now_ms() - t0;
         if (it < 0)
             continue;
         steps[it] = t;
@@ -314,7 +308,7 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
         }
         for (long it = 0; it < iters && !err; it++) {
             ditd_comm_barrier(rcomm);
-            double t0 = now_ms();
+            double t0 = ditd_now_ms();
             for (int k = 0; k < per_step && !err; k++) {
                 ditd_comm_req req;
                 err = ditd_comm_sendrecv_start(rcomm, DITD_DTYPE_F32, sb, (int)n,
@@ -323,7 +317,7 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
                 if (!err)
                     err = ditd_comm_wait(rcomm, &req);
             }
-            bare[it] = now_ms() - t0;
+            bare[it] = ditd_now_ms() - t0;
         }
         double exposed = stat_ms[DITD_AXIS_RING][DITD_COLL_SENDRECV] / (double)iters;
         double alone = err ? 0 : median(bare, (int)iters);
@@ -507,10 +501,10 @@ int ditd_cmd_bench(int argc, char **argv)
     if (ops->device == DITD_DEVICE_CPU)
         peak = ditd_backend_cpu_fma_peak(nthreads, 1.0, &peak_bits);
     for (long i = 0; i < iters; i++) {
-        double t0 = now_ms();
+        double t0 = ditd_now_ms();
         ditd_dit_forward(m, (int)batch, x_in, ht, hy, y_out);
         ops->sync();
-        times[i] = now_ms() - t0;
+        times[i] = ditd_now_ms() - t0;
     }
     if ((err = ops->status())) {
         fail("forward", err);

@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "engine/core/clock.h"
 #include "engine/backend/backend.h"
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
@@ -22,13 +23,6 @@
 #include "engine/parallel/comm.h"
 #include "server/cmd/cli.h"
 #include "server/cmd/cmd.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static double cpu_ms(void)
 {
@@ -164,7 +158,7 @@ int ditd_cmd_bench_vae(int argc, char **argv)
     const int f = ditd_vae_config_scale_factor(&cfg), h = (int)size / f;
     ditd_vae_opts o = {.max_h = h, .max_w = h, .tiling = tiling, .comm = P > 1 ? world : NULL,
                        .row_unit = (int)unit};
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     err = ditd_vae_config_named(vae_name, &cfg) == 0
               ? ditd_vae_new_random(&cfg, ops, &o, 42, &v)
               : ditd_vae_load(vae_name, ops, &o, &v);
@@ -172,7 +166,7 @@ int ditd_cmd_bench_vae(int argc, char **argv)
         fail("loading", err);
         goto done;
     }
-    double load_ms = now_ms() - t0;
+    double load_ms = ditd_now_ms() - t0;
     size_t zn = (size_t)cfg.latent_channels * h * h, pn = (size_t)cfg.out_channels * h * f * h * f;
     z = malloc(zn * sizeof *z);
     img = rank == 0 ? malloc(pn * sizeof *img) : NULL;
@@ -189,14 +183,14 @@ int ditd_cmd_bench_vae(int argc, char **argv)
             ditd_comm_barrier(world);
         if (world)
             ditd_comm_stats_reset(world);
-        t0 = now_ms();
+        t0 = ditd_now_ms();
         double c0 = cpu_ms();
         if ((err = ditd_vae_decode(v, z, 1, h, h, img))) {
             fail("decoding", err);
             goto done;
         }
         if (i >= warmup) {
-            t[i - warmup] = now_ms() - t0;
+            t[i - warmup] = ditd_now_ms() - t0;
             tc[i - warmup] = cpu_ms() - c0;
             st = ditd_vae_last_stats(v);
         }
@@ -246,10 +240,10 @@ int ditd_cmd_bench_vae(int argc, char **argv)
         int64_t hy[2] = {207, 1000};
         ditd_philox_normal(9, 0, 0, 2 * xn, x);
         ditd_dit_forward(m, 2, x, ht, hy, y); /* warm-up */
-        t0 = now_ms();
+        t0 = ditd_now_ms();
         for (long s = 0; s < steps; s++)
             ditd_dit_forward(m, 2, x, ht, hy, y);
-        double den = now_ms() - t0;
+        double den = ditd_now_ms() - t0;
         printf("end to end  %s-%d + %s, %ld steps, guidance (batch 2): denoising %.0f ms (%.0f ms/step), "
                "decoding %.0f ms, %.0f ms per image\n",
                dit_name, (int)size, vae_name, steps, den, den / steps, med, den + med);

@@ -36,18 +36,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/core/clock.h"
 #include "engine/core/error.h"
 #include "engine/core/philox.h"
 #include "engine/models/vae/vae_internal.h"
 
 #define VAE_SCRATCH_CAP ((size_t)8 << 20) /* im2col floats per GEMM chunk, at most */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* One image's band at one scale. */
 typedef struct geom {
@@ -276,7 +270,7 @@ static int halo_fill(ditd_vae *v, void *x, int C, const geom *g)
     ops->copy2d(v->hs0, W, at(v, x, W), ps, (size_t)C, W);                     /* first row */
     ops->copy2d(v->hs1, W, at(v, x, (size_t)g->rows * W), ps, (size_t)C, W);   /* last row */
     ops->sync();
-    t0 = now_ms();
+    t0 = ditd_now_ms();
     /* my first row goes up (the rank above's bottom halo); the last rank
      * receives rank 0's first row, which it does not use */
     if ((err = ditd_comm_sendrecv_start(v->comm, ops->act_dtype, v->hs0, n, up, v->hr1, n, dn, &req)) ||
@@ -284,7 +278,7 @@ static int halo_fill(ditd_vae *v, void *x, int C, const geom *g)
         (err = ditd_comm_sendrecv_start(v->comm, ops->act_dtype, v->hs1, n, dn, v->hr0, n, up, &req)) ||
         (err = ditd_comm_wait(v->comm, &req)))
         return err;
-    v->st.comm_ms += now_ms() - t0;
+    v->st.comm_ms += ditd_now_ms() - t0;
     ops->copy2d(top, ps, v->rank > 0 ? v->hr0 : v->zeros, W, (size_t)C, W);
     ops->copy2d(bot, ps, v->rank < v->P - 1 ? v->hr1 : v->zeros, W, (size_t)C, W);
     return 0;
@@ -312,11 +306,11 @@ static int groupnorm(ditd_vae *v, const vnorm *nm, void *x, void *y, const geom 
             v->counts[r] = 2 * G * (v->ub[r + 1] - v->ub[r]);
             v->displs[r] = 2 * G * v->ub[r];
         }
-        double t0 = now_ms();
+        double t0 = ditd_now_ms();
         if ((err = ditd_comm_allgatherv(v->comm, DITD_DTYPE_I64, part, v->h_stats_all, v->counts,
                                         v->displs)))
             return err;
-        v->st.comm_ms += now_ms() - t0;
+        v->st.comm_ms += ditd_now_ms() - t0;
         all = v->h_stats_all;
     }
     const double cnt = (double)(C / G) * g->H * g->W;
@@ -416,11 +410,11 @@ static int attention(ditd_vae *v, const vattn *a, const geom *g)
     }
     if (g->par && v->P > 1) {
         ops->sync();
-        double t0 = now_ms();
+        double t0 = ditd_now_ms();
         if ((err = ditd_comm_allgatherv(v->comm, ops->act_dtype, NULL, v->k, v->counts, v->displs)) ||
             (err = ditd_comm_allgatherv(v->comm, ops->act_dtype, NULL, v->v, v->counts, v->displs)))
             return err;
-        v->st.comm_ms += now_ms() - t0;
+        v->st.comm_ms += ditd_now_ms() - t0;
     }
     ops->attention(v->q, C, v->k, C, v->v, C, v->o, C, NULL, 1, nl, N, 1, C,
                    (float)(1.0 / sqrt((double)C)));                                /* (nl, C) */
@@ -540,12 +534,12 @@ static int decode_one(ditd_vae *v, const float *z, int h, int w, float *out)
                 ops->download(v->h_img, v->pack, (size_t)Co * rn);
             } else {
                 ditd_comm_req req;
-                double t0 = now_ms();
+                double t0 = ditd_now_ms();
                 if ((err = ditd_comm_sendrecv_start(v->comm, ops->act_dtype, v->pack, 0, r, v->recv,
                                                     (int)((size_t)Co * rn), r, &req)) ||
                     (err = ditd_comm_wait(v->comm, &req)))
                     return err;
-                v->st.comm_ms += now_ms() - t0;
+                v->st.comm_ms += ditd_now_ms() - t0;
                 ops->download(v->h_img, v->recv, (size_t)Co * rn);
             }
             if (out)
@@ -555,12 +549,12 @@ static int decode_one(ditd_vae *v, const float *z, int h, int w, float *out)
         }
     } else {
         ditd_comm_req req;
-        double t0 = now_ms();
+        double t0 = ditd_now_ms();
         if ((err = ditd_comm_sendrecv_start(v->comm, ops->act_dtype, v->pack, (int)((size_t)Co * bandn),
                                             0, v->recv, 0, 0, &req)) ||
             (err = ditd_comm_wait(v->comm, &req)))
             return err;
-        v->st.comm_ms += now_ms() - t0;
+        v->st.comm_ms += ditd_now_ms() - t0;
     }
     return ops->status();
 }
@@ -662,7 +656,7 @@ int ditd_vae_decode(ditd_vae *v, const float *z, int B, int h, int w, float *pix
     const size_t zn = (size_t)c->latent_channels * h * w,
                  pn = (size_t)c->out_channels * (size_t)h * f * (size_t)w * f;
     const int tiled = v->opts.tiling && (h > tl || w > tl);
-    double t0 = now_ms();
+    double t0 = ditd_now_ms();
     int err = 0;
 
     if (B < 1 || h < 1 || w < 1)
@@ -679,7 +673,7 @@ int ditd_vae_decode(ditd_vae *v, const float *z, int B, int h, int w, float *pix
         err = tiled ? decode_tiled(v, z + (size_t)b * zn, h, w, out)
                     : decode_one(v, z + (size_t)b * zn, h, w, out);
     }
-    v->st.compute_ms = now_ms() - t0 - v->st.comm_ms;
+    v->st.compute_ms = ditd_now_ms() - t0 - v->st.comm_ms;
     return err;
 }
 
