@@ -91,6 +91,14 @@ typedef struct ditd_gen_sample {
                                  * them (VAE draw, shifted and scaled:
                                  * ditd_latent_image_encode); borrowed for the call,
                                  * samples may share one. NULL otherwise */
+    /* image-to-video (a row with image_to_video): the condition (Cc, F, h, w)
+     * host f32 that follows the latents on channels in every forward row of
+     * this sample (ditd_image_cond_run: mask + scaled VAE latents), and for
+     * a transformer with an image branch its image embeddings (Li, Di)
+     * (both passes, as WanImageToVideoPipeline). Borrowed for the call;
+     * NULL on other rows (required on an image-to-video row). */
+    const float *video_cond;
+    const float *image_embeds;
     const ditd_lora_set *loras; /* LoRA adapters and their scales for every forward row
                                  * of this sample (borrowed; NULL: none). Samples of one
                                  * batch may carry different sets (engine/models/lora.h) */
@@ -123,6 +131,9 @@ typedef struct ditd_pipeline {
     const ditd_pipeline_class *pc; /* the model's row of the pipeline table (info.pipeline) */
     int max_rows;                /* forward rows planned: 2 max_samples, 3 with skip-layer guidance */
     size_t numel;                /* C*h*w per sample (latent) */
+    size_t numel_in;             /* the transformer's input per row: numel + numel_cond */
+    size_t numel_cond;           /* image-to-video: the condition's Cc*F*h*w; else 0 */
+    float *img_emb;              /* (max_rows, Li, Di) image embeddings of the rows, or NULL */
     size_t cap_numel, cap_numel_out; /* what the buffers below hold per sample */
     size_t numel_out;            /* Co*h*w per sample */
     float *lat;                  /* (n, C, h, w) host */
