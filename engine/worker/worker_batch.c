@@ -1,0 +1,350 @@
+/* A batch on every rank of the replica: the leader's check, the sizes and
+ * buffers, the step callback (progress, previews, cancels), the run and
+ * its Result (worker_internal.h). */
+#include "engine/worker/worker_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "engine/worker/cache_msg.h"
+
+/* Whether sample slot wants a preview after this step: partial_images k
+ * previews spread evenly over steps 1..total-1. */
+static int preview_due(int k, int sent, int step, int total)
+{
+    if (sent >= k || step >= total)
+        return 0;
+    /* the j-th preview (1-based) goes at step ceil(j * total / (k + 1)) */
+    int j = sent + 1;
+    int at = (j * total + k) / (k + 1);
+    if (at < 1)
+        at = 1;
+    return step >= at;
+}
+
+/* One sample's latents (C, h, w) to its image (H, W, C) 8-bit. A
+ * pixel-space model's latents are the image (DiTPipeline's mapping); a
+ * latent model's go through its VAE, which the worker refuses to load
+ * without (worker_init). */
+static void latents_to_image(const ditd__worker *w, const float *lat, uint8_t *px)
+{
+    const ditd_denoiser_shapes *sh = &w->rep.pipe->shapes;
+    ditd_pipeline_to_pixels(lat, sh->in_channels, sh->height, sh->width, px);
+}
+
+/* The step callback: on the leader only. What it decides (active flags,
+ * stop) the pipeline broadcasts to the group after it returns. */
+static int on_step(void *ud, int step, int total, const float *x0, uint8_t *active)
+{
+    ditd__worker *w = ud;
+    const Ditd__Batch *b = w->batch;
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__Progress pg = DITD__PROGRESS__INIT;
+    Ditd__Preview pv[DITD_WORKER_MAX_BATCH], *pvp[DITD_WORKER_MAX_BATCH];
+    double t = ditd__worker_now_ms();
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    (void)active; /* == w->active */
+
+    pg.batch_id = b->batch_id;
+    pg.step = (uint32_t)step;
+    pg.total = (uint32_t)total;
+    pg.elapsed_ms = t - w->t_start;
+    pg.step_ms = t - w->t_step;
+    w->t_step = t;
+    for (size_t i = 0; i < b->n_samples; i++) {
+        int k = (int)b->samples[i]->partial_images;
+        /* no previews of a latent model: its decode is collective, this callback the leader's */
+        if (w->rep.li || w->rep.info.frames > 0 || !w->active[i] ||
+            !preview_due(k, w->partial_sent[i], step, total))
+            continue;
+        uint8_t *px = w->pix + (size_t)pg.n_previews * w->numel_img;
+        latents_to_image(w, x0 + i * w->numel_lat, px);
+        ditd__preview__init(&pv[pg.n_previews]);
+        pv[pg.n_previews].slot = (uint32_t)i;
+        pv[pg.n_previews].partial_index = (uint32_t)w->partial_sent[i]++;
+        pv[pg.n_previews].pixels.data = px;
+        pv[pg.n_previews].pixels.len = w->numel_img;
+        pvp[pg.n_previews] = &pv[pg.n_previews];
+        pg.n_previews++;
+    }
+    pg.previews = pvp;
+    env.msg_case = DITD__ENVELOPE__MSG_PROGRESS;
+    env.progress = &pg;
+    ditd__worker_send_env(w, &env);
+    if (t >= w->next_hb)
+        ditd__worker_heartbeat(w, true);
+    /* cancel / shutdown that came meanwhile act at this step boundary */
+    while (!w->comm_err && w->t->recv(w->t, &buf, &len, 0) == 0)
+        ditd__worker_handle_async(w, buf, len);
+    return w->stop_now || w->comm_err;
+}
+
+/* The leader's check of a batch before the group sees it: 0, or an Error
+ * went to the front-end. */
+int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
+{
+    const ditd_model_info *m = &w->rep.info;
+    int n = (int)b->n_samples;
+    char msg[512];
+
+    if (n < 1 || n > w->cfg->max_batch) {
+        snprintf(msg, sizeof msg, "batch of %d samples (1..%d)", n, w->cfg->max_batch);
+        ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if (b->width > 16384 || b->height > 16384 ||
+        ditd_model_check_size(m, (int)b->width, (int)b->height)) {
+        if (b->width > 16384 || b->height > 16384)
+            snprintf(msg, sizeof msg, "size %ux%u pixels", b->width, b->height);
+        else
+            snprintf(msg, sizeof msg, "%s", ditd_err_detail());
+        ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if (m->shapes.cond.kind == DITD_COND_TEXT &&
+        (b->max_sequence_length < 1 || b->max_sequence_length > (uint32_t)m->max_sequence_length)) {
+        snprintf(msg, sizeof msg, "max_sequence_length %u (1..%d)", b->max_sequence_length,
+                 m->max_sequence_length);
+        ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if (b->sampler >= DITD_SAMPLER_KIND_COUNT) {
+        ditd__worker_error(w, b->batch_id, DITD_EINVAL, "unknown sampler");
+        return 0;
+    }
+    if (b->n_skip_layers > DITD_MAX_SKIP_LAYERS ||
+        (b->n_skip_layers > 0 && !(m->pipeline->request & DITD_REQ_SKIP_LAYERS))) {
+        snprintf(msg, sizeof msg, "%zu skip_guidance_layers (%s takes %d)", b->n_skip_layers,
+                 m->pipeline->name,
+                 m->pipeline->request & DITD_REQ_SKIP_LAYERS ? DITD_MAX_SKIP_LAYERS : 0);
+        ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if (m->frames > 0 ? b->num_frames < 1 || ditd_model_check_frames(m, (int)b->num_frames) ||
+                            ditd_model_round_frames(m, (int)b->num_frames) != (int)b->num_frames
+                      : b->num_frames > 1) {
+        if (m->frames > 0 && b->num_frames >= 1 && ditd_model_check_frames(m, (int)b->num_frames))
+            snprintf(msg, sizeof msg, "%s", ditd_err_detail());
+        else
+            snprintf(msg, sizeof msg, "num_frames %u: %s takes %s", b->num_frames, m->name,
+                     m->frames > 0 ? "1 + k x its temporal scale" : "images only");
+        ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    if (ditd_cache_msg_to_config(b->cache, &w->cache_cfg)) {
+        snprintf(msg, sizeof msg, "%s", ditd_err_detail());
+        ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const Ditd__Sample *sm = b->samples[i];
+        if (sm->n_lora_names != sm->n_lora_scales || sm->n_lora_names > DITD_LORA_MAX_SET) {
+            snprintf(msg, sizeof msg, "sample %d: %zu LoRA names, %zu scales (at most %d)", i,
+                     sm->n_lora_names, sm->n_lora_scales, DITD_LORA_MAX_SET);
+            ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+            return 0;
+        }
+        for (size_t k = 0; k < sm->n_lora_names; k++) {
+            int loaded = ditd__worker_find_lora(w, sm->lora_names[k]) >= 0;
+            if (!loaded || !isfinite(sm->lora_scales[k])) {
+                snprintf(msg, sizeof msg, "sample %d: LoRA adapter '%.64s' %s", i,
+                         sm->lora_names[k], !loaded ? "is not loaded on this replica"
+                                                    : "has a scale that is not finite");
+                ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* The batch buffers for the pipeline's current size (out on every rank,
+ * pix on the leader), grown when a size needs more. */
+int ditd__worker_plan_buffers(ditd__worker *w)
+{
+    const ditd_model_info *m = &w->rep.info;
+    size_t nl = w->rep.pipe->numel, ni;
+    if (w->rep.li) {
+        w->img_w = w->rep.li->W;
+        w->img_h = w->rep.li->H;
+        ni = (size_t)w->rep.li->W * (size_t)w->rep.li->H * (size_t)w->rep.li->Co;
+    } else {
+        w->img_w = w->rep.pipe->shapes.width * (m->vae_scale > 0 ? m->vae_scale : 1);
+        w->img_h = w->rep.pipe->shapes.height * (m->vae_scale > 0 ? m->vae_scale : 1);
+        ni = (size_t)w->img_w * (size_t)w->img_h * (size_t)m->image_channels;
+        if (w->frames > 0) /* a clip: (F, H, W, C) */
+            ni *= (size_t)w->frames;
+    }
+    w->numel_lat = nl;
+    w->numel_img = ni;
+    if (nl > w->cap_lat) {
+        free(w->out);
+        if (!(w->out = malloc((size_t)w->cfg->max_batch * nl * sizeof *w->out))) {
+            w->cap_lat = 0;
+            return ditd_err_set(DITD_ENOMEM, "batch buffers");
+        }
+        w->cap_lat = nl;
+    }
+    if (w->leader && ni > w->cap_img) {
+        free(w->pix);
+        if (!(w->pix = malloc((size_t)w->cfg->max_batch * ni))) {
+            w->cap_img = 0;
+            return ditd_err_set(DITD_ENOMEM, "image buffers");
+        }
+        w->cap_img = ni;
+    }
+    return 0;
+}
+
+/* Every rank: the batch's size. A model that takes any size re-plans its
+ * pipeline and VAE (same sizes on every rank, so the same outcome). */
+static int set_batch_size(ditd__worker *w, const Ditd__Batch *b)
+{
+    const ditd_model_info *m = &w->rep.info;
+    int err;
+    if (m->resizable) {
+        int h = (int)b->height / m->vae_scale, wd = (int)b->width / m->vae_scale;
+        int L = m->shapes.cond.kind == DITD_COND_TEXT
+                    ? ditd_pipeline_class_text_len(m->pipeline, (int)b->max_sequence_length)
+                    : 0;
+        if (m->frames > 0) { /* batch_ok checked the count */
+            w->frames = (int)b->num_frames;
+            err = ditd_pipeline_set_video_size(w->rep.pipe,
+                                               ditd_model_latent_frames(m, w->frames), h,
+                                               wd, L);
+        } else {
+            err = ditd_pipeline_set_size(w->rep.pipe, h, wd, L);
+        }
+        if (err || (w->rep.li && (err = ditd_latent_image_set_size(w->rep.li, h, wd))))
+            return err;
+    }
+    return ditd__worker_plan_buffers(w);
+}
+
+/* Every rank of the group, with the same batch (checked by batch_ok on the
+ * leader). The leader sends the outcome. */
+void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
+{
+    const ditd_model_info *m = &w->rep.info;
+    int n = (int)b->n_samples, err = 0;
+    ditd_gen_params gp;
+    char msg[512];
+
+    memset(&gp, 0, sizeof gp);
+    gp.steps = (int)b->steps;
+    gp.sampler = (ditd_sampler_kind)b->sampler;
+    gp.n_skip_layers = (int)b->n_skip_layers; /* batch_ok checked the count */
+    for (int i = 0; i < gp.n_skip_layers; i++)
+        gp.skip_layers[i] = (int)b->skip_layers[i];
+    gp.slg_scale = b->slg_scale;
+    gp.slg_start = b->slg_start;
+    gp.slg_stop = b->slg_stop;
+    for (int i = 0; i < n; i++) {
+        w->samples[i].seed = b->samples[i]->seed;
+        w->samples[i].index = b->samples[i]->index;
+        w->samples[i].cond = (ditd_cond_input){.class_id = b->samples[i]->class_id};
+        w->samples[i].guidance = b->samples[i]->guidance;
+        w->samples[i].true_cfg = b->samples[i]->true_cfg;
+        w->samples[i].has_guidance_2 = b->samples[i]->has_guidance_2;
+        w->samples[i].guidance_2 = b->samples[i]->guidance_2;
+        w->active[i] = 1;
+        w->partial_sent[i] = 0;
+        if (!err)
+            err = ditd__worker_set_loras(w, i, b->samples[i]);
+    }
+    w->batch = b;
+    w->t_start = w->t_step = ditd__worker_now_ms();
+    /* step caching: every rank sets the batch's (the leader's batch_ok
+     * checked it; the same bytes give the same config on every rank) */
+    if (!err)
+        err = ditd_cache_msg_to_config(b->cache, &w->cache_cfg);
+    if (!err)
+        err = ditd_pipeline_set_cache(w->rep.pipe, &w->cache_cfg);
+    if (!err)
+        err = set_batch_size(w, b);
+    if (!err && w->te)
+        err = ditd__worker_encode_prompts(w, b);
+    if (!err && !w->group_err)
+        err = ditd_pipeline_generate(w->rep.pipe, &gp, n, w->samples, NULL, w->out, w->active,
+                                     w->leader ? on_step : NULL, w);
+    w->batch = NULL;
+    /* a latent model: the group decodes the latents together */
+    if (!err && w->rep.li)
+        err = ditd_latent_image_run(w->rep.li, w->out, n, w->active, w->leader ? w->pix : NULL);
+    /* a video model: the group decodes each clip still wanted (the same
+     * active flags on every rank), the leader gets the frames */
+    for (int i = 0; !err && w->rep.lv && i < n; i++) {
+        const ditd_denoiser_shapes *sh = &w->rep.pipe->shapes;
+        if (w->active[i])
+            err = ditd_latent_video_run(w->rep.lv, w->out + (size_t)i * w->numel_lat, 1, sh->frames,
+                                        sh->height, sh->width,
+                                        w->leader ? w->pix + (size_t)i * w->numel_img : NULL);
+    }
+    if (err == DITD_ECOMM)
+        w->group_err = err; /* a collective failed: the group is out of step */
+    if (!w->leader) {
+        if (err && err != DITD_ECANCELED)
+            fprintf(stderr, "ditd worker: replica %d, group rank %d: batch %llu: %s: %s\n",
+                    w->cfg->replica, w->mesh->rank, (unsigned long long)b->batch_id,
+                    ditd_strerror(err), ditd_err_detail());
+        return;
+    }
+    if (err) {
+        snprintf(msg, sizeof msg, "%s%s%s", ditd_strerror(err), *ditd_err_detail() ? ": " : "",
+                 ditd_err_detail());
+        if (w->stop_now)
+            snprintf(msg, sizeof msg, "the replica is shutting down");
+        ditd__worker_error(w, b->batch_id, w->stop_now ? DITD_EUNAVAIL : err, msg);
+        return;
+    }
+
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__Result r = DITD__RESULT__INIT;
+    Ditd__Image im[DITD_WORKER_MAX_BATCH], *imp[DITD_WORKER_MAX_BATCH];
+    Ditd__CacheStats cs[DITD_WORKER_MAX_BATCH], *csp[DITD_WORKER_MAX_BATCH];
+    r.batch_id = b->batch_id;
+    r.width = (uint32_t)w->img_w;
+    r.height = (uint32_t)w->img_h;
+    r.channels = (uint32_t)m->image_channels;
+    r.frames = (uint32_t)w->frames;
+    r.compute_ms = ditd__worker_now_ms() - w->t_start;
+    for (int i = 0; i < n; i++) {
+        ditd__image__init(&im[i]);
+        im[i].slot = (uint32_t)i;
+        im[i].canceled = !w->active[i];
+        if (w->active[i]) {
+            uint8_t *px = w->pix + (size_t)i * w->numel_img;
+            if (!w->rep.li && !w->rep.lv) /* a latent model's pixels came from its VAE */
+                latents_to_image(w, w->out + (size_t)i * w->numel_lat, px);
+            im[i].pixels.data = px;
+            im[i].pixels.len = w->numel_img;
+        }
+        imp[i] = &im[i];
+    }
+    r.n_images = (size_t)n;
+    r.images = imp;
+    if (w->cache_cfg.method != DITD_CACHE_NONE) {
+        for (int i = 0; i < n; i++) {
+            ditd_cache_stats st;
+            ditd_pipeline_cache_stats(w->rep.pipe, i, &st);
+            ditd__cache_stats__init(&cs[i]);
+            cs[i].slot = (uint32_t)i;
+            cs[i].steps = (uint32_t)st.steps;
+            cs[i].steps_skipped = (uint32_t)st.steps_skipped;
+            cs[i].evals = (uint64_t)st.evals;
+            cs[i].evals_skipped = (uint64_t)st.evals_skipped;
+            csp[i] = &cs[i];
+        }
+        r.n_cache = (size_t)n;
+        r.cache = csp;
+    }
+    env.msg_case = DITD__ENVELOPE__MSG_RESULT;
+    env.result = &r;
+    ditd__worker_send_env(w, &env);
+    if (w->te) /* the text cache's counters moved: /metrics hears it now */
+        ditd__worker_heartbeat(w, true);
+}
