@@ -18,6 +18,7 @@
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/prompt_encoder.h"
 #include "server/cmd/cli.h"
+#include "engine/pipeline/image_cond.h"
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/latent_video.h"
 #include "engine/io/video_mp4.h"
@@ -96,7 +97,9 @@ static void usage(FILE *f)
     fputs("\nimage edits (docs/edits.md):\n"
           "  --image FILE         img2img (a row with img2img: FLUX): start from this PNG,\n"
           "                       JPEG or WebP, at the output size (the default --size;\n"
-          "                       no resampling yet)\n"
+          "                       no resampling yet); on an image-to-video folder\n"
+          "                       (WanImageToVideoPipeline) the clip's first frame, any size\n"
+          "                       (resized to --size as Diffusers, lanczos)\n"
           "  --strength S         with --image: 0 < S <= 1 of the schedule is run from the\n"
           "                       noised image (default: the pipeline's, FLUX 0.6)\n",
           f);
@@ -382,6 +385,8 @@ int ditd_cmd_generate(int argc, char **argv)
     double strength = -1;
     ditd_image in_img = {0}; /* --image, decoded */
     float *img_lat = NULL;   /* --image: its latents (C, h, w) */
+    ditd_image_cond *icond = NULL; /* --image on an image-to-video folder */
+    float *i2v_cond = NULL, *i2v_emb = NULL;
     double true_cfg = 1.0, slg_scale = -1, slg_start = -1, slg_stop = -1;
     long size_w = 0, size_h = 0, max_seq = 0;
     ditd_prompt_encoder *penc = NULL; /* text models, on the leader */
@@ -644,7 +649,18 @@ int ditd_cmd_generate(int argc, char **argv)
     /* --image: the folder's edit row (FluxPipeline: FluxImg2ImgPipeline) gives
      * the defaults; the image sets the size */
     const ditd_pipeline_class *erow = image_path ? pc->img2img : NULL;
-    if (image_path && (!erow || video || !info.needs_vae)) {
+    const int i2v = pc->image_to_video; /* WanImageToVideoPipeline: --image is the first frame */
+    if (i2v && !image_path) {
+        fprintf(stderr, "ditd generate: %s (%s) makes a clip from an image: give --image FILE\n",
+                info.name, pc->name);
+        goto done_info;
+    }
+    if (i2v && strength >= 0) {
+        fprintf(stderr, "ditd generate: --strength: %s starts from noise (the image is the "
+                "condition, not img2img)\n", pc->name);
+        goto done_info;
+    }
+    if (image_path && !i2v && (!erow || video || !info.needs_vae)) {
         fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
                 "pipeline row with img2img, e.g. FLUX)\n", info.name, pc->name);
         goto done_info;
@@ -678,18 +694,23 @@ int ditd_cmd_generate(int argc, char **argv)
         if (!size_w) {
             size_w = in_img.width;
             size_h = in_img.height;
+        } else if (i2v) { /* resized to the clip as VideoProcessor.preprocess (lanczos) */
         } else if (size_w != in_img.width || size_h != in_img.height) {
             fprintf(stderr, "ditd generate: --image %s is %dx%d, --size %ldx%ld: resampling the "
                     "input is not done yet (give the image at the output size)\n", image_path,
                     in_img.width, in_img.height, size_w, size_h);
             goto done_info;
         }
-        if (steps <= 0 && erow != pc)
-            steps = erow->default_steps;
-        if (guidance < 0 && erow != pc)
-            guidance = erow->default_guidance;
-        if (strength < 0)
-            strength = erow->default_strength;
+        if (i2v)
+            ; /* the row's own defaults */
+        else {
+            if (steps <= 0 && erow != pc)
+                steps = erow->default_steps;
+            if (guidance < 0 && erow != pc)
+                guidance = erow->default_guidance;
+            if (strength < 0)
+                strength = erow->default_strength;
+        }
         if (!info.resizable && (size_w != info.image_width || size_h != info.image_height)) {
             fprintf(stderr, "ditd generate: --image %s is %ldx%ld; %s makes %dx%d\n", image_path,
                     size_w, size_h, info.name, info.image_width, info.image_height);
@@ -813,7 +834,8 @@ int ditd_cmd_generate(int argc, char **argv)
     ops->set_threads((int)threads);
 
     /* latents (n, C, h, w); for a pixel-space model they are the image */
-    int C = pipe->shapes.in_channels, LH = pipe->shapes.height, LW = pipe->shapes.width;
+    int C = pc->image_to_video ? pipe->shapes.out_channels : pipe->shapes.in_channels;
+    int LH = pipe->shapes.height, LW = pipe->shapes.width;
     size_t numel = video ? pipe->numel : ditd_denoiser_numel_in(&pipe->shapes);
     if (latents_path && video) { /* (n, C, T, h, w) */
         int nd;
@@ -845,7 +867,24 @@ int ditd_cmd_generate(int argc, char **argv)
             goto done;
         }
     }
-    if (image_path) { /* every rank encodes (one rank's work, the same latents) */
+    if (image_path && pc->image_to_video) { /* the condition and image embeddings, every rank */
+        int W = LW * info.vae_scale, H = LH * info.vae_scale;
+        if ((err = ditd_image_cond_new(&info, &ditd_backend_cpu, W, H, &icond)) ||
+            !(i2v_cond = malloc(ditd_image_cond_numel(icond, nfr, W, H) * sizeof(float))) ||
+            (ditd_image_cond_embeds_numel(icond) &&
+             !(i2v_emb = malloc(ditd_image_cond_embeds_numel(icond) * sizeof(float))))) {
+            fail("the image condition", err ? err : DITD_ENOMEM);
+            goto done;
+        }
+        if ((err = ditd_image_cond_run(icond, in_img.pixels, in_img.width, in_img.height, NULL, 0,
+                                       0, nfr, W, H, i2v_cond, i2v_emb))) {
+            fail("encoding --image", err);
+            goto done;
+        }
+        if (leader && !pr.quiet)
+            fprintf(stderr, "image-to-video: %s %dx%d as the first of %d frames at %dx%d (%s)\n",
+                    image_path, in_img.width, in_img.height, nfr, W, H, pc->name);
+    } else if (image_path) { /* every rank encodes (one rank's work, the same latents) */
         int st = 0;
         gp.strength = strength;
         if ((err = ditd_pipeline_strength_start(gp.steps, strength, &st))) {
@@ -886,6 +925,8 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].guidance_2 = (float)guidance_2;
         samples[i].loras = lora_set.n ? &lora_set : NULL;
         samples[i].image_latents = img_lat;
+        samples[i].video_cond = i2v_cond;
+        samples[i].image_embeds = i2v_emb;
     }
     if ((err = ditd_pipeline_set_cache(pipe, &cache_cfg))) { /* every rank alike */
         fail("--cache", err);
@@ -973,6 +1014,9 @@ done:
 done_info:
     ditd_image_free(&in_img);
     free(img_lat);
+    ditd_image_cond_free(icond);
+    free(i2v_cond);
+    free(i2v_emb);
     ditd_prompt_encoder_free(penc);
     free(emb);
     free(te);
