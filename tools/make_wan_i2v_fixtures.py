@@ -228,12 +228,20 @@ def make_clip_vision(out, enc_dir):
                 hidden=[base.npy(out, f"hidden_{i}.npy", hs[i]) for i in range(len(hs))])
     resizes = []
     r = np.random.RandomState(5)
+    # up, down, mixed (both orders), one axis; CLIP-like shortest-edge reductions; two
+    # reductions where Pillow 13 runs the vertical pass first (ditd does not: measured)
     for i, (w, h, ow, oh, f) in enumerate([(48, 32, 54, 36, 3), (37, 53, 16, 23, 3),
                                             (64, 40, 21, 13, 3), (30, 30, 45, 17, 1),
-                                            (50, 26, 19, 40, 1), (33, 21, 33, 29, 2)]):
+                                            (50, 26, 19, 40, 1), (33, 21, 33, 29, 2),
+                                            (104, 60, 48, 28, 3), (60, 104, 28, 48, 3),
+                                            (20, 64, 9, 9, 3), (12, 40, 9, 30, 1)]):
         img = r.randint(0, 256, (h, w, 3)).astype(np.uint8)
-        res = np.asarray(PIL.Image.fromarray(img).resize((ow, oh), resample=f))
-        resizes.append(dict(w=w, h=h, ow=ow, oh=oh, resample=f,
+        pil = PIL.Image.fromarray(img)
+        res = np.asarray(pil.resize((ow, oh), resample=f))
+        hv = np.array_equal(res, np.asarray(pil.resize((ow, h), f).resize((ow, oh), f)))
+        vh = np.array_equal(res, np.asarray(pil.resize((w, oh), f).resize((ow, oh), f)))
+        order = "HV" if hv and not vh else "VH" if vh and not hv else "either" if hv else "?"
+        resizes.append(dict(w=w, h=h, ow=ow, oh=oh, resample=f, pil_order=order,
                             input=base.npy(out, f"resize_{i}_in.npy", img, np.uint8),
                             output=base.npy(out, f"resize_{i}_out.npy", res, np.uint8)))
     meta["resizes"] = resizes

@@ -127,7 +127,8 @@ static const char *const proc_used[] = {"do_resize", "size", "resample", "do_cen
                                         "crop_size", "do_rescale", "rescale_factor",
                                         "do_normalize", "image_mean", "image_std", NULL};
 
-/* {"shortest_edge": n} or {"height": h, "width": w} or an integer */
+/* {"shortest_edge": n} or {"height": h, "width": w} or an integer: 0, 1 when
+ * absent (the caller's default), or a negative error */
 static int read_size(json_t *root, const char *path, const char *key, int *edge, int *h, int *w)
 {
     json_t *v = json_object_get(root, key);
@@ -146,17 +147,17 @@ static int read_size(json_t *root, const char *path, const char *key, int *edge,
             *h = (int)json_integer_value(hh);
             *w = (int)json_integer_value(ww);
         } else {
-            return -ditd_err_set(DITD_EUNSUPPORTED, "%s: %s must be {\"shortest_edge\": n} or "
+            return ditd_err_set(DITD_EUNSUPPORTED, "%s: %s must be {\"shortest_edge\": n} or "
                                  "{\"height\": h, \"width\": w}", path, key);
         }
     } else {
-        return -ditd_err_set(DITD_EFORMAT, "%s: %s must be an object or an integer", path, key);
+        return ditd_err_set(DITD_EFORMAT, "%s: %s must be an object or an integer", path, key);
     }
     int big = *edge > *h ? *edge : *h;
     if (*w > big)
         big = *w;
     if (big > 16384 || *edge < 0 || *h < 0 || *w < 0 || (!*edge && (*h < 1 || *w < 1)))
-        return -ditd_err_set(DITD_ERANGE, "%s: %s out of range (1..16384)", path, key);
+        return ditd_err_set(DITD_ERANGE, "%s: %s out of range (1..16384)", path, key);
     return 0;
 }
 
@@ -218,12 +219,12 @@ static int read_proc(json_t *root, const char *path, void *ud)
         (err = read_triple(root, path, "image_std", clip_std, p->std)))
         return err;
     if ((r = read_size(root, path, "size", &p->shortest_edge, &p->size_h, &p->size_w)) < 0)
-        return -r;
+        return r;
     if (r > 0)
         p->shortest_edge = 224;
     int e;
     if ((r = read_size(root, path, "crop_size", &e, &p->crop_h, &p->crop_w)) < 0)
-        return -r;
+        return r;
     if (r > 0)
         p->crop_h = p->crop_w = 224;
     else if (e)
