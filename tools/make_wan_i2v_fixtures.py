@@ -8,6 +8,9 @@ What it is: a script that writes, under tests/fixtures/wan_pipeline/,
              WanTransformer3DModel with the image branch (image_dim, added_kv_proj_dim));
   i2v22/     Wan 2.2 I2V-A14B-like (no image encoder, two 36-channel experts,
              boundary_ratio 0.875, expand_timesteps false);
+  ti2vi/     Wan 2.2 TI2V-5B-like in image mode (expand_timesteps: the image's latents replace
+             the first latent frame, at t = 0): only model_index.json, ti2v/'s transformer and
+             48-channel VAE;
 both taking wan21/'s scheduler, UMT5 text encoder (real vocabulary) and VAE (assemble.py
 copies them), and expected_i2v/: what Diffusers' WanImageToVideoPipeline makes in float64
 (cases.json lists the .npy files): the input image (PNG), the CLIP pixel values and
@@ -89,6 +92,15 @@ CASES_22 = [
                                           num_videos_per_prompt=2, max_sequence_length=16),
      (32, 32)),
 ]
+# Wan 2.2 TI2V-5B-like in image mode (WanImageToVideoPipeline with expand_timesteps: the image's
+# latents replace the first latent frame, held at t = 0); ti2v's transformer and VAE
+CASES_TI2VI = [
+    ("ti2vi_5f_64x32", dict(prompt="waves crashing on rocks at sunset", height=64, width=32,
+                            num_frames=5, num_inference_steps=3, max_sequence_length=16), (32, 64)),
+    ("ti2vi_9f_32x64_resized", dict(prompt="a red balloon over a city", negative_prompt="fog",
+                                    height=32, width=64, num_frames=9, num_inference_steps=3,
+                                    guidance_scale=3.0, max_sequence_length=16), (48, 24)),
+]
 
 
 def picture(w, h, seed):
@@ -128,6 +140,13 @@ def make_i2v22(d, gen):
         tr.to(torch.float32).save_pretrained(d / sub, safe_serialization=True)
 
 
+def make_ti2vi(d):
+    base.write_json(d / "model_index.json",
+                    dict(INDEX, _diffusers_version=diffusers.__version__, image_encoder=[None, None],
+                         image_processor=[None, None], transformer_2=[None, None],
+                         boundary_ratio=None, expand_timesteps=True))
+
+
 def load_pipe(d):
     kw = {} if (d / "image_encoder").is_dir() else dict(image_encoder=None, image_processor=None)
     pipe = WanImageToVideoPipeline.from_pretrained(d, torch_dtype=torch.float64, **kw)
@@ -159,7 +178,8 @@ def make_case(pipe, exp, index, case, folder):
     F, h, w = (N - 1) // vt + 1, H // vs, W // vs
     g = kw.get("guidance_scale", 5.0)
     gen = torch.Generator().manual_seed(8100 + index)
-    noise = torch.randn((B, 16, F, h, w), generator=gen, dtype=torch.float32)
+    Z = pipe.vae.config.z_dim
+    noise = torch.randn((B, Z, F, h, w), generator=gen, dtype=torch.float32)
     seen = {}
     tr_fwd = pipe.transformer.forward
 
@@ -177,14 +197,19 @@ def make_case(pipe, exp, index, case, folder):
                         output_type=out, return_dict=False)[0]
     lat = run("latent")
     pipe.transformer.forward = tr_fwd
-    assert lat.dtype == torch.float64 and lat.shape == (B, 16, F, h, w), (name, lat.shape)
+    assert lat.dtype == torch.float64 and lat.shape == (B, Z, F, h, w), (name, lat.shape)
     timesteps = pipe.scheduler.timesteps.clone()
     assert torch.equal(run("latent"), lat), f"{name}: not deterministic"
     frames = run("np")
     assert frames.shape == (B, N, H, W, 3), (name, frames.shape)
     u8 = np.round(frames * 255).astype(np.uint8)
-    cond = seen["x"][:B, 16:]
-    assert cond.shape == (B, 20, F, h, w), cond.shape
+    if pipe.config.expand_timesteps:  # the first latent frame of the input is the condition
+        cond = seen["x"][:B, :, 0:1]
+        assert cond.shape == (B, Z, 1, h, w), cond.shape
+        assert torch.equal(lat[:, :, 0:1], cond), f"{name}: the result's first frame"
+    else:
+        cond = seen["x"][:B, 16:]
+        assert cond.shape == (B, 20, F, h, w), cond.shape
     moved = float(((lat - noise.double()).abs().max() / lat.abs().max()).item())
     assert moved > 1e-2, f"{name}: the latents hardly moved ({moved})"
     p = f"{name}_"
@@ -257,11 +282,12 @@ def main():
     transformers.logging.set_verbosity_error()
     diffusers.utils.logging.set_verbosity_error()
     out = args.out
-    for sub in ("i2v21", "i2v22", "expected_i2v"):
+    for sub in ("i2v21", "i2v22", "ti2vi", "expected_i2v"):
         shutil.rmtree(out / sub, ignore_errors=True)
     gen = torch.Generator().manual_seed(2424)
     make_i2v21(out / "i2v21", gen)
     make_i2v22(out / "i2v22", gen)
+    make_ti2vi(out / "ti2vi")
     exp = out / "expected_i2v"
     exp.mkdir()
     make_clip_vision(exp / "clip_vision", out / "i2v21" / "image_encoder")
@@ -272,13 +298,13 @@ def main():
         subprocess.run([sys.executable, str(out / "assemble.py"), str(tmp / "tok"),
                         str(tmp / "pipes"), str(tmp / "pipes.stamp")], check=True)
         cases = []
-        for folder, fcases in (("i2v21", CASES_21), ("i2v22", CASES_22)):
+        for folder, fcases in (("i2v21", CASES_21), ("i2v22", CASES_22), ("ti2vi", CASES_TI2VI)):
             pipe = load_pipe(tmp / "pipes" / folder)
             assert isinstance(pipe.image_processor, CLIPImageProcessor) == (folder == "i2v21") or \
                 pipe.image_processor is not None or folder == "i2v22"
             for c in fcases:
                 cases.append(make_case(pipe, exp, len(cases), c, folder))
-    assert len(cases) >= 4
+    assert len(cases) >= 6
     base.write_json(exp / "cases.json",
                     dict(diffusers=diffusers.__version__, transformers=transformers.__version__,
                          torch=torch.__version__, compute="float64", stored="float32",

@@ -340,6 +340,13 @@ static int load_image_cond(ditd_model_info *m, json_t *index, const char *path)
     if (!m->vae_dir[0])
         return ditd_err_set(DITD_ENOENT, "%s: %s needs vae/ to encode the input image", path,
                             m->pipeline->name);
+    if (m->expand_timesteps) { /* TI2V-5B: the image's latents replace the first frame */
+        if (m->cond_channels != 0)
+            return ditd_err_set(DITD_EUNSUPPORTED, "%s: expand_timesteps: the image replaces the "
+                                "first latent frame, so in_channels (%d) must equal out_channels "
+                                "(%d)", tcfg, m->shapes.in_channels, m->shapes.out_channels);
+        return 0;
+    }
     if (m->cond_channels != m->frame_step + m->shapes.out_channels)
         return ditd_err_set(DITD_EUNSUPPORTED,
                             "%s: in_channels %d: %s concatenates %d mask channels and %d image "
@@ -347,9 +354,6 @@ static int load_image_cond(ditd_model_info *m, json_t *index, const char *path)
                             m->shapes.in_channels, m->pipeline->name, m->frame_step,
                             m->shapes.out_channels, m->shapes.out_channels,
                             m->frame_step + 2 * m->shapes.out_channels);
-    if (m->expand_timesteps)
-        return ditd_err_set(DITD_EUNSUPPORTED, "%s: expand_timesteps with %s (TI2V-5B's image "
-                            "mode) is not supported yet", path, m->pipeline->name);
     if ((err = component_present(index, "image_encoder", path, &enc)) ||
         (err = component_present(index, "image_processor", path, &proc)))
         return err;

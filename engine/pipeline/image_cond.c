@@ -14,6 +14,7 @@ struct ditd_image_cond {
     ditd_wan_vae *vae;
     const ditd_wan_vae_config *cfg;
     int max_w, max_h, mask_c, lat_c;
+    int first_frame;                 /* expand_timesteps (TI2V-5B): the image's latents only */
     ditd_clip_vision *clip;          /* NULL without an image branch */
     ditd_clip_image_processor proc;
     int li, di;                      /* the transformer's image tokens and width */
@@ -41,7 +42,8 @@ int ditd_image_cond_new(const ditd_model_info *info, const ditd_backend_ops *ops
     ic->fam = info->vae->video;
     ic->max_w = max_w;
     ic->max_h = max_h;
-    ic->mask_c = info->frame_step;
+    ic->first_frame = info->expand_timesteps;
+    ic->mask_c = ic->first_frame ? 0 : info->frame_step;
     ic->lat_c = info->shapes.out_channels;
     ic->li = info->shapes.cond.image_len;
     ic->di = info->shapes.cond.image_dim;
@@ -107,8 +109,8 @@ static int latent_frames(const ditd_image_cond *ic, int frames)
 
 size_t ditd_image_cond_numel(const ditd_image_cond *ic, int frames, int W, int H)
 {
-    int s = ic->cfg->scale_factor_spatial;
-    return (size_t)(ic->mask_c + ic->lat_c) * latent_frames(ic, frames) * (H / s) * (W / s);
+    int s = ic->cfg->scale_factor_spatial, T = ic->first_frame ? 1 : latent_frames(ic, frames);
+    return (size_t)(ic->mask_c + ic->lat_c) * T * (H / s) * (W / s);
 }
 
 size_t ditd_image_cond_embeds_numel(const ditd_image_cond *ic)
@@ -163,20 +165,29 @@ int ditd_image_cond_run(ditd_image_cond *ic, const uint8_t *rgb, int iw, int ih,
                             st, last ? ", at least 2 with a last image" : "");
     if (ic->clip && !embeds)
         return ditd_err_set(DITD_EINVAL, "image condition: the transformer needs image embeddings");
-    int T = latent_frames(ic, frames), h = H / s, w = W / s;
-    size_t plane = (size_t)W * H, nvid = (size_t)3 * frames * plane, lat_plane = (size_t)h * w;
+    if (ic->first_frame && last)
+        return ditd_err_set(DITD_EINVAL, "a last image with expand_timesteps (TI2V-5B takes the "
+                            "first frame only)");
+    /* TI2V-5B: the image alone is encoded (prepare_latents' video_condition = image) */
+    const int nf = ic->first_frame ? 1 : frames;
+    int T = latent_frames(ic, nf), h = H / s, w = W / s;
+    size_t plane = (size_t)W * H, nvid = (size_t)3 * nf * plane, lat_plane = (size_t)h * w;
     if ((err = grow(&ic->video, &ic->cap_video, nvid)) ||
         (err = grow(&ic->z, &ic->cap_z, (size_t)ic->cfg->z_dim * T * lat_plane)))
         return err;
     // the video [image, zeros..., (last)] (3, N, H, W) in [-1, 1]
     memset(ic->video, 0, nvid * sizeof(float));
-    if ((err = put_frame(ic, rgb, iw, ih, 0, frames, W, H)) ||
-        (last && (err = put_frame(ic, last, lw, lh, frames - 1, frames, W, H))))
+    if ((err = put_frame(ic, rgb, iw, ih, 0, nf, W, H)) ||
+        (last && (err = put_frame(ic, last, lw, lh, nf - 1, nf, W, H))))
         return err;
     // the VAE's mean, scaled: (z - mean) x (1 / std)
-    if ((err = ic->fam->encode(ic->vae, ic->video, 1, frames, H, W, 0, ic->z, NULL)))
+    if ((err = ic->fam->encode(ic->vae, ic->video, 1, nf, H, W, 0, ic->z, NULL)))
         return err;
     ditd_wan_vae_scale(ic->cfg, ic->z, 1, (size_t)T * lat_plane);
+    if (ic->first_frame) {
+        memcpy(cond, ic->z, (size_t)ic->cfg->z_dim * lat_plane * sizeof(float));
+        return 0;
+    }
     // [mask (st, T, h, w); latents (z, T, h, w)]: mask channel k of latent frame t is pixel
     // frame 0 for t = 0, else 1 + st (t - 1) + k; 1 on the first (and the last) frame
     for (int k = 0; k < st; k++)

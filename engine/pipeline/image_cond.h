@@ -16,6 +16,10 @@
  *     on the image as given, CLIPVisionModel's hidden_states[-2]
  *     (engine/vision/clip_vision.h); FLF2V: both images, their tokens one
  *     after the other.
+ * With expand_timesteps (Wan 2.2 TI2V-5B) the condition is the image's
+ * scaled latents alone, (z_dim, 1, h, w): the pipeline puts them in the
+ * first latent frame of every forward and of the result, that frame's
+ * timestep 0 (ditd_cond.t_frames), as the pipeline's first_frame_mask does.
  * Memory: the VAE's encoder and the CLIP tower are planned at load for
  * clips up to max_w x max_h; a clip's buffers grow between calls.
  * What it is not: the denoising loop (the pipeline reads what this makes

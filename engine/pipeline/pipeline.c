@@ -18,6 +18,7 @@ static void set_numels(ditd_pipeline *p)
     p->numel_in = ditd_denoiser_numel_in(&p->shapes);
     p->numel_out = ditd_denoiser_numel_out(&p->shapes);
     p->numel_cond = 0;
+    p->first_frame = p->pc->image_to_video && p->info.expand_timesteps;
     if (p->pc->image_to_video && p->shapes.out_channels < p->shapes.in_channels)
         p->numel_cond = p->numel_in / (size_t)p->shapes.in_channels *
                         (size_t)(p->shapes.in_channels - p->shapes.out_channels);
@@ -226,6 +227,7 @@ void ditd_pipeline_free(ditd_pipeline *p)
     free(p->row_branch);
     free(p->row_lora);
     free(p->img_emb);
+    free(p->t_frames);
     free(p);
 }
 
@@ -382,6 +384,19 @@ static int run_forwards(ditd_pipeline *p, int n, int rc, int ru, int rows, int c
                                 displs);
 }
 
+/* TI2V-5B (first_frame): latent frame 0 of sample i := its image's latents
+ * ((1 - first_frame_mask) x condition + first_frame_mask x latents, exact
+ * for a 0/1 mask). Frame 0's own sampler state only ever reads itself, so
+ * replacing it in place gives the other frames Diffusers' values. */
+static void put_first_frame(ditd_pipeline *p, int i, const ditd_gen_sample *smp)
+{
+    const int C = p->shapes.out_channels, F = p->shapes.frames > 0 ? p->shapes.frames : 1;
+    const size_t hw = p->numel / ((size_t)C * F);
+    float *x = p->lat + (size_t)i * p->numel;
+    for (int c = 0; c < C; c++)
+        memcpy(x + (size_t)c * F * hw, smp->video_cond + (size_t)c * hw, hw * sizeof(float));
+}
+
 /* Forward row r := sample i's latents, then (image-to-video) its
  * condition on the following channels and its image embeddings. */
 static void load_row(ditd_pipeline *p, int r, int i, const ditd_gen_sample *smp)
@@ -394,6 +409,13 @@ static void load_row(ditd_pipeline *p, int r, int i, const ditd_gen_sample *smp)
     if (p->img_emb) {
         size_t ne = (size_t)p->shapes.cond.image_len * (size_t)p->shapes.cond.image_dim;
         memcpy(p->img_emb + (size_t)r * ne, smp->image_embeds, ne * sizeof(float));
+    }
+    if (p->first_frame) { /* mask * t per frame: the first frame at 0 */
+        int F = p->shapes.frames;
+        float t = p->h_t[r];
+        p->t_frames[(size_t)r * F] = 0.0f;
+        for (int f = 1; f < F; f++)
+            p->t_frames[(size_t)r * F + f] = t;
     }
 }
 
@@ -484,6 +506,18 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                                      !p->pc->cache_branch_contexts)))
         return err;
 
+    if (p->first_frame) { /* (max_rows, frames) timesteps, grown between batches */
+        int F = p->shapes.frames > 0 ? p->shapes.frames : 1;
+        if (p->t_frames_cap < F) {
+            float *tf = realloc(p->t_frames, (size_t)p->max_rows * F * sizeof(float));
+            if (!tf)
+                return ditd_err_set(DITD_ENOMEM, "per-frame timesteps");
+            p->t_frames = tf;
+            p->t_frames_cap = F;
+        }
+        p->cond.t_frames = p->t_frames;
+        p->cond.t_frames_n = F;
+    }
     /* In a group the leader's flags rule: ctl = [stop, active[0..n)],
      * broadcast at the start and after every step's callback. */
     uint8_t *act = NULL;
@@ -520,6 +554,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
 
     int cfg_par = p->mesh && p->mesh->layout.cfg == 2;
     for (int s = t_start; s < steps; s++) {
+        for (int i = 0; p->first_frame && i < n; i++)
+            put_first_frame(p, i, &samples[i]);
         /* WanPipeline: t >= boundary runs transformer, the rest transformer_2
          * with guidance_scale_2 */
         int low = p->den2 && ts[s] < p->boundary_t;
@@ -633,6 +669,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
     }
     ditd_step_cache_end(p->scache);
     p->cur = p->den;
+    for (int i = 0; p->first_frame && i < n; i++) /* the result's first frame is the image's */
+        put_first_frame(p, i, &samples[i]);
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
     return 0;
 }

@@ -92,6 +92,7 @@ typedef struct ditd_gen_sample {
                                  * ditd_latent_image_encode); borrowed for the call,
                                  * samples may share one. NULL otherwise */
     /* image-to-video (a row with image_to_video): the condition (Cc, F, h, w)
+     * (with expand_timesteps: the first frame's latents (C, 1, h, w))
      * host f32 that follows the latents on channels in every forward row of
      * this sample (ditd_image_cond_run: mask + scaled VAE latents), and for
      * a transformer with an image branch its image embeddings (Li, Di)
@@ -134,6 +135,11 @@ typedef struct ditd_pipeline {
     size_t numel_in;             /* the transformer's input per row: numel + numel_cond */
     size_t numel_cond;           /* image-to-video: the condition's Cc*F*h*w; else 0 */
     float *img_emb;              /* (max_rows, Li, Di) image embeddings of the rows, or NULL */
+    int first_frame;             /* image-to-video with expand_timesteps (TI2V-5B): the
+                                  * sample's video_cond (C, 1, h, w) replaces latent frame 0
+                                  * of every forward and of the result, that frame at t = 0 */
+    float *t_frames;             /* (max_rows, frames) per-frame timesteps then, else NULL */
+    int t_frames_cap;
     size_t cap_numel, cap_numel_out; /* what the buffers below hold per sample */
     size_t numel_out;            /* Co*h*w per sample */
     float *lat;                  /* (n, C, h, w) host */

@@ -6,8 +6,8 @@ For each single-video case of tests/fixtures/wan_pipeline/expected_i2v/cases.jso
 `ditd generate --image IN.png --frames N --size WxH -o clip.png --save-latents` must give
 the final latents within 1e-4 relative of Diffusers' and PNG frames within one 8-bit level.
 Then the refusals: no --image on an image-to-video folder, --image on WanPipeline,
---strength with image-to-video. At least 3 clips (both folders) and 3 refusals are
-checked. Stdlib plus ffmpeg (PNG decoding), as wan_generate.py.
+--strength with image-to-video. At least 5 clips (Wan 2.1 I2V, Wan 2.2 I2V-A14B, TI2V-5B in image mode) and 3 refusals
+are checked. Stdlib plus ffmpeg (PNG decoding), as wan_generate.py.
 
 usage: wan_i2v_generate.py DITD WAN_PIPELINE_DIR FIXTURES_DIR
 """
@@ -96,7 +96,7 @@ for args, needle in [
 
 shutil.rmtree(tmp, ignore_errors=True)
 print("%d clips, %d refusals checked" % (checked, refusals))
-if checked < 3 or refusals < 3 or kinds != {"i2v21", "i2v22"}:
-    fail("too few checked: %d clips (3), %d refusals (3), folders %s" % (checked, refusals,
+if checked < 5 or refusals < 3 or kinds != {"i2v21", "i2v22", "ti2vi"}:
+    fail("too few checked: %d clips (5), %d refusals (3), folders %s" % (checked, refusals,
                                                                         sorted(kinds)))
 sys.exit(1 if failures else 0)

@@ -198,7 +198,9 @@ static int run_case(json_t *c)
     TU_OK(ditd_model_info_load(dir, &info));
     if (!info.pipeline)
         goto out;
-    TU_CHECK(info.pipeline->image_to_video && info.cond_channels == 20 &&
+    int ti2v = strcmp(jstr(c, "folder"), "ti2vi") == 0;
+    TU_CHECK(info.pipeline->image_to_video && info.cond_channels == (ti2v ? 0 : 20) &&
+                 info.expand_timesteps == ti2v &&
                  (info.image_encoder_dir[0] != 0) == branch &&
                  (info.shapes.cond.image_dim > 0) == branch,
              "%s: %s, %d condition channels, image encoder '%s'", name, info.pipeline->name,
@@ -215,7 +217,8 @@ static int run_case(json_t *c)
     cond = malloc(nc * sizeof *cond);
     emb = ne ? malloc(ne * sizeof *emb) : NULL;
     TU_OK(ditd_image_cond_run(ic, rgb, iw, ih, NULL, 0, 0, N, W, H, cond, emb));
-    snprintf(what, sizeof what, "%s: condition (20, %d, %d, %d)", name, F, lh, lw);
+    snprintf(what, sizeof what, "%s: condition (%d, %d, %d, %d)", name,
+             ti2v ? info.shapes.out_channels : 20, ti2v ? 1 : F, lh, lw);
     TU_CLOSE(what, cond, cond_w, nc, 1e-5);
     if (branch) {
         ditd_clip_image_processor proc;
@@ -232,9 +235,21 @@ static int run_case(json_t *c)
         TU_CLOSE(what, emb, emb_w, ne, 1e-5);
     }
     /* the prompts and the loop */
-    ditd_prompt_encoder_opts o = {.max_sequence_length = L};
-    TU_OK(ditd_prompt_encoder_new(&info, &ditd_backend_cpu, &o, &pe));
-    if (!pe)
+    /* one encoder per folder and length (the UMT5 tokenizer's 256,384 pieces load once) */
+    static ditd_prompt_encoder *pe_cache;
+    static char pe_key[4200];
+    char key[4200];
+    snprintf(key, sizeof key, "%s@%d", dir, L);
+    if (pe_cache && strcmp(key, pe_key) != 0) {
+        ditd_prompt_encoder_free(pe_cache);
+        pe_cache = NULL;
+    }
+    if (!pe_cache) {
+        ditd_prompt_encoder_opts o = {.max_sequence_length = L};
+        TU_OK(ditd_prompt_encoder_new(&info, &ditd_backend_cpu, &o, &pe_cache));
+        snprintf(pe_key, sizeof pe_key, "%s", key);
+    }
+    if (!(pe = pe_cache))
         goto out;
     const int Dt = ditd_prompt_encoder_text_dim(pe);
     seq = malloc(2 * (size_t)L * Dt * sizeof *seq);
@@ -263,8 +278,9 @@ static int run_case(json_t *c)
     if (!p)
         goto out;
     TU_OK(ditd_pipeline_set_video_size(p, F, lh, lw, L));
-    TU_CHECK(p->numel * B == n_noise && p->numel_cond == nc, "%s: latents %zu, condition %zu "
-             "values a sample", name, p->numel, p->numel_cond);
+    TU_CHECK(p->numel * B == n_noise && p->numel_cond == (ti2v ? 0 : nc) && p->first_frame == ti2v,
+             "%s: latents %zu, condition %zu values a sample, first frame %d", name, p->numel,
+             p->numel_cond, p->first_frame);
     out = malloc(n_fin * sizeof *out);
     if (!out || p->numel * B != n_noise)
         goto out;
@@ -281,8 +297,9 @@ static int run_case(json_t *c)
     for (size_t i = 0; i < n_ts && (int)i < ditd_sampler_num_steps(p->sampler); i++)
         same += t[i] == ts[i];
     TU_CHECK(same == (int)n_ts, "%s: timesteps equal Diffusers' (%d of %zu)", name, same, n_ts);
-    snprintf(what, sizeof what, "%s: final latents (%d, 16, %d, %d, %d)%s%s", name, B, F, lh, lw,
-             cfg ? ", CFG" : "", p->den2 ? ", two experts" : "");
+    snprintf(what, sizeof what, "%s: final latents (%d, %d, %d, %d, %d)%s%s%s", name, B,
+             info.shapes.out_channels, F, lh, lw, cfg ? ", CFG" : "", p->den2 ? ", two experts" : "",
+             ti2v ? ", first frame the image's at t = 0" : "");
     TU_CLOSE(what, out, fin, n_fin, 1e-4);
     TU_OK(ditd_latent_video_new(&info, &ditd_backend_cpu, lh, lw, &lv));
     if (!lv || n_img != (size_t)B * N * H * W * 3 || !(pix = malloc(n_img)))
@@ -298,7 +315,6 @@ static int run_case(json_t *c)
 out:
     ditd_latent_video_free(lv);
     ditd_pipeline_free(p);
-    ditd_prompt_encoder_free(pe);
     ditd_image_cond_free(ic);
     if (info.dir[0])
         ditd_model_info_free(&info);
@@ -447,7 +463,7 @@ int main(void)
     size_t i;
     json_t *c;
     json_array_foreach(json_object_get(m, "cases"), i, c) n += run_case(c);
-    TU_CHECK(n >= 4, "%d image-to-video cases checked (at least 4)", n);
+    TU_CHECK(n >= 6, "%d image-to-video cases checked (at least 6)", n);
     /* WanPipeline takes no image: its row, and a sample carrying one */
     ditd_model_info t2v;
     char dir[4096];
