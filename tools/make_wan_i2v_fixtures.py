@@ -8,6 +8,8 @@ What it is: a script that writes, under tests/fixtures/wan_pipeline/,
              WanTransformer3DModel with the image branch (image_dim, added_kv_proj_dim));
   i2v22/     Wan 2.2 I2V-A14B-like (no image encoder, two 36-channel experts,
              boundary_ratio 0.875, expand_timesteps false);
+  flf2v/     Wan 2.1 FLF2V-like (last_image; a transformer with pos_embed_seq_len 514 for both
+             images' CLIP tokens): its own transformer/, i2v21's image encoder and processor;
   ti2vi/     Wan 2.2 TI2V-5B-like in image mode (expand_timesteps: the image's latents replace
              the first latent frame, at t = 0): only model_index.json, ti2v/'s transformer and
              48-channel VAE;
@@ -64,6 +66,7 @@ PROCESSOR = {"crop_size": {"height": 32, "width": 32}, "do_center_crop": True,
              "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 36}}
 TR_I2V21 = dict(base.TRANSFORMER, in_channels=36, out_channels=16, image_dim=CLIP["hidden_size"],
                 added_kv_proj_dim=24)
+TR_FLF2V = dict(TR_I2V21, pos_embed_seq_len=2 * 257)
 TR_I2V22 = dict(base.TRANSFORMER, in_channels=36, out_channels=16)
 INDEX = {
     "_class_name": "WanImageToVideoPipeline",
@@ -94,6 +97,13 @@ CASES_22 = [
 ]
 # Wan 2.2 TI2V-5B-like in image mode (WanImageToVideoPipeline with expand_timesteps: the image's
 # latents replace the first latent frame, held at t = 0); ti2v's transformer and VAE
+# FLF2V-like (Wan 2.1 with last_image: both images' CLIP tokens through pos_embed, the last frame
+# in the condition video and the mask); i2v21's image encoder, its own transformer
+CASES_FLF2V = [
+    ("flf2v_9f_32x48", dict(prompt="a flower opens", negative_prompt="blurry", height=32,
+                            width=48, num_frames=9, num_inference_steps=3,
+                            max_sequence_length=512), (48, 32)),
+]
 CASES_TI2VI = [
     ("ti2vi_5f_64x32", dict(prompt="waves crashing on rocks at sunset", height=64, width=32,
                             num_frames=5, num_inference_steps=3, max_sequence_length=16), (32, 64)),
@@ -140,6 +150,17 @@ def make_i2v22(d, gen):
         tr.to(torch.float32).save_pretrained(d / sub, safe_serialization=True)
 
 
+def make_flf2v(d, gen):
+    base.write_json(d / "model_index.json",
+                    dict(INDEX, _diffusers_version=diffusers.__version__,
+                         image_encoder=["transformers", "CLIPVisionModel"],
+                         image_processor=["transformers", "CLIPImageProcessor"],
+                         transformer_2=[None, None], boundary_ratio=None, expand_timesteps=False))
+    tr = WanTransformer3DModel(**TR_FLF2V).to(torch.float64)
+    base.randomize(tr, gen)
+    tr.to(torch.float32).save_pretrained(d / "transformer", safe_serialization=True)
+
+
 def make_ti2vi(d):
     base.write_json(d / "model_index.json",
                     dict(INDEX, _diffusers_version=diffusers.__version__, image_encoder=[None, None],
@@ -171,6 +192,13 @@ def make_case(pipe, exp, index, case, folder):
     png = f"{name}_image.png"
     PIL.Image.fromarray(img).save(exp / png)
     image = PIL.Image.open(exp / png).convert("RGB")
+    flf = folder == "flf2v"
+    extra = {}
+    if flf:  # the last frame: another picture of the same size
+        limg = picture(iw, ih, 950 + index)
+        lpng = f"{name}_last_image.png"
+        PIL.Image.fromarray(limg).save(exp / lpng)
+        extra["last_image"] = PIL.Image.open(exp / lpng).convert("RGB")
     per = kw.get("num_videos_per_prompt", 1)
     B = per
     vs, vt = pipe.vae_scale_factor_spatial, pipe.vae_scale_factor_temporal
@@ -193,7 +221,7 @@ def make_case(pipe, exp, index, case, folder):
 
     def run(out):
         with torch.no_grad():
-            return pipe(image=image, **kw, latents=noise.to(torch.float64).clone(),
+            return pipe(image=image, **kw, **extra, latents=noise.to(torch.float64).clone(),
                         output_type=out, return_dict=False)[0]
     lat = run("latent")
     pipe.transformer.forward = tr_fwd
@@ -229,7 +257,12 @@ def make_case(pipe, exp, index, case, folder):
         with torch.no_grad():
             px = pipe.image_processor(images=image, return_tensors="pt")["pixel_values"]
         entry["pixel_values"] = base.npy(exp, p + "pixel_values.npy", px[0])
-        entry["image_embeds"] = base.npy(exp, p + "image_embeds.npy", seen["e"][0])
+        # FLF2V: (2, 257, D) for one video, which the transformer views as (1, 514, D)
+        e = seen["e"].reshape(B, -1, seen["e"].shape[-1]) if flf else seen["e"]
+        entry["image_embeds"] = base.npy(exp, p + "image_embeds.npy", e[0])
+    if flf:
+        entry["last_image"] = lpng
+        entry["last_image_u8"] = base.npy(exp, p + "last_image_u8.npy", limg, np.uint8)
     if "guidance_scale_2" in kw:
         entry["guidance_scale_2"] = kw["guidance_scale_2"]
     if pipe.transformer_2 is not None:
@@ -282,12 +315,13 @@ def main():
     transformers.logging.set_verbosity_error()
     diffusers.utils.logging.set_verbosity_error()
     out = args.out
-    for sub in ("i2v21", "i2v22", "ti2vi", "expected_i2v"):
+    for sub in ("i2v21", "i2v22", "ti2vi", "flf2v", "expected_i2v"):
         shutil.rmtree(out / sub, ignore_errors=True)
     gen = torch.Generator().manual_seed(2424)
     make_i2v21(out / "i2v21", gen)
     make_i2v22(out / "i2v22", gen)
     make_ti2vi(out / "ti2vi")
+    make_flf2v(out / "flf2v", gen)
     exp = out / "expected_i2v"
     exp.mkdir()
     make_clip_vision(exp / "clip_vision", out / "i2v21" / "image_encoder")
@@ -298,13 +332,14 @@ def main():
         subprocess.run([sys.executable, str(out / "assemble.py"), str(tmp / "tok"),
                         str(tmp / "pipes"), str(tmp / "pipes.stamp")], check=True)
         cases = []
-        for folder, fcases in (("i2v21", CASES_21), ("i2v22", CASES_22), ("ti2vi", CASES_TI2VI)):
+        for folder, fcases in (("i2v21", CASES_21), ("i2v22", CASES_22), ("ti2vi", CASES_TI2VI),
+                               ("flf2v", CASES_FLF2V)):
             pipe = load_pipe(tmp / "pipes" / folder)
             assert isinstance(pipe.image_processor, CLIPImageProcessor) == (folder == "i2v21") or \
                 pipe.image_processor is not None or folder == "i2v22"
             for c in fcases:
                 cases.append(make_case(pipe, exp, len(cases), c, folder))
-    assert len(cases) >= 6
+    assert len(cases) >= 7
     base.write_json(exp / "cases.json",
                     dict(diffusers=diffusers.__version__, transformers=transformers.__version__,
                          torch=torch.__version__, compute="float64", stored="float32",

@@ -179,6 +179,8 @@ static int run_case(json_t *c)
     float *noise = npy(jstr(c, "noise"), &n_noise), *fin = npy(jstr(c, "final_latents"), &n_fin);
     float *ts = npy(jstr(c, "timesteps"), &n_ts), *frames = npy(jstr(c, "frames_u8"), &n_img);
     float *cond_w = npy(jstr(c, "condition"), &n_cond), *im = npy(jstr(c, "image_u8"), &n_im);
+    size_t n_last = 0; /* FLF2V: the last frame, the same size */
+    float *lim = jstr(c, "last_image_u8") ? npy(jstr(c, "last_image_u8"), &n_last) : NULL;
     int branch = json_object_get(c, "image_embeds") != NULL;
     float *px_w = branch ? npy(jstr(c, "pixel_values"), &n_px) : NULL;
     float *emb_w = branch ? npy(jstr(c, "image_embeds"), &n_emb) : NULL;
@@ -187,7 +189,7 @@ static int run_case(json_t *c)
     ditd_pipeline *p = NULL;
     ditd_latent_video *lv = NULL;
     ditd_image_cond *ic = NULL;
-    uint8_t *rgb = NULL, *pix = NULL;
+    uint8_t *rgb = NULL, *last = NULL, *pix = NULL;
     float *seq = NULL, *cond = NULL, *emb = NULL, *out = NULL, pooled[2];
     memset(&info, 0, sizeof info);
     snprintf(dir, sizeof dir, "%s/%s", WAN_PIPELINE_DIR, jstr(c, "folder"));
@@ -195,6 +197,7 @@ static int run_case(json_t *c)
         B < 1 || B > MAXB || n_im != (size_t)iw * ih * 3)
         goto out;
     rgb = bytes(im, n_im);
+    last = lim ? bytes(lim, n_last) : NULL;
     TU_OK(ditd_model_info_load(dir, &info));
     if (!info.pipeline)
         goto out;
@@ -216,7 +219,8 @@ static int run_case(json_t *c)
         goto out;
     cond = malloc(nc * sizeof *cond);
     emb = ne ? malloc(ne * sizeof *emb) : NULL;
-    TU_OK(ditd_image_cond_run(ic, rgb, iw, ih, NULL, 0, 0, N, W, H, cond, emb));
+    TU_OK(ditd_image_cond_run(ic, rgb, iw, ih, last, last ? iw : 0, last ? ih : 0, N, W, H, cond,
+                              emb));
     snprintf(what, sizeof what, "%s: condition (%d, %d, %d, %d)", name,
              ti2v ? info.shapes.out_channels : 20, ti2v ? 1 : F, lh, lw);
     TU_CLOSE(what, cond, cond_w, nc, 1e-5);
@@ -320,6 +324,7 @@ out:
         ditd_model_info_free(&info);
     free(noise), free(fin), free(ts), free(frames), free(cond_w), free(im), free(px_w),
         free(emb_w);
+    free(lim), free(last);
     free(rgb), free(pix), free(seq), free(cond), free(emb), free(out);
     return done;
 }
@@ -463,7 +468,7 @@ int main(void)
     size_t i;
     json_t *c;
     json_array_foreach(json_object_get(m, "cases"), i, c) n += run_case(c);
-    TU_CHECK(n >= 6, "%d image-to-video cases checked (at least 6)", n);
+    TU_CHECK(n >= 7, "%d image-to-video cases checked (at least 7)", n);
     /* WanPipeline takes no image: its row, and a sample carrying one */
     ditd_model_info t2v;
     char dir[4096];
