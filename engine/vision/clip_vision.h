@@ -20,6 +20,8 @@
  * (x as double times rescale_factor, then float32, as numpy), normalize
  * ((x - mean) / std in float32), channels first.
  *
+ * The readers and the preprocessing are engine/vision/clip_vision_config.c,
+ * the tower engine/vision/clip_vision.c.
  * What it is not: interpolate_pos_encoding (the input is the config's
  * image_size square), a tokenizer, thread-safe (one thread at a time).
  */
@@ -50,6 +52,9 @@ typedef struct ditd_clip_vision_config {
  * (model_index.json's class) may be NULL. */
 int ditd_clip_vision_config_load(const char *path, const char *class_hint,
                                  ditd_clip_vision_config *out);
+/* The same over a JSON text in memory; `name` is what errors call it. */
+int ditd_clip_vision_config_parse(const char *text, size_t len, const char *name,
+                                  const char *class_hint, ditd_clip_vision_config *out);
 
 typedef struct ditd_clip_image_processor {
     int do_resize;
@@ -67,6 +72,8 @@ typedef struct ditd_clip_image_processor {
 /* preprocessor_config.json (CLIPImageProcessor) -> the steps. Errors name
  * the file and the key. */
 int ditd_clip_image_processor_load(const char *path, ditd_clip_image_processor *out);
+int ditd_clip_image_processor_parse(const char *text, size_t len, const char *name,
+                                    ditd_clip_image_processor *out);
 
 /* The size after the processor's resize and crop for a w x h image. */
 void ditd_clip_image_processor_out_size(const ditd_clip_image_processor *p, int w, int h,
