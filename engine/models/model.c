@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "engine/core/error.h"
+#include "engine/io/json_config.h"
 #include "engine/io/safetensors.h"
 #include "engine/models/registry.h"
 #include "engine/models/vae/autoencoder_kl.h"
@@ -75,7 +76,6 @@ static int load_labels(ditd_model_info *m, json_t *index, const char *path)
 static int load_defaults(ditd_model_info *m)
 {
     char path[DITD_MODEL_PATH_MAX];
-    json_error_t jerr;
     json_t *root, *v;
     int err = 0;
 
@@ -90,8 +90,8 @@ static int load_defaults(ditd_model_info *m)
         return err;
     if (!is_file(path))
         return 0;
-    if (!(root = json_load_file(path, 0, &jerr)))
-        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+    if (!(root = ditd_json_config_get(path, NULL, &err)))
+        return err;
     if ((v = json_object_get(root, "num_inference_steps"))) {
         if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000) {
             err = ditd_err_set(DITD_EFORMAT, "%s: num_inference_steps must be an integer in 1..1000", path);
@@ -169,11 +169,11 @@ static int load_frames(ditd_model_info *m)
         return 0;
     m->frame_step = 4;
     if (m->vae_dir[0]) {
-        json_error_t jerr;
         json_t *root, *v;
         snprintf(cfg, sizeof cfg, "%s/config.json", m->vae_dir);
-        if (!(root = json_load_file(cfg, 0, &jerr)))
-            return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", cfg, jerr.line, jerr.text);
+        int err;
+        if (!(root = ditd_json_config_get(cfg, NULL, &err)))
+            return err;
         v = json_object_get(root, "scale_factor_temporal");
         if (v && (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 16)) {
             json_decref(root);
@@ -382,7 +382,6 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
 {
     ditd_model_info *m = out;
     char path[DITD_MODEL_PATH_MAX], cfg[DITD_MODEL_PATH_MAX];
-    json_error_t jerr;
     json_t *index = NULL, *vae;
     const char *base;
     int err;
@@ -403,8 +402,8 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
         return err;
     if (!is_file(path))
         return ditd_err_set(DITD_ENOENT, "%s: no model_index.json (not a Diffusers model folder)", m->dir);
-    if (!(index = json_load_file(path, 0, &jerr)))
-        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+    if (!(index = ditd_json_config_get(path, NULL, &err)))
+        return err;
     if (!json_is_object(index)) {
         err = ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", path);
         goto fail;

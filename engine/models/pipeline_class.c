@@ -45,6 +45,7 @@ const ditd_pipeline_class ditd_pipeline_flux = {
     .default_steps = 28,
     .default_guidance = 3.5f,
     .img2img = &ditd_pipeline_flux_img2img, /* the same components take edits */
+    .inpaint = &ditd_pipeline_flux_inpaint,   /* and masked ones */
 };
 
 /* FluxImg2ImgPipeline (diffusers 0.42 pipelines/flux/pipeline_flux_img2img.py):
@@ -60,6 +61,26 @@ const ditd_pipeline_class ditd_pipeline_flux_img2img = {
     .default_steps = 28,
     .default_guidance = 7.0f,
     .img2img = &ditd_pipeline_flux_img2img,
+    .inpaint = &ditd_pipeline_flux_inpaint,
+    .default_strength = 0.6,
+};
+
+/* FluxInpaintPipeline (diffusers 0.42 pipelines/flux/pipeline_flux_inpaint.py):
+ * FluxImg2ImgPipeline's path and defaults (strength 0.6, 28 steps, guidance
+ * 7.0) plus a mask (mask_image: white repainted, black kept), binarized at
+ * 0.5 and taken to the latent grid by nearest interpolation
+ * (ditd_latent_mask_from_gray); after every step the kept latents are the
+ * image's, noised to the next step's sigma with the initial noise (the last
+ * step: the image's latents themselves). The masked image's own VAE encode
+ * feeds only a 64-channel (Fill) transformer and is not run. A folder of
+ * this class serves text-to-image and unmasked edits too. */
+const ditd_pipeline_class ditd_pipeline_flux_inpaint = {
+    .name = "FluxInpaintPipeline",
+    FLUX_TEXT_RULES,
+    .default_steps = 28,
+    .default_guidance = 7.0f,
+    .img2img = &ditd_pipeline_flux_img2img,
+    .inpaint = &ditd_pipeline_flux_inpaint,
     .default_strength = 0.6,
 };
 

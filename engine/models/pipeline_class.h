@@ -170,6 +170,11 @@ typedef struct ditd_pipeline_class {
      * row's transformers, recipe, guidance, scheduler rules and unscale
      * (only defaults differ). NULL: the folder takes no input image. */
     const struct ditd_pipeline_class *img2img;
+    /* Masked edits (inpainting): the row a request with a mask follows
+     * (FluxInpaintPipeline: the img2img path plus per-step blending of the
+     * kept latents with the noised image's, ditd_gen_sample.mask_latents).
+     * The same sharing rule as img2img. NULL: no masks. */
+    const struct ditd_pipeline_class *inpaint;
     double default_strength;             /* an img2img row: strength when a request gives none */
     /* Image-to-video (WanImageToVideoPipeline): 1 when every sample carries
      * an input image, made into a condition concatenated after the latents
@@ -212,6 +217,7 @@ int ditd_pipeline_class_needs_negative(const ditd_pipeline_class *pc, float guid
 extern const ditd_pipeline_class ditd_pipeline_dit;
 extern const ditd_pipeline_class ditd_pipeline_flux;
 extern const ditd_pipeline_class ditd_pipeline_flux_img2img;
+extern const ditd_pipeline_class ditd_pipeline_flux_inpaint;
 extern const ditd_pipeline_class ditd_pipeline_sd3;
 extern const ditd_pipeline_class ditd_pipeline_wan;
 extern const ditd_pipeline_class ditd_pipeline_wan_i2v;

@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "engine/core/error.h"
+#include "engine/io/json_config.h"
 #include "engine/models/denoiser.h"
 #include "engine/models/pipeline_class.h"
 #include "engine/models/vae/autoencoder_kl.h"
@@ -36,6 +37,7 @@ static const entry builtin[] = {
     {DITD_COMPONENT_PIPELINE, "WanPipeline", &ditd_pipeline_wan},
     {DITD_COMPONENT_PIPELINE, "WanImageToVideoPipeline", &ditd_pipeline_wan_i2v},
     {DITD_COMPONENT_PIPELINE, "FluxImg2ImgPipeline", &ditd_pipeline_flux_img2img},
+    {DITD_COMPONENT_PIPELINE, "FluxInpaintPipeline", &ditd_pipeline_flux_inpaint},
     {DITD_COMPONENT_VAE, "AutoencoderKLWan", &ditd_autoencoder_kl_wan_family},
 };
 
@@ -134,16 +136,10 @@ int ditd_registry_find_pipeline(const char *name, const ditd_pipeline_class **ou
 
 int ditd_registry_config_class(const char *path, char *out, size_t cap)
 {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    int err = 0;
-    if (!root) {
-        FILE *f = fopen(path, "r");
-        if (!f)
-            return ditd_err_set(DITD_ENOENT, "%s: missing", path);
-        fclose(f);
-        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
-    }
+    int err;
+    json_t *root = ditd_json_config_get(path, NULL, &err);
+    if (!root)
+        return err; /* DITD_ENOENT "PATH: missing", or where it is not JSON */
     const char *cls = json_string_value(json_object_get(root, "_class_name"));
     if (!cls)
         err = ditd_err_set(DITD_EFORMAT, "%s: no \"_class_name\" string", path);

@@ -1,6 +1,7 @@
 /* The tail of a latent pipeline: its unscale rule, VAE decode, 8-bit pixels. */
 #include "engine/pipeline/latent_image.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,5 +189,24 @@ int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, i
         return err;
     /* _encode_vae_image: (z - shift_factor) * scaling_factor */
     ditd_vae_scale_shifted(c, latents, (size_t)li->Cl * li->h * li->w);
+    return 0;
+}
+
+int ditd_latent_mask_from_gray(const uint8_t *gray, int H, int W, int h, int w, float *out)
+{
+    if (H <= 0 || W <= 0 || h <= 0 || w <= 0 || h > H || w > W)
+        return ditd_err_set(DITD_EINVAL, "mask %dx%d to a latent grid of %dx%d", W, H, w, h);
+    /* upsample_nearest2d: scale = (float)in / out, src = min(floor(dst * scale), in - 1) */
+    const float sy = (float)H / (float)h, sx = (float)W / (float)w;
+    for (int y = 0; y < h; y++) {
+        int yy = (int)floorf((float)y * sy);
+        yy = yy < H - 1 ? yy : H - 1;
+        for (int x = 0; x < w; x++) {
+            int xx = (int)floorf((float)x * sx);
+            xx = xx < W - 1 ? xx : W - 1;
+            float u = (float)gray[(size_t)yy * (size_t)W + (size_t)xx] / 255.0f;
+            out[(size_t)y * (size_t)w + (size_t)x] = u < 0.5f ? 0.0f : 1.0f; /* binarize */
+        }
+    }
     return 0;
 }

@@ -88,4 +88,15 @@ int ditd_latent_image_enable_encode(ditd_latent_image *li);
 int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
                              uint64_t seed, float *latents);
 
+/* The mask side of an inpainting pipeline, as FluxInpaintPipeline's
+ * mask_processor (VaeImageProcessor: do_convert_grayscale, do_binarize, no
+ * normalize) and prepare_mask_latents do it for a mask already at the
+ * target size: gray (H, W) 8-bit luma (PIL's convert("L"): white repainted,
+ * black kept) to m = u / 255 >= 0.5 ? 1 : 0 (float32), then
+ * torch.nn.functional.interpolate(mode "nearest") to the latent grid
+ * h x w: source row floor(y x (H / h)) in float32, clamped. out: (h, w)
+ * f32 0/1, what ditd_gen_sample.mask_latents takes (the pipeline applies it
+ * to every channel). Pure; DITD_EINVAL on sizes that do not divide down. */
+int ditd_latent_mask_from_gray(const uint8_t *gray, int H, int W, int h, int w, float *out);
+
 #endif

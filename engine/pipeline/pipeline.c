@@ -129,6 +129,7 @@ static void free_buffers(ditd_pipeline *p)
 {
     free(p->lat);
     free(p->x0);
+    free(p->noise);
     if (p->ops->mem_free) {
         if (p->model_in)
             p->ops->mem_free(p->model_in, 0);
@@ -139,7 +140,7 @@ static void free_buffers(ditd_pipeline *p)
         free(p->model_out);
     }
     free(p->h_out);
-    p->lat = p->x0 = p->h_out = NULL;
+    p->lat = p->x0 = p->noise = p->h_out = NULL;
     p->model_in = p->model_out = NULL;
     p->cap_numel = p->cap_numel_out = 0;
 }
@@ -158,6 +159,7 @@ static int plan_buffers(ditd_pipeline *p)
     free_buffers(p);
     p->lat = malloc(n1 * ni * sizeof(float)); /* numel <= numel_in */
     p->x0 = malloc(n1 * ni * sizeof(float));
+    p->noise = malloc(n1 * ni * sizeof(float));
     p->h_out = malloc(n2 * no * sizeof(float));
     if (ops->mem_alloc) {
         if ((err = ops->mem_alloc(&p->model_in, n2 * ni * es)) ||
@@ -169,7 +171,7 @@ static int plan_buffers(ditd_pipeline *p)
         p->model_in = malloc(n2 * ni * es);
         p->model_out = malloc(n2 * no * es);
     }
-    if (!p->lat || !p->x0 || !p->h_out || !p->model_in || !p->model_out) {
+    if (!p->lat || !p->x0 || !p->noise || !p->h_out || !p->model_in || !p->model_out) {
         free_buffers(p);
         return ditd_err_set(DITD_ENOMEM, "pipeline buffers for %zu latent values a sample", ni);
     }
@@ -419,6 +421,37 @@ static void load_row(ditd_pipeline *p, int r, int i, const ditd_gen_sample *smp)
     }
 }
 
+/* FluxInpaintPipeline after the scheduler's step s: the kept part (mask 0)
+ * is the image's latents noised to the next step's sigma with the sample's
+ * initial noise (scale_noise: sigma noise + (1 - sigma) x0; the last step:
+ * x0 itself), the repainted part (mask 1) the step's result:
+ * (1 - m) proper + m latents, float32 in that order. The mask is (h, w),
+ * the same for every channel. */
+static int inpaint_blend(ditd_pipeline *p, int s, int steps, const ditd_gen_sample *smp,
+                         const float *noise, float *lat)
+{
+    const float *x0 = smp->image_latents, *m = smp->mask_latents;
+    const int C = p->shapes.in_channels;
+    const size_t hw = p->numel / (size_t)C;
+    float sigma = 0.0f;
+    int err, last = s + 1 >= steps;
+    if (!last && (err = ditd_sampler_scale_noise_sigma(p->sampler, s + 1, &sigma)))
+        return err;
+    const float keep = 1.0f - sigma;
+    for (int c = 0; c < C; c++)
+        for (size_t j = 0; j < hw; j++) {
+            size_t k = (size_t)c * hw + j;
+            float proper = x0[k];
+            if (!last) {
+                float a = sigma * noise[k], b = keep * x0[k];
+                proper = a + b;
+            }
+            float u = (1.0f - m[j]) * proper, v = m[j] * lat[k];
+            lat[k] = u + v;
+        }
+    return 0;
+}
+
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud)
@@ -487,17 +520,23 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         if ((err = ditd_pipeline_strength_start(steps, gp->strength, &t_start)) ||
             (err = ditd_sampler_scale_noise_sigma(p->sampler, t_start, &sigma0)))
             return err;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             if (!samples[i].image_latents)
                 return ditd_err_set(DITD_EINVAL, "strength %g: sample %d has no input image",
                                     gp->strength, i);
+            if (samples[i].mask_latents && !p->pc->inpaint)
+                return ditd_err_set(DITD_EINVAL, "%s takes no mask (inpainting)", p->pc->name);
+            if (samples[i].mask_latents && p->info.frames > 0)
+                return ditd_err_set(DITD_EUNSUPPORTED, "a mask on a video model");
+        }
         if (t_start > 0 && p->cache_cfg.method != DITD_CACHE_NONE)
             return ditd_err_set(DITD_EUNSUPPORTED, "step caching with strength < 1 (img2img) is "
                                 "not supported yet");
     } else {
         for (int i = 0; i < n; i++)
-            if (samples[i].image_latents)
-                return ditd_err_set(DITD_EINVAL, "sample %d has an input image but no strength", i);
+            if (samples[i].image_latents || samples[i].mask_latents)
+                return ditd_err_set(DITD_EINVAL, "sample %d has an input image or mask but no "
+                                    "strength", i);
     }
     /* DiTPipeline and StableDiffusion3Pipeline run [x; x] under one cache
      * state, FluxPipeline and WanPipeline their branches under
@@ -541,6 +580,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             memcpy(x, init_noise + (size_t)i * numel, numel * sizeof(float));
         else
             ditd_philox_normal(samples[i].seed, samples[i].index, 0, numel, x);
+        if (samples[i].mask_latents) /* inpainting noises the kept latents with it every step */
+            memcpy(p->noise + (size_t)i * numel, x, numel * sizeof(float));
         if (samples[i].image_latents) {
             /* sigma * noise + (1 - sigma) * x0, float32 as the scheduler */
             const float *x0 = samples[i].image_latents;
@@ -643,6 +684,10 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             }
             if ((err = ditd_sampler_step(p->sampler, s, i, cond, p->lat + (size_t)i * numel,
                                          p->x0 + (size_t)i * numel)))
+                return err;
+            if (samples[i].mask_latents && (err = inpaint_blend(p, s, steps, &samples[i],
+                                                                p->noise + (size_t)i * numel,
+                                                                p->lat + (size_t)i * numel)))
                 return err;
         }
         int stop = 0;

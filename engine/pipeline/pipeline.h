@@ -100,6 +100,12 @@ typedef struct ditd_gen_sample {
      * NULL on other rows (required on an image-to-video row). */
     const float *video_cond;
     const float *image_embeds;
+    const float *mask_latents;  /* inpainting (a row with inpaint; with image_latents): the
+                                 * mask on the latent grid (h, w) f32, 1 repainted, 0 kept
+                                 * (ditd_latent_mask_from_gray); after every step the kept
+                                 * latents are the image's noised to the next sigma with
+                                 * this sample's initial noise, as FluxInpaintPipeline.
+                                 * Borrowed; NULL: no mask (img2img) */
     const ditd_lora_set *loras; /* LoRA adapters and their scales for every forward row
                                  * of this sample (borrowed; NULL: none). Samples of one
                                  * batch may carry different sets (engine/models/lora.h) */
@@ -144,6 +150,7 @@ typedef struct ditd_pipeline {
     size_t numel_out;            /* Co*h*w per sample */
     float *lat;                  /* (n, C, h, w) host */
     float *x0;                   /* (n, C, h, w) host */
+    float *noise;                /* (n, C, h, w) host: the initial noise (inpainting) */
     void *model_in;              /* (max_rows, C, h, w) backend */
     void *model_out;             /* (max_rows, Co, h, w) backend */
     float *h_out;                /* (max_rows, Co, h, w) host */

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "engine/core/error.h"
+#include "engine/io/json_config.h"
 #include "engine/text/clip_text.h"
 #include "engine/text/t5_encoder.h"
 #include "engine/text/text_cache.h"
@@ -59,13 +60,13 @@ static int component_class(const char *dir, const char *component, char *cls, si
                            int *named)
 {
     char path[DITD_MODEL_PATH_MAX + 32];
-    json_error_t jerr;
     json_t *root, *v;
     cls[0] = '\0';
     *named = 0;
     snprintf(path, sizeof path, "%s/model_index.json", dir);
-    if (!(root = json_load_file(path, 0, &jerr)))
-        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+    int err;
+    if (!(root = ditd_json_config_get(path, NULL, &err)))
+        return err;
     v = json_object_get(root, component);
     if (v && json_is_array(v) && json_array_size(v) == 2 && json_is_string(json_array_get(v, 1))) {
         snprintf(cls, cap, "%s", json_string_value(json_array_get(v, 1)));

@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "engine/core/error.h"
+#include "engine/io/json_config.h"
 
 #define MAX_TRAIN_TIMESTEPS 100000
 #define MAX_CONFIG_BYTES (1u << 20)
@@ -660,6 +661,8 @@ static char *quote_python_specials(const char *text, size_t len, size_t *out_len
     return out;
 }
 
+static int from_root(json_t *root, const char *name, ditd_sched_config *out);
+
 int ditd_sched_config_parse(const char *text, size_t len, const char *name, ditd_sched_config *out)
 {
     int err;
@@ -672,10 +675,16 @@ int ditd_sched_config_parse(const char *text, size_t len, const char *name, ditd
     free(q);
     if (!root)
         return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", name, jerr.line, jerr.text);
-    if (!json_is_object(root)) {
-        err = ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", name);
-        goto fail_root;
-    }
+    err = from_root(root, name, out);
+    json_decref(root);
+    return err;
+}
+
+/* The scheduler's keys from the parsed file (shared: read only). */
+static int from_root(json_t *root, const char *name, ditd_sched_config *out)
+{
+    if (!json_is_object(root))
+        return ditd_err_set(DITD_EFORMAT, "%s: not a JSON object", name);
 
     const json_t *cls = json_object_get(root, "_class_name");
     ditd_sampler_kind kind = DITD_SAMPLER_DDIM;
@@ -684,13 +693,13 @@ int ditd_sched_config_parse(const char *text, size_t len, const char *name, ditd
                 : -1;
     if (v < 0) {
         char *txt = cls ? json_dumps(cls, JSON_ENCODE_ANY) : NULL;
-        err = ditd_err_set(DITD_EUNSUPPORTED,
-                           "%s: _class_name %.80s is not supported (DDIMScheduler, "
-                           "DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, "
-                           "UniPCMultistepScheduler)",
-                           name, txt ? txt : "(missing)");
+        int err = ditd_err_set(DITD_EUNSUPPORTED,
+                               "%s: _class_name %.80s is not supported (DDIMScheduler, "
+                               "DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler, "
+                               "UniPCMultistepScheduler)",
+                               name, txt ? txt : "(missing)");
         free(txt);
-        goto fail_root;
+        return err;
     }
     kind = (ditd_sampler_kind)v;
 
@@ -701,42 +710,26 @@ int ditd_sched_config_parse(const char *text, size_t len, const char *name, ditd
         if (val)
             parse_key(k, val, out);
     }
-    json_decref(root);
     normalize(out);
     return ditd_sched_config_check(out);
-
-fail_root:
-    json_decref(root);
-    return err;
 }
 
+/* The file's text as Python's json module reads it (NaN, Infinity). */
+static char *python_text(const char *text, size_t len, size_t *out_len)
+{
+    return quote_python_specials(text, len, out_len);
+}
+
+/* Through the config cache (engine/io/json_config.h): a folder's scheduler
+ * config is parsed once, however many pipelines read it. */
 int ditd_sched_config_load(const char *path, ditd_sched_config *out)
 {
     int err;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ditd_err_set(errno == ENOENT ? DITD_ENOENT : DITD_EIO, "%s: %s", path,
-                            strerror(errno));
-    char *buf = malloc(MAX_CONFIG_BYTES + 1);
-    if (!buf) {
-        err = ditd_err_set(DITD_ENOMEM, "%s: out of memory", path);
-        goto fail_file;
-    }
-    size_t n = fread(buf, 1, MAX_CONFIG_BYTES + 1, f);
-    if (ferror(f)) {
-        err = ditd_err_set(DITD_EIO, "%s: read error", path);
-        goto fail_buf;
-    }
-    if (n > MAX_CONFIG_BYTES) {
-        err = ditd_err_set(DITD_EFORMAT, "%s: larger than %u bytes", path, MAX_CONFIG_BYTES);
-        goto fail_buf;
-    }
-    err = ditd_sched_config_parse(buf, n, path, out);
-
-fail_buf:
-    free(buf);
-fail_file:
-    fclose(f);
+    json_t *root = ditd_json_config_get(path, python_text, &err);
+    if (!root)
+        return err;
+    err = from_root(root, path, out);
+    json_decref(root);
     return err;
 }
 

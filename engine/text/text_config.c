@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/io/json_config.h"
 
 const char *ditd_text_arch_name(ditd_text_arch a)
 {
@@ -351,11 +352,10 @@ static int config_from_json(json_t *root, const char *path, const char *hint, di
 
 int ditd_text_config_load(const char *path, const char *class_hint, ditd_text_config *out)
 {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
     int err;
+    json_t *root = ditd_json_config_get(path, NULL, &err);
     if (!root)
-        return ditd_err_set(DITD_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+        return err;
     err = config_from_json(root, path, class_hint, out);
     json_decref(root);
     return err;

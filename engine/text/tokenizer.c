@@ -17,6 +17,7 @@
 #include "engine/text/tokenizer_clip.h"
 #include "engine/text/tokenizer_t5.h"
 #include "engine/text/vocab.h"
+#include "engine/io/json_config.h"
 
 #define MAX_ADDED 4096
 #define MAX_LENGTH_CAP (1 << 20)
@@ -82,10 +83,16 @@ static int load_json(const char *dir, const char *name, json_t **out)
         return ditd_err_set(DITD_EINVAL, "%s: path too long", dir);
     if (!file_exists(path))
         return 0;
-    json_error_t je;
-    *out = json_load_file(path, JSON_ALLOW_NUL, &je);
-    if (!*out)
-        return ditd_err_set(DITD_EFORMAT, "%s: %s (line %d)", path, je.text, je.line);
+    if (!strcmp(name, "model_index.json")) { /* the folder's, parsed once for all its readers */
+        int err;
+        if (!(*out = ditd_json_config_get(path, NULL, &err)))
+            return err;
+    } else { /* a tokenizer's own files (tokens may hold NUL) */
+        json_error_t je;
+        *out = json_load_file(path, JSON_ALLOW_NUL, &je);
+        if (!*out)
+            return ditd_err_set(DITD_EFORMAT, "%s: %s (line %d)", path, je.text, je.line);
+    }
     if (!json_is_object(*out)) {
         json_decref(*out);
         *out = NULL;

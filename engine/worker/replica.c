@@ -71,9 +71,8 @@ static int open_text(const ditd_replica_opts *o, ditd_replica *r)
     return ditd_prompt_encoder_new(&r->info, &ditd_backend_cpu, &to, &r->penc);
 }
 
-int ditd_replica_open(const ditd_replica_opts *o, ditd_replica *r)
+int ditd_replica_begin(const ditd_replica_opts *o, ditd_replica *r)
 {
-    ditd_dtype ckpt;
     int err;
     memset(r, 0, sizeof *r);
     if ((err = open_device(o, r)))
@@ -81,6 +80,15 @@ int ditd_replica_open(const ditd_replica_opts *o, ditd_replica *r)
     if ((err = ditd_model_info_load(o->model_dir, &r->info)))
         return err;
     r->have_info = 1;
+    return 0;
+}
+
+int ditd_replica_load(const ditd_replica_opts *o, ditd_replica *r)
+{
+    ditd_dtype ckpt;
+    int err;
+    if (!r->have_info || !r->ops)
+        return ditd_err_set(DITD_EINVAL, "ditd_replica_load before ditd_replica_begin");
     /* the denoiser's table by its weights' dtype (or auto by the
      * checkpoint's); the VAE and the encoders keep the f32 CPU table they
      * are written for */
@@ -95,6 +103,12 @@ int ditd_replica_open(const ditd_replica_opts *o, ditd_replica *r)
     if (o->text && (err = open_text(o, r)))
         return err;
     return 0;
+}
+
+int ditd_replica_open(const ditd_replica_opts *o, ditd_replica *r)
+{
+    int err = ditd_replica_begin(o, r);
+    return err ? err : ditd_replica_load(o, r);
 }
 
 void ditd_replica_close(ditd_replica *r)

@@ -57,10 +57,18 @@ typedef struct ditd_replica {
     ditd_prompt_encoder *penc;    /* on the text rank of a text model (text asked), else NULL */
 } ditd_replica;
 
-/* Opens *r (zeroed first) as opts says. 0, or the first error with its
- * detail (naming the component, the file or the option); what was opened
- * stays in *r for ditd_replica_close. */
+/* Opens *r (zeroed first) as opts says: ditd_replica_begin, then
+ * ditd_replica_load. 0, or the first error with its detail (naming the
+ * component, the file or the option); what was opened stays in *r for
+ * ditd_replica_close. */
 int ditd_replica_open(const ditd_replica_opts *opts, ditd_replica *r);
+/* The two halves, for a caller that checks its own options against the
+ * folder before any weight is read (`ditd generate`): begin zeroes *r and
+ * opens the device and the folder (r->ops, r->info: cheap); load reads the
+ * weights (r->wops, r->pipe, r->li / r->lv, r->penc) with opts as they are
+ * then (the caller may fill in decode, video_h/w, text_opts after begin). */
+int ditd_replica_begin(const ditd_replica_opts *opts, ditd_replica *r);
+int ditd_replica_load(const ditd_replica_opts *opts, ditd_replica *r);
 /* Frees what ditd_replica_open made; *r may be partly open or zero. */
 void ditd_replica_close(ditd_replica *r);
 

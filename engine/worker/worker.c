@@ -386,6 +386,8 @@ done:
     free(w->te);
     free(w->pix);
     free(w->out);
+    free(w->img_lat);
+    free(w->mask_lat);
     ditd_replica_close(&w->rep);
     free(w);
     return err;

@@ -140,6 +140,32 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
         ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
+    /* an edit: the row takes it, every sample carries an image at the
+     * batch's size (and at most a mask of it); else none does */
+    const size_t np = (size_t)b->width * (size_t)b->height;
+    if (b->strength != 0.0 && (!(b->strength > 0.0 && b->strength <= 1.0) ||
+                               !m->pipeline->img2img || !w->rep.li)) {
+        snprintf(msg, sizeof msg, "strength %g: %s (%s) takes no input image", b->strength,
+                 m->name, m->pipeline->name);
+        ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const Ditd__Sample *sm = b->samples[i];
+        const char *why = NULL;
+        if (b->strength == 0.0 && (sm->image.len || sm->mask.len))
+            why = "an input image without strength";
+        else if (b->strength != 0.0 && sm->image.len != np * 3)
+            why = "an input image that is not (height, width, 3) bytes";
+        else if (sm->mask.len && (sm->mask.len != np || !m->pipeline->inpaint))
+            why = !m->pipeline->inpaint ? "a mask, and the pipeline takes none"
+                                        : "a mask that is not (height, width) bytes";
+        if (why) {
+            snprintf(msg, sizeof msg, "sample %d: %s", i, why);
+            ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
+            return 0;
+        }
+    }
     for (int i = 0; i < n; i++) {
         const Ditd__Sample *sm = b->samples[i];
         if (sm->n_lora_names != sm->n_lora_scales || sm->n_lora_names > DITD_LORA_MAX_SET) {
@@ -182,8 +208,15 @@ int ditd__worker_plan_buffers(ditd__worker *w)
     w->numel_lat = nl;
     w->numel_img = ni;
     if (nl > w->cap_lat) {
+        size_t bytes = (size_t)w->cfg->max_batch * nl * sizeof *w->out;
         free(w->out);
-        if (!(w->out = malloc((size_t)w->cfg->max_batch * nl * sizeof *w->out))) {
+        free(w->img_lat);
+        free(w->mask_lat);
+        w->out = malloc(bytes);
+        w->img_lat = w->rep.li && w->rep.info.pipeline->img2img ? malloc(bytes) : NULL;
+        w->mask_lat = w->img_lat && w->rep.info.pipeline->inpaint ? malloc(bytes) : NULL;
+        if (!w->out || (w->rep.li && w->rep.info.pipeline->img2img && !w->img_lat) ||
+            (w->img_lat && w->rep.info.pipeline->inpaint && !w->mask_lat)) {
             w->cap_lat = 0;
             return ditd_err_set(DITD_ENOMEM, "batch buffers");
         }
@@ -225,6 +258,39 @@ static int set_batch_size(ditd__worker *w, const Ditd__Batch *b)
     return ditd__worker_plan_buffers(w);
 }
 
+/* An edit's inputs, on every rank (each encodes the images itself: the
+ * same latents everywhere): sample i's image through the VAE encoder
+ * (posterior stream under its seed, so the images of one request share
+ * their latents: encoded once), its mask on the latent grid. */
+static int edit_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
+{
+    const ditd_latent_image *li = w->rep.li;
+    const size_t hw = (size_t)li->h * (size_t)li->w;
+    int err;
+    for (int i = 0; i < n; i++) {
+        const Ditd__Sample *sm = b->samples[i];
+        float *lat = w->img_lat + (size_t)i * w->numel_lat;
+        int k = 0;
+        while (k < i && !(b->samples[k]->seed == sm->seed && b->samples[k]->image.len == sm->image.len &&
+                          !memcmp(b->samples[k]->image.data, sm->image.data, sm->image.len)))
+            k++;
+        if (k < i)
+            memcpy(lat, w->img_lat + (size_t)k * w->numel_lat, w->numel_lat * sizeof *lat);
+        else if ((err = ditd_latent_image_encode(w->rep.li, sm->image.data, (int)b->height,
+                                                 (int)b->width, sm->seed, lat)))
+            return err;
+        w->samples[i].image_latents = lat;
+        if (sm->mask.len) {
+            float *mk = w->mask_lat + (size_t)i * hw;
+            if ((err = ditd_latent_mask_from_gray(sm->mask.data, (int)b->height, (int)b->width,
+                                                  li->h, li->w, mk)))
+                return err;
+            w->samples[i].mask_latents = mk;
+        }
+    }
+    return 0;
+}
+
 /* Every rank of the group, with the same batch (checked by batch_ok on the
  * leader). The leader sends the outcome. */
 void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
@@ -243,7 +309,9 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     gp.slg_scale = b->slg_scale;
     gp.slg_start = b->slg_start;
     gp.slg_stop = b->slg_stop;
+    gp.strength = b->strength;
     for (int i = 0; i < n; i++) {
+        w->samples[i].image_latents = w->samples[i].mask_latents = NULL;
         w->samples[i].seed = b->samples[i]->seed;
         w->samples[i].index = b->samples[i]->index;
         w->samples[i].cond = (ditd_cond_input){.class_id = b->samples[i]->class_id};
@@ -268,6 +336,8 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
         err = set_batch_size(w, b);
     if (!err && w->te)
         err = ditd__worker_encode_prompts(w, b);
+    if (!err && b->strength != 0.0)
+        err = edit_inputs(w, b, n);
     if (!err && !w->group_err)
         err = ditd_pipeline_generate(w->rep.pipe, &gp, n, w->samples, NULL, w->out, w->active,
                                      w->leader ? on_step : NULL, w);

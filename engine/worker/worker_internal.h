@@ -67,6 +67,8 @@ typedef struct ditd__worker {
     int partial_sent[DITD_WORKER_MAX_BATCH];
     double t_start, t_step;
     float *out;    /* max_batch latents of numel_lat (C h w) */
+    float *img_lat;  /* edits (a row with img2img): max_batch input-image latents, or NULL */
+    float *mask_lat; /* inpainting (a row with inpaint): max_batch masks on the latent grid */
     uint8_t *pix;  /* max_batch images of numel_img (H W C pixels), previews and results (leader) */
     size_t numel_lat, numel_img;   /* at the running batch's size */
     size_t cap_lat, cap_img;       /* what out and pix hold per sample */

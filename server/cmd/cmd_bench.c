@@ -17,6 +17,7 @@
 #include "engine/models/model.h"
 #include "engine/core/philox.h"
 #include "server/cmd/cli.h"
+#include "engine/worker/replica.h"
 #include "server/cmd/cmd.h"
 
 static void usage(FILE *f)
@@ -123,16 +124,35 @@ static void analytic_bytes(const ditd_dit_config *c, const ditd_layout *l, int B
         B * (double)c->out_channels * c->sample_size * c->sample_size * es * (C - 1);
 }
 
-/* The DiT config of a model folder: `ditd bench` measures the
- * DiTTransformer2DModel (its FLOP and byte formulas are the DiT's). */
-static int dit_config_of(const ditd_model_info *info, ditd_dit_config *cfg)
+/* `--model DIR`: the folder opened as `ditd serve` and `ditd generate` open
+ * a replica (engine/worker/replica.h; no decode, no encoders), at `tokens`
+ * image tokens; the DiT it loads is the one measured (`ditd bench`
+ * measures a DiTTransformer2DModel: its FLOP and byte formulas are the
+ * DiT's). The pipeline's denoiser holds 2 x max_samples rows (max_samples
+ * on one cfg half), so max_samples is what holds `rows`. Says why on
+ * stderr when it fails. */
+static int open_model(const char *model_dir, ditd_device dev, const char *dtype, long tokens,
+                      int rows, ditd_mesh *mesh, ditd_replica *rep, ditd_dit **m)
 {
-    char path[DITD_MODEL_PATH_MAX + 16];
-    if (info->denoiser != &ditd_dit_family)
-        return ditd_err_set(DITD_EUNSUPPORTED, "%s is a %s; ditd bench measures %s", info->dir,
-                            info->denoiser_class, ditd_dit_family.class_name);
-    snprintf(path, sizeof path, "%s/config.json", info->transformer_dir);
-    return ditd_dit_config_load(path, cfg);
+    ditd_replica_opts o = {.model_dir = model_dir, .device = dev, .dtype = dtype, .mesh = mesh};
+    int err = ditd_replica_begin(&o, rep);
+    if (err)
+        return fail(model_dir, err), err;
+    if (rep->info.denoiser != &ditd_dit_family) {
+        err = ditd_err_set(DITD_EUNSUPPORTED, "%s is a %s; ditd bench measures %s", model_dir,
+                           rep->info.denoiser_class, ditd_dit_family.class_name);
+        return fail(model_dir, err), err;
+    }
+    if (tokens != rep->info.shapes.tokens) {
+        fprintf(stderr, "ditd bench: %s runs at %d tokens; --tokens %ld differs\n", model_dir,
+                rep->info.shapes.tokens, tokens);
+        return DITD_EINVAL;
+    }
+    o.max_samples = mesh && mesh->size > 1 && mesh->layout.cfg == 2 ? rows : (rows + 1) / 2;
+    if ((err = ditd_replica_load(&o, rep)))
+        return fail("--model/--dtype", err), err;
+    *m = (ditd_dit *)rep->pipe->den;
+    return 0;
 }
 
 static int bench_group(const ditd_layout *layout, const char *model_dir, const char *config,
@@ -143,9 +163,9 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
     ditd_comm *world = NULL;
     ditd_mesh *mesh = NULL;
     ditd_dit_config cfg;
-    ditd_model_info info;
+    ditd_replica rep = {0}; /* --model: the folder's replica, which owns m */
     ditd_dit *m = NULL;
-    int err, rc = 1, have_info = 0;
+    int err, rc = 1;
     long side = lround(sqrt((double)tokens));
     float *hx = NULL, *out = NULL, *ht = NULL;
     int64_t *hy = NULL;
@@ -177,20 +197,10 @@ static int bench_group(const ditd_layout *layout, const char *model_dir, const c
     int B = (int)batch / layout->cfg;
     int nthreads = ops->set_threads((int)threads);
     if (model_dir) {
-        if ((err = ditd_model_info_load(model_dir, &info))) {
-            fail(model_dir, err);
+        if ((err = open_model(model_dir, DITD_DEVICE_CPU, dtype, tokens, B, mesh, &rep, &m)))
             goto done;
-        }
-        have_info = 1;
-        if (!(err = dit_config_of(&info, &cfg))) {
-            ditd_dtype ckpt = DITD_DTYPE_F32;
-            if ((err = ditd_model_checkpoint_dtype(info.transformer_dir, &ckpt)) ||
-                !(ops = ditd_backend_for_weights(ops, dtype, ckpt))) {
-                fail("--dtype", err ? err : DITD_EINVAL);
-                goto done;
-            }
-            err = ditd_dit_new_mesh(&cfg, ops, B, info.transformer_dir, mesh, &m);
-        }
+        cfg = m->cfg;
+        ops = m->ops;
     } else {
         if ((err = ditd_dit_config_named(config, 2 * (int)side, &cfg))) {
             fail("--config", err);
@@ -340,9 +350,9 @@ done:
     free(ht);
     free(hy);
     free(steps);
-    ditd_dit_free(m);
-    if (have_info)
-        ditd_model_info_free(&info);
+    if (!rep.pipe) /* else the replica's */
+        ditd_dit_free(m);
+    ditd_replica_close(&rep);
     ditd_mesh_free(mesh);
     ditd_comm_free(world);
     ditd_comm_mpi_finalize();
@@ -413,10 +423,9 @@ int ditd_cmd_bench(int argc, char **argv)
     if (!ops)
         return fail("--device", DITD_EUNSUPPORTED);
     ditd_dit_config cfg;
-    ditd_model_info info;
+    ditd_replica rep = {0}; /* --model: the folder's replica, which owns m */
     ditd_dit *m = NULL;
     long side = lround(sqrt((double)tokens));
-    int have_info = 0;
 
     if (side * side != tokens) {
         fprintf(stderr, "ditd bench: --tokens %ld is not a square grid (256 = 16 x 16)\n", tokens);
@@ -424,26 +433,10 @@ int ditd_cmd_bench(int argc, char **argv)
     }
     int nthreads = ops->set_threads((int)threads);
     if (model_dir) {
-        if ((err = ditd_model_info_load(model_dir, &info)))
-            return fail(model_dir, err);
-        have_info = 1;
-        if ((err = dit_config_of(&info, &cfg))) {
-            ditd_model_info_free(&info);
-            return fail(model_dir, err);
-        }
-        ditd_dtype ckpt = DITD_DTYPE_F32;
-        if ((err = ditd_model_checkpoint_dtype(info.transformer_dir, &ckpt)) ||
-            !(ops = ditd_backend_for_weights(ops, dtype, ckpt))) {
-            fail("--dtype", err ? err : DITD_EINVAL);
+        if ((err = open_model(model_dir, device, dtype, tokens, (int)batch, NULL, &rep, &m)))
             goto done;
-        }
-        if (side * cfg.patch_size != cfg.sample_size) {
-            fprintf(stderr, "ditd bench: %s runs at %d tokens (sample_size %d, patch %d); --tokens %ld differs\n",
-                    model_dir, (cfg.sample_size / cfg.patch_size) * (cfg.sample_size / cfg.patch_size),
-                    cfg.sample_size, cfg.patch_size, tokens);
-            goto done;
-        }
-        err = ditd_dit_new(&cfg, ops, (int)batch, info.transformer_dir, &m);
+        cfg = m->cfg;
+        ops = m->ops;
     } else {
         if ((err = ditd_dit_config_named(config, 2 * (int)side, &cfg)))
             return fail("--config", err);
@@ -584,8 +577,8 @@ done_bufs:
     free(out);
     free(times);
 done:
-    ditd_dit_free(m);
-    if (have_info)
-        ditd_model_info_free(&info);
+    if (!rep.pipe) /* else the replica's */
+        ditd_dit_free(m);
+    ditd_replica_close(&rep);
     return rc;
 }

@@ -477,3 +477,15 @@ void ditd_image_free(ditd_image *img)
     free(img->pixels);
     img->pixels = NULL;
 }
+
+void ditd_image_to_luma(const ditd_image *img, uint8_t *out)
+{
+    const size_t np = (size_t)img->width * (size_t)img->height;
+    const size_t c = (size_t)img->channels;
+    for (size_t i = 0; i < np; i++) {
+        const uint8_t *p = img->pixels + c * i;
+        uint32_t l = (uint32_t)p[0] * 19595u + (uint32_t)p[1] * 38470u + (uint32_t)p[2] * 7471u +
+                     0x8000u;
+        out[i] = (uint8_t)(l >> 16);
+    }
+}

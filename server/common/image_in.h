@@ -62,6 +62,12 @@ int ditd_image_decode(const uint8_t *data, size_t len, const ditd_image_limits *
 
 void ditd_image_free(ditd_image *img);
 
+/* The image's luma as PIL's convert("L") computes it from RGB (alpha
+ * ignored): (R 19595 + G 38470 + B 7471 + 0x8000) >> 16, into out
+ * (width x height bytes). What Diffusers' mask processor reads of a
+ * mask_image (white repainted, black kept). */
+void ditd_image_to_luma(const ditd_image *img, uint8_t *out);
+
 /* Total bytes ever allocated for pixels by this module (all threads): the
  * tests check that a refused bomb allocated none. */
 uint64_t ditd_image_pixel_bytes_allocated(void);

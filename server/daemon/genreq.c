@@ -172,6 +172,9 @@ int ditd_genreq_model_named(const ditd_genreq_model *gm, const char *name)
 
 void ditd_genreq_free(ditd_genreq *r)
 {
+    free(r->image);
+    free(r->mask);
+    r->image = r->mask = NULL;
     free(r->prompt);
     free(r->negative_prompt);
     r->prompt = r->negative_prompt = NULL;
@@ -751,6 +754,14 @@ static int parse(const char *body, size_t len, const ditd_genreq_model *gm, int 
     }
     if (video && get_video(root, m, r, e))
         goto done;
+    /* an edit's fields on a generation: the client means the other endpoint
+     * (editreq.c takes them off before it calls this parser) */
+    static const char *const edit_only[] = {"image", "images", "mask", "strength"};
+    for (size_t i = 0; i < sizeof edit_only / sizeof edit_only[0]; i++)
+        if ((v = json_object_get(root, edit_only[i])) && !json_is_null(v)) {
+            bad(e, edit_only[i], "'%s' is for image edits: POST /v1/images/edits", edit_only[i]);
+            goto done;
+        }
     /* n */
     r->n = 1;
     if (get_int(root, "n", 1, DITD_GENREQ_MAX_N, &l, &given, e))

@@ -69,6 +69,15 @@ typedef struct ditd_genreq {
     int n_loras;
     int lora_idx[DITD_LORA_MAX_SET];
     float lora_scale[DITD_LORA_MAX_SET];
+    /* an edit (POST /v1/images/edits, ditd_genreq_parse_edit): edit 1,
+     * 0 < strength <= 1, image (height, width, 3) 8-bit RGB at the
+     * request's size, mask (height, width) 8-bit luma in Diffusers'
+     * mask_image sense (white repainted, black kept) or NULL (img2img);
+     * both owned. A generation: edit 0, strength 0, both NULL. */
+    int edit;
+    double strength;
+    uint8_t *image;
+    uint8_t *mask;
 } ditd_genreq;
 
 /* A validation failure: HTTP status, OpenAI type/code, the offending field
@@ -123,6 +132,20 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
  * naming /v1/videos. */
 int ditd_genreq_parse_video(const char *body, size_t len, const ditd_genreq_model *gm,
                             ditd_genreq *out, ditd_api_error *e);
+/* The same for POST /v1/images/edits (OpenAI's image edit): the body is
+ * multipart/form-data (ctype says so: `image` or `image[]`, `mask` as file
+ * parts, the other fields as text) or JSON (`image` a base64 string or a
+ * data URL, or `images` [{"image_url": ...}], `mask` likewise); the fields
+ * of a generation plus `strength`. The model's row must take edits (its
+ * img2img; a mask: its inpaint). OpenAI's mask rule: the mask's transparent
+ * pixels (alpha <= 127) are repainted; without a mask, the image's own alpha
+ * when it has transparent pixels, else the whole image is edited (img2img).
+ * The image is decoded under lim (NULL: defaults) and must be at the
+ * request's size (size absent: the image's). Errors name the field. */
+struct ditd_image_limits;
+int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
+                           const ditd_genreq_model *gm, const struct ditd_image_limits *lim,
+                           ditd_genreq *out, ditd_api_error *e);
 /* The clip's length in seconds as OpenAI's video object states it: frames
  * over fps, "%g" ("5.0625" for 81 frames at 16 fps). */
 void ditd_genreq_seconds(const ditd_genreq *r, char *out, size_t n);

@@ -25,7 +25,7 @@ const char *ditd_route_name(ditd_route r)
 {
     static const char *names[] = {"/v1/images/generations", "/v1/models", "/healthz", "/readyz",
                                   "/metrics", "/openapi.json", "other", "/", "/v1/jobs",
-                                  "/v1/videos", "/v1/loras"};
+                                  "/v1/videos", "/v1/loras", "/v1/images/edits"};
     return (unsigned)r < DITD_ROUTE_COUNT ? names[r] : "?";
 }
 

@@ -33,8 +33,9 @@ typedef enum ditd_route {
     DITD_ROUTE_JOBS,          /* /v1/jobs and /v1/jobs/{id}... */
     DITD_ROUTE_VIDEOS,        /* /v1/videos and /v1/videos/{id}... */
     DITD_ROUTE_LORAS,         /* /v1/loras */
+    DITD_ROUTE_EDITS,         /* /v1/images/edits */
 } ditd_route;
-#define DITD_ROUTE_COUNT 11
+#define DITD_ROUTE_COUNT 12
 const char *ditd_route_name(ditd_route r);
 
 #define DITD_METRICS_MAX_REPLICAS 64

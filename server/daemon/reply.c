@@ -116,6 +116,7 @@ typedef struct enc_work {
     ditd_sse_ev *ev[DITD_GENREQ_MAX_N]; /* stream: the placeholders to fill */
     /* inputs the work needs, copied on the loop thread */
     int stream, png_body, partial_index, image_index;
+    int edit;             /* an edit's events are image_edit.*, a generation's image_generation.* */
     char head[1024];      /* JSON fields besides the images, for the final body */
     long long created;
     /* outputs */
@@ -152,8 +153,10 @@ static void encode_work(uv_work_t *req)
         }
         if (w->stream) {
             json_t *ev;
-            const char *type = w->kind == ENC_PARTIAL ? "image_generation.partial_image"
-                                                      : "image_generation.completed";
+            const char *type = w->kind == ENC_PARTIAL
+                                   ? (w->edit ? "image_edit.partial_image"
+                                              : "image_generation.partial_image")
+                                   : (w->edit ? "image_edit.completed" : "image_generation.completed");
             ev = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s,s:i}", "type", type, "b64_json", b64,
                            "created_at", (json_int_t)w->created, "size", size, "quality", "auto",
                            "background", "opaque", "output_format", "png", "index",
@@ -275,6 +278,7 @@ static enc_work *enc_new(ditd_job *j, enc_kind kind, int n)
     w->H = j->rq.height;
     w->C = s->info.image_channels;
     w->stream = j->rq.stream;
+    w->edit = j->rq.edit;
     w->created = (long long)time(NULL);
     return w;
 }
@@ -397,6 +401,10 @@ static void on_complete(ditd_job *j)
     } else if (head) {
         json_object_set_new(head, "class_label", json_integer((json_int_t)j->rq.class_id));
     }
+    if (head && j->rq.edit) {
+        json_object_set_new(head, "strength", json_real(j->rq.strength));
+        json_object_set_new(head, "mask", json_boolean(j->rq.mask != NULL));
+    }
     if (head && j->rq.cache.method != DITD_CACHE_NONE) /* sums over the request's images */
         json_object_set_new(head, "cache",
                             json_pack("{s:s,s:I,s:I,s:I,s:I}", "method",
@@ -449,10 +457,11 @@ static void on_partial(ditd_job *j, int image, int partial_index, const uint8_t 
 static void on_progress(ditd_job *j, int step, int total)
 {
     char buf[256];
+    const char *type = j->rq.edit ? "image_edit.progress" : "image_generation.progress";
     snprintf(buf, sizeof buf,
-             "event: image_generation.progress\ndata: {\"type\":\"image_generation.progress\","
+             "event: %s\ndata: {\"type\":\"%s\","
              "\"step\":%d,\"total\":%d,\"elapsed_ms\":%.3f}\n\n",
-             step, total, (ditd__now() - j->t_arrive) * 1e3);
+             type, type, step, total, (ditd__now() - j->t_arrive) * 1e3);
     char *t = strdup(buf);
     if (t)
         sse_push(j, t, 1, 0);

@@ -1,5 +1,6 @@
-/* POST /v1/images/generations (a row of the table in routes.c): the body
- * is validated into a typed request (genreq.h), the job queued (sched.h),
+/* POST /v1/images/generations and POST /v1/images/edits (rows of the table
+ * in routes.c): the body is validated into a typed request (genreq.h; an
+ * edit's by editreq.c, its image decoded), the job queued (sched.h),
  * and the connection either streams (SSE) or waits suspended until the
  * reply sink (reply.c) resumes it with the answer; with "background": true
  * it becomes a stored job instead (route_jobs.c). Loop thread only. */
@@ -24,13 +25,11 @@ static int is_background(const char *body, size_t len)
     return yes;
 }
 
-/* The body is in: a background job, or validate, queue, and either stream
- * or wait. */
-enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *req,
-                                    const char *rid)
+/* Validate (a generation's body, or an edit's), queue, and either stream or
+ * wait. */
+static enum MHD_Result submit(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *req,
+                              const char *rid, ditd_route route)
 {
-    if (is_background(req->body, req->body_len))
-        return ditd_route_job_create(s, c, req, rid);
     ditd_job *j = ditd_job_new(&s->jobs, s, &ditd_reply_sink, rid);
     if (!j)
         return MHD_NO;
@@ -42,9 +41,13 @@ enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_
     ditd_api_error e;
     ditd_genreq rq;
     int st;
-    if (ditd_genreq_parse(req->body ? req->body : "", req->body_len, &s->gm, &rq, &e)) {
+    const char *body = req->body ? req->body : "";
+    if (route == DITD_ROUTE_EDITS
+            ? ditd_genreq_parse_edit(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"),
+                                     body, req->body_len, &s->gm, NULL, &rq, &e)
+            : ditd_genreq_parse(body, req->body_len, &s->gm, &rq, &e)) {
         ditd_job_refuse(j);
-        return ditd_route_answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid, 0, 0);
+        return ditd_route_answer_err(s, c, route, &e, j->rid, 0, 0);
     }
     free(req->body);
     req->body = NULL;
@@ -53,18 +56,34 @@ enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_
         ditd_genreq_free(&rq);
         ditd_job_refuse(j);
         ditd_api_error_set(&e, 500, "server_error", "internal_error", NULL, "out of memory");
-        return ditd_route_answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid, 0, 0);
+        return ditd_route_answer_err(s, c, route, &e, j->rid, 0, 0);
     }
     if ((st = ditd__sched_submit(s, j, &e))) {
         ditd_job_refuse(j); /* nothing of it is out */
-        return ditd_route_answer_err(s, c, DITD_ROUTE_GENERATIONS, &e, j->rid,
+        return ditd_route_answer_err(s, c, route, &e, j->rid,
                                      st == 429 ? ditd__sched_retry_after(s) : st == 503 ? 5 : 0, 0);
     }
     if (j->rq.stream) {
         j->status = 200;
-        return ditd_route_answer(s, c, DITD_ROUTE_GENERATIONS, 200, ditd_reply_stream(j), 0);
+        return ditd_route_answer(s, c, route, 200, ditd_reply_stream(j), 0);
     }
     j->suspended = 1;
     MHD_suspend_connection(c);
     return MHD_YES;
+}
+
+/* The body is in: a background job, or a request answered on this
+ * connection. */
+enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *req,
+                                    const char *rid)
+{
+    if (is_background(req->body, req->body_len))
+        return ditd_route_job_create(s, c, req, rid);
+    return submit(s, c, req, rid, DITD_ROUTE_GENERATIONS);
+}
+
+enum MHD_Result ditd_route_edit(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *req,
+                                const char *rid)
+{
+    return submit(s, c, req, rid, DITD_ROUTE_EDITS);
 }

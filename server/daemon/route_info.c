@@ -78,6 +78,21 @@ static json_t *model_json(ditd_srv *s, const char *id)
                                       "fps", m->fps, "experts", m->transformer_2_dir[0] ? 2 : 1,
                                       "expand_timesteps", m->expand_timesteps, "endpoint",
                                       "/v1/videos"));
+    /* image edits (POST /v1/images/edits): which modes the folder takes, by
+     * which rows; null when it takes no input image */
+    if (pc->img2img && m->needs_vae && m->frames <= 0) {
+        json_t *ed = json_pack("{s:s,s:b,s:b,s:s,s:f,s:i,s:s}", "img2img", pc->img2img->name,
+                               "inpaint", pc->inpaint != NULL, "mask", pc->inpaint != NULL,
+                               "inpaint_pipeline", pc->inpaint ? pc->inpaint->name : "",
+                               "default_strength", pc->img2img->default_strength,
+                               "default_steps", pc->img2img->default_steps, "endpoint",
+                               "/v1/images/edits");
+        if (ed)
+            json_object_set_new(ed, "max_images", json_integer(1));
+        json_object_set_new(o, "edits", ed);
+    } else {
+        json_object_set_new(o, "edits", json_null());
+    }
     json_object_set_new(o, "conditioning", json_string(text ? "text" : "class"));
     if (!text) {
         json_t *classes = json_array();

@@ -43,6 +43,12 @@ const ditd_route_row ditd_routes[] = {
      DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 0, JSON},
     {"POST", "/images/generations", DITD_ROUTE_GENERATIONS, ditd_route_generate, DITD_ROUTE_KEY,
      DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 0, JSON},
+    /* OpenAI's image edit: the form its clients send, or JSON with base64 images; bodies
+     * up to 48 MiB (an image and a mask; each image then under ditd_image_limits) */
+    {"POST", "/v1/images/edits", DITD_ROUTE_EDITS, ditd_route_edit, DITD_ROUTE_KEY,
+     DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 48L << 20, JSON ",multipart/form-data"},
+    {"POST", "/images/edits", DITD_ROUTE_EDITS, ditd_route_edit, DITD_ROUTE_KEY,
+     DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 48L << 20, JSON ",multipart/form-data"},
     {"GET", "/v1/models", DITD_ROUTE_MODELS, ditd_route_models, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/models/{name}", DITD_ROUTE_MODELS, ditd_route_model, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/loras", DITD_ROUTE_LORAS, ditd_route_loras, DITD_ROUTE_KEY, 0, 0, NULL},

@@ -113,6 +113,9 @@ enum MHD_Result ditd_route_page(ditd_srv *s, struct MHD_Connection *c, ditd_rout
                                 const char *rid);
 enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                     const char *rid);
+/* route_gen.c: POST /v1/images/edits (editreq.c parses it; then as a generation) */
+enum MHD_Result ditd_route_edit(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                const char *rid);
 /* route_loras.c: GET /v1/loras */
 enum MHD_Result ditd_route_loras(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                  const char *rid);

@@ -168,14 +168,15 @@ static int same_slg(const ditd_genreq *a, const ditd_genreq *b)
 }
 
 /* One batch runs one size (and clip length), step count, sampler, T5
- * length, skip-layer guidance and step caching. */
+ * length, skip-layer guidance, step caching and edit strength (0: no
+ * edit; the schedule is truncated for the whole batch). */
 static int compatible(const ditd_job *a, const ditd_job *b)
 {
     return a->rq.steps == b->rq.steps && a->rq.sampler == b->rq.sampler &&
            a->rq.width == b->rq.width && a->rq.height == b->rq.height &&
            a->rq.frames == b->rq.frames &&
            a->rq.max_sequence_length == b->rq.max_sequence_length && same_slg(&a->rq, &b->rq) &&
-           ditd_cache_config_equal(&a->rq.cache, &b->rq.cache);
+           ditd_cache_config_equal(&a->rq.cache, &b->rq.cache) && a->rq.strength == b->rq.strength;
 }
 
 /* The idle replica with the least work: fewest samples served breaks ties,
@@ -299,6 +300,15 @@ void ditd__sched_kick(ditd_srv *s)
                 smp[i].n_lora_names = smp[i].n_lora_scales = (size_t)j->rq.n_loras;
                 smp[i].lora_names = lnames[i];
                 smp[i].lora_scales = j->rq.lora_scale;
+                if (j->rq.image) { /* an edit: borrowed until the batch is packed */
+                    size_t np = (size_t)j->rq.width * (size_t)j->rq.height;
+                    smp[i].image.data = j->rq.image;
+                    smp[i].image.len = np * 3;
+                    if (j->rq.mask) {
+                        smp[i].mask.data = j->rq.mask;
+                        smp[i].mask.len = np;
+                    }
+                }
                 smpp[i] = &smp[i];
                 b->job[i] = j;
                 b->idx[i] = j->dispatched;
@@ -322,6 +332,7 @@ void ditd__sched_kick(ditd_srv *s)
         bm.sampler = (uint32_t)head->rq.sampler;
         bm.max_sequence_length = (uint32_t)head->rq.max_sequence_length;
         bm.num_frames = (uint32_t)head->rq.frames;
+        bm.strength = head->rq.strength;
         uint32_t skip[DITD_MAX_SKIP_LAYERS];
         for (int i = 0; i < head->rq.n_skip_layers; i++)
             skip[i] = (uint32_t)head->rq.skip_layers[i];

@@ -1,12 +1,16 @@
-/* `ditd generate --image IN.png --strength S` on the FLUX.1 folders, as a
- * user runs it: the real binary in a child process, for the cases of
- * tests/fixtures/flux_img2img (Diffusers' FluxImg2ImgPipeline in float64 with
- * ditd's Philox draws, so a run from the seed alone reproduces it): the
+/* `ditd generate --image IN.png [--mask M.png] --strength S` on the FLUX.1
+ * folders, as a user runs it: the real binary in a child process, for the
+ * cases of tests/fixtures/flux_img2img (Diffusers' FluxImg2ImgPipeline in
+ * float64 with ditd's Philox draws, so a run from the seed alone reproduces
+ * it) and two of tests/fixtures/flux_inpaint (FluxInpaintPipeline: a mask
+ * with holes, alone and with true CFG and a batch of two; the golden test
+ * runs all five): the
  * input PNG at the output size (so --size comes from the image), -n for the
  * batch of two, --save-latents within 1e-4 of Diffusers' final latents, the
  * PNGs within one 8-bit level of its images. Refused, naming the reason:
  * --image on a model without img2img, an image of another size than
- * --size, --strength without --image, --strength out of range.
+ * --size, --strength without --image, --strength out of range, --mask without --image,
+ * a mask of another size.
  *   test_generate_img2img DITD FLUX_PIPELINE_DIR */
 #include <jansson.h>
 #include <png.h>
@@ -19,10 +23,13 @@
 #include "tests/test_util.h"
 
 #define MIN_CASES 5
+#define MIN_MASK_CASES 2
 
 static const char *ditd_bin, *pipe_dir;
 static char tmpdir[256];
 static char errbuf[8192];
+
+static const char *set = "flux_img2img"; /* the fixture set of the cases being run */
 
 static float *npy_fixture(const char *name, size_t *n)
 {
@@ -30,7 +37,7 @@ static float *npy_fixture(const char *name, size_t *n)
     int64_t shape[8];
     int nd;
     float *d = NULL;
-    snprintf(path, sizeof path, "%s/flux_img2img/expected/%s", tu_fixtures(), name);
+    snprintf(path, sizeof path, "%s/%s/expected/%s", tu_fixtures(), set, name);
     if (ditd_npy_read_f32(path, 8, &nd, shape, &d)) {
         TU_CHECK(0, "%s: %s", path, ditd_err_detail());
         return NULL;
@@ -68,12 +75,12 @@ static int png_worst(const char *path, const float *want, size_t per)
 static int run_case(json_t *c)
 {
     const char *name = jstr(c, "name");
-    char model[4096], image[4096], lat_path[600], png_path[600], steps[16], g[32], L[16], seed[32],
+    char model[4096], image[4096], mask[4096], lat_path[600], png_path[600], steps[16], g[32], L[16], seed[32],
         strength[32], tcfg[32], nimg[16];
     const char *args[48];
     int na = 0, done = 0, B = jint(c, "batch");
     snprintf(model, sizeof model, "%s/%s", pipe_dir, jstr(c, "folder"));
-    snprintf(image, sizeof image, "%s/flux_img2img/expected/%s", tu_fixtures(), jstr(c, "image"));
+    snprintf(image, sizeof image, "%s/%s/expected/%s", tu_fixtures(), set, jstr(c, "image"));
     snprintf(lat_path, sizeof lat_path, "%s/%s.npy", tmpdir, name);
     snprintf(png_path, sizeof png_path, "%s/%s.png", tmpdir, name);
     snprintf(steps, sizeof steps, "%d", jint(c, "num_inference_steps"));
@@ -90,6 +97,11 @@ static int run_case(json_t *c)
                           "--dtype", "f32"};
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         args[na++] = base[i];
+    if (jstr(c, "mask")) {
+        snprintf(mask, sizeof mask, "%s/%s/expected/%s", tu_fixtures(), set, jstr(c, "mask"));
+        args[na++] = "--mask";
+        args[na++] = mask;
+    }
     if (jstr(c, "negative_prompt")) {
         args[na++] = "--negative-prompt";
         args[na++] = jstr(c, "negative_prompt");
@@ -165,6 +177,20 @@ int main(int argc, char **argv)
     json_array_foreach(json_object_get(root, "cases"), i, c) checked += run_case(c);
     TU_CHECK(checked >= MIN_CASES, "cases through ditd generate --image: %d (at least %d)", checked,
              MIN_CASES);
+    json_decref(root);
+    /* inpainting: the holes case alone, and with true CFG and a batch of two */
+    set = "flux_inpaint";
+    snprintf(path, sizeof path, "%s/flux_inpaint/expected/cases.json", tu_fixtures());
+    root = json_load_file(path, 0, &jerr);
+    TU_CHECK(root != NULL, "%s: %s", path, jerr.text);
+    int masked = 0;
+    json_array_foreach(json_object_get(root, "cases"), i, c) {
+        const char *nm = jstr(c, "name");
+        if (nm && (!strcmp(nm, "dev_32x48_s03_holes") || !strcmp(nm, "dev_32x48_s075_batch2_true_cfg")))
+            masked += run_case(c);
+    }
+    TU_CHECK(masked >= MIN_MASK_CASES, "cases through ditd generate --image --mask: %d (at least %d)",
+             masked, MIN_MASK_CASES);
 
     char model[4096], image[4096];
     snprintf(model, sizeof model, "%s/dev", pipe_dir);
@@ -183,6 +209,14 @@ int main(int argc, char **argv)
     const char *bad_zero[] = {"generate", "--model", model, "--prompt", "a", "--image", image,
                               "--strength", "0", "-o", "x.png", NULL};
     refused(bad_zero, "strength 0", NULL, "--strength 0");
+    const char *bad_mask[] = {"generate", "--model", model, "--prompt", "a", "--mask", image,
+                              "-o", "x.png", NULL};
+    refused(bad_mask, "--mask needs --image", NULL, "--mask without --image");
+    char small[4096];
+    snprintf(small, sizeof small, "%s/flux_img2img/expected/dev_32_s10_image.png", tu_fixtures());
+    const char *bad_msize[] = {"generate", "--model", model, "--prompt", "a", "--image", image,
+                               "--mask", small, "-o", "x.png", NULL};
+    refused(bad_msize, "--mask", "32x32", "a 32x32 mask on a 48x32 image");
     json_decref(root);
     snprintf(path, sizeof path, "rm -rf '%s'", tmpdir);
     TU_CHECK(system(path) == 0, "cleanup");

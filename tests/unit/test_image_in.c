@@ -699,6 +699,23 @@ static void test_fixtures(const char *dir)
     printf("%d PIL fixture cases\n", n_cases);
 }
 
+/* ditd_image_to_luma against PIL's convert("L") (values from Pillow 12: RGB and RGBA, alpha
+ * ignored). */
+static void test_luma(void)
+{
+    uint8_t rgb[] = {255, 0, 0, 0, 255, 0, 0, 0, 255, 128, 128, 128, 12, 200, 77};
+    uint8_t rgba[] = {12, 200, 77, 0, 255, 255, 255, 7};
+    const uint8_t want[] = {76, 150, 29, 128, 130}, want4[] = {130, 255};
+    uint8_t out[5];
+    ditd_image a = {.pixels = rgb, .width = 5, .height = 1, .channels = 3};
+    ditd_image_to_luma(&a, out);
+    TU_CHECK(memcmp(out, want, 5) == 0, "luma of RGB as PIL's convert(\"L\"): %d %d %d %d %d",
+             out[0], out[1], out[2], out[3], out[4]);
+    ditd_image b = {.pixels = rgba, .width = 1, .height = 2, .channels = 4};
+    ditd_image_to_luma(&b, out);
+    TU_CHECK(memcmp(out, want4, 2) == 0, "luma of RGBA ignores alpha: %d %d", out[0], out[1]);
+}
+
 int main(int argc, char **argv)
 {
     tu_seed();
@@ -710,6 +727,7 @@ int main(int argc, char **argv)
     test_jpeg();
     test_webp();
     test_hostile();
+    test_luma();
     printf("%d checks, %d failures (%d PNG cases, %d refusals)\n", tu_checks, tu_failures, n_png_cases,
            n_refused);
     return tu_failures ? 1 : 0;

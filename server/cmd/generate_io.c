@@ -1,0 +1,85 @@
+/* `ditd generate`'s files (generate.h): the input image, the clips and
+ * images it writes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/core/error.h"
+#include "engine/io/video_mp4.h"
+#include "server/cmd/generate.h"
+#include "server/common/image.h"
+#include "server/common/image_in.h"
+
+int ditd__gen_fail(const char *what, int err)
+{
+    const char *d = ditd_err_detail();
+    fprintf(stderr, "ditd generate: %s: %s%s%s\n", what, ditd_strerror(err), *d ? ": " : "", d);
+    return 1;
+}
+/* The leader: writes n clips of F frames (n, F, H, W, 3) as OUT.mp4
+ * (OUT-i.mp4 for n > 1) and/or PNG frames OUT-000.png ... (OUT-i-000.png).
+ * 0 or 1 (said). */
+int ditd__gen_write_clips(const uint8_t *vid, int n, int F, int H, int W, const char *out_path,
+                          int mp4, int save_frames, int fps, int quiet, long seed, int steps)
+{
+    const size_t frame = (size_t)H * W * 3, clip = (size_t)F * frame;
+    int err;
+    const char *dot = strrchr(out_path, '.');
+    int stem = dot && !strchr(dot, '/') ? (int)(dot - out_path) : (int)strlen(out_path);
+    for (int i = 0; i < n; i++) {
+        char base[4096], path[4200];
+        if (n == 1)
+            snprintf(base, sizeof base, "%.*s", stem, out_path);
+        else
+            snprintf(base, sizeof base, "%.*s-%d", stem, out_path, i);
+        const uint8_t *c = vid + (size_t)i * clip;
+        if (mp4) {
+            snprintf(path, sizeof path, "%s.mp4", base);
+            if ((err = ditd_video_write_mp4(path, c, F, W, H, fps)))
+                return ditd__gen_fail(path, err), 1;
+            if (!quiet)
+                fprintf(stderr, "wrote %s (%dx%d, %d frames at %d fps, seed %ld, %d steps)\n",
+                        path, W, H, F, fps, seed, steps);
+        }
+        if (mp4 && !save_frames)
+            continue;
+        for (int f = 0; f < F; f++) {
+            snprintf(path, sizeof path, "%s-%03d.png", base, f);
+            if ((err = ditd_png_write_file(path, c + (size_t)f * frame, W, H, 3)))
+                return ditd__gen_fail(path, err), 1;
+        }
+        if (!quiet)
+            fprintf(stderr, "wrote %s-000.png .. %s-%03d.png (%dx%d, seed %ld, %d steps)\n", base,
+                    base, F - 1, W, H, seed, steps);
+    }
+    return 0;
+}
+
+int ditd__gen_read_image(const char *path, int channels, ditd_image *img)
+{
+    FILE *f = fopen(path, "rb");
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int err;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        long l = ftell(f);
+        if (l >= 0 && (size_t)l <= DITD_IMAGE_MAX_BYTES_DEFAULT && fseek(f, 0, SEEK_SET) == 0 &&
+            (buf = malloc((size_t)l + 1)) && fread(buf, 1, (size_t)l, f) == (size_t)l)
+            len = (size_t)l;
+    }
+    if (f)
+        fclose(f);
+    err = len ? ditd_image_decode(buf, len, NULL, img)
+              : ditd_err_set(DITD_EIO, "cannot read %s (at most %zu bytes)", path,
+                             DITD_IMAGE_MAX_BYTES_DEFAULT);
+    free(buf);
+    if (err)
+        return err;
+    if (channels == 3 && img->channels == 4) { /* RGBA: the color, as PIL's convert("RGB") */
+        size_t np = (size_t)img->width * img->height;
+        for (size_t i = 0; i < np; i++)
+            memmove(img->pixels + 3 * i, img->pixels + 4 * i, 3);
+        img->channels = 3;
+    }
+    return 0;
+}
