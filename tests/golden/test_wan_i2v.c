@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine/backend/backend.h"
+#include "engine/io/json_config.h"
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/image_cond.h"
@@ -372,6 +373,7 @@ static int variant(const char *tmp, const char *base, const char *index, const c
         return -1;
     fputs(index, f);
     fclose(f);
+    ditd_json_config_cache_clear(); /* the same paths, new contents: never a cached parse */
     return 0;
 }
 
