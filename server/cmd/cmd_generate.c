@@ -417,7 +417,10 @@ int ditd_cmd_generate(int argc, char **argv)
     const int vs = rep.info.vae_scale > 0 ? rep.info.vae_scale : 1; /* 0: no vae/ (refused below) */
     const int sh = (a.size_h ? (int)a.size_h : rep.info.image_height) / vs;
     const int sw = (a.size_w ? (int)a.size_w : rep.info.image_width) / vs;
-    ro.decode = a.out_path || a.image_path ? DITD_REPLICA_DECODE : DITD_REPLICA_NO_DECODE;
+    /* the VAE: to decode (-o), or to encode an img2img --image (image-to-video encodes its
+     * image through engine/pipeline/image_cond.h, so a clip is decoded only for -o) */
+    ro.decode = a.out_path || (a.image_path && !pc->image_to_video) ? DITD_REPLICA_DECODE
+                                                                     : DITD_REPLICA_NO_DECODE;
     ro.vae_tiling = a.vae_tiling;
     ro.video_h = sh;
     ro.video_w = sw;

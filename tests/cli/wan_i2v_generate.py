@@ -76,6 +76,12 @@ for c in cases:
         worst = max(worst, max(abs(a - b) for a, b in zip(px, fref[f * H * W * 3:(f + 1) * H * W * 3])))
     if worst > 1:
         fail("%s: frames %d levels off Diffusers' (1)" % (name, worst))
+    if checked == 0:  # --save-latents alone (no -o: no decode) gives the same latents
+        lat_only = out + "-latents-only.npy"
+        i = args.index("--save-latents")
+        r2 = run(args[:i] + ["--save-latents", lat_only] + [x for x in args[i + 2:] if x not in ("-o", out + ".png")])
+        if r2.returncode != 0 or not os.path.exists(lat_only) or read_npy(lat_only)[1] != got:
+            fail("%s: --save-latents without -o: exit %d %s" % (name, r2.returncode, r2.stderr[-300:]))
     print("ok %s: latents %.2g relative, %d frames worst %d level(s)" % (name, rel, F, worst))
     checked += 1
     kinds.add(c["folder"])
