@@ -145,6 +145,7 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_gen_args a;
     progress pr = {0};
     ditd_image in_img = {0}; /* --image, decoded */
+    ditd_image last_img = {0}; /* --last-image (image-to-video), decoded */
     uint8_t *mask_l = NULL;  /* --mask: its luma (H, W) */
     float *mask_lat = NULL;  /* and on the latent grid (h, w) */
     float *img_lat = NULL;   /* --image: its latents (C, h, w) */
@@ -284,6 +285,11 @@ int ditd_cmd_generate(int argc, char **argv)
                 rep.info.name, pc->name);
         goto done;
     }
+    if (a.last_image_path && !i2v) {
+        fprintf(stderr, "ditd generate: --last-image: %s (%s) is not an image-to-video "
+                "pipeline\n", rep.info.name, pc->name);
+        goto done;
+    }
     if (i2v && (a.strength >= 0 || a.mask_path)) {
         fprintf(stderr, "ditd generate: --%s: %s starts from noise (the image is the condition, "
                 "not an edit)\n", a.mask_path ? "mask" : "strength", pc->name);
@@ -315,6 +321,11 @@ int ditd_cmd_generate(int argc, char **argv)
             fprintf(stderr, "ditd generate: --image %s is %dx%d, --size %ldx%ld: resampling the "
                     "input is not done yet (give the image at the output size)\n", a.image_path,
                     in_img.width, in_img.height, a.size_w, a.size_h);
+            goto done;
+        }
+        if (a.last_image_path && (err = ditd__gen_read_image(a.last_image_path, 3, &last_img))) {
+            fprintf(stderr, "ditd generate: --last-image %s: %s\n", a.last_image_path,
+                    ditd_err_detail());
             goto done;
         }
         if (a.mask_path) { /* Diffusers' mask_image: its luma (PIL's convert("L")) */
@@ -509,8 +520,9 @@ int ditd_cmd_generate(int argc, char **argv)
             ditd__gen_fail("the image condition", err ? err : DITD_ENOMEM);
             goto done;
         }
-        if ((err = ditd_image_cond_run(icond, in_img.pixels, in_img.width, in_img.height, NULL, 0,
-                                       0, nfr, W, H, i2v_cond, i2v_emb))) {
+        if ((err = ditd_image_cond_run(icond, in_img.pixels, in_img.width, in_img.height,
+                                       last_img.pixels, last_img.width, last_img.height, nfr, W,
+                                       H, i2v_cond, i2v_emb))) {
             ditd__gen_fail("encoding --image", err);
             goto done;
         }
@@ -669,6 +681,7 @@ done:
     ditd_image_free(&in_img);
     free(img_lat);
     ditd_image_cond_free(icond);
+    ditd_image_free(&last_img);
     free(i2v_cond);
     free(i2v_emb);
     free(mask_l);

@@ -6,8 +6,10 @@ For each single-video case of tests/fixtures/wan_pipeline/expected_i2v/cases.jso
 `ditd generate --image IN.png --frames N --size WxH -o clip.png --save-latents` must give
 the final latents within 1e-4 relative of Diffusers' and PNG frames within one 8-bit level.
 Then the refusals: no --image on an image-to-video folder, --image on WanPipeline,
---strength with image-to-video, an FLF2V folder without its last image. At least 5 clips (Wan 2.1 I2V, Wan 2.2 I2V-A14B, TI2V-5B in image mode) and 4 refusals
-are checked. Stdlib plus ffmpeg (PNG decoding), as wan_generate.py.
+--strength with image-to-video, an FLF2V folder without its last image, --last-image on
+WanPipeline. FLF2V's case runs with --last-image, TI2V's second with an image of another size
+(resized). At least 6 clips (Wan 2.1 I2V, Wan 2.2 I2V-A14B, TI2V-5B in image mode, FLF2V) and
+5 refusals are checked. Stdlib plus ffmpeg (PNG decoding), as wan_generate.py.
 
 usage: wan_i2v_generate.py DITD WAN_PIPELINE_DIR FIXTURES_DIR
 """
@@ -38,7 +40,7 @@ tmp = tempfile.mkdtemp(prefix="wan_i2v_generate.")
 cases = json.load(open(os.path.join(fix, "cases.json")))["cases"]
 checked, kinds = 0, set()
 for c in cases:
-    if c["batch"] != 1 or c.get("last_image"):  # FLF2V's last image: the engine's, not a flag yet
+    if c["batch"] != 1:
         continue
     name, out = c["name"], os.path.join(tmp, c["name"])
     args = ["--model", os.path.join(pipes, c["folder"]), "--image", os.path.join(fix, c["image"]),
@@ -50,6 +52,8 @@ for c in cases:
             "-o", out + ".png", "--threads", "1", "-q"]
     if c.get("negative_prompts"):
         args += ["--negative-prompt", c["negative_prompts"][0]]
+    if c.get("last_image"):  # FLF2V
+        args += ["--last-image", os.path.join(fix, c["last_image"])]
     if "guidance_scale_2" in c:
         args += ["--guidance-2", str(c["guidance_scale_2"])]
     r = run(args)
@@ -96,7 +100,9 @@ for args, needle in [
         (["--model", i2v, "--prompt", "a", "--frames", "5", "--image", img, "--strength", "0.5",
           "-o", tmp + "/x.png"], "--strength"),
         (["--model", os.path.join(pipes, "flf2v"), "--prompt", "a", "--frames", "5", "--image", img,
-          "--size", "48x32", "-o", tmp + "/x.png"], "last image")]:
+          "--size", "48x32", "-o", tmp + "/x.png"], "last image"),
+        (["--model", t2v, "--prompt", "a", "--frames", "5", "--image", img, "--last-image", img,
+          "-o", tmp + "/x.png"], "not an image-to-video pipeline")]:
     r = run(args)
     if r.returncode == 0 or needle not in r.stderr:
         fail("refusal %s: exit %d, stderr %r (wanted %r)" % (args, r.returncode, r.stderr, needle))
@@ -104,7 +110,7 @@ for args, needle in [
 
 shutil.rmtree(tmp, ignore_errors=True)
 print("%d clips, %d refusals checked" % (checked, refusals))
-if checked < 5 or refusals < 4 or kinds != {"i2v21", "i2v22", "ti2vi"}:
-    fail("too few checked: %d clips (5), %d refusals (4), folders %s" % (checked, refusals,
+if checked < 6 or refusals < 5 or kinds != {"i2v21", "i2v22", "ti2vi", "flf2v"}:
+    fail("too few checked: %d clips (6), %d refusals (5), folders %s" % (checked, refusals,
                                                                         sorted(kinds)))
 sys.exit(1 if failures else 0)
