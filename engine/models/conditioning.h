@@ -36,6 +36,8 @@ typedef struct ditd_cond_shape {
     int text_len;        /* text: L tokens of the sequence embedding */
     int text_dim;        /* text: Dt */
     int pooled_dim;      /* text: Dp of the pooled vector (0: none) */
+    int image_len;       /* image embeddings a row must carry (ditd_cond.image): tokens and */
+    int image_dim;       /* width (Wan 2.1 I2V: the CLIP hidden states); 0: none */
 } ditd_cond_shape;
 
 /* One prompt's embeddings, host f32, borrowed (engine/text makes them). */

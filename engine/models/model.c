@@ -222,10 +222,15 @@ static int load_vae(ditd_model_info *m)
         /* the whole config is checked here, so a bad one fails at start-up */
         if ((err = m->vae->config_load(cfg, &vc)))
             return err;
-        if (vc.latent_channels != m->shapes.in_channels)
+        /* image-to-video: the latents are the transformer's output channels,
+         * the rest of its input is the condition */
+        int lat_c = m->pipeline->image_to_video ? m->shapes.out_channels : m->shapes.in_channels;
+        if (vc.latent_channels != lat_c)
             return ditd_err_set(DITD_EUNSUPPORTED,
-                                "%s: the VAE has %d latent channels, the transformer's in_channels is %d",
-                                cfg, vc.latent_channels, m->shapes.in_channels);
+                                "%s: the VAE has %d latent channels, the transformer's %s is %d",
+                                cfg, vc.latent_channels,
+                                m->pipeline->image_to_video ? "out_channels" : "in_channels",
+                                lat_c);
         m->vae_scale = ditd_vae_config_scale_factor(&vc);
         m->image_channels = vc.out_channels;
     }
@@ -252,6 +257,10 @@ static int component_present(json_t *index, const char *name, const char *path, 
     json_t *v = json_object_get(index, name);
     *present = 0;
     if (!v || json_is_null(v))
+        return 0;
+    /* [null, null]: how save_pretrained writes a component passed as None */
+    if (json_is_array(v) && json_array_size(v) == 2 && json_is_null(json_array_get(v, 0)) &&
+        json_is_null(json_array_get(v, 1)))
         return 0;
     if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_string(json_array_get(v, 1)))
         return ditd_err_set(DITD_EFORMAT, "%s: %s must be [\"library\", \"Class\"] or null", path,
@@ -313,6 +322,60 @@ static int load_experts(ditd_model_info *m, json_t *index, const char *path)
         (err = ditd_denoiser_shapes_check(&s2, cfg)))
         return err;
     return ditd_denoiser_shapes_same(&m->shapes, &s2, cfg);
+}
+
+/* WanImageToVideoPipeline's inputs: the condition's channels (4 mask
+ * channels, scale_factor_temporal of them, then the VAE's z_dim), and the
+ * image encoder and processor a transformer with an image branch needs. */
+static int load_image_cond(ditd_model_info *m, json_t *index, const char *path)
+{
+    int enc, proc, err;
+    m->cond_channels = 0;
+    m->image_encoder_dir[0] = m->image_processor_config[0] = '\0';
+    if (!m->pipeline->image_to_video)
+        return 0;
+    char tcfg[DITD_MODEL_PATH_MAX + 16];
+    snprintf(tcfg, sizeof tcfg, "%s/config.json", m->transformer_dir);
+    m->cond_channels = m->shapes.in_channels - m->shapes.out_channels;
+    if (!m->vae_dir[0])
+        return ditd_err_set(DITD_ENOENT, "%s: %s needs vae/ to encode the input image", path,
+                            m->pipeline->name);
+    if (m->expand_timesteps) { /* TI2V-5B: the image's latents replace the first frame */
+        if (m->cond_channels != 0)
+            return ditd_err_set(DITD_EUNSUPPORTED, "%s: expand_timesteps: the image replaces the "
+                                "first latent frame, so in_channels (%d) must equal out_channels "
+                                "(%d)", tcfg, m->shapes.in_channels, m->shapes.out_channels);
+        return 0;
+    }
+    if (m->cond_channels != m->frame_step + m->shapes.out_channels)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s: in_channels %d: %s concatenates %d mask channels and %d image "
+                            "latent channels to the %d latent ones (in_channels %d)", tcfg,
+                            m->shapes.in_channels, m->pipeline->name, m->frame_step,
+                            m->shapes.out_channels, m->shapes.out_channels,
+                            m->frame_step + 2 * m->shapes.out_channels);
+    if ((err = component_present(index, "image_encoder", path, &enc)) ||
+        (err = component_present(index, "image_processor", path, &proc)))
+        return err;
+    if (m->shapes.cond.image_dim <= 0) /* Wan 2.2 I2V: the encoder is not called */
+        return 0;
+    if (!enc || !proc)
+        return ditd_err_set(DITD_ENOENT, "%s: the transformer has an image branch (image_dim %d) "
+                            "but model_index.json names no %s", path, m->shapes.cond.image_dim,
+                            !enc ? "image_encoder" : "image_processor");
+    if ((err = path_join(m->image_encoder_dir, sizeof m->image_encoder_dir, m->dir,
+                         "image_encoder")) ||
+        (err = path_join(m->image_processor_config, sizeof m->image_processor_config, m->dir,
+                         "image_processor/preprocessor_config.json")))
+        return err;
+    char ecfg[DITD_MODEL_PATH_MAX + 16];
+    snprintf(ecfg, sizeof ecfg, "%s/config.json", m->image_encoder_dir);
+    if (!is_file(ecfg))
+        return ditd_err_set(DITD_ENOENT, "%s: missing (model_index.json names image_encoder)", ecfg);
+    if (!is_file(m->image_processor_config))
+        return ditd_err_set(DITD_ENOENT, "%s: missing (model_index.json names image_processor)",
+                            m->image_processor_config);
+    return 0;
 }
 
 int ditd_model_info_load(const char *dir, ditd_model_info *out)
@@ -394,7 +457,8 @@ int ditd_model_info_load(const char *dir, ditd_model_info *out)
         err = ditd_err_set(err, "%s: %s", path, d);
         goto fail;
     }
-    if ((err = load_experts(m, index, path)) || (err = load_vae(m)) || (err = load_frames(m)))
+    if ((err = load_experts(m, index, path)) || (err = load_vae(m)) || (err = load_frames(m)) ||
+        (err = load_image_cond(m, index, path)))
         goto fail;
     m->num_classes = m->shapes.cond.kind == DITD_COND_CLASS ? m->shapes.cond.num_classes : 0;
     if ((err = load_labels(m, index, path)) || (err = load_defaults(m)))

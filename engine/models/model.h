@@ -98,6 +98,15 @@ typedef struct ditd_model_info {
     char transformer_2_dir[DITD_MODEL_PATH_MAX];
     double boundary_ratio;
     int expand_timesteps;
+    /* Image-to-video (a row with image_to_video: WanImageToVideoPipeline):
+     * the condition's channels (in_channels - out_channels: 4 mask + the
+     * VAE's z_dim; 0 with expand_timesteps, TI2V-5B, where the image's
+     * latents replace the first latent frame instead), and for a transformer with an image branch
+     * (shapes.cond.image_dim) the image_encoder/ folder (CLIPVisionModel)
+     * and image_processor/preprocessor_config.json; "" without. */
+    int cond_channels;
+    char image_encoder_dir[DITD_MODEL_PATH_MAX];
+    char image_processor_config[DITD_MODEL_PATH_MAX];
 } ditd_model_info;
 
 /* Reads the folder. Errors name the file and key; a pipeline class the

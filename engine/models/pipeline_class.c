@@ -152,6 +152,38 @@ const ditd_pipeline_class ditd_pipeline_wan = {
     .max_experts = 2, /* Wan 2.2 A14B: transformer_2 below boundary_ratio */
 };
 
+/* WanImageToVideoPipeline (diffusers 0.42 pipelines/wan/pipeline_wan_i2v.py):
+ * WanPipeline's recipe, guidance, scheduler, defaults and tail, and an
+ * input image per sample: the condition (mask of 4 channels + the VAE's
+ * argmax latents of [image, zeros] scaled by latents_mean / latents_std,
+ * prepare_latents) after the latents on channels, and for Wan 2.1 I2V
+ * (a transformer with image_dim) CLIPVisionModel's hidden_states[-2] of
+ * CLIPImageProcessor's pixels as encoder_hidden_states_image, in both
+ * passes. Wan 2.2 I2V-A14B: no image encoder, two experts. */
+const ditd_pipeline_class ditd_pipeline_wan_i2v = {
+    .name = "WanImageToVideoPipeline",
+    .transformers = {"WanTransformer3DModel", NULL},
+    .cond = DITD_COND_TEXT,
+    .n_parts = 1,
+    .parts = {
+        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_UMT5,
+         .tokens = 0, .prompt = 0, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 0,
+         .pooled = DITD_PROMPT_POOLED_NONE},
+    },
+    .guidance = DITD_GUIDANCE_CFG,
+    .cache_branch_contexts = 1,
+    .unscale = DITD_LATENT_RULE_MEAN_STD,
+    .default_steps = 50,
+    .default_guidance = 5.0f,
+    .default_max_sequence_length = 512,
+    .max_sequence_length = 512,
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_GUIDANCE_2,
+    .default_frames = 81,
+    .fps = 16,
+    .max_experts = 2,
+    .image_to_video = 1,
+};
+
 static const char *const rule_names[DITD_LATENT_RULE_COUNT] = {"dit", "shifted", "mean_std"};
 static const char *const guidance_names[DITD_GUIDANCE_KIND_COUNT] = {"cfg", "true_cfg"};
 

@@ -24,7 +24,7 @@
  *     carry (DITD_REQ_* bits: the HTTP layer refuses the rest by name).
  *
  * Built in: DiTPipeline, FluxPipeline, FluxImg2ImgPipeline, StableDiffusion3Pipeline,
- * WanPipeline. A test or
+ * WanPipeline, WanImageToVideoPipeline. A test or
  * an embedding program adds its own with ditd_registry_add(
  * DITD_COMPONENT_PIPELINE, name, &row) before any model loads, and
  * ditd_registry_find_pipeline() finds a row by name.
@@ -176,6 +176,14 @@ typedef struct ditd_pipeline_class {
      * The same sharing rule as img2img. NULL: no masks. */
     const struct ditd_pipeline_class *inpaint;
     double default_strength;             /* an img2img row: strength when a request gives none */
+    /* Image-to-video (WanImageToVideoPipeline): 1 when every sample carries
+     * an input image, made into a condition concatenated after the latents
+     * on channels (the transformer's in_channels - out_channels of them:
+     * the frame mask, then the VAE's latents of the image followed by zero
+     * frames; engine/pipeline/image_cond.h) and, when the transformer has
+     * an image branch (cond.image_dim), the image encoder's hidden states
+     * (ditd_cond.image). 0: the latents are the transformer's whole input. */
+    int image_to_video;
 } ditd_pipeline_class;
 
 /* Whether row pc drives transformer class `tcls` with conditioning `kind`:
@@ -212,5 +220,6 @@ extern const ditd_pipeline_class ditd_pipeline_flux_img2img;
 extern const ditd_pipeline_class ditd_pipeline_flux_inpaint;
 extern const ditd_pipeline_class ditd_pipeline_sd3;
 extern const ditd_pipeline_class ditd_pipeline_wan;
+extern const ditd_pipeline_class ditd_pipeline_wan_i2v;
 
 #endif

@@ -52,11 +52,13 @@ int ditd_latent_video_new_group(const ditd_model_info *info, const ditd_backend_
         return err;
     }
     lv->cfg = ditd_wan_vae_config_of(lv->vae);
-    if (lv->cfg->z_dim != info->shapes.in_channels) {
+    int lat_c = info->pipeline->image_to_video ? info->shapes.out_channels
+                                               : info->shapes.in_channels;
+    if (lv->cfg->z_dim != lat_c) {
         ditd_latent_video_free(lv);
         return ditd_err_set(DITD_EUNSUPPORTED,
-                            "%s: the VAE has %d latent channels, the transformer's in_channels is %d",
-                            info->vae_dir, lv->cfg->z_dim, info->shapes.in_channels);
+                            "%s: the VAE has %d latent channels, the transformer's latents %d",
+                            info->vae_dir, lv->cfg->z_dim, lat_c);
     }
     *out = lv;
     return 0;

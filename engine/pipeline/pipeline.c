@@ -11,6 +11,20 @@
 
 static int plan_buffers(ditd_pipeline *p);
 
+/* numel (the latents: the sampler's), numel_cond (an image-to-video row's
+ * condition after them: in_channels - out_channels) and numel_in. */
+static void set_numels(ditd_pipeline *p)
+{
+    p->numel_in = ditd_denoiser_numel_in(&p->shapes);
+    p->numel_out = ditd_denoiser_numel_out(&p->shapes);
+    p->numel_cond = 0;
+    p->first_frame = p->pc->image_to_video && p->info.expand_timesteps;
+    if (p->pc->image_to_video && p->shapes.out_channels < p->shapes.in_channels)
+        p->numel_cond = p->numel_in / (size_t)p->shapes.in_channels *
+                        (size_t)(p->shapes.in_channels - p->shapes.out_channels);
+    p->numel = p->numel_in - p->numel_cond;
+}
+
 int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
                       ditd_pipeline **out)
 {
@@ -77,8 +91,15 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
         p->boundary_t = (float)(info->boundary_ratio * (double)p->sched_base.num_train_timesteps);
     }
     p->shapes = p->den->shapes;
-    p->numel = ditd_denoiser_numel_in(&p->shapes);
-    p->numel_out = ditd_denoiser_numel_out(&p->shapes);
+    set_numels(p);
+    if (p->pc->image_to_video && p->shapes.cond.image_dim > 0) {
+        p->img_emb = malloc(n2 * (size_t)p->shapes.cond.image_len *
+                            (size_t)p->shapes.cond.image_dim * sizeof(float));
+        if (!p->img_emb) {
+            err = ditd_err_set(DITD_ENOMEM, "image embeddings");
+            goto fail;
+        }
+    }
     if ((err = ditd_cond_init(&p->cond, &p->shapes.cond, (int)n2)) || (err = plan_buffers(p)))
         goto fail;
     p->h_t = malloc(n2 * sizeof(float));
@@ -131,12 +152,12 @@ static int plan_buffers(ditd_pipeline *p)
 {
     const ditd_backend_ops *ops = p->ops;
     size_t n1 = (size_t)p->max_samples, n2 = (size_t)p->max_rows, es = ditd_dtype_size(ops->act_dtype);
-    size_t ni = p->numel, no = p->numel_out;
+    size_t ni = p->numel_in, no = p->numel_out;
     int err;
     if (ni <= p->cap_numel && no <= p->cap_numel_out)
         return 0;
     free_buffers(p);
-    p->lat = malloc(n1 * ni * sizeof(float));
+    p->lat = malloc(n1 * ni * sizeof(float)); /* numel <= numel_in */
     p->x0 = malloc(n1 * ni * sizeof(float));
     p->noise = malloc(n1 * ni * sizeof(float));
     p->h_out = malloc(n2 * no * sizeof(float));
@@ -177,8 +198,7 @@ int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int w
     if (p->den2 && (err = ditd_denoiser_set_video_size(p->den2, frames, height, width, text_len)))
         return err;
     p->shapes = p->den->shapes;
-    p->numel = ditd_denoiser_numel_in(&p->shapes);
-    p->numel_out = ditd_denoiser_numel_out(&p->shapes);
+    set_numels(p);
     /* the sampler's state is per sample's numel and its mu per image tokens */
     ditd_sampler_free(p->sampler);
     p->sampler = NULL;
@@ -208,6 +228,8 @@ void ditd_pipeline_free(ditd_pipeline *p)
     free(p->row_sample);
     free(p->row_branch);
     free(p->row_lora);
+    free(p->img_emb);
+    free(p->t_frames);
     free(p);
 }
 
@@ -312,6 +334,11 @@ static int forward_rows(ditd_pipeline *p, int r0, int nr, const ditd_gen_params 
     ditd_cond c = ditd_cond_view(&p->cond, r0);
     if (nr <= 0)
         return 0;
+    if (p->img_emb) { /* the rows' image embeddings (load_row) */
+        c.image_len = p->shapes.cond.image_len;
+        c.image_dim = p->shapes.cond.image_dim;
+        c.image = p->img_emb + (size_t)r0 * (size_t)c.image_len * (size_t)c.image_dim;
+    }
     if (skip) {
         c.skip_layers = skip->skip_layers;
         c.n_skip_layers = skip->n_skip_layers;
@@ -323,7 +350,7 @@ static int forward_rows(ditd_pipeline *p, int r0, int nr, const ditd_gen_params 
             ls = p->row_lora + r0;
     p->cur->loras = ls;
     int err = ditd_denoiser_forward(p->cur, nr,
-                                    ditd_ptr_act(ops, p->model_in, (size_t)r0 * p->numel),
+                                    ditd_ptr_act(ops, p->model_in, (size_t)r0 * p->numel_in),
                                     p->h_t + r0, &c,
                                     ditd_ptr_act(ops, p->model_out, (size_t)r0 * p->numel_out));
     p->cur->loras = NULL;
@@ -357,6 +384,41 @@ static int run_forwards(ditd_pipeline *p, int n, int rc, int ru, int rows, int c
     int displs[2] = {0, counts[0]};
     return ditd_comm_allgatherv(p->mesh->cfg_comm, p->ops->act_dtype, NULL, p->model_out, counts,
                                 displs);
+}
+
+/* TI2V-5B (first_frame): latent frame 0 of sample i := its image's latents
+ * ((1 - first_frame_mask) x condition + first_frame_mask x latents, exact
+ * for a 0/1 mask). Frame 0's own sampler state only ever reads itself, so
+ * replacing it in place gives the other frames Diffusers' values. */
+static void put_first_frame(ditd_pipeline *p, int i, const ditd_gen_sample *smp)
+{
+    const int C = p->shapes.out_channels, F = p->shapes.frames > 0 ? p->shapes.frames : 1;
+    const size_t hw = p->numel / ((size_t)C * F);
+    float *x = p->lat + (size_t)i * p->numel;
+    for (int c = 0; c < C; c++)
+        memcpy(x + (size_t)c * F * hw, smp->video_cond + (size_t)c * hw, hw * sizeof(float));
+}
+
+/* Forward row r := sample i's latents, then (image-to-video) its
+ * condition on the following channels and its image embeddings. */
+static void load_row(ditd_pipeline *p, int r, int i, const ditd_gen_sample *smp)
+{
+    const ditd_backend_ops *ops = p->ops;
+    void *in = ditd_ptr_act(ops, p->model_in, (size_t)r * p->numel_in);
+    ops->upload(in, p->lat + (size_t)i * p->numel, p->numel);
+    if (p->numel_cond)
+        ops->upload(ditd_ptr_act(ops, in, p->numel), smp->video_cond, p->numel_cond);
+    if (p->img_emb) {
+        size_t ne = (size_t)p->shapes.cond.image_len * (size_t)p->shapes.cond.image_dim;
+        memcpy(p->img_emb + (size_t)r * ne, smp->image_embeds, ne * sizeof(float));
+    }
+    if (p->first_frame) { /* mask * t per frame: the first frame at 0 */
+        int F = p->shapes.frames;
+        float t = p->h_t[r];
+        p->t_frames[(size_t)r * F] = 0.0f;
+        for (int f = 1; f < F; f++)
+            p->t_frames[(size_t)r * F + f] = t;
+    }
 }
 
 /* FluxInpaintPipeline after the scheduler's step s: the kept part (mask 0)
@@ -431,6 +493,14 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             return ditd_err_set(DITD_EINVAL, "guidance_scale_2 %g", (double)samples[i].guidance_2);
         if ((err = ditd_pipeline_check_loras(p, samples[i].loras)))
             return err;
+        if (p->pc->image_to_video && (!samples[i].video_cond ||
+                                      (p->img_emb && !samples[i].image_embeds)))
+            return ditd_err_set(DITD_EINVAL, "%s: sample %d has no input image (%s)",
+                                p->pc->name, i, !samples[i].video_cond ? "condition"
+                                                                       : "image embeddings");
+        if (!p->pc->image_to_video && (samples[i].video_cond || samples[i].image_embeds))
+            return ditd_err_set(DITD_EINVAL, "%s takes no input image (sample %d)", p->pc->name,
+                                i);
     }
     if (p->den2 && p->cache_cfg.method != DITD_CACHE_NONE)
         return ditd_err_set(DITD_EUNSUPPORTED, "step caching with two experts (%s/transformer_2) "
@@ -475,6 +545,18 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                                      !p->pc->cache_branch_contexts)))
         return err;
 
+    if (p->first_frame) { /* (max_rows, frames) timesteps, grown between batches */
+        int F = p->shapes.frames > 0 ? p->shapes.frames : 1;
+        if (p->t_frames_cap < F) {
+            float *tf = realloc(p->t_frames, (size_t)p->max_rows * F * sizeof(float));
+            if (!tf)
+                return ditd_err_set(DITD_ENOMEM, "per-frame timesteps");
+            p->t_frames = tf;
+            p->t_frames_cap = F;
+        }
+        p->cond.t_frames = p->t_frames;
+        p->cond.t_frames_n = F;
+    }
     /* In a group the leader's flags rule: ctl = [stop, active[0..n)],
      * broadcast at the start and after every step's callback. */
     uint8_t *act = NULL;
@@ -513,6 +595,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
 
     int cfg_par = p->mesh && p->mesh->layout.cfg == 2;
     for (int s = t_start; s < steps; s++) {
+        for (int i = 0; p->first_frame && i < n; i++)
+            put_first_frame(p, i, &samples[i]);
         /* WanPipeline: t >= boundary runs transformer, the rest transformer_2
          * with guidance_scale_2 */
         int low = p->den2 && ts[s] < p->boundary_t;
@@ -533,8 +617,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
             p->row_lora[rows] = samples[i].loras;
-            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
-                        p->lat + (size_t)i * numel, numel);
+            load_row(p, rows, i, &samples[i]);
             rows++;
         }
         if (rows == 0)
@@ -550,8 +633,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
             p->row_lora[rows] = samples[i].loras;
-            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
-                        p->lat + (size_t)i * numel, numel);
+            load_row(p, rows, i, &samples[i]);
             rows++;
         }
         /* skip-layer guidance: the guided samples' conditional input once
@@ -567,8 +649,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
             p->row_lora[rows] = samples[i].loras;
-            ops->upload(ditd_ptr_act(ops, p->model_in, (size_t)rows * numel),
-                        p->lat + (size_t)i * numel, numel);
+            load_row(p, rows, i, &samples[i]);
             rows++;
         }
         if ((err = run_forwards(p, n, rows_c, rows_u, rows, cfg_par, gp)))
@@ -633,6 +714,8 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
     }
     ditd_step_cache_end(p->scache);
     p->cur = p->den;
+    for (int i = 0; p->first_frame && i < n; i++) /* the result's first frame is the image's */
+        put_first_frame(p, i, &samples[i]);
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
     return 0;
 }

@@ -91,6 +91,15 @@ typedef struct ditd_gen_sample {
                                  * them (VAE draw, shifted and scaled:
                                  * ditd_latent_image_encode); borrowed for the call,
                                  * samples may share one. NULL otherwise */
+    /* image-to-video (a row with image_to_video): the condition (Cc, F, h, w)
+     * (with expand_timesteps: the first frame's latents (C, 1, h, w))
+     * host f32 that follows the latents on channels in every forward row of
+     * this sample (ditd_image_cond_run: mask + scaled VAE latents), and for
+     * a transformer with an image branch its image embeddings (Li, Di)
+     * (both passes, as WanImageToVideoPipeline). Borrowed for the call;
+     * NULL on other rows (required on an image-to-video row). */
+    const float *video_cond;
+    const float *image_embeds;
     const float *mask_latents;  /* inpainting (a row with inpaint; with image_latents): the
                                  * mask on the latent grid (h, w) f32, 1 repainted, 0 kept
                                  * (ditd_latent_mask_from_gray); after every step the kept
@@ -129,6 +138,14 @@ typedef struct ditd_pipeline {
     const ditd_pipeline_class *pc; /* the model's row of the pipeline table (info.pipeline) */
     int max_rows;                /* forward rows planned: 2 max_samples, 3 with skip-layer guidance */
     size_t numel;                /* C*h*w per sample (latent) */
+    size_t numel_in;             /* the transformer's input per row: numel + numel_cond */
+    size_t numel_cond;           /* image-to-video: the condition's Cc*F*h*w; else 0 */
+    float *img_emb;              /* (max_rows, Li, Di) image embeddings of the rows, or NULL */
+    int first_frame;             /* image-to-video with expand_timesteps (TI2V-5B): the
+                                  * sample's video_cond (C, 1, h, w) replaces latent frame 0
+                                  * of every forward and of the result, that frame at t = 0 */
+    float *t_frames;             /* (max_rows, frames) per-frame timesteps then, else NULL */
+    int t_frames_cap;
     size_t cap_numel, cap_numel_out; /* what the buffers below hold per sample */
     size_t numel_out;            /* Co*h*w per sample */
     float *lat;                  /* (n, C, h, w) host */

@@ -7,16 +7,9 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/text/clip_layers.h"
 #include "engine/text/text_weights.h"
 #include "kernels/cpu/text_kernels.h"
-
-typedef struct clip_layer {
-    void *ln1_g, *ln1_b, *ln2_g, *ln2_b;            /* (D) */
-    ditd_text_mat q, k, v, o;                       /* (D, D) */
-    void *q_b, *k_b, *v_b, *o_b;                    /* (D) */
-    ditd_text_mat fc1, fc2;                         /* (F, D), (D, F) */
-    void *fc1_b, *fc2_b;                            /* (F), (D) */
-} clip_layer;
 
 struct ditd_clip_text {
     ditd_clip_text_config cfg;
@@ -28,15 +21,14 @@ struct ditd_clip_text {
 
     ditd_text_mat tok;           /* (V, D) */
     void *pos;                   /* (max_positions, D) */
-    clip_layer *layers;
+    ditd__clip_layer *layers;
     void *lnf_g, *lnf_b;         /* (D) */
     ditd_text_mat proj;          /* (P, D) */
 
     /* activations (B, N, ...) for max_batch x max_tokens */
-    void *h, *xn, *qkv, *att, *ff, *tmp, *pool, *pooled_proj, *scratch;
-    void *att_scratch;              /* (N, N) scores */
+    ditd__clip_bufs b;
+    void *pool, *pooled_proj;
     uint8_t *keep;               /* (B, N) */
-    size_t scratch_elems;
 };
 
 const ditd_clip_text_config *ditd_clip_text_config_of(const ditd_clip_text *m)
@@ -79,26 +71,9 @@ static int walk(ditd_clip_text *m)
     const char *p = m->prefix;
     MAT(m->tok, c->vocab_size, D, "%sembeddings.token_embedding.weight", p);
     SMALL(m->pos, c->max_positions, D, "%sembeddings.position_embedding.weight", p);
-    for (int l = 0; l < c->num_layers; l++) {
-        clip_layer *y = &m->layers[l];
-        const char *e = "encoder.layers";
-        SMALL(y->ln1_g, D, 0, "%s%s.%d.layer_norm1.weight", p, e, l);
-        SMALL(y->ln1_b, D, 0, "%s%s.%d.layer_norm1.bias", p, e, l);
-        MAT(y->q, D, D, "%s%s.%d.self_attn.q_proj.weight", p, e, l);
-        SMALL(y->q_b, D, 0, "%s%s.%d.self_attn.q_proj.bias", p, e, l);
-        MAT(y->k, D, D, "%s%s.%d.self_attn.k_proj.weight", p, e, l);
-        SMALL(y->k_b, D, 0, "%s%s.%d.self_attn.k_proj.bias", p, e, l);
-        MAT(y->v, D, D, "%s%s.%d.self_attn.v_proj.weight", p, e, l);
-        SMALL(y->v_b, D, 0, "%s%s.%d.self_attn.v_proj.bias", p, e, l);
-        MAT(y->o, D, D, "%s%s.%d.self_attn.out_proj.weight", p, e, l);
-        SMALL(y->o_b, D, 0, "%s%s.%d.self_attn.out_proj.bias", p, e, l);
-        SMALL(y->ln2_g, D, 0, "%s%s.%d.layer_norm2.weight", p, e, l);
-        SMALL(y->ln2_b, D, 0, "%s%s.%d.layer_norm2.bias", p, e, l);
-        MAT(y->fc1, F, D, "%s%s.%d.mlp.fc1.weight", p, e, l);
-        SMALL(y->fc1_b, F, 0, "%s%s.%d.mlp.fc1.bias", p, e, l);
-        MAT(y->fc2, D, F, "%s%s.%d.mlp.fc2.weight", p, e, l);
-        SMALL(y->fc2_b, D, 0, "%s%s.%d.mlp.fc2.bias", p, e, l);
-    }
+    for (int l = 0; l < c->num_layers; l++)
+        if ((err = ditd__clip_layer_walk(w, &m->layers[l], p, l, D, F)))
+            return err;
     SMALL(m->lnf_g, D, 0, "%sfinal_layer_norm.weight", p);
     SMALL(m->lnf_b, D, 0, "%sfinal_layer_norm.bias", p);
     if (m->with_proj)
@@ -106,20 +81,10 @@ static int walk(ditd_clip_text *m)
 #undef MAT
 #undef SMALL
 #undef N_
-    size_t Fmax = (size_t)(F > D ? F : D);
-    m->scratch_elems = (size_t)DITD_CPU_WT_PANEL * Fmax;
-    if ((err = ditd_text_weights_carve(w, &m->h, BN * D, 0)) ||
-        (err = ditd_text_weights_carve(w, &m->xn, BN * D, 0)) ||
-        (err = ditd_text_weights_carve(w, &m->qkv, BN * 3 * D, 0)) ||
-        (err = ditd_text_weights_carve(w, &m->att, BN * D, 0)) ||
-        (err = ditd_text_weights_carve(w, &m->ff, BN * F, 0)) ||
-        (err = ditd_text_weights_carve(w, &m->tmp, BN * D, 0)) ||
+    if ((err = ditd__clip_bufs_carve(w, &m->b, BN, m->max_tokens, D, F, 0)) ||
         (err = ditd_text_weights_carve(w, &m->pool, (size_t)m->max_batch * D, 0)) ||
         (err = ditd_text_weights_carve(w, &m->pooled_proj,
                                        (size_t)m->max_batch * (size_t)c->projection_dim, 0)) ||
-        (err = ditd_text_weights_carve(w, &m->scratch, m->scratch_elems, 0)) ||
-        (err = ditd_text_weights_carve(w, &m->att_scratch,
-                                       (size_t)m->max_tokens * (size_t)m->max_tokens, 0)) ||
         (err = ditd_text_weights_carve(w, (void **)&m->keep, BN, 1)))
         return err;
     return 0;
@@ -204,10 +169,8 @@ int ditd_clip_text_encode(ditd_clip_text *m, int B, int N, const int64_t *ids,
 {
     const ditd_clip_text_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
-    const int D = c->hidden_size, F = c->intermediate_size, H = c->num_heads, L = c->num_layers;
-    const int Dh = D / H;
-    const size_t BN = (size_t)B * (size_t)N, ld3 = 3 * (size_t)D;
-    const float scale = 1.0f / sqrtf((float)Dh);
+    const int D = c->hidden_size, F = c->intermediate_size, L = c->num_layers;
+    const size_t BN = (size_t)B * (size_t)N;
     int hidx = out->hidden_index < 0 ? out->hidden_index + L + 1 : out->hidden_index;
 
     if (B <= 0 || B > m->max_batch || N <= 0 || N > m->max_tokens)
@@ -226,46 +189,25 @@ int ditd_clip_text_encode(ditd_clip_text *m, int B, int N, const int64_t *ids,
         memcpy(m->keep, keep, BN);
 
     // embeddings: token + absolute position, (B, N, D)
-    ops->embedding_wt(m->tok.p, m->tok.dt, ids, m->h, (int)BN, D);
+    ops->embedding_wt(m->tok.p, m->tok.dt, ids, m->b.h, (int)BN, D);
     for (int b = 0; b < B; b++)
-        ops->add(ditd_ptr_act(ops, m->h, (size_t)b * N * D), m->pos, (size_t)N * D);
+        ops->add(ditd_ptr_act(ops, m->b.h, (size_t)b * N * D), m->pos, (size_t)N * D);
     if (out->hidden && hidx == 0)
-        ops->download(out->hidden, m->h, BN * D);
+        ops->download(out->hidden, m->b.h, BN * D);
 
     for (int l = 0; l < L; l++) {
-        const clip_layer *y = &m->layers[l];
-        // self-attention block: h += out_proj(attn(LN1(h)))
-        ops->layernorm_affine(m->h, m->xn, (int)BN, D, c->eps, y->ln1_g, y->ln1_b);
-        ops->linear_wt(m->xn, D, y->q.p, y->q.dt, y->q_b, m->qkv, ld3, (int)BN, D, D,
-                       DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
-        ops->linear_wt(m->xn, D, y->k.p, y->k.dt, y->k_b, ditd_ptr_act(ops, m->qkv, D), ld3,
-                       (int)BN, D, D, DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
-        ops->linear_wt(m->xn, D, y->v.p, y->v.dt, y->v_b, ditd_ptr_act(ops, m->qkv, 2 * (size_t)D),
-                       ld3, (int)BN, D, D, DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
-        // (B, N, H, Dh) views into qkv rows of 3D
-        ops->attention_masked(m->qkv, ld3, ditd_ptr_act(ops, m->qkv, D), ld3,
-                              ditd_ptr_act(ops, m->qkv, 2 * (size_t)D), ld3, m->att, D, B, N, H,
-                              Dh, scale, NULL, keep ? m->keep : NULL, 1, m->att_scratch);
-        ops->linear_wt(m->att, D, y->o.p, y->o.dt, y->o_b, m->tmp, D, (int)BN, D, D,
-                       DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
-        ops->add(m->h, m->tmp, BN * D);
-        // MLP block: h += fc2(act(fc1(LN2(h))))
-        ops->layernorm_affine(m->h, m->xn, (int)BN, D, c->eps, y->ln2_g, y->ln2_b);
-        ops->linear_wt(m->xn, D, y->fc1.p, y->fc1.dt, y->fc1_b, m->ff, F, (int)BN, F, D, c->act,
-                       m->scratch, m->scratch_elems);
-        ops->linear_wt(m->ff, F, y->fc2.p, y->fc2.dt, y->fc2_b, m->tmp, D, (int)BN, D, F,
-                       DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
-        ops->add(m->h, m->tmp, BN * D);
+        ditd__clip_layer_forward(ops, &m->layers[l], &m->b, B, N, D, F, c->num_heads, c->eps,
+                                 c->act, keep ? m->keep : NULL, 1);
         if (out->hidden && hidx == l + 1)
-            ops->download(out->hidden, m->h, BN * D);
+            ops->download(out->hidden, m->b.h, BN * D);
     }
     if (!out->last && !out->pooled && !out->text_embeds)
         return ops->status();
 
     // final LayerNorm: last_hidden_state (B, N, D)
-    ops->layernorm_affine(m->h, m->xn, (int)BN, D, c->eps, m->lnf_g, m->lnf_b);
+    ops->layernorm_affine(m->b.h, m->b.xn, (int)BN, D, c->eps, m->lnf_g, m->lnf_b);
     if (out->last)
-        ops->download(out->last, m->xn, BN * D);
+        ops->download(out->last, m->b.xn, BN * D);
     if (out->pooled || out->text_embeds) {
         // pooled (B, D): the end-of-text row of each sequence
         for (int b = 0; b < B; b++) {
@@ -283,14 +225,14 @@ int ditd_clip_text_encode(ditd_clip_text *m, int B, int N, const int64_t *ids,
                     }
             }
             ops->copy2d(ditd_ptr_act(ops, m->pool, (size_t)b * D), D,
-                        ditd_ptr_act(ops, m->xn, ((size_t)b * N + at) * D), D, 1, (size_t)D);
+                        ditd_ptr_act(ops, m->b.xn, ((size_t)b * N + at) * D), D, 1, (size_t)D);
         }
         if (out->pooled)
             ops->download(out->pooled, m->pool, (size_t)B * D);
         if (out->text_embeds) {
             int P = c->projection_dim;
             ops->linear_wt(m->pool, D, m->proj.p, m->proj.dt, NULL, m->pooled_proj, P, B, P, D,
-                           DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
+                           DITD_TEXT_ACT_NONE, m->b.scratch, m->b.scratch_elems);
             ops->download(out->text_embeds, m->pooled_proj, (size_t)B * P);
         }
     }

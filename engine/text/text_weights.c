@@ -101,9 +101,18 @@ int ditd_text_weights_mat(ditd_text_weights *w, ditd_text_mat *out, const char *
                           int64_t rows, int64_t cols)
 {
     int64_t shape[2] = {rows, cols};
+    return ditd_text_weights_mat_nd(w, out, name, 2, shape);
+}
+
+int ditd_text_weights_mat_nd(ditd_text_weights *w, ditd_text_mat *out, const char *name,
+                             int ndim, const int64_t *shape)
+{
     const ditd_st_tensor *t = NULL;
+    int64_t rows = shape[0], cols = 1;
     int err;
-    if ((err = check(w, name, 2, shape, &t)))
+    for (int i = 1; i < ndim; i++)
+        cols *= shape[i];
+    if ((err = check(w, name, ndim, shape, &t)))
         return err;
     ditd_dtype dt = t->dtype == DITD_ST_F32 ? DITD_DTYPE_F32
                     : t->dtype == DITD_ST_F16 ? DITD_DTYPE_F16 : DITD_DTYPE_BF16;
@@ -117,7 +126,7 @@ int ditd_text_weights_mat(ditd_text_weights *w, ditd_text_mat *out, const char *
         return 0;
     }
     void *p = NULL;
-    if ((err = convert(w, &p, name, 2, shape, (size_t)rows * (size_t)cols)))
+    if ((err = convert(w, &p, name, ndim, shape, (size_t)rows * (size_t)cols)))
         return err;
     out->p = p;
     out->dt = w->ops->act_dtype;

@@ -51,6 +51,10 @@ void ditd_text_weights_free(ditd_text_weights *w);
  * commit pass: points or converts. */
 int ditd_text_weights_mat(ditd_text_weights *w, ditd_text_mat *out, const char *name,
                           int64_t rows, int64_t cols);
+/* The same for a tensor of ndim (<= 8) dims read as the matrix (shape[0],
+ * the product of the rest): a conv kernel (O, C, k, k) as (O, C k k). */
+int ditd_text_weights_mat_nd(ditd_text_weights *w, ditd_text_mat *out, const char *name,
+                             int ndim, const int64_t *shape);
 /* A small tensor of shape (d0) (d1 == 0) or (d0, d1) as act dtype into
  * *dst (carved here). */
 int ditd_text_weights_small(ditd_text_weights *w, void **dst, const char *name, int64_t d0,

@@ -18,6 +18,7 @@
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/prompt_encoder.h"
 #include "server/cmd/cli.h"
+#include "engine/pipeline/image_cond.h"
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/latent_video.h"
 #include "engine/worker/replica.h"
@@ -144,9 +145,12 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_gen_args a;
     progress pr = {0};
     ditd_image in_img = {0}; /* --image, decoded */
+    ditd_image last_img = {0}; /* --last-image (image-to-video), decoded */
     uint8_t *mask_l = NULL;  /* --mask: its luma (H, W) */
     float *mask_lat = NULL;  /* and on the latent grid (h, w) */
     float *img_lat = NULL;   /* --image: its latents (C, h, w) */
+    ditd_image_cond *icond = NULL; /* --image on an image-to-video folder */
+    float *i2v_cond = NULL, *i2v_emb = NULL;
     float *emb = NULL;       /* text models: (2n, L Dt + Dp) */
     ditd_text_embeds *te = NULL;
     uint8_t *vid = NULL;     /* video models: (n, F, H, W, 3) frames */
@@ -275,6 +279,22 @@ int ditd_cmd_generate(int argc, char **argv)
     /* --image: the folder's edit row (FluxPipeline: FluxImg2ImgPipeline) gives
      * the defaults; the image sets the size */
     const ditd_pipeline_class *erow = a.image_path ? pc->img2img : NULL;
+    const int i2v = pc->image_to_video; /* WanImageToVideoPipeline: --image is the first frame */
+    if (i2v && !a.image_path) {
+        fprintf(stderr, "ditd generate: %s (%s) makes a clip from an image: give --image FILE\n",
+                rep.info.name, pc->name);
+        goto done;
+    }
+    if (a.last_image_path && !i2v) {
+        fprintf(stderr, "ditd generate: --last-image: %s (%s) is not an image-to-video "
+                "pipeline\n", rep.info.name, pc->name);
+        goto done;
+    }
+    if (i2v && (a.strength >= 0 || a.mask_path)) {
+        fprintf(stderr, "ditd generate: --%s: %s starts from noise (the image is the condition, "
+                "not an edit)\n", a.mask_path ? "mask" : "strength", pc->name);
+        goto done;
+    }
     if (a.mask_path && erow) { /* a masked edit follows the row's inpaint row */
         if (!pc->inpaint) {
             fprintf(stderr, "ditd generate: --mask: %s (%s) takes no mask (inpainting: a "
@@ -283,7 +303,7 @@ int ditd_cmd_generate(int argc, char **argv)
         }
         erow = pc->inpaint;
     }
-    if (a.image_path && (!erow || video || !rep.info.needs_vae)) {
+    if (a.image_path && !i2v && (!erow || video || !rep.info.needs_vae)) {
         fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
                 "pipeline row with img2img, e.g. FLUX)\n", rep.info.name, pc->name);
         goto done;
@@ -296,10 +316,16 @@ int ditd_cmd_generate(int argc, char **argv)
         if (!a.size_w) {
             a.size_w = in_img.width;
             a.size_h = in_img.height;
+        } else if (i2v) { /* resized to the clip as VideoProcessor.preprocess (lanczos) */
         } else if (a.size_w != in_img.width || a.size_h != in_img.height) {
             fprintf(stderr, "ditd generate: --image %s is %dx%d, --size %ldx%ld: resampling the "
                     "input is not done yet (give the image at the output size)\n", a.image_path,
                     in_img.width, in_img.height, a.size_w, a.size_h);
+            goto done;
+        }
+        if (a.last_image_path && (err = ditd__gen_read_image(a.last_image_path, 3, &last_img))) {
+            fprintf(stderr, "ditd generate: --last-image %s: %s\n", a.last_image_path,
+                    ditd_err_detail());
             goto done;
         }
         if (a.mask_path) { /* Diffusers' mask_image: its luma (PIL's convert("L")) */
@@ -323,12 +349,14 @@ int ditd_cmd_generate(int argc, char **argv)
                 goto done;
             }
         }
-        if (a.steps <= 0 && erow != pc)
-            a.steps = erow->default_steps;
-        if (a.guidance < 0 && erow != pc)
-            a.guidance = erow->default_guidance;
-        if (a.strength < 0)
-            a.strength = erow->default_strength;
+        if (!i2v) { /* an edit row's defaults; image-to-video keeps the row's own */
+            if (a.steps <= 0 && erow != pc)
+                a.steps = erow->default_steps;
+            if (a.guidance < 0 && erow != pc)
+                a.guidance = erow->default_guidance;
+            if (a.strength < 0)
+                a.strength = erow->default_strength;
+        }
         if (!rep.info.resizable &&
             (a.size_w != rep.info.image_width || a.size_h != rep.info.image_height)) {
             fprintf(stderr, "ditd generate: --image %s is %ldx%ld; %s makes %dx%d\n", a.image_path,
@@ -400,7 +428,10 @@ int ditd_cmd_generate(int argc, char **argv)
     const int vs = rep.info.vae_scale > 0 ? rep.info.vae_scale : 1; /* 0: no vae/ (refused below) */
     const int sh = (a.size_h ? (int)a.size_h : rep.info.image_height) / vs;
     const int sw = (a.size_w ? (int)a.size_w : rep.info.image_width) / vs;
-    ro.decode = a.out_path || a.image_path ? DITD_REPLICA_DECODE : DITD_REPLICA_NO_DECODE;
+    /* the VAE: to decode (-o), or to encode an img2img --image (image-to-video encodes its
+     * image through engine/pipeline/image_cond.h, so a clip is decoded only for -o) */
+    ro.decode = a.out_path || (a.image_path && !pc->image_to_video) ? DITD_REPLICA_DECODE
+                                                                     : DITD_REPLICA_NO_DECODE;
     ro.vae_tiling = a.vae_tiling;
     ro.video_h = sh;
     ro.video_w = sw;
@@ -447,7 +478,8 @@ int ditd_cmd_generate(int argc, char **argv)
     ops->set_threads((int)a.threads);
 
     /* latents (n, C, h, w); for a pixel-space model they are the image */
-    int C = pipe->shapes.in_channels, LH = pipe->shapes.height, LW = pipe->shapes.width;
+    int C = pc->image_to_video ? pipe->shapes.out_channels : pipe->shapes.in_channels;
+    int LH = pipe->shapes.height, LW = pipe->shapes.width;
     size_t numel = video ? pipe->numel : ditd_denoiser_numel_in(&pipe->shapes);
     if (a.latents_path && video) { /* (n, C, T, h, w) */
         int nd;
@@ -479,7 +511,25 @@ int ditd_cmd_generate(int argc, char **argv)
             goto done;
         }
     }
-    if (a.image_path) { /* every rank encodes (one rank's work, the same latents) */
+    if (a.image_path && pc->image_to_video) { /* the condition and image embeddings, every rank */
+        int W = LW * rep.info.vae_scale, H = LH * rep.info.vae_scale;
+        if ((err = ditd_image_cond_new(&rep.info, &ditd_backend_cpu, W, H, &icond)) ||
+            !(i2v_cond = malloc(ditd_image_cond_numel(icond, nfr, W, H) * sizeof(float))) ||
+            (ditd_image_cond_embeds_numel(icond) &&
+             !(i2v_emb = malloc(ditd_image_cond_embeds_numel(icond) * sizeof(float))))) {
+            ditd__gen_fail("the image condition", err ? err : DITD_ENOMEM);
+            goto done;
+        }
+        if ((err = ditd_image_cond_run(icond, in_img.pixels, in_img.width, in_img.height,
+                                       last_img.pixels, last_img.width, last_img.height, nfr, W,
+                                       H, i2v_cond, i2v_emb))) {
+            ditd__gen_fail("encoding --image", err);
+            goto done;
+        }
+        if (leader && !pr.quiet)
+            fprintf(stderr, "image-to-video: %s %dx%d as the first of %d frames at %dx%d (%s)\n",
+                    a.image_path, in_img.width, in_img.height, nfr, W, H, pc->name);
+    } else if (a.image_path) { /* every rank encodes (one rank's work, the same latents) */
         int st = 0;
         gp.strength = a.strength;
         if ((err = ditd_pipeline_strength_start(gp.steps, a.strength, &st))) {
@@ -529,6 +579,8 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].loras = lora_set.n ? &lora_set : NULL;
         samples[i].image_latents = img_lat;
         samples[i].mask_latents = mask_lat;
+        samples[i].video_cond = i2v_cond;
+        samples[i].image_embeds = i2v_emb;
     }
     if ((err = ditd_pipeline_set_cache(pipe, &a.cache_cfg))) { /* every rank alike */
         ditd__gen_fail("--cache", err);
@@ -628,6 +680,10 @@ done:
         ditd_lora_dev_free((ditd_lora_dev *)lora_set.ad[i]);
     ditd_image_free(&in_img);
     free(img_lat);
+    ditd_image_cond_free(icond);
+    ditd_image_free(&last_img);
+    free(i2v_cond);
+    free(i2v_emb);
     free(mask_l);
     free(mask_lat);
     free(emb);

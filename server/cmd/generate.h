@@ -35,6 +35,7 @@ typedef struct ditd_gen_args {
     const char *class_str, *sampler_str, *latents_path, *save_path, *out_path, *dtype_str;
     const char *prompts[3], *negatives[3];
     const char *skip_str, *image_path, *mask_path;
+    const char *last_image_path; /* image-to-video's last frame (FLF2V: Diffusers' last_image) */
     double strength, true_cfg, slg_scale, slg_start, slg_stop, guidance, guidance_2;
     long size_w, size_h, max_seq, frames, seed, steps, n, threads, comm_timeout_ms;
     int vae_tiling, save_frames, quiet;

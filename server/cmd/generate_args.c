@@ -83,7 +83,11 @@ static void usage(FILE *f)
     fputs("\nimage edits (docs/edits.md):\n"
           "  --image FILE         img2img (a row with img2img: FLUX): start from this PNG,\n"
           "                       JPEG or WebP, at the output size (the default --size;\n"
-          "                       no resampling yet)\n"
+          "                       no resampling yet); on an image-to-video folder\n"
+          "                       (WanImageToVideoPipeline) the clip's first frame, any size\n"
+          "                       (resized to --size as Diffusers, lanczos)\n"
+          "  --last-image FILE    image-to-video with a last frame too (FLF2V: Diffusers'\n"
+          "                       last_image; a transformer with pos_embed_seq_len)\n"
           "  --strength S         with --image: 0 < S <= 1 of the schedule is run from the\n"
           "                       noised image (default: the pipeline's, FLUX 0.6)\n"
           "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX), as\n"
@@ -157,7 +161,7 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
            O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2, O_LORA,
-           O_LORA_SCALE, O_IMAGE, O_STRENGTH, O_LORA_DIR, O_MASK };
+           O_LORA_SCALE, O_IMAGE, O_STRENGTH, O_LORA_DIR, O_MASK, O_LAST_IMAGE };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"class", required_argument, 0, O_CLASS},
                                          {"seed", required_argument, 0, O_SEED},
@@ -197,6 +201,7 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
                                          {"image", required_argument, 0, O_IMAGE},
                                          {"strength", required_argument, 0, O_STRENGTH},
                                          {"mask", required_argument, 0, O_MASK},
+                                         {"last-image", required_argument, 0, O_LAST_IMAGE},
                                          DITD_LAYOUT_LONGOPTS,
                                          {0, 0, 0, 0}};
     const char *lora_dir = NULL; /* --lora-dir */
@@ -265,6 +270,7 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
         case O_SAVE_FRAMES: a->save_frames = 1; break;
         case O_IMAGE: a->image_path = optarg; break;
         case O_MASK: a->mask_path = optarg; break;
+        case O_LAST_IMAGE: a->last_image_path = optarg; break;
         case O_STRENGTH: err = ditd_parse_double(optarg, 0, 1, "--strength", &a->strength); break;
         case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &a->true_cfg); break;
         case O_SIZE: err = parse_size(optarg, &a->size_w, &a->size_h); break;
@@ -334,6 +340,10 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
     }
     if (a->strength >= 0 && !a->image_path) {
         fprintf(stderr, "ditd generate: --strength needs --image\n");
+        return 2;
+    }
+    if (a->last_image_path && !a->image_path) {
+        fprintf(stderr, "ditd generate: --last-image needs --image (the first frame)\n");
         return 2;
     }
     if (a->mask_path && !a->image_path) {

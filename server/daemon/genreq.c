@@ -642,9 +642,18 @@ static int get_video(json_t *root, const ditd_model_info *m, ditd_genreq *r, dit
         if ((v = json_object_get(root, image_only[i])) && !json_is_null(v))
             return bad(e, image_only[i], "'%s' is for images; a video job makes one clip, "
                        "polled at /v1/videos/{id}", image_only[i]);
+    int i2v = m->pipeline->image_to_video;
     if ((v = json_object_get(root, "input_reference")) && !json_is_null(v))
-        return bad(e, "input_reference", "'input_reference' (image-to-video) is not supported "
-                   "yet: '%s' is %s (text-to-video); send the prompt alone", m->name, m->pipeline->name);
+        return i2v ? bad(e, "input_reference", "'input_reference' is not taken by the server yet: "
+                         "'%s' (%s) makes clips from an image with `ditd generate --image`",
+                         m->name, m->pipeline->name)
+                   : bad(e, "input_reference", "'input_reference' (image-to-video) is for an "
+                         "image-to-video model: '%s' is %s (text-to-video); send the prompt "
+                         "alone", m->name, m->pipeline->name);
+    if (i2v) /* WanImageToVideoPipeline: every clip starts from an image */
+        return bad(e, "input_reference", "'%s' is %s (image-to-video): it needs an "
+                   "'input_reference' image, which the server does not take yet (`ditd "
+                   "generate --image` does)", m->name, m->pipeline->name);
     r->fps = m->fps;
     if (get_int(root, "fps", 1, 120, &l, &given, e))
         return DITD_EINVAL;

@@ -125,9 +125,11 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
  * max_sequence_length, sampler, cache), for a video model: one clip (n 1),
  * frames from num_frames, else seconds x fps + 1, else the model's default,
  * rounded as the pipeline rounds them. An image model is refused naming
- * /v1/images/generations; input_reference (image-to-video) is refused: no
- * image-to-video row yet. ditd_genreq_parse refuses a video model naming
- * /v1/videos. */
+ * /v1/images/generations; input_reference is refused (on a text-to-video
+ * model naming it; on an image-to-video one, WanImageToVideoPipeline, as not
+ * taken by the server yet, and such a model's request without it too: the
+ * command line's --image runs it). ditd_genreq_parse refuses a video model
+ * naming /v1/videos. */
 int ditd_genreq_parse_video(const char *body, size_t len, const ditd_genreq_model *gm,
                             ditd_genreq *out, ditd_api_error *e);
 /* The same for POST /v1/images/edits (OpenAI's image edit): the body is

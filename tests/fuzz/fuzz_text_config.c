@@ -1,12 +1,16 @@
 /* libFuzzer target: a text encoder's config.json (CLIPTextConfig,
- * T5Config, UMT5Config), with and without a model_index.json class. Any input must give
- * 0 with a config inside the ranges the encoders rely on, or an error with a
- * detail; never a crash or a leak. */
+ * T5Config, UMT5Config), with and without a model_index.json class; and an
+ * image encoder's (CLIPVisionConfig) and its processor's
+ * preprocessor_config.json (CLIPImageProcessor, then run on a small image
+ * when its sizes are small). Any input must give 0 with a config inside the
+ * ranges the encoders rely on, or an error with a detail; never a crash or a
+ * leak. */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "engine/core/error.h"
 #include "engine/text/text_config.h"
+#include "engine/vision/clip_vision.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -35,6 +39,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 k->legacy_argmax != (k->eos_token_id == 2))
                 abort();
         }
+    }
+    /* the image encoder's config and processor */
+    ditd_clip_vision_config v;
+    ditd_err_clear();
+    if (ditd_clip_vision_config_parse((const char *)data, size, "fuzz.json", NULL, &v) == 0) {
+        if (v.hidden_size < 1 || v.num_heads < 1 || v.hidden_size % v.num_heads ||
+            v.patch_size < 1 || v.image_size % v.patch_size || !(v.eps > 0.0f))
+            abort();
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
+    }
+    ditd_clip_image_processor p;
+    ditd_err_clear();
+    if (ditd_clip_image_processor_parse((const char *)data, size, "fuzz.json", &p) == 0) {
+        int ow, oh;
+        static const uint8_t img[6][8][3];
+        ditd_clip_image_processor_out_size(&p, 8, 6, &ow, &oh);
+        if (ow >= 1 && oh >= 1 && ow <= 64 && oh <= 64 && p.shortest_edge <= 64 &&
+            p.size_w <= 64 && p.size_h <= 64) {
+            float *out = malloc((size_t)3 * ow * oh * sizeof *out);
+            if (out && ditd_clip_image_preprocess(&p, &img[0][0][0], 8, 6, out) != 0 &&
+                ditd_err_detail()[0] == '\0')
+                abort();
+            free(out);
+        }
+    } else if (ditd_err_detail()[0] == '\0') {
+        abort();
     }
     return 0;
 }

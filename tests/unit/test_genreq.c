@@ -26,10 +26,10 @@ static int failures, checks;
     } while (0)
 
 static char *labels[] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"};
-static ditd_model_info cls, txt, sd3;
+static ditd_model_info cls, txt, sd3, t2v, i2v;
 static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "flux"};
 static const char *const lora_names[] = {"style", "char.v2"};
-static ditd_genreq_model gm_cls, gm_txt, gm_sd3;
+static ditd_genreq_model gm_cls, gm_txt, gm_sd3, gm_t2v, gm_i2v;
 
 static void models(void)
 {
@@ -73,6 +73,59 @@ static void models(void)
     sd3.default_steps = 28;
     sd3.default_guidance = 7.0f;
     gm_sd3 = (ditd_genreq_model){&sd3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4, NULL};
+
+    t2v = txt; /* WanPipeline and WanImageToVideoPipeline: clips of 81 frames at 16 fps */
+    strcpy(t2v.name, "wan");
+    t2v.pipeline = &ditd_pipeline_wan;
+    t2v.frames = 81;
+    t2v.frame_step = 4;
+    t2v.max_frames = 257;
+    t2v.fps = 16;
+    t2v.default_steps = 50;
+    t2v.default_guidance = 5.0f;
+    gm_t2v = (ditd_genreq_model){&t2v, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL};
+    i2v = t2v;
+    strcpy(i2v.name, "wan-i2v");
+    i2v.pipeline = &ditd_pipeline_wan_i2v;
+    gm_i2v = (ditd_genreq_model){&i2v, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL};
+}
+
+/* POST /v1/videos bodies: a text-to-video model takes a prompt alone; an
+ * image-to-video one (WanImageToVideoPipeline) is refused naming
+ * input_reference, with or without it, as the server does not take images yet */
+static void test_video(void)
+{
+    static const struct {
+        const ditd_genreq_model *gm;
+        const char *body;
+        const char *says; /* NULL: accepted */
+    } cases[] = {
+        {&gm_t2v, "{\"prompt\":\"a fox\",\"num_frames\":33}", NULL},
+        {&gm_t2v, "{\"prompt\":\"a fox\",\"input_reference\":true}", "(text-to-video)"},
+        {&gm_i2v, "{\"prompt\":\"a fox\"}", "needs an 'input_reference' image"},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"input_reference\":true}", "ditd generate --image"},
+    };
+    int n = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ditd_genreq r;
+        ditd_api_error e;
+        memset(&r, 0, sizeof r);
+        memset(&e, 0, sizeof e);
+        int err = ditd_genreq_parse_video(cases[i].body, strlen(cases[i].body), cases[i].gm, &r, &e);
+        if (!cases[i].says) {
+            CHECK(err == 0 && r.frames == 33, "%s: accepted, 33 frames (%d: %s)", cases[i].body,
+                  err, e.message);
+        } else {
+            CHECK(err == DITD_EINVAL && e.status == 400 && !strcmp(e.param, "input_reference") &&
+                      strstr(e.message, cases[i].says) &&
+                      strstr(e.message, cases[i].gm->info->pipeline->name),
+                  "%s on %s: 400 input_reference saying \"%s\" (%d %d '%s': %s)", cases[i].body,
+                  cases[i].gm->info->name, cases[i].says, err, e.status, e.param, e.message);
+        }
+        ditd_genreq_free(&r);
+        n++;
+    }
+    CHECK(n == 4, "%d video bodies", n);
 }
 
 /* body refused by the model: status, param ("" for none) and a word of the message */
@@ -414,6 +467,7 @@ int main(void)
     test_prompt_limit();
     test_accepted();
     test_loras();
+    test_video();
     ditd_err_clear();
     printf("%d checks, %d failed\n", checks, failures);
     if (checks < 60) {

@@ -343,6 +343,8 @@ void ditd_wan_shapes(const ditd_wan_config *c, int frames, int height, int width
     out->cond.text_len = text_len;
     out->cond.text_dim = c->text_dim;
     out->cond.pooled_dim = 0;
+    out->cond.image_len = c->image_len;
+    out->cond.image_dim = c->image_dim;
 }
 
 /* ---- loading ---- */
