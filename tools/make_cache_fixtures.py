@@ -27,6 +27,7 @@ The C test (tests/golden/test_step_cache.c) reads the files, never Python.
 """
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -267,6 +268,35 @@ def flux_cases():
         "noise": "flux_tay_lite_noise.npy", "out": "flux_tay_lite_out.npy",
         "dtype_reference": "float64"})
     print(f"flux_tay_lite: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+
+    # TaylorSeer on the two-stream modules: Diffusers' default config (its
+    # default identifiers hook every block's attn: a double block's returns
+    # the image and text outputs, a single block's the attention of [text;
+    # image]) and whole blocks (each returns both streams) at order 2
+    cfgs = json.loads((FLUXDIR / "dev" / "transformer" / "config.json").read_text())
+    nb = cfgs["num_layers"] + cfgs["num_single_layers"]
+    for name, fields in (
+            ("flux_tay_default", {}),
+            ("flux_tay_blocks", {"cache_interval": 3, "disable_cache_before_step": 2,
+                                 "max_order": 2,
+                                 "cache_identifiers": [r"transformer_blocks\.\d+",
+                                                       r"single_transformer_blocks\.\d+"]})):
+        out, noise, log = flux_run("taylorseer_cache", fields, case, exp)
+        rows = [c for k2, _, c in log if k2 == "tay"]
+        assert len(rows) == 2 * FLUX_STEPS * nb, (name, len(rows))
+        comp = [[any(rows[(2 * s + b) * nb:(2 * s + b + 1) * nb]) for s in range(FLUX_STEPS)]
+                for b in range(2)]
+        skipped = [[not x for x in comp[b]] for b in range(2)]
+        assert 0 < sum(map(sum, skipped)) < 2 * FLUX_STEPS
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        out_cases.append({
+            "name": name, "family": "flux", "method": "taylorseer_cache",
+            "fields": dict(fields, taylor_factors_dtype="float32"), "flux_case": FLUX_CASE,
+            "steps": FLUX_STEPS, "skipped": [a and b for a, b in zip(*skipped)],
+            "modules_per_step": 2 * nb, "noise": f"{name}_noise.npy", "out": f"{name}_out.npy",
+            "dtype_reference": "float64"})
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
     return out_cases
 
 
@@ -320,6 +350,11 @@ def sd3_run(method, fields, case, exp):
     elif method == "mag_cache":
         apply_mag_cache(tr, MagCacheConfig(**fields))
     elif method == "taylorseer_cache":
+        if any(re.fullmatch(p, "transformer_blocks.1") for p in fields.get("cache_identifiers", [])):
+            # a hooked context_pre_only block returns (None, hidden_states):
+            # TaylorSeerState.update reads None.dtype (AttributeError,
+            # diffusers 0.42.1); its text output is read by nothing
+            sd3_tail_text_passthrough(tr)
         apply_taylorseer_cache(tr, TaylorSeerCacheConfig(**dict(fields,
                                                                 taylor_factors_dtype=torch.float64)))
         _set_cache_context(tr, CacheContext("cond"))
@@ -412,6 +447,22 @@ def sd3_cases():
     comp = [any(rows[s * per:(s + 1) * per]) for s in range(SD3_STEPS)]
     emit("sd3_tay_ff", "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"), out,
          noise, [(None, c) for c in comp], {"modules_per_step": per})
+
+    # TaylorSeer on the two-stream modules: Diffusers' default config (every
+    # block's attn: the image and text outputs; the context_pre_only block's
+    # text attention output is read by nothing) and whole blocks at order 2
+    assert n_layers == 2  # transformer_blocks.1 is the context_pre_only tail
+    for name, fields in (
+            ("sd3_tay_default", {}),
+            ("sd3_tay_blocks", {"cache_interval": 3, "disable_cache_before_step": 2,
+                                "max_order": 2,
+                                "cache_identifiers": [r"transformer_blocks\.\d+"]})):
+        out, noise, log = sd3_run("taylorseer_cache", fields, case, exp)
+        rows = [c for k2, _, c in log if k2 == "tay"]
+        assert len(rows) == SD3_STEPS * n_layers, (name, len(rows))
+        comp = [any(rows[s * n_layers:(s + 1) * n_layers]) for s in range(SD3_STEPS)]
+        emit(name, "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"), out, noise,
+             [(None, c) for c in comp], {"modules_per_step": n_layers})
     return out_cases
 
 

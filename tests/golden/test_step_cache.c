@@ -2,13 +2,15 @@
  * First Block Cache, MagCache (given ratios, FLUX's ratios interpolated,
  * calibration) and TaylorSeer (modules, whole blocks) on the tiny DiT fixture,
  * DiTPipeline's loop with guidance; First Block Cache and MagCache on the
- * tiny FLUX.1-dev folder with true CFG (a state per branch); First Block
- * Cache, MagCache, its calibration and TaylorSeer (ff, ff_context) on the
- * tiny SD3 folder with CFG ([uncond; cond] under one state, as
- * StableDiffusion3Pipeline runs them through the hooks); the same on the
- * tiny Wan 2.1 folder (WanPipeline's cond / uncond contexts: a state per
- * branch, calibrated per branch; TaylorSeer on attn1 / attn2 / ffn and on
- * whole blocks). At least 20 cases. Per case: the same steps skipped, step by
+ * tiny FLUX.1-dev folder with true CFG (a state per branch), and
+ * TaylorSeer there in lite mode, with Diffusers' default config (every
+ * block's attn: two streams) and on whole blocks; First Block Cache,
+ * MagCache, its calibration and TaylorSeer (ff, ff_context; the default
+ * config on attn; whole blocks) on the tiny SD3 folder with CFG ([uncond;
+ * cond] under one state, as StableDiffusion3Pipeline runs them through the
+ * hooks); the same on the tiny Wan 2.1 folder (WanPipeline's cond / uncond
+ * contexts: a state per branch, calibrated per branch; TaylorSeer on attn1 /
+ * attn2 / ffn and on whole blocks). At least 24 cases. Per case: the same steps skipped, step by
  * step, and the final latents within 1e-4 of Diffusers' float64 run. Plus the
  * config parser's refusals. */
 #include <jansson.h>
@@ -436,6 +438,6 @@ int main(void)
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 20, "ran %d cache cases (8 DiT, 3 FLUX, 4 SD3, 5 Wan expected)", ran);
+    TU_CHECK(ran >= 24, "ran %d cache cases (8 DiT, 5 FLUX, 6 SD3, 5 Wan expected)", ran);
     return tu_exit();
 }

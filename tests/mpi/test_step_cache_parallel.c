@@ -564,14 +564,19 @@ int main(int argc, char **argv)
         checked = run(&l, mesh);
         TU_CHECK(checked >= 8, "%d cache configs checked under the mesh (8 expected)", checked);
         /* FLUX: First Block Cache at the fixture's threshold, MagCache with
-         * FLUX's ratios, TaylorSeer's lite mode; SD3 and Wan: their fixture
-         * cases (TaylorSeer: SD3 on ff / ff_context, Wan on attn1 / attn2 / ffn) */
-        static const char *const flux_cases[] = {"flux_fbc", "flux_mag", "flux_tay_lite"};
-        static const char *const sd3_cases[] = {"sd3_fbc", "sd3_mag", "sd3_tay_ff"};
+         * FLUX's ratios, TaylorSeer's lite mode, its default config (every
+         * block's attn: two streams, a single block's strided by tp heads)
+         * and whole blocks; SD3 and Wan: their fixture cases (TaylorSeer: SD3
+         * on ff / ff_context, the default config on attn, whole blocks; Wan
+         * on attn1 / attn2 / ffn) */
+        static const char *const flux_cases[] = {"flux_fbc", "flux_mag", "flux_tay_lite",
+                                                 "flux_tay_default", "flux_tay_blocks"};
+        static const char *const sd3_cases[] = {"sd3_fbc", "sd3_mag", "sd3_tay_ff",
+                                                "sd3_tay_default", "sd3_tay_blocks"};
         static const char *const wan_cases[] = {"wan_fbc", "wan_mag", "wan_tay_modules"};
         static const char *const fam[3] = {"flux", "sd3", "wan"}, *sub[3] = {"dev", "sd3", "wan21"};
         const char *const *names[3] = {flux_cases, sd3_cases, wan_cases};
-        const int n_names[3] = {3, 3, 3};
+        const int n_names[3] = {5, 5, 3};
         char mdir[4200];
         for (int f = 0; f < 3; f++) {
             if (!dirs[f])
