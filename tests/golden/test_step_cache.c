@@ -141,6 +141,7 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
     TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, got, NULL, on_step, &lg));
     /* the same steps skipped, step by step */
     json_t *per = json_object_get(c, "skipped_per_sample");
+    int case_skips = 0, case_computes = 0;
     for (int i = 0; i < n; i++) {
         json_t *want_sk = per ? json_array_get(per, (size_t)i) : json_object_get(c, "skipped");
         char got_s[MAX_STEPS + 1], want_s[MAX_STEPS + 1];
@@ -150,6 +151,8 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
             want_s[s] = w ? 'S' : '.';
             *skips_seen += w;
             *computes_seen += !w;
+            case_skips += w;
+            case_computes += !w;
         }
         got_s[steps] = want_s[steps] = 0;
         TU_CHECK(!strcmp(got_s, want_s), "%s sample %d: skipped steps %s here, %s in Diffusers",
@@ -176,6 +179,11 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
                      st.evals_skipped, st.evals, want_ev, 2L * steps * L);
         }
     }
+    /* the case can tell: Diffusers skipped some of its steps and computed
+     * others (a calibration run computes every step) */
+    if (!cfg.calibrate)
+        TU_CHECK(case_skips > 0 && case_computes > 0, "%s: Diffusers skipped %d, computed %d steps",
+                 name, case_skips, case_computes);
     /* calibration: the ratios MagCacheBlockHook measures */
     /* calibration_branches: one list per branch (a pipeline with cond /
      * uncond contexts), else "calibration" for the one shared state */
