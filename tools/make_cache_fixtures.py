@@ -480,11 +480,21 @@ def wan_run(method, fields, case, exp):
     float64 as tools/make_wan_pipeline_fixtures.py keeps them."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     d = WANDIR / case["folder"]
-    tr = WanTransformer3DModel.from_pretrained(d / "transformer", torch_dtype=torch.float64)
+    # wan22 (two experts) commits its model_index.json and transformer_2/;
+    # the rest is wan21's (tests/fixtures/wan_pipeline/assemble.py)
+    two = (d / "transformer_2").is_dir()
+    base = WANDIR / "wan21" if two else d
+    tr = WanTransformer3DModel.from_pretrained(base / "transformer", torch_dtype=torch.float64)
     tr.to(torch.float64)  # _keep_in_fp32_modules kept scale_shift_table float32
-    vae = AutoencoderKLWan.from_pretrained(d / "vae", torch_dtype=torch.float64)
-    sched = UniPCMultistepScheduler.from_pretrained(d / "scheduler")
-    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=tr, vae=vae, scheduler=sched)
+    tr2 = None
+    if two:
+        tr2 = WanTransformer3DModel.from_pretrained(d / "transformer_2", torch_dtype=torch.float64)
+        tr2.to(torch.float64)
+    vae = AutoencoderKLWan.from_pretrained(base / "vae", torch_dtype=torch.float64)
+    sched = UniPCMultistepScheduler.from_pretrained(base / "scheduler")
+    mi = json.loads((d / "model_index.json").read_text())
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=tr, vae=vae, scheduler=sched,
+                       transformer_2=tr2, boundary_ratio=mi.get("boundary_ratio"))
     pipe.set_progress_bar_config(disable=True)
     orig = pipe.prepare_latents
 
@@ -493,14 +503,20 @@ def wan_run(method, fields, case, exp):
         return lat.to(torch.float64) if lat is not None else orig(*a, **k)
 
     pipe.prepare_latents = prepare_latents
-    if method == "first_block_cache":
-        tr.enable_cache(FirstBlockCacheConfig(**fields))
-    elif method == "mag_cache":
-        tr.enable_cache(MagCacheConfig(**fields))
-    elif method == "taylorseer_cache":
-        tr.enable_cache(TaylorSeerCacheConfig(**dict(fields, taylor_factors_dtype=torch.float64)))
-    for k, t in list(tr.named_parameters()) + list(tr.named_buffers()):
-        assert not t.is_floating_point() or t.dtype == torch.float64, k
+    # two experts: the cache enabled on each, each with hooks and states of
+    # its own (a user of the hooks enables both)
+    for t in (tr, tr2):
+        if t is None:
+            continue
+        if method == "first_block_cache":
+            t.enable_cache(FirstBlockCacheConfig(**fields))
+        elif method == "mag_cache":
+            t.enable_cache(MagCacheConfig(**fields))
+        elif method == "taylorseer_cache":
+            t.enable_cache(TaylorSeerCacheConfig(**dict(fields, taylor_factors_dtype=torch.float64)))
+        for k, v in list(t.named_parameters()) + list(t.named_buffers()):
+            assert not v.is_floating_point() or v.dtype == torch.float64, k
+    kw = {"guidance_scale_2": case["guidance_scale_2"]} if case.get("guidance_scale_2") else {}
     ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
     noise = np.load(exp / case["noise"])
     LOG.clear()
@@ -510,7 +526,7 @@ def wan_run(method, fields, case, exp):
                    width=case["width"], num_frames=case["num_frames"],
                    num_inference_steps=WAN_STEPS, max_sequence_length=case["max_sequence_length"],
                    latents=torch.from_numpy(noise).to(torch.float64), output_type="latent",
-                   return_dict=False)[0]
+                   return_dict=False, **kw)[0]
     assert out.dtype == torch.float64
     return out.numpy(), noise, list(LOG)
 
@@ -619,6 +635,70 @@ def wan_cases():
             "modules_per_step": per, "noise": f"{name}_noise.npy", "out": f"{name}_out.npy",
             "dtype_reference": "float64"})
         print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+    return out_cases
+
+
+WAN22_CASE = "wan22_5f_32x48_experts"  # two experts, CFG (guidance_scale_2 = guidance_scale)
+
+
+def wan22_cases():
+    """Wan 2.2's two experts: transformer above boundary_ratio, transformer_2
+    below, the cache enabled on each (a state per expert and branch)."""
+    exp = WANDIR / "expected"
+    case = next(c for c in json.loads((exp / "cases.json").read_text())["cases"]
+                if c["name"] == WAN22_CASE)
+    assert case["folder"] == "wan22" and case["batch"] == 1 and case["cfg_used"]
+    out_cases = []
+
+    def branches(log, kind):
+        rows = [(v, c) for k, v, c in log if k == kind]
+        assert len(rows) == 2 * WAN_STEPS, (kind, len(rows))
+        return rows
+
+    def emit(name, method, fields, out, noise, skipped, extra=None):
+        assert 0 < sum(map(sum, skipped)) < 2 * WAN_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        c = {"name": name, "family": "wan22", "method": method, "fields": fields,
+             "wan22_case": WAN22_CASE, "steps": WAN_STEPS,
+             "skipped": [a and b for a, b in zip(*skipped)], "skipped_branches": skipped,
+             "noise": f"{name}_noise.npy", "out": f"{name}_out.npy", "dtype_reference": "float64"}
+        c.update(extra or {})
+        out_cases.append(c)
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+
+    # First Block Cache: a threshold between the measured values, 2 % clear of all
+    _, _, log = wan_run("first_block_cache", {"threshold": 0.0}, case, exp)
+    vals = sorted(v for v, _ in branches(log, "fbc") if v is not None)
+    gaps = sorted(range(len(vals) - 1), key=lambda i: -vals[i + 1] / vals[i])
+    for k in gaps:
+        thr = float(np.sqrt(vals[k] * vals[k + 1]))
+        out, noise, log = wan_run("first_block_cache", {"threshold": thr}, case, exp)
+        rows = branches(log, "fbc")
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < 2 * WAN_STEPS - 4 and all(v is None or abs(v - thr) > 0.02 * thr
+                                                  for v, _ in rows):
+            break
+    else:
+        raise SystemExit("no Wan 2.2 First Block Cache threshold fits")
+    emit("wan22_fbc", "first_block_cache", {"threshold": thr}, out, noise,
+         [[not rows[2 * s + b][1] for s in range(WAN_STEPS)] for b in range(2)])
+
+    # TaylorSeer on whole blocks: each expert's modules count their own
+    # calls, so the second expert warms up again at its first step
+    n_layers = json.loads((WANDIR / "wan21" / "transformer" / "config.json")
+                          .read_text())["num_layers"]
+    fields = {"cache_interval": 2, "disable_cache_before_step": 2, "max_order": 1,
+              "cache_identifiers": [r"blocks\.\d+"]}
+    out, noise, log = wan_run("taylorseer_cache", fields, case, exp)
+    rows = [c for k2, _, c in log if k2 == "tay"]
+    per = n_layers
+    assert len(rows) == 2 * WAN_STEPS * per, len(rows)
+    comp = [[any(rows[(2 * s + b) * per:(2 * s + b + 1) * per]) for s in range(WAN_STEPS)]
+            for b in range(2)]
+    emit("wan22_tay_blocks", "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"),
+         out, noise, [[not x for x in comp[b]] for b in range(2)], {"modules_per_step": per})
+    del out_cases[-1]["skipped_branches"]  # the C test's block-evaluation count is FBC's / Mag's
     return out_cases
 
 
@@ -737,7 +817,8 @@ def dit_cases():
     return cases
 
 
-FAMILIES = {"dit": dit_cases, "flux": flux_cases, "sd3": sd3_cases, "wan": wan_cases}
+FAMILIES = {"dit": dit_cases, "flux": flux_cases, "sd3": sd3_cases, "wan": wan_cases,
+            "wan22": wan22_cases}
 
 
 def main():

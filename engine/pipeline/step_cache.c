@@ -271,6 +271,8 @@ int ditd_step_cache_begin(ditd_step_cache *c, ditd_denoiser *d, const ditd_cache
 
 void ditd_step_cache_end(ditd_step_cache *c)
 {
+    if (!c)
+        return;
     if (c->den)
         c->den->cache = NULL;
     c->den = NULL;

@@ -10,7 +10,9 @@
  * cond] under one state, as StableDiffusion3Pipeline runs them through the
  * hooks); the same on the tiny Wan 2.1 folder (WanPipeline's cond / uncond
  * contexts: a state per branch, calibrated per branch; TaylorSeer on attn1 /
- * attn2 / ffn and on whole blocks). At least 24 cases. Per case: the same steps skipped, step by
+ * attn2 / ffn and on whole blocks); First Block Cache and TaylorSeer on the
+ * tiny Wan 2.2 folder (two experts, each hooked with states of its own).
+ * At least 26 cases. Per case: the same steps skipped, step by
  * step, and the final latents within 1e-4 of Diffusers' float64 run; and
  * ditd's code allocates nothing on the host in the steps after the first.
  * Plus the config parser's refusals. */
@@ -287,8 +289,8 @@ out:
 /* The cases of one text family (c.family): the pipeline on the assembled
  * folder mdir, each case's embeddings, noise and size from its pipeline
  * fixture (<family>_pipeline/expected, case c.<family>_case). */
-static int family_cases(json_t *doc, const char *family, const char *mdir, int *skips_seen,
-                        int *computes_seen)
+static int family_cases(json_t *doc, const char *family, const char *fixture, const char *mdir,
+                        int *skips_seen, int *computes_seen)
 {
     char edir[4096], fpath[4300], key[64];
     json_error_t jerr;
@@ -296,10 +298,10 @@ static int family_cases(json_t *doc, const char *family, const char *mdir, int *
     ditd_model_info info;
     ditd_pipeline *p = NULL;
     float *emb = NULL, *pool = NULL, *nemb = NULL, *npool = NULL;
-    int ran = 0, sd3 = !strcmp(family, "sd3"), wan = !strcmp(family, "wan");
+    int ran = 0, sd3 = !strcmp(fixture, "sd3"), wan = !strcmp(fixture, "wan");
     size_t k;
 
-    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), family);
+    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), fixture);
     snprintf(key, sizeof key, "%s_case", family);
     TU_OK(ditd_model_info_load(mdir, &info));
     TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
@@ -343,6 +345,11 @@ static int family_cases(json_t *doc, const char *family, const char *mdir, int *
                                                       : (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
         smp.cond.prompt = &te[0];
         smp.cond.negative = &te[1];
+        json_t *g2 = json_object_get(fc, "guidance_scale_2"); /* two experts */
+        if (json_is_number(g2)) {
+            smp.has_guidance_2 = 1;
+            smp.guidance_2 = (float)json_number_value(g2);
+        }
         if (emb && nemb && (wan || (pool && npool)))
             ran += run_one(p, c, 1, &smp, p->sched_base.kind, skips_seen, computes_seen);
     }
@@ -390,10 +397,13 @@ static int run_cases(void)
     }
     /* FLUX.1-dev, true CFG: a state per branch (FluxPipeline's contexts);
      * SD3, CFG: [uncond; cond] under one state */
-    ran += family_cases(doc, "flux", FLUX_PIPELINE_DIR "/dev", &skips_seen, &computes_seen);
-    ran += family_cases(doc, "sd3", SD3_PIPELINE_DIR "/sd3", &skips_seen, &computes_seen);
-    /* Wan 2.1, CFG: WanPipeline's cond / uncond contexts, a state per branch */
-    ran += family_cases(doc, "wan", WAN_PIPELINE_DIR "/wan21", &skips_seen, &computes_seen);
+    ran += family_cases(doc, "flux", "flux", FLUX_PIPELINE_DIR "/dev", &skips_seen, &computes_seen);
+    ran += family_cases(doc, "sd3", "sd3", SD3_PIPELINE_DIR "/sd3", &skips_seen, &computes_seen);
+    /* Wan 2.1, CFG: WanPipeline's cond / uncond contexts, a state per branch;
+     * Wan 2.2's two experts: a state per expert and branch */
+    ran += family_cases(doc, "wan", "wan", WAN_PIPELINE_DIR "/wan21", &skips_seen, &computes_seen);
+    ran += family_cases(doc, "wan22", "wan", WAN_PIPELINE_DIR "/wan22", &skips_seen,
+                        &computes_seen);
     TU_CHECK(skips_seen > 0 && computes_seen > 0, "skipped %d, computed %d steps in all cases",
              skips_seen, computes_seen);
     printf("cases: %d; steps skipped %d, computed %d\n", ran, skips_seen, computes_seen);
@@ -511,6 +521,7 @@ int main(void)
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 24, "ran %d cache cases (8 DiT, 5 FLUX, 6 SD3, 5 Wan expected)", ran);
+    TU_CHECK(ran >= 26, "ran %d cache cases (8 DiT, 5 FLUX, 6 SD3, 5 Wan 2.1, 2 Wan 2.2 expected)",
+             ran);
     return tu_exit();
 }
