@@ -617,7 +617,10 @@ def wan_cases():
                                                       r"blocks\.\d+\.ffn"]}, 3 * n_layers),
            ("wan_tay_blocks", {"cache_interval": 2, "disable_cache_before_step": 3,
                                "max_order": 2, "disable_cache_after_step": 10,
-                               "cache_identifiers": [r"blocks\.\d+"]}, n_layers)]
+                               "cache_identifiers": [r"blocks\.\d+"]}, n_layers),
+           # the lite mode: every block skip-predicted (zeros), proj_out predicted
+           ("wan_tay_lite", {"cache_interval": 3, "disable_cache_before_step": 2,
+                             "max_order": 1, "use_lite_mode": True}, n_layers + 1)]
     for name, fields, per in tay:
         out, noise, log = wan_run("taylorseer_cache", fields, case, exp)
         rows = [c for k2, _, c in log if k2 == "tay"]
