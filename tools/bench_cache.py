@@ -192,11 +192,12 @@ def main():
                 d["cpu_all"].append(again["cpu_s"])
         for d in dr:
             d["wall_s"], d["cpu_s"] = np.median(d["wall_all"]), np.median(d["cpu_all"])
-        hf = []
-        for m, f in methods:
-            runs = [diffusers_run(m, f, noise, steps, a.guidance) for _ in range(a.repeat)]
-            hf.append((float(np.median([r[0] for r in runs])),
-                       float(np.median([r[1] for r in runs]))) + runs[0][2:])
+        hf_runs = [[] for _ in methods]
+        for _ in range(a.repeat):  # the methods interleaved within a round, as ditd's
+            for k, (m, f) in enumerate(methods):
+                hf_runs[k].append(diffusers_run(m, f, noise, steps, a.guidance))
+        hf = [(float(np.median([r[0] for r in runs])), float(np.median([r[1] for r in runs])))
+              + runs[0][2:] for runs in hf_runs]
         for (m, f), spec, d, (hw, hc, hs, him) in zip(methods, specs, dr, hf):
             if m == "mag_cache":
                 spec = spec_of(m, dict(MAG, mag_ratios="<calibrated>"))
