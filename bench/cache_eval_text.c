@@ -118,7 +118,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: %s\n", specs[k], ditd_err_detail());
             return 2;
         }
-    float *lat = malloc(numel * sizeof(float)), *keep = malloc((size_t)ns * N * numel * sizeof(float));
+    float *lat = malloc(numel * sizeof(float));
+    float *keep = malloc((size_t)ns * (size_t)N * numel * sizeof(float));
     double wall[MAX_SPECS][MAX_ROUNDS], cpu[MAX_SPECS][MAX_ROUNDS];
     long st_sk[MAX_SPECS] = {0}, st[MAX_SPECS] = {0}, ev[MAX_SPECS] = {0}, ev_sk[MAX_SPECS] = {0};
     ditd_gen_params gp = {.steps = steps, .sampler = p->sched_base.kind};

@@ -260,11 +260,12 @@ int ditd_step_cache_begin(ditd_step_cache *c, ditd_denoiser *d, const ditd_cache
         return err;
     plan_mag(c);
     reset_states(c);
+    int tay = cfg->method == DITD_CACHE_TAYLORSEER;
     c->hooks = (ditd_denoiser_cache){c, h_blocks_begin, h_first_block_done, h_blocks_end,
-                                     cfg->method == DITD_CACHE_TAYLORSEER ? ditd__step_cache_module_begin : NULL,
-                                     cfg->method == DITD_CACHE_TAYLORSEER ? ditd__step_cache_module_end : NULL,
-                                     cfg->method == DITD_CACHE_TAYLORSEER ? ditd__step_cache_module_begin_parts : NULL,
-                                     cfg->method == DITD_CACHE_TAYLORSEER ? ditd__step_cache_module_end_parts : NULL};
+                                     tay ? ditd__step_cache_module_begin : NULL,
+                                     tay ? ditd__step_cache_module_end : NULL,
+                                     tay ? ditd__step_cache_module_begin_parts : NULL,
+                                     tay ? ditd__step_cache_module_end_parts : NULL};
     d->cache = &c->hooks;
     return 0;
 }

@@ -41,8 +41,8 @@
  * functions do the work. Calls from other libraries are not counted: the
  * GEMM library (oneDNN) allocates per call inside itself (C++ operator new:
  * 6 a step here), which is not the cache's doing. */
-static _Thread_local volatile int counting; /* volatile: the compiler takes malloc for a
-                                             * builtin that reads nothing */
+/* volatile: the compiler takes malloc for a builtin that reads nothing */
+static _Thread_local volatile int counting;
 static volatile long step_allocs;
 static const char self_marker; /* an address in this object */
 #if defined(__SANITIZE_ADDRESS__) /* ASan's allocator owns malloc: nothing counted */
@@ -514,8 +514,8 @@ int main(void)
     void *volatile probe = malloc(8);
     counting = 0;
     free(probe);
-    TU_CHECK(step_allocs == COUNT_ALLOCS && dladdr(&self_marker, &self) && dladdr(&ditd_backend_cpu, &eng) &&
-                 self.dli_fbase == eng.dli_fbase,
+    TU_CHECK(step_allocs == COUNT_ALLOCS && dladdr(&self_marker, &self) &&
+                 dladdr(&ditd_backend_cpu, &eng) && self.dli_fbase == eng.dli_fbase,
              "allocation counter: %ld for one malloc; the engine %s this object", step_allocs,
              self.dli_fbase == eng.dli_fbase ? "in" : "not in");
     parser();

@@ -210,8 +210,9 @@ static int run_case(json_t *c, int *nine, int *experts2, int *expand)
         int e = tmp_out ? ditd_pipeline_generate(p, &gp, B, smp, noise, tmp_out, NULL, NULL, NULL) : -1;
         ditd_cache_stats st;
         ditd_pipeline_cache_stats(p, 0, &st);
-        TU_CHECK(e == 0 && st.steps == steps, "%s: caching with two experts: %d (%s), %d of %d steps",
-                 name, e, e ? ditd_err_detail() : "ok", st.steps, steps);
+        TU_CHECK(e == 0 && st.steps == steps,
+                 "%s: caching with two experts: %d (%s), %d of %d steps", name, e,
+                 e ? ditd_err_detail() : "ok", st.steps, steps);
         TU_OK(ditd_pipeline_set_cache(p, NULL));
         free(tmp_out);
     }

@@ -470,7 +470,8 @@ static void test_cache_openapi(void)
         char body[512];
         CHECK(json_object_get(req, fields[i].field) != NULL, "openapi.json cache lacks %s",
               fields[i].field);
-        snprintf(body, sizeof body, "{\"prompt\":\"dress\",\"cache\":{\"method\":\"%s\",\"%s\":%s%s}}",
+        snprintf(body, sizeof body,
+                 "{\"prompt\":\"dress\",\"cache\":{\"method\":\"%s\",\"%s\":%s%s}}",
                  fields[i].method, fields[i].field, fields[i].value,
                  !strcmp(fields[i].method, "mag_cache") && strcmp(fields[i].field, "mag_ratios")
                      ? ",\"mag_ratios\":\"FLUX\""
