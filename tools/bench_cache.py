@@ -15,7 +15,7 @@ blocks) it runs the same images on both sides, one image per batch, one thread e
 
 and prints per method: steps skipped (of all the images' steps), wall-clock seconds of the
 whole run and the speed-up over that side's uncached run (wall clock and CPU time: the
-fastest of --repeat runs), the PSNR of the 8-bit images
+median of --repeat runs), the PSNR and SSIM of the 8-bit images
 against that side's uncached images, and the PSNR of ditd's images against Diffusers' (the
 same method, the same noise: how far the two implementations are apart). MagCache's ratios
 are calibrated by ditd (calibrate=true, the mean over the images, printed to 6 decimals) and
@@ -133,6 +133,29 @@ def psnr(a, b):
     return float(np.mean(np.minimum(p, 99.0)))  # identical images count as 99 dB
 
 
+def _gauss_valid(x, win):
+    """x (..., H, W) filtered by the separable window, 'valid' region"""
+    k = len(win)
+    H, W = x.shape[-2:]
+    y = sum(win[i] * x[..., i:H - k + 1 + i, :] for i in range(k))
+    return sum(win[i] * y[..., :, i:W - k + 1 + i] for i in range(k))
+
+
+def ssim(a, b):
+    """Mean SSIM (Wang et al. 2004: Gaussian window 11, sigma 1.5, K1 0.01, K2 0.03, L 255,
+    the valid region) of 8-bit images (..., H, W), over the images and any channel axis."""
+    g = np.exp(-0.5 * ((np.arange(11) - 5) / 1.5) ** 2)
+    win = g / g.sum()
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+    mx, my = _gauss_valid(x, win), _gauss_valid(y, win)
+    sxx = _gauss_valid(x * x, win) - mx * mx
+    syy = _gauss_valid(y * y, win) - my * my
+    sxy = _gauss_valid(x * y, win) - mx * my
+    m = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
+    return float(m.mean())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, nargs="+", default=[28, 50])
@@ -140,7 +163,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--guidance", type=float, default=3.0)
     ap.add_argument("--repeat", type=int, default=1,
-                    help="time every run this many times and keep the fastest (a shared machine)")
+                    help="time every run this many times and report the median (a shared machine)")
     ap.add_argument("--json")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -160,15 +183,21 @@ def main():
         specs = [spec_of(m, f) for m, f in methods]
         specs[3] += ",taylor_factors_dtype=float32"
         dr = ditd_runs(tmp / "noise.npy", a.n, steps, a.guidance, specs)
-        for _ in range(a.repeat - 1):  # the fastest of the repeats (the images are the same)
+        for d in dr:
+            d["wall_all"], d["cpu_all"] = [d["wall_s"]], [d["cpu_s"]]
+        for _ in range(a.repeat - 1):  # the median of the repeats (the images are the same)
             for d, again in zip(dr, ditd_runs(tmp / "noise.npy", a.n, steps, a.guidance, specs)):
                 assert np.array_equal(d["images"], again["images"])
-                d["wall_s"] = min(d["wall_s"], again["wall_s"])
-                d["cpu_s"] = min(d["cpu_s"], again["cpu_s"])
-        hf = []
-        for m, f in methods:
-            runs = [diffusers_run(m, f, noise, steps, a.guidance) for _ in range(a.repeat)]
-            hf.append((min(r[0] for r in runs), min(r[1] for r in runs)) + runs[0][2:])
+                d["wall_all"].append(again["wall_s"])
+                d["cpu_all"].append(again["cpu_s"])
+        for d in dr:
+            d["wall_s"], d["cpu_s"] = np.median(d["wall_all"]), np.median(d["cpu_all"])
+        hf_runs = [[] for _ in methods]
+        for _ in range(a.repeat):  # the methods interleaved within a round, as ditd's
+            for k, (m, f) in enumerate(methods):
+                hf_runs[k].append(diffusers_run(m, f, noise, steps, a.guidance))
+        hf = [(float(np.median([r[0] for r in runs])), float(np.median([r[1] for r in runs])))
+              + runs[0][2:] for runs in hf_runs]
         for (m, f), spec, d, (hw, hc, hs, him) in zip(methods, specs, dr, hf):
             if m == "mag_cache":
                 spec = spec_of(m, dict(MAG, mag_ratios="<calibrated>"))
@@ -179,26 +208,31 @@ def main():
                 "ditd": {"skipped": d["steps_skipped"], "wall_s": d["wall_s"],
                          "speedup": dr[0]["wall_s"] / d["wall_s"], "cpu_s": d["cpu_s"],
                          "cpu_speedup": dr[0]["cpu_s"] / d["cpu_s"],
-                         "psnr_db": None if m == "none" else psnr(d["images"], dr[0]["images"])},
+                         "psnr_db": None if m == "none" else psnr(d["images"], dr[0]["images"]),
+                         "ssim": None if m == "none" else ssim(d["images"], dr[0]["images"])},
                 "diffusers": {"skipped": hs, "wall_s": hw, "speedup": hf[0][0] / hw, "cpu_s": hc,
                               "cpu_speedup": hf[0][1] / hc,
-                              "psnr_db": None if m == "none" else psnr(him, hf[0][3])},
+                              "psnr_db": None if m == "none" else psnr(him, hf[0][3]),
+                              "ssim": None if m == "none" else ssim(him, hf[0][3])},
                 "psnr_ditd_vs_diffusers_db": psnr(d["images"], him)})
         print(f"steps {steps}: calibrated mag_ratios {['%.4f' % x for x in cal]}", file=sys.stderr)
     print(f"fashion-dit, guidance {a.guidance}, {a.n} images per class ({K * a.n} images), "
           f"one image per batch, one thread, float32 both sides, the same noise (seed {a.seed}); "
-          f"times: the fastest of {a.repeat} run(s)")
+          f"times: the median of {a.repeat} run(s); load average at the start "
+          f"{' / '.join('%.2f' % x for x in os.getloadavg())}")
     print("| steps | method | steps skipped ditd / Diffusers | wall s ditd / Diffusers | "
           "wall speed-up ditd / Diffusers | CPU speed-up ditd / Diffusers | "
-          "PSNR vs uncached ditd / Diffusers | PSNR ditd vs Diffusers |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "PSNR vs uncached ditd / Diffusers | SSIM vs uncached ditd / Diffusers | "
+          "PSNR ditd vs Diffusers |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         d, h = r["ditd"], r["diffusers"]
         ps = ("-" if d["psnr_db"] is None else f"{d['psnr_db']:.1f} / {h['psnr_db']:.1f} dB")
+        ss = ("-" if d["ssim"] is None else f"{d['ssim']:.4f} / {h['ssim']:.4f}")
         print(f"| {r['steps']} | `{r['spec']}` | {d['skipped']} / {h['skipped']} of {r['total_steps']} | "
               f"{d['wall_s']:.2f} / {h['wall_s']:.2f} | {d['speedup']:.2f}x / {h['speedup']:.2f}x | "
               f"{d['cpu_speedup']:.2f}x / {h['cpu_speedup']:.2f}x | "
-              f"{ps} | {r['psnr_ditd_vs_diffusers_db']:.1f} dB |")
+              f"{ps} | {ss} | {r['psnr_ditd_vs_diffusers_db']:.1f} dB |")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0

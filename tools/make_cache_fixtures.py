@@ -27,6 +27,7 @@ The C test (tests/golden/test_step_cache.c) reads the files, never Python.
 """
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -267,6 +268,35 @@ def flux_cases():
         "noise": "flux_tay_lite_noise.npy", "out": "flux_tay_lite_out.npy",
         "dtype_reference": "float64"})
     print(f"flux_tay_lite: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+
+    # TaylorSeer on the two-stream modules: Diffusers' default config (its
+    # default identifiers hook every block's attn: a double block's returns
+    # the image and text outputs, a single block's the attention of [text;
+    # image]) and whole blocks (each returns both streams) at order 2
+    cfgs = json.loads((FLUXDIR / "dev" / "transformer" / "config.json").read_text())
+    nb = cfgs["num_layers"] + cfgs["num_single_layers"]
+    for name, fields in (
+            ("flux_tay_default", {}),
+            ("flux_tay_blocks", {"cache_interval": 3, "disable_cache_before_step": 2,
+                                 "max_order": 2,
+                                 "cache_identifiers": [r"transformer_blocks\.\d+",
+                                                       r"single_transformer_blocks\.\d+"]})):
+        out, noise, log = flux_run("taylorseer_cache", fields, case, exp)
+        rows = [c for k2, _, c in log if k2 == "tay"]
+        assert len(rows) == 2 * FLUX_STEPS * nb, (name, len(rows))
+        comp = [[any(rows[(2 * s + b) * nb:(2 * s + b + 1) * nb]) for s in range(FLUX_STEPS)]
+                for b in range(2)]
+        skipped = [[not x for x in comp[b]] for b in range(2)]
+        assert 0 < sum(map(sum, skipped)) < 2 * FLUX_STEPS
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        out_cases.append({
+            "name": name, "family": "flux", "method": "taylorseer_cache",
+            "fields": dict(fields, taylor_factors_dtype="float32"), "flux_case": FLUX_CASE,
+            "steps": FLUX_STEPS, "skipped": [a and b for a, b in zip(*skipped)],
+            "modules_per_step": 2 * nb, "noise": f"{name}_noise.npy", "out": f"{name}_out.npy",
+            "dtype_reference": "float64"})
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
     return out_cases
 
 
@@ -320,6 +350,11 @@ def sd3_run(method, fields, case, exp):
     elif method == "mag_cache":
         apply_mag_cache(tr, MagCacheConfig(**fields))
     elif method == "taylorseer_cache":
+        if any(re.fullmatch(p, "transformer_blocks.1") for p in fields.get("cache_identifiers", [])):
+            # a hooked context_pre_only block returns (None, hidden_states):
+            # TaylorSeerState.update reads None.dtype (AttributeError,
+            # diffusers 0.42.1); its text output is read by nothing
+            sd3_tail_text_passthrough(tr)
         apply_taylorseer_cache(tr, TaylorSeerCacheConfig(**dict(fields,
                                                                 taylor_factors_dtype=torch.float64)))
         _set_cache_context(tr, CacheContext("cond"))
@@ -412,6 +447,22 @@ def sd3_cases():
     comp = [any(rows[s * per:(s + 1) * per]) for s in range(SD3_STEPS)]
     emit("sd3_tay_ff", "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"), out,
          noise, [(None, c) for c in comp], {"modules_per_step": per})
+
+    # TaylorSeer on the two-stream modules: Diffusers' default config (every
+    # block's attn: the image and text outputs; the context_pre_only block's
+    # text attention output is read by nothing) and whole blocks at order 2
+    assert n_layers == 2  # transformer_blocks.1 is the context_pre_only tail
+    for name, fields in (
+            ("sd3_tay_default", {}),
+            ("sd3_tay_blocks", {"cache_interval": 3, "disable_cache_before_step": 2,
+                                "max_order": 2,
+                                "cache_identifiers": [r"transformer_blocks\.\d+"]})):
+        out, noise, log = sd3_run("taylorseer_cache", fields, case, exp)
+        rows = [c for k2, _, c in log if k2 == "tay"]
+        assert len(rows) == SD3_STEPS * n_layers, (name, len(rows))
+        comp = [any(rows[s * n_layers:(s + 1) * n_layers]) for s in range(SD3_STEPS)]
+        emit(name, "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"), out, noise,
+             [(None, c) for c in comp], {"modules_per_step": n_layers})
     return out_cases
 
 
@@ -429,11 +480,21 @@ def wan_run(method, fields, case, exp):
     float64 as tools/make_wan_pipeline_fixtures.py keeps them."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     d = WANDIR / case["folder"]
-    tr = WanTransformer3DModel.from_pretrained(d / "transformer", torch_dtype=torch.float64)
+    # wan22 (two experts) commits its model_index.json and transformer_2/;
+    # the rest is wan21's (tests/fixtures/wan_pipeline/assemble.py)
+    two = (d / "transformer_2").is_dir()
+    base = WANDIR / "wan21" if two else d
+    tr = WanTransformer3DModel.from_pretrained(base / "transformer", torch_dtype=torch.float64)
     tr.to(torch.float64)  # _keep_in_fp32_modules kept scale_shift_table float32
-    vae = AutoencoderKLWan.from_pretrained(d / "vae", torch_dtype=torch.float64)
-    sched = UniPCMultistepScheduler.from_pretrained(d / "scheduler")
-    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=tr, vae=vae, scheduler=sched)
+    tr2 = None
+    if two:
+        tr2 = WanTransformer3DModel.from_pretrained(d / "transformer_2", torch_dtype=torch.float64)
+        tr2.to(torch.float64)
+    vae = AutoencoderKLWan.from_pretrained(base / "vae", torch_dtype=torch.float64)
+    sched = UniPCMultistepScheduler.from_pretrained(base / "scheduler")
+    mi = json.loads((d / "model_index.json").read_text())
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, transformer=tr, vae=vae, scheduler=sched,
+                       transformer_2=tr2, boundary_ratio=mi.get("boundary_ratio"))
     pipe.set_progress_bar_config(disable=True)
     orig = pipe.prepare_latents
 
@@ -442,14 +503,20 @@ def wan_run(method, fields, case, exp):
         return lat.to(torch.float64) if lat is not None else orig(*a, **k)
 
     pipe.prepare_latents = prepare_latents
-    if method == "first_block_cache":
-        tr.enable_cache(FirstBlockCacheConfig(**fields))
-    elif method == "mag_cache":
-        tr.enable_cache(MagCacheConfig(**fields))
-    elif method == "taylorseer_cache":
-        tr.enable_cache(TaylorSeerCacheConfig(**dict(fields, taylor_factors_dtype=torch.float64)))
-    for k, t in list(tr.named_parameters()) + list(tr.named_buffers()):
-        assert not t.is_floating_point() or t.dtype == torch.float64, k
+    # two experts: the cache enabled on each, each with hooks and states of
+    # its own (a user of the hooks enables both)
+    for t in (tr, tr2):
+        if t is None:
+            continue
+        if method == "first_block_cache":
+            t.enable_cache(FirstBlockCacheConfig(**fields))
+        elif method == "mag_cache":
+            t.enable_cache(MagCacheConfig(**fields))
+        elif method == "taylorseer_cache":
+            t.enable_cache(TaylorSeerCacheConfig(**dict(fields, taylor_factors_dtype=torch.float64)))
+        for k, v in list(t.named_parameters()) + list(t.named_buffers()):
+            assert not v.is_floating_point() or v.dtype == torch.float64, k
+    kw = {"guidance_scale_2": case["guidance_scale_2"]} if case.get("guidance_scale_2") else {}
     ld = lambda k: torch.from_numpy(np.load(exp / case[k])).to(torch.float64)
     noise = np.load(exp / case["noise"])
     LOG.clear()
@@ -459,7 +526,7 @@ def wan_run(method, fields, case, exp):
                    width=case["width"], num_frames=case["num_frames"],
                    num_inference_steps=WAN_STEPS, max_sequence_length=case["max_sequence_length"],
                    latents=torch.from_numpy(noise).to(torch.float64), output_type="latent",
-                   return_dict=False)[0]
+                   return_dict=False, **kw)[0]
     assert out.dtype == torch.float64
     return out.numpy(), noise, list(LOG)
 
@@ -550,7 +617,10 @@ def wan_cases():
                                                       r"blocks\.\d+\.ffn"]}, 3 * n_layers),
            ("wan_tay_blocks", {"cache_interval": 2, "disable_cache_before_step": 3,
                                "max_order": 2, "disable_cache_after_step": 10,
-                               "cache_identifiers": [r"blocks\.\d+"]}, n_layers)]
+                               "cache_identifiers": [r"blocks\.\d+"]}, n_layers),
+           # the lite mode: every block skip-predicted (zeros), proj_out predicted
+           ("wan_tay_lite", {"cache_interval": 3, "disable_cache_before_step": 2,
+                             "max_order": 1, "use_lite_mode": True}, n_layers + 1)]
     for name, fields, per in tay:
         out, noise, log = wan_run("taylorseer_cache", fields, case, exp)
         rows = [c for k2, _, c in log if k2 == "tay"]
@@ -568,6 +638,70 @@ def wan_cases():
             "modules_per_step": per, "noise": f"{name}_noise.npy", "out": f"{name}_out.npy",
             "dtype_reference": "float64"})
         print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+    return out_cases
+
+
+WAN22_CASE = "wan22_5f_32x48_experts"  # two experts, CFG (guidance_scale_2 = guidance_scale)
+
+
+def wan22_cases():
+    """Wan 2.2's two experts: transformer above boundary_ratio, transformer_2
+    below, the cache enabled on each (a state per expert and branch)."""
+    exp = WANDIR / "expected"
+    case = next(c for c in json.loads((exp / "cases.json").read_text())["cases"]
+                if c["name"] == WAN22_CASE)
+    assert case["folder"] == "wan22" and case["batch"] == 1 and case["cfg_used"]
+    out_cases = []
+
+    def branches(log, kind):
+        rows = [(v, c) for k, v, c in log if k == kind]
+        assert len(rows) == 2 * WAN_STEPS, (kind, len(rows))
+        return rows
+
+    def emit(name, method, fields, out, noise, skipped, extra=None):
+        assert 0 < sum(map(sum, skipped)) < 2 * WAN_STEPS, (name, skipped)
+        np.save(OUT / f"{name}_noise.npy", noise.astype("<f4"))
+        np.save(OUT / f"{name}_out.npy", out.astype("<f8"))
+        c = {"name": name, "family": "wan22", "method": method, "fields": fields,
+             "wan22_case": WAN22_CASE, "steps": WAN_STEPS,
+             "skipped": [a and b for a, b in zip(*skipped)], "skipped_branches": skipped,
+             "noise": f"{name}_noise.npy", "out": f"{name}_out.npy", "dtype_reference": "float64"}
+        c.update(extra or {})
+        out_cases.append(c)
+        print(f"{name}: skipped cond {skipped[0]} uncond {skipped[1]}", file=sys.stderr)
+
+    # First Block Cache: a threshold between the measured values, 2 % clear of all
+    _, _, log = wan_run("first_block_cache", {"threshold": 0.0}, case, exp)
+    vals = sorted(v for v, _ in branches(log, "fbc") if v is not None)
+    gaps = sorted(range(len(vals) - 1), key=lambda i: -vals[i + 1] / vals[i])
+    for k in gaps:
+        thr = float(np.sqrt(vals[k] * vals[k + 1]))
+        out, noise, log = wan_run("first_block_cache", {"threshold": thr}, case, exp)
+        rows = branches(log, "fbc")
+        n_skip = sum(not c for _, c in rows)
+        if 1 < n_skip < 2 * WAN_STEPS - 4 and all(v is None or abs(v - thr) > 0.02 * thr
+                                                  for v, _ in rows):
+            break
+    else:
+        raise SystemExit("no Wan 2.2 First Block Cache threshold fits")
+    emit("wan22_fbc", "first_block_cache", {"threshold": thr}, out, noise,
+         [[not rows[2 * s + b][1] for s in range(WAN_STEPS)] for b in range(2)])
+
+    # TaylorSeer on whole blocks: each expert's modules count their own
+    # calls, so the second expert warms up again at its first step
+    n_layers = json.loads((WANDIR / "wan21" / "transformer" / "config.json")
+                          .read_text())["num_layers"]
+    fields = {"cache_interval": 2, "disable_cache_before_step": 2, "max_order": 1,
+              "cache_identifiers": [r"blocks\.\d+"]}
+    out, noise, log = wan_run("taylorseer_cache", fields, case, exp)
+    rows = [c for k2, _, c in log if k2 == "tay"]
+    per = n_layers
+    assert len(rows) == 2 * WAN_STEPS * per, len(rows)
+    comp = [[any(rows[(2 * s + b) * per:(2 * s + b + 1) * per]) for s in range(WAN_STEPS)]
+            for b in range(2)]
+    emit("wan22_tay_blocks", "taylorseer_cache", dict(fields, taylor_factors_dtype="float32"),
+         out, noise, [[not x for x in comp[b]] for b in range(2)], {"modules_per_step": per})
+    del out_cases[-1]["skipped_branches"]  # the C test's block-evaluation count is FBC's / Mag's
     return out_cases
 
 
@@ -686,7 +820,8 @@ def dit_cases():
     return cases
 
 
-FAMILIES = {"dit": dit_cases, "flux": flux_cases, "sd3": sd3_cases, "wan": wan_cases}
+FAMILIES = {"dit": dit_cases, "flux": flux_cases, "sd3": sd3_cases, "wan": wan_cases,
+            "wan22": wan22_cases}
 
 
 def main():

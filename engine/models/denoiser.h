@@ -89,6 +89,11 @@ typedef struct ditd_denoiser ditd_denoiser;
  *   <the module, writing out>         otherwise
  *   module_end(id, out)               after it ran
  *
+ * A module that returns two streams (FLUX's and SD3's blocks and their
+ * attention: image and text) or a strided one calls module_begin_parts /
+ * module_end_parts instead, with its outputs as parts (ditd_cache_part);
+ * the parts' elements per forward row add up to module_name's *elems.
+ *
  * The streams are this rank's rows and tokens, in the family's activation
  * buffers; the cache may rewrite them in place. The hooks are collective
  * over the group when the cache needs a group decision: every rank of the
@@ -106,6 +111,14 @@ typedef struct ditd_cache_streams {
     int D;
 } ditd_cache_streams;
 
+/* One output of a hooked module on this rank: per forward row b, `tokens`
+ * rows of `cols` values, `ld` values apart, from ptr + b * tokens * ld. */
+typedef struct ditd_cache_part {
+    void *ptr;
+    int tokens, cols;
+    size_t ld;
+} ditd_cache_part;
+
 typedef struct ditd_denoiser_cache {
     void *ctx;
     int (*blocks_begin)(void *ctx, const ditd_cache_streams *s, int *run);
@@ -114,6 +127,10 @@ typedef struct ditd_denoiser_cache {
     /* out: (B, elems) for the module, elems per row as module_name gave */
     int (*module_begin)(void *ctx, int id, void *out, int *predicted);
     int (*module_end)(void *ctx, int id, const void *out);
+    /* the same for a module of n (1..2) parts; a part of 0 tokens is empty */
+    int (*module_begin_parts)(void *ctx, int id, const ditd_cache_part *parts, int n,
+                              int *predicted);
+    int (*module_end_parts)(void *ctx, int id, const ditd_cache_part *parts, int n);
 } ditd_denoiser_cache;
 
 typedef struct ditd_denoiser_family {
@@ -149,10 +166,10 @@ typedef struct ditd_denoiser_family {
     int (*set_video_size)(ditd_denoiser *d, int frames, int height, int width, int text_len);
     /* Optional (TaylorSeer): the name of module id (0 .. d->cache_modules - 1)
      * as Diffusers' named_modules() spells it, and its output's elements per
-     * forward row on this rank (*elems). *elems 0: a module whose output the
-     * cache cannot hold (two streams): it may only be skip-predicted, and
-     * when module_begin says predicted the family zeroes its outputs
-     * itself. 0, or DITD_ERANGE past the last. */
+     * forward row on this rank (*elems; a module of parts: all its parts').
+     * *elems 0: a module whose output the cache cannot hold: it may only be
+     * skip-predicted, and when module_begin says predicted the family zeroes
+     * its outputs itself. 0, or DITD_ERANGE past the last. */
     int (*module_name)(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems);
 } ditd_denoiser_family;
 

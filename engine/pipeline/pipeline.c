@@ -111,8 +111,10 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     p->row_sample = malloc(n2 * sizeof(int));
     p->row_branch = malloc(n2);
     p->row_lora = calloc(n2, sizeof *p->row_lora);
-    if ((err = ditd_step_cache_new(ops, p->mesh, max_samples, &p->scache)))
+    if ((err = ditd_step_cache_new(ops, p->mesh, max_samples, &p->scache)) ||
+        (p->den2 && (err = ditd_step_cache_new(ops, p->mesh, max_samples, &p->scache2))))
         goto fail;
+    p->sc = p->scache;
     if (!p->ctl || !p->cond_row || !p->uncond_row || !p->skip_row || !p->h_t || !p->row_sample ||
         !p->row_branch || !p->row_lora) {
         err = ditd_err_set(DITD_ENOMEM, "pipeline buffers");
@@ -225,6 +227,7 @@ void ditd_pipeline_free(ditd_pipeline *p)
     free(p->skip_row);
     free(p->ctl);
     ditd_step_cache_free(p->scache);
+    ditd_step_cache_free(p->scache2);
     free(p->row_sample);
     free(p->row_branch);
     free(p->row_lora);
@@ -285,7 +288,7 @@ static void cache_bind(ditd_pipeline *p, int n, int rows, int r0, int nr)
             p->row_branch[p->uncond_row[i]] = 1;
         }
     }
-    ditd_step_cache_bind(p->scache, rows, p->row_sample, p->row_branch, r0, nr);
+    ditd_step_cache_bind(p->sc, rows, p->row_sample, p->row_branch, r0, nr);
 }
 
 int ditd_pipeline_set_cache(ditd_pipeline *p, const ditd_cache_config *cfg)
@@ -302,7 +305,15 @@ int ditd_pipeline_set_cache(ditd_pipeline *p, const ditd_cache_config *cfg)
 
 void ditd_pipeline_cache_stats(const ditd_pipeline *p, int i, ditd_cache_stats *out)
 {
+    ditd_cache_stats b;
     ditd_step_cache_sample_stats(p->scache, i, out);
+    if (!p->scache2)
+        return;
+    ditd_step_cache_sample_stats(p->scache2, i, &b); /* the second expert's steps */
+    out->steps += b.steps;
+    out->steps_skipped += b.steps_skipped;
+    out->evals += b.evals;
+    out->evals_skipped += b.evals_skipped;
 }
 
 int ditd_pipeline_check_loras(const ditd_pipeline *p, const ditd_lora_set *s)
@@ -373,7 +384,7 @@ static int run_forwards(ditd_pipeline *p, int n, int rc, int ru, int rows, int c
     }
     int half = p->mesh->cfg_rank, r0 = half ? rc : 0, nr = half ? ru - rc : rc;
     cache_bind(p, n, ru, r0, nr);
-    if (nr == 0 && (err = ditd_step_cache_idle(p->scache)))
+    if (nr == 0 && (err = ditd_step_cache_idle(p->sc)))
         return err;
     err = forward_rows(p, r0, nr, NULL);
     if (!err && half)
@@ -502,9 +513,6 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
             return ditd_err_set(DITD_EINVAL, "%s takes no input image (sample %d)", p->pc->name,
                                 i);
     }
-    if (p->den2 && p->cache_cfg.method != DITD_CACHE_NONE)
-        return ditd_err_set(DITD_EUNSUPPORTED, "step caching with two experts (%s/transformer_2) "
-                            "is not supported yet", p->info.name);
     if ((err = ensure_sampler(p, gp->sampler, gp->steps)))
         return err;
     ts = ditd_sampler_timesteps(p->sampler);
@@ -544,6 +552,14 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
     if ((err = ditd_step_cache_begin(p->scache, p->den, &p->cache_cfg, steps, n,
                                      !p->pc->cache_branch_contexts)))
         return err;
+    /* two experts: each its own hooks and states, as a Diffusers user
+     * enables the cache on transformer and transformer_2 */
+    if (p->scache2 && (err = ditd_step_cache_begin(p->scache2, p->den2, &p->cache_cfg, steps, n,
+                                                   !p->pc->cache_branch_contexts))) {
+        ditd_step_cache_end(p->scache);
+        return err;
+    }
+    p->sc = p->scache;
 
     if (p->first_frame) { /* (max_rows, frames) timesteps, grown between batches */
         int F = p->shapes.frames > 0 ? p->shapes.frames : 1;
@@ -601,6 +617,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
          * with guidance_scale_2 */
         int low = p->den2 && ts[s] < p->boundary_t;
         p->cur = low ? p->den2 : p->den;
+        p->sc = low ? p->scache2 : p->scache;
         /* The forward batch: the active samples with their conditioning,
          * then the unconditional input (null class, negative prompt) for
          * those with guidance > 1 (DiTPipeline's [x; x]). A family that
@@ -657,7 +674,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         ops->download(p->h_out, p->model_out, (size_t)rows * p->numel_out);
         if ((err = ops->status()))
             return err;
-        ditd_step_cache_step_done(p->scache);
+        ditd_step_cache_step_done(p->sc);
 
         for (int i = 0; i < n; i++) {
             if (p->cond_row[i] < 0)
@@ -708,12 +725,15 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         }
         if (stop) {
             ditd_step_cache_end(p->scache);
+            ditd_step_cache_end(p->scache2);
             return ditd_err_set(DITD_ECANCELED, "stopped after step %d of %d", s - t_start + 1,
                                 steps - t_start);
         }
     }
     ditd_step_cache_end(p->scache);
+    ditd_step_cache_end(p->scache2);
     p->cur = p->den;
+    p->sc = p->scache;
     for (int i = 0; p->first_frame && i < n; i++) /* the result's first frame is the image's */
         put_first_frame(p, i, &samples[i]);
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));

@@ -160,6 +160,8 @@ typedef struct ditd_pipeline {
     const ditd_mesh *mesh;       /* borrowed; NULL = one rank */
     uint8_t *ctl;                /* (1 + max_samples) leader's stop flag + active flags */
     ditd_step_cache *scache;     /* step caching: states per sample and branch */
+    ditd_step_cache *scache2;    /* den2's own (Diffusers hooks each expert apart), or NULL */
+    ditd_step_cache *sc;         /* the step's: scache or scache2, as cur */
     ditd_cache_config cache_cfg; /* what ditd_pipeline_set_cache() gave (method none: off) */
     int *row_sample;             /* (2n) the step's forward rows: sample and branch */
     uint8_t *row_branch;

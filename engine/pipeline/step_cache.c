@@ -109,8 +109,9 @@ static int plan(ditd_step_cache *c, ditd_denoiser *d)
     need = 3 * R * E + 2 * slots * E;
     if (tay)
         for (int p = 0; p < c->np; p++)
-            if (c->hooked[p] && !c->inactive[p]) { /* skip-predict modules keep no factors */
-                need += slots * (size_t)(c->cfg.max_order + 2) * c->elems[p];
+            if (c->hooked[p]) { /* skip-predict modules keep no factors, only zeros */
+                if (!c->inactive[p])
+                    need += slots * (size_t)(c->cfg.max_order + 2) * c->elems[p];
                 if (c->elems[p] > zmax)
                     zmax = c->elems[p];
             }
@@ -259,15 +260,20 @@ int ditd_step_cache_begin(ditd_step_cache *c, ditd_denoiser *d, const ditd_cache
         return err;
     plan_mag(c);
     reset_states(c);
+    int tay = cfg->method == DITD_CACHE_TAYLORSEER;
     c->hooks = (ditd_denoiser_cache){c, h_blocks_begin, h_first_block_done, h_blocks_end,
-                                     cfg->method == DITD_CACHE_TAYLORSEER ? ditd__step_cache_module_begin : NULL,
-                                     cfg->method == DITD_CACHE_TAYLORSEER ? ditd__step_cache_module_end : NULL};
+                                     tay ? ditd__step_cache_module_begin : NULL,
+                                     tay ? ditd__step_cache_module_end : NULL,
+                                     tay ? ditd__step_cache_module_begin_parts : NULL,
+                                     tay ? ditd__step_cache_module_end_parts : NULL};
     d->cache = &c->hooks;
     return 0;
 }
 
 void ditd_step_cache_end(ditd_step_cache *c)
 {
+    if (!c)
+        return;
     if (c->den)
         c->den->cache = NULL;
     c->den = NULL;

@@ -172,7 +172,8 @@ int ditd_step_cache_idle(ditd_step_cache *c);
 /* After the step's forward (or idle): counts the step into the stats. */
 void ditd_step_cache_step_done(ditd_step_cache *c);
 
-/* Ends the batch: d->cache = NULL. Stats stay readable until the next begin. */
+/* Ends the batch: d->cache = NULL. Stats stay readable until the next begin.
+ * NULL: nothing. */
 void ditd_step_cache_end(ditd_step_cache *c);
 
 /* Sample i's counts of the last batch (zeros without caching). */

@@ -90,6 +90,9 @@ static inline void copy_row(const ditd_step_cache *c, void *dst, const void *src
 int ditd__step_cache_resolve_modules(ditd_step_cache *c, ditd_denoiser *d);
 int ditd__step_cache_module_begin(void *ctx, int id, void *out, int *predicted);
 int ditd__step_cache_module_end(void *ctx, int id, const void *out);
+int ditd__step_cache_module_begin_parts(void *ctx, int id, const ditd_cache_part *parts, int n,
+                                        int *predicted);
+int ditd__step_cache_module_end_parts(void *ctx, int id, const ditd_cache_part *parts, int n);
 /* A cfg half without rows: the counters of one forward as the other half
  * advances them (a predicted module's submodules are not called). */
 void ditd__step_cache_module_idle(ditd_step_cache *c);

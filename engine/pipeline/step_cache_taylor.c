@@ -138,8 +138,39 @@ static void **tbufs(const ditd_step_cache *c, int slot, int id)
     return c->tbuf + ((size_t)slot * (size_t)c->np + (size_t)id) * MAX_ORDER_BUFS;
 }
 
-/* TaylorSeerState.predict into one row */
-static int tay_predict_row(ditd_step_cache *c, int id, const tay_state *t, int slot, void *out)
+/* One forward row lr of a module's parts to or from flat (the row's
+ * elements, the parts one after the other): a module's outputs as its
+ * factors keep them. */
+static void parts_row_io(const ditd_step_cache *c, const ditd_cache_part *pt, int n, size_t lr,
+                         void *flat, int to_flat)
+{
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t T = (size_t)pt[i].tokens, C = (size_t)pt[i].cols;
+        if (T == 0)
+            continue;
+        void *p = ditd_ptr_act(c->ops, pt[i].ptr, lr * T * pt[i].ld);
+        void *f = ditd_ptr_act(c->ops, flat, off);
+        if (to_flat)
+            c->ops->copy2d(f, C, p, pt[i].ld, T, C);
+        else
+            c->ops->copy2d(p, pt[i].ld, f, C, T, C);
+        off += T * C;
+    }
+}
+
+/* the row's parts are one contiguous run: the factors can be read and
+ * written there in place */
+static void *parts_flat(const ditd_step_cache *c, const ditd_cache_part *pt, int n, size_t lr)
+{
+    if (n != 1 || ((size_t)pt[0].cols != pt[0].ld && pt[0].tokens > 1))
+        return NULL;
+    return ditd_ptr_act(c->ops, pt[0].ptr, lr * (size_t)pt[0].tokens * pt[0].ld);
+}
+
+/* TaylorSeerState.predict into forward row lr of the module's parts */
+static int tay_predict_row(ditd_step_cache *c, int id, const tay_state *t, int slot,
+                           const ditd_cache_part *pt, int n, size_t lr)
 {
     const ditd_backend_ops *ops = c->ops;
     size_t E = c->elems[id];
@@ -149,10 +180,11 @@ static int tay_predict_row(ditd_step_cache *c, int id, const tay_state *t, int s
                             t->current_step);
     if (c->inactive[id]) { /* zeros; a module of no elements: the family zeroes its outputs */
         if (E)
-            copy_row(c, out, c->zero, E);
+            parts_row_io(c, pt, n, lr, c->zero, 0);
         return 0;
     }
     void **f = tbufs(c, slot, id);
+    void *flat = parts_flat(c, pt, n, lr), *out = flat ? flat : f[c->cfg.max_order + 1];
     int off = t->current_step - t->last_update_step;
     double coeff = 1.0;
     copy_row(c, out, f[0], E);
@@ -160,16 +192,34 @@ static int tay_predict_row(ditd_step_cache *c, int id, const tay_state *t, int s
         coeff = coeff * off / o; /* step_offset**order / factorial(order) */
         ops->axpby(out, f[o], (float)coeff, 1.0f, E, 0);
     }
+    if (!flat) /* the spare factor buffer holds nothing between updates */
+        parts_row_io(c, pt, n, lr, out, 0);
     return 0;
 }
 
-int ditd__step_cache_module_begin(void *ctx, int id, void *out, int *predicted)
+/* the parts' elements per row must be what module_name said */
+static int check_parts(const ditd_step_cache *c, int id, const ditd_cache_part *pt, int n)
+{
+    size_t e = 0;
+    for (int i = 0; i < n; i++)
+        e += (size_t)pt[i].tokens * (size_t)pt[i].cols;
+    if (n < 1 || n > 2 || e != c->elems[id])
+        return ditd_err_set(DITD_EINVAL,
+                            "taylorseer_cache: %s gave %d parts of %zu elements a row, planned %zu",
+                            c->names[id], n, e, c->elems[id]);
+    return 0;
+}
+
+int ditd__step_cache_module_begin_parts(void *ctx, int id, const ditd_cache_part *pt, int n,
+                                        int *predicted)
 {
     ditd_step_cache *c = ctx;
     int err;
     *predicted = 0;
     if (id < 0 || id >= c->np || !c->hooked[id])
         return 0;
+    if (c->elems[id] && (err = check_parts(c, id, pt, n)))
+        return err;
     for (int u = 0; u < c->units; u++)
         if (c->us[u].present) {
             tay_state *t = &c->tay[(size_t)u * (size_t)c->np + (size_t)id];
@@ -183,7 +233,7 @@ int ditd__step_cache_module_begin(void *ctx, int id, void *out, int *predicted)
     for (int lr = 0; lr < c->nr; lr++) {
         int g = c->r0 + lr;
         if ((err = tay_predict_row(c, id, &c->tay[(size_t)c->row_unit[g] * (size_t)c->np + (size_t)id],
-                                   c->row_slot[g], row(c, out, (size_t)lr, c->elems[id]))))
+                                   c->row_slot[g], pt, n, (size_t)lr)))
             return err;
     }
     *predicted = 1;
@@ -193,7 +243,7 @@ int ditd__step_cache_module_begin(void *ctx, int id, void *out, int *predicted)
 /* TaylorSeerState.update for one row's features (slot's factors), the
  * divided differences computed in place with one spare buffer. */
 static void tay_update_row(ditd_step_cache *c, int id, const tay_state *t, int slot,
-                           const void *feat)
+                           const ditd_cache_part *pt, int n, size_t lr)
 {
     const ditd_backend_ops *ops = c->ops;
     size_t E = c->elems[id];
@@ -202,7 +252,7 @@ static void tay_update_row(ditd_step_cache *c, int id, const tay_state *t, int s
     void **f = tbufs(c, slot, id);
     int K = c->cfg.max_order, spare = K + 1, m = 0;
     void *cur = f[spare];
-    copy_row(c, cur, feat, E); /* new_factors[0] = features */
+    parts_row_io(c, pt, n, lr, cur, 1); /* new_factors[0] = features */
     if (!c->inactive[id] && t->last_update_step >= 0) {
         float inv = 1.0f / (float)(t->current_step - t->last_update_step);
         for (int j = 0; j < K && j < t->orders; j++) {
@@ -223,7 +273,7 @@ static void tay_update_row(ditd_step_cache *c, int id, const tay_state *t, int s
             ops->axpby(f[o], NULL, 0.0f, 1.0f, E, 1);
 }
 
-int ditd__step_cache_module_end(void *ctx, int id, const void *out)
+int ditd__step_cache_module_end_parts(void *ctx, int id, const ditd_cache_part *pt, int n)
 {
     ditd_step_cache *c = ctx;
     int err;
@@ -232,10 +282,9 @@ int ditd__step_cache_module_end(void *ctx, int id, const void *out)
     for (int lr = 0; lr < c->nr; lr++) {
         int g = c->r0 + lr;
         tay_state *t = &c->tay[(size_t)c->row_unit[g] * (size_t)c->np + (size_t)id];
-        void *o = row(c, (void *)out, (size_t)lr, c->elems[id]);
         if (t->compute)
-            tay_update_row(c, id, t, c->row_slot[g], o);
-        else if ((err = tay_predict_row(c, id, t, c->row_slot[g], o)))
+            tay_update_row(c, id, t, c->row_slot[g], pt, n, (size_t)lr);
+        else if ((err = tay_predict_row(c, id, t, c->row_slot[g], pt, n, (size_t)lr)))
             return err;
     }
     for (int u = 0; u < c->units; u++)
@@ -252,6 +301,24 @@ int ditd__step_cache_module_end(void *ctx, int id, const void *out)
     return c->ops->status();
 }
 
+/* a module of one contiguous output: (B, elems) */
+static ditd_cache_part one_part(const ditd_step_cache *c, int id, const void *out)
+{
+    size_t E = id >= 0 && id < c->np ? c->elems[id] : 0;
+    return (ditd_cache_part){(void *)out, 1, (int)E, E};
+}
+
+int ditd__step_cache_module_begin(void *ctx, int id, void *out, int *predicted)
+{
+    ditd_cache_part pt = one_part(ctx, id, out);
+    return ditd__step_cache_module_begin_parts(ctx, id, &pt, 1, predicted);
+}
+
+int ditd__step_cache_module_end(void *ctx, int id, const void *out)
+{
+    ditd_cache_part pt = one_part(ctx, id, out);
+    return ditd__step_cache_module_end_parts(ctx, id, &pt, 1);
+}
 
 void ditd__step_cache_module_idle(ditd_step_cache *c)
 {

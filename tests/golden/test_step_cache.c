@@ -2,15 +2,21 @@
  * First Block Cache, MagCache (given ratios, FLUX's ratios interpolated,
  * calibration) and TaylorSeer (modules, whole blocks) on the tiny DiT fixture,
  * DiTPipeline's loop with guidance; First Block Cache and MagCache on the
- * tiny FLUX.1-dev folder with true CFG (a state per branch); First Block
- * Cache, MagCache, its calibration and TaylorSeer (ff, ff_context) on the
- * tiny SD3 folder with CFG ([uncond; cond] under one state, as
- * StableDiffusion3Pipeline runs them through the hooks); the same on the
- * tiny Wan 2.1 folder (WanPipeline's cond / uncond contexts: a state per
- * branch, calibrated per branch; TaylorSeer on attn1 / attn2 / ffn and on
- * whole blocks). At least 20 cases. Per case: the same steps skipped, step by
- * step, and the final latents within 1e-4 of Diffusers' float64 run. Plus the
- * config parser's refusals. */
+ * tiny FLUX.1-dev folder with true CFG (a state per branch), and
+ * TaylorSeer there in lite mode, with Diffusers' default config (every
+ * block's attn: two streams) and on whole blocks; First Block Cache,
+ * MagCache, its calibration and TaylorSeer (ff, ff_context; the default
+ * config on attn; whole blocks) on the tiny SD3 folder with CFG ([uncond;
+ * cond] under one state, as StableDiffusion3Pipeline runs them through the
+ * hooks); the same on the tiny Wan 2.1 folder (WanPipeline's cond / uncond
+ * contexts: a state per branch, calibrated per branch; TaylorSeer on attn1 /
+ * attn2 / ffn, on whole blocks and in lite mode); First Block Cache and
+ * TaylorSeer on the tiny Wan 2.2 folder (two experts, each hooked with
+ * states of its own). At least 27 cases. Per case: the same steps skipped,
+ * step by step, and the final latents within 1e-4 of Diffusers' float64 run; and
+ * ditd's code allocates nothing on the host in the steps after the first.
+ * Plus the config parser's refusals. */
+#include <dlfcn.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +34,52 @@
 #define TOL 1e-4
 #define MAX_STEPS 64
 
+/* "Nothing allocated per step": the allocator's entry points count the
+ * calls ditd's code (this program and the engine linked into it: the caller
+ * lies in this object) makes on the main thread between the first step's
+ * end and the last's (on_step turns counting on and off); glibc's own
+ * functions do the work. Calls from other libraries are not counted: the
+ * GEMM library (oneDNN) allocates per call inside itself (C++ operator new:
+ * 6 a step here), which is not the cache's doing. */
+/* volatile: the compiler takes malloc for a builtin that reads nothing */
+static _Thread_local volatile int counting;
+static volatile long step_allocs;
+static const char self_marker; /* an address in this object */
+#if defined(__SANITIZE_ADDRESS__) /* ASan's allocator owns malloc: nothing counted */
+#define COUNT_ALLOCS 0
+#else
+#define COUNT_ALLOCS 1
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t n, size_t m);
+extern void *__libc_realloc(void *p, size_t n);
+
+static void count(const void *caller)
+{
+    Dl_info self, at;
+    if (counting && dladdr(&self_marker, &self) && dladdr(caller, &at) &&
+        at.dli_fbase == self.dli_fbase)
+        step_allocs++;
+}
+
+__attribute__((noinline)) void *malloc(size_t n)
+{
+    count(__builtin_return_address(0));
+    return __libc_malloc(n);
+}
+
+__attribute__((noinline)) void *calloc(size_t n, size_t m)
+{
+    count(__builtin_return_address(0));
+    return __libc_calloc(n, m);
+}
+
+__attribute__((noinline)) void *realloc(void *p, size_t n)
+{
+    count(__builtin_return_address(0));
+    return __libc_realloc(p, n);
+}
+#endif
+
 typedef struct step_log {
     ditd_pipeline *p;
     int n;
@@ -39,7 +91,8 @@ typedef struct step_log {
 static int on_step(void *ud, int step, int total, const float *x0, uint8_t *active)
 {
     step_log *l = ud;
-    (void)total, (void)x0, (void)active;
+    (void)x0, (void)active;
+    counting = 0;
     for (int i = 0; i < l->n; i++) {
         ditd_cache_stats st;
         ditd_pipeline_cache_stats(l->p, i, &st);
@@ -47,6 +100,9 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
             l->skipped[i][step - 1] = (uint8_t)(st.steps_skipped > l->prev[i]);
         l->prev[i] = st.steps_skipped;
     }
+    if (step == 1)
+        step_allocs = 0;
+    counting = step < total; /* the steps after the first: the cache's buffers are planned */
     return 0;
 }
 
@@ -137,8 +193,11 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
         goto out;
     float *got = calloc((size_t)n * numel, sizeof *got), *plain = calloc((size_t)n * numel, sizeof *plain);
     TU_OK(ditd_pipeline_generate(p, &gp, n, samples, noise, got, NULL, on_step, &lg));
+    counting = 0;
+    TU_CHECK(step_allocs == 0, "%s: %ld allocations in steps 2..%d", name, step_allocs, steps);
     /* the same steps skipped, step by step */
     json_t *per = json_object_get(c, "skipped_per_sample");
+    int case_skips = 0, case_computes = 0;
     for (int i = 0; i < n; i++) {
         json_t *want_sk = per ? json_array_get(per, (size_t)i) : json_object_get(c, "skipped");
         char got_s[MAX_STEPS + 1], want_s[MAX_STEPS + 1];
@@ -148,6 +207,8 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
             want_s[s] = w ? 'S' : '.';
             *skips_seen += w;
             *computes_seen += !w;
+            case_skips += w;
+            case_computes += !w;
         }
         got_s[steps] = want_s[steps] = 0;
         TU_CHECK(!strcmp(got_s, want_s), "%s sample %d: skipped steps %s here, %s in Diffusers",
@@ -174,6 +235,11 @@ static int run_one(ditd_pipeline *p, json_t *c, int n, const ditd_gen_sample *sa
                      st.evals_skipped, st.evals, want_ev, 2L * steps * L);
         }
     }
+    /* the case can tell: Diffusers skipped some of its steps and computed
+     * others (a calibration run computes every step) */
+    if (!cfg.calibrate)
+        TU_CHECK(case_skips > 0 && case_computes > 0, "%s: Diffusers skipped %d, computed %d steps",
+                 name, case_skips, case_computes);
     /* calibration: the ratios MagCacheBlockHook measures */
     /* calibration_branches: one list per branch (a pipeline with cond /
      * uncond contexts), else "calibration" for the one shared state */
@@ -223,8 +289,8 @@ out:
 /* The cases of one text family (c.family): the pipeline on the assembled
  * folder mdir, each case's embeddings, noise and size from its pipeline
  * fixture (<family>_pipeline/expected, case c.<family>_case). */
-static int family_cases(json_t *doc, const char *family, const char *mdir, int *skips_seen,
-                        int *computes_seen)
+static int family_cases(json_t *doc, const char *family, const char *fixture, const char *mdir,
+                        int *skips_seen, int *computes_seen)
 {
     char edir[4096], fpath[4300], key[64];
     json_error_t jerr;
@@ -232,10 +298,10 @@ static int family_cases(json_t *doc, const char *family, const char *mdir, int *
     ditd_model_info info;
     ditd_pipeline *p = NULL;
     float *emb = NULL, *pool = NULL, *nemb = NULL, *npool = NULL;
-    int ran = 0, sd3 = !strcmp(family, "sd3"), wan = !strcmp(family, "wan");
+    int ran = 0, sd3 = !strcmp(fixture, "sd3"), wan = !strcmp(fixture, "wan");
     size_t k;
 
-    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), family);
+    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), fixture);
     snprintf(key, sizeof key, "%s_case", family);
     TU_OK(ditd_model_info_load(mdir, &info));
     TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
@@ -279,6 +345,11 @@ static int family_cases(json_t *doc, const char *family, const char *mdir, int *
                                                       : (float)json_number_value(json_object_get(fc, "true_cfg_scale"))};
         smp.cond.prompt = &te[0];
         smp.cond.negative = &te[1];
+        json_t *g2 = json_object_get(fc, "guidance_scale_2"); /* two experts */
+        if (json_is_number(g2)) {
+            smp.has_guidance_2 = 1;
+            smp.guidance_2 = (float)json_number_value(g2);
+        }
         if (emb && nemb && (wan || (pool && npool)))
             ran += run_one(p, c, 1, &smp, p->sched_base.kind, skips_seen, computes_seen);
     }
@@ -326,10 +397,13 @@ static int run_cases(void)
     }
     /* FLUX.1-dev, true CFG: a state per branch (FluxPipeline's contexts);
      * SD3, CFG: [uncond; cond] under one state */
-    ran += family_cases(doc, "flux", FLUX_PIPELINE_DIR "/dev", &skips_seen, &computes_seen);
-    ran += family_cases(doc, "sd3", SD3_PIPELINE_DIR "/sd3", &skips_seen, &computes_seen);
-    /* Wan 2.1, CFG: WanPipeline's cond / uncond contexts, a state per branch */
-    ran += family_cases(doc, "wan", WAN_PIPELINE_DIR "/wan21", &skips_seen, &computes_seen);
+    ran += family_cases(doc, "flux", "flux", FLUX_PIPELINE_DIR "/dev", &skips_seen, &computes_seen);
+    ran += family_cases(doc, "sd3", "sd3", SD3_PIPELINE_DIR "/sd3", &skips_seen, &computes_seen);
+    /* Wan 2.1, CFG: WanPipeline's cond / uncond contexts, a state per branch;
+     * Wan 2.2's two experts: a state per expert and branch */
+    ran += family_cases(doc, "wan", "wan", WAN_PIPELINE_DIR "/wan21", &skips_seen, &computes_seen);
+    ran += family_cases(doc, "wan22", "wan", WAN_PIPELINE_DIR "/wan22", &skips_seen,
+                        &computes_seen);
     TU_CHECK(skips_seen > 0 && computes_seen > 0, "skipped %d, computed %d steps in all cases",
              skips_seen, computes_seen);
     printf("cases: %d; steps skipped %d, computed %d\n", ran, skips_seen, computes_seen);
@@ -433,9 +507,21 @@ static void refusals(void)
 
 int main(void)
 {
+    /* the allocation count can fail: it counts this object's calls, and
+     * the engine is linked into this object */
+    Dl_info self, eng;
+    counting = 1;
+    void *volatile probe = malloc(8);
+    counting = 0;
+    free(probe);
+    TU_CHECK(step_allocs == COUNT_ALLOCS && dladdr(&self_marker, &self) &&
+                 dladdr(&ditd_backend_cpu, &eng) && self.dli_fbase == eng.dli_fbase,
+             "allocation counter: %ld for one malloc; the engine %s this object", step_allocs,
+             self.dli_fbase == eng.dli_fbase ? "in" : "not in");
     parser();
     refusals();
     int ran = run_cases();
-    TU_CHECK(ran >= 20, "ran %d cache cases (8 DiT, 3 FLUX, 4 SD3, 5 Wan expected)", ran);
+    TU_CHECK(ran >= 27, "ran %d cache cases (8 DiT, 5 FLUX, 6 SD3, 6 Wan 2.1, 2 Wan 2.2 expected)",
+             ran);
     return tu_exit();
 }

@@ -437,11 +437,13 @@ static int run_text(ditd_mesh *mesh, const char *family, const char *mdir,
     json_error_t jerr;
     ditd_model_info info;
     ditd_pipeline *one = NULL, *grp = NULL;
-    int checked = 0, sd3 = !strcmp(family, "sd3"), wan = !strcmp(family, "wan");
+    /* wan22 (two experts): the wan fixtures, its own cases */
+    int checked = 0, sd3 = !strcmp(family, "sd3"), wan = !strncmp(family, "wan", 3);
+    const char *fixture = wan ? "wan" : family;
     memset(&info, 0, sizeof info);
     snprintf(path, sizeof path, "%s/cache/cases.json", tu_fixtures());
     json_t *cdoc = json_load_file(path, 0, &jerr);
-    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), family);
+    snprintf(edir, sizeof edir, "%s/%s_pipeline/expected", tu_fixtures(), fixture);
     snprintf(path, sizeof path, "%s/cases.json", edir);
     json_t *fdoc = json_load_file(path, 0, &jerr);
     snprintf(key, sizeof key, "%s_case", family);
@@ -564,19 +566,26 @@ int main(int argc, char **argv)
         checked = run(&l, mesh);
         TU_CHECK(checked >= 8, "%d cache configs checked under the mesh (8 expected)", checked);
         /* FLUX: First Block Cache at the fixture's threshold, MagCache with
-         * FLUX's ratios, TaylorSeer's lite mode; SD3 and Wan: their fixture
-         * cases (TaylorSeer: SD3 on ff / ff_context, Wan on attn1 / attn2 / ffn) */
-        static const char *const flux_cases[] = {"flux_fbc", "flux_mag", "flux_tay_lite"};
-        static const char *const sd3_cases[] = {"sd3_fbc", "sd3_mag", "sd3_tay_ff"};
+         * FLUX's ratios, TaylorSeer's lite mode, its default config (every
+         * block's attn: two streams, a single block's strided by tp heads)
+         * and whole blocks; SD3 and Wan: their fixture cases (TaylorSeer: SD3
+         * on ff / ff_context, the default config on attn, whole blocks; Wan
+         * on attn1 / attn2 / ffn; Wan 2.2's two experts, a cache each) */
+        static const char *const flux_cases[] = {"flux_fbc", "flux_mag", "flux_tay_lite",
+                                                 "flux_tay_default", "flux_tay_blocks"};
+        static const char *const sd3_cases[] = {"sd3_fbc", "sd3_mag", "sd3_tay_ff",
+                                                "sd3_tay_default", "sd3_tay_blocks"};
         static const char *const wan_cases[] = {"wan_fbc", "wan_mag", "wan_tay_modules"};
-        static const char *const fam[3] = {"flux", "sd3", "wan"}, *sub[3] = {"dev", "sd3", "wan21"};
-        const char *const *names[3] = {flux_cases, sd3_cases, wan_cases};
-        const int n_names[3] = {3, 3, 3};
+        static const char *const wan22_cases[] = {"wan22_fbc", "wan22_tay_blocks"};
+        static const char *const fam[4] = {"flux", "sd3", "wan", "wan22"},
+                                 *sub[4] = {"dev", "sd3", "wan21", "wan22"};
+        const char *const *names[4] = {flux_cases, sd3_cases, wan_cases, wan22_cases};
+        const int n_names[4] = {5, 5, 3, 2}, dir_of[4] = {0, 1, 2, 2};
         char mdir[4200];
-        for (int f = 0; f < 3; f++) {
-            if (!dirs[f])
+        for (int f = 0; f < 4; f++) {
+            if (!dirs[dir_of[f]])
                 continue;
-            snprintf(mdir, sizeof mdir, "%s/%s", dirs[f], sub[f]);
+            snprintf(mdir, sizeof mdir, "%s/%s", dirs[dir_of[f]], sub[f]);
             int r = run_text(mesh, fam[f], mdir, names[f], n_names[f]);
             TU_CHECK(r < 0 || r == n_names[f], "%s: %d of %d cache cases checked", fam[f], r,
                      n_names[f]);

@@ -5,10 +5,12 @@
  * the status, the `param` and words of the message each refusal must have.
  * The http suite checks the same over HTTP with a served text model; this
  * runs everywhere, ASan/UBSan included. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ditd_build_config.h"
 #include "engine/core/error.h"
 #include "server/daemon/genreq.h"
 
@@ -459,10 +461,92 @@ static void test_cache(void)
     CHECK(n >= 23, "%d cache refusals checked", n);
 }
 
+/* The OpenAPI document's request "cache" object lists exactly the Diffusers
+ * configs' fields (FirstBlockCacheConfig, TaylorSeerCacheConfig,
+ * MagCacheConfig) and method, with the four method names; the validator
+ * takes each field with its method; the response's "cache" object lists
+ * the counts a response carries. */
+static void test_cache_openapi(void)
+{
+    static const struct {
+        const char *field, *method, *value;
+    } fields[] = {
+        {"threshold", "first_block_cache", "0.1"},
+        {"cache_interval", "taylorseer_cache", "4"},
+        {"disable_cache_before_step", "taylorseer_cache", "2"},
+        {"disable_cache_after_step", "taylorseer_cache", "null"},
+        {"max_order", "taylorseer_cache", "2"},
+        {"taylor_factors_dtype", "taylorseer_cache", "\"float32\""},
+        {"cache_identifiers", "taylorseer_cache", "[\"blocks\\\\.\\\\d+\"]"},
+        {"skip_predict_identifiers", "taylorseer_cache", "[\"proj_out\"]"},
+        {"use_lite_mode", "taylorseer_cache", "true"},
+        {"max_skip_steps", "mag_cache", "2"},
+        {"retention_ratio", "mag_cache", "0.3"},
+        {"num_inference_steps", "mag_cache", "28"},
+        {"mag_ratios", "mag_cache", "[1.0, 0.98, 0.97]"},
+        {"calibrate", "mag_cache", "true"},
+    };
+    static const char *const methods[] = {"first_block_cache", "taylorseer_cache", "mag_cache",
+                                          "none"};
+    static const char *const counts[] = {"method", "steps", "steps_skipped", "evals",
+                                         "evals_skipped"};
+    const size_t nf = sizeof fields / sizeof fields[0];
+    char path[4096];
+    json_error_t jerr;
+    ditd_genreq rq;
+    ditd_api_error e;
+    snprintf(path, sizeof path, "%s/proto/openapi.json", DITD_SOURCE_ROOT);
+    json_t *root = json_load_file(path, 0, &jerr);
+    CHECK(root != NULL, "%s: %s", path, jerr.text);
+    json_t *sch = json_object_get(json_object_get(root, "components"), "schemas");
+    json_t *req = json_object_get(json_object_get(json_object_get(json_object_get(
+                                                      sch, "CreateImageRequest"),
+                                                  "properties"),
+                                  "cache"),
+                  "properties");
+    json_t *res = json_object_get(json_object_get(json_object_get(json_object_get(
+                                                      sch, "ImagesResponse"),
+                                                  "properties"),
+                                  "cache"),
+                  "properties");
+    CHECK(json_object_size(req) == nf + 1, "openapi.json cache lists %zu fields, Diffusers' "
+                                           "configs %zu and method", json_object_size(req), nf);
+    json_t *en = json_object_get(json_object_get(req, "method"), "enum");
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        int found = 0;
+        for (size_t j = 0; j < json_array_size(en); j++)
+            found |= !strcmp(json_string_value(json_array_get(en, j)), methods[i]);
+        CHECK(found, "openapi.json cache.method lacks %s", methods[i]);
+    }
+    int n = 0;
+    for (size_t i = 0; i < nf; i++) {
+        char body[512];
+        CHECK(json_object_get(req, fields[i].field) != NULL, "openapi.json cache lacks %s",
+              fields[i].field);
+        snprintf(body, sizeof body,
+                 "{\"prompt\":\"dress\",\"cache\":{\"method\":\"%s\",\"%s\":%s%s}}",
+                 fields[i].method, fields[i].field, fields[i].value,
+                 !strcmp(fields[i].method, "mag_cache") && strcmp(fields[i].field, "mag_ratios")
+                     ? ",\"mag_ratios\":\"FLUX\""
+                     : "");
+        int rc = ditd_genreq_parse(body, strlen(body), &gm_cls, &rq, &e);
+        CHECK(rc == 0, "%s: refused (%s: %s)", body, e.param, e.message);
+        n += rc == 0;
+        if (rc == 0)
+            ditd_genreq_free(&rq);
+    }
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        CHECK(json_object_get(res, counts[i]) != NULL, "openapi.json response cache lacks %s",
+              counts[i]);
+    CHECK(n == (int)nf, "%d of %zu documented cache fields taken", n, nf);
+    json_decref(root);
+}
+
 int main(void)
 {
     models();
     test_cache();
+    test_cache_openapi();
     test_refusals();
     test_prompt_limit();
     test_accepted();

@@ -35,26 +35,33 @@ static void cache_plan(ditd_flux *m)
 {
     m->base.cache_blocks = m->cfg.num_layers + m->cfg.num_single_layers;
     m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
-    m->base.cache_modules = m->base.cache_blocks + 1; /* the blocks, then proj_out */
+    /* each block and its attn, then proj_out */
+    m->base.cache_modules = 2 * m->base.cache_blocks + 1;
 }
 
-/* TaylorSeer's modules: transformer_blocks.N, single_transformer_blocks.N
- * (skip-predict only: two streams), then proj_out ((n_loc, 4C) a row). */
+/* TaylorSeer's modules, in named_modules() order: block b is module 2b, its
+ * attn 2b + 1 (b < num_layers: transformer_blocks.b, else
+ * single_transformer_blocks.(b - num_layers)), then proj_out. A row's
+ * elements on this rank: a block returns both streams ((l_loc + n_loc, D));
+ * a double block's attn the image and text outputs of to_out / to_add_out
+ * ((n_loc + l_loc, D)); a single block's attn the attention of [text;
+ * image] before its proj_out ((l_loc + n_loc, A): this rank's heads under
+ * tp); proj_out (n_loc, 4C). */
 static int flux_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems)
 {
     const ditd_flux *m = (const ditd_flux *)d;
-    int nd = m->cfg.num_layers;
+    int nd = m->cfg.num_layers, b = id / 2;
+    size_t tok = (size_t)m->n_loc + (size_t)m->l_loc;
     if (id < 0 || id >= d->cache_modules)
         return DITD_ERANGE;
-    *elems = 0;
-    if (id < nd)
-        snprintf(buf, cap, "transformer_blocks.%d", id);
-    else if (id < d->cache_blocks)
-        snprintf(buf, cap, "single_transformer_blocks.%d", id - nd);
-    else {
+    if (b >= d->cache_blocks) {
         snprintf(buf, cap, "proj_out");
         *elems = (size_t)m->n_loc * (size_t)m->cfg.out_channels;
+        return 0;
     }
+    snprintf(buf, cap, "%s.%d%s", b < nd ? "transformer_blocks" : "single_transformer_blocks",
+             b < nd ? b : b - nd, id % 2 ? ".attn" : "");
+    *elems = tok * (size_t)(id % 2 && b >= nd ? m->A : m->cfg.inner_dim);
     return 0;
 }
 

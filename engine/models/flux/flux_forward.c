@@ -182,9 +182,25 @@ static int mlp(ditd_flux *m, int B, int n, void *h, void *xn, void *hid, const v
     return 0;
 }
 
+/* TaylorSeer's hooks around module id (flux_denoiser.c) of parts pt */
+static int mod_begin(const ditd_denoiser_cache *cc, int id, const ditd_cache_part *pt, int n,
+                     int *pred)
+{
+    *pred = 0;
+    return cc && cc->module_begin_parts ? cc->module_begin_parts(cc->ctx, id, pt, n, pred) : 0;
+}
+
+static int mod_end(const ditd_denoiser_cache *cc, int id, const ditd_cache_part *pt, int n)
+{
+    return cc && cc->module_end_parts ? cc->module_end_parts(cc->ctx, id, pt, n) : 0;
+}
+
 /* FluxTransformerBlock: each stream its own adaLN-Zero modulation
- * [shift, scale, gate] x (attention, MLP), one joint attention. */
-static int double_block(ditd_flux *m, const ditd_flux_double *b, int B)
+ * [shift, scale, gate] x (attention, MLP), one joint attention. Its attn
+ * (TaylorSeer's module id) returns the image and text outputs of to_out /
+ * to_add_out, before the gates: xn (B, Nl, D) and tn (B, L, D). */
+static int double_block(ditd_flux *m, const ditd_flux_double *b, int B,
+                        const ditd_denoiser_cache *cc, int id)
 {
     const ditd_backend_ops *ops = m->ops;
     int D = m->cfg.inner_dim, Nl = m->n_loc, L = m->l_loc, A = m->A;
@@ -198,17 +214,23 @@ static int double_block(ditd_flux *m, const ditd_flux_double *b, int B)
     if (L > 0)
         ops->layernorm_modulate(m->txt, m->tn, B, L, D, FLUX_EPS, m->mod_c,
                                 at(m, m->mod_c, (size_t)D), ld6);
-    if ((err = joint_attention(m, B, &b->qkv, &b->qkv_c, b->nq, b->nk, b->nq_c, b->nk_c)))
+    ditd_cache_part pt[2] = {{m->xn, Nl, D, (size_t)D}, {m->tn, L, D, (size_t)D}};
+    int pred;
+    if ((err = mod_begin(cc, id, pt, 2, &pred)))
         return err;
-    /* to_out.0 / to_add_out, gated into each stream */
-    if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A)))
-        return err;
-    ops->gated_residual(m->img, m->xn, B, Nl, D, at(m, m->mod, 2 * (size_t)D), ld6);
-    if (L > 0) {
-        if ((err = row_lin(m, m->pcat, ldc, &b->out_c, m->tn, B * L, A)))
+    if (!pred) {
+        if ((err = joint_attention(m, B, &b->qkv, &b->qkv_c, b->nq, b->nk, b->nq_c, b->nk_c)))
             return err;
-        ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod_c, 2 * (size_t)D), ld6);
+        /* to_out.0 / to_add_out */
+        if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A)) ||
+            (L > 0 && (err = row_lin(m, m->pcat, ldc, &b->out_c, m->tn, B * L, A))) ||
+            (err = mod_end(cc, id, pt, 2)))
+            return err;
     }
+    /* gated into each stream */
+    ops->gated_residual(m->img, m->xn, B, Nl, D, at(m, m->mod, 2 * (size_t)D), ld6);
+    if (L > 0)
+        ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod_c, 2 * (size_t)D), ld6);
     /* the MLPs (hidden in the MLP columns of cat / pcat) */
     if ((err = mlp(m, B, Nl, m->img, m->xn, at(m, m->cat, (size_t)A), m->mod, &b->ff1, &b->ff2)))
         return err;
@@ -219,8 +241,11 @@ static int double_block(ditd_flux *m, const ditd_flux_double *b, int B)
 
 /* FluxSingleTransformerBlock over [text; image] (kept as two buffers, the
  * same weights on both): x = LN(h) (1 + scale) + shift;
- * h += gate * proj_out([Attn(x) | GELU(proj_mlp(x))]). */
-static int single_block(ditd_flux *m, const ditd_flux_single *b, int B)
+ * h += gate * proj_out([Attn(x) | GELU(proj_mlp(x))]). Its attn
+ * (TaylorSeer's module id) returns the attention of [text; image]: the
+ * first A columns of pcat (B, L) and cat (B, Nl). */
+static int single_block(ditd_flux *m, const ditd_flux_single *b, int B,
+                        const ditd_denoiser_cache *cc, int id)
 {
     const ditd_backend_ops *ops = m->ops;
     int D = m->cfg.inner_dim, F = m->fc, Nl = m->n_loc, L = m->l_loc, A = m->A;
@@ -237,7 +262,12 @@ static int single_block(ditd_flux *m, const ditd_flux_single *b, int B)
     if (L > 0)
         lin(m, m->tn, (size_t)D, &b->mlp, at(m, m->pcat, (size_t)A), ldc, B * L, F, D,
             DITD_ACT_GELU_TANH);
-    if ((err = joint_attention(m, B, &b->qkv, &b->qkv, b->nq, b->nk, b->nq, b->nk)))
+    ditd_cache_part pt[2] = {{m->pcat, L, A, ldc}, {m->cat, Nl, A, ldc}};
+    int pred;
+    if ((err = mod_begin(cc, id, pt, 2, &pred)))
+        return err;
+    if (!pred && ((err = joint_attention(m, B, &b->qkv, &b->qkv, b->nq, b->nk, b->nq, b->nk)) ||
+                  (err = mod_end(cc, id, pt, 2))))
         return err;
     /* proj_out over [attention | MLP] (tp: this rank's columns of both) */
     if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A + F)))
@@ -295,20 +325,18 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
     if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
         return err;
     for (int l = 0; run && l < nb; l++) {
-        /* TaylorSeer's module hooks: a block can only be skip-predicted
-         * (zeros in both streams, as its hook returns; use_lite_mode) */
-        int pred = 0;
-        if (cc && cc->module_begin && (err = cc->module_begin(cc->ctx, l, m->img, &pred)))
+        /* TaylorSeer's module hooks (flux_denoiser.c): block l is module 2l
+         * (it returns both streams: (encoder_hidden_states, hidden_states)),
+         * its attn 2l + 1 */
+        ditd_cache_part pt[2] = {{m->txt, L, D, (size_t)D}, {m->img, Nl, D, (size_t)D}};
+        int pred;
+        if ((err = mod_begin(cc, 2 * l, pt, 2, &pred)))
             return err;
-        if (pred) {
-            ops->axpby(m->img, NULL, 0.0f, 0.0f, (size_t)B * (size_t)Nl * (size_t)D, 0);
-            if (L > 0)
-                ops->axpby(m->txt, NULL, 0.0f, 0.0f, (size_t)B * (size_t)L * (size_t)D, 0);
-        } else if ((err = l < c->num_layers ? double_block(m, &m->dbl[l], B)
-                                            : single_block(m, &m->sgl[l - c->num_layers], B)) ||
-                   (cc && cc->module_end && (err = cc->module_end(cc->ctx, l, m->img)))) {
+        if (!pred && ((err = l < c->num_layers
+                                 ? double_block(m, &m->dbl[l], B, cc, 2 * l + 1)
+                                 : single_block(m, &m->sgl[l - c->num_layers], B, cc, 2 * l + 1)) ||
+                      (err = mod_end(cc, 2 * l, pt, 2))))
             return err;
-        }
         if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
             return err;
         if (run && l == nb - 1 && cc && (err = cc->blocks_end(cc->ctx, &cs)))
@@ -320,14 +348,14 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
     lin(m, m->svec, (size_t)D, &m->norm_out, m->mod, 2 * (size_t)D, B, 2 * D, D, DITD_ACT_NONE);
     ops->layernorm_modulate(m->img, m->xn, B, Nl, D, FLUX_EPS, at(m, m->mod, (size_t)D), m->mod,
                             2 * (size_t)D);
-    /* proj_out, or TaylorSeer's prediction of it (module nb: use_lite_mode) */
+    /* proj_out, or TaylorSeer's prediction of it (module 2 nb: use_lite_mode) */
     void *tok = cp ? m->tok_loc : m->tok_out;
     int pred = 0;
-    if (cc && cc->module_begin && (err = cc->module_begin(cc->ctx, nb, tok, &pred)))
+    if (cc && cc->module_begin && (err = cc->module_begin(cc->ctx, 2 * nb, tok, &pred)))
         return err;
     if (!pred) {
         lin(m, m->xn, (size_t)D, &m->proj, tok, (size_t)Co, B * Nl, Co, D, DITD_ACT_NONE);
-        if (cc && cc->module_end && (err = cc->module_end(cc->ctx, nb, tok)))
+        if (cc && cc->module_end && (err = cc->module_end(cc->ctx, 2 * nb, tok)))
             return err;
     }
     if (cp) { /* gather the image tokens: cp rank s's block is (B, N_s, 4Co) */

@@ -41,27 +41,38 @@ static int sd3_shapes(const char *dir, ditd_denoiser_shapes *out)
 
 /* step caching: the joint blocks under the block hooks; a row of the image
  * stream is this rank's n_loc tokens of D. TaylorSeer's modules: each
- * block's ff and (but the last, context_pre_only block) ff_context, the
- * single-stream modules; the blocks and their attn return two streams and
- * are not offered. */
+ * block, its attn, its ff and (but the last, context_pre_only block)
+ * ff_context. */
 static void cache_plan(ditd_sd3 *m)
 {
     m->base.cache_blocks = m->cfg.num_layers;
-    m->base.cache_modules = 2 * m->cfg.num_layers - 1;
+    m->base.cache_modules = 4 * m->cfg.num_layers - 1;
     m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
 }
 
-/* Module 2l is transformer_blocks.l.ff ((n_loc, D) a row), 2l + 1 its
- * ff_context ((l_loc, D); a cp rank without text tokens never runs it and
- * plans one token's room, as 0 would mean a two-stream module) */
+/* In named_modules() order, block l's modules are 4l transformer_blocks.l
+ * (it returns both streams, (l_loc + n_loc, D) a row), 4l + 1 its attn (the
+ * image and text outputs of to_out / to_add_out, the same size), 4l + 2 its
+ * ff ((n_loc, D)) and 4l + 3 its ff_context ((l_loc, D); a cp rank without
+ * text tokens never runs it and plans one token's room, as 0 would mean a
+ * module that can only be skip-predicted). The last block is
+ * context_pre_only: its text output is None (the block) or read by nothing
+ * (attn), so only its image output is kept: (n_loc, D). */
 static int sd3_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems)
 {
+    static const char *const sub[4] = {"", ".attn", ".ff", ".ff_context"};
     const ditd_sd3 *m = (const ditd_sd3 *)d;
+    int l = id / 4, k = id % 4, last = l == m->cfg.num_layers - 1;
+    size_t D = (size_t)m->cfg.inner_dim;
     if (id < 0 || id >= d->cache_modules)
         return DITD_ERANGE;
-    snprintf(buf, cap, "transformer_blocks.%d.%s", id / 2, id % 2 ? "ff_context" : "ff");
-    *elems = id % 2 ? (size_t)(m->l_loc > 0 ? m->l_loc : 1) * (size_t)m->cfg.inner_dim
-                    : d->cache_img_elems;
+    snprintf(buf, cap, "transformer_blocks.%d%s", l, sub[k]);
+    if (k == 3)
+        *elems = (size_t)(m->l_loc > 0 ? m->l_loc : 1) * D;
+    else if (k == 2 || last)
+        *elems = d->cache_img_elems;
+    else
+        *elems = ((size_t)m->n_loc + (size_t)m->l_loc) * D;
     return 0;
 }
 

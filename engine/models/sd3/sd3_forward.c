@@ -145,6 +145,19 @@ static int self_attention2(ditd_sd3 *m, int B, const ditd_sd3_block *b, size_t l
  * of row stride A + Fl) are scratch. With cc, FF is TaylorSeer's module id
  * (sd3_denoiser.c: ff or ff_context): its output (B, n, D) in xn, before the
  * gate, or as the cache predicts it. */
+/* TaylorSeer's hooks around module id (sd3_denoiser.c) of parts pt */
+static int mod_begin(const ditd_denoiser_cache *cc, int id, const ditd_cache_part *pt, int n,
+                     int *pred)
+{
+    *pred = 0;
+    return cc && cc->module_begin_parts ? cc->module_begin_parts(cc->ctx, id, pt, n, pred) : 0;
+}
+
+static int mod_end(const ditd_denoiser_cache *cc, int id, const ditd_cache_part *pt, int n)
+{
+    return cc && cc->module_end_parts ? cc->module_end_parts(cc->ctx, id, pt, n) : 0;
+}
+
 static int mlp(ditd_sd3 *m, int B, int n, void *h, void *xn, void *hid, const void *mod,
                size_t ldm, const ditd_sd3_lin *f1, const ditd_sd3_lin *f2,
                const ditd_denoiser_cache *cc, int id)
@@ -175,7 +188,9 @@ static int mlp(ditd_sd3 *m, int B, int n, void *h, void *xn, void *hid, const vo
  *   img += gate_mlp * FF(LN(img) (1 + scale_mlp) + shift_mlp)
  *   (not pre_only) txt likewise with to_add_out and ff_context.
  * cc: the step cache's hooks of this forward (NULL: none, as under a
- * skip-layer guidance forward); ff and ff_context are its modules 2l, 2l + 1. */
+ * skip-layer guidance forward); attn, ff and ff_context are its modules
+ * 4l + 1, 4l + 2, 4l + 3 (attn: to_out's xn (B, Nl, D) and, but in the
+ * context_pre_only block, to_add_out's tn (B, L, D), before the gates). */
 static int joint_block(ditd_sd3 *m, int l, const ditd_sd3_block *b, int B,
                        const ditd_denoiser_cache *cc)
 {
@@ -199,28 +214,35 @@ static int joint_block(ditd_sd3 *m, int l, const ditd_sd3_block *b, int B,
     else if (L > 0)
         ops->layernorm_modulate(m->txt, m->tn, B, L, D, SD3_EPS, m->mod_c,
                                 at(m, m->mod_c, (size_t)D), ldmc);
-    if ((err = joint_attention(m, B, b)))
+    ditd_cache_part pt[2] = {{m->xn, Nl, D, (size_t)D}, {m->tn, b->pre_only ? 0 : L, D, (size_t)D}};
+    int pred;
+    if ((err = mod_begin(cc, 4 * l + 1, pt, 2, &pred)))
         return err;
-    /* to_out.0, gated into the image stream */
-    if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A)))
-        return err;
-    ops->gated_residual(m->img, m->xn, B, Nl, D, at(m, m->mod, 2 * (size_t)D), ldm);
-    /* the text's attention output, before attn2 reuses cat (pcat is its own) */
-    if (!b->pre_only && L > 0) {
-        if ((err = row_lin(m, m->pcat, ldc, &b->out_c, m->tn, B * L, A)))
+    if (!pred) {
+        if ((err = joint_attention(m, B, b)))
             return err;
-        ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod_c, 2 * (size_t)D), ldmc);
+        /* to_out.0; the text's to_add_out, before attn2 reuses cat (pcat is
+         * its own) */
+        if ((err = row_lin(m, m->cat, ldc, &b->out, m->xn, B * Nl, A)) ||
+            (!b->pre_only && L > 0 &&
+             (err = row_lin(m, m->pcat, ldc, &b->out_c, m->tn, B * L, A))) ||
+            (err = mod_end(cc, 4 * l + 1, pt, 2)))
+            return err;
     }
+    /* gated into the streams */
+    ops->gated_residual(m->img, m->xn, B, Nl, D, at(m, m->mod, 2 * (size_t)D), ldm);
+    if (!b->pre_only && L > 0)
+        ops->gated_residual(m->txt, m->tn, B, L, D, at(m, m->mod_c, 2 * (size_t)D), ldmc);
     if (b->dual && (err = self_attention2(m, B, b, ldm)))
         return err;
     /* the MLPs (hidden in the MLP columns of cat / pcat) */
     if ((err = mlp(m, B, Nl, m->img, m->xn, at(m, m->cat, (size_t)A), m->mod, ldm, &b->ff1,
-                   &b->ff2, cc, 2 * l)))
+                   &b->ff2, cc, 4 * l + 2)))
         return err;
     if (b->pre_only || L == 0)
         return 0; /* the last block's text is not used again */
     return mlp(m, B, L, m->txt, m->tn, at(m, m->pcat, (size_t)A), m->mod_c, ldmc, &b->ff1_c,
-               &b->ff2_c, cc, 2 * l + 1);
+               &b->ff2_c, cc, 4 * l + 3);
 }
 
 static int skipped(const int *skip, int n_skip, int l)
@@ -277,7 +299,14 @@ static int forward_ops(ditd_sd3 *m, int B, const void *x, const float *h_t, cons
     if (cc && (err = cc->blocks_begin(cc->ctx, &cs, &run)))
         return err;
     for (int l = 0; run && l < c->num_layers; l++) {
-        if (!skipped(skip, n_skip, l) && (err = joint_block(m, l, &m->blk[l], B, cc)))
+        /* TaylorSeer's module 4l: the block, returning (encoder_hidden_states,
+         * hidden_states); the last one's text is None: not kept */
+        int last = l == c->num_layers - 1, pred;
+        ditd_cache_part pt[2] = {{m->txt, last ? 0 : L, D, (size_t)D}, {m->img, Nl, D, (size_t)D}};
+        if (!skipped(skip, n_skip, l) &&
+            ((err = mod_begin(cc, 4 * l, pt, 2, &pred)) ||
+             (!pred && ((err = joint_block(m, l, &m->blk[l], B, cc)) ||
+                        (err = mod_end(cc, 4 * l, pt, 2))))))
             return err;
         if (l == 0 && cc && (err = cc->first_block_done(cc->ctx, &cs, &run)))
             return err;

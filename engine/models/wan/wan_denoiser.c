@@ -36,21 +36,29 @@ static int wan_shapes(const char *dir, ditd_denoiser_shapes *out)
  * the ModuleList `blocks`: head blocks.0, tail blocks.-1; a WanTransformerBlock
  * returns the video stream only); a row of it is this rank's n_loc tokens
  * of D. Per block four modules for TaylorSeer (the block, attn1, attn2,
- * ffn), each (n_loc, D) per row. */
+ * ffn), each (n_loc, D) per row, then proj_out. */
 static void cache_plan(ditd_wan *m)
 {
     m->base.cache_blocks = m->cfg.num_layers;
-    m->base.cache_modules = 4 * m->cfg.num_layers;
+    m->base.cache_modules = 4 * m->cfg.num_layers + 1;
     m->base.cache_img_elems = (size_t)m->n_loc * (size_t)m->cfg.inner_dim;
 }
 
 /* Module 4l is blocks.l, 4l + 1 its attn1, 4l + 2 attn2, 4l + 3 ffn
- * (WanTransformerBlock's names in named_modules()) */
+ * (WanTransformerBlock's names in named_modules()); the last proj_out
+ * ((n_loc, p p Co) a row; the lite mode predicts it) */
 static int wan_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems)
 {
     static const char *const sub[4] = {"", ".attn1", ".attn2", ".ffn"};
+    const ditd_wan *m = (const ditd_wan *)d;
     if (id < 0 || id >= d->cache_modules)
         return DITD_ERANGE;
+    if (id == 4 * m->cfg.num_layers) {
+        snprintf(buf, cap, "proj_out");
+        *elems = (size_t)m->n_loc * (size_t)m->cfg.patch_h * (size_t)m->cfg.patch_w *
+                 (size_t)m->cfg.out_channels;
+        return 0;
+    }
     snprintf(buf, cap, "blocks.%d%s", id / 4, sub[id % 4]);
     *elems = d->cache_img_elems;
     return 0;

@@ -320,10 +320,18 @@ static int forward_ops(ditd_wan *m, int B, const void *x, const float *h_t,
     }
 
     /* norm_out (no affine) with [shift, scale] = scale_shift_table + temb,
-     * proj_out: tokens (B, Nl, p p Co) */
+     * proj_out: tokens (B, Nl, p p Co), or TaylorSeer's prediction of them
+     * (module 4 num_layers: use_lite_mode) */
+    void *tok = cp ? m->tok_loc : m->tok_out;
+    int pred;
     modulate(m, B, pf, m->img, m->xn, m->mod_out, 2 * Dz, 0, 1);
-    lin(m, m->xn, Dz, &m->proj, cp ? m->tok_loc : m->tok_out, (size_t)Co, B * Nl, Co, D,
-        DITD_ACT_NONE);
+    if ((err = mod_begin(m, 4 * c->num_layers, tok, &pred)))
+        return err;
+    if (!pred) {
+        lin(m, m->xn, Dz, &m->proj, tok, (size_t)Co, B * Nl, Co, D, DITD_ACT_NONE);
+        if ((err = mod_end(m, 4 * c->num_layers, tok)))
+            return err;
+    }
     if (cp) { /* gather the tokens: cp rank s's block is (B, N_s, p p Co) */
         int RU = m->lay.ring * m->lay.ulysses;
         const int *cnt = m->icnt, *off = m->ioff;
