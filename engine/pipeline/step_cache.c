@@ -10,7 +10,7 @@
 
 #include "engine/core/error.h"
 #include "engine/parallel/comm.h"
-#include "engine/pipeline/step_cache_internal.h"
+#include "engine/pipeline/step_cache_state.h"
 
 /* ---- lifetime ---- */
 

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "engine/pipeline/step_cache.h"
+#include "engine/pipeline/step_cache_config.h"
 
 static const char *const method_names[] = {"none", "first_block_cache", "taylorseer_cache",
                                            "mag_cache"};

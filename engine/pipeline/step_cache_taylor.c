@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "engine/pipeline/step_cache_internal.h"
+#include "engine/pipeline/step_cache_state.h"
 
 /* ---- TaylorSeer's module patterns ---- */
 
