@@ -476,7 +476,7 @@ static int h_blocks_begin(void *ctx, const ditd_cache_streams *s, int *run)
         return 0;
     /* every row skips: output = input + previous residual */
     for (int lr = 0; lr < s->B; lr++)
-        ops->add(row(c, s->img, (size_t)lr, E), row(c, c->prev_res, (size_t)c->row_slot[c->r0 + lr], E),
+        ops->add(cache_row(c, s->img, (size_t)lr, E), cache_row(c, c->prev_res, (size_t)c->row_slot[c->r0 + lr], E),
                  E);
     for (int u = 0; u < c->units; u++)
         if (c->us[u].present)
@@ -497,12 +497,12 @@ static int h_first_block_done(void *ctx, const ditd_cache_streams *s, int *run)
     /* r = out - in; its statistics against r_prev (units that have one) */
     for (int lr = 0; lr < s->B; lr++) {
         int g = c->r0 + lr;
-        void *r = row(c, c->res, (size_t)lr, E);
-        copy_row(c, r, row(c, s->img, (size_t)lr, E), E);
-        ops->axpby(r, row(c, c->in, (size_t)lr, E), -1.0f, 1.0f, E, 0);
+        void *r = cache_row(c, c->res, (size_t)lr, E);
+        copy_row(c, r, cache_row(c, s->img, (size_t)lr, E), E);
+        ops->axpby(r, cache_row(c, c->in, (size_t)lr, E), -1.0f, 1.0f, E, 0);
         double *t = c->tok + (size_t)lr * (size_t)s->n_img * 4;
         if (c->us[c->row_unit[g]].has_prev)
-            ops->row_diff_stats(r, row(c, c->prev_res, (size_t)c->row_slot[g], E), s->n_img, s->D, t);
+            ops->row_diff_stats(r, cache_row(c, c->prev_res, (size_t)c->row_slot[g], E), s->n_img, s->D, t);
         else
             memset(t, 0, (size_t)s->n_img * 4 * sizeof(double));
     }
@@ -515,13 +515,13 @@ static int h_first_block_done(void *ctx, const ditd_cache_streams *s, int *run)
     for (int lr = 0; lr < s->B; lr++) {
         int g = c->r0 + lr;
         if (c->us[c->row_unit[g]].compute)
-            copy_row(c, row(c, c->prev_res, (size_t)c->row_slot[g], E), row(c, c->res, (size_t)lr, E),
+            copy_row(c, cache_row(c, c->prev_res, (size_t)c->row_slot[g], E), cache_row(c, c->res, (size_t)lr, E),
                      E);
     }
     if (local_any_compute(c))
         return ops->status();
     for (int lr = 0; lr < s->B; lr++) /* output = head output + the tail's residual */
-        ops->add(row(c, s->img, (size_t)lr, E), row(c, c->tail, (size_t)c->row_slot[c->r0 + lr], E),
+        ops->add(cache_row(c, s->img, (size_t)lr, E), cache_row(c, c->tail, (size_t)c->row_slot[c->r0 + lr], E),
                  E);
     *run = 0;
     return ops->status();
@@ -535,9 +535,9 @@ static int mag_calibrate(ditd_step_cache *c, const ditd_cache_streams *s)
     for (int lr = 0; lr < s->B; lr++) {
         int g = c->r0 + lr;
         double *t = c->tok + (size_t)lr * (size_t)s->n_img * 4;
-        ops->row_diff_stats(row(c, c->res, (size_t)lr, E),
+        ops->row_diff_stats(cache_row(c, c->res, (size_t)lr, E),
                             c->us[c->row_unit[g]].has_prev
-                                ? row(c, c->prev_res, (size_t)c->row_slot[g], E)
+                                ? cache_row(c, c->prev_res, (size_t)c->row_slot[g], E)
                                 : NULL,
                             s->n_img, s->D, t);
     }
@@ -577,8 +577,8 @@ static int h_blocks_end(void *ctx, const ditd_cache_streams *s)
     if (c->cfg.method == DITD_CACHE_FIRST_BLOCK) {
         for (int lr = 0; lr < s->B; lr++) {
             int g = c->r0 + lr;
-            void *img = row(c, s->img, (size_t)lr, E), *tail = row(c, c->tail, (size_t)c->row_slot[g], E);
-            const void *ho = row(c, c->hout, (size_t)lr, E);
+            void *img = cache_row(c, s->img, (size_t)lr, E), *tail = cache_row(c, c->tail, (size_t)c->row_slot[g], E);
+            const void *ho = cache_row(c, c->hout, (size_t)lr, E);
             if (c->us[c->row_unit[g]].compute) { /* tail residual = out - head output */
                 copy_row(c, tail, img, E);
                 ops->axpby(tail, ho, -1.0f, 1.0f, E, 0);
@@ -592,10 +592,10 @@ static int h_blocks_end(void *ctx, const ditd_cache_streams *s)
     /* mag: residual of all blocks = out - head input, for computing rows */
     for (int lr = 0; lr < s->B; lr++) {
         int g = c->r0 + lr;
-        void *img = row(c, s->img, (size_t)lr, E), *pr = row(c, c->prev_res, (size_t)c->row_slot[g], E);
-        const void *in = row(c, c->in, (size_t)lr, E);
+        void *img = cache_row(c, s->img, (size_t)lr, E), *pr = cache_row(c, c->prev_res, (size_t)c->row_slot[g], E);
+        const void *in = cache_row(c, c->in, (size_t)lr, E);
         if (c->us[c->row_unit[g]].compute) {
-            void *r = row(c, c->res, (size_t)lr, E);
+            void *r = cache_row(c, c->res, (size_t)lr, E);
             copy_row(c, r, img, E);
             ops->axpby(r, in, -1.0f, 1.0f, E, 0);
         } else {
@@ -608,7 +608,7 @@ static int h_blocks_end(void *ctx, const ditd_cache_streams *s)
     for (int lr = 0; lr < s->B; lr++) {
         int g = c->r0 + lr;
         if (c->us[c->row_unit[g]].compute)
-            copy_row(c, row(c, c->prev_res, (size_t)c->row_slot[g], E), row(c, c->res, (size_t)lr, E),
+            copy_row(c, cache_row(c, c->prev_res, (size_t)c->row_slot[g], E), cache_row(c, c->res, (size_t)lr, E),
                      E);
     }
     for (int u = 0; u < c->units; u++)

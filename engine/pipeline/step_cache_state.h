@@ -75,7 +75,7 @@ struct ditd_step_cache {
 };
 
 /* helpers over this rank's rows */
-static inline void *row(const ditd_step_cache *c, void *base, size_t r, size_t E)
+static inline void *cache_row(const ditd_step_cache *c, void *base, size_t r, size_t E)
 {
     return ditd_ptr_act(c->ops, base, r * E);
 }

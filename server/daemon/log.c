@@ -17,7 +17,7 @@ static struct {
     ditd_log_format fmt;
     int fd;              /* 2 = stderr */
     char path[4096];
-} L = {DITD_LOG_INFO, DITD_LOG_TEXT, 2, ""};
+} g_log = {DITD_LOG_INFO, DITD_LOG_TEXT, 2, ""};
 
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 static const char *const format_names[] = {"text", "json"};
@@ -73,37 +73,37 @@ static int open_file(const char *path)
 
 int ditd_log_open(ditd_log_level min, ditd_log_format fmt, const char *path)
 {
-    L.min = min;
-    L.fmt = fmt;
+    g_log.min = min;
+    g_log.fmt = fmt;
     if (!path || !*path)
         return 0;
     int fd = open_file(path);
     if (fd < 0)
         return fd;
     ditd_log_close();
-    snprintf(L.path, sizeof L.path, "%s", path);
-    L.fd = fd;
+    snprintf(g_log.path, sizeof g_log.path, "%s", path);
+    g_log.fd = fd;
     return 0;
 }
 
 int ditd_log_reopen(void)
 {
-    if (!L.path[0])
+    if (!g_log.path[0])
         return 0;
-    int fd = open_file(L.path);
+    int fd = open_file(g_log.path);
     if (fd < 0)
         return fd;
-    close(L.fd);
-    L.fd = fd;
+    close(g_log.fd);
+    g_log.fd = fd;
     return 0;
 }
 
 void ditd_log_close(void)
 {
-    if (L.fd != 2)
-        close(L.fd);
-    L.fd = 2;
-    L.path[0] = '\0';
+    if (g_log.fd != 2)
+        close(g_log.fd);
+    g_log.fd = 2;
+    g_log.path[0] = '\0';
 }
 
 /* Appends s to b as the inside of a JSON string (escapes; valid UTF-8
@@ -176,7 +176,7 @@ static void emit(char *line, size_t n)
 {
     line[n++] = '\n';
     /* one write per line */
-    ssize_t w = write(L.fd, line, n);
+    ssize_t w = write(g_log.fd, line, n);
     (void)w;
 }
 
@@ -192,14 +192,14 @@ void ditd_logv(ditd_log_level l, const char *fmt, va_list ap)
 {
     char msg[2048], line[4608], ts[40];
     size_t n;
-    if (l < L.min)
+    if (l < g_log.min)
         return;
     vsnprintf(msg, sizeof msg, fmt, ap);
     n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
         msg[--n] = '\0';
     stamp(ts, sizeof ts);
-    if (L.fmt == DITD_LOG_JSON) {
+    if (g_log.fmt == DITD_LOG_JSON) {
         n = (size_t)snprintf(line, sizeof line, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", ts,
                              ditd_log_level_name(l));
         n = json_esc(line, n, sizeof line - 3, msg);
@@ -218,10 +218,10 @@ void ditd_log_request(const ditd_log_access *a)
 {
     char line[2048], ts[40];
     size_t n;
-    if (DITD_LOG_INFO < L.min)
+    if (DITD_LOG_INFO < g_log.min)
         return;
     stamp(ts, sizeof ts);
-    if (L.fmt == DITD_LOG_JSON) {
+    if (g_log.fmt == DITD_LOG_JSON) {
         n = (size_t)snprintf(line, sizeof line, "{\"ts\":\"%s\",\"level\":\"info\",\"msg\":\"request\",\"method\":\"", ts);
         n = json_esc(line, n, sizeof line - 200, a->method ? a->method : "-");
         n += (size_t)snprintf(line + n, sizeof line - n, "\",\"path\":\"");
