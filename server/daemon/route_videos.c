@@ -111,14 +111,9 @@ static json_t *form_json(const char *ctype, const char *body, size_t len, ditd_a
                            ditd_err_detail());
     else if (!o)
         ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "%s", ditd_err_detail());
-    int nref = ditd_multipart_count(&form, "input_reference");
+    /* (a field given twice, input_reference too, was refused above) */
     const ditd_multipart_part *p = ditd_multipart_find(&form, "input_reference", 0);
-    if (o && nref > 1) {
-        ditd_api_error_set(e, 400, "invalid_request_error", "invalid_value", "input_reference",
-                           "'input_reference' given %d times: a clip starts from one image", nref);
-        json_decref(o);
-        o = NULL;
-    } else if (o && p && p->filename) { /* the file's bytes, as JSON gives them */
+    if (o && p && p->filename) { /* the file's bytes, as JSON gives them */
         gnutls_datum_t in = {(unsigned char *)p->data, (unsigned)p->len}, b64 = {NULL, 0};
         json_t *str = NULL;
         if (p->len <= ((size_t)1 << 30) && gnutls_base64_encode2(&in, &b64) >= 0)
