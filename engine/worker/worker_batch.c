@@ -154,15 +154,14 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
     for (int i = 0; i < n; i++) {
         const Ditd__Sample *sm = b->samples[i];
         const char *why = NULL;
-        if (i2v && (b->strength != 0.0 || sm->mask.len))
-            why = "an edit's strength or mask: image-to-video starts from noise";
-        else if (i2v && (sm->image_width < 1 || sm->image_height < 1 ||
-                         sm->image_width > 16384 || sm->image_height > 16384 ||
-                         sm->image.len != (size_t)sm->image_width * sm->image_height * 3))
-            why = "no input image of (image_height, image_width, 3) bytes (image-to-video)";
-        else if (i2v)
-            why = NULL;
-        else if (sm->image_width || sm->image_height)
+        if (i2v) {
+            if (b->strength != 0.0 || sm->mask.len)
+                why = "an edit's strength or mask: image-to-video starts from noise";
+            else if (sm->image_width < 1 || sm->image_height < 1 || sm->image_width > 16384 ||
+                     sm->image_height > 16384 ||
+                     sm->image.len != (size_t)sm->image_width * sm->image_height * 3)
+                why = "no input image of (image_height, image_width, 3) bytes (image-to-video)";
+        } else if (sm->image_width || sm->image_height)
             why = "an image-to-video input image, and the pipeline takes none";
         else if (b->strength == 0.0 && (sm->image.len || sm->mask.len))
             why = "an input image without strength";

@@ -14,7 +14,8 @@ cases: videos (create_and_poll, retrieve, list, download_content video and thumb
        videos_restart (--data-dir: a completed clip listed and downloadable after SIGTERM and
        after SIGKILL, a deleted running clip stops and its files go),
        videos_i2v (input_reference on the tiny Wan 2.1 I2V folder: the openai client, curl -F and
-       JSON make ditd generate --image's clip; it survives a SIGKILL in the store; the refusals),
+       JSON make ditd generate --image's clip; it survives a SIGKILL in the store; the refusals;
+       ulysses 2 under mpirun makes the same clip),
        videos_mpi (a two-rank replica under ulysses 2 and cfg 2 makes one rank's clip),
        videos_webhook (signed video.completed / video.failed events, a retry after a 500)
 """
@@ -496,7 +497,8 @@ def case_videos_i2v(ditd):
     PNG frame, pixel for pixel; every MP4 frame within codec error); the image is kept in the
     stored body (--data-dir): a clip queued at a SIGKILL runs after the restart and is the same
     clip; the refusals name input_reference (none, not base64, undecodable, over the pixel
-    limit, two files, an image URL)."""
+    limit, two files, an image URL); under mpirun a two-rank replica (ulysses 2) makes the
+    same clip."""
     if not shutil.which("ffprobe") or not shutil.which("curl"):
         print("skip: no ffprobe or curl")
         return 77
@@ -622,6 +624,20 @@ def case_videos_i2v(ditd):
         o = wait_video(d, qid)
         check(o.get("status") == "completed", "after SIGKILL: the queued clip runs", o)
         same_clip(qid, "after SIGKILL")
+        d.stop()
+        # a two-rank replica (mpirun -np 3: the front-end and ulysses 2): both ranks get the
+        # image in the broadcast batch and make the same condition; the clip is one rank's
+        if shutil.which("mpirun"):
+            d = Daemon(ditd, "--ulysses-degree", "2", mpi_np=3, model=model)
+            st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt=PROMPT, size="48x32",
+                                                             input_reference=base64.b64encode(png).decode()))
+            vid = json.loads(b).get("id") if st == 200 else None
+            check(vid and wait_video(d, vid).get("status") == "completed", "ulysses 2: completed")
+            st, _, thumb = d.request("GET", f"/v1/videos/{vid}/content?variant=thumbnail")
+            px = th.png_pixels(thumb) if st == 200 and thumb[:4] == b"\x89PNG" else None
+            check(px is not None and px == ref[0],
+                  "ulysses 2: the thumbnail equals one rank's (ditd generate --image), bit for bit")
+            checked += 1
     finally:
         d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
