@@ -1,4 +1,5 @@
-/* Opening a replica (replica.h): backend, folder, pipeline, tail, encoders. */
+/* Opening a replica (replica.h): backend, folder, pipeline, tail, image
+ * condition, encoders. */
 #include "engine/worker/replica.h"
 
 #include <stdio.h>
@@ -100,6 +101,13 @@ int ditd_replica_load(const ditd_replica_opts *o, ditd_replica *r)
         return err;
     if (o->decode == DITD_REPLICA_DECODE && (err = open_decode(o, r)))
         return err;
+    if (r->info.pipeline->image_to_video) { /* every rank makes the same condition */
+        const int vs = r->info.vae_scale > 0 ? r->info.vae_scale : 1;
+        int h = o->video_h > 0 ? o->video_h * vs : r->info.max_size;
+        int w = o->video_w > 0 ? o->video_w * vs : r->info.max_size;
+        if ((err = ditd_image_cond_new(&r->info, &ditd_backend_cpu, w, h, &r->ic)))
+            return err;
+    }
     if (o->text && (err = open_text(o, r)))
         return err;
     return 0;
@@ -114,6 +122,7 @@ int ditd_replica_open(const ditd_replica_opts *o, ditd_replica *r)
 void ditd_replica_close(ditd_replica *r)
 {
     ditd_prompt_encoder_free(r->penc);
+    ditd_image_cond_free(r->ic);
     ditd_latent_image_free(r->li);
     ditd_latent_video_free(r->lv);
     ditd_pipeline_free(r->pipe);

@@ -5,9 +5,10 @@
  * collectives moved to NCCL), the model folder (engine/models/model.h), the
  * denoiser's ops table by its weights' dtype, the denoising pipeline on the
  * group (engine/pipeline/pipeline.h), the tail that decodes its latents on
- * the whole group (latent_image.h for images, latent_video.h for clips) and,
- * for a text model, the prompt encoders on one rank of the group
- * (prompt_encoder.h). Each component's config.json is parsed once for all
+ * the whole group (latent_image.h for images, latent_video.h for clips),
+ * for an image-to-video row its image condition on every rank
+ * (image_cond.h) and, for a text model, the prompt encoders on one rank of
+ * the group (prompt_encoder.h). Each component's config.json is parsed once for all
  * of it (engine/io/json_config.h keeps the parsed files).
  * What it is not: the batch loop (worker.h), the command lines, LoRA
  * adapters (the caller's: they name files the folder does not).
@@ -22,6 +23,7 @@
 #include "engine/backend/backend.h"
 #include "engine/models/model.h"
 #include "engine/parallel/mesh.h"
+#include "engine/pipeline/image_cond.h"
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/latent_video.h"
 #include "engine/pipeline/pipeline.h"
@@ -55,6 +57,11 @@ typedef struct ditd_replica {
     ditd_latent_image *li;        /* an image model's VAE tail (decode asked), else NULL */
     ditd_latent_video *lv;        /* a video model's (decode asked), else NULL */
     ditd_prompt_encoder *penc;    /* on the text rank of a text model (text asked), else NULL */
+    /* an image-to-video row's image condition (WanImageToVideoPipeline: the
+     * VAE encoder and, with an image branch, the CLIP vision tower), on
+     * every rank's CPU backend, planned for clips up to video_w x video_h
+     * latents (the folder's max_size without them); else NULL */
+    ditd_image_cond *ic;
 } ditd_replica;
 
 /* Opens *r (zeroed first) as opts says: ditd_replica_begin, then
@@ -65,7 +72,7 @@ int ditd_replica_open(const ditd_replica_opts *opts, ditd_replica *r);
 /* The two halves, for a caller that checks its own options against the
  * folder before any weight is read (`ditd generate`): begin zeroes *r and
  * opens the device and the folder (r->ops, r->info: cheap); load reads the
- * weights (r->wops, r->pipe, r->li / r->lv, r->penc) with opts as they are
+ * weights (r->wops, r->pipe, r->li / r->lv, r->ic, r->penc) with opts as they are
  * then (the caller may fill in decode, video_h/w, text_opts after begin). */
 int ditd_replica_begin(const ditd_replica_opts *opts, ditd_replica *r);
 int ditd_replica_load(const ditd_replica_opts *opts, ditd_replica *r);

@@ -289,6 +289,8 @@ done:
     free(w->out);
     free(w->img_lat);
     free(w->mask_lat);
+    free(w->i2v_cond);
+    free(w->i2v_emb);
     ditd_replica_close(&w->rep);
     free(w);
     return err;

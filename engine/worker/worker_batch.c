@@ -150,10 +150,20 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
         ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
         return 0;
     }
+    const int i2v = w->rep.ic != NULL; /* image-to-video: every sample's first frame */
     for (int i = 0; i < n; i++) {
         const Ditd__Sample *sm = b->samples[i];
         const char *why = NULL;
-        if (b->strength == 0.0 && (sm->image.len || sm->mask.len))
+        if (i2v) {
+            if (b->strength != 0.0 || sm->mask.len)
+                why = "an edit's strength or mask: image-to-video starts from noise";
+            else if (sm->image_width < 1 || sm->image_height < 1 || sm->image_width > 16384 ||
+                     sm->image_height > 16384 ||
+                     sm->image.len != (size_t)sm->image_width * sm->image_height * 3)
+                why = "no input image of (image_height, image_width, 3) bytes (image-to-video)";
+        } else if (sm->image_width || sm->image_height)
+            why = "an image-to-video input image, and the pipeline takes none";
+        else if (b->strength == 0.0 && (sm->image.len || sm->mask.len))
             why = "an input image without strength";
         else if (b->strength != 0.0 && sm->image.len != np * 3)
             why = "an input image that is not (height, width, 3) bytes";
@@ -207,6 +217,24 @@ int ditd__worker_plan_buffers(ditd__worker *w)
     }
     w->numel_lat = nl;
     w->numel_img = ni;
+    if (w->rep.ic) { /* the image condition of a clip at this size */
+        const int vs = m->vae_scale > 0 ? m->vae_scale : 1;
+        const int W = w->rep.pipe->shapes.width * vs, H = w->rep.pipe->shapes.height * vs;
+        const size_t nc = ditd_image_cond_numel(w->rep.ic, w->frames, W, H);
+        w->numel_cond = nc;
+        w->numel_emb = ditd_image_cond_embeds_numel(w->rep.ic);
+        if (nc > w->cap_cond || (w->numel_emb && !w->i2v_emb)) {
+            free(w->i2v_cond);
+            w->i2v_cond = malloc((size_t)w->cfg->max_batch * nc * sizeof *w->i2v_cond);
+            if (w->numel_emb && !w->i2v_emb)
+                w->i2v_emb = malloc((size_t)w->cfg->max_batch * w->numel_emb * sizeof *w->i2v_emb);
+            if (!w->i2v_cond || (w->numel_emb && !w->i2v_emb)) {
+                w->cap_cond = 0;
+                return ditd_err_set(DITD_ENOMEM, "image condition buffers");
+            }
+            w->cap_cond = nc;
+        }
+    }
     if (nl > w->cap_lat) {
         size_t bytes = (size_t)w->cfg->max_batch * nl * sizeof *w->out;
         free(w->out);
@@ -291,6 +319,39 @@ static int edit_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
     return 0;
 }
 
+/* Image-to-video's inputs, on every rank (the same bytes everywhere, so the
+ * same condition): sample i's first frame through the image condition
+ * (resized to the clip, VAE-encoded, CLIP-embedded), into the planned
+ * buffers; a sample with the same image as an earlier one copies it. */
+static int i2v_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
+{
+    const int vs = w->rep.info.vae_scale > 0 ? w->rep.info.vae_scale : 1;
+    const int W = w->rep.pipe->shapes.width * vs, H = w->rep.pipe->shapes.height * vs;
+    int err;
+    for (int i = 0; i < n; i++) {
+        const Ditd__Sample *sm = b->samples[i];
+        float *cond = w->i2v_cond + (size_t)i * w->numel_cond;
+        float *emb = w->numel_emb ? w->i2v_emb + (size_t)i * w->numel_emb : NULL;
+        int k = 0;
+        while (k < i && !(b->samples[k]->image_width == sm->image_width &&
+                          b->samples[k]->image.len == sm->image.len &&
+                          !memcmp(b->samples[k]->image.data, sm->image.data, sm->image.len)))
+            k++;
+        if (k < i) {
+            memcpy(cond, w->i2v_cond + (size_t)k * w->numel_cond, w->numel_cond * sizeof *cond);
+            if (emb)
+                memcpy(emb, w->i2v_emb + (size_t)k * w->numel_emb, w->numel_emb * sizeof *emb);
+        } else if ((err = ditd_image_cond_run(w->rep.ic, sm->image.data, (int)sm->image_width,
+                                              (int)sm->image_height, NULL, 0, 0, w->frames, W, H,
+                                              cond, emb))) {
+            return err;
+        }
+        w->samples[i].video_cond = cond;
+        w->samples[i].image_embeds = emb;
+    }
+    return 0;
+}
+
 /* Every rank of the group, with the same batch (checked by batch_ok on the
  * leader). The leader sends the outcome. */
 void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
@@ -312,6 +373,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     gp.strength = b->strength;
     for (int i = 0; i < n; i++) {
         w->samples[i].image_latents = w->samples[i].mask_latents = NULL;
+        w->samples[i].video_cond = w->samples[i].image_embeds = NULL;
         w->samples[i].seed = b->samples[i]->seed;
         w->samples[i].index = b->samples[i]->index;
         w->samples[i].cond = (ditd_cond_input){.class_id = b->samples[i]->class_id};
@@ -338,6 +400,8 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
         err = ditd__worker_encode_prompts(w, b);
     if (!err && b->strength != 0.0)
         err = edit_inputs(w, b, n);
+    if (!err && w->rep.ic)
+        err = i2v_inputs(w, b, n);
     if (!err && !w->group_err)
         err = ditd_pipeline_generate(w->rep.pipe, &gp, n, w->samples, NULL, w->out, w->active,
                                      w->leader ? on_step : NULL, w);

@@ -72,6 +72,10 @@ typedef struct ditd__worker {
     float *out;    /* max_batch latents of numel_lat (C h w) */
     float *img_lat;  /* edits (a row with img2img): max_batch input-image latents, or NULL */
     float *mask_lat; /* inpainting (a row with inpaint): max_batch masks on the latent grid */
+    /* image-to-video (rep.ic): max_batch conditions of numel_cond and image
+     * embeddings of numel_emb, grown with the clip size as out is */
+    float *i2v_cond, *i2v_emb;
+    size_t numel_cond, numel_emb, cap_cond;
     uint8_t *pix;  /* max_batch images of numel_img (H W C pixels), previews and results (leader) */
     size_t numel_lat, numel_img;   /* at the running batch's size */
     size_t cap_lat, cap_img;       /* what out and pix hold per sample */

@@ -149,7 +149,6 @@ int ditd_cmd_generate(int argc, char **argv)
     uint8_t *mask_l = NULL;  /* --mask: its luma (H, W) */
     float *mask_lat = NULL;  /* and on the latent grid (h, w) */
     float *img_lat = NULL;   /* --image: its latents (C, h, w) */
-    ditd_image_cond *icond = NULL; /* --image on an image-to-video folder */
     float *i2v_cond = NULL, *i2v_emb = NULL;
     float *emb = NULL;       /* text models: (2n, L Dt + Dp) */
     ditd_text_embeds *te = NULL;
@@ -513,11 +512,11 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     if (a.image_path && pc->image_to_video) { /* the condition and image embeddings, every rank */
         int W = LW * rep.info.vae_scale, H = LH * rep.info.vae_scale;
-        if ((err = ditd_image_cond_new(&rep.info, &ditd_backend_cpu, W, H, &icond)) ||
-            !(i2v_cond = malloc(ditd_image_cond_numel(icond, nfr, W, H) * sizeof(float))) ||
+        ditd_image_cond *icond = rep.ic; /* the replica's, planned for this clip's size */
+        if (!(i2v_cond = malloc(ditd_image_cond_numel(icond, nfr, W, H) * sizeof(float))) ||
             (ditd_image_cond_embeds_numel(icond) &&
              !(i2v_emb = malloc(ditd_image_cond_embeds_numel(icond) * sizeof(float))))) {
-            ditd__gen_fail("the image condition", err ? err : DITD_ENOMEM);
+            ditd__gen_fail("the image condition", DITD_ENOMEM);
             goto done;
         }
         if ((err = ditd_image_cond_run(icond, in_img.pixels, in_img.width, in_img.height,
@@ -680,7 +679,6 @@ done:
         ditd_lora_dev_free((ditd_lora_dev *)lora_set.ad[i]);
     ditd_image_free(&in_img);
     free(img_lat);
-    ditd_image_cond_free(icond);
     ditd_image_free(&last_img);
     free(i2v_cond);
     free(i2v_emb);

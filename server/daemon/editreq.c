@@ -12,7 +12,6 @@
  * FluxPipeline folder). Not here: resampling an image of another size
  * (refused naming the sizes), several input images (Kontext's), background
  * jobs of edits. Loop thread only. */
-#include <gnutls/gnutls.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -106,41 +105,13 @@ static int from_form(const char *ctype, const char *body, size_t len, json_t **r
     return 0;
 }
 
-/* A JSON image: base64, or a data URL "data:image/...;base64,...", as a
- * string or an object {"image_url": ...}. */
+/* A JSON image's bytes (image_json.c), in the upload of field. */
 static int json_upload(json_t *v, const char *field, upload *u, ditd_api_error *e)
 {
-    if (json_is_object(v))
-        v = json_object_get(v, "image_url");
-    if (!json_is_string(v))
-        return bad(e, field, "'%s' must be a base64 string or a data URL "
-                   "(\"data:image/png;base64,...\"), or {\"image_url\": ...}", field);
-    const char *s = json_string_value(v);
-    size_t n = json_string_length(v);
-    if (!strncmp(s, "data:", 5)) {
-        const char *comma = memchr(s, ',', n);
-        if (!comma || comma - s < 12 || strncmp(comma - 7, ";base64", 7))
-            return bad(e, field, "'%s': a data URL must be \"data:<type>;base64,<data>\"", field);
-        n -= (size_t)(comma + 1 - s);
-        s = comma + 1;
-    } else if (!strncmp(s, "http://", 7) || !strncmp(s, "https://", 8)) {
-        return bad(e, field, "'%s': image URLs are not fetched; send the image as base64 or a "
-                   "data URL", field);
-    }
-    gnutls_datum_t in = {(unsigned char *)s, (unsigned)n}, out = {NULL, 0};
-    if (n == 0 || n > ((size_t)1 << 30) || gnutls_base64_decode2(&in, &out) < 0)
-        return bad(e, field, "'%s' is not valid base64", field);
-    u->own = malloc(out.size ? out.size : 1);
-    if (!u->own) {
-        gnutls_free(out.data);
-        return oom(e);
-    }
-    memcpy(u->own, out.data, out.size);
+    int err = ditd_genreq_json_bytes(v, field, &u->own, &u->len, e);
     u->data = u->own;
-    u->len = out.size;
-    gnutls_free(out.data);
     snprintf(u->field, sizeof u->field, "%s", field);
-    return 0;
+    return err;
 }
 
 static int from_json(const char *body, size_t len, json_t **root, upload *img, upload *mask,

@@ -11,6 +11,7 @@
 #include <sys/random.h>
 
 #include "engine/core/error.h"
+#include "server/common/image_in.h"
 
 int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
                        const char *param, const char *fmt, ...)
@@ -643,17 +644,33 @@ static int get_video(json_t *root, const ditd_model_info *m, ditd_genreq *r, dit
             return bad(e, image_only[i], "'%s' is for images; a video job makes one clip, "
                        "polled at /v1/videos/{id}", image_only[i]);
     int i2v = m->pipeline->image_to_video;
-    if ((v = json_object_get(root, "input_reference")) && !json_is_null(v))
-        return i2v ? bad(e, "input_reference", "'input_reference' is not taken by the server yet: "
-                         "'%s' (%s) makes clips from an image with `ditd generate --image`",
-                         m->name, m->pipeline->name)
-                   : bad(e, "input_reference", "'input_reference' (image-to-video) is for an "
-                         "image-to-video model: '%s' is %s (text-to-video); send the prompt "
-                         "alone", m->name, m->pipeline->name);
-    if (i2v) /* WanImageToVideoPipeline: every clip starts from an image */
-        return bad(e, "input_reference", "'%s' is %s (image-to-video): it needs an "
-                   "'input_reference' image, which the server does not take yet (`ditd "
-                   "generate --image` does)", m->name, m->pipeline->name);
+    v = json_object_get(root, "input_reference");
+    if (v && !json_is_null(v) && !i2v)
+        return bad(e, "input_reference", "'input_reference' (image-to-video) is for an "
+                   "image-to-video model: '%s' is %s (text-to-video); send the prompt alone",
+                   m->name, m->pipeline->name);
+    if (i2v) { /* WanImageToVideoPipeline: every clip starts from an image */
+        if (!v || json_is_null(v))
+            return bad(e, "input_reference", "'%s' is %s (image-to-video): every clip starts "
+                       "from an image; give 'input_reference' (a PNG, JPEG or WebP: a file part "
+                       "of the form, or base64 or a data URL in JSON)", m->name,
+                       m->pipeline->name);
+        ditd_image im;
+        int err = ditd_genreq_json_image(v, "input_reference", NULL, &im, e);
+        if (err)
+            return err;
+        const size_t np = (size_t)im.width * (size_t)im.height;
+        if (!(r->image = malloc(np * 3))) {
+            ditd_image_free(&im);
+            ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
+            return DITD_ENOMEM;
+        }
+        for (size_t i = 0; i < np; i++) /* PIL's convert("RGB"): alpha dropped */
+            memcpy(r->image + 3 * i, im.pixels + (size_t)im.channels * i, 3);
+        r->image_w = im.width;
+        r->image_h = im.height;
+        ditd_image_free(&im);
+    }
     r->fps = m->fps;
     if (get_int(root, "fps", 1, 120, &l, &given, e))
         return DITD_EINVAL;

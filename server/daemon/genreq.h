@@ -78,6 +78,11 @@ typedef struct ditd_genreq {
     double strength;
     uint8_t *image;
     uint8_t *mask;
+    /* image-to-video (a clip of a WanImageToVideoPipeline folder):
+     * image is its input_reference, (image_h, image_w, 3) 8-bit RGB at its
+     * own size (the replica resizes it to the clip's, as Diffusers does);
+     * edit 0, mask NULL. 0 otherwise. */
+    int image_w, image_h;
 } ditd_genreq;
 
 /* A validation failure: HTTP status, OpenAI type/code, the offending field
@@ -125,11 +130,12 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
  * max_sequence_length, sampler, cache), for a video model: one clip (n 1),
  * frames from num_frames, else seconds x fps + 1, else the model's default,
  * rounded as the pipeline rounds them. An image model is refused naming
- * /v1/images/generations; input_reference is refused (on a text-to-video
- * model naming it; on an image-to-video one, WanImageToVideoPipeline, as not
- * taken by the server yet, and such a model's request without it too: the
- * command line's --image runs it). ditd_genreq_parse refuses a video model
- * naming /v1/videos. */
+ * /v1/images/generations. input_reference (image-to-video): required on a
+ * WanImageToVideoPipeline folder, refused naming it on a text-to-video one;
+ * a base64 string, a data URL or {"image_url": ...} holding one (the videos
+ * route turns a form's file part into base64), a PNG, JPEG or WebP decoded
+ * under the default ditd_image_limits into out->image at its own size.
+ * ditd_genreq_parse refuses a video model naming /v1/videos. */
 int ditd_genreq_parse_video(const char *body, size_t len, const ditd_genreq_model *gm,
                             ditd_genreq *out, ditd_api_error *e);
 /* The same for POST /v1/images/edits (OpenAI's image edit): the body is
@@ -146,6 +152,20 @@ struct ditd_image_limits;
 int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
                            const ditd_genreq_model *gm, const struct ditd_image_limits *lim,
                            ditd_genreq *out, ditd_api_error *e);
+/* An image in a JSON body (image_json.c; the edits' image and mask, the videos'
+ * input_reference): v a base64 string, a data URL
+ * "data:image/...;base64,..." or an object {"image_url": ...} holding one;
+ * decoded under lim (NULL: the defaults) into *out (ditd_image_free). 0, or
+ * DITD_EINVAL (400 naming field: not base64, an image URL, undecodable, over
+ * a limit) / DITD_ENOMEM with *e filled. */
+struct json_t;
+struct ditd_image;
+/* The same image's encoded bytes alone (*data owned, free()), undecoded. */
+int ditd_genreq_json_bytes(struct json_t *v, const char *field, uint8_t **data, size_t *len,
+                           ditd_api_error *e);
+int ditd_genreq_json_image(struct json_t *v, const char *field,
+                           const struct ditd_image_limits *lim, struct ditd_image *out,
+                           ditd_api_error *e);
 /* The clip's length in seconds as OpenAI's video object states it: frames
  * over fps, "%g" ("5.0625" for 81 frames at 16 fps). */
 void ditd_genreq_seconds(const ditd_genreq *r, char *out, size_t n);

@@ -12,6 +12,7 @@
  * form whatever the fields; its values are text, turned here into the
  * JSON the request parser reads (ditd_genreq_parse_video). docs/api.md
  * shows the shapes. Loop thread only. */
+#include <gnutls/gnutls.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,8 +91,9 @@ static const char *const num_fields[] = {"guidance_scale", "guidance_scale_2", N
 static const char *const obj_fields[] = {"cache", NULL};
 
 /* A form (the official client's) as the JSON body the request parser reads
- * (ditd_multipart_to_json; a file part, input_reference, becomes true and
- * the parser refuses it by name). NULL with *e on a bad form. */
+ * (ditd_multipart_to_json), its file part input_reference as base64 text:
+ * the body the job store keeps, so a restart re-runs the same clip. NULL
+ * with *e on a bad form. */
 static json_t *form_json(const char *ctype, const char *body, size_t len, ditd_api_error *e)
 {
     ditd_multipart_form form;
@@ -109,6 +111,20 @@ static json_t *form_json(const char *ctype, const char *body, size_t len, ditd_a
                            ditd_err_detail());
     else if (!o)
         ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "%s", ditd_err_detail());
+    /* (a field given twice, input_reference too, was refused above) */
+    const ditd_multipart_part *p = ditd_multipart_find(&form, "input_reference", 0);
+    if (o && p && p->filename) { /* the file's bytes, as JSON gives them */
+        gnutls_datum_t in = {(unsigned char *)p->data, (unsigned)p->len}, b64 = {NULL, 0};
+        json_t *str = NULL;
+        if (p->len <= ((size_t)1 << 30) && gnutls_base64_encode2(&in, &b64) >= 0)
+            str = json_stringn((const char *)b64.data, b64.size);
+        gnutls_free(b64.data);
+        if (!str || json_object_set_new(o, "input_reference", str)) {
+            ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
+            json_decref(o);
+            o = NULL;
+        }
+    }
     ditd_multipart_free(&form);
     ditd_err_clear();
     return o;

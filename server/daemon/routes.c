@@ -57,8 +57,10 @@ const ditd_route_row ditd_routes[] = {
     {"DELETE", "/v1/jobs/{id}", DITD_ROUTE_JOBS, ditd_route_job_delete, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/jobs/{id}/content", DITD_ROUTE_JOBS, ditd_route_job_content, DITD_ROUTE_KEY, 0, 0,
      NULL},
+    /* OpenAI's video create: JSON or its clients' form; up to 32 MiB (an input_reference,
+     * then under ditd_image_limits, as base64 in JSON) */
     {"POST", "/v1/videos", DITD_ROUTE_VIDEOS, ditd_route_video_create, DITD_ROUTE_KEY,
-     DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 0, JSON ",multipart/form-data"},
+     DITD_ROUTE_KEEP_BODY | DITD_ROUTE_NEW_WORK, 32L << 20, JSON ",multipart/form-data"},
     {"GET", "/v1/videos", DITD_ROUTE_VIDEOS, ditd_route_videos_list, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/videos/{id}", DITD_ROUTE_VIDEOS, ditd_route_video_get, DITD_ROUTE_KEY, 0, 0, NULL},
     {"DELETE", "/v1/videos/{id}", DITD_ROUTE_VIDEOS, ditd_route_video_delete, DITD_ROUTE_KEY, 0, 0,

@@ -300,7 +300,12 @@ void ditd__sched_kick(ditd_srv *s)
                 smp[i].n_lora_names = smp[i].n_lora_scales = (size_t)j->rq.n_loras;
                 smp[i].lora_names = lnames[i];
                 smp[i].lora_scales = j->rq.lora_scale;
-                if (j->rq.image) { /* an edit: borrowed until the batch is packed */
+                if (j->rq.image && j->rq.image_w > 0) { /* image-to-video: its own size */
+                    smp[i].image.data = j->rq.image;
+                    smp[i].image.len = (size_t)j->rq.image_w * (size_t)j->rq.image_h * 3;
+                    smp[i].image_width = (uint32_t)j->rq.image_w;
+                    smp[i].image_height = (uint32_t)j->rq.image_h;
+                } else if (j->rq.image) { /* an edit: borrowed until the batch is packed */
                     size_t np = (size_t)j->rq.width * (size_t)j->rq.height;
                     smp[i].image.data = j->rq.image;
                     smp[i].image.len = np * 3;

@@ -2,7 +2,8 @@
  * client controls: the JSON body of POST /v1/images/generations
  * (ditd_genreq_parse against a fixed-size class model and a resizable
  * text model with an alias) and of POST /v1/videos (ditd_genreq_parse_video
- * against a two-expert Wan-like video model and the image models), the error envelope every
+ * against a two-expert Wan-like video model, an image-to-video one whose
+ * input_reference is decoded, and the image models), the error envelope every
  * refusal is written in (it must stay valid JSON whatever the message
  * quotes), and an Authorization header (ditd_auth_check). Any input gives a
  * typed request within its bounds or a 4xx naming the problem; never a
@@ -16,6 +17,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/model.h"
+#include "server/common/image_in.h"
 #include "server/daemon/auth.h"
 #include "server/daemon/genreq.h"
 
@@ -78,7 +80,7 @@ static void check_accepted(const ditd_model_info *m, const ditd_genreq *rq)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static ditd_model_info m, t, s3, wv;
+    static ditd_model_info m, t, s3, wv, wi;
     static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "dall-e-3"};
     static char *keys[] = {"k1", "a-longer-key-0123456789"};
     static ditd_auth auth = {keys, 2};
@@ -134,13 +136,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         wv.fps = 16;
         strcpy(wv.transformer_2_dir, "/nonexistent/transformer_2");
         wv.boundary_ratio = 0.875;
+        /* a Wan 2.1 I2V-like one: input_reference required */
+        wi = wv;
+        strcpy(wi.name, "wan-i2v");
+        wi.pipeline = &ditd_pipeline_wan_i2v;
+        wi.transformer_2_dir[0] = '\0';
+        wi.boundary_ratio = 0;
     }
     /* LoRA adapters on the class and text models ("loras" is parsed too) */
     static const char *const loras[] = {"style", "d4"};
     const ditd_genreq_model models[] = {{&m, NULL, 0, DITD_SAMPLER_DDIM, NULL, loras, 2, 4, NULL},
                                         {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL, loras, 2, 1, NULL},
                                         {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4, NULL},
-                                        {&wv, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL}};
+                                        {&wv, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL},
+                                        {&wi, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL}};
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         /* a clip: only the video model takes it; frames rounded and in range */
         if (ditd_genreq_parse_video((const char *)data, size, &models[k], &rq, &e) == 0) {
@@ -148,6 +157,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (vm->frames <= 0 || rq.n != 1 || rq.frames < 1 || rq.frames > vm->max_frames ||
                 rq.frames % vm->frame_step != 1 || rq.fps < 1 || rq.fps > 120 ||
                 (rq.has_guidance_2 && !(rq.guidance_2 >= 0 && rq.guidance_2 <= 100)))
+                abort();
+            /* an image-to-video clip carries its decoded first frame; no other does */
+            if (vm->pipeline->image_to_video
+                    ? !rq.image || rq.image_w < 1 || rq.image_h < 1 ||
+                          (int64_t)rq.image_w * rq.image_h > DITD_IMAGE_MAX_PIXELS_DEFAULT ||
+                          rq.mask || rq.edit
+                    : rq.image != NULL)
                 abort();
             check_accepted(vm, &rq);
             ditd_genreq_free(&rq);

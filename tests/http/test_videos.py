@@ -13,6 +13,9 @@ cases: videos (create_and_poll, retrieve, list, download_content video and thumb
        model; /v1/models' frame fields),
        videos_restart (--data-dir: a completed clip listed and downloadable after SIGTERM and
        after SIGKILL, a deleted running clip stops and its files go),
+       videos_i2v (input_reference on the tiny Wan 2.1 I2V folder: the openai client, curl -F and
+       JSON make ditd generate --image's clip; it survives a SIGKILL in the store; the refusals;
+       ulysses 2 under mpirun makes the same clip),
        videos_mpi (a two-rank replica under ulysses 2 and cfg 2 makes one rank's clip),
        videos_webhook (signed video.completed / video.failed events, a retry after a 500)
 """
@@ -71,6 +74,34 @@ def reference_frames(ditd, model, tmp):
     return frames
 
 
+def mp4_psnr(mp4, ref, w, h):
+    """The worst PSNR (dB) of the MP4's frames against `ditd generate`'s PNG frames `ref`, each
+    put through the same 4:2:0 conversion first (chroma subsampling alone costs these
+    noise-like tiny clips about 20 dB) against the H.264 frame (CRF 18), as wan_generate_cli
+    checks ditd generate's own MP4. 0 when the MP4 does not decode to len(ref) frames."""
+    n, fb = len(ref), w * h * 3
+    with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
+        f.write(mp4)
+        f.flush()
+        raw = subprocess.run(["ffmpeg", "-v", "error", "-i", f.name, "-f", "rawvideo",
+                              "-pix_fmt", "rgb24", "-"], capture_output=True).stdout
+    check(len(raw) == n * fb, "the MP4 decodes to %d frames" % n, len(raw))
+    worst = 99.0
+    for i in range(n):
+        if ref[i] is None or len(raw) != n * fb:
+            return 0
+        yuv = subprocess.run(["ffmpeg", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
+                              "-s", "%dx%d" % (w, h), "-i", "-", "-pix_fmt", "yuv420p", "-f",
+                              "rawvideo", "-"], input=bytes(ref[i]), capture_output=True).stdout
+        back = subprocess.run(["ffmpeg", "-v", "error", "-f", "rawvideo", "-pix_fmt", "yuv420p",
+                               "-s", "%dx%d" % (w, h), "-i", "-", "-f", "rawvideo", "-pix_fmt",
+                               "rgb24", "-"], input=yuv, capture_output=True).stdout
+        got = raw[i * fb:(i + 1) * fb]
+        mse = sum((a - b) ** 2 for a, b in zip(got, back)) / fb if len(back) == fb else 1e9
+        worst = min(worst, 99.0 if mse == 0 else 10 * math.log10(255 * 255 / mse))
+    return worst
+
+
 def api_error(d, method, path, body=None, headers=None):
     st, _, data = d.request(method, path, body, headers)
     try:
@@ -118,29 +149,7 @@ def case_videos(ditd):
         check(px is not None and px == ref[0],
               "the thumbnail is the first frame, equal to ditd generate's for the same seed")
         # the whole clip: the MP4's frames against generate's frames through the same 4:2:0
-        with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
-            f.write(mp4)
-            f.flush()
-            raw = subprocess.run(["ffmpeg", "-v", "error", "-i", f.name, "-f", "rawvideo",
-                                  "-pix_fmt", "rgb24", "-"], capture_output=True).stdout
-        check(len(raw) == 5 * 48 * 32 * 3, "the MP4 decodes to 5 frames", len(raw))
-        # codec error: generate's frame put through the same 4:2:0 conversion (chroma
-        # subsampling alone costs these noise-like tiny clips about 20 dB) against the H.264
-        # frame (CRF 18), as wan_generate_cli checks ditd generate's own MP4
-        worst = 99.0
-        for i in range(5):
-            if ref[i] is None or len(raw) != 5 * 48 * 32 * 3:
-                worst = 0
-                break
-            yuv = subprocess.run(["ffmpeg", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
-                                  "-s", "48x32", "-i", "-", "-pix_fmt", "yuv420p", "-f", "rawvideo",
-                                  "-"], input=bytes(ref[i]), capture_output=True).stdout
-            back = subprocess.run(["ffmpeg", "-v", "error", "-f", "rawvideo", "-pix_fmt", "yuv420p",
-                                   "-s", "48x32", "-i", "-", "-f", "rawvideo", "-pix_fmt", "rgb24",
-                                   "-"], input=yuv, capture_output=True).stdout
-            got = raw[i * 4608:(i + 1) * 4608]
-            mse = sum((a - b) ** 2 for a, b in zip(got, back)) / 4608 if len(back) == 4608 else 1e9
-            worst = min(worst, 99.0 if mse == 0 else 10 * math.log10(255 * 255 / mse))
+        worst = mp4_psnr(mp4, ref, 48, 32)
         check(worst >= 30, "every MP4 frame within codec error of generate's frame (%.1f dB at "
               "worst, 30 asked)" % worst)
         checked += 1
@@ -439,7 +448,204 @@ def case_videos_webhook(ditd):
     return 0
 
 
-CASES = {"videos": case_videos, "videos_webhook": case_videos_webhook, "videos_restart": case_videos_restart, "videos_mpi": case_videos_mpi}
+I2V_IMAGE = "ti2vi_9f_32x64_resized_image.png"  # 48x24: resized to the 48x32 clip (lanczos)
+I2V_EXTRA = {"seed": 5, "num_inference_steps": 2, "num_frames": 5}
+
+
+def i2v_model(ditd, tmp):
+    """The tiny Wan 2.1 I2V folder (CLIP image branch) as a folder named i2v21 whose ditd.json
+    caps the size at 64 (the replica plans the image condition and the decode for the largest
+    clip: 2048x2048 by default, gigabytes even for this tiny VAE); None when not assembled."""
+    src = os.path.join(os.path.dirname(ditd), "tests", "golden", "wan_pipeline", "i2v21")
+    if not os.path.exists(os.path.join(src, "model_index.json")):
+        return None
+    d = os.path.join(tmp, "i2v21")
+    os.mkdir(d)
+    for f in os.listdir(src):
+        os.symlink(os.path.join(src, f), os.path.join(d, f))
+    with open(os.path.join(d, "ditd.json"), "w") as f:
+        json.dump({"max_image_size": 64}, f)
+    return d
+
+
+def tiny_png(w, h):
+    """A w x h RGB PNG of zeros (stdlib)."""
+    import struct
+    import zlib
+
+    def chunk(t, b):
+        return struct.pack(">I", len(b)) + t + b + struct.pack(">I", zlib.crc32(t + b) & 0xFFFFFFFF)
+    rows = b"".join(b"\0" + bytes(3 * w) for _ in range(h))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def wait_video(d, vid, limit=60):
+    t0, o = time.time(), {}
+    while time.time() - t0 < limit:
+        _, _, b = d.request("GET", f"/v1/videos/{vid}")
+        o = json.loads(b)
+        if o.get("status") in ("completed", "failed"):
+            break
+        time.sleep(0.05)
+    return o
+
+
+def case_videos_i2v(ditd):
+    """input_reference on a WanImageToVideoPipeline folder: the openai client's file, curl's form
+    and a JSON data URL each make `ditd generate --image`'s clip (thumbnail equal to its first
+    PNG frame, pixel for pixel; every MP4 frame within codec error); the image is kept in the
+    stored body (--data-dir): a clip queued at a SIGKILL runs after the restart and is the same
+    clip; the refusals name input_reference (none, not base64, undecodable, over the pixel
+    limit, two files, an image URL); under mpirun a two-rank replica (ulysses 2) makes the
+    same clip."""
+    if not shutil.which("ffprobe") or not shutil.which("curl"):
+        print("skip: no ffprobe or curl")
+        return 77
+    import base64
+    import sqlite3
+    import openai
+    tmp = tempfile.mkdtemp(prefix="ditd-videos-i2v-")
+    model = i2v_model(ditd, tmp)
+    if not model:
+        print("skip: no Wan I2V folder (the build assembles it)")
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 77
+    img = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
+                       "wan_pipeline", "expected_i2v", I2V_IMAGE)
+    png = open(img, "rb").read()
+    out = os.path.join(tmp, "ref.png")
+    r = subprocess.run([ditd, "generate", "--model", model, "--image", img, "--prompt", PROMPT,
+                        "--size", "48x32", "--frames", "5", "--steps", "2", "--seed", "5",
+                        "--threads", "1", "-q", "-o", out], capture_output=True, text=True,
+                       timeout=300)
+    check(r.returncode == 0, "ditd generate --image makes the reference clip", r.stderr[-300:])
+    ref = []
+    for i in range(5):
+        p = os.path.join(tmp, "ref-%03d.png" % i)
+        ref.append(th.png_pixels(open(p, "rb").read()) if os.path.exists(p) else None)
+    data_dir = os.path.join(tmp, "store")
+    d = Daemon(ditd, "--data-dir", data_dir, api_key="k1", model=model)
+    checked, first_mp4 = 0, []
+
+    def same_clip(vid, how):
+        nonlocal checked
+        st, _, thumb = d.request("GET", f"/v1/videos/{vid}/content?variant=thumbnail")
+        px = th.png_pixels(thumb) if st == 200 and thumb[:4] == b"\x89PNG" else None
+        check(px is not None and px == ref[0],
+              f"{how}: the thumbnail equals ditd generate --image's first frame")
+        st, _, mp4 = d.request("GET", f"/v1/videos/{vid}/content")
+        if first_mp4 and mp4 == first_mp4[0]:  # the same pixels, the same encoder: the same file
+            check(True, f"{how}: the same MP4 bytes as the first clip's")
+        else:  # the first clip (or a different file): decoded, frame by frame
+            check(st == 200 and probe(mp4) == ("h264", "yuv420p", 48, 32, "16/1", 5),
+                  f"{how}: an H.264 MP4 of 5 frames, 48x32", probe(mp4) if st == 200 else st)
+            worst = mp4_psnr(mp4, ref, 48, 32) if st == 200 else 0
+            check(worst >= 30, f"{how}: every MP4 frame within codec error of generate's (%.1f "
+                  "dB at worst, 30 asked)" % worst)
+            first_mp4.append(mp4)
+        checked += 1
+    try:
+        # the official client: input_reference a file, sent as a form
+        c = openai.OpenAI(base_url=d.url("/v1"), api_key="k1", max_retries=0)
+        with open(img, "rb") as f:
+            v = c.videos.create_and_poll(model="i2v21", prompt=PROMPT, size="48x32",
+                                         input_reference=f, extra_body=I2V_EXTRA,
+                                         poll_interval_ms=100)
+        check(v.status == "completed" and v.size == "48x32", "openai client: completed",
+              (v.status, v.error))
+        same_clip(v.id, "openai client")
+        # the image is in the stored body, as base64 of the file's bytes
+        db = sqlite3.connect(os.path.join(data_dir, "jobs.db"))
+        row = db.execute("SELECT request FROM jobs WHERE id = ?", (v.id,)).fetchone()
+        db.close()
+        ir = json.loads(row[0]).get("input_reference") if row else None
+        check(isinstance(ir, str) and base64.b64decode(ir) == png,
+              "the stored request keeps the image (base64 of the file)")
+        # curl's multipart form
+        r = subprocess.run(["curl", "-s", "-H", "Authorization: Bearer k1", "-F", "prompt=" + PROMPT,
+                            "-F", "size=48x32", "-F", "seed=5", "-F", "num_inference_steps=2",
+                            "-F", "num_frames=5", "-F", "input_reference=@" + img + ";type=image/png",
+                            d.url("/v1/videos")], capture_output=True, text=True, timeout=60)
+        vid = json.loads(r.stdout).get("id") if r.stdout.startswith("{") else None
+        check(vid and wait_video(d, vid).get("status") == "completed", "curl -F: completed",
+              r.stdout[:300])
+        same_clip(vid, "curl -F")
+        # JSON: a data URL, and OpenAI's {"image_url": ...} object
+        for how, ref_field in (("JSON data URL", "data:image/png;base64," + base64.b64encode(png).decode()),
+                               ("JSON image_url", {"image_url": "data:image/png;base64," +
+                                                   base64.b64encode(png).decode()})):
+            st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt=PROMPT, size="48x32",
+                                                             input_reference=ref_field))
+            vid = json.loads(b).get("id") if st == 200 else None
+            check(vid and wait_video(d, vid).get("status") == "completed", f"{how}: completed",
+                  (st, b[:300]))
+            same_clip(vid, how)
+        # refusals, naming input_reference
+        big = base64.b64encode(tiny_png(9000, 1)).decode()
+        for body, needle in [
+                ({"prompt": "x"}, "give 'input_reference'"),
+                ({"prompt": "x", "input_reference": "@@@"}, "not valid base64"),
+                ({"prompt": "x", "input_reference": "data:image/png;base64,AAAA"}, "input_reference"),
+                ({"prompt": "x", "input_reference": big}, "9000"),
+                ({"prompt": "x", "input_reference": "https://example.com/a.png"}, "not fetched")]:
+            st, e = api_error(d, "POST", "/v1/videos", dict(body, size="48x32", num_frames=5))
+            check(st == 400 and e.get("param") == "input_reference" and needle in e.get("message", ""),
+                  f"{str(body)[:60]}: 400 naming input_reference ({needle})", (st, e))
+            checked += 1
+        r = subprocess.run(["curl", "-s", "-H", "Authorization: Bearer k1", "-F", "prompt=x",
+                            "-F", "input_reference=@" + img, "-F", "input_reference=@" + img,
+                            d.url("/v1/videos")], capture_output=True, text=True, timeout=60)
+        e = json.loads(r.stdout).get("error", {}) if r.stdout.startswith("{") else {}
+        check(e.get("param") == "input_reference" and "twice" in e.get("message", ""),
+              "two input_reference files: refused naming it", r.stdout[:300])
+        try:
+            c.videos.create(model="i2v21", prompt="x", input_reference=("a.png", b"\x89PNG", "image/png"))
+            check(False, "the client's undecodable input_reference is refused")
+        except openai.APIError as ex:
+            check(isinstance(ex, openai.BadRequestError) and "input_reference" in str(ex),
+                  "the client's undecodable input_reference: 400 naming it", str(ex)[:300])
+        checked += 2
+        # a restart: a clip queued behind a long one at a SIGKILL runs after it, the same clip
+        st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt="long", size="48x32",
+                                                         num_frames=9, num_inference_steps=500,
+                                                         input_reference="data:image/png;base64," +
+                                                         base64.b64encode(png).decode()))
+        lid = json.loads(b).get("id")
+        st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt=PROMPT, size="48x32",
+                                                         input_reference=base64.b64encode(png).decode()))
+        qid = json.loads(b).get("id")
+        _, _, b = d.request("GET", f"/v1/videos/{qid}")
+        check(json.loads(b).get("status") == "queued", "the second clip is queued behind the long one")
+        os.killpg(d.proc.pid, signal.SIGKILL)
+        d.proc.wait()
+        d = Daemon(ditd, "--data-dir", data_dir, api_key="k1", model=model)
+        d.request("DELETE", f"/v1/videos/{lid}")
+        o = wait_video(d, qid)
+        check(o.get("status") == "completed", "after SIGKILL: the queued clip runs", o)
+        same_clip(qid, "after SIGKILL")
+        d.stop()
+        # a two-rank replica (mpirun -np 3: the front-end and ulysses 2): both ranks get the
+        # image in the broadcast batch and make the same condition; the clip is one rank's
+        if shutil.which("mpirun"):
+            d = Daemon(ditd, "--ulysses-degree", "2", mpi_np=3, model=model)
+            st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt=PROMPT, size="48x32",
+                                                             input_reference=base64.b64encode(png).decode()))
+            vid = json.loads(b).get("id") if st == 200 else None
+            check(vid and wait_video(d, vid).get("status") == "completed", "ulysses 2: completed")
+            st, _, thumb = d.request("GET", f"/v1/videos/{vid}/content?variant=thumbnail")
+            px = th.png_pixels(thumb) if st == 200 and thumb[:4] == b"\x89PNG" else None
+            check(px is not None and px == ref[0],
+                  "ulysses 2: the thumbnail equals one rank's (ditd generate --image), bit for bit")
+            checked += 1
+    finally:
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    check(checked >= 12, f"{checked} image-to-video cases checked (at least 12)")
+    return 0
+
+
+CASES = {"videos": case_videos, "videos_i2v": case_videos_i2v, "videos_webhook": case_videos_webhook, "videos_restart": case_videos_restart, "videos_mpi": case_videos_mpi}
 
 
 def main():

@@ -15,9 +15,11 @@ model's size range, no class picker, and its images equal curl's.
 
 With --video it serves the tiny Wan 2.2 folder the build makes: the page
 shows a frame count, makes one clip through /v1/videos, plays it, and its
-MP4 equals curl's; Stop deletes a running clip's job.
+MP4 equals curl's; Stop deletes a running clip's job. With --i2v it serves the
+tiny Wan 2.1 I2V folder: the start image picker, a clip made from an image
+(input_reference), its MP4 equal to curl's.
 
-usage: test_page.py --ditd BUILD/ditd [--model DIR] [--text | --video] [--screenshot OUT.png]
+usage: test_page.py --ditd BUILD/ditd [--model DIR] [--text | --video | --i2v] [--screenshot OUT.png]
 exit 0 pass, 1 fail, 77 skip (no Chromium; --text: no text model)."""
 import argparse
 import base64
@@ -278,8 +280,9 @@ def video_page(args, exe):
                      "document.getElementById('model').options.length")
         shown = lambda i: browser.js(f"!document.getElementById('{i}').classList.contains('hidden')")
         check(shown("frames-row") and shown("prompt-row") and shown("size-row") and not shown("n-row")
-              and not shown("partials-row") and not shown("class-row"),
-              "a video model: frames, prompt and size shown; no image count, previews or classes")
+              and not shown("partials-row") and not shown("class-row") and not shown("start-row"),
+              "a video model: frames, prompt and size shown; no image count, previews, classes "
+              "or start image (text-to-video)")
         check(browser.js("Number(document.getElementById('frames').value)") == model["video"]["default_frames"],
               "the frame count defaults to the model's")
         prompt, seed, steps, frames = "a red fox running through snow", 5, 4, 5
@@ -368,6 +371,107 @@ def video_page(args, exe):
     return 1 if failures else 0
 
 
+def i2v_page(args, exe):
+    """The page with an image-to-video model (the build's tiny Wan 2.1 I2V folder, capped at
+    64 px by a ditd.json): a start-image picker shown (a text-to-video model has none), a clip
+    refused on the page without one, then made from one (sent as input_reference in a form) and
+    played; its MP4 the bytes curl's JSON request with the same image gives."""
+    src = os.path.join(os.path.dirname(os.path.abspath(args.ditd)), "tests", "golden",
+                       "wan_pipeline", "i2v21")
+    if not os.path.exists(os.path.join(src, "model_index.json")):
+        print("skip: no image-to-video model (the build's tests/golden/wan_pipeline/i2v21)")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="ditd-page-i2v-")
+    model_dir = os.path.join(tmp, "i2v21")
+    os.mkdir(model_dir)
+    for f in os.listdir(src):
+        os.symlink(os.path.join(src, f), os.path.join(model_dir, f))
+    with open(os.path.join(model_dir, "ditd.json"), "w") as f:
+        json.dump({"max_image_size": 64}, f)
+    png = open(os.path.join(FIXTURES, "wan_pipeline", "expected_i2v",
+                            "ti2vi_9f_32x64_resized_image.png"), "rb").read()  # 48x24
+    log = tempfile.NamedTemporaryFile("w+", prefix="ditd-page-", suffix=".log", delete=False)
+    daemon, browser = None, None
+    try:
+        daemon, base = start_daemon(args.ditd, model_dir, log)
+        model = curl_json(base + "/v1/models")["data"][0]
+        check(model.get("video", {}).get("input_reference") == "required",
+              "/v1/models: the image-to-video model requires input_reference", model.get("video"))
+        browser = Browser(exe)
+        browser.open(base + "/")
+        browser.wait("document.getElementById('status')?.dataset.state === 'idle' && "
+                     "document.getElementById('model').options.length")
+        check(browser.js("!document.getElementById('start-row').classList.contains('hidden')"),
+              "an image-to-video model: the start image picker is shown")
+        prompt, seed, steps, frames = "a red fox running through snow", 5, 2, 5
+        browser.js(f"""(() => {{
+            const set = (id, v) => {{ document.getElementById(id).value = v; }};
+            set('prompt', {json.dumps(prompt)}); set('width', '48'); set('height', '32');
+            set('steps', '{steps}'); set('seed', '{seed}'); set('frames', '{frames}');
+            document.getElementById('go').click();
+            return true; }})()""")
+        final = browser.wait("['done', 'error'].includes(document.getElementById('status').dataset.state)"
+                             " && document.getElementById('error').textContent", timeout=30)
+        check("start image" in (final or ""), "without a start image the page says to pick one",
+              final)
+        browser.js(f"""(() => {{
+            const b = atob({json.dumps(base64.b64encode(png).decode())});
+            const u = new Uint8Array(b.length);
+            for (let i = 0; i < b.length; i++) u[i] = b.charCodeAt(i);
+            const dt = new DataTransfer();
+            dt.items.add(new File([u], "start.png", {{ type: "image/png" }}));
+            document.getElementById('start').files = dt.files;
+            document.getElementById('go').click();
+            return true; }})()""")
+        final = browser.wait("['done', 'error'].includes(document.getElementById('status').dataset.state)"
+                             " && !document.getElementById('go').disabled"
+                             " && document.getElementById('status').dataset.state", timeout=120)
+        check(final == "done", "the page makes the clip from the start image", final,
+              browser.js("document.getElementById('error').textContent"))
+        b64 = browser.js("(async () => { const v = document.querySelector('#clip video'); "
+                         "if (!v.src) return 'no src'; try { const b = await (await fetch(v.src)).arrayBuffer(); "
+                         "let s = ''; for (const x of new Uint8Array(b)) s += String.fromCharCode(x); "
+                         "return btoa(s); } catch (e) { return 'error ' + e; } })()")
+        page_mp4 = base64.b64decode(b64) if b64 and not b64.startswith(("no src", "error")) else b""
+        dims = browser.wait("(() => { const v = document.querySelector('#clip video'); "
+                            "return v.readyState >= 1 && v.videoWidth ? [v.videoWidth, v.videoHeight] "
+                            ": null; })()", timeout=20)
+        check(dims == [48, 32], "the browser plays the 48x32 clip", dims)
+        body = {"model": model["id"], "prompt": prompt, "size": "48x32", "num_frames": frames,
+                "seed": seed, "num_inference_steps": steps,
+                "guidance_scale": model["defaults"]["guidance_scale"],
+                "sampler": model["defaults"]["sampler"],
+                "input_reference": "data:image/png;base64," + base64.b64encode(png).decode()}
+        vid = curl_json(base + "/v1/videos", body)["id"]
+        t0, st = time.time(), ""
+        while time.time() - t0 < 60 and st not in ("completed", "failed"):
+            st = curl_json(base + f"/v1/videos/{vid}")["status"]
+            time.sleep(0.1)
+        want = subprocess.run(["curl", "-sf", base + f"/v1/videos/{vid}/content"],
+                              capture_output=True).stdout
+        check(page_mp4[4:8] == b"ftyp" and page_mp4 == want,
+              "the page's MP4 == curl's for the same request and image (%d bytes)" % len(page_mp4))
+    except Exception as e:
+        check(False, f"test ran to the end ({type(e).__name__}: {e})")
+    finally:
+        if browser:
+            browser.close()
+        if daemon:
+            daemon.terminate()
+            try:
+                rc = daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, 9)
+                rc = daemon.wait()
+            check(rc == 0, "ditd serve drained and exited 0", rc, 0)
+        if failures:
+            print(open(log.name).read()[-3000:])
+        os.unlink(log.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ditd", required=True)
@@ -378,6 +482,7 @@ def main():
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--text", action="store_true")
     ap.add_argument("--video", action="store_true")
+    ap.add_argument("--i2v", action="store_true")
     args = ap.parse_args()
 
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -388,6 +493,8 @@ def main():
         return text_page(args, exe)
     if args.video:
         return video_page(args, exe)
+    if args.i2v:
+        return i2v_page(args, exe)
 
     log = tempfile.NamedTemporaryFile("w+", prefix="ditd-page-", suffix=".log", delete=False)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

@@ -92,9 +92,12 @@ static void models(void)
     gm_i2v = (ditd_genreq_model){&i2v, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL};
 }
 
-/* POST /v1/videos bodies: a text-to-video model takes a prompt alone; an
- * image-to-video one (WanImageToVideoPipeline) is refused naming
- * input_reference, with or without it, as the server does not take images yet */
+/* POST /v1/videos bodies: a text-to-video model takes a prompt alone and
+ * refuses input_reference naming it; an image-to-video one
+ * (WanImageToVideoPipeline) needs it: base64, a data URL or {"image_url"}
+ * (a 3x2 RGB PNG, pixel (x, y) = (10x + y, 20, 200)), decoded at its own
+ * size; without one, or with one that is no image, 400 naming it */
+#define PNG_3X2 "iVBORw0KGgoAAAANSUhEUgAAAAMAAAACCAIAAAASFvFNAAAAHElEQVR4nGNgEDnBJXJCROQEA6PICW6RE6IiJwAxIgVoforT9AAAAABJRU5ErkJggg=="
 static void test_video(void)
 {
     static const struct {
@@ -104,10 +107,23 @@ static void test_video(void)
     } cases[] = {
         {&gm_t2v, "{\"prompt\":\"a fox\",\"num_frames\":33}", NULL},
         {&gm_t2v, "{\"prompt\":\"a fox\",\"input_reference\":true}", "(text-to-video)"},
-        {&gm_i2v, "{\"prompt\":\"a fox\"}", "needs an 'input_reference' image"},
-        {&gm_i2v, "{\"prompt\":\"a fox\",\"input_reference\":true}", "ditd generate --image"},
+        {&gm_t2v, "{\"prompt\":\"a fox\",\"input_reference\":\"" PNG_3X2 "\"}", "(text-to-video)"},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"num_frames\":33,\"input_reference\":\"" PNG_3X2 "\"}",
+         NULL},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"num_frames\":33,\"input_reference\":"
+                  "\"data:image/png;base64," PNG_3X2 "\"}", NULL},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"num_frames\":33,\"input_reference\":"
+                  "{\"image_url\":\"data:image/png;base64," PNG_3X2 "\"}}", NULL},
+        {&gm_i2v, "{\"prompt\":\"a fox\"}", "give 'input_reference'"},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"input_reference\":null}", "give 'input_reference'"},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"input_reference\":true}", "base64 string"},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"input_reference\":\"@@@\"}", "not valid base64"},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"input_reference\":\"data:image/png;base64,AAAA\"}",
+         "'input_reference': "},
+        {&gm_i2v, "{\"prompt\":\"a fox\",\"input_reference\":\"https://x/a.png\"}",
+         "not fetched"},
     };
-    int n = 0;
+    int n = 0, accepted = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ditd_genreq r;
         ditd_api_error e;
@@ -117,17 +133,30 @@ static void test_video(void)
         if (!cases[i].says) {
             CHECK(err == 0 && r.frames == 33, "%s: accepted, 33 frames (%d: %s)", cases[i].body,
                   err, e.message);
+            if (cases[i].gm == &gm_i2v) {
+                int px_ok = r.image && r.image_w == 3 && r.image_h == 2 && !r.edit && !r.mask;
+                for (int y = 0; px_ok && y < 2; y++)
+                    for (int x = 0; x < 3; x++)
+                        px_ok &= r.image[3 * (3 * y + x)] == 10 * x + y &&
+                                 r.image[3 * (3 * y + x) + 1] == 20 &&
+                                 r.image[3 * (3 * y + x) + 2] == 200;
+                CHECK(px_ok, "%.60s...: the 3x2 input_reference decoded (%dx%d)", cases[i].body,
+                      r.image_w, r.image_h);
+                accepted++;
+            } else {
+                CHECK(!r.image && !r.image_w, "a text-to-video clip carries no image");
+            }
         } else {
             CHECK(err == DITD_EINVAL && e.status == 400 && !strcmp(e.param, "input_reference") &&
-                      strstr(e.message, cases[i].says) &&
-                      strstr(e.message, cases[i].gm->info->pipeline->name),
-                  "%s on %s: 400 input_reference saying \"%s\" (%d %d '%s': %s)", cases[i].body,
+                      strstr(e.message, cases[i].says),
+                  "%.80s on %s: 400 input_reference saying \"%s\" (%d %d '%s': %s)", cases[i].body,
                   cases[i].gm->info->name, cases[i].says, err, e.status, e.param, e.message);
+            CHECK(!r.image, "a refused body owns no image");
         }
         ditd_genreq_free(&r);
         n++;
     }
-    CHECK(n == 4, "%d video bodies", n);
+    CHECK(n == 12 && accepted == 3, "%d video bodies, %d images taken", n, accepted);
 }
 
 /* body refused by the model: status, param ("" for none) and a word of the message */
