@@ -22,6 +22,7 @@
 #include "engine/models/pipeline_class.h"
 #include "server/common/image_in.h"
 #include "server/daemon/genreq.h"
+#include "server/daemon/image_json.h"
 #include "server/daemon/multipart.h"
 
 static int bad(ditd_api_error *e, const char *param, const char *fmt, ...)

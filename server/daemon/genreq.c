@@ -2,6 +2,7 @@
  * the JSON is read here and nowhere else. Not the scheduler's business
  * (batching, cost) nor the HTTP framing's. */
 #include "server/daemon/genreq.h"
+#include "server/daemon/image_json.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -12,20 +13,6 @@
 
 #include "engine/core/error.h"
 #include "server/common/image_in.h"
-
-int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
-                       const char *param, const char *fmt, ...)
-{
-    va_list ap;
-    e->status = status;
-    e->type = type;
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return status;
-}
 
 size_t ditd_utf8_seq(const unsigned char *p, size_t n)
 {

@@ -23,6 +23,7 @@
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/sampler.h"
+#include "server/daemon/api_error.h"
 
 #define DITD_GENREQ_MAX_N 10
 /* A prompt's (and a negative prompt's) limit in UTF-8 bytes: far past what
@@ -85,15 +86,6 @@ typedef struct ditd_genreq {
     int image_w, image_h;
 } ditd_genreq;
 
-/* A validation failure: HTTP status, OpenAI type/code, the offending field
- * ("" when none) and a message for people. */
-typedef struct ditd_api_error {
-    int status;
-    const char *type;           /* "invalid_request_error", "server_error", ... */
-    const char *code;           /* "invalid_value", "model_not_found", ... */
-    char param[64];
-    char message[1024];
-} ditd_api_error;
 
 /* The served model and the extra names a request's `model` may use to reach
  * it (--served-model-name). Borrowed. */
@@ -152,20 +144,6 @@ struct ditd_image_limits;
 int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
                            const ditd_genreq_model *gm, const struct ditd_image_limits *lim,
                            ditd_genreq *out, ditd_api_error *e);
-/* An image in a JSON body (image_json.c; the edits' image and mask, the videos'
- * input_reference): v a base64 string, a data URL
- * "data:image/...;base64,..." or an object {"image_url": ...} holding one;
- * decoded under lim (NULL: the defaults) into *out (ditd_image_free). 0, or
- * DITD_EINVAL (400 naming field: not base64, an image URL, undecodable, over
- * a limit) / DITD_ENOMEM with *e filled. */
-struct json_t;
-struct ditd_image;
-/* The same image's encoded bytes alone (*data owned, free()), undecoded. */
-int ditd_genreq_json_bytes(struct json_t *v, const char *field, uint8_t **data, size_t *len,
-                           ditd_api_error *e);
-int ditd_genreq_json_image(struct json_t *v, const char *field,
-                           const struct ditd_image_limits *lim, struct ditd_image *out,
-                           ditd_api_error *e);
 /* The clip's length in seconds as OpenAI's video object states it: frames
  * over fps, "%g" ("5.0625" for 81 frames at 16 fps). */
 void ditd_genreq_seconds(const ditd_genreq *r, char *out, size_t n);
@@ -187,8 +165,5 @@ size_t ditd_utf8_seq(const unsigned char *p, size_t n);
 /* Replaces each byte of s that starts no valid UTF-8 sequence with '?'. */
 void ditd_utf8_clean(char *s);
 
-/* Fills *e; returns status. param may be NULL. */
-int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
-                       const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 #endif

@@ -1,4 +1,4 @@
-/* An image given in a JSON body (genreq.h: ditd_genreq_json_image): the
+/* An image given in a JSON body (image_json.h: ditd_genreq_json_image): the
  * edits' image and mask (editreq.c), the videos' input_reference
  * (genreq.c). Its own file so that the request parser's fuzz target links
  * it without the edit's pipeline rules. Loop thread only. */
@@ -9,7 +9,7 @@
 
 #include "engine/core/error.h"
 #include "server/common/image_in.h"
-#include "server/daemon/genreq.h"
+#include "server/daemon/image_json.h"
 
 static int bad(ditd_api_error *e, const char *field, const char *what)
 {

@@ -1,0 +1,19 @@
+/* The API's error object (api_error.h). */
+#include "server/daemon/api_error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
+                       const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
