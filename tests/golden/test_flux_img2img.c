@@ -33,6 +33,7 @@
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/prompt_encoder.h"
+#include "tests/flux_edit_case.h"
 #include "tests/test_util.h"
 
 #define MIN_CASES 6
@@ -40,68 +41,7 @@
 
 static void *npy(const char *name, size_t *n, int u8)
 {
-    char path[4096];
-    int64_t shape[8];
-    int nd;
-    float *d = NULL;
-    snprintf(path, sizeof path, "%s/flux_img2img/expected/%s", tu_fixtures(), name);
-    if (ditd_npy_read_f32(path, 8, &nd, shape, &d)) {
-        TU_CHECK(0, "%s: %s", path, ditd_err_detail());
-        return NULL;
-    }
-    *n = 1;
-    for (int i = 0; i < nd; i++)
-        *n *= (size_t)shape[i];
-    if (!u8)
-        return d;
-    uint8_t *b = malloc(*n ? *n : 1);
-    for (size_t i = 0; b && i < *n; i++)
-        b[i] = (uint8_t)d[i];
-    free(d);
-    return b;
-}
-
-static int jint(json_t *c, const char *k) { return (int)json_integer_value(json_object_get(c, k)); }
-static double jnum(json_t *c, const char *k) { return json_number_value(json_object_get(c, k)); }
-static const char *jstr(json_t *c, const char *k) { return json_string_value(json_object_get(c, k)); }
-
-/* A FluxImg2ImgPipeline folder: dev's components linked, model_index.json
- * with that class. */
-static int make_img2img_folder(char *out, size_t cap)
-{
-    char src[4096], dst[4096];
-    if (tu_mkdtemp(out, cap, "flux-img2img"))
-        return -1;
-    const char *comps[] = {"scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2",
-                           "transformer", "vae"};
-    for (size_t i = 0; i < sizeof comps / sizeof *comps; i++) {
-        snprintf(src, sizeof src, "%s/dev/%s", FLUX_PIPELINE_DIR, comps[i]);
-        snprintf(dst, sizeof dst, "%s/%s", out, comps[i]);
-        if (symlink(src, dst))
-            return -1;
-    }
-    snprintf(src, sizeof src, "%s/dev/model_index.json", FLUX_PIPELINE_DIR);
-    json_error_t je;
-    json_t *mi = json_load_file(src, 0, &je);
-    if (!mi)
-        return -1;
-    json_object_set_new(mi, "_class_name", json_string("FluxImg2ImgPipeline"));
-    snprintf(dst, sizeof dst, "%s/model_index.json", out);
-    int rc = json_dump_file(mi, dst, JSON_INDENT(2));
-    json_decref(mi);
-    return rc;
-}
-
-static void rm_img2img_folder(const char *dir)
-{
-    char p[4096];
-    const char *names[] = {"scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2",
-                           "transformer", "vae", "model_index.json"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        unlink(p);
-    }
-    rmdir(dir);
+    return edit_npy("flux_img2img", name, n, u8);
 }
 
 /* One case on folder dir; 1 when it was checked to the end. */
@@ -321,7 +261,8 @@ int main(void)
     const char *ps = json_string_value(json_object_get(root, "posterior_stream"));
     TU_CHECK(ps && strtoull(ps, NULL, 16) == DITD_LATENT_POSTERIOR_STREAM,
              "the fixtures' posterior stream %s is ditd's", ps ? ps : "(none)");
-    TU_CHECK(make_img2img_folder(i2i, sizeof i2i) == 0, "a FluxImg2ImgPipeline folder in %s", i2i);
+    TU_CHECK(edit_folder_make(i2i, sizeof i2i, "flux-img2img", "FluxImg2ImgPipeline") ==
+                 0, "a FluxImg2ImgPipeline folder in %s", i2i);
     cases = json_object_get(root, "cases");
     json_array_foreach(cases, i, c) {
         char dir[4096];
@@ -333,7 +274,7 @@ int main(void)
         checked += ok;
         on_i2i += ok && img2img_class;
     }
-    rm_img2img_folder(i2i);
+    edit_folder_rm(i2i);
     TU_CHECK(checked >= MIN_CASES, "FluxImg2ImgPipeline cases checked to the end: %d (at least %d)",
              checked, MIN_CASES);
     TU_CHECK(on_i2i >= 1, "cases on a FluxImg2ImgPipeline folder: %d", on_i2i);

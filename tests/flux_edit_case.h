@@ -1,0 +1,102 @@
+/* What the FLUX edit tests share (test_flux_img2img.c, test_flux_inpaint.c):
+ * the expected values a fixture tool wrote (tests/fixtures/<set>/expected/),
+ * a case's fields, and a temporary folder that links the assembled
+ * FLUX.1-dev folder's components under another pipeline class. */
+#ifndef DITD_TESTS_FLUX_EDIT_CASE_H
+#define DITD_TESTS_FLUX_EDIT_CASE_H
+
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "engine/core/error.h"
+#include "engine/io/npy.h"
+#include "tests/test_util.h"
+
+#ifndef FLUX_PIPELINE_DIR
+#error "FLUX_PIPELINE_DIR: the assembled FluxPipeline folders"
+#endif
+
+/* <fixtures>/<set>/expected/<name> as floats, or (u8) as bytes; NULL after a
+ * failed check. *n: its values. */
+static void *edit_npy(const char *set, const char *name, size_t *n, int u8)
+{
+    char path[4096];
+    int64_t shape[8];
+    int nd;
+    float *d = NULL;
+    snprintf(path, sizeof path, "%s/%s/expected/%s", tu_fixtures(), set, name);
+    if (ditd_npy_read_f32(path, 8, &nd, shape, &d)) {
+        TU_CHECK(0, "%s: %s", path, ditd_err_detail());
+        return NULL;
+    }
+    *n = 1;
+    for (int i = 0; i < nd; i++)
+        *n *= (size_t)shape[i];
+    if (!u8)
+        return d;
+    uint8_t *b = malloc(*n ? *n : 1);
+    for (size_t i = 0; b && i < *n; i++)
+        b[i] = (uint8_t)d[i];
+    free(d);
+    return b;
+}
+
+/* a case's fields */
+static inline int jint(json_t *c, const char *k)
+{
+    return (int)json_integer_value(json_object_get(c, k));
+}
+static inline double jnum(json_t *c, const char *k)
+{
+    return json_number_value(json_object_get(c, k));
+}
+static inline const char *jstr(json_t *c, const char *k)
+{
+    return json_string_value(json_object_get(c, k));
+}
+
+static const char *const edit_folder_parts[] = {"scheduler", "text_encoder", "text_encoder_2",
+                                                "tokenizer", "tokenizer_2", "transformer", "vae"};
+#define EDIT_FOLDER_PARTS (int)(sizeof edit_folder_parts / sizeof *edit_folder_parts)
+
+/* A temporary folder (tu_mkdtemp with tmpl): dev's components linked,
+ * model_index.json naming pipeline_class. 0, or -1. */
+static int edit_folder_make(char *out, size_t cap, const char *tmpl, const char *pipeline_class)
+{
+    char src[4096], dst[4096];
+    if (tu_mkdtemp(out, cap, tmpl))
+        return -1;
+    for (int i = 0; i < EDIT_FOLDER_PARTS; i++) {
+        snprintf(src, sizeof src, "%s/dev/%s", FLUX_PIPELINE_DIR, edit_folder_parts[i]);
+        snprintf(dst, sizeof dst, "%s/%s", out, edit_folder_parts[i]);
+        if (symlink(src, dst))
+            return -1;
+    }
+    snprintf(src, sizeof src, "%s/dev/model_index.json", FLUX_PIPELINE_DIR);
+    json_error_t je;
+    json_t *mi = json_load_file(src, 0, &je);
+    if (!mi)
+        return -1;
+    json_object_set_new(mi, "_class_name", json_string(pipeline_class));
+    snprintf(dst, sizeof dst, "%s/model_index.json", out);
+    int rc = json_dump_file(mi, dst, JSON_INDENT(2));
+    json_decref(mi);
+    return rc;
+}
+
+static void edit_folder_rm(const char *dir)
+{
+    char p[4096];
+    for (int i = 0; i < EDIT_FOLDER_PARTS; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, edit_folder_parts[i]);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/model_index.json", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+#endif
