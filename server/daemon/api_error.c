@@ -4,6 +4,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "engine/core/error.h"
+
 int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
                        const char *param, const char *fmt, ...)
 {
@@ -16,4 +18,17 @@ int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const ch
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     return status;
+}
+
+int ditd_api_bad(ditd_api_error *e, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    e->status = 400;
+    e->type = "invalid_request_error";
+    e->code = "invalid_value";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return DITD_EINVAL;
 }

@@ -17,4 +17,9 @@ typedef struct ditd_api_error {
 int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
                        const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
+/* A 400 invalid_request_error / invalid_value naming param (may be NULL);
+ * returns DITD_EINVAL, for the request parsers' "return bad(...)". */
+int ditd_api_bad(ditd_api_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif

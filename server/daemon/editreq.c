@@ -25,20 +25,9 @@
 #include "server/daemon/image_json.h"
 #include "server/daemon/multipart.h"
 
-static int bad(ditd_api_error *e, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bad(ditd_api_error *e, const char *param, const char *fmt, ...)
-{
-    va_list ap;
-    e->status = 400;
-    e->type = "invalid_request_error";
-    e->code = "invalid_value";
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return DITD_EINVAL;
-}
+/* a 400 naming the field (api_error.h) */
+#define bad(...) ditd_api_bad(__VA_ARGS__)
+
 
 static int oom(ditd_api_error *e)
 {

@@ -14,6 +14,9 @@
 #include "engine/core/error.h"
 #include "server/common/image_in.h"
 
+/* a 400 naming the field (api_error.h) */
+#define bad(...) ditd_api_bad(__VA_ARGS__)
+
 size_t ditd_utf8_seq(const unsigned char *p, size_t n)
 {
     unsigned c = p[0];
@@ -76,20 +79,6 @@ char *ditd_api_error_json(const ditd_api_error *e)
     return s;
 }
 
-static int bad(ditd_api_error *e, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bad(ditd_api_error *e, const char *param, const char *fmt, ...)
-{
-    va_list ap;
-    e->status = 400;
-    e->type = "invalid_request_error";
-    e->code = "invalid_value";
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return DITD_EINVAL;
-}
 
 /* "valid classes: 0 "tee", 1 "trouser", ..." appended to a message */
 static void list_classes(const ditd_model_info *m, char *dst, size_t len)
