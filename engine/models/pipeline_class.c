@@ -118,6 +118,20 @@ const ditd_pipeline_class ditd_pipeline_sd3 = {
     .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_SKIP_LAYERS,
 };
 
+/* What WanPipeline and WanImageToVideoPipeline share: the UMT5 prompt,
+ * CFG with a state per branch, the mean/std unscale, the defaults, the
+ * request fields, 81 frames at 16 fps. */
+#define WAN_TEXT_RULES                                                                            \
+    .transformers = {"WanTransformer3DModel", NULL}, .cond = DITD_COND_TEXT, .n_parts = 1,        \
+    .parts = {{.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_UMT5, \
+               .tokens = 0, .prompt = 0, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 0,             \
+               .pooled = DITD_PROMPT_POOLED_NONE}},                                               \
+    .guidance = DITD_GUIDANCE_CFG, .cache_branch_contexts = 1,                                    \
+    .unscale = DITD_LATENT_RULE_MEAN_STD, .default_steps = 50, .default_guidance = 5.0f,          \
+    .default_max_sequence_length = 512, .max_sequence_length = 512,                               \
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_GUIDANCE_2,           \
+    .default_frames = 81, .fps = 16
+
 /* WanPipeline (Wan 2.1 T2V, diffusers 0.42 pipelines/wan/pipeline_wan.py):
  * the UMT5 encoder's last_hidden_state at max_sequence_length (512) as
  * _get_t5_prompt_embeds makes it (prompt_clean, the attention mask, the rows
@@ -131,24 +145,7 @@ const ditd_pipeline_class ditd_pipeline_sd3 = {
  * expand_timesteps are the same row: the model folder says which. */
 const ditd_pipeline_class ditd_pipeline_wan = {
     .name = "WanPipeline",
-    .transformers = {"WanTransformer3DModel", NULL},
-    .cond = DITD_COND_TEXT,
-    .n_parts = 1,
-    .parts = {
-        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_UMT5,
-         .tokens = 0, .prompt = 0, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 0,
-         .pooled = DITD_PROMPT_POOLED_NONE},
-    },
-    .guidance = DITD_GUIDANCE_CFG,
-    .cache_branch_contexts = 1,
-    .unscale = DITD_LATENT_RULE_MEAN_STD,
-    .default_steps = 50,
-    .default_guidance = 5.0f,
-    .default_max_sequence_length = 512,
-    .max_sequence_length = 512,
-    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_GUIDANCE_2,
-    .default_frames = 81,
-    .fps = 16,
+    WAN_TEXT_RULES,
     .max_experts = 2, /* Wan 2.2 A14B: transformer_2 below boundary_ratio */
 };
 
@@ -162,24 +159,7 @@ const ditd_pipeline_class ditd_pipeline_wan = {
  * passes. Wan 2.2 I2V-A14B: no image encoder, two experts. */
 const ditd_pipeline_class ditd_pipeline_wan_i2v = {
     .name = "WanImageToVideoPipeline",
-    .transformers = {"WanTransformer3DModel", NULL},
-    .cond = DITD_COND_TEXT,
-    .n_parts = 1,
-    .parts = {
-        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_UMT5,
-         .tokens = 0, .prompt = 0, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 0,
-         .pooled = DITD_PROMPT_POOLED_NONE},
-    },
-    .guidance = DITD_GUIDANCE_CFG,
-    .cache_branch_contexts = 1,
-    .unscale = DITD_LATENT_RULE_MEAN_STD,
-    .default_steps = 50,
-    .default_guidance = 5.0f,
-    .default_max_sequence_length = 512,
-    .max_sequence_length = 512,
-    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_GUIDANCE_2,
-    .default_frames = 81,
-    .fps = 16,
+    WAN_TEXT_RULES,
     .max_experts = 2,
     .image_to_video = 1,
 };
