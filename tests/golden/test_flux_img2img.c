@@ -94,22 +94,9 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
              info.pipeline->img2img ? info.pipeline->img2img->name : "(none)");
 
     /* prompt (and the negative one with true CFG) */
-    ditd_prompt_encoder_opts o = {.max_sequence_length = L};
-    TU_OK(ditd_prompt_encoder_new(&info, &ditd_backend_cpu, &o, &pe));
-    if (!pe)
-        goto out;
-    const int Dt = ditd_prompt_encoder_text_dim(pe), Dp = ditd_prompt_encoder_pooled_dim(pe);
-    seq = malloc(2 * (size_t)L * Dt * sizeof *seq);
-    pooled = malloc(2 * (size_t)Dp * sizeof *pooled);
-    if (!seq || !pooled)
-        goto out;
-    TU_OK(ditd_prompt_encoder_encode(pe, prompt, strlen(prompt), L, seq, pooled));
-    te[0] = (ditd_text_embeds){.seq = seq, .pooled = pooled};
     int use_neg = tcfg > 1.0f && neg;
-    if (use_neg) {
-        TU_OK(ditd_prompt_encoder_encode(pe, neg, strlen(neg), L, seq + (size_t)L * Dt, pooled + Dp));
-        te[1] = (ditd_text_embeds){.seq = seq + (size_t)L * Dt, .pooled = pooled + Dp};
-    }
+    if (edit_encode_prompts(&info, L, prompt, use_neg ? neg : NULL, &pe, &seq, &pooled, te))
+        goto out;
 
     /* the image's latents: one encode per request, shared by its images */
     TU_OK(ditd_latent_image_new(&info, &ditd_backend_cpu, NULL, 0, &li));
