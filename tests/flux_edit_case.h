@@ -21,32 +21,6 @@
 
 #ifndef FLUX_PIPELINE_DIR
 #error "FLUX_PIPELINE_DIR: the assembled FluxPipeline folders"
-/* The case's prompt into te[0] and, when neg != NULL, its negative into
- * te[1], by the folder's encoders on the CPU; *pe, *seq, *pooled the
- * caller frees. 0, or -1 after a failed check. */
-static int edit_encode_prompts(const ditd_model_info *info, int L, const char *prompt,
-                               const char *neg, ditd_prompt_encoder **pe, float **seq,
-                               float **pooled, ditd_text_embeds te[2])
-{
-    ditd_prompt_encoder_opts o = {.max_sequence_length = L};
-    TU_OK(ditd_prompt_encoder_new(info, &ditd_backend_cpu, &o, pe));
-    if (!*pe)
-        return -1;
-    const int Dt = ditd_prompt_encoder_text_dim(*pe), Dp = ditd_prompt_encoder_pooled_dim(*pe);
-    *seq = malloc(2 * (size_t)L * Dt * sizeof **seq);
-    *pooled = malloc(2 * (size_t)Dp * sizeof **pooled);
-    if (!*seq || !*pooled)
-        return -1;
-    TU_OK(ditd_prompt_encoder_encode(*pe, prompt, strlen(prompt), L, *seq, *pooled));
-    te[0] = (ditd_text_embeds){.seq = *seq, .pooled = *pooled};
-    if (neg) {
-        float *ns = *seq + (size_t)L * Dt, *np = *pooled + Dp;
-        TU_OK(ditd_prompt_encoder_encode(*pe, neg, strlen(neg), L, ns, np));
-        te[1] = (ditd_text_embeds){.seq = ns, .pooled = np};
-    }
-    return 0;
-}
-
 #endif
 
 /* <fixtures>/<set>/expected/<name> as floats, or (u8) as bytes; NULL after a

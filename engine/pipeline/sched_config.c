@@ -715,18 +715,12 @@ static int from_root(json_t *root, const char *name, ditd_sched_config *out)
     return ditd_sched_config_check(out);
 }
 
-/* The file's text as Python's json module reads it (NaN, Infinity). */
-static char *python_text(const char *text, size_t len, size_t *out_len)
-{
-    return quote_python_specials(text, len, out_len);
-}
-
 /* Through the config cache (engine/io/json_config.h): a folder's scheduler
  * config is parsed once, however many pipelines read it. */
 int ditd_sched_config_load(const char *path, ditd_sched_config *out)
 {
     int err;
-    json_t *root = ditd_json_config_get(path, python_text, &err);
+    json_t *root = ditd_json_config_get(path, quote_python_specials, &err);
     if (!root)
         return err;
     err = from_root(root, path, out);

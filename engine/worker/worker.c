@@ -217,13 +217,12 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
      * before anything touches it; a group on GPUs moves its axis
      * collectives to NCCL), the folder, the pipeline, the tail that decodes
      * on the whole group, and a text model's encoders on the text rank */
-    char fdir[16];
-    snprintf(fdir, sizeof fdir, "%s",
-             cfg->weight_dtype < 0 ? "auto" : ditd_dtype_name((ditd_dtype)cfg->weight_dtype));
+    const char *dtype =
+        cfg->weight_dtype < 0 ? "auto" : ditd_dtype_name((ditd_dtype)cfg->weight_dtype);
     ditd_replica_opts ro = {
         .model_dir = cfg->model_dir,
         .device = (ditd_device)cfg->device,
-        .dtype = fdir,
+        .dtype = dtype,
         .max_samples = cfg->max_batch,
         .mesh = cfg->mesh,
         .comm_timeout_ms = cfg->comm_timeout_ms,

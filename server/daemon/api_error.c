@@ -6,16 +6,22 @@
 
 #include "engine/core/error.h"
 
-int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
-                       const char *param, const char *fmt, ...)
+static void vset(ditd_api_error *e, int status, const char *type, const char *code,
+                 const char *param, const char *fmt, va_list ap)
 {
-    va_list ap;
     e->status = status;
     e->type = type;
     e->code = code;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
+}
+
+int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const char *code,
+                       const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vset(e, status, type, code, param, fmt, ap);
     va_end(ap);
     return status;
 }
@@ -23,12 +29,8 @@ int ditd_api_error_set(ditd_api_error *e, int status, const char *type, const ch
 int ditd_api_bad(ditd_api_error *e, const char *param, const char *fmt, ...)
 {
     va_list ap;
-    e->status = 400;
-    e->type = "invalid_request_error";
-    e->code = "invalid_value";
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    vset(e, 400, "invalid_request_error", "invalid_value", param, fmt, ap);
     va_end(ap);
     return DITD_EINVAL;
 }
