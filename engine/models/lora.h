@@ -21,8 +21,9 @@
  * another kind (text encoder, DoRA, conv) or a malformed file is refused
  * naming the tensor.
  *
- * What it is not: no merge into base weights, no community FLUX formats
- * (BFL / XLabs / ai-toolkit names), no text-encoder adapters, no tensor
+ *   FLUX's community formats (kohya over BFL names, BFL / ComfyUI, XLabs)
+ *   as Diffusers converts them: engine/models/lora_convert.h.
+ * What it is not: no merge into base weights, no text-encoder adapters, no tensor
  * parallel split (a model under tp lists no targets), no cache of adapters.
  *
  * Threads: a ditd_lora and a ditd_lora_dev are immutable once made; a
@@ -41,18 +42,25 @@
 #define DITD_LORA_MAX_RANK 1024
 
 typedef enum ditd_lora_format {
-    DITD_LORA_FORMAT_PEFT = 0, /* Diffusers / PEFT names */
-    DITD_LORA_FORMAT_KOHYA,    /* lora_unet_... */
+    DITD_LORA_FORMAT_PEFT = 0, /* Diffusers / PEFT names (ai-toolkit's too) */
+    DITD_LORA_FORMAT_KOHYA,    /* lora_unet_<Diffusers module> */
+    /* FLUX's community formats (engine/models/lora_convert.h) */
+    DITD_LORA_FORMAT_KOHYA_BFL, /* lora_unet_<BFL module> (sd-scripts) */
+    DITD_LORA_FORMAT_BFL,       /* diffusion_model.<BFL module> (ComfyUI) */
+    DITD_LORA_FORMAT_XLABS,     /* double_blocks.<i>.processor.qkv_lora1... */
 } ditd_lora_format;
 
 const char *ditd_lora_format_name(ditd_lora_format f);
 int ditd_lora_format_from_str(const char *s, ditd_lora_format *out);
 
 /* One linear of a model that an adapter may target: its Diffusers module
- * name and its weight's (n_out, k_in). */
+ * name and its weight's (n_out, k_in). row_groups g > 1: the model keeps
+ * output row c g + q at q (n_out / g) + c (FLUX's proj_out, g = 4), and B's
+ * rows are re-laid so at load. */
 typedef struct ditd_lora_target {
     char name[120];
     int n_out, k_in;
+    int row_groups;
 } ditd_lora_target;
 
 /* One module of an adapter file, host f32. */
