@@ -291,8 +291,8 @@ static uint8_t *st_image(const char *header, const void *data, size_t dlen, size
 }
 
 static const ditd_lora_target targets[] = {
-    {"transformer_blocks.0.attn1.to_q", 3, 2},
-    {"transformer_blocks.0.ff.net.0.proj", 4, 2},
+    {"transformer_blocks.0.attn1.to_q", 3, 2, 0},
+    {"transformer_blocks.0.ff.net.0.proj", 4, 2, 0},
 };
 
 /* Opens an adapter of module m's A (r, k) and B (n, r), F32, with `extra`
