@@ -63,7 +63,8 @@ static void open_adapters(ditd_pipeline *p, json_t *files, adapters *ad)
         if (!l || ad->n == MAX_AD)
             continue;
         ad->name[ad->n] = key;
-        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->n_lora_targets, &ad->dev[ad->n]));
+        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets,
+                                 &ad->dev[ad->n]));
         if (ad->dev[ad->n])
             ad->n++;
         ditd_lora_free(l);
@@ -291,8 +292,8 @@ static uint8_t *st_image(const char *header, const void *data, size_t dlen, size
 }
 
 static const ditd_lora_target targets[] = {
-    {"transformer_blocks.0.attn1.to_q", 3, 2},
-    {"transformer_blocks.0.ff.net.0.proj", 4, 2},
+    {.name = "transformer_blocks.0.attn1.to_q", .n_out = 3, .k_in = 2},
+    {.name = "transformer_blocks.0.ff.net.0.proj", .n_out = 4, .k_in = 2},
 };
 
 /* Opens an adapter of module m's A (r, k) and B (n, r), F32, with `extra`
