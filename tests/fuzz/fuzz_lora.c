@@ -18,19 +18,19 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const ditd_lora_target targets[] = {
-    {"transformer_blocks.0.attn1.to_q", 3, 2, 0},
-    {"transformer_blocks.0.ff.net.0.proj", 4, 2, 0},
-    {"proj_out", 2, 4, 2},
-    {"transformer_blocks.0.attn.to_q", 2, 2, 0},
-    {"transformer_blocks.0.attn.to_k", 2, 2, 0},
-    {"transformer_blocks.0.attn.to_v", 2, 2, 0},
-    {"single_transformer_blocks.0.attn.to_q", 2, 2, 0},
-    {"single_transformer_blocks.0.attn.to_k", 2, 2, 0},
-    {"single_transformer_blocks.0.attn.to_v", 2, 2, 0},
-    {"single_transformer_blocks.0.proj_mlp", 4, 2, 0},
-    {"single_transformer_blocks.0.proj_out", 2, 6, 0},
-    {"norm_out.linear", 4, 2, 0},
-    {"x_embedder", 2, 4, 0},
+    {.name = "transformer_blocks.0.attn1.to_q", .n_out = 3, .k_in = 2},
+    {.name = "transformer_blocks.0.ff.net.0.proj", .n_out = 4, .k_in = 2},
+    {.name = "proj_out", .n_out = 2, .k_in = 4, .row_groups = 2},
+    {.name = "transformer_blocks.0.attn.to_q", .n_out = 2, .k_in = 2},
+    {.name = "transformer_blocks.0.attn.to_k", .n_out = 2, .k_in = 2},
+    {.name = "transformer_blocks.0.attn.to_v", .n_out = 2, .k_in = 2},
+    {.name = "single_transformer_blocks.0.attn.to_q", .n_out = 2, .k_in = 2},
+    {.name = "single_transformer_blocks.0.attn.to_k", .n_out = 2, .k_in = 2},
+    {.name = "single_transformer_blocks.0.attn.to_v", .n_out = 2, .k_in = 2},
+    {.name = "single_transformer_blocks.0.proj_mlp", .n_out = 4, .k_in = 2},
+    {.name = "single_transformer_blocks.0.proj_out", .n_out = 2, .k_in = 6},
+    {.name = "norm_out.linear", .n_out = 4, .k_in = 2},
+    {.name = "x_embedder", .n_out = 2, .k_in = 4},
 };
 #define NT ((int)(sizeof targets / sizeof targets[0]))
 

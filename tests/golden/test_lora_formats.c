@@ -433,7 +433,8 @@ int main(void)
         }
         ad.name[ad.n] = key;
         ad.host[ad.n] = l;
-        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->n_lora_targets, &ad.dev[ad.n]));
+        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets,
+                                &ad.dev[ad.n]));
         if (ad.dev[ad.n])
             ad.n++;
         else
