@@ -152,9 +152,16 @@ typedef struct src {
     const ditd_st_tensor *part[3]; /* A, B, alpha */
 } src;
 
+/* The names ditd_lora_format_name gives, spelled here so that lora.c uses
+ * this file and not the other way round. */
 static const char *fmt_name(ditd_lora_format f)
 {
-    return ditd_lora_format_name(f);
+    switch (f) {
+    case DITD_LORA_FORMAT_KOHYA_BFL: return "kohya-bfl";
+    case DITD_LORA_FORMAT_BFL: return "bfl";
+    case DITD_LORA_FORMAT_XLABS: return "xlabs";
+    default: return "Diffusers / PEFT";
+    }
 }
 
 /* Parses a tensor name of format fmt into (module key, rule, block, part). */
