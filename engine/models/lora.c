@@ -260,7 +260,7 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
     }
     for (int i = 0; i < nt; i++)
         kohya_name(targets[i].name, kohya[i], sizeof kohya[i]);
-    if ((fmt0 = ditd_lora_convert_detect(st)) != DITD_LORA_FORMAT_PEFT) {
+    if ((fmt0 = ditd_lora_convert_detect(st, targets, nt)) != DITD_LORA_FORMAT_PEFT) {
         /* FLUX's community names (lora_convert.h) */
         if (!(l->name = strdup(name))) {
             err = ditd_err_set(DITD_ENOMEM, "%s", what);

@@ -116,9 +116,15 @@ static ditd_lora_format classify(const char *name)
     return DITD_LORA_FORMAT_PEFT;
 }
 
-ditd_lora_format ditd_lora_convert_detect(const ditd_safetensors *st)
+ditd_lora_format ditd_lora_convert_detect(const ditd_safetensors *st,
+                                          const ditd_lora_target *targets, int nt)
 {
     size_t n = ditd_safetensors_count(st);
+    int flux = 0;
+    for (int i = 0; i < nt && !flux; i++)
+        flux = starts_with(targets[i].name, "single_transformer_blocks.");
+    if (!flux) /* SD3's original names share final_layer / x_embedder with FLUX's */
+        return DITD_LORA_FORMAT_PEFT;
     for (size_t i = 0; i < n; i++) {
         ditd_lora_format f = classify(ditd_safetensors_at(st, i)->name);
         if (f != DITD_LORA_FORMAT_PEFT)

@@ -37,12 +37,15 @@
 #include "engine/io/safetensors.h"
 #include "engine/models/lora.h"
 
-/* The format of st's tensor names: DITD_LORA_FORMAT_KOHYA_BFL, _BFL or
- * _XLABS when any tensor is named in one of them (ditd_lora_convert_read
- * then reads the file and refuses any other name), else
- * DITD_LORA_FORMAT_PEFT (lora.c's own reading: PEFT and kohya over
- * Diffusers names). */
-ditd_lora_format ditd_lora_convert_detect(const ditd_safetensors *st);
+/* The format of st's tensor names for a model whose linears are
+ * targets[0 .. nt): for a FLUX transformer (a target in
+ * single_transformer_blocks.), DITD_LORA_FORMAT_KOHYA_BFL, _BFL or _XLABS
+ * when any tensor is named in one of them (ditd_lora_convert_read then
+ * reads the file and refuses any other name); else DITD_LORA_FORMAT_PEFT
+ * (lora.c's own reading: PEFT and kohya over Diffusers names; another
+ * family's file in BFL names is refused there as modules it lacks). */
+ditd_lora_format ditd_lora_convert_detect(const ditd_safetensors *st,
+                                          const ditd_lora_target *targets, int nt);
 
 /* Reads st (named `what` in errors), a file of the community format fmt,
  * for the model's targets[0 .. nt) into l: l->mod (owned by l, in file

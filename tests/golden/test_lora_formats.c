@@ -397,6 +397,20 @@ static void refusals(const ditd_pipeline *p)
     TU_CHECK(l && l->n_mod == 1 && l->format == DITD_LORA_FORMAT_BFL,
              "a zero .diff_b is skipped (Diffusers purges it), the rest read");
     ditd_lora_free(l);
+    /* another family (the DiT's linears): BFL names are modules it lacks */
+    {
+        static const ditd_lora_target dit[] = {
+            {.name = "transformer_blocks.0.attn1.to_q", .n_out = 32, .k_in = 32},
+        };
+        float d[64] = {0.5f};
+        size_t len;
+        uint8_t *img = st_image("{\"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight\":"
+                                "{\"dtype\":\"F32\",\"shape\":[2,32],\"data_offsets\":[0,256]}}",
+                                d, sizeof d, &len);
+        TU_CHECK_ERR(ditd_lora_open_mem(img, len, "dit.safetensors", "t", dit, 1, &l),
+                     DITD_ENOENT, "no linear module 'double_blocks_0_img_mlp_0'");
+        free(img);
+    }
     /* a module twice: ComfyUI's dotted and kohya's spelling of one */
     TU_CHECK_ERR(try_spec(p, "lora_unet_img_in.lora_down.weight:2,64;"
                              "lora_unet_img_in.lora_up.weight:32,2;"
