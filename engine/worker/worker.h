@@ -75,7 +75,7 @@ typedef struct ditd_worker_config {
     int n_loras;
     /* MiB of adapters kept on the device (an LRU: a batch naming an evicted
      * adapter reloads it from its file first); 0: every adapter stays. */
-    int lora_cache_mb;
+    double lora_cache_mb;
 } ditd_worker_config;
 
 /* Loads the model and serves batches until a Shutdown message or a

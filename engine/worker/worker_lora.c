@@ -189,7 +189,8 @@ int ditd__worker_lora_init(ditd__worker *w)
     const ditd_worker_config *cfg = w->cfg;
     const ditd_denoiser *den = w->rep.pipe->den;
     int err;
-    w->lora_budget = cfg->lora_cache_mb > 0 ? (size_t)cfg->lora_cache_mb << 20 : 0;
+    /* at least one byte: a budget under an adapter still evicts the others */
+    w->lora_budget = cfg->lora_cache_mb > 0 ? (size_t)(cfg->lora_cache_mb * 1048576.0) + 1 : 0;
     w->lora = calloc(DITD_WORKER_MAX_LORAS, sizeof *w->lora);
     w->lev = w->leader ? calloc(DITD__LORA_EVENTS, sizeof *w->lev) : NULL;
     if (!w->lora || (w->leader && !w->lev))
@@ -253,9 +254,11 @@ int ditd__worker_lora_prepare(ditd__worker *w, const Ditd__Batch *b)
             miss_bytes += a->bytes;
         }
     }
+    /* over the budget (a batch before whose adapters did not fit): back
+     * under it, by what this batch does not name */
+    make_room(w, miss_bytes, now, -1);
     if (!n_miss)
         return 0;
-    make_room(w, miss_bytes, now, -1);
     for (int i = 0; i < n_need && !err; i++)
         if (!w->lora[need[i]].dev && !(err = upload(w, need[i], 0)))
             loaded[n_loaded++] = need[i];

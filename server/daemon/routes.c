@@ -298,8 +298,9 @@ static enum MHD_Result on_headers(ditd_srv *s, struct MHD_Connection *c, const c
         for (size_t i = 0; i < ditd_routes_count && !path_row; i++)
             if (ditd_routes[i].route == rq->route)
                 path_row = &ditd_routes[i];
-    if (path_row && path_row->auth == DITD_ROUTE_ADMIN) {
-        /* the admin key alone (an API key is not one); routes off without it */
+    if (row && row->auth == DITD_ROUTE_ADMIN) {
+        /* the admin key alone (an API key is not one); routes off without it.
+         * Another method on an admin path hears its 405 as any path does. */
         if (!ditd_auth_enabled(&s->admin)) {
             rq->refused = 1;
             ditd_api_error_set(e, 403, "invalid_request_error", "admin_disabled", NULL,
