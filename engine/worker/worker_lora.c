@@ -224,8 +224,9 @@ int ditd__worker_lora_init(ditd__worker *w)
  * adapter the batch names counts once, a hit when resident, else a miss:
  * the misses' room is made first (least recently used adapters the batch
  * does not name go, by the sizes their first load measured: the same
- * choice on every rank), then their files are read again. When a rank
- * fails to load one, the group agrees and every rank frees what this
+ * choice on every rank; a cache left over the budget by the batch before
+ * comes back under here too), then their files are read again. When a
+ * rank fails to load one, the group agrees and every rank frees what this
  * batch loaded; the batch then fails naming the file. Between batches,
  * never in the step loop. */
 int ditd__worker_lora_prepare(ditd__worker *w, const Ditd__Batch *b)
