@@ -23,7 +23,7 @@ enum { OP_LOAD = 1, OP_UNLOAD = 2 };
 
 int ditd__sched_lora_slot(const ditd_srv *s, const char *name)
 {
-    return ditd_lora_specs_find(&s->cfg.loras, name);
+    return name && name[0] ? ditd_lora_specs_find(&s->cfg.loras, name) : -1; /* "": a free slot's */
 }
 
 static void info_free(ditd_srv_lora *l)
