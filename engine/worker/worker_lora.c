@@ -79,7 +79,7 @@ static void drop_dev(ditd__worker *w, int k, uint32_t kind)
     ditd__wlora *a = &w->lora[k];
     if (!a->dev)
         return;
-    w->lora_resident -= a->dev->bytes;
+    w->lora_resident -= a->cost;
     event(w, a->name, kind, a->dev->bytes);
     ditd_lora_dev_free(a->dev);
     a->dev = NULL;
@@ -106,6 +106,21 @@ static void make_room(ditd__worker *w, size_t need, uint64_t keep_from, int exce
     }
 }
 
+/* What adapter l (uploaded as d) counts against the budget: its device
+ * bytes; under tensor parallel, where a rank holds a slice whose size may
+ * differ from another rank's, the whole adapter's A and B in the
+ * activation type instead, so that every rank of the group counts the
+ * same and evicts alike. */
+static size_t cache_bytes(const ditd__worker *w, const ditd_lora *l, const ditd_lora_dev *d)
+{
+    if (!w->mesh || w->mesh->layout.tp <= 1)
+        return d->bytes;
+    size_t es = ditd_dtype_size(w->rep.pipe->ops->act_dtype), n = 0;
+    for (int m = 0; m < l->n_mod; m++)
+        n += (size_t)l->mod[m].rank * ((size_t)l->mod[m].k_in + (size_t)l->mod[m].n_out) * es;
+    return n;
+}
+
 /* Reads adapter k's file and uploads it; the leader keeps the host copy
  * when keep_host (its modules go into a report). */
 static int upload(ditd__worker *w, int k, int keep_host)
@@ -118,7 +133,8 @@ static int upload(ditd__worker *w, int k, int keep_host)
     if (den->n_lora_targets <= 0)
         return ditd_err_set(DITD_EUNSUPPORTED, "%s=%s: %s", a->name, a->path, den->lora_refusal);
     if ((err = ditd_lora_open(a->path, a->name, den->lora_targets, den->n_lora_targets, &l)) ||
-        (err = ditd_lora_dev_new(l, w->rep.pipe->ops, den->n_lora_targets, &d))) {
+        (err = ditd_lora_dev_new(l, w->rep.pipe->ops, den->lora_targets, den->n_lora_targets,
+                                   &d))) {
         char why[768];
         snprintf(why, sizeof why, "%s", ditd_err_detail());
         ditd_lora_free(l);
@@ -126,7 +142,8 @@ static int upload(ditd__worker *w, int k, int keep_host)
     }
     a->dev = d;
     a->bytes = d->bytes;
-    w->lora_resident += d->bytes;
+    a->cost = cache_bytes(w, l, d);
+    w->lora_resident += a->cost;
     event(w, a->name, DITD__LORA_EV_LOAD, d->bytes);
     if (keep_host && w->leader) {
         ditd_lora_free(a->host);
@@ -252,7 +269,7 @@ int ditd__worker_lora_prepare(ditd__worker *w, const Ditd__Batch *b)
         event(w, a->name, a->dev ? DITD__LORA_EV_HIT : DITD__LORA_EV_MISS, 0);
         if (!a->dev) {
             n_miss++;
-            miss_bytes += a->bytes;
+            miss_bytes += a->cost;
         }
     }
     /* over the budget (a batch before whose adapters did not fit): back

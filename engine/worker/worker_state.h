@@ -47,6 +47,7 @@ typedef struct ditd__wlora {
     char *path;            /* owned: reloaded from here after an eviction */
     ditd_lora_dev *dev;    /* on the device, or NULL (evicted) */
     size_t bytes;          /* its device bytes (from its first load) */
+    size_t cost;           /* what it counts against the budget: the same on every rank */
     uint64_t used;         /* lora_clock when a batch last used it (or it loaded) */
     ditd_lora *host;       /* the leader's host copy, until its modules are reported */
 } ditd__wlora;
@@ -82,7 +83,7 @@ typedef struct ditd__worker {
     int n_lora;
     ditd__wlora *lora;          /* (DITD_WORKER_MAX_LORAS) */
     size_t lora_budget;         /* --lora-cache-mb in bytes; 0: no limit */
-    size_t lora_resident;       /* bytes on the device now */
+    size_t lora_resident;       /* the resident adapters' costs (bytes; ditd__wlora.cost) */
     uint64_t lora_clock;        /* ticks once per batch or load: the LRU's order */
     ditd__lora_ev *lev;         /* (DITD__LORA_EVENTS) events not yet sent (leader) */
     int n_lev;
