@@ -67,6 +67,19 @@ def loras(d):
     return {x["id"]: x for x in o["data"]}
 
 
+def all_ready(d, timeout=120):
+    """Waits until every replica said ready (/readyz is 200 with one: an
+    adapter op needs them all, and answers 503 before)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        _, _, data = d.request("GET", "/healthz")
+        reps = json.loads(data).get("replicas", [])
+        if reps and all(r["ready"] for r in reps):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def series(m, name, adapter):
     return m.get(f'{name}{{model="{MODEL_ID}",adapter="{adapter}"}}')
 
@@ -350,6 +363,7 @@ def case_lora_admin_mpi(ditd):
             d = Daemon(ditd, "--lora-root", root, *flags, *extra, mpi_np=3,
                        env={"DITD_ADMIN_KEY": ADMIN}, model=MODEL)
             try:
+                check(all_ready(d), f"{what}: every replica ready")
                 if extra:
                     # the group's cache: both ranks evict and reload alike
                     n += cache_run(ditd, d, tmp, sizes, f"mpi {what}", what != "tp 2")
