@@ -21,6 +21,11 @@
 
 enum { OP_LOAD = 1, OP_UNLOAD = 2 };
 
+/* a slot the front-end hands out is one a replica can hold, and one the
+ * metrics count */
+_Static_assert(DITD_LORA_SPEC_MAX <= DITD_WORKER_MAX_LORAS, "a replica holds every slot");
+_Static_assert(DITD_LORA_SPEC_MAX <= DITD_METRICS_MAX_LORAS, "the metrics count every slot");
+
 int ditd__sched_lora_slot(const ditd_srv *s, const char *name)
 {
     return name && name[0] ? ditd_lora_specs_find(&s->cfg.loras, name) : -1; /* "": a free slot's */
