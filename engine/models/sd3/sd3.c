@@ -98,6 +98,76 @@ static void weight_list(ditd_sd3 *m, ditd_wl *wl)
 #undef VEC
 #undef QKV
 
+/* The linears an adapter may target (engine/models/lora_linear.h), every
+ * nn.Linear of SD3Transformer2DModel in Diffusers' module names: the
+ * embedders, each block's norm1(_context).linear, attn's to_q/k/v and
+ * add_q/k/v_proj (fused: a part each), to_out.0, to_add_out, attn2's
+ * (MMDiT-X), the FFNs, norm_out.linear and proj_out (its rows are
+ * Diffusers' order, so B adds to them as they are). None under tp (A and B
+ * would split with their base weight: the hook is here) or on a backend
+ * without the lora op (base.lora_refusal). */
+static int lora_targets(ditd_sd3 *m)
+{
+    const ditd_sd3_config *c = &m->cfg;
+    int D = c->inner_dim, FF = c->mlp_dim, Co = c->patch_size * c->patch_size * c->out_channels;
+    static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
+    static const char *const qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
+    ditd_lora_list *t = &m->lora;
+    if (m->lay.tp > 1) {
+        m->base.lora_refusal = "LoRA adapters under tensor parallel are not supported yet "
+                               "(docs/lora.md)";
+        return 0;
+    }
+    if (!m->ops->lora) {
+        m->base.lora_refusal = "this backend has no LoRA op";
+        return 0;
+    }
+    t->cap = 7 + 18 * c->num_layers; /* a dual block: 18 */
+    if (!(t->t = calloc((size_t)t->cap, sizeof *t->t)))
+        return ditd_err_set(DITD_ENOMEM, "LoRA targets");
+    ditd_lora_list_add(t, &m->ctx_emb.lora, D, c->joint_attention_dim, 1, NULL,
+                       "context_embedder");
+    ditd_lora_list_add(t, &m->t1.lora, D, TFREQ, 1, NULL,
+                       "time_text_embed.timestep_embedder.linear_1");
+    ditd_lora_list_add(t, &m->t2.lora, D, D, 1, NULL, "time_text_embed.timestep_embedder.linear_2");
+    ditd_lora_list_add(t, &m->p1.lora, D, c->pooled_dim, 1, NULL,
+                       "time_text_embed.text_embedder.linear_1");
+    ditd_lora_list_add(t, &m->p2.lora, D, D, 1, NULL, "time_text_embed.text_embedder.linear_2");
+    ditd_lora_list_add(t, &m->norm_out.lora, 2 * D, D, 1, NULL, "norm_out.linear");
+    ditd_lora_list_add(t, &m->proj.lora, Co, D, 1, NULL, "proj_out");
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_sd3_block *b = &m->blk[l];
+        ditd_lora_list_add(t, &b->ada.lora, (b->dual ? 9 : 6) * D, D, 1, NULL,
+                           "transformer_blocks.%d.norm1.linear", l);
+        ditd_lora_list_add(t, &b->ada_c.lora, (b->pre_only ? 2 : 6) * D, D, 1, NULL,
+                           "transformer_blocks.%d.norm1_context.linear", l);
+        ditd_lora_list_add(t, &b->qkv.lora, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn", l);
+        ditd_lora_list_add(t, &b->qkv_c.lora, 3 * D, D, 3, qkv_c, "transformer_blocks.%d.attn", l);
+        ditd_lora_list_add(t, &b->out.lora, D, D, 1, NULL, "transformer_blocks.%d.attn.to_out.0", l);
+        ditd_lora_list_add(t, &b->ff1.lora, FF, D, 1, NULL, "transformer_blocks.%d.ff.net.0.proj",
+                           l);
+        ditd_lora_list_add(t, &b->ff2.lora, D, FF, 1, NULL, "transformer_blocks.%d.ff.net.2", l);
+        if (!b->pre_only) { /* context_pre_only: no to_add_out, no ff_context */
+            ditd_lora_list_add(t, &b->out_c.lora, D, D, 1, NULL,
+                               "transformer_blocks.%d.attn.to_add_out", l);
+            ditd_lora_list_add(t, &b->ff1_c.lora, FF, D, 1, NULL,
+                               "transformer_blocks.%d.ff_context.net.0.proj", l);
+            ditd_lora_list_add(t, &b->ff2_c.lora, D, FF, 1, NULL,
+                               "transformer_blocks.%d.ff_context.net.2", l);
+        }
+        if (b->dual) {
+            ditd_lora_list_add(t, &b->qkv2.lora, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn2", l);
+            ditd_lora_list_add(t, &b->out2.lora, D, D, 1, NULL,
+                               "transformer_blocks.%d.attn2.to_out.0", l);
+        }
+    }
+    if (t->n > t->cap)
+        return ditd_err_set(DITD_EINVAL, "SD3 LoRA targets: %d listed, room for %d", t->n, t->cap);
+    m->base.lora_targets = t->t;
+    m->base.n_lora_targets = t->n;
+    return 0;
+}
+
 static int carve_acts(ditd_sd3 *m)
 {
     const ditd_sd3_config *c = &m->cfg;
@@ -124,6 +194,10 @@ static int carve_acts(ditd_sd3 *m)
     err |= carve(a, &m->mod, at, B * 9 * D) | carve(a, &m->mod_c, at, B * 6 * D);
     err |= carve(a, &m->scratch, at, B * N * Ci);
     err |= carve(a, &m->tok_out, at, B * N * Co);
+    if (m->lora.n) { /* LoRA's rank-r scratch, fp32: the largest M is B Nl or B Ll */
+        m->lora_tmp_n = ditd_lora_tmp_floats(B * (Nl > L ? Nl : L));
+        err |= carve(a, (void **)&m->lora_tmp, DITD_DTYPE_F32, m->lora_tmp_n);
+    }
     if (m->lay.ring * m->lay.ulysses > 1) {
         err |= carve(a, &m->embed, at, B * N * D);
         err |= carve(a, &m->tok_loc, at, B * Nl * Co);
@@ -260,7 +334,7 @@ static int plan(ditd_sd3 *m, const ditd_mesh *mesh)
         (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
         (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
         return err;
-    return 0;
+    return lora_targets(m);
 }
 
 /* (height, width, text_len) checked; m's sizes and shapes set to them. */
@@ -318,6 +392,7 @@ void ditd_sd3_free(ditd_sd3 *m)
     free(m->blk);
     free(m->cnt_a);
     free(m->h_freq);
+    free(m->lora.t);
     free(m);
 }
 

@@ -106,6 +106,67 @@ static void weight_list(ditd_wan *m, ditd_wl *wl)
 #undef VEC
 #undef FUSED
 
+/* The linears an adapter may target (engine/models/lora_linear.h), every
+ * nn.Linear of WanTransformer3DModel in Diffusers' module names: the
+ * condition embedder's (time_embedder, time_proj, text_embedder, and with an
+ * image branch image_embedder.ff), each block's attn1 to_q/k/v (fused: a
+ * part each) and to_out.0, attn2's to_q, to_k/v (fused), add_k/v_proj
+ * (image branch), to_out.0, the FFN, and proj_out (rows in Diffusers'
+ * order). None under tp (A and B would split with their base weight: the
+ * hook is here) or on a backend without the lora op (base.lora_refusal). */
+static int lora_targets(ditd_wan *m)
+{
+    const ditd_wan_config *c = &m->cfg;
+    int D = c->inner_dim, FF = c->ffn_dim, Di = c->image_dim;
+    int Co = c->patch_h * c->patch_w * c->out_channels;
+    static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
+    static const char *const kvi[2] = {"add_k_proj", "add_v_proj"};
+    ditd_lora_list *t = &m->lora;
+    if (m->lay.tp > 1) {
+        m->base.lora_refusal = "LoRA adapters under tensor parallel are not supported yet "
+                               "(docs/lora.md)";
+        return 0;
+    }
+    if (!m->ops->lora) {
+        m->base.lora_refusal = "this backend has no LoRA op";
+        return 0;
+    }
+    t->cap = 8 + 12 * c->num_layers;
+    if (!(t->t = calloc((size_t)t->cap, sizeof *t->t)))
+        return ditd_err_set(DITD_ENOMEM, "LoRA targets");
+    ditd_lora_list_add(t, &m->t1.lora, D, c->freq_dim, 1, NULL,
+                       "condition_embedder.time_embedder.linear_1");
+    ditd_lora_list_add(t, &m->t2.lora, D, D, 1, NULL, "condition_embedder.time_embedder.linear_2");
+    ditd_lora_list_add(t, &m->tproj.lora, 6 * D, D, 1, NULL, "condition_embedder.time_proj");
+    ditd_lora_list_add(t, &m->x1.lora, D, c->text_dim, 1, NULL,
+                       "condition_embedder.text_embedder.linear_1");
+    ditd_lora_list_add(t, &m->x2.lora, D, D, 1, NULL, "condition_embedder.text_embedder.linear_2");
+    if (Di) {
+        ditd_lora_list_add(t, &m->ie_ff1.lora, Di, Di, 1, NULL,
+                           "condition_embedder.image_embedder.ff.net.0.proj");
+        ditd_lora_list_add(t, &m->ie_ff2.lora, D, Di, 1, NULL,
+                           "condition_embedder.image_embedder.ff.net.2");
+    }
+    ditd_lora_list_add(t, &m->proj.lora, Co, D, 1, NULL, "proj_out");
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_wan_block *b = &m->blk[l];
+        ditd_lora_list_add(t, &b->qkv.lora, 3 * D, D, 3, qkv, "blocks.%d.attn1", l);
+        ditd_lora_list_add(t, &b->out1.lora, D, D, 1, NULL, "blocks.%d.attn1.to_out.0", l);
+        ditd_lora_list_add(t, &b->q2.lora, D, D, 1, NULL, "blocks.%d.attn2.to_q", l);
+        ditd_lora_list_add(t, &b->kv2.lora, 2 * D, D, 2, qkv + 1, "blocks.%d.attn2", l);
+        if (Di)
+            ditd_lora_list_add(t, &b->kvi.lora, 2 * D, D, 2, kvi, "blocks.%d.attn2", l);
+        ditd_lora_list_add(t, &b->out2.lora, D, D, 1, NULL, "blocks.%d.attn2.to_out.0", l);
+        ditd_lora_list_add(t, &b->ff1.lora, FF, D, 1, NULL, "blocks.%d.ffn.net.0.proj", l);
+        ditd_lora_list_add(t, &b->ff2.lora, D, FF, 1, NULL, "blocks.%d.ffn.net.2", l);
+    }
+    if (t->n > t->cap)
+        return ditd_err_set(DITD_EINVAL, "Wan LoRA targets: %d listed, room for %d", t->n, t->cap);
+    m->base.lora_targets = t->t;
+    m->base.n_lora_targets = t->n;
+    return 0;
+}
+
 static int carve_acts(ditd_wan *m)
 {
     const ditd_wan_config *c = &m->cfg;
@@ -141,6 +202,11 @@ static int carve_acts(ditd_wan *m)
            carve(a, &m->rope_sin, DITD_DTYPE_F32, N * half);
     err |= carve(a, &m->scratch, at, B * N * (size_t)c->in_channels * pp);
     err |= carve(a, &m->tok_out, at, B * N * Co);
+    if (m->lora.n) { /* LoRA's rank-r scratch, fp32: the largest M of a linear */
+        size_t rows = ssr > (size_t)m->F ? ssr : (size_t)m->F; /* tokens, text, image, frames */
+        m->lora_tmp_n = ditd_lora_tmp_floats(B * rows);
+        err |= carve(a, (void **)&m->lora_tmp, DITD_DTYPE_F32, m->lora_tmp_n);
+    }
     if (m->lay.ring * m->lay.ulysses > 1) {
         err |= carve(a, &m->embed, at, B * N * D);
         err |= carve(a, &m->tok_loc, at, B * Nl * Co);
@@ -268,7 +334,7 @@ static int plan(ditd_wan *m, const ditd_mesh *mesh)
         (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
         (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
         return err;
-    return 0;
+    return lora_targets(m);
 }
 
 /* The host buffers that follow the frame count (B F rows). */
@@ -313,6 +379,7 @@ void ditd_wan_free(ditd_wan *m)
     free(m->cnt_a);
     free(m->h_freq);
     free(m->h_t);
+    free(m->lora.t);
     free(m);
 }
 
