@@ -51,6 +51,10 @@
  * once, on tp rank 0). Embeddings, modulations, QK norms and the output
  * layer are replicated. CP x TP composes.
  *
+ * LoRA adapters (engine/models/lora.h, docs/lora.md): every Linear is a
+ * target in Diffusers' module names (sd3.c lora_targets), the term added in
+ * lin() per sample's set; none under tp.
+ *
  * What it is not: no text encoders (CLIP-L, CLIP-G, T5 and how
  * StableDiffusion3Pipeline joins them: engine/pipeline, engine/text), no
  * sampler, no VAE; no ControlNet residuals, no IP-Adapter.

@@ -51,6 +51,10 @@
  * the RMSNorm is over all heads exactly. Embeddings, modulations and the
  * output layer are replicated. Each rank reads only its slices.
  *
+ * LoRA adapters (engine/models/lora.h, docs/lora.md): every Linear is a
+ * target in Diffusers' module names (wan.c lora_targets), the term added in
+ * lin() per sample's set; none under tp.
+ *
  * Image branch (Wan 2.1 I2V / FLF2V: image_dim, added_kv_proj_dim): the
  * CLIP image hidden states (B, Li, Di) through condition_embedder.
  * image_embedder (pos_embed for FLF2V, LayerNorm, FeedForward with erf
