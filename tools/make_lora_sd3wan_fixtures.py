@@ -33,7 +33,7 @@ twice, the second time into transformer_2), different adapters per expert,
 and an adapter on transformer alone.
 
 Writes tests/fixtures/lora_sd3wan/: cases.json, the adapters
-(*.safetensors) and <case>_out.npy (float64). Run with the project's
+(*.safetensors) and <case>_out.npy (float64), sd35_sample0_noise.npy. Run with the project's
 virtualenv:
   /root/ditd-venv/bin/python tools/make_lora_sd3wan_fixtures.py
 The C test (tests/golden/test_lora_sd3wan.c) reads the files, never Python.
@@ -239,6 +239,9 @@ def main():
     s_files = {n: diffusers_file(tmp.name, StableDiffusion3Pipeline, "sd3_" + n, v["tensors"],
                                  v["alpha"]) for n, v in s_ads.items()}
     s_base = [sd3_run(s_ads, s_files, [], sc, i) for i in range(2)]
+    # sample 0's noise alone, for `ditd generate --latents` (tests/mpi/lora_sd3wan_group.py)
+    np.save(OUT / "sd35_sample0_noise.npy",
+            np.load(SD3DIR / "expected" / sc["noise"])[:1].astype("<f4"))
 
     def sd3_case(name, samples):
         outs = []
