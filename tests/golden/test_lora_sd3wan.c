@@ -100,7 +100,8 @@ static void open_adapters(const ditd_pipeline *p, json_t *files, adapters *ad)
             continue;
         }
         ad->name[ad->n] = key;
-        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->n_lora_targets, &ad->dev[ad->n]));
+        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets,
+                                &ad->dev[ad->n]));
         if (ad->dev[ad->n])
             ad->n++;
         ditd_lora_free(l);
