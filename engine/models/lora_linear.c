@@ -5,8 +5,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-void ditd_lora_list_add(ditd_lora_list *l, ditd_lora_slot *slot, int n_out, int k_in, int parts,
-                        const char *const *part, const char *fmt, ...)
+void ditd_lora_list_add(ditd_lora_list *l, ditd_lora_slot *slot, ditd_lora_cut cut, int n_out,
+                        int k_in, int parts, const char *const *part, const char *fmt, ...)
 {
     char name[sizeof l->t->name];
     va_list ap;
@@ -25,6 +25,8 @@ void ditd_lora_list_add(ditd_lora_list *l, ditd_lora_slot *slot, int n_out, int 
             snprintf(t->name, sizeof t->name, "%s", name);
         t->n_out = n_out / parts;
         t->k_in = k_in;
+        if (l->tp > 1)
+            ditd_lora_target_slice(t, cut.shard, cut.n_rng, cut.off, cut.len);
     }
 }
 

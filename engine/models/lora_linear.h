@@ -7,8 +7,13 @@
  * targets, part i's adapter adding its term to the i-th block of N / parts
  * output columns, as FLUX does (engine/models/flux/flux_forward.c).
  *
- * What it is not: the loader or the op (lora.{h,c}, the backend's lora);
- * no tensor-parallel slicing (a family under tp lists no targets).
+ * Under tensor parallel each target carries this rank's slice (the
+ * family's tp plan), a column-parallel linear's N and a row-parallel one's
+ * K being the local ones: the adapter is cut to fit at upload
+ * (ditd_lora_dev_new) and a row-parallel term is summed by the linear's own
+ * all-reduce.
+ *
+ * What it is not: the loader or the op (lora.{h,c}, the backend's lora).
  */
 #ifndef DITD_ENGINE_LORA_LINEAR_H
 #define DITD_ENGINE_LORA_LINEAR_H
@@ -24,22 +29,35 @@ typedef struct ditd_lora_slot {
     int first1, parts;
 } ditd_lora_slot;
 
-/* A model's target list while it is written (capacity cap). */
+/* A model's target list while it is written (capacity cap; tp: whether
+ * the model runs under tensor parallel, so cuts apply). */
 typedef struct ditd_lora_list {
     ditd_lora_target *t;
     int n, cap;
+    int tp;
 } ditd_lora_list;
 
-/* Appends the targets of one linear of n_out outputs and k_in inputs named
- * printf(fmt, ...) (parts > 1: "<name>.<part[i]>" each n_out / parts
- * outputs) and points *slot at them. Past the capacity nothing is added
- * and l->n still counts, so a list sized too small shows as n > cap. */
-void ditd_lora_list_add(ditd_lora_list *l, ditd_lora_slot *slot, int n_out, int k_in, int parts,
-                        const char *const *part, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
+/* This rank's tp slice of a linear's targets (ditd_lora_target_slice),
+ * as the model's weight list cuts the weight: DITD_LORA_WHOLE for a
+ * replicated one; a fused linear's parts each take the same slice of
+ * their own block. */
+typedef struct ditd_lora_cut {
+    ditd_lora_shard shard;
+    int n_rng, off[2], len[2];
+} ditd_lora_cut;
+
+/* Appends the targets of one linear of n_out outputs and k_in inputs (the
+ * whole weight's) named printf(fmt, ...) (parts > 1: "<name>.<part[i]>"
+ * each n_out / parts outputs), cut as `cut` says under tp, and points
+ * *slot at them. Past the capacity nothing is added and l->n still counts,
+ * so a list sized too small shows as n > cap. */
+void ditd_lora_list_add(ditd_lora_list *l, ditd_lora_slot *slot, ditd_lora_cut cut, int n_out,
+                        int k_in, int parts, const char *const *part, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
 
 /* y = act(x W^T + b) for M rows that are B samples of M / B rows each, with
- * the adapters of sets (B entries; NULL: none) on slot's targets: the linear
+ * the adapters of sets (B entries; NULL: none) on slot's targets (N and K
+ * this rank's, under tp): the linear
  * runs without act where a row adapts, the terms follow, then act (PEFT
  * wraps the Linear, not its activation). tmp: the model's planned scratch
  * (ditd_lora_tmp_floats). Queues ops only. */

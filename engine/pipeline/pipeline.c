@@ -25,15 +25,17 @@ static void set_numels(ditd_pipeline *p)
     p->numel = p->numel_in - p->numel_cond;
 }
 
-/* Whether two experts list the same LoRA targets (names and shapes), so an
- * adapter opened against one runs on the other. */
+/* Whether two experts list the same LoRA targets (names, shapes, tp
+ * slices), so an adapter opened and cut against one runs on the other. */
 static int same_lora_targets(const ditd_denoiser *a, const ditd_denoiser *b)
 {
     if (a->n_lora_targets != b->n_lora_targets)
         return 0;
     for (int i = 0; i < a->n_lora_targets; i++) {
         const ditd_lora_target *x = &a->lora_targets[i], *y = &b->lora_targets[i];
-        if (strcmp(x->name, y->name) || x->n_out != y->n_out || x->k_in != y->k_in)
+        if (strcmp(x->name, y->name) || x->n_out != y->n_out || x->k_in != y->k_in ||
+            x->shard != y->shard || x->n_rng != y->n_rng ||
+            memcmp(x->off, y->off, sizeof x->off) || memcmp(x->len, y->len, sizeof x->len))
             return 0;
     }
     return 1;

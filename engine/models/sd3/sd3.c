@@ -103,62 +103,60 @@ static void weight_list(ditd_sd3 *m, ditd_wl *wl)
  * embedders, each block's norm1(_context).linear, attn's to_q/k/v and
  * add_q/k/v_proj (fused: a part each), to_out.0, to_add_out, attn2's
  * (MMDiT-X), the FFNs, norm_out.linear and proj_out (its rows are
- * Diffusers' order, so B adds to them as they are). None under tp (A and B
- * would split with their base weight: the hook is here) or on a backend
+ * Diffusers' order, so B adds to them as they are). Under tp each with this
+ * rank's slice as weight_list cuts it: the q/k/v parts and ff(_context).
+ * net.0 by outputs (heads, MLP columns), to_out.0 / to_add_out /
+ * attn2.to_out.0 and ff(_context).net.2 by inputs. None on a backend
  * without the lora op (base.lora_refusal). */
+#define ADD(l, cut, n, k, parts, part, ...) \
+    ditd_lora_list_add(t, &(l)->lora, (cut), (n), (k), (parts), (part), __VA_ARGS__)
 static int lora_targets(ditd_sd3 *m)
 {
     const ditd_sd3_config *c = &m->cfg;
     int D = c->inner_dim, FF = c->mlp_dim, Co = c->patch_size * c->patch_size * c->out_channels;
+    int a0 = m->h0 * c->head_dim;
     static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
     static const char *const qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
+    const ditd_lora_cut all = {DITD_LORA_WHOLE, 0, {0, 0}, {0, 0}};
+    const ditd_lora_cut heads = {DITD_LORA_OUT_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const ditd_lora_cut mlp = {DITD_LORA_OUT_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
+    const ditd_lora_cut heads_in = {DITD_LORA_IN_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const ditd_lora_cut mlp_in = {DITD_LORA_IN_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
     ditd_lora_list *t = &m->lora;
-    if (m->lay.tp > 1) {
-        m->base.lora_refusal = "LoRA adapters under tensor parallel are not supported yet "
-                               "(docs/lora.md)";
-        return 0;
-    }
     if (!m->ops->lora) {
         m->base.lora_refusal = "this backend has no LoRA op";
         return 0;
     }
+    t->tp = m->lay.tp;
     t->cap = 7 + 18 * c->num_layers; /* a dual block: 18 */
     if (!(t->t = calloc((size_t)t->cap, sizeof *t->t)))
         return ditd_err_set(DITD_ENOMEM, "LoRA targets");
-    ditd_lora_list_add(t, &m->ctx_emb.lora, D, c->joint_attention_dim, 1, NULL,
-                       "context_embedder");
-    ditd_lora_list_add(t, &m->t1.lora, D, TFREQ, 1, NULL,
-                       "time_text_embed.timestep_embedder.linear_1");
-    ditd_lora_list_add(t, &m->t2.lora, D, D, 1, NULL, "time_text_embed.timestep_embedder.linear_2");
-    ditd_lora_list_add(t, &m->p1.lora, D, c->pooled_dim, 1, NULL,
-                       "time_text_embed.text_embedder.linear_1");
-    ditd_lora_list_add(t, &m->p2.lora, D, D, 1, NULL, "time_text_embed.text_embedder.linear_2");
-    ditd_lora_list_add(t, &m->norm_out.lora, 2 * D, D, 1, NULL, "norm_out.linear");
-    ditd_lora_list_add(t, &m->proj.lora, Co, D, 1, NULL, "proj_out");
+    ADD(&m->ctx_emb, all, D, c->joint_attention_dim, 1, NULL, "context_embedder");
+    ADD(&m->t1, all, D, TFREQ, 1, NULL, "time_text_embed.timestep_embedder.linear_1");
+    ADD(&m->t2, all, D, D, 1, NULL, "time_text_embed.timestep_embedder.linear_2");
+    ADD(&m->p1, all, D, c->pooled_dim, 1, NULL, "time_text_embed.text_embedder.linear_1");
+    ADD(&m->p2, all, D, D, 1, NULL, "time_text_embed.text_embedder.linear_2");
+    ADD(&m->norm_out, all, 2 * D, D, 1, NULL, "norm_out.linear");
+    ADD(&m->proj, all, Co, D, 1, NULL, "proj_out");
     for (int l = 0; l < c->num_layers; l++) {
         ditd_sd3_block *b = &m->blk[l];
-        ditd_lora_list_add(t, &b->ada.lora, (b->dual ? 9 : 6) * D, D, 1, NULL,
-                           "transformer_blocks.%d.norm1.linear", l);
-        ditd_lora_list_add(t, &b->ada_c.lora, (b->pre_only ? 2 : 6) * D, D, 1, NULL,
-                           "transformer_blocks.%d.norm1_context.linear", l);
-        ditd_lora_list_add(t, &b->qkv.lora, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn", l);
-        ditd_lora_list_add(t, &b->qkv_c.lora, 3 * D, D, 3, qkv_c, "transformer_blocks.%d.attn", l);
-        ditd_lora_list_add(t, &b->out.lora, D, D, 1, NULL, "transformer_blocks.%d.attn.to_out.0", l);
-        ditd_lora_list_add(t, &b->ff1.lora, FF, D, 1, NULL, "transformer_blocks.%d.ff.net.0.proj",
-                           l);
-        ditd_lora_list_add(t, &b->ff2.lora, D, FF, 1, NULL, "transformer_blocks.%d.ff.net.2", l);
+        ADD(&b->ada, all, (b->dual ? 9 : 6) * D, D, 1, NULL, "transformer_blocks.%d.norm1.linear",
+            l);
+        ADD(&b->ada_c, all, (b->pre_only ? 2 : 6) * D, D, 1, NULL,
+            "transformer_blocks.%d.norm1_context.linear", l);
+        ADD(&b->qkv, heads, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn", l);
+        ADD(&b->qkv_c, heads, 3 * D, D, 3, qkv_c, "transformer_blocks.%d.attn", l);
+        ADD(&b->out, heads_in, D, D, 1, NULL, "transformer_blocks.%d.attn.to_out.0", l);
+        ADD(&b->ff1, mlp, FF, D, 1, NULL, "transformer_blocks.%d.ff.net.0.proj", l);
+        ADD(&b->ff2, mlp_in, D, FF, 1, NULL, "transformer_blocks.%d.ff.net.2", l);
         if (!b->pre_only) { /* context_pre_only: no to_add_out, no ff_context */
-            ditd_lora_list_add(t, &b->out_c.lora, D, D, 1, NULL,
-                               "transformer_blocks.%d.attn.to_add_out", l);
-            ditd_lora_list_add(t, &b->ff1_c.lora, FF, D, 1, NULL,
-                               "transformer_blocks.%d.ff_context.net.0.proj", l);
-            ditd_lora_list_add(t, &b->ff2_c.lora, D, FF, 1, NULL,
-                               "transformer_blocks.%d.ff_context.net.2", l);
+            ADD(&b->out_c, heads_in, D, D, 1, NULL, "transformer_blocks.%d.attn.to_add_out", l);
+            ADD(&b->ff1_c, mlp, FF, D, 1, NULL, "transformer_blocks.%d.ff_context.net.0.proj", l);
+            ADD(&b->ff2_c, mlp_in, D, FF, 1, NULL, "transformer_blocks.%d.ff_context.net.2", l);
         }
         if (b->dual) {
-            ditd_lora_list_add(t, &b->qkv2.lora, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn2", l);
-            ditd_lora_list_add(t, &b->out2.lora, D, D, 1, NULL,
-                               "transformer_blocks.%d.attn2.to_out.0", l);
+            ADD(&b->qkv2, heads, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn2", l);
+            ADD(&b->out2, heads_in, D, D, 1, NULL, "transformer_blocks.%d.attn2.to_out.0", l);
         }
     }
     if (t->n > t->cap)
@@ -167,6 +165,7 @@ static int lora_targets(ditd_sd3 *m)
     m->base.n_lora_targets = t->n;
     return 0;
 }
+#undef ADD
 
 static int carve_acts(ditd_sd3 *m)
 {

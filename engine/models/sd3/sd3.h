@@ -53,7 +53,7 @@
  *
  * LoRA adapters (engine/models/lora.h, docs/lora.md): every Linear is a
  * target in Diffusers' module names (sd3.c lora_targets), the term added in
- * lin() per sample's set; none under tp.
+ * lin() per sample's set; under tp A and B cut with their base weight.
  *
  * What it is not: no text encoders (CLIP-L, CLIP-G, T5 and how
  * StableDiffusion3Pipeline joins them: engine/pipeline, engine/text), no
@@ -166,7 +166,7 @@ typedef struct ditd_sd3 {
     void *tok_gath;         /* (B*N, p p Co) rank blocks (cp) */
 
     /* LoRA (engine/models/lora.h): the linears an adapter may target, in
-     * Diffusers' module names (none under tp; pos_embed.proj is a conv, not
+     * Diffusers' module names (tp: this rank's slices; pos_embed.proj is a conv, not
      * a target); the rank-r scratch (fp32) in the activation arena; the
      * forward's batch size. */
     ditd_lora_list lora;

@@ -34,8 +34,8 @@ static void lin(const ditd_sd3 *m, const void *x, size_t ldx, const ditd_sd3_lin
 
 /* A row-parallel Linear (tp: this rank's input columns, partial sums, the
  * bias once on tp rank 0, then the all-reduce): y (M, D) from x (M, K).
- * Under tp a model lists no LoRA targets (sd3.c); with a tp split of A the
- * term would go before the all-reduce, on this rank's columns of x. */
+ * An adapter's term (its A cut to this rank's input columns, sd3.c) joins the
+ * partial sum before the all-reduce, which sums it too. */
 static int row_lin(const ditd_sd3 *m, const void *x, size_t ldx, const ditd_sd3_lin *l, void *y,
                    int M, int K)
 {

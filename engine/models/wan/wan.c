@@ -112,53 +112,54 @@ static void weight_list(ditd_wan *m, ditd_wl *wl)
  * image branch image_embedder.ff), each block's attn1 to_q/k/v (fused: a
  * part each) and to_out.0, attn2's to_q, to_k/v (fused), add_k/v_proj
  * (image branch), to_out.0, the FFN, and proj_out (rows in Diffusers'
- * order). None under tp (A and B would split with their base weight: the
- * hook is here) or on a backend without the lora op (base.lora_refusal). */
+ * order). Under tp each with this rank's slice as weight_list cuts it: the
+ * attentions' q / k / v parts and ffn.net.0 by outputs (heads, FFN
+ * columns), the to_out.0s and ffn.net.2 by inputs. None on a backend
+ * without the lora op (base.lora_refusal). */
+#define ADD(l, cut, n, k, parts, part, ...) \
+    ditd_lora_list_add(t, &(l)->lora, (cut), (n), (k), (parts), (part), __VA_ARGS__)
 static int lora_targets(ditd_wan *m)
 {
     const ditd_wan_config *c = &m->cfg;
-    int D = c->inner_dim, FF = c->ffn_dim, Di = c->image_dim;
+    int D = c->inner_dim, FF = c->ffn_dim, Di = c->image_dim, a0 = m->h0 * c->head_dim;
     int Co = c->patch_h * c->patch_w * c->out_channels;
     static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
     static const char *const kvi[2] = {"add_k_proj", "add_v_proj"};
+    const ditd_lora_cut all = {DITD_LORA_WHOLE, 0, {0, 0}, {0, 0}};
+    const ditd_lora_cut heads = {DITD_LORA_OUT_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const ditd_lora_cut ffn = {DITD_LORA_OUT_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
+    const ditd_lora_cut heads_in = {DITD_LORA_IN_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const ditd_lora_cut ffn_in = {DITD_LORA_IN_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
     ditd_lora_list *t = &m->lora;
-    if (m->lay.tp > 1) {
-        m->base.lora_refusal = "LoRA adapters under tensor parallel are not supported yet "
-                               "(docs/lora.md)";
-        return 0;
-    }
     if (!m->ops->lora) {
         m->base.lora_refusal = "this backend has no LoRA op";
         return 0;
     }
+    t->tp = m->lay.tp;
     t->cap = 8 + 12 * c->num_layers;
     if (!(t->t = calloc((size_t)t->cap, sizeof *t->t)))
         return ditd_err_set(DITD_ENOMEM, "LoRA targets");
-    ditd_lora_list_add(t, &m->t1.lora, D, c->freq_dim, 1, NULL,
-                       "condition_embedder.time_embedder.linear_1");
-    ditd_lora_list_add(t, &m->t2.lora, D, D, 1, NULL, "condition_embedder.time_embedder.linear_2");
-    ditd_lora_list_add(t, &m->tproj.lora, 6 * D, D, 1, NULL, "condition_embedder.time_proj");
-    ditd_lora_list_add(t, &m->x1.lora, D, c->text_dim, 1, NULL,
-                       "condition_embedder.text_embedder.linear_1");
-    ditd_lora_list_add(t, &m->x2.lora, D, D, 1, NULL, "condition_embedder.text_embedder.linear_2");
+    ADD(&m->t1, all, D, c->freq_dim, 1, NULL, "condition_embedder.time_embedder.linear_1");
+    ADD(&m->t2, all, D, D, 1, NULL, "condition_embedder.time_embedder.linear_2");
+    ADD(&m->tproj, all, 6 * D, D, 1, NULL, "condition_embedder.time_proj");
+    ADD(&m->x1, all, D, c->text_dim, 1, NULL, "condition_embedder.text_embedder.linear_1");
+    ADD(&m->x2, all, D, D, 1, NULL, "condition_embedder.text_embedder.linear_2");
     if (Di) {
-        ditd_lora_list_add(t, &m->ie_ff1.lora, Di, Di, 1, NULL,
-                           "condition_embedder.image_embedder.ff.net.0.proj");
-        ditd_lora_list_add(t, &m->ie_ff2.lora, D, Di, 1, NULL,
-                           "condition_embedder.image_embedder.ff.net.2");
+        ADD(&m->ie_ff1, all, Di, Di, 1, NULL, "condition_embedder.image_embedder.ff.net.0.proj");
+        ADD(&m->ie_ff2, all, D, Di, 1, NULL, "condition_embedder.image_embedder.ff.net.2");
     }
-    ditd_lora_list_add(t, &m->proj.lora, Co, D, 1, NULL, "proj_out");
+    ADD(&m->proj, all, Co, D, 1, NULL, "proj_out");
     for (int l = 0; l < c->num_layers; l++) {
         ditd_wan_block *b = &m->blk[l];
-        ditd_lora_list_add(t, &b->qkv.lora, 3 * D, D, 3, qkv, "blocks.%d.attn1", l);
-        ditd_lora_list_add(t, &b->out1.lora, D, D, 1, NULL, "blocks.%d.attn1.to_out.0", l);
-        ditd_lora_list_add(t, &b->q2.lora, D, D, 1, NULL, "blocks.%d.attn2.to_q", l);
-        ditd_lora_list_add(t, &b->kv2.lora, 2 * D, D, 2, qkv + 1, "blocks.%d.attn2", l);
+        ADD(&b->qkv, heads, 3 * D, D, 3, qkv, "blocks.%d.attn1", l);
+        ADD(&b->out1, heads_in, D, D, 1, NULL, "blocks.%d.attn1.to_out.0", l);
+        ADD(&b->q2, heads, D, D, 1, NULL, "blocks.%d.attn2.to_q", l);
+        ADD(&b->kv2, heads, 2 * D, D, 2, qkv + 1, "blocks.%d.attn2", l);
         if (Di)
-            ditd_lora_list_add(t, &b->kvi.lora, 2 * D, D, 2, kvi, "blocks.%d.attn2", l);
-        ditd_lora_list_add(t, &b->out2.lora, D, D, 1, NULL, "blocks.%d.attn2.to_out.0", l);
-        ditd_lora_list_add(t, &b->ff1.lora, FF, D, 1, NULL, "blocks.%d.ffn.net.0.proj", l);
-        ditd_lora_list_add(t, &b->ff2.lora, D, FF, 1, NULL, "blocks.%d.ffn.net.2", l);
+            ADD(&b->kvi, heads, 2 * D, D, 2, kvi, "blocks.%d.attn2", l);
+        ADD(&b->out2, heads_in, D, D, 1, NULL, "blocks.%d.attn2.to_out.0", l);
+        ADD(&b->ff1, ffn, FF, D, 1, NULL, "blocks.%d.ffn.net.0.proj", l);
+        ADD(&b->ff2, ffn_in, D, FF, 1, NULL, "blocks.%d.ffn.net.2", l);
     }
     if (t->n > t->cap)
         return ditd_err_set(DITD_EINVAL, "Wan LoRA targets: %d listed, room for %d", t->n, t->cap);
@@ -166,6 +167,7 @@ static int lora_targets(ditd_wan *m)
     m->base.n_lora_targets = t->n;
     return 0;
 }
+#undef ADD
 
 static int carve_acts(ditd_wan *m)
 {

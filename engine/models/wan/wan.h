@@ -53,7 +53,7 @@
  *
  * LoRA adapters (engine/models/lora.h, docs/lora.md): every Linear is a
  * target in Diffusers' module names (wan.c lora_targets), the term added in
- * lin() per sample's set; none under tp.
+ * lin() per sample's set; under tp A and B cut with their base weight.
  *
  * Image branch (Wan 2.1 I2V / FLF2V: image_dim, added_kv_proj_dim): the
  * CLIP image hidden states (B, Li, Di) through condition_embedder.
@@ -187,7 +187,7 @@ typedef struct ditd_wan {
     int *icnt, *ioff;       /* (R U) tokens per cp rank */
 
     /* LoRA (engine/models/lora.h): the linears an adapter may target, in
-     * Diffusers' module names (none under tp; patch_embedding is a conv, not
+     * Diffusers' module names (tp: this rank's slices; patch_embedding is a conv, not
      * a target); the rank-r scratch (fp32) in the activation arena; the
      * forward's batch size. */
     ditd_lora_list lora;

@@ -31,8 +31,8 @@ static void lin(const ditd_wan *m, const void *x, size_t ldx, const ditd_wan_lin
 
 /* A row-parallel Linear (tp: this rank's input columns, partial sums, the
  * bias once on tp rank 0, then the all-reduce): y (M, D) from x (M, K).
- * Under tp a model lists no LoRA targets (wan.c); with a tp split of A the
- * term would go before the all-reduce, on this rank's columns of x. */
+ * An adapter's term (its A cut to this rank's input columns, wan.c) joins the
+ * partial sum before the all-reduce, which sums it too. */
 static int row_lin(const ditd_wan *m, const void *x, size_t ldx, const ditd_wan_lin *l, void *y,
                    int M, int K)
 {
