@@ -30,7 +30,10 @@ Cases: scales 1, 0.5, -1; the rank-8 adapter alone; two adapters at once; a
 batch of two samples with an adapter and without (each reference sample runs
 alone: Diffusers cannot mix); Wan 2.2: one adapter on both experts (loaded
 twice, the second time into transformer_2), different adapters per expert,
-and an adapter on transformer alone.
+and an adapter on transformer alone. And one forward each of the Wan 2.1
+I2V-like and TI2V-like transformers of tests/fixtures/wan (the image branch's
+linears; per-frame timesteps) with a rank-4 adapter at 0.7 through the
+model's load_lora_adapter + set_adapters.
 
 Writes tests/fixtures/lora_sd3wan/: cases.json, the adapters
 (*.safetensors) and <case>_out.npy (float64), sd35_sample0_noise.npy. Run with the project's
@@ -315,6 +318,46 @@ def main():
     wan_case("wan22_per_expert", "wan22", w2c, [[("w8", 1.0)]], [[("w4", 0.5)]])
     wan_case("wan22_transformer_only", "wan22", w2c, [[("w4", -1.0)]], [[]])
 
+    # ---- Wan forwards with the image branch (Wan 2.1 I2V: image_embedder.ff, add_k/v_proj)
+    # and with per-frame timesteps (TI2V: time_embedder / time_proj on B F rows): the committed
+    # forward case 0 of tests/fixtures/wan/<m> (B 2), the adapter at 0.7 on both samples through
+    # Diffusers' own load_lora_adapter + set_adapters (what load_lora_weights calls)
+    fwd, flinears = [], {}
+    for m in ("i2v21", "ti2v"):
+        d = REPO / "tests" / "fixtures" / "wan" / m
+        tr = WanTransformer3DModel.from_pretrained(d, torch_dtype=torch.float64).to(torch.float64)
+        fsh = linears(tr)
+        flinears[m] = sorted(fsh)
+        ad = make_adapter(rng, fsh, sorted(fsh), 4, torch.bfloat16)
+        fname = f"wan_{m}_r4_peft.safetensors"
+        save_ditd(OUT / fname, ad)
+        c0 = json.loads((d / "expected" / "cases.json").read_text())["forward"][0]
+        ld = lambda k: torch.from_numpy(np.load(d / "expected" / c0[k])).to(torch.float64)
+        x, text = ld("x"), ld("text")
+        B, Fr, h, w = x.shape[0], x.shape[2], x.shape[3], x.shape[4]
+        if c0.get("t_frames"):
+            tf = ld("t_frames")
+            timestep = tf[:, :, None].expand(B, Fr, (h // 2) * (w // 2)).reshape(B, -1)
+        else:
+            timestep = ld("t")
+        image = ld("image") if c0.get("image") else None
+        sd = {"transformer." + k + s: t.to(torch.float64) for k, (a, b) in ad.items()
+              for s, t in ((".lora_A.weight", a), (".lora_B.weight", b))}
+        tr.load_lora_adapter(sd, prefix="transformer", adapter_name="f4")
+        tr.set_adapters(["f4"], weights=[0.7])
+        assert abs(float(tr.get_submodule(flinears[m][0]).scaling["f4"]) - 0.7) < 1e-12
+        with torch.no_grad():
+            o = tr(hidden_states=x, timestep=timestep, encoder_hidden_states=text,
+                   encoder_hidden_states_image=image, return_dict=False)[0]
+        base = np.load(d / "expected" / c0["out"])
+        r = rel(o.numpy()[0], base[0])
+        assert r > 1e-2, (m, r)
+        np.save(OUT / f"wan_{m}_forward_out.npy", o.numpy().astype("<f8"))
+        fwd.append({"name": f"wan_{m}_forward", "model": m, "case": 0, "adapter": fname,
+                    "scale": 0.7, "out": f"wan_{m}_forward_out.npy"})
+        print(f"wan_{m}_forward: {len(fsh)} linears, |lora - base| / |base| = {r:.4f}",
+              file=sys.stderr)
+
     # a shape that does not fit: blocks.0.attn1.to_q's A with 7 inputs
     d = wsh["blocks.0.attn1.to_q"][1]
     save_file({"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.zeros(4, d + 1),
@@ -324,7 +367,8 @@ def main():
 
     doc = {"about": "tools/make_lora_sd3wan_fixtures.py: Diffusers 0.42 float64 final latents "
                     "with LoRA adapters on SD3 and Wan (load_lora_weights + set_adapters)",
-           "linears": {"sd3": sorted(sh), "wan": sorted(wsh)},
+           "linears": dict({"sd3": sorted(sh), "wan": sorted(wsh)}, **flinears),
+           "forward": fwd,
            "adapters": files, "cases": cases}
     (OUT / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")
     tmp.cleanup()

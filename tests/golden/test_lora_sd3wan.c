@@ -24,8 +24,10 @@
 #include "engine/io/npy.h"
 #include "engine/models/lora.h"
 #include "engine/models/model.h"
+#include "engine/models/wan/wan.h"
 #include "engine/pipeline/pipeline.h"
 #include "tests/test_util.h"
+#include "tests/wan_case.h"
 
 #define TOL 1e-4
 #define BATCH_TOL 1e-6
@@ -134,25 +136,90 @@ static int make_set(const adapters *ad, json_t *list, ditd_lora_set *s)
     return 0;
 }
 
-/* Every Diffusers linear of the model (cases.json "linears") is one of p's targets. */
-static void check_targets(const ditd_pipeline *p, json_t *names, const char *fam)
+/* Every Diffusers linear of the model (cases.json "linears") is one of d's targets. */
+static void check_targets(const ditd_denoiser *d, json_t *names, const char *fam)
 {
     size_t i, found = 0;
     json_t *v;
     json_array_foreach(names, i, v) {
         int k = 0;
-        while (k < p->den->n_lora_targets &&
-               strcmp(p->den->lora_targets[k].name, json_string_value(v)))
+        while (k < d->n_lora_targets && strcmp(d->lora_targets[k].name, json_string_value(v)))
             k++;
-        TU_CHECK(k < p->den->n_lora_targets, "%s: Diffusers' linear %s is no ditd target", fam,
+        TU_CHECK(k < d->n_lora_targets, "%s: Diffusers' linear %s is no ditd target", fam,
                  json_string_value(v));
-        found += k < p->den->n_lora_targets;
+        found += k < d->n_lora_targets;
     }
     printf("%s: %zu of Diffusers' %zu linears are targets (ditd lists %d)\n", fam, found,
-           json_array_size(names), p->den->n_lora_targets);
-    TU_CHECK(found == json_array_size(names) && (int)found == p->den->n_lora_targets &&
-                 found >= 20,
-             "%s: %zu linears found, %d targets", fam, found, p->den->n_lora_targets);
+           json_array_size(names), d->n_lora_targets);
+    TU_CHECK(found == json_array_size(names) && (int)found == d->n_lora_targets && found >= 20,
+             "%s: %zu linears found, %d targets", fam, found, d->n_lora_targets);
+}
+
+/* One forward of a tests/fixtures/wan model (its committed case, B 2) with
+ * the adapter at its scale on sample 0 and none on sample 1: row 0 against
+ * Diffusers with the adapter on, row 1 against the fixture's base output.
+ * 1 when compared. */
+static int wan_forward_case(json_t *fc, json_t *linears)
+{
+    const char *mname = json_string_value(json_object_get(fc, "model"));
+    char dir[4300], path[4400];
+    ditd_wan_config cfg;
+    ditd_wan *m = NULL;
+    ditd_lora *l = NULL;
+    ditd_lora_dev *dev = NULL;
+    wan_case wc;
+    size_t n_want = 0;
+    int ok = 0;
+    memset(&wc, 0, sizeof wc);
+    snprintf(dir, sizeof dir, "%s/wan/%s", tu_fixtures(), mname);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_wan_config_load(path, &cfg));
+    json_t *cases = wan_cases(dir);
+    json_t *c = json_array_get(cases, (size_t)json_integer_value(json_object_get(fc, "case")));
+    float *want = load_all(fix_dir("lora_sd3wan"), json_string_value(json_object_get(fc, "out")),
+                           &n_want);
+    if (!c || wan_case_load(dir, c, &wc) || !want || wc.B != 2 || n_want != wc.n_out) {
+        TU_CHECK(0, "%s: forward case inputs (B %d, %zu of %zu outputs)", mname, wc.B, n_want,
+                 wc.n_out);
+        goto out;
+    }
+    TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, wc.B, wc.F, wc.h, wc.w, wc.L, dir, NULL, &m));
+    if (!m)
+        goto out;
+    check_targets(&m->base, json_object_get(linears, mname), mname);
+    snprintf(path, sizeof path, "%s/%s", fix_dir("lora_sd3wan"),
+             json_string_value(json_object_get(fc, "adapter")));
+    TU_OK(ditd_lora_open(path, "f4", m->base.lora_targets, m->base.n_lora_targets, &l));
+    if (l)
+        TU_OK(ditd_lora_dev_new(l, &ditd_backend_cpu, m->base.lora_targets,
+                                m->base.n_lora_targets, &dev));
+    if (!dev)
+        goto out;
+    ditd_lora_set set = {.n = 1, .ad = {dev},
+                         .weight = {(float)json_number_value(json_object_get(fc, "scale"))}};
+    const ditd_lora_set *rows[2] = {&set, NULL};
+    float *got = calloc(wc.n_out, sizeof *got);
+    size_t per = wc.n_out / 2;
+    char what[200];
+    m->base.loras = rows;
+    TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t_frames ? NULL : wc.t, wc.t_frames, wc.text,
+                           wc.image, got));
+    m->base.loras = NULL;
+    snprintf(what, sizeof what, "%s forward: sample 0 with the adapter%s", mname,
+             wc.image ? " (image branch)" : wc.t_frames ? " (per-frame timesteps)" : "");
+    TU_CLOSE(what, got, want, per, TOL);
+    snprintf(what, sizeof what, "%s forward: sample 1 without, in the same batch", mname);
+    TU_CLOSE(what, got + per, wc.out + per, per, TOL);
+    free(got);
+    ok = 1;
+out:
+    ditd_lora_dev_free(dev);
+    ditd_lora_free(l);
+    ditd_wan_free(m);
+    wan_case_free(&wc);
+    json_decref(cases);
+    free(want);
+    return ok;
 }
 
 /* One family's inputs of pipeline case pc, sample i: embeddings (and the
@@ -334,7 +401,7 @@ int main(void)
 {
     char path[4300];
     json_error_t jerr;
-    int ran[3] = {0}, batch_checks = 0, base = 0, refused = 0;
+    int ran[3] = {0}, batch_checks = 0, base = 0, refused = 0, fwd = 0;
     snprintf(path, sizeof path, "%s/cases.json", fix_dir("lora_sd3wan"));
     json_t *doc = json_load_file(path, 0, &jerr);
     TU_CHECK(doc != NULL, "%s: %s", path, jerr.text);
@@ -368,7 +435,7 @@ int main(void)
         snprintf(dir, sizeof dir, "%s/%s", roots[fi], folders[fi]);
         if (load_pipeline(dir, &info, &p))
             goto next;
-        check_targets(p, json_object_get(linears, f->key), folders[fi]);
+        check_targets(p->den, json_object_get(linears, f->key), folders[fi]);
         open_adapters(p, json_object_get(json_object_get(doc, "adapters"), f->key), &ad);
         TU_CHECK(ad.n == 2, "%s: %d adapters opened, 2 expected", folders[fi], ad.n);
         json_array_foreach(json_object_get(doc, "cases"), k, c)
@@ -422,15 +489,21 @@ int main(void)
         ditd_pipeline_free(p);
         ditd_model_info_free(&info);
     }
+    {
+        size_t k;
+        json_t *fc;
+        json_array_foreach(json_object_get(doc, "forward"), k, fc)
+            fwd += wan_forward_case(fc, linears);
+    }
 done:
     json_decref(doc), json_decref(sdoc), json_decref(wdoc);
     printf("cases: %d SD3, %d Wan 2.1, %d Wan 2.2 against Diffusers; %d batch rows against "
-           "alone; %d base checks; %d refusals\n",
-           ran[0], ran[1], ran[2], batch_checks, base, refused);
+           "alone; %d base checks; %d refusals; %d Wan forwards\n",
+           ran[0], ran[1], ran[2], batch_checks, base, refused, fwd);
     TU_CHECK(ran[0] >= 6 && ran[1] >= 6 && ran[2] >= 3 && batch_checks >= 4 && base >= 2 &&
-                 refused >= 3,
-             "checked %d SD3, %d Wan 2.1, %d Wan 2.2 cases, %d batch rows, %d base, %d refusals "
-             "(want 6, 6, 3, 4, 2, 3)",
-             ran[0], ran[1], ran[2], batch_checks, base, refused);
+                 refused >= 3 && fwd >= 2,
+             "checked %d SD3, %d Wan 2.1, %d Wan 2.2 cases, %d batch rows, %d base, %d refusals, "
+             "%d forwards (want 6, 6, 3, 4, 2, 3, 2)",
+             ran[0], ran[1], ran[2], batch_checks, base, refused, fwd);
     return tu_exit();
 }
