@@ -8,11 +8,13 @@ Diffusers' noise through --latents) with the adapters of tests/fixtures/lora_sd3
     references are tools/make_lora_sd3wan_fixtures.py's sd3_r4_s1 and sd3_two;
   - Wan 2.2 (wan22_5f_32x48_experts): w4 at 1 on both experts (ditd generate applies an adapter to
     both; Diffusers' reference loads it into transformer and, with load_into_transformer_2=True,
-    into transformer_2: wan22_both_experts), and w4 with w8 at -0.5 (one rank's result only).
+    into transformer_2: wan22_both_experts), and w4 with w8 at -0.5 (one rank's result only);
+    with --lora-expert, w8 on transformer and w4 at 0.5 on transformer_2 (wan22_per_expert), and
+    w4 at -1 on transformer alone (wan22_transformer_only), under ulysses 2 and tp 2.
 One rank is within 1e-4 relative of Diffusers; under ulysses 2, ring 2 (p2p), cfg 2, tp 2 and
 tp 2 x ring 2 the leader's final latents are within 1e-4 of one rank's (and of Diffusers' where
-there is a reference); the adapters change the latents. The count of runs is asserted. Stdlib
-only.
+there is a reference); the adapters change the latents; --lora-expert's refusals name what is
+wrong. The count of runs is asserted. Stdlib only.
 
 usage: lora_sd3wan_group.py DITD MPIRUN SD3_PIPELINE_DIR WAN_PIPELINE_DIR FIXTURES_DIR
 """
@@ -60,12 +62,20 @@ wan = ["generate", "--model", os.path.join(wan_pipes, c["folder"]), "--prompt", 
        "--max-sequence-length", str(c["max_sequence_length"]),
        "--latents", os.path.join(exp, c["noise"])]
 W4, W8 = ad("w4", "wan_r4_peft.safetensors"), ad("w8", "wan_r8_some_alpha.safetensors")
-# (tag, the command's common part, adapter flags, Diffusers' reference or None)
-RUNS = [("sd3 s4", sd3, S4, out("sd3_r4_s1")),
+# (tag, the command's common part, adapter flags, Diffusers' reference or None, layouts)
+FEW = [LAYOUTS[0], LAYOUTS[3]]  # ulysses 2, tp 2
+RUNS = [("sd3 s4", sd3, S4, out("sd3_r4_s1"), LAYOUTS),
         ("sd3 s4+s8", sd3, S4 + S8 + ["--lora-scale", "s4=0.5", "--lora-scale", "s8=-1"],
-         out("sd3_two")),
-        ("wan22 w4", wan, W4, out("wan22_both_experts")),
-        ("wan22 w4+w8", wan, W4 + W8 + ["--lora-scale", "w8=-0.5"], None)]
+         out("sd3_two"), LAYOUTS),
+        ("wan22 w4", wan, W4, out("wan22_both_experts"), LAYOUTS),
+        ("wan22 w4+w8", wan, W4 + W8 + ["--lora-scale", "w8=-0.5"], None, LAYOUTS),
+        # --lora-expert: w8 on transformer, w4 at 0.5 on transformer_2 (Diffusers: w8 loaded
+        # into transformer, w4 with load_into_transformer_2=True); w4 at -1 on transformer alone
+        ("wan22 per expert", wan, W8 + W4 + ["--lora-scale", "w4=0.5", "--lora-expert",
+                                             "w8=transformer", "--lora-expert", "w4=transformer_2"],
+         out("wan22_per_expert"), FEW),
+        ("wan22 transformer only", wan, W4 + ["--lora-scale", "w4=-1", "--lora-expert",
+                                              "w4=transformer"], out("wan22_transformer_only"), FEW)]
 tmp = tempfile.mkdtemp(prefix="lora_sd3wan_group.")
 
 
@@ -86,7 +96,7 @@ def run(cmd, path):
 
 
 checked, base = 0, {}
-for tag, common, flags, ref_path in RUNS:
+for tag, common, flags, ref_path, layouts in RUNS:
     key = common[2]
     if key not in base:
         r, base[key] = run([ditd] + common, os.path.join(tmp, "base-%d.npy" % len(base)))
@@ -104,7 +114,7 @@ for tag, common, flags, ref_path in RUNS:
         ref = None
     elif ref is not None:
         print("ok %s one rank: latents %.2g vs Diffusers" % (tag, rel(one, ref)))
-    for i, (np_, lay) in enumerate(LAYOUTS):
+    for i, (np_, lay) in enumerate(layouts):
         name = "%s %s" % (tag, " ".join(lay))
         r, par = run([mpirun, "--oversubscribe", "-np", str(np_), ditd] + common + flags + lay,
                      os.path.join(tmp, "%d-%d.npy" % (checked, i)))
@@ -120,8 +130,22 @@ for tag, common, flags, ref_path in RUNS:
                                                      ", %.2g vs Diffusers" % ed if ref else ""))
         checked += 1
 
+# --lora-expert refused by name: on a model with one transformer, a WHERE it does not know,
+# a NAME no --lora gave
+for flags, said in ((S4 + ["--lora-expert", "s4=transformer_2"], "has one transformer"),
+                    (S4 + ["--lora-expert", "s4=low"], "WHERE is both, transformer or"),
+                    (["--lora-expert", "s4=both"], "no --lora s4=PATH")):
+    r = subprocess.run([ditd] + sd3 + flags + ["-q", "--save-latents", os.path.join(tmp, "x.npy")],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode == 0 or said not in r.stderr:
+        fail("%s: exit %d, want a refusal saying '%s': %s"
+             % (" ".join(flags[-2:]), r.returncode, said, r.stderr.strip()[-300:]))
+    else:
+        print("ok refused: %s" % r.stderr.strip().splitlines()[-1])
+        checked += 1
+
 shutil.rmtree(tmp, ignore_errors=True)
-want = len(RUNS) * len(LAYOUTS)
+want = sum(len(r[4]) for r in RUNS) + 3
 print("%d runs checked" % checked)
 if checked < want:
     fail("too few checked: %d (%d)" % (checked, want))
