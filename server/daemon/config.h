@@ -68,14 +68,22 @@ typedef struct ditd_serve_config {
     double data_max_gb;         /* the store's budget, GB (0: none); past it new jobs get 507 */
     long long_cost;             /* a job costing more is long work (0: none is) */
     int long_replicas;          /* the most replicas long work holds at once (0: any) */
-    char webhook_url[2048];     /* video.completed / video.failed events (webhook.h); "" none */
+    char webhook_url[2048];     /* background jobs' end events (webhook.h); "" none */
     char webhook_secret[512];   /* whsec_... */
+    char webhook_ca[1024];      /* https webhooks: a PEM file of roots; "" the system's */
     /* LoRA adapters every replica loads at start (docs/lora.md): --lora
      * NAME=PATH (repeatable; DITD_LORA: comma-separated), then the files
      * of --lora-dir, which parse() lists into loras */
     ditd_lora_specs loras;
     char lora_dir[4096];
     int max_loras_per_request;  /* a request's "loras", 1..DITD_LORA_MAX_SET */
+    double lora_cache_mb;       /* MiB of adapters resident per replica (0: all) */
+    /* loading and unloading adapters at run time (POST / DELETE /v1/loras):
+     * the admin keys, and the folders a file may come from */
+    char admin_key[4096];
+    char admin_key_file[4096];
+    char lora_root[4096];
+    int lora_any_path;
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after
