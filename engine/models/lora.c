@@ -268,6 +268,9 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
         int part = PART_A;
         if ((err = split_name(t->name, what, skip_te, &fmt, key, sizeof key, &part)) > 0) {
             err = 0; /* the text encoders' part (engine/text/text_lora.h) */
+            if (!seen) /* a file of only those: their format */
+                fmt0 = starts_with(t->name, "lora_te") ? DITD_LORA_FORMAT_KOHYA
+                                                       : DITD_LORA_FORMAT_PEFT;
             continue;
         }
         if (err)

@@ -247,6 +247,8 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
         err = ditd__worker_text_init(w);
     if (!err)
         err = ditd__worker_lora_init(w);
+    if (!err && w->rep.info.shapes.cond.kind == DITD_COND_TEXT)
+        err = ditd__worker_text_lora_init(w);
     if (err) /* the caller logs this rank's own reason (ditd_err_detail) */
         snprintf(msg, sizeof msg, "%s: %s", ditd_strerror(err), ditd_err_detail());
     own = err;
@@ -282,6 +284,7 @@ done:
         ditd_lora_free(w->lora_host[i]);
     free(w->lora_dev);
     free(w->lora_host);
+    ditd__worker_text_lora_free(w);
     free(w->emb);
     free(w->te);
     free(w->pix);

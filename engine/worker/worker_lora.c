@@ -60,8 +60,11 @@ int ditd__worker_lora_init(ditd__worker *w)
     for (int i = 0; i < cfg->n_loras; i++) {
         ditd_lora *l = NULL;
         ditd_lora_dev *d = NULL;
-        if ((err = ditd_lora_open(cfg->loras[i].path, cfg->loras[i].name, den->lora_targets,
-                                  den->n_lora_targets, &l)) ||
+        /* a text model's text-encoder tensors are worker_text.c's */
+        if ((err = (w->rep.info.shapes.cond.kind == DITD_COND_TEXT ? ditd_lora_open_transformer
+                                                                   : ditd_lora_open)(
+                 cfg->loras[i].path, cfg->loras[i].name, den->lora_targets, den->n_lora_targets,
+                 &l)) ||
             (err = ditd_lora_dev_new(l, w->rep.pipe->ops, den->n_lora_targets, &d))) {
             char why[768];
             snprintf(why, sizeof why, "%s", ditd_err_detail());

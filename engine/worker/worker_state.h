@@ -59,6 +59,9 @@ typedef struct ditd__worker {
     ditd_lora_dev **lora_dev;
     ditd_lora **lora_host;
     ditd_lora_set lsets[DITD_WORKER_MAX_BATCH]; /* the running batch's, per sample */
+    /* their text-encoder parts (engine/text/text_lora.h), on the text rank
+     * only (rep.penc); text_lora[k] goes with lora_dev[k] */
+    ditd_text_lora **text_lora;
     uint64_t hb_seq;
     double next_hb;
     bool stop, stop_now;
@@ -108,6 +111,8 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b);
 /* worker_text.c */
 int ditd__worker_text_init(ditd__worker *w);
 int ditd__worker_encode_prompts(ditd__worker *w, const Ditd__Batch *b);
+int ditd__worker_text_lora_init(ditd__worker *w);
+void ditd__worker_text_lora_free(ditd__worker *w);
 
 /* worker_lora.c */
 int ditd__worker_lora_init(ditd__worker *w);
