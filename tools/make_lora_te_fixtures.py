@@ -27,8 +27,14 @@ adapter_weights=...). Cases: c4 at 1 and 0.5, c8k at 1, t4 at 1 and 0.5, c4 at 1
 at 0.5. Each case asserts the adapters changed what they should (the pooled vector for
 CLIP, the sequence for T5) and left the rest bit for bit.
 
+And StableDiffusion3Pipeline (the tiny sd3 folder of tests/fixtures/sd3_pipeline, its case
+sd3_64_default: CFG over ""): g4 (sd3_clips_r4_peft.safetensors, rank 4 on both CLIPs in
+PEFT names, through load_lora_weights) at 1, and at 0.5 with t3 (sd3_t5_r4_peft, rank 4 on
+every T5 linear, text_encoder_3.*, through PEFT) at 1: prompt and negative embeddings and
+the final latents.
+
 Writes tests/fixtures/lora_te/: cases.json, the adapters, <case>_{seq,pooled}.npy
-(float64) and <case>_out.npy (float64 final latents, (1, 16, 8, 8)).
+(float64; SD3 also _neg_seq, _neg_pooled) and <case>_out.npy (float64 final latents).
 
 Run with the project's virtualenv (about a minute):
   /root/ditd-venv/bin/python tools/make_lora_te_fixtures.py
@@ -255,15 +261,107 @@ def main():
         case("te_t4_s05", [("t4", 0.5)])
         case("te_c4_t4", [("c4", 1.0), ("t4", 0.5)])
 
+    sd3 = sd3_cases(rng)
     doc = {"about": "tools/make_lora_te_fixtures.py: Diffusers 0.42 float64 prompt embeddings "
                     "and final latents of the tiny FLUX.1-dev folder with text-encoder LoRA "
                     "adapters (load_lora_weights + set_adapters; T5 through PEFT)",
            "flux_case": CASE, "prompt": prompt, "max_sequence_length": L,
            "diffusers": diffusers.__version__, "transformers": transformers.__version__,
            "base": {"seq": "base_seq.npy", "pooled": "base_pooled.npy"},
-           "adapters": files, "cases": cases}
+           "adapters": files, "cases": cases, "sd3": sd3}
     (OUT / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{len(cases)} cases", file=sys.stderr)
+
+
+SD3DIR = REPO / "tests" / "fixtures" / "sd3_pipeline"
+SD3_CASE = "sd3_64_default"
+
+
+def sd3_cases(rng):
+    """StableDiffusion3Pipeline (the tiny sd3 folder): both CLIPs
+    (CLIPTextModelWithProjection) by SD3LoraLoaderMixin.load_lora_weights, the T5
+    (text_encoder_3, which it does not load) by PEFT; CFG over "" as the case runs it.
+    No alpha: SD3's loader passes no network alphas (an .alpha key is not applied)."""
+    from diffusers import StableDiffusion3Pipeline
+    fcase = next(c for c in json.loads((SD3DIR / "expected" / "cases.json").read_text())["cases"]
+                 if c["name"] == SD3_CASE)
+    noise = np.load(SD3DIR / "expected" / fcase["noise"])
+    prompt, L = fcase["prompts"][0], fcase["max_sequence_length"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        subprocess.run([sys.executable, str(UNPACK), str(tmp / "tok"), str(tmp / "tok.stamp")],
+                       check=True)
+        subprocess.run([sys.executable, str(SD3DIR / "assemble.py"), str(tmp / "tok"),
+                        str(tmp / "pipes"), str(tmp / "pipes.stamp")], check=True)
+        folder = tmp / "pipes" / fcase["folder"]
+
+        def load():
+            pipe = StableDiffusion3Pipeline.from_pretrained(folder, torch_dtype=torch.float64)
+            pipe.set_progress_bar_config(disable=True)
+            return pipe
+
+        base = load()
+        c1, c2, t5 = base.text_encoder, base.text_encoder_2, base.text_encoder_3
+        assert hasattr(c1, "text_model") and hasattr(c2, "text_model")
+        g = make_adapter(rng, c1, ["text_model." + m for m in clip_linears(c1, [0, 1])], 4,
+                         torch.float32)
+        g2 = make_adapter(rng, c2, ["text_model." + m for m in
+                                    clip_linears(c2, [1]) + ["encoder.layers.2.mlp.fc2"]], 4,
+                          torch.float32)
+        t3 = make_adapter(rng, t5, t5_linears(t5), 4, torch.bfloat16, std=0.15)
+        sd = {}
+        for comp, ad in (("text_encoder", g), ("text_encoder_2", g2)):
+            for m, (a, b) in ad.items():
+                sd[f"{comp}.{m}.lora_A.weight"] = a.contiguous()
+                sd[f"{comp}.{m}.lora_B.weight"] = b.contiguous()
+        save_file(sd, str(OUT / "sd3_clips_r4_peft.safetensors"))
+        sd = {}
+        for m, (a, b) in t3.items():
+            sd[f"text_encoder_3.{m}.lora_A.weight"] = a.contiguous()
+            sd[f"text_encoder_3.{m}.lora_B.weight"] = b.contiguous()
+        save_file(sd, str(OUT / "sd3_t5_r4_peft.safetensors"))
+        files = {"g4": "sd3_clips_r4_peft.safetensors", "t3": "sd3_t5_r4_peft.safetensors"}
+
+        def run(pipe):
+            with torch.no_grad():
+                pe, npe, pp, npp = pipe.encode_prompt(prompt=prompt, prompt_2=None, prompt_3=None,
+                                                      do_classifier_free_guidance=True,
+                                                      max_sequence_length=L)
+                lat = pipe(prompt=prompt, height=fcase["height"], width=fcase["width"],
+                           num_inference_steps=fcase["num_inference_steps"],
+                           guidance_scale=fcase["guidance_scale"], max_sequence_length=L,
+                           latents=torch.from_numpy(noise).to(torch.float64),
+                           output_type="latent", return_dict=False)[0]
+            return [x.numpy() for x in (pe, pp, npe, npp, lat)]
+
+        r0 = run(base)
+        ref0 = np.load(SD3DIR / "expected" / fcase["final_latents"])
+        assert float(np.abs(r0[4] - ref0).max() / np.abs(ref0).max()) < 1e-6
+        cases = []
+        for name, uses in (("sd3_g4_s1", [("g4", 1.0)]), ("sd3_g4_t3", [("g4", 0.5), ("t3", 1.0)])):
+            pipe = load()
+            for n, w in uses:
+                if n == "t3":
+                    peft_t5(pipe.text_encoder_3, n, t3, 4.0, w)  # alpha = rank: scale 1
+                else:
+                    pipe.load_lora_weights(str(OUT / files[n]), adapter_name=n)
+                    pipe.set_adapters([n], adapter_weights=[w])
+                    m = pipe.text_encoder_2.get_submodule("text_model.encoder.layers.2.mlp.fc2")
+                    assert abs(float(m.scaling[n]) - w) < 1e-12, m.scaling
+            r = run(pipe)
+            for i, what in enumerate(("seq", "pooled", "neg_seq", "neg_pooled")):
+                d = float(np.abs(r[i] - r0[i]).max() / np.abs(r0[i]).max())
+                assert d > 1e-3, (name, what, d)
+            d = float(np.abs(r[4] - r0[4]).max() / np.abs(r0[4]).max())
+            assert d > 1e-3, (name, d)
+            out = {}
+            for i, what in enumerate(("seq", "pooled", "neg_seq", "neg_pooled", "out")):
+                np.save(OUT / f"{name}_{what}.npy", r[i].astype("<f8"))
+                out[what] = f"{name}_{what}.npy"
+            cases.append(dict(name=name, uses=[{"adapter": n, "scale": w} for n, w in uses], **out))
+            print(f"{name}: latents {d:.3g} from the base", file=sys.stderr)
+    return {"case": SD3_CASE, "prompt": prompt, "max_sequence_length": L, "adapters": files,
+            "cases": cases}
 
 
 if __name__ == "__main__":

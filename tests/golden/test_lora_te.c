@@ -7,8 +7,9 @@
  * 1e-4 of Diffusers' float64 run. Then: two sequences with different adapter
  * sets in one encoder batch, each equal to its solo encoding; the base encoding
  * the same bytes before and after; the embedding cache keyed on the adapter
- * set and weights; the loader's refusals naming the tensor. Case counts are
- * asserted. */
+ * set and weights; the loader's refusals naming the tensor. And the tiny
+ * SD3 folder: both CLIPs (SD3LoraLoaderMixin) and its T5 (PEFT), embeddings
+ * and final latents under CFG. Case counts are asserted. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -450,6 +451,127 @@ static int refusals(const ditd_prompt_encoder *pe, const ditd_pipeline *p)
     return n;
 }
 
+/* ---- SD3: both CLIPs by SD3LoraLoaderMixin, the T5 by PEFT ---- */
+
+static int sd3_cases(json_t *doc)
+{
+    json_t *sd = json_object_get(doc, "sd3"), *c, *fc = NULL, *e, *fdoc;
+    const char *prompt = json_string_value(json_object_get(sd, "prompt"));
+    const int L = (int)json_integer_value(json_object_get(sd, "max_sequence_length"));
+    char path[4300], edir[4096];
+    json_error_t jerr;
+    ditd_model_info info;
+    ditd_prompt_encoder *pe = NULL;
+    ditd_pipeline *p = NULL;
+    ditd_text_lora *tl[2] = {0};
+    size_t k;
+    int ran = 0;
+    memset(&info, 0, sizeof info);
+    snprintf(edir, sizeof edir, "%s/sd3_pipeline/expected", tu_fixtures());
+    snprintf(path, sizeof path, "%s/cases.json", edir);
+    fdoc = json_load_file(path, 0, &jerr);
+    TU_CHECK(fdoc != NULL, "%s: %s", path, jerr.text);
+    json_array_foreach(json_object_get(fdoc, "cases"), k, e)
+        if (!strcmp(json_string_value(json_object_get(e, "name")),
+                    json_string_value(json_object_get(sd, "case"))))
+            fc = e;
+    TU_CHECK(fc != NULL, "the SD3 case");
+    if (!fc || !prompt)
+        goto done;
+    snprintf(path, sizeof path, "%s/%s", SD3_PIPELINE_DIR,
+             json_string_value(json_object_get(fc, "folder")));
+    TU_OK(ditd_model_info_load(path, &info));
+    ditd_prompt_encoder_opts po = {.max_sequence_length = L};
+    TU_OK(ditd_prompt_encoder_new(&info, &ditd_backend_cpu, &po, &pe));
+    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
+    if (!pe || !p)
+        goto done;
+    static const char *const names[2] = {"g4", "t3"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", fix_dir(),
+                 json_string_value(json_object_get(json_object_get(sd, "adapters"), names[i])));
+        TU_OK(ditd_prompt_encoder_lora_open(pe, path, names[i], &tl[i]));
+    }
+    if (!tl[0] || !tl[1])
+        goto done;
+    TU_CHECK(tl[0]->dev[0] && tl[0]->dev[1] && !tl[0]->dev[2] && tl[0]->n_mod[0] == 12 &&
+                 tl[0]->n_mod[1] == 7,
+             "g4: 12 modules on text_encoder, 7 on text_encoder_2, none on the T5");
+    TU_CHECK(!tl[1]->dev[0] && !tl[1]->dev[1] && tl[1]->dev[2], "t3: the T5 only");
+    const size_t T = (size_t)ditd_prompt_encoder_text_len(pe, L),
+                 Dt = (size_t)ditd_prompt_encoder_text_dim(pe),
+                 Dp = (size_t)ditd_prompt_encoder_pooled_dim(pe);
+    float *seq = calloc(2 * T * Dt, sizeof *seq), *pooled = calloc(2 * Dp, sizeof *pooled);
+    size_t nn;
+    float *noise = load(edir, json_string_value(json_object_get(fc, "noise")), NULL, &nn);
+    float *got = calloc(nn ? nn : 1, sizeof *got);
+    TU_OK(ditd_pipeline_set_size(p, (int)json_integer_value(json_object_get(fc, "latent_height")),
+                                 (int)json_integer_value(json_object_get(fc, "latent_width")),
+                                 (int)T));
+    json_array_foreach(json_object_get(sd, "cases"), k, c) {
+        const char *name = json_string_value(json_object_get(c, "name"));
+        ditd_text_lora_set ts = {0};
+        size_t i;
+        json_t *u;
+        json_array_foreach(json_object_get(c, "uses"), i, u) {
+            const char *n = json_string_value(json_object_get(u, "adapter"));
+            ts.ad[ts.n] = tl[strcmp(n, "g4") ? 1 : 0];
+            ts.weight[ts.n++] = (float)json_number_value(json_object_get(u, "scale"));
+        }
+        ditd_prompt_texts pt = {.texts = {prompt}, .lens = {strlen(prompt)}};
+        ditd_prompt_texts nt = {.texts = {""}, .lens = {0}};
+        TU_OK(ditd_prompt_encoder_encode_lora(pe, &pt, L, &ts, seq, pooled));
+        TU_OK(ditd_prompt_encoder_encode_lora(pe, &nt, L, &ts, seq + T * Dt, pooled + Dp));
+        static const char *const what[4] = {"seq", "pooled", "neg_seq", "neg_pooled"};
+        const float *mine[4] = {seq, pooled, seq + T * Dt, pooled + Dp};
+        const size_t want_n[4] = {T * Dt, Dp, T * Dt, Dp};
+        int ok = 1;
+        for (int w = 0; w < 4; w++) {
+            size_t n;
+            char label[160];
+            float *r = load(fix_dir(), json_string_value(json_object_get(c, what[w])), NULL, &n);
+            TU_CHECK(r && n == want_n[w], "%s %s: %zu values, want %zu", name, what[w], n,
+                     want_n[w]);
+            if (r && n == want_n[w]) {
+                snprintf(label, sizeof label, "SD3 %s %s", name, what[w]);
+                TU_CLOSE(label, mine[w], r, n, EMB_TOL);
+            } else {
+                ok = 0;
+            }
+            free(r);
+        }
+        size_t no;
+        float *ro = load(fix_dir(), json_string_value(json_object_get(c, "out")), NULL, &no);
+        if (ok && ro && noise && no == nn) {
+            ditd_text_embeds te[2] = {{.seq = seq, .pooled = pooled},
+                                      {.seq = seq + T * Dt, .pooled = pooled + Dp}};
+            ditd_gen_sample smp = {
+                .guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
+                .true_cfg = 1.0f};
+            smp.cond.prompt = &te[0];
+            smp.cond.negative = &te[1];
+            ditd_gen_params gp = {
+                .steps = (int)json_integer_value(json_object_get(fc, "num_inference_steps")),
+                .sampler = p->sched_base.kind};
+            char label[160];
+            TU_OK(ditd_pipeline_generate(p, &gp, 1, &smp, noise, got, NULL, NULL, NULL));
+            snprintf(label, sizeof label, "SD3 %s final latents", name);
+            TU_CLOSE(label, got, ro, no, LAT_TOL);
+            ran++;
+        }
+        free(ro);
+    }
+    free(seq), free(pooled), free(noise), free(got);
+done:
+    for (int i = 0; i < 2; i++)
+        ditd_text_lora_free(tl[i]);
+    ditd_prompt_encoder_free(pe);
+    ditd_pipeline_free(p);
+    ditd_model_info_free(&info);
+    json_decref(fdoc);
+    return ran;
+}
+
 int main(void)
 {
     char path[4300], mdir[4096];
@@ -457,7 +579,7 @@ int main(void)
     ditd_model_info info;
     ditd_pipeline *p = NULL;
     ditd_prompt_encoder *pe = NULL, *pc = NULL;
-    int cases = 0, batch = 0, refused = 0;
+    int cases = 0, batch = 0, refused = 0, sd3 = 0;
 
     snprintf(path, sizeof path, "%s/cases.json", fix_dir());
     json_t *doc = json_load_file(path, 0, &jerr);
@@ -499,16 +621,17 @@ int main(void)
     cases = diffusers_cases(doc, &info, p, pe, pc);
     batch = batch_checks();
     refused = refusals(pe, p);
+    sd3 = sd3_cases(doc);
 done:
     for (int i = 0; i < n_ads; i++) {
         ditd_text_lora_free(ads[i].text);
         ditd_lora_dev_free(ads[i].den);
     }
-    printf("cases: %d against Diffusers, %d batch rows against alone, %d refusals\n", cases,
-           batch, refused);
-    TU_CHECK(cases >= 6 && batch >= 8 && refused >= 10,
-             "checked %d cases, %d batch rows, %d refusals (want 6, 8, 10)", cases, batch,
-             refused);
+    printf("cases: %d FLUX and %d SD3 against Diffusers, %d batch rows against alone, %d "
+           "refusals\n", cases, sd3, batch, refused);
+    TU_CHECK(cases >= 6 && sd3 >= 2 && batch >= 8 && refused >= 10,
+             "checked %d FLUX, %d SD3 cases, %d batch rows, %d refusals (want 6, 2, 8, 10)",
+             cases, sd3, batch, refused);
     ditd_prompt_encoder_free(pe);
     ditd_prompt_encoder_free(pc);
     ditd_pipeline_free(p);
