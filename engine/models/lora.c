@@ -389,32 +389,100 @@ static size_t up(size_t n)
     return (n + ALIGN - 1) / ALIGN * ALIGN;
 }
 
-int ditd_lora_dev_new(const ditd_lora *l, const ditd_backend_ops *ops, int n_targets,
-                      ditd_lora_dev **out)
+void ditd_lora_target_slice(ditd_lora_target *t, ditd_lora_shard shard, int n_rng,
+                            const int *off, const int *len)
 {
-    size_t es = ditd_dtype_size(ops->act_dtype), bytes = 0;
+    t->shard = shard;
+    t->n_rng = shard == DITD_LORA_WHOLE ? 0 : n_rng;
+    for (int i = 0; i < t->n_rng && i < 2; i++) {
+        t->off[i] = off[i];
+        t->len[i] = len[i];
+    }
+}
+
+/* The (rows, cols) of module m's A and B on this rank: its target's slice. */
+static void dev_shape(const ditd_lora_module *m, const ditd_lora_target *t, size_t *k_loc,
+                      size_t *n_loc)
+{
+    *k_loc = (size_t)m->k_in;
+    *n_loc = (size_t)m->n_out;
+    if (t->shard == DITD_LORA_OUT_SLICE)
+        *n_loc = (size_t)t->len[0];
+    if (t->shard == DITD_LORA_IN_SLICE) {
+        *k_loc = 0;
+        for (int r = 0; r < t->n_rng; r++)
+            *k_loc += (size_t)t->len[r];
+    }
+}
+
+/* Whether t's slice lies inside its weight. */
+static int slice_ok(const ditd_lora_target *t)
+{
+    int whole = t->shard == DITD_LORA_OUT_SLICE ? t->n_out : t->k_in;
+    if (t->shard == DITD_LORA_WHOLE)
+        return 1;
+    if (t->n_rng < 1 || t->n_rng > (t->shard == DITD_LORA_OUT_SLICE ? 1 : 2))
+        return 0;
+    for (int r = 0; r < t->n_rng; r++)
+        if (t->off[r] < 0 || t->len[r] < 0 || t->off[r] > whole - t->len[r])
+            return 0;
+    return 1;
+}
+
+/* Module m's A and B cut to its target's slice into a (rank, k_loc) and b
+ * (n_loc, rank), host f32: A's columns of the ranges in order (row-
+ * parallel), B's rows of the range (column-parallel). */
+static void dev_slice(const ditd_lora_module *m, const ditd_lora_target *t, float *a, float *b)
+{
+    size_t k = (size_t)m->k_in, r = (size_t)m->rank;
+    if (t->shard != DITD_LORA_IN_SLICE) {
+        memcpy(a, m->a, r * k * sizeof *a);
+    } else {
+        size_t o = 0;
+        for (size_t i = 0; i < r; i++)
+            for (int g = 0; g < t->n_rng; g++) {
+                memcpy(a + o, m->a + i * k + (size_t)t->off[g], (size_t)t->len[g] * sizeof *a);
+                o += (size_t)t->len[g];
+            }
+    }
+    if (t->shard != DITD_LORA_OUT_SLICE)
+        memcpy(b, m->b, (size_t)m->n_out * r * sizeof *b);
+    else
+        memcpy(b, m->b + (size_t)t->off[0] * r, (size_t)t->len[0] * r * sizeof *b);
+}
+
+int ditd_lora_dev_new(const ditd_lora *l, const ditd_backend_ops *ops,
+                      const ditd_lora_target *targets, int n_targets, ditd_lora_dev **out)
+{
+    size_t es = ditd_dtype_size(ops->act_dtype), bytes = 0, stage = 0;
     ditd_lora_dev *d;
+    float *ha = NULL, *hb = NULL;
     int err;
     if (!ops->lora)
         return ditd_err_set(DITD_EUNSUPPORTED, "LoRA adapter %s: the %s backend has no LoRA op",
                             l->name, ops->name);
-    for (int i = 0; i < l->n_mod; i++)
-        if (l->mod[i].target < 0 || l->mod[i].target >= n_targets)
+    for (int i = 0; i < l->n_mod; i++) {
+        const ditd_lora_module *m = &l->mod[i];
+        if (m->target < 0 || m->target >= n_targets || !slice_ok(&targets[m->target]) ||
+            targets[m->target].n_out != m->n_out || targets[m->target].k_in != m->k_in)
             return ditd_err_set(DITD_EINVAL, "LoRA adapter %s: opened for another model",
                                 l->name);
+        size_t k_loc, n_loc;
+        dev_shape(m, &targets[m->target], &k_loc, &n_loc);
+        bytes += up((size_t)m->rank * k_loc * es) + up(n_loc * (size_t)m->rank * es);
+        size_t st = (size_t)m->rank * ((size_t)m->k_in > (size_t)m->n_out ? (size_t)m->k_in
+                                                                          : (size_t)m->n_out);
+        stage = st > stage ? st : stage;
+    }
     if (!(d = calloc(1, sizeof *d)) || !(d->t = calloc((size_t)n_targets, sizeof *d->t)) ||
-        !(d->name = strdup(l->name))) {
-        ditd_lora_dev_free(d);
-        return ditd_err_set(DITD_ENOMEM, "LoRA adapter %s", l->name);
+        !(d->name = strdup(l->name)) || !(ha = malloc((stage ? stage : 1) * sizeof *ha)) ||
+        !(hb = malloc((stage ? stage : 1) * sizeof *hb))) {
+        err = ditd_err_set(DITD_ENOMEM, "LoRA adapter %s", l->name);
+        goto fail;
     }
     d->ops = ops;
     d->n_targets = n_targets;
     d->max_rank = l->max_rank;
-    for (int i = 0; i < l->n_mod; i++) {
-        const ditd_lora_module *m = &l->mod[i];
-        bytes += up((size_t)m->rank * (size_t)m->k_in * es) +
-                 up((size_t)m->n_out * (size_t)m->rank * es);
-    }
     d->bytes = bytes;
     if (ops->mem_alloc) {
         if ((err = ops->mem_alloc(&d->mem, bytes)))
@@ -426,14 +494,18 @@ int ditd_lora_dev_new(const ditd_lora *l, const ditd_backend_ops *ops, int n_tar
     size_t off = 0;
     for (int i = 0; i < l->n_mod; i++) {
         const ditd_lora_module *m = &l->mod[i];
+        const ditd_lora_target *tg = &targets[m->target];
         ditd_lora_dev_mod *t = &d->t[m->target];
-        size_t na = (size_t)m->rank * (size_t)m->k_in, nb = (size_t)m->n_out * (size_t)m->rank;
+        size_t k_loc, n_loc;
+        dev_shape(m, tg, &k_loc, &n_loc);
+        size_t na = (size_t)m->rank * k_loc, nb = n_loc * (size_t)m->rank;
         void *a = (uint8_t *)d->mem + off;
         off += up(na * es);
         void *b = (uint8_t *)d->mem + off;
         off += up(nb * es);
-        ops->upload(a, m->a, na);
-        ops->upload(b, m->b, nb);
+        dev_slice(m, tg, ha, hb);
+        ops->upload(a, ha, na);
+        ops->upload(b, hb, nb); /* returns once ha, hb are read: they are reused */
         t->a = a;
         t->b = b;
         t->rank = m->rank;
@@ -441,9 +513,13 @@ int ditd_lora_dev_new(const ditd_lora *l, const ditd_backend_ops *ops, int n_tar
     }
     if (ops->status && (err = ops->status()))
         goto fail;
+    free(ha);
+    free(hb);
     *out = d;
     return 0;
 fail:
+    free(ha);
+    free(hb);
     ditd_lora_dev_free(d);
     return err;
 }

@@ -24,8 +24,7 @@
  * engine/text/text_lora.h, which reads them from the same file.
  *
  * What it is not: no merge into base weights, no community FLUX formats
- * (BFL / XLabs / ai-toolkit names), no tensor parallel split (a model under
- * tp lists no targets), no cache of adapters.
+ * (BFL / XLabs / ai-toolkit names), no cache of adapters.
  *
  * Threads: a ditd_lora and a ditd_lora_dev are immutable once made; a
  * ditd_lora_dev is used by the one thread that runs its model's forward.
@@ -50,12 +49,30 @@ typedef enum ditd_lora_format {
 const char *ditd_lora_format_name(ditd_lora_format f);
 int ditd_lora_format_from_str(const char *s, ditd_lora_format *out);
 
+/* What of a target's weight this rank holds under tensor parallel (the
+ * weight list's ditd_wl_rows_of / ditd_wl_cols_of, weight_list.h). */
+typedef enum ditd_lora_shard {
+    DITD_LORA_WHOLE = 0, /* replicated, or no tp */
+    DITD_LORA_OUT_SLICE, /* column-parallel: outputs [off[0], off[0] + len[0]): B's rows */
+    DITD_LORA_IN_SLICE,  /* row-parallel: inputs in n_rng ranges, in this order: A's columns */
+} ditd_lora_shard;
+
 /* One linear of a model that an adapter may target: its Diffusers module
- * name and its weight's (n_out, k_in). */
+ * name and its whole weight's (n_out, k_in), the shape a file's A and B
+ * fit; under tp the slice this rank computes. A row-parallel slice's
+ * partial term (x_s A_s^T) B^T is summed by the linear's own all-reduce,
+ * so adapters add no collective. */
 typedef struct ditd_lora_target {
     char name[120];
     int n_out, k_in;
+    ditd_lora_shard shard;
+    int n_rng;           /* 1 or 2 (DITD_LORA_IN_SLICE) */
+    int off[2], len[2];
 } ditd_lora_target;
+
+/* Sets t's slice (shard DITD_LORA_OUT_SLICE: n_rng 1). */
+void ditd_lora_target_slice(ditd_lora_target *t, ditd_lora_shard shard, int n_rng,
+                            const int *off, const int *len);
 
 /* One module of an adapter file, host f32. */
 typedef struct ditd_lora_module {
@@ -130,11 +147,12 @@ typedef struct ditd_lora_dev {
     size_t bytes;
 } ditd_lora_dev;
 
-/* Uploads l for a model on ops with n_targets targets (those l was opened
- * against). *out owned (ditd_lora_dev_free); l may be freed afterwards.
- * DITD_EUNSUPPORTED when ops has no lora op; DITD_ENOMEM / DITD_EDEVICE. */
-int ditd_lora_dev_new(const ditd_lora *l, const ditd_backend_ops *ops, int n_targets,
-                      ditd_lora_dev **out);
+/* Uploads l for a model on ops with targets[0 .. n_targets) (those l was
+ * opened against), each module cut to its target's tp slice. *out owned
+ * (ditd_lora_dev_free); l may be freed afterwards. DITD_EUNSUPPORTED when
+ * ops has no lora op; DITD_ENOMEM / DITD_EDEVICE. */
+int ditd_lora_dev_new(const ditd_lora *l, const ditd_backend_ops *ops,
+                      const ditd_lora_target *targets, int n_targets, ditd_lora_dev **out);
 void ditd_lora_dev_free(ditd_lora_dev *d);
 
 /* What one sample carries: adapters (borrowed) and their weights. */

@@ -179,7 +179,7 @@ static int load_part(const ditd_safetensors *st, const char *what, const char *n
             l.max_rank = m->rank;
     }
     qsort(l.mod, (size_t)l.n_mod, sizeof *l.mod, cmp_mod);
-    if ((err = ditd_lora_dev_new(&l, pp->ops, pp->n_targets, &tl->dev[p]))) {
+    if ((err = ditd_lora_dev_new(&l, pp->ops, pp->targets, pp->n_targets, &tl->dev[p]))) {
         char why[512];
         snprintf(why, sizeof why, "%s", ditd_err_detail());
         err = ditd_err_set(err, "%s: %s: %s", what, pp->component, why);

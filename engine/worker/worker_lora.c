@@ -65,7 +65,8 @@ int ditd__worker_lora_init(ditd__worker *w)
                                                                    : ditd_lora_open)(
                  cfg->loras[i].path, cfg->loras[i].name, den->lora_targets, den->n_lora_targets,
                  &l)) ||
-            (err = ditd_lora_dev_new(l, w->rep.pipe->ops, den->n_lora_targets, &d))) {
+            (err = ditd_lora_dev_new(l, w->rep.pipe->ops, den->lora_targets, den->n_lora_targets,
+                                     &d))) {
             char why[768];
             snprintf(why, sizeof why, "%s", ditd_err_detail());
             ditd_lora_free(l);

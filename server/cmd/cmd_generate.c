@@ -151,7 +151,8 @@ static int lora_load(const ditd_gen_lora_args *la, ditd_pipeline *p, int text, d
         }
         if ((err = (text ? ditd_lora_open_transformer : ditd_lora_open)(
                  la->path[i], la->name[i], p->den->lora_targets, p->den->n_lora_targets, &l)) ||
-            (err = ditd_lora_dev_new(l, p->ops, p->den->n_lora_targets, &d))) {
+            (err = ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets,
+                                     &d))) {
             fprintf(stderr, "ditd generate: --lora %s=%s: %s: %s\n", la->name[i], la->path[i],
                     ditd_err_name(err), ditd_err_detail());
             ditd_lora_free(l);

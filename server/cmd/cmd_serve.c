@@ -381,7 +381,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     if (!(s->rep = calloc((size_t)s->nrep, sizeof *s->rep)))
         goto fail_info;
 
-    if ((err = ditd_webhook_open(s->cfg.webhook_url, s->cfg.webhook_secret, &s->webhook))) {
+    if ((err = ditd_webhook_open(s->cfg.webhook_url, s->cfg.webhook_secret, s->cfg.webhook_ca,
+                                 &s->webhook))) {
         ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
         goto fail_rep;
     }

@@ -68,8 +68,9 @@ typedef struct ditd_serve_config {
     double data_max_gb;         /* the store's budget, GB (0: none); past it new jobs get 507 */
     long long_cost;             /* a job costing more is long work (0: none is) */
     int long_replicas;          /* the most replicas long work holds at once (0: any) */
-    char webhook_url[2048];     /* video.completed / video.failed events (webhook.h); "" none */
+    char webhook_url[2048];     /* background jobs' end events (webhook.h); "" none */
     char webhook_secret[512];   /* whsec_... */
+    char webhook_ca[1024];      /* https webhooks: a PEM file of roots; "" the system's */
     /* LoRA adapters every replica loads at start (docs/lora.md): --lora
      * NAME=PATH (repeatable; DITD_LORA: comma-separated), then the files
      * of --lora-dir, which parse() lists into loras */

@@ -151,8 +151,8 @@ static void write_work_done(uv_work_t *req, int status)
             r->completed++;
             if (w->job->store_started > 0)
                 ditd_hist_observe(&s->m.job_run[w->frames > 0], ditd__now() - w->job->store_started);
-            if (w->frames > 0)
-                ditd_webhook_emit(s->webhook, "video.completed", w->id);
+            ditd_webhook_emit(s->webhook, w->frames > 0 ? "video.completed" : "job.completed",
+                              w->id);
             if (w->frames > 0)
                 ditd_log(DITD_LOG_INFO, "job %s: completed (a clip of %d frames, %lld bytes)",
                          w->id, w->frames, w->bytes);
@@ -165,8 +165,7 @@ static void write_work_done(uv_work_t *req, int status)
             ditd_jobstore_remove_files(r->st, w->id);
             ditd_jobstore_set_failed(r->st, w->id, "storage_failed", w->detail, now, expiry(r, now));
             r->failed++;
-            if (w->frames > 0)
-                ditd_webhook_emit(s->webhook, "video.failed", w->id);
+            ditd_webhook_emit(s->webhook, w->frames > 0 ? "video.failed" : "job.failed", w->id);
             ditd_log(DITD_LOG_ERROR, "job %s: failed: %s", w->id, w->detail);
         }
     }
@@ -260,8 +259,8 @@ static void job_failed(ditd_job *j, const ditd_api_error *e)
     } else {
         ditd_jobstore_set_failed(r->st, j->store_id, e->code, e->message, now, expiry(r, now));
         r->failed++;
-        if (j->rq.frames > 0)
-            ditd_webhook_emit(s->webhook, "video.failed", j->store_id);
+        ditd_webhook_emit(s->webhook, j->rq.frames > 0 ? "video.failed" : "job.failed",
+                          j->store_id);
         ditd_log(DITD_LOG_WARN, "job %s: failed: %s", j->store_id, e->message);
     }
     j->store_done = 1; /* let go at the next watch */
@@ -453,8 +452,8 @@ static int hand_over(ditd_srv *s)
         /* a stored request the model no longer takes (served another) */
         ditd_jobstore_set_failed(r->st, row.id, e.code, e.message, now, expiry(r, now));
         r->failed++;
-        if (!strcmp(row.kind, "video"))
-            ditd_webhook_emit(s->webhook, "video.failed", row.id);
+        ditd_webhook_emit(s->webhook, strcmp(row.kind, "video") ? "job.failed" : "video.failed",
+                          row.id);
         ditd_jrow_free(&row);
         return 1;
     }
@@ -483,8 +482,8 @@ static int hand_over(ditd_srv *s)
         }
         ditd_jobstore_set_failed(r->st, j->store_id, e.code, e.message, now, expiry(r, now));
         r->failed++;
-        if (j->rq.frames > 0)
-            ditd_webhook_emit(s->webhook, "video.failed", j->store_id);
+        ditd_webhook_emit(s->webhook, j->rq.frames > 0 ? "video.failed" : "job.failed",
+                          j->store_id);
         return 1;
     }
     r->fl[r->n_fl++] = j;

@@ -1,5 +1,8 @@
 /* Webhooks (server/daemon/webhook.h): a queue the loop fills and a thread
- * that delivers it over plain HTTP/1.1, signed as Standard Webhooks. */
+ * that delivers it over HTTP/1.1, plain or through TLS (GnuTLS, the
+ * receiver's certificate checked against the system's roots or
+ * --webhook-ca, and its name against the URL's host), signed as Standard
+ * Webhooks. */
 #include "server/daemon/webhook.h"
 
 #include <errno.h>
@@ -12,7 +15,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <gnutls/crypto.h>
 #include <gnutls/gnutls.h>
 
@@ -30,6 +35,8 @@ typedef struct hook_ev {
 
 struct ditd_webhook {
     char host[256], port[8], path[1024];
+    int tls;                              /* https:// */
+    gnutls_certificate_credentials_t cred; /* tls: the roots the receiver is checked against */
     uint8_t key[256];
     size_t key_len;
     pthread_t thread;
@@ -40,17 +47,16 @@ struct ditd_webhook {
     unsigned long long delivered, failed, dropped;
 };
 
-/* http://HOST[:PORT][/PATH] into w. */
+/* http[s]://HOST[:PORT][/PATH] into w. */
 static int parse_url(ditd_webhook *w, const char *url)
 {
     const char *p, *slash, *colon;
     size_t hl;
     if (!strncmp(url, "https://", 8))
-        return ditd_err_set(DITD_EINVAL, "--webhook-url %s: https is not built yet; send to a "
-                            "plain http:// receiver or relay on the node", url);
-    if (strncmp(url, "http://", 7))
-        return ditd_err_set(DITD_EINVAL, "--webhook-url %s: not an http:// URL", url);
-    p = url + 7;
+        w->tls = 1;
+    else if (strncmp(url, "http://", 7))
+        return ditd_err_set(DITD_EINVAL, "--webhook-url %s: not an http:// or https:// URL", url);
+    p = url + (w->tls ? 8 : 7);
     slash = strchr(p, '/');
     hl = slash ? (size_t)(slash - p) : strlen(p);
     colon = memchr(p, ':', hl);
@@ -60,7 +66,7 @@ static int parse_url(ditd_webhook *w, const char *url)
         return ditd_err_set(DITD_EINVAL, "--webhook-url %s: a bad host", url);
     memcpy(w->host, p, name);
     w->host[name] = '\0';
-    snprintf(w->port, sizeof w->port, "80");
+    snprintf(w->port, sizeof w->port, w->tls ? "443" : "80");
     if (colon) {
         size_t pl = hl - name - 1;
         long v = 0;
@@ -97,7 +103,31 @@ static int parse_secret(ditd_webhook *w, const char *secret)
     return 0;
 }
 
-/* A connected socket to the receiver, or -1. */
+/* The roots a TLS receiver is checked against: ca_file (PEM), else the
+ * system's. */
+static int open_cred(ditd_webhook *w, const char *ca_file)
+{
+    int n;
+    if (gnutls_certificate_allocate_credentials(&w->cred) < 0)
+        return ditd_err_set(DITD_ENOMEM, "webhook TLS credentials");
+    n = ca_file && *ca_file
+            ? gnutls_certificate_set_x509_trust_file(w->cred, ca_file, GNUTLS_X509_FMT_PEM)
+            : gnutls_certificate_set_x509_system_trust(w->cred);
+    if (n <= 0) {
+        gnutls_certificate_free_credentials(w->cred);
+        w->cred = NULL;
+        if (ca_file && *ca_file)
+            return ditd_err_set(DITD_EINVAL, "--webhook-ca %s: no certificate read (%s)", ca_file,
+                                n < 0 ? gnutls_strerror(n) : "empty");
+        return ditd_err_set(DITD_EINVAL, "--webhook-url https://...: the system has no trusted "
+                            "roots (%s); give --webhook-ca FILE",
+                            n < 0 ? gnutls_strerror(n) : "none found");
+    }
+    return 0;
+}
+
+/* A connected socket to the receiver (blocking, each read and write
+ * bounded by HOOK_TIMEOUT_MS), or -1. */
 static int dial(const ditd_webhook *w)
 {
     struct addrinfo hints, *res = NULL;
@@ -125,7 +155,115 @@ static int dial(const ditd_webhook *w)
         }
     }
     freeaddrinfo(res);
+    if (fd >= 0) {
+        struct timeval tv = {HOOK_TIMEOUT_MS / 1000, 0};
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) ||
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) ||
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv)) {
+            close(fd);
+            fd = -1;
+        }
+    }
     return fd;
+}
+
+/* One connection to the receiver: the socket, and the TLS session over it
+ * for https://. */
+typedef struct conn {
+    int fd;
+    gnutls_session_t tls;
+} conn;
+
+/* Whether host is an IP literal (no SNI then: RFC 6066). */
+static int is_ip(const char *host)
+{
+    unsigned char buf[16];
+    return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
+}
+
+/* Opens c to w's receiver: 0, or -1 (logged once per attempt at debug). */
+static int conn_open(const ditd_webhook *w, conn *c)
+{
+    int r;
+    c->tls = NULL;
+    if ((c->fd = dial(w)) < 0)
+        return -1;
+    if (!w->tls)
+        return 0;
+    if (gnutls_init(&c->tls, GNUTLS_CLIENT) < 0)
+        goto fail;
+    if (gnutls_set_default_priority(c->tls) < 0 ||
+        gnutls_credentials_set(c->tls, GNUTLS_CRD_CERTIFICATE, w->cred) < 0 ||
+        (!is_ip(w->host) &&
+         gnutls_server_name_set(c->tls, GNUTLS_NAME_DNS, w->host, strlen(w->host)) < 0))
+        goto fail;
+    /* the chain against the roots, and the certificate's names against the host */
+    gnutls_session_set_verify_cert(c->tls, w->host, 0);
+    gnutls_transport_set_int(c->tls, c->fd);
+    gnutls_handshake_set_timeout(c->tls, HOOK_TIMEOUT_MS);
+    do
+        r = gnutls_handshake(c->tls);
+    while (r < 0 && !gnutls_error_is_fatal(r));
+    if (r < 0) {
+        ditd_log(DITD_LOG_WARN, "webhook to https://%s:%s: TLS: %s", w->host, w->port,
+                 gnutls_strerror(r));
+        goto fail;
+    }
+    return 0;
+fail:
+    if (c->tls)
+        gnutls_deinit(c->tls);
+    c->tls = NULL;
+    close(c->fd);
+    c->fd = -1;
+    return -1;
+}
+
+static void conn_close(conn *c)
+{
+    if (c->tls) {
+        gnutls_bye(c->tls, GNUTLS_SHUT_WR);
+        gnutls_deinit(c->tls);
+    }
+    if (c->fd >= 0)
+        close(c->fd);
+}
+
+/* All of buf: 0, or -1. */
+static int conn_send(conn *c, const char *buf, size_t len)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t m = c->tls ? gnutls_record_send(c->tls, buf + off, len - off)
+                           : send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
+        if (m < 0 && (c->tls ? m == GNUTLS_E_INTERRUPTED || m == GNUTLS_E_AGAIN : errno == EINTR))
+            continue;
+        if (m <= 0)
+            return -1;
+        off += (size_t)m;
+    }
+    return 0;
+}
+
+/* Up to len bytes: how many, 0 at the end, -1 on an error or a timeout.
+ * GnuTLS answers E_AGAIN on a blocking socket too (a TLS 1.3 session
+ * ticket read, no data yet; or the socket's timeout): tried again until
+ * HOOK_TIMEOUT_MS have passed. */
+static ssize_t conn_recv(conn *c, char *buf, size_t len)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        ssize_t m = c->tls ? gnutls_record_recv(c->tls, buf, len) : recv(c->fd, buf, len, 0);
+        if (m >= 0)
+            return m;
+        int again = c->tls ? m == GNUTLS_E_INTERRUPTED || m == GNUTLS_E_AGAIN : errno == EINTR;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        long ms = (t.tv_sec - t0.tv_sec) * 1000L + (t.tv_nsec - t0.tv_nsec) / 1000000L;
+        if (!again || ms >= HOOK_TIMEOUT_MS)
+            return -1;
+    }
 }
 
 /* One attempt: 0 on a 2xx answer; the status (or -1) otherwise. */
@@ -149,41 +287,23 @@ static int post(ditd_webhook *w, const hook_ev *e)
         return -1;
     snprintf(sig, sizeof sig, "v1,%.*s", (int)b64.size, (const char *)b64.data);
     gnutls_free(b64.data);
+    int status = -1;
     int n = snprintf(head, sizeof head,
                      "POST %s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: ditd\r\n"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n"
                      "webhook-id: %s\r\nwebhook-timestamp: %s\r\nwebhook-signature: %s\r\n"
                      "Connection: close\r\n\r\n",
                      w->path, w->host, w->port, blen, e->id, ts, sig);
-    int fd = dial(w);
-    if (fd < 0)
+    conn c;
+    if (conn_open(w, &c))
         return -1;
-    const char *parts[2] = {head, e->body};
-    size_t lens[2] = {(size_t)n, blen};
-    int status = -1;
-    for (int k = 0; k < 2; k++) {
-        size_t off = 0;
-        while (off < lens[k]) {
-            ssize_t m = send(fd, parts[k] + off, lens[k] - off, MSG_NOSIGNAL);
-            if (m < 0 && (errno == EAGAIN || errno == EINTR)) {
-                struct pollfd pf = {fd, POLLOUT, 0};
-                if (poll(&pf, 1, HOOK_TIMEOUT_MS) != 1)
-                    goto done;
-                continue;
-            }
-            if (m <= 0)
-                goto done;
-            off += (size_t)m;
-        }
-    }
+    if (conn_send(&c, head, (size_t)n) || conn_send(&c, e->body, blen))
+        goto done;
     /* the status line is all we read */
     char resp[64];
     size_t got = 0;
     while (got < sizeof resp - 1 && !memchr(resp, '\n', got)) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, HOOK_TIMEOUT_MS) != 1)
-            break;
-        ssize_t m = recv(fd, resp + got, sizeof resp - 1 - got, 0);
+        ssize_t m = conn_recv(&c, resp + got, sizeof resp - 1 - got);
         if (m <= 0)
             break;
         got += (size_t)m;
@@ -192,7 +312,7 @@ static int post(ditd_webhook *w, const hook_ev *e)
     if (!strncmp(resp, "HTTP/1.", 7) && got >= 12)
         status = atoi(resp + 9);
 done:
-    close(fd);
+    conn_close(&c);
     return status >= 200 && status < 300 ? 0 : status;
 }
 
@@ -231,8 +351,9 @@ static void *deliver(void *arg)
             w->delivered++;
         } else {
             w->dropped++;
-            ditd_log(DITD_LOG_WARN, "webhook %s to http://%s:%s%s dropped (%s, last answer %d)", e->id,
-                     w->host, w->port, w->path, w->stop ? "the server stops" : "6 attempts", last);
+            ditd_log(DITD_LOG_WARN, "webhook %s to %s://%s:%s%s dropped (%s, last answer %d)", e->id,
+                     w->tls ? "https" : "http", w->host, w->port, w->path,
+                     w->stop ? "the server stops" : "6 attempts", last);
         }
         free(e->body);
         free(e);
@@ -241,7 +362,8 @@ static void *deliver(void *arg)
     return NULL;
 }
 
-int ditd_webhook_open(const char *url, const char *secret, ditd_webhook **out)
+int ditd_webhook_open(const char *url, const char *secret, const char *ca_file,
+                      ditd_webhook **out)
 {
     ditd_webhook *w;
     int err;
@@ -249,11 +371,21 @@ int ditd_webhook_open(const char *url, const char *secret, ditd_webhook **out)
     if (!url || !*url) {
         if (secret && *secret)
             return ditd_err_set(DITD_EINVAL, "--webhook-secret without --webhook-url");
+        if (ca_file && *ca_file)
+            return ditd_err_set(DITD_EINVAL, "--webhook-ca without --webhook-url");
         return 0;
     }
     if (!(w = calloc(1, sizeof *w)))
         return ditd_err_set(DITD_ENOMEM, "webhooks");
     if ((err = parse_url(w, url)) || (err = parse_secret(w, secret ? secret : ""))) {
+        free(w);
+        return err;
+    }
+    if (!w->tls && ca_file && *ca_file) {
+        free(w);
+        return ditd_err_set(DITD_EINVAL, "--webhook-ca with an http:// --webhook-url");
+    }
+    if (w->tls && (err = open_cred(w, ca_file))) {
         free(w);
         return err;
     }
@@ -263,6 +395,8 @@ int ditd_webhook_open(const char *url, const char *secret, ditd_webhook **out)
     if (pthread_create(&w->thread, NULL, deliver, w)) {
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
+        if (w->cred)
+            gnutls_certificate_free_credentials(w->cred);
         free(w);
         return ditd_err_set(DITD_ENOMEM, "the webhook thread");
     }
@@ -287,6 +421,8 @@ void ditd_webhook_close(ditd_webhook *w)
     }
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
+    if (w->cred)
+        gnutls_certificate_free_credentials(w->cred);
     free(w);
 }
 

@@ -14,9 +14,9 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const ditd_lora_target targets[] = {
-    {"transformer_blocks.0.attn1.to_q", 3, 2},
-    {"transformer_blocks.0.ff.net.0.proj", 4, 2},
-    {"proj_out", 2, 4},
+    {.name = "transformer_blocks.0.attn1.to_q", .n_out = 3, .k_in = 2},
+    {.name = "transformer_blocks.0.ff.net.0.proj", .n_out = 4, .k_in = 2},
+    {.name = "proj_out", .n_out = 2, .k_in = 4},
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -33,13 +33,13 @@ static const ditd_backend_ops host = {
     .name = "fuzz", .act_dtype = DITD_DTYPE_F32, .upload = up, .lora = lora_op};
 
 static const ditd_lora_target clip_t[] = {
-    {"encoder.layers.0.self_attn.q_proj", 3, 3},
-    {"encoder.layers.0.mlp.fc1", 5, 3},
-    {"text_projection", 2, 3},
+    {.name = "encoder.layers.0.self_attn.q_proj", .n_out = 3, .k_in = 3},
+    {.name = "encoder.layers.0.mlp.fc1", .n_out = 5, .k_in = 3},
+    {.name = "text_projection", .n_out = 2, .k_in = 3},
 };
 static const ditd_lora_target t5_t[] = {
-    {"encoder.block.0.layer.0.SelfAttention.q", 4, 3},
-    {"encoder.block.0.layer.1.DenseReluDense.wo", 3, 6},
+    {.name = "encoder.block.0.layer.0.SelfAttention.q", .n_out = 4, .k_in = 3},
+    {.name = "encoder.block.0.layer.1.DenseReluDense.wo", .n_out = 3, .k_in = 6},
 };
 
 static const ditd_text_lora_part parts[2] = {

@@ -63,7 +63,8 @@ static void open_adapters(ditd_pipeline *p, json_t *files, adapters *ad)
         if (!l || ad->n == MAX_AD)
             continue;
         ad->name[ad->n] = key;
-        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->n_lora_targets, &ad->dev[ad->n]));
+        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets,
+                                 &ad->dev[ad->n]));
         if (ad->dev[ad->n])
             ad->n++;
         ditd_lora_free(l);
@@ -197,7 +198,46 @@ done:
 
 /* ---- FLUX ---- */
 
-static int flux_cases(json_t *doc)
+/* One batch of three samples of the same prompt and noise carrying f4, f8k
+ * at 0.5 and no adapter (different sets, so three groups in every adapted
+ * linear), then each alone: the rows as their solo runs within BATCH_TOL.
+ * Returns the rows checked. */
+static int flux_batch(ditd_pipeline *p, const adapters *ad, const ditd_gen_sample *like,
+                      const ditd_gen_params *gp, const float *noise, size_t numel)
+{
+    int f4 = -1, f8k = -1, rows = 0;
+    for (int k = 0; k < ad->n; k++) {
+        f4 = strcmp(ad->name[k], "f4") ? f4 : k;
+        f8k = strcmp(ad->name[k], "f8k") ? f8k : k;
+    }
+    TU_CHECK(f4 >= 0 && f8k >= 0, "FLUX batch: f4 and f8k opened");
+    if (f4 < 0 || f8k < 0)
+        return 0;
+    ditd_lora_set sets[2] = {{.n = 1, .ad = {ad->dev[f4]}, .weight = {1.0f}},
+                             {.n = 1, .ad = {ad->dev[f8k]}, .weight = {0.5f}}};
+    ditd_gen_sample smp[3] = {*like, *like, *like};
+    smp[0].loras = &sets[0];
+    smp[1].loras = &sets[1];
+    smp[2].loras = NULL;
+    float *in = malloc(3 * numel * sizeof *in), *got = calloc(3 * numel, sizeof *got);
+    float *alone = calloc(numel, sizeof *alone);
+    for (int i = 0; in && i < 3; i++)
+        memcpy(in + (size_t)i * numel, noise, numel * sizeof *in);
+    if (in && got && alone) {
+        TU_OK(ditd_pipeline_generate(p, gp, 3, smp, in, got, NULL, NULL, NULL));
+        for (int i = 0; i < 3; i++) {
+            char what[200];
+            TU_OK(ditd_pipeline_generate(p, gp, 1, &smp[i], noise, alone, NULL, NULL, NULL));
+            snprintf(what, sizeof what, "FLUX batch {f4, 0.5 f8k, none}: sample %d vs alone", i);
+            TU_CLOSE(what, got + (size_t)i * numel, alone, numel, BATCH_TOL);
+            rows++;
+        }
+    }
+    free(in), free(got), free(alone);
+    return rows;
+}
+
+static int flux_cases(json_t *doc, int *batch_checks)
 {
     char mdir[4096], edir[4096], fpath[4300];
     ditd_model_info info;
@@ -214,7 +254,7 @@ static int flux_cases(json_t *doc)
     fdoc = json_load_file(fpath, 0, &jerr);
     TU_CHECK(fdoc != NULL, "%s: %s", fpath, jerr.text);
     TU_OK(ditd_model_info_load(mdir, &info));
-    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 1, &p));
+    TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 3, &p));
     if (!p || !fdoc)
         goto done;
     open_adapters(p, json_object_get(json_object_get(doc, "adapters"), "flux"), &ad);
@@ -263,6 +303,8 @@ static int flux_cases(json_t *doc)
             ran++;
             free(got);
         }
+        if (!strcmp(name, "flux_r4_s1") && emb && pool && noise && sn[0] == 1)
+            *batch_checks += flux_batch(p, &ad, &smp, &gp, noise, (size_t)(sn[1] * sn[2] * sn[3]));
         free(emb), free(pool), free(noise), free(want), free(nemb), free(npool);
     }
 done:
@@ -291,8 +333,8 @@ static uint8_t *st_image(const char *header, const void *data, size_t dlen, size
 }
 
 static const ditd_lora_target targets[] = {
-    {"transformer_blocks.0.attn1.to_q", 3, 2},
-    {"transformer_blocks.0.ff.net.0.proj", 4, 2},
+    {.name = "transformer_blocks.0.attn1.to_q", .n_out = 3, .k_in = 2},
+    {.name = "transformer_blocks.0.ff.net.0.proj", .n_out = 4, .k_in = 2},
 };
 
 /* Opens an adapter of module m's A (r, k) and B (n, r), F32, with `extra`
@@ -429,13 +471,13 @@ int main(void)
     TU_CHECK(doc != NULL, "%s: %s", path, jerr.text);
     if (!doc)
         return tu_exit();
-    int dit = dit_cases(doc, &batch_checks), flux = flux_cases(doc);
+    int dit = dit_cases(doc, &batch_checks), flux = flux_cases(doc, &batch_checks);
     json_decref(doc);
     refusals();
     printf("cases: %d DiT, %d FLUX against Diffusers; %d batch rows against alone\n", dit, flux,
            batch_checks);
-    TU_CHECK(dit >= 9 && flux >= 6 && batch_checks >= 4,
-             "checked %d DiT, %d FLUX cases and %d batch rows (want 9, 6, 4)", dit, flux,
+    TU_CHECK(dit >= 9 && flux >= 6 && batch_checks >= 7,
+             "checked %d DiT, %d FLUX cases and %d batch rows (want 9, 6, 7)", dit, flux,
              batch_checks);
     return tu_exit();
 }

@@ -611,7 +611,7 @@ int main(void)
         TU_OK(ditd_lora_open_transformer(a->path, key, p->den->lora_targets,
                                          p->den->n_lora_targets, &l));
         if (l)
-            TU_OK(ditd_lora_dev_new(l, p->ops, p->den->n_lora_targets, &a->den));
+            TU_OK(ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets, &a->den));
         ditd_lora_free(l);
         if (a->text && a->den)
             n_ads++;

@@ -505,8 +505,142 @@ def case_jobs_full_disk(ditd):
     return 0
 
 
+def make_cert(tmp, name, san):
+    """A self-signed certificate (and key) for san ("IP:127.0.0.1", "DNS:localhost")."""
+    cert, key = os.path.join(tmp, f"{name}.pem"), os.path.join(tmp, f"{name}.key")
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:P-256", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+                        "-addext", f"subjectAltName={san}", "-keyout", key, "-out", cert],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"openssl made the certificate {name}", r.stderr[-300:])
+    return cert, key
+
+
+def case_jobs_webhook(ditd):
+    """Webhooks over https for image jobs: a receiver on 127.0.0.1 behind TLS (a certificate
+    made here, trusted through --webhook-ca) gets job.completed for a background image job and
+    job.failed for one the replica refuses, both verified by the official client's
+    webhooks.unwrap; a receiver whose certificate does not lead to the given root, or does not
+    name the URL's host, gets nothing (the attempts count as failed); bad --webhook-ca uses stop
+    the start."""
+    import http.server
+    import ssl
+    import threading
+    import openai
+    if not shutil.which("openssl"):
+        print("skip: no openssl")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="ditd-hook-tls-")
+    secret = "whsec_" + base64.b64encode(b"ditd-test-webhook-key-tls-01234").decode()
+    ip_cert, ip_key = make_cert(tmp, "receiver", "IP:127.0.0.1")
+    other, _ = make_cert(tmp, "other", "IP:127.0.0.1")
+    dns_cert, dns_key = make_cert(tmp, "named", "DNS:localhost")
+    got, lock = [], threading.Lock()
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            with lock:
+                got.append((dict(self.headers), body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    def receiver(cert, key):
+        srv = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        return srv, f"https://127.0.0.1:{srv.server_address[1]}/hooks/ditd"
+
+    def wait_events(k, timeout=60):
+        t0 = time.time()
+        while time.time() - t0 < timeout and len(got) < k:
+            time.sleep(0.1)
+        return len(got)
+
+    srvs = []
+    try:
+        srv, url = receiver(ip_cert, ip_key)
+        srvs.append(srv)
+        for flags, needle in [(["--webhook-secret", secret, "--webhook-url", url, "--webhook-ca",
+                                os.path.join(tmp, "none.pem")], "--webhook-ca"),
+                              (["--webhook-secret", secret, "--webhook-url", "http://127.0.0.1:9/x",
+                                "--webhook-ca", ip_cert], "--webhook-ca with an http://"),
+                              (["--webhook-ca", ip_cert], "--webhook-ca without --webhook-url")]:
+            r = subprocess.run([ditd, "serve", "--port", "0", *flags],
+                               capture_output=True, text=True, timeout=60)
+            check(r.returncode != 0 and needle in r.stderr,
+                  f"{' '.join(flags[-2:])}: refused naming '{needle}'", r.stderr[-300:])
+        client = openai.OpenAI(api_key="x", webhook_secret=secret)
+        d = Daemon(ditd, "--webhook-url", url, "--webhook-ca", ip_cert,
+                   env={"DITD_WEBHOOK_SECRET": secret})
+        try:
+            st, _, o = create(d, SMALL)
+            check(st == 202, "a background image job", st)
+            done = wait_status(d, o["id"], ("completed",)) if st == 202 else {}
+            check(done.get("status") == "completed", "the job completed", done)
+            check(wait_events(1) == 1, "one event reached the https receiver", len(got))
+            if got:
+                ev = client.webhooks.unwrap(got[0][1], got[0][0])
+                check(ev.type == "job.completed" and ev.data.id == o["id"],
+                      "webhooks.unwrap verifies it: job.completed for the job", ev)
+            # the replica refuses TaylorSeer's default identifiers (no DiT module
+            # matches ^blocks.*attn): the job fails
+            st, _, f = create(d, dict(SMALL, cache={"method": "taylorseer_cache"}))
+            fo = wait_status(d, f["id"], ("failed",)) if st == 202 else {}
+            check(fo.get("status") == "failed", "a job the replica refuses fails", fo)
+            check(wait_events(2) == 2, "its event came too", len(got))
+            if len(got) >= 2:
+                ev = client.webhooks.unwrap(got[1][1], got[1][0])
+                check(ev.type == "job.failed" and ev.data.id == f["id"],
+                      "webhooks.unwrap verifies it: job.failed for that job", ev)
+            m = d.metrics()
+            check(m.get('ditd_webhooks_total{outcome="delivered"}') == 2,
+                  "metrics: 2 delivered", {k: v for k, v in m.items() if "webhook" in k})
+        finally:
+            d.stop()
+        # the receiver's certificate checked: another root, then a name that is not the host
+        for cert, key, why in [(ip_cert, ip_key, "a root that did not sign it"),
+                               (dns_cert, dns_key, "a certificate for localhost, not 127.0.0.1")]:
+            srv2, url2 = receiver(cert, key)
+            srvs.append(srv2)
+            ca = other if cert == ip_cert else dns_cert
+            before = len(got)
+            d = Daemon(ditd, "--webhook-url", url2, "--webhook-ca", ca,
+                       env={"DITD_WEBHOOK_SECRET": secret})
+            try:
+                st, _, o = create(d, dict(SMALL, n=1))
+                done = wait_status(d, o["id"], ("completed",)) if st == 202 else {}
+                t0 = time.time()
+                m = {}
+                while time.time() - t0 < 20:
+                    m = d.metrics()
+                    if m.get("ditd_webhook_failed_attempts_total", 0) >= 2:
+                        break
+                    time.sleep(0.2)
+                check(done.get("status") == "completed" and len(got) == before and
+                      m.get("ditd_webhook_failed_attempts_total", 0) >= 2 and
+                      not m.get('ditd_webhooks_total{outcome="delivered"}'),
+                      f"{why}: nothing delivered, the attempts fail (and are retried)",
+                      len(got) - before, {k: v for k, v in m.items() if "webhook" in k})
+                log = d.logtext()
+                check("TLS" in log, f"{why}: the log names the TLS failure", log[-300:])
+            finally:
+                d.stop()
+    finally:
+        for x in srvs:
+            x.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
 CASES = {"jobs": case_jobs, "jobs_list": case_jobs_list, "jobs_limits": case_jobs_limits,
-         "jobs_restart": case_jobs_restart, "jobs_full_disk": case_jobs_full_disk}
+         "jobs_restart": case_jobs_restart, "jobs_full_disk": case_jobs_full_disk,
+         "jobs_webhook": case_jobs_webhook}
 
 
 def main():

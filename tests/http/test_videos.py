@@ -393,7 +393,7 @@ def case_videos_webhook(ditd):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/hooks/ditd"
     try:
-        for bad_url, bad_secret, needle in [("https://127.0.0.1/x", secret, "https"),
+        for bad_url, bad_secret, needle in [("gopher://127.0.0.1/x", secret, "https://"),
                                             (url, "s3cret", "whsec_"),
                                             ("ftp://x", secret, "http://")]:
             r = subprocess.run([ditd, "serve", "--model", model, "--port", "0", "--webhook-url",

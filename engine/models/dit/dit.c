@@ -179,17 +179,14 @@ static int plan(ditd_dit *m)
 }
 
 /* The linears a LoRA adapter may target (Diffusers' module names): per
- * block DITD_DIT_LORA_PER_BLOCK, then proj_out_1, proj_out_2. None under
- * tp, none on a backend without the lora op. */
+ * block DITD_DIT_LORA_PER_BLOCK, then proj_out_1, proj_out_2, each with
+ * this rank's tp slice as the weight list cuts it. None on a backend
+ * without the lora op. */
 static int lora_targets(ditd_dit *m)
 {
     const ditd_dit_config *c = &m->cfg;
     int D = c->inner_dim, F = c->ff_dim, p = c->patch_size, L = c->num_layers;
-    if (m->lay.tp > 1) {
-        m->base.lora_refusal = "LoRA adapters under tensor parallel are not supported yet "
-                               "(docs/lora.md)";
-        return 0;
-    }
+    int hd[2] = {m->h0 * c->head_dim, m->hc * c->head_dim}, ff[2] = {m->f0, m->fc};
     if (!m->ops->lora) {
         m->base.lora_refusal = "this backend has no LoRA op";
         return 0;
@@ -209,6 +206,16 @@ static int lora_targets(ditd_dit *m)
             snprintf(t->name, sizeof t->name, "transformer_blocks.%d.%s", l, sub[j]);
             t->n_out = shape[j][0];
             t->k_in = shape[j][1];
+            if (m->lay.tp <= 1)
+                continue;
+            if (j >= DITD_DIT_LORA_Q && j < DITD_DIT_LORA_Q + 3) /* column-parallel */
+                ditd_lora_target_slice(t, DITD_LORA_OUT_SLICE, 1, &hd[0], &hd[1]);
+            else if (j == DITD_DIT_LORA_FF1)
+                ditd_lora_target_slice(t, DITD_LORA_OUT_SLICE, 1, &ff[0], &ff[1]);
+            else if (j == DITD_DIT_LORA_O) /* row-parallel */
+                ditd_lora_target_slice(t, DITD_LORA_IN_SLICE, 1, &hd[0], &hd[1]);
+            else if (j == DITD_DIT_LORA_FF2)
+                ditd_lora_target_slice(t, DITD_LORA_IN_SLICE, 1, &ff[0], &ff[1]);
         }
     ditd_lora_target *t = &m->lora_t[L * DITD_DIT_LORA_PER_BLOCK];
     snprintf(t[0].name, sizeof t[0].name, "proj_out_1");
@@ -567,7 +574,7 @@ static int self_attention(ditd_dit *m, int l, int B)
     /* qkv (B, N_loc, 3 H_loc Dh) = xn @ [Wq; Wk; Wv]^T (this rank's rows):
      * q, k, v are (B, N_loc, H_loc, Dh) views of stride 3 H_loc Dh */
     ops->linear(m->xn, (size_t)D, b->qkv_w, b->qkv_b, m->qkv, ld3, M, 3 * hcD, D, DITD_ACT_NONE);
-    /* adapters on to_q, to_k, to_v: their column blocks (no tp here) */
+    /* adapters on to_q, to_k, to_v: their column blocks (this rank's heads) */
     for (int j = 0; j < 3 && m->base.loras; j++) {
         int t = lt(l, DITD_DIT_LORA_Q + j);
         if (ditd_lora_touches(m->base.loras, B, t))

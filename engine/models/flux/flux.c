@@ -98,10 +98,19 @@ static void weight_list(ditd_flux *m, ditd_wl *wl)
 #undef L1
 #undef VEC
 
+/* This rank's tp slice of the next lora_add's targets (lora_targets). */
+typedef struct lora_cut {
+    ditd_lora_shard shard;
+    int n_rng, off[2], len[2];
+} lora_cut;
+
+static const lora_cut WHOLE = {DITD_LORA_WHOLE, 0, {0, 0}, {0, 0}};
+
 /* One LoRA target (parts > 1: name.<part[i]> for each of the fused parts,
- * each n_out / parts outputs). */
-static void lora_add(ditd_flux *m, ditd_flux_lin *l, int n_out, int k_in, int parts,
-                     const char *const *part, const char *fmt, ...)
+ * each n_out / parts outputs), cut as `cut` says (a fused part: its own
+ * block's slice). */
+static void lora_add(ditd_flux *m, ditd_flux_lin *l, lora_cut cut, int n_out, int k_in,
+                     int parts, const char *const *part, const char *fmt, ...)
 {
     char name[sizeof m->lora_t->name];
     va_list ap;
@@ -118,22 +127,26 @@ static void lora_add(ditd_flux *m, ditd_flux_lin *l, int n_out, int k_in, int pa
             snprintf(t->name, sizeof t->name, "%s", name);
         t->n_out = n_out / parts;
         t->k_in = k_in;
+        if (m->lay.tp > 1)
+            ditd_lora_target_slice(t, cut.shard, cut.n_rng, cut.off, cut.len);
     }
 }
 
-/* The linears an adapter may target, in Diffusers' module names; none
- * under tp or on a backend without the lora op (base.lora_refusal). */
+/* The linears an adapter may target, in Diffusers' module names, with
+ * this rank's tp slices as weight_list cuts them; none on a backend
+ * without the lora op (base.lora_refusal). */
 static int lora_targets(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
-    int D = c->inner_dim, FF = c->mlp_dim;
+    int D = c->inner_dim, FF = c->mlp_dim, a0 = m->h0 * c->head_dim;
     static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
     static const char *const qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
-    if (m->lay.tp > 1) {
-        m->base.lora_refusal = "LoRA adapters under tensor parallel are not supported yet "
-                               "(docs/lora.md)";
-        return 0;
-    }
+    const lora_cut heads = {DITD_LORA_OUT_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const lora_cut mlp = {DITD_LORA_OUT_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
+    const lora_cut heads_in = {DITD_LORA_IN_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const lora_cut mlp_in = {DITD_LORA_IN_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
+    /* the single blocks' proj_out reads [attention | MLP] */
+    const lora_cut cat_in = {DITD_LORA_IN_SLICE, 2, {a0, D + m->f0}, {m->A, m->fc}};
     if (!m->ops->lora) {
         m->base.lora_refusal = "this backend has no LoRA op";
         return 0;
@@ -141,35 +154,39 @@ static int lora_targets(ditd_flux *m)
     size_t n = 8 + 14 * (size_t)c->num_layers + 6 * (size_t)c->num_single_layers;
     if (!(m->lora_t = calloc(n, sizeof *m->lora_t)))
         return ditd_err_set(DITD_ENOMEM, "LoRA targets");
-    lora_add(m, &m->ctx_emb, D, c->joint_attention_dim, 1, NULL, "context_embedder");
-    lora_add(m, &m->t1, D, TFREQ, 1, NULL, "time_text_embed.timestep_embedder.linear_1");
-    lora_add(m, &m->t2, D, D, 1, NULL, "time_text_embed.timestep_embedder.linear_2");
+    lora_add(m, &m->ctx_emb, WHOLE, D, c->joint_attention_dim, 1, NULL, "context_embedder");
+    lora_add(m, &m->t1, WHOLE, D, TFREQ, 1, NULL, "time_text_embed.timestep_embedder.linear_1");
+    lora_add(m, &m->t2, WHOLE, D, D, 1, NULL, "time_text_embed.timestep_embedder.linear_2");
     if (c->guidance_embeds) {
-        lora_add(m, &m->g1, D, TFREQ, 1, NULL, "time_text_embed.guidance_embedder.linear_1");
-        lora_add(m, &m->g2, D, D, 1, NULL, "time_text_embed.guidance_embedder.linear_2");
+        lora_add(m, &m->g1, WHOLE, D, TFREQ, 1, NULL, "time_text_embed.guidance_embedder.linear_1");
+        lora_add(m, &m->g2, WHOLE, D, D, 1, NULL, "time_text_embed.guidance_embedder.linear_2");
     }
-    lora_add(m, &m->p1, D, c->pooled_dim, 1, NULL, "time_text_embed.text_embedder.linear_1");
-    lora_add(m, &m->p2, D, D, 1, NULL, "time_text_embed.text_embedder.linear_2");
-    lora_add(m, &m->norm_out, 2 * D, D, 1, NULL, "norm_out.linear");
+    lora_add(m, &m->p1, WHOLE, D, c->pooled_dim, 1, NULL, "time_text_embed.text_embedder.linear_1");
+    lora_add(m, &m->p2, WHOLE, D, D, 1, NULL, "time_text_embed.text_embedder.linear_2");
+    lora_add(m, &m->norm_out, WHOLE, 2 * D, D, 1, NULL, "norm_out.linear");
     for (int l = 0; l < c->num_layers; l++) {
         ditd_flux_double *b = &m->dbl[l];
-        lora_add(m, &b->ada, 6 * D, D, 1, NULL, "transformer_blocks.%d.norm1.linear", l);
-        lora_add(m, &b->ada_c, 6 * D, D, 1, NULL, "transformer_blocks.%d.norm1_context.linear", l);
-        lora_add(m, &b->qkv, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn", l);
-        lora_add(m, &b->qkv_c, 3 * D, D, 3, qkv_c, "transformer_blocks.%d.attn", l);
-        lora_add(m, &b->out, D, D, 1, NULL, "transformer_blocks.%d.attn.to_out.0", l);
-        lora_add(m, &b->out_c, D, D, 1, NULL, "transformer_blocks.%d.attn.to_add_out", l);
-        lora_add(m, &b->ff1, FF, D, 1, NULL, "transformer_blocks.%d.ff.net.0.proj", l);
-        lora_add(m, &b->ff2, D, FF, 1, NULL, "transformer_blocks.%d.ff.net.2", l);
-        lora_add(m, &b->ff1_c, FF, D, 1, NULL, "transformer_blocks.%d.ff_context.net.0.proj", l);
-        lora_add(m, &b->ff2_c, D, FF, 1, NULL, "transformer_blocks.%d.ff_context.net.2", l);
+        lora_add(m, &b->ada, WHOLE, 6 * D, D, 1, NULL, "transformer_blocks.%d.norm1.linear", l);
+        lora_add(m, &b->ada_c, WHOLE, 6 * D, D, 1, NULL,
+                 "transformer_blocks.%d.norm1_context.linear", l);
+        lora_add(m, &b->qkv, heads, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn", l);
+        lora_add(m, &b->qkv_c, heads, 3 * D, D, 3, qkv_c, "transformer_blocks.%d.attn", l);
+        lora_add(m, &b->out, heads_in, D, D, 1, NULL, "transformer_blocks.%d.attn.to_out.0", l);
+        lora_add(m, &b->out_c, heads_in, D, D, 1, NULL, "transformer_blocks.%d.attn.to_add_out", l);
+        lora_add(m, &b->ff1, mlp, FF, D, 1, NULL, "transformer_blocks.%d.ff.net.0.proj", l);
+        lora_add(m, &b->ff2, mlp_in, D, FF, 1, NULL, "transformer_blocks.%d.ff.net.2", l);
+        lora_add(m, &b->ff1_c, mlp, FF, D, 1, NULL,
+                 "transformer_blocks.%d.ff_context.net.0.proj", l);
+        lora_add(m, &b->ff2_c, mlp_in, D, FF, 1, NULL, "transformer_blocks.%d.ff_context.net.2", l);
     }
     for (int l = 0; l < c->num_single_layers; l++) {
         ditd_flux_single *b = &m->sgl[l];
-        lora_add(m, &b->ada, 3 * D, D, 1, NULL, "single_transformer_blocks.%d.norm.linear", l);
-        lora_add(m, &b->qkv, 3 * D, D, 3, qkv, "single_transformer_blocks.%d.attn", l);
-        lora_add(m, &b->mlp, FF, D, 1, NULL, "single_transformer_blocks.%d.proj_mlp", l);
-        lora_add(m, &b->out, D, D + FF, 1, NULL, "single_transformer_blocks.%d.proj_out", l);
+        lora_add(m, &b->ada, WHOLE, 3 * D, D, 1, NULL,
+                 "single_transformer_blocks.%d.norm.linear", l);
+        lora_add(m, &b->qkv, heads, 3 * D, D, 3, qkv, "single_transformer_blocks.%d.attn", l);
+        lora_add(m, &b->mlp, mlp, FF, D, 1, NULL, "single_transformer_blocks.%d.proj_mlp", l);
+        lora_add(m, &b->out, cat_in, D, D + FF, 1, NULL,
+                 "single_transformer_blocks.%d.proj_out", l);
     }
     m->base.lora_targets = m->lora_t;
     m->base.n_lora_targets = m->n_lora_t;
