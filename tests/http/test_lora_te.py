@@ -9,7 +9,8 @@ cases: lora_te (images with each adapter equal `ditd generate --lora` pixel for 
        and differ from the base, though the prompt is the same and the text-embedding
        cache is on; the base image unchanged after; requests with different
        text-encoder adapters, and none, batched together each equal to their solo
-       result; GET /v1/loras lists them)
+       result; GET /v1/loras lists them; a file naming an encoder FLUX lacks fails the
+       start, naming it)
 """
 import argparse
 import base64
@@ -119,6 +120,16 @@ def case_lora_te(ditd):
         shutil.rmtree(tmp, ignore_errors=True)
     check(rc == 0, "exit 0", rc)
     check(checked >= 7, f"{checked} images compared (want 7)")
+    # a file whose text part names an encoder FLUX lacks fails the start, naming it
+    t3 = os.path.join(LORA, "sd3_t5_r4_peft.safetensors")
+    p = subprocess.run([ditd, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
+                        "--threads", "1", "--lora", f"t3={t3}"], capture_output=True, text=True,
+                       timeout=60)
+    out = p.stdout + p.stderr
+    check(p.returncode != 0 and f"--lora t3={t3}" in out and "'text_encoder_3." in out
+          and "a text encoder this model does not have" in out,
+          f"an SD3 T5 file on FLUX fails the start naming the option and the tensor "
+          f"(exit {p.returncode})", out[-400:])
 
 
 CASES = {"lora_te": case_lora_te}
