@@ -188,7 +188,7 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
             int loaded = ditd__worker_find_lora(w, sm->lora_names[k]) >= 0;
             if (!loaded || !isfinite(sm->lora_scales[k])) {
                 snprintf(msg, sizeof msg, "sample %d: LoRA adapter '%.64s' %s", i,
-                         sm->lora_names[k], !loaded ? "is not loaded on this replica"
+                         sm->lora_names[k], !loaded ? "is not known on this replica"
                                                     : "has a scale that is not finite");
                 ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
                 return 0;
@@ -371,6 +371,9 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     gp.slg_start = b->slg_start;
     gp.slg_stop = b->slg_stop;
     gp.strength = b->strength;
+    /* its adapters on the device (under --lora-cache-mb a miss reloads one;
+     * a collective when some rank had to) */
+    err = ditd__worker_lora_prepare(w, b);
     for (int i = 0; i < n; i++) {
         w->samples[i].image_latents = w->samples[i].mask_latents = NULL;
         w->samples[i].video_cond = w->samples[i].image_embeds = NULL;
@@ -427,6 +430,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
                     ditd_strerror(err), ditd_err_detail());
         return;
     }
+    ditd__worker_lora_flush(w); /* what the cache did for this batch, before its outcome */
     if (err) {
         snprintf(msg, sizeof msg, "%s%s%s", ditd_strerror(err), *ditd_err_detail() ? ": " : "",
                  ditd_err_detail());

@@ -34,7 +34,7 @@ static const char *or_empty(const char *s)
 static int text_set(const ditd__worker *w, const Ditd__Sample *sm, ditd_text_lora_set *ts)
 {
     ts->n = 0;
-    if (!w->text_lora || !sm->n_lora_names)
+    if (!w->rep.penc || !sm->n_lora_names)
         return 0;
     if (sm->n_lora_names != sm->n_lora_scales || sm->n_lora_names > DITD_LORA_MAX_SET)
         return ditd_err_set(DITD_EINVAL, "LoRA names and scales do not pair");
@@ -43,7 +43,7 @@ static int text_set(const ditd__worker *w, const Ditd__Sample *sm, ditd_text_lor
         if (a < 0)
             return ditd_err_set(DITD_EINVAL, "LoRA adapter '%.64s' is not loaded",
                                 sm->lora_names[k]);
-        ts->ad[ts->n] = w->text_lora[a];
+        ts->ad[ts->n] = w->lora[a].text;
         ts->weight[ts->n++] = sm->lora_scales[k];
     }
     return 0;
@@ -136,35 +136,4 @@ int ditd__worker_text_init(ditd__worker *w)
     if (!w->emb || !w->te)
         return ditd_err_set(DITD_ENOMEM, "text embeddings for %d samples", w->cfg->max_batch);
     return 0;
-}
-
-/* The text rank: the text-encoder part of every cfg->loras file, opened on
- * the encoders; a file that does not load is named, with the loader's
- * reason (the group agrees on the start's outcome). */
-int ditd__worker_text_lora_init(ditd__worker *w)
-{
-    const ditd_worker_config *cfg = w->cfg;
-    if (!w->rep.penc || cfg->n_loras <= 0)
-        return 0;
-    if (!(w->text_lora = calloc((size_t)cfg->n_loras, sizeof *w->text_lora)))
-        return ditd_err_set(DITD_ENOMEM, "%d text-encoder LoRA adapters", cfg->n_loras);
-    for (int i = 0; i < cfg->n_loras; i++) {
-        int err = ditd_prompt_encoder_lora_open(w->rep.penc, cfg->loras[i].path,
-                                                cfg->loras[i].name, &w->text_lora[i]);
-        if (err) {
-            char why[768];
-            snprintf(why, sizeof why, "%s", ditd_err_detail());
-            return ditd_err_set(err, "--lora %s=%s: %s", cfg->loras[i].name, cfg->loras[i].path,
-                                why);
-        }
-    }
-    return 0;
-}
-
-void ditd__worker_text_lora_free(ditd__worker *w)
-{
-    for (int i = 0; w->text_lora && i < w->cfg->n_loras; i++)
-        ditd_text_lora_free(w->text_lora[i]);
-    free(w->text_lora);
-    w->text_lora = NULL;
 }

@@ -540,17 +540,20 @@ static int get_loras(json_t *root, const ditd_genreq_model *gm, ditd_genreq *r, 
         char shown[80];
         snprintf(shown, sizeof shown, "%.64s", name);
         ditd_utf8_clean(shown);
-        for (k = 0; k < gm->n_loras && strcmp(gm->lora_names[k], name); k++)
+        /* a NULL name is a free slot (an adapter unloaded, or one loading) */
+        for (k = 0; k < gm->n_loras && (!gm->lora_names[k] || strcmp(gm->lora_names[k], name)); k++)
             ;
         if (k == gm->n_loras) {
             bad(e, param, "'%s': unknown LoRA adapter '%s'; ", param, shown);
             size_t at = strlen(e->message);
-            if (!gm->n_loras)
+            int listed = 0;
+            for (int a = 0; a < gm->n_loras && at < sizeof e->message; a++)
+                if (gm->lora_names[a])
+                    at += (size_t)snprintf(e->message + at, sizeof e->message - at, "%s'%s'",
+                                           listed++ ? ", " : "this server has ", gm->lora_names[a]);
+            if (!listed)
                 snprintf(e->message + at, sizeof e->message - at,
                          "this server has none (ditd serve --lora NAME=PATH)");
-            for (int a = 0; a < gm->n_loras && at < sizeof e->message; a++)
-                at += (size_t)snprintf(e->message + at, sizeof e->message - at, "%s'%s'",
-                                       a ? ", " : "this server has ", gm->lora_names[a]);
             return DITD_EINVAL;
         }
         for (int a = 0; a < r->n_loras; a++)

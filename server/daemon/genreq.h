@@ -95,7 +95,8 @@ typedef struct ditd_genreq_model {
     int n_aliases;
     ditd_sampler_kind sched_default; /* the model's scheduler kind */
     const ditd_cache_config *cache_default; /* ditd serve --cache; NULL: none */
-    /* the LoRA adapters a request may name, and how many at once */
+    /* the LoRA adapters a request may name by slot (a NULL entry: none
+     * there), and how many at once */
     const char *const *lora_names;
     int n_loras;
     int max_loras;

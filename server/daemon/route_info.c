@@ -238,8 +238,11 @@ enum MHD_Result ditd_route_metrics(ditd_srv *s, struct MHD_Connection *c, ditd_r
     ditd_webhook_counts(s->webhook, &g.hooks_delivered, &g.hooks_failed, &g.hooks_dropped);
     g.lora_names = s->lora_names;
     g.n_loras = s->cfg.loras.n;
-    for (int i = 0; i < s->cfg.loras.n; i++)
-        g.loras_loaded += s->loras[i].known;
+    for (int i = 0; i < s->cfg.loras.n; i++) {
+        g.loras_loaded += s->lora_names[i] != NULL;
+        for (int r = 0; r < s->nrep; r++)
+            g.lora_resident_bytes += s->rep[r].lora_resident[i];
+    }
     size_t len = 0;
     char *text = ditd_metrics_render(&s->m, &g, &len);
     return ditd_route_answer(
