@@ -9,8 +9,9 @@ cases: lora_te (images with each adapter equal `ditd generate --lora` pixel for 
        and differ from the base, though the prompt is the same and the text-embedding
        cache is on; the base image unchanged after; requests with different
        text-encoder adapters, and none, batched together each equal to their solo
-       result; GET /v1/loras lists them; a file naming an encoder FLUX lacks fails the
-       start, naming it)
+       result; GET /v1/loras lists them; the T5 file loaded again at run time through
+       the admin route gives the same image, a file naming an encoder FLUX lacks is refused
+       there and fails the start, naming the tensor)
 """
 import argparse
 import base64
@@ -28,6 +29,7 @@ import test_http as th  # noqa: E402
 from test_http import FIXTURES, Daemon, check  # noqa: E402
 
 LORA = os.path.join(FIXTURES, "lora_te")
+ADMIN = "admin-secret-te"
 FILES = {"c4": os.path.join(LORA, "te_clip_r4_peft.safetensors"),
          "c8k": os.path.join(LORA, "te_clip_r8_kohya.safetensors"),
          "t4": os.path.join(LORA, "te_t5_r4_peft.safetensors")}
@@ -64,7 +66,8 @@ def case_lora_te(ditd):
     args = []
     for n, f in FILES.items():
         args += ["--lora", f"{n}={f}"]
-    d = Daemon(ditd, *args, "--max-batch", "3", "--batch-window-ms", "1500", model=model)
+    d = Daemon(ditd, *args, "--max-batch", "3", "--batch-window-ms", "1500", "--admin-key",
+               ADMIN, "--lora-root", LORA, model=model)
     checked = 0
     try:
         st, _, data = d.request("GET", "/v1/loras")
@@ -87,6 +90,29 @@ def case_lora_te(ditd):
             solo[what] = got
             checked += 1
         check(served(d, None) == base, "no adapters after adapters: the base image")
+        # at run time through the admin route: the text part is opened on the text rank
+        hdr = {"Authorization": f"Bearer {ADMIN}"}
+        st, _, data = d.request("POST", "/v1/loras", {"name": "t4b", "path": FILES["t4"]}, hdr)
+        check(st == 200, "POST /v1/loras t4b (the T5 file): 200", (st, data[:300]))
+        got = served(d, [{"name": "t4b", "scale": 0.5}])
+        check(got == solo["t4 at 0.5"], "t4b loaded at run time at 0.5: the image of t4 at 0.5 "
+              "given at start, pixel for pixel")
+        checked += 1
+        sd3 = os.path.join(LORA, "sd3_t5_r4_peft.safetensors")
+        st, _, data = d.request("POST", "/v1/loras", {"name": "t3", "path": sd3}, hdr)
+        check(st >= 400 and b"text_encoder_3." in data and b"does not have" in data,
+              "POST an SD3 T5 file: refused naming the tensor", (st, data[:300]))
+        st, _, data = d.request("DELETE", "/v1/loras/t4b", None, hdr)
+        check(st == 200, "DELETE /v1/loras/t4b: 200", (st, data[:200]))
+        check(served(d, None) == base, "after the unload: the base image")
+        # the name again with another file: the embedding cache keys on the load, not the name
+        st, _, data = d.request("POST", "/v1/loras", {"name": "t4b", "path": FILES["c8k"]}, hdr)
+        check(st == 200, "POST /v1/loras t4b again, now the kohya CLIP file: 200", st)
+        got = served(d, [{"name": "t4b", "scale": 0.5}])
+        check(got == cli([("c8k", 0.5)], "c8k_05") and got != solo["t4 at 0.5"],
+              "t4b (now c8k's file) at 0.5, the same name and weight as before: c8k's image, "
+              "not the cached T5 one")
+        checked += 1
         m0 = d.metrics()
         out = {}
         reqs = [("t4 at 0.5", [{"name": "t4", "scale": 0.5}]), ("c8k", [{"name": "c8k"}]),
@@ -119,7 +145,7 @@ def case_lora_te(ditd):
         rc = d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     check(rc == 0, "exit 0", rc)
-    check(checked >= 7, f"{checked} images compared (want 7)")
+    check(checked >= 9, f"{checked} images compared (want 9)")
     # a file whose text part names an encoder FLUX lacks fails the start, naming it
     t3 = os.path.join(LORA, "sd3_t5_r4_peft.safetensors")
     p = subprocess.run([ditd, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0",
