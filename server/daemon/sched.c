@@ -305,6 +305,12 @@ void ditd__sched_kick(ditd_srv *s)
                     smp[i].image.len = (size_t)j->rq.image_w * (size_t)j->rq.image_h * 3;
                     smp[i].image_width = (uint32_t)j->rq.image_w;
                     smp[i].image_height = (uint32_t)j->rq.image_h;
+                    if (j->rq.last_image) { /* FLF2V: its last frame, borrowed likewise */
+                        smp[i].last_image.data = j->rq.last_image;
+                        smp[i].last_image.len = (size_t)j->rq.last_w * (size_t)j->rq.last_h * 3;
+                        smp[i].last_image_width = (uint32_t)j->rq.last_w;
+                        smp[i].last_image_height = (uint32_t)j->rq.last_h;
+                    }
                 } else if (j->rq.image) { /* an edit: borrowed until the batch is packed */
                     size_t np = (size_t)j->rq.width * (size_t)j->rq.height;
                     smp[i].image.data = j->rq.image;

@@ -1,8 +1,9 @@
 /* ditd generate --lora with text-encoder adapters (docs/lora.md, "Text encoders"), as a
  * user runs it: the tiny FLUX.1-dev folder with the adapters of tests/fixtures/lora_te
  * (a CLIP adapter whose file carries a transformer part, a kohya CLIP adapter, a T5
- * adapter), --prompt, f32 weights: final latents (--save-latents) against Diffusers'
- * float64 runs (tools/make_lora_te_fixtures.py) within 1e-4; and the refusals naming
+ * adapter), --prompt, f32 weights, and the tiny SD3 folder (both CLIPs, then with its
+ * T5): final latents (--save-latents) against Diffusers' float64 runs
+ * (tools/make_lora_te_fixtures.py) within 1e-4; and the refusals naming
  * the option, the file and the tensor (a text-encoder adapter on the DiT, which has no
  * text encoder; an SD3 T5 file on FLUX). */
 #include <stdio.h>
@@ -43,8 +44,9 @@ int main(int argc, char **argv)
 {
     char c4[1300], c8k[1300], t4[1300], t3[1300], dit[1100];
     int rc, ran = 0;
-    if (argc < 3) {
-        fprintf(stderr, "usage: test_generate_lora_te PATH/TO/ditd FLUX_PIPELINE_DIR\n");
+    if (argc < 4) {
+        fprintf(stderr, "usage: test_generate_lora_te PATH/TO/ditd FLUX_PIPELINE_DIR "
+                        "SD3_PIPELINE_DIR\n");
         return 2;
     }
     ditd_bin = argv[1];
@@ -82,6 +84,28 @@ int main(int argc, char **argv)
     TU_CHECK(rc == 0, "--lora c4 --lora t4: rc %d: %s", rc, errbuf);
     ran += rc == 0 && compare("--lora c4 --lora t4 --lora-scale t4=0.5", "te_c4_t4_out.npy");
 
+    /* SD3: both CLIPs (g4) at 1, then at 0.5 with the T5 (t3); CFG over "" */
+    {
+        char sd3[1100], sd3_noise[1200], g4[1300];
+        snprintf(sd3, sizeof sd3, "%s/sd3", argv[3]);
+        snprintf(sd3_noise, sizeof sd3_noise,
+                 "%s/sd3_pipeline/expected/sd3_64_default_noise.npy", tu_fixtures());
+        snprintf(g4, sizeof g4, "g4=%s/sd3_clips_r4_peft.safetensors", fix);
+#define GEN3(...)                                                                             \
+    RUN("generate", "--model", sd3, "--prompt",                                               \
+        "A photo of an astronaut riding a horse on the moon", "--steps", "3", "--guidance", "7", \
+        "--size", "64x64", "--max-sequence-length", "256", "--dtype", "f32", "--latents",      \
+        sd3_noise, "--save-latents", lat, "-q", __VA_ARGS__)
+        rc = GEN3("--lora", g4);
+        TU_CHECK(rc == 0, "SD3 --lora g4: rc %d: %s", rc, errbuf);
+        ran += rc == 0 && compare("SD3 --lora g4 (both CLIPs)", "sd3_g4_s1_out.npy");
+        rc = GEN3("--lora", g4, "--lora", t3, "--lora-scale", "g4=0.5");
+        TU_CHECK(rc == 0, "SD3 --lora g4 --lora t3: rc %d: %s", rc, errbuf);
+        ran += rc == 0 && compare("SD3 --lora g4 --lora t3 --lora-scale g4=0.5 (CLIPs + T5)",
+                                  "sd3_g4_t3_out.npy");
+#undef GEN3
+    }
+
     /* refusals: SD3's T5 part on FLUX (no text_encoder_3); a text-encoder file on the DiT */
     rc = GEN("--lora", t3);
     TU_CHECK(rc != 0 && tu_has(errbuf, "--lora t3") && tu_has(errbuf, "text_encoder_3.") &&
@@ -93,7 +117,7 @@ int main(int argc, char **argv)
                  tu_has(errbuf, "no text encoder"),
              "a text-encoder adapter on the DiT: rc %d: %s", rc, errbuf);
 
-    TU_CHECK(ran == 5, "%d of 5 runs compared", ran);
+    TU_CHECK(ran == 7, "%d of 7 runs compared", ran);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0)
