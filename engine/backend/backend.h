@@ -232,6 +232,10 @@ typedef struct ditd_backend_ops {
                              const void *v, size_t ldv, void *o, size_t ldo, int B, int N,
                              int H, int Dh, float scale, const void *rel, const uint8_t *keep,
                              int causal, void *scratch);
+    /* y (rows, cols), rows of stride ldy, = act(y): the activation a
+     * linear_wt would fuse, run on its own after a LoRA adapter's term is
+     * added to that linear's output (engine/text/text_lora.h). */
+    void (*act_text)(void *y, size_t ldy, int rows, int cols, ditd_text_act act);
     /* ---- images (the VAE; kernels/cpu/image_kernels.h has the layouts) ----
      * NULL on a backend that does not have them yet; the VAE refuses to
      * load there. x is (B, C, rows, W) with plane stride ps (elements). */

@@ -434,6 +434,7 @@ const ditd_backend_ops ditd_backend_cpu = {
     .layernorm_affine = ditd__cpu_layernorm_affine,
     .rmsnorm = ditd__cpu_rmsnorm,
     .attention_masked = ditd__cpu_attention_masked,
+    .act_text = ditd__cpu_act_text,
     .conv2d = cpu_conv2d,
     .groupnorm_stats = cpu_groupnorm_stats,
     .groupnorm_apply = cpu_groupnorm_apply,

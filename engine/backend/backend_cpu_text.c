@@ -71,3 +71,8 @@ void ditd__cpu_attention_masked(const void *q, size_t ldq, const void *k, size_t
     ditd_cpu_attention_masked(q, ldq, k, ldk, v, ldv, o, ldo, B, N, H, Dh, scale, rel, keep,
                               causal, scratch);
 }
+
+void ditd__cpu_act_text(void *y, size_t ldy, int rows, int cols, ditd_text_act act)
+{
+    ditd_cpu_tact_apply(y, ldy, rows, cols, tact(act));
+}

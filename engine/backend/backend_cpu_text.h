@@ -20,4 +20,6 @@ void ditd__cpu_attention_masked(const void *q, size_t ldq, const void *k, size_t
                                 int H, int Dh, float scale, const void *rel, const uint8_t *keep,
                                 int causal, void *scratch);
 
+void ditd__cpu_act_text(void *y, size_t ldy, int rows, int cols, ditd_text_act act);
+
 #endif

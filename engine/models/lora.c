@@ -75,19 +75,27 @@ static int starts_with(const char *s, const char *pre)
     return !strncmp(s, pre, strlen(pre));
 }
 
+int ditd_lora_is_text_encoder_tensor(const char *name)
+{
+    return starts_with(name, "lora_te") || starts_with(name, "text_encoder");
+}
+
 /* Splits a tensor name into (format, module key, part); the detail names
- * the tensor when it is not an adapter tensor this loader reads. */
-static int split_name(const char *name, const char *what, ditd_lora_format *fmt, char *key,
-                      size_t cap, int *part)
+ * the tensor when it is not an adapter tensor this loader reads. 1: a
+ * text-encoder tensor the caller leaves to engine/text (skip_te). */
+static int split_name(const char *name, const char *what, int skip_te, ditd_lora_format *fmt,
+                      char *key, size_t cap, int *part)
 {
     const char *rest = name;
     if (starts_with(name, "lora_unet_")) {
         *fmt = DITD_LORA_FORMAT_KOHYA;
         rest = name + strlen("lora_unet_");
-    } else if (starts_with(name, "lora_te") || starts_with(name, "text_encoder")) {
+    } else if (ditd_lora_is_text_encoder_tensor(name)) {
+        if (skip_te)
+            return 1;
         return ditd_err_set(DITD_EUNSUPPORTED,
-                            "tensor '%s' in %s: a text-encoder LoRA, which ditd does not apply "
-                            "(transformer adapters only, docs/lora.md)",
+                            "tensor '%s' in %s: a text-encoder LoRA, and this model has no text "
+                            "encoder to apply it to (docs/lora.md)",
                             name, what);
     } else {
         *fmt = DITD_LORA_FORMAT_PEFT;
@@ -173,14 +181,13 @@ static int cmp_mod(const void *a, const void *b)
     return (x->target > y->target) - (x->target < y->target);
 }
 
-/* Reads module e (its A, B and alpha checked against target tg) into m. */
-static int read_module(const ditd_safetensors *st, const entry *e, const ditd_lora_target *tg,
-                       const char *what, ditd_lora_module *m)
+int ditd__lora_read_module(const ditd_safetensors *st, const char *key, const ditd_st_tensor *A,
+                           const ditd_st_tensor *B, const ditd_st_tensor *al,
+                           const ditd_lora_target *tg, const char *what, ditd_lora_module *m)
 {
-    const ditd_st_tensor *A = e->part[PART_A], *B = e->part[PART_B], *al = e->part[PART_ALPHA];
     int err;
     if (!A || !B)
-        return ditd_err_set(DITD_EFORMAT, "%s: module '%s' has %s but no %s", what, e->key,
+        return ditd_err_set(DITD_EFORMAT, "%s: module '%s' has %s but no %s", what, key,
                             (A ? A : B ? B : al)->name, !A ? "lora_A / lora_down" : "lora_B / lora_up");
     if ((err = readable(A, what)) || (err = readable(B, what)) || (al && (err = readable(al, what))))
         return err;
@@ -240,13 +247,13 @@ static int read_module(const ditd_safetensors *st, const entry *e, const ditd_lo
 }
 
 static int from_st(const ditd_safetensors *st, const char *what, const char *name,
-                   const ditd_lora_target *targets, int nt, ditd_lora **out)
+                   const ditd_lora_target *targets, int nt, int skip_te, ditd_lora **out)
 {
     size_t n = ditd_safetensors_count(st);
     entry *ents = NULL;
     char (*kohya)[sizeof targets->name] = NULL;
     ditd_lora *l = NULL;
-    int ne = 0, err = 0;
+    int ne = 0, err = 0, seen = 0;
     ditd_lora_format fmt0 = DITD_LORA_FORMAT_PEFT;
 
     if (nt <= 0)
@@ -276,9 +283,16 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
         ditd_lora_format fmt = DITD_LORA_FORMAT_PEFT;
         char key[sizeof ents->key];
         int part = PART_A;
-        if ((err = split_name(t->name, what, &fmt, key, sizeof key, &part)))
+        if ((err = split_name(t->name, what, skip_te, &fmt, key, sizeof key, &part)) > 0) {
+            err = 0; /* the text encoders' part (engine/text/text_lora.h) */
+            if (!seen) /* a file of only those: their format */
+                fmt0 = starts_with(t->name, "lora_te") ? DITD_LORA_FORMAT_KOHYA
+                                                       : DITD_LORA_FORMAT_PEFT;
+            continue;
+        }
+        if (err)
             goto done;
-        if (i == 0)
+        if (!seen++)
             fmt0 = fmt;
         else if (fmt != fmt0) {
             err = ditd_err_set(DITD_EFORMAT, "tensor '%s' in %s: %s names in a %s file", t->name,
@@ -309,7 +323,7 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
         ents[j].part[part] = t;
     }
 
-    if (!(l->mod = calloc((size_t)ne, sizeof *l->mod)) || !(l->name = strdup(name))) {
+    if (!(l->mod = calloc(ne ? (size_t)ne : 1, sizeof *l->mod)) || !(l->name = strdup(name))) {
         err = ditd_err_set(DITD_ENOMEM, "%s", what);
         goto done;
     }
@@ -317,7 +331,9 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
     for (int j = 0; j < ne; j++) {
         ditd_lora_module *m = &l->mod[l->n_mod++];
         m->target = ents[j].target;
-        if ((err = read_module(st, &ents[j], &targets[ents[j].target], what, m)))
+        if ((err = ditd__lora_read_module(st, ents[j].key, ents[j].part[PART_A],
+                                          ents[j].part[PART_B], ents[j].part[PART_ALPHA],
+                                          &targets[ents[j].target], what, m)))
             goto done;
         if (m->rank > l->max_rank)
             l->max_rank = m->rank;
@@ -342,7 +358,19 @@ int ditd_lora_open_mem(const void *buf, size_t len, const char *what, const char
     int err = ditd_safetensors_open_mem(buf, len, what, &st);
     if (err)
         return err;
-    err = from_st(st, what, name, targets, n_targets, out);
+    err = from_st(st, what, name, targets, n_targets, 0, out);
+    ditd_safetensors_free(st);
+    return err;
+}
+
+static int open_file(const char *path, const char *name, const ditd_lora_target *targets,
+                     int n_targets, int skip_te, ditd_lora **out)
+{
+    ditd_safetensors *st;
+    int err = ditd_safetensors_open(path, &st);
+    if (err)
+        return err;
+    err = from_st(st, path, name, targets, n_targets, skip_te, out);
     ditd_safetensors_free(st);
     return err;
 }
@@ -350,13 +378,13 @@ int ditd_lora_open_mem(const void *buf, size_t len, const char *what, const char
 int ditd_lora_open(const char *path, const char *name, const ditd_lora_target *targets,
                    int n_targets, ditd_lora **out)
 {
-    ditd_safetensors *st;
-    int err = ditd_safetensors_open(path, &st);
-    if (err)
-        return err;
-    err = from_st(st, path, name, targets, n_targets, out);
-    ditd_safetensors_free(st);
-    return err;
+    return open_file(path, name, targets, n_targets, 0, out);
+}
+
+int ditd_lora_open_transformer(const char *path, const char *name,
+                               const ditd_lora_target *targets, int n_targets, ditd_lora **out)
+{
+    return open_file(path, name, targets, n_targets, 1, out);
 }
 
 void ditd_lora_free(ditd_lora *l)

@@ -18,13 +18,15 @@
  * attn1.to_q"): the model lists the linears adapters may target
  * (ditd_lora_target). A module the model lacks, a shape that does not fit,
  * a dtype other than F32 / F16 / BF16 / F64, a non-finite value, a tensor of
- * another kind (text encoder, DoRA, conv) or a malformed file is refused
- * naming the tensor.
+ * another kind (DoRA, conv) or a malformed file is refused naming the
+ * tensor. A text encoder's tensors (lora_te*, text_encoder*) are refused by
+ * ditd_lora_open and left by ditd_lora_open_transformer to
+ * engine/text/text_lora.h, which reads them from the same file.
  *
  *   FLUX's community formats (kohya over BFL names, BFL / ComfyUI, XLabs)
  *   as Diffusers converts them: engine/models/lora_convert.h.
- * What it is not: no merge into base weights, no text-encoder adapters, no
- * cache of adapters.
+ * What it is not: no merge into base weights, no cache of adapters (the
+ * text-encoder part of a file is engine/text/text_lora.h's).
  *
  * Threads: a ditd_lora and a ditd_lora_dev are immutable once made; a
  * ditd_lora_dev is used by the one thread that runs its model's forward.
@@ -115,6 +117,25 @@ int ditd_lora_open(const char *path, const char *name, const ditd_lora_target *t
 int ditd_lora_open_mem(const void *buf, size_t len, const char *what, const char *name,
                        const ditd_lora_target *targets, int n_targets, ditd_lora **out);
 void ditd_lora_free(ditd_lora *l);
+/* ditd_lora_open for a model with text encoders: the file's text-encoder
+ * tensors (ditd_lora_is_text_encoder_tensor) are skipped, not refused
+ * (engine/text/text_lora.h reads them); a file of only those gives an
+ * adapter of no modules. */
+int ditd_lora_open_transformer(const char *path, const char *name,
+                               const ditd_lora_target *targets, int n_targets, ditd_lora **out);
+/* Whether a tensor name belongs to a text encoder's part of an adapter
+ * file: lora_te* (kohya) or text_encoder* (Diffusers / PEFT). */
+int ditd_lora_is_text_encoder_tensor(const char *name);
+
+/* Internal (engine/text/text_lora.c shares it): one module's A, B and
+ * optional alpha (st's tensors; A or B NULL is refused naming key) checked
+ * against target tg and read into m (m->target left to the caller). */
+struct ditd_safetensors;
+struct ditd_st_tensor;
+int ditd__lora_read_module(const struct ditd_safetensors *st, const char *key,
+                           const struct ditd_st_tensor *A, const struct ditd_st_tensor *B,
+                           const struct ditd_st_tensor *alpha, const ditd_lora_target *tg,
+                           const char *what, ditd_lora_module *m);
 
 /* An adapter on a model's device: per target, A and B in the backend's
  * activation type (t[i].rank 0: the adapter leaves target i alone). Made

@@ -13,6 +13,7 @@
 #include "engine/text/clip_text.h"
 #include "engine/text/t5_encoder.h"
 #include "engine/text/text_cache.h"
+#include "engine/text/text_lora.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/wan_text.h"
 
@@ -33,6 +34,7 @@ typedef struct part {
 
 struct ditd_prompt_encoder {
     char key[DITD_MODEL_PATH_MAX]; /* the cache's model key: the folder */
+    const ditd_backend_ops *ops;   /* the encoders' */
     const ditd_pipeline_class *pc;
     part parts[DITD_PROMPT_MAX_PARTS];
     int n_parts;
@@ -200,6 +202,7 @@ int ditd_prompt_encoder_new(const ditd_model_info *info, const ditd_backend_ops 
     if (!(e = calloc(1, sizeof *e)))
         return ditd_err_set(DITD_ENOMEM, "prompt encoder");
     snprintf(e->key, sizeof e->key, "%s", info->dir);
+    e->ops = ops;
     e->pc = info->pipeline;
     e->max_len = opts->max_sequence_length;
     e->Dt = info->shapes.cond.text_dim;
@@ -275,10 +278,12 @@ static void pick(const ditd_prompt_texts *t, int k, const char **s, size_t *n)
 /* The cache key of the prompts the parts read: the first prompt alone when
  * every part reads it, else the distinct ones joined by KEY_SEP. NULL (no
  * caching) for a prompt holding a NUL byte or the separator, or no memory. */
-static const char *cache_key(ditd_prompt_encoder *e, const ditd_prompt_texts *t)
+static const char *cache_key(ditd_prompt_encoder *e, const ditd_prompt_texts *t,
+                             const ditd_text_lora_set *loras)
 {
     const char *s[3];
     size_t n[3], total = 0;
+    const int nl = loras ? loras->n : 0;
     int prompts = ditd_pipeline_class_prompts(e->pc), alone = 1;
     for (int k = 0; k < prompts && k < 3; k++) {
         pick(t, k, &s[k], &n[k]);
@@ -289,6 +294,7 @@ static const char *cache_key(ditd_prompt_encoder *e, const ditd_prompt_texts *t)
     }
     if (alone)
         prompts = 1;
+    total += 8 + (size_t)nl * 48; /* the adapters: KEY_SEP "lora" then id*weight each */
     if (total + 1 > e->keycap) {
         char *nb = realloc(e->keybuf, total + 1);
         if (!nb)
@@ -302,6 +308,18 @@ static const char *cache_key(ditd_prompt_encoder *e, const ditd_prompt_texts *t)
             e->keybuf[off++] = KEY_SEP;
         memcpy(e->keybuf + off, s[k], n[k]);
         off += n[k];
+    }
+    /* the adapters that change a number, in the order they are summed; the
+     * weight exactly (%a); an adapter by its load id, never its name (a
+     * name may be loaded again with another file) */
+    int tagged = 0;
+    for (int i = 0; i < nl; i++) {
+        if (loras->weight[i] == 0.0f || !ditd_text_lora_any(loras->ad[i]))
+            continue;
+        if (!tagged++)
+            off += (size_t)snprintf(e->keybuf + off, e->keycap - off, "%clora", KEY_SEP);
+        off += (size_t)snprintf(e->keybuf + off, e->keycap - off, "|%llu*%a",
+                                (unsigned long long)loras->ad[i]->id, (double)loras->weight[i]);
     }
     e->keybuf[off] = '\0';
     return e->keybuf;
@@ -329,18 +347,20 @@ static int run_umt5(part *p, const char *text, size_t len, int N)
 /* Runs part p on its prompt: hidden (len, width) when it joins the sequence,
  * and its pooled vector at pooled. */
 static int run_part(ditd_prompt_encoder *e, part *p, const char *text, size_t len, int L,
-                    float *pooled)
+                    const ditd_lora_set *ls, float *pooled)
 {
     const int N = p->len > 0 ? p->len : L;
+    const ditd_lora_set *const sets[1] = {ls};
     if (p->pp->kind == DITD_PROMPT_ENC_UMT5)
-        return run_umt5(p, text, len, N);
+        return run_umt5(p, text, len, N); /* adapters refused at open */
     int err = ditd_tokenizer_encode(p->tok, text, len, N, e->ids32, NULL, NULL);
     if (err)
         return err;
     for (int i = 0; i < N; i++)
         e->ids[i] = e->ids32[i];
     if (p->t5)
-        return ditd_t5_encoder_encode(p->t5, 1, N, e->ids, NULL, p->hidden);
+        return ditd_t5_encoder_encode_lora(p->t5, 1, N, e->ids, NULL, ls ? sets : NULL,
+                                           p->hidden);
     ditd_clip_text_out co = {0};
     if (p->pp->seq == DITD_PROMPT_SEQ_LAST)
         co.last = p->hidden;
@@ -352,14 +372,14 @@ static int run_part(ditd_prompt_encoder *e, part *p, const char *text, size_t le
         co.pooled = pooled;
     else if (p->pp->pooled == DITD_PROMPT_POOLED_PROJECTED)
         co.text_embeds = pooled;
-    return ditd_clip_text_encode(p->clip, 1, N, e->ids, NULL, &co);
+    return ditd_clip_text_encode_lora(p->clip, 1, N, e->ids, NULL, ls ? sets : NULL, &co);
 }
 
 /* The recipe's join: the sequence groups one after the other, each group's
  * parts side by side on channels, zero-padded to Dt; pooled vectors in part
  * order. */
-static int encode_parts(ditd_prompt_encoder *e, const ditd_prompt_texts *t, int L, float *seq,
-                        float *pooled)
+static int encode_parts(ditd_prompt_encoder *e, const ditd_prompt_texts *t, int L,
+                        const ditd_text_lora_set *loras, float *seq, float *pooled)
 {
     const size_t Dt = (size_t)e->Dt;
     int row = 0, err;
@@ -368,8 +388,10 @@ static int encode_parts(ditd_prompt_encoder *e, const ditd_prompt_texts *t, int 
         part *p = &e->parts[i];
         const char *s;
         size_t n;
+        ditd_lora_set ls;
         pick(t, p->pp->prompt, &s, &n);
-        if (p->present && (err = run_part(e, p, s, n, L, pooled + poff)))
+        int adapted = ditd_text_lora_set_part(loras, i, &ls);
+        if (p->present && (err = run_part(e, p, s, n, L, adapted ? &ls : NULL, pooled + poff)))
             return err;
         poff += (size_t)p->pooled_width;
     }
@@ -400,6 +422,12 @@ static int encode_parts(ditd_prompt_encoder *e, const ditd_prompt_texts *t, int 
 int ditd_prompt_encoder_encode_n(ditd_prompt_encoder *e, const ditd_prompt_texts *t, int L,
                                  float *seq, float *pooled)
 {
+    return ditd_prompt_encoder_encode_lora(e, t, L, NULL, seq, pooled);
+}
+
+int ditd_prompt_encoder_encode_lora(ditd_prompt_encoder *e, const ditd_prompt_texts *t, int L,
+                                    const ditd_text_lora_set *loras, float *seq, float *pooled)
+{
     const size_t nseq = (size_t)ditd_prompt_encoder_text_len(e, L) * (size_t)e->Dt;
     const float *hit;
     size_t n;
@@ -408,7 +436,7 @@ int ditd_prompt_encoder_encode_n(ditd_prompt_encoder *e, const ditd_prompt_texts
         return ditd_err_set(DITD_EINVAL, "max_sequence_length %d (1..%d)", L, e->max_len);
     /* the cache keys on C strings: prompts it cannot key are never cached
      * (nor those whose key finds no memory); it counts the hits and misses */
-    const char *key = e->cache ? cache_key(e, t) : NULL;
+    const char *key = e->cache ? cache_key(e, t, loras) : NULL;
     if (key && ditd_text_cache_get(e->cache, e->key, key, L, &hit, &n) &&
         n == nseq + (size_t)e->Dp) {
         memcpy(seq, hit, nseq * sizeof(float));
@@ -416,7 +444,7 @@ int ditd_prompt_encoder_encode_n(ditd_prompt_encoder *e, const ditd_prompt_texts
         return 0;
     }
     double t0 = ditd_now_ms();
-    if ((err = encode_parts(e, t, L, seq, pooled)))
+    if ((err = encode_parts(e, t, L, loras, seq, pooled)))
         return err;
     e->encodes++;
     e->encode_ms += ditd_now_ms() - t0;
@@ -446,4 +474,38 @@ void ditd_prompt_encoder_stats(const ditd_prompt_encoder *e, ditd_prompt_stats *
         out->misses = cs.misses;
         out->entries = cs.entries;
     }
+}
+
+int ditd_prompt_encoder_lora_open(const ditd_prompt_encoder *e, const char *path,
+                                  const char *name, ditd_text_lora **out)
+{
+    ditd_text_lora_part parts[DITD_TEXT_LORA_MAX_PARTS];
+    int clips = 0;
+    if (e->n_parts > DITD_TEXT_LORA_MAX_PARTS)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: %d text encoders", e->pc->name, e->n_parts);
+    for (int i = 0; i < e->n_parts; i++) {
+        const part *p = &e->parts[i];
+        ditd_text_lora_part *q = &parts[i];
+        *q = (ditd_text_lora_part){.component = p->pp->encoder, .ops = e->ops};
+        if (p->clip) {
+            /* kohya: lora_te1_ (or SD's lora_te_) the first CLIP, lora_te2_ the second */
+            static const char *const k1[2] = {"lora_te1_", "lora_te_"}, *const k2[2] = {"lora_te2_", NULL};
+            q->kind = "CLIP";
+            q->kohya[0] = clips ? k2[0] : k1[0];
+            q->kohya[1] = clips ? k2[1] : k1[1];
+            q->optional_prefix = "text_model.";
+            q->targets = ditd_clip_text_lora_targets(p->clip, &q->n_targets);
+            clips++;
+        } else if (p->t5 && p->pp->kind == DITD_PROMPT_ENC_T5) {
+            q->kind = "T5";
+            q->targets = ditd_t5_encoder_lora_targets(p->t5, &q->n_targets);
+        } else if (p->t5) {
+            q->kind = "UMT5";
+            q->refusal = "LoRA adapters on a UMT5 encoder are not supported yet";
+        } else {
+            q->kind = "absent";
+            q->refusal = "the model folder has no such component (model_index.json names it null)";
+        }
+    }
+    return ditd_text_lora_open(path, name, parts, e->n_parts, out);
 }

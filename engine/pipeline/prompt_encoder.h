@@ -15,9 +15,16 @@
  * No encoder gets an attention mask (the pipelines pass none): the padding
  * is attended to, as in Diffusers.
  *
- * The cache is keyed by (model folder, prompts, max_sequence_length) and
- * holds sequence and pooled vector together; its bounds are the caller's.
- * A hit returns the very floats the encoders gave (bit for bit).
+ * LoRA adapters on the encoders (engine/text/text_lora.h): an adapter
+ * file's text-encoder part is opened against this recipe's encoders
+ * (ditd_prompt_encoder_lora_open) and a prompt is encoded with its own set
+ * and weights (ditd_prompt_encoder_encode_lora); the base weights are never
+ * changed.
+ *
+ * The cache is keyed by (model folder, prompts, max_sequence_length, the
+ * adapters that change a number: each one's load id and exact weight, in
+ * order) and holds sequence and pooled vector together; its bounds are the
+ * caller's. A hit returns the very floats the encoders gave (bit for bit).
  *
  * What it is not: the tokenizers or encoders (engine/text), the placement
  * on a rank (engine/worker: the text-encoder rank runs this and broadcasts
@@ -31,6 +38,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/models/model.h"
+#include "engine/text/text_lora.h"
 
 typedef struct ditd_prompt_encoder ditd_prompt_encoder;
 
@@ -77,9 +85,24 @@ int ditd_prompt_encoder_text_len(const ditd_prompt_encoder *e, int max_sequence_
  * or an encoder's error. */
 int ditd_prompt_encoder_encode_n(ditd_prompt_encoder *e, const ditd_prompt_texts *t,
                                  int max_sequence_length, float *seq, float *pooled);
+/* The same with the text encoders' LoRA adapters of the prompt (loras NULL
+ * or empty: none; each adapter opened by ditd_prompt_encoder_lora_open on
+ * this encoder). */
+int ditd_prompt_encoder_encode_lora(ditd_prompt_encoder *e, const ditd_prompt_texts *t,
+                                    int max_sequence_length, const ditd_text_lora_set *loras,
+                                    float *seq, float *pooled);
 /* The same with one text for every encoder. */
 int ditd_prompt_encoder_encode(ditd_prompt_encoder *e, const char *text, size_t len,
                                int max_sequence_length, float *seq, float *pooled);
+
+/* The text-encoder part of the adapter file `path` for this recipe's
+ * encoders (ditd_text_lora_open: PEFT names <component>.<module>, kohya
+ * lora_te1_ / lora_te_ for the first CLIP, lora_te2_ for a second; a UMT5
+ * or a component the folder lacks is refused naming the tensor). A file
+ * without text-encoder tensors gives an adapter touching nothing. *out
+ * owned (ditd_text_lora_free), to be used with this encoder only. */
+int ditd_prompt_encoder_lora_open(const ditd_prompt_encoder *e, const char *path,
+                                  const char *name, ditd_text_lora **out);
 
 void ditd_prompt_encoder_stats(const ditd_prompt_encoder *e, ditd_prompt_stats *out);
 

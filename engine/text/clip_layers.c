@@ -60,33 +60,49 @@ int ditd__clip_bufs_carve(ditd_text_weights *w, ditd__clip_bufs *b, size_t BN, i
     return 0;
 }
 
+void ditd__clip_layer_targets(ditd_lora_target *t, int l, int D, int F)
+{
+    static const char *const sfx[DITD__CLIP_T_PER_LAYER] = {
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
+        "mlp.fc1",          "mlp.fc2"};
+    for (int i = 0; i < DITD__CLIP_T_PER_LAYER; i++) {
+        snprintf(t[i].name, sizeof t[i].name, "encoder.layers.%d.%s", l, sfx[i]);
+        t[i].n_out = i == DITD__CLIP_T_FC1 ? F : D;
+        t[i].k_in = i == DITD__CLIP_T_FC2 ? F : D;
+    }
+}
+
 void ditd__clip_layer_forward(const ditd_backend_ops *ops, const ditd__clip_layer *y,
                               const ditd__clip_bufs *b, int B, int N, int D, int F, int H,
-                              float eps, ditd_text_act act, const uint8_t *keep, int causal)
+                              float eps, ditd_text_act act, const uint8_t *keep, int causal,
+                              const ditd_text_lora_run *lo, int t0)
 {
     const int Dh = D / H;
     const size_t BN = (size_t)B * (size_t)N, ld3 = 3 * (size_t)D;
     const float scale = 1.0f / sqrtf((float)Dh);
+    const ditd_text_lora_run none = {.B = B, .rows = N};
+    if (!lo)
+        lo = &none;
+#define LIN(x, ldx, w, bias, yy, ldy, n, k, a, t)                                             \
+    ditd_text_lora_linear(ops, lo, t0 + (t), x, ldx, &(w), bias, yy, ldy, n, k, a, b->scratch, \
+                          b->scratch_elems)
     // self-attention block: h += out_proj(attn(LN1(h)))
     ops->layernorm_affine(b->h, b->xn, (int)BN, D, eps, y->ln1_g, y->ln1_b);
-    ops->linear_wt(b->xn, D, y->q.p, y->q.dt, y->q_b, b->qkv, ld3, (int)BN, D, D,
-                   DITD_TEXT_ACT_NONE, b->scratch, b->scratch_elems);
-    ops->linear_wt(b->xn, D, y->k.p, y->k.dt, y->k_b, ditd_ptr_act(ops, b->qkv, D), ld3, (int)BN,
-                   D, D, DITD_TEXT_ACT_NONE, b->scratch, b->scratch_elems);
-    ops->linear_wt(b->xn, D, y->v.p, y->v.dt, y->v_b, ditd_ptr_act(ops, b->qkv, 2 * (size_t)D),
-                   ld3, (int)BN, D, D, DITD_TEXT_ACT_NONE, b->scratch, b->scratch_elems);
+    LIN(b->xn, D, y->q, y->q_b, b->qkv, ld3, D, D, DITD_TEXT_ACT_NONE, DITD__CLIP_T_Q);
+    LIN(b->xn, D, y->k, y->k_b, ditd_ptr_act(ops, b->qkv, D), ld3, D, D, DITD_TEXT_ACT_NONE,
+        DITD__CLIP_T_K);
+    LIN(b->xn, D, y->v, y->v_b, ditd_ptr_act(ops, b->qkv, 2 * (size_t)D), ld3, D, D,
+        DITD_TEXT_ACT_NONE, DITD__CLIP_T_V);
     // (B, N, H, Dh) views into qkv rows of 3D
     ops->attention_masked(b->qkv, ld3, ditd_ptr_act(ops, b->qkv, D), ld3,
                           ditd_ptr_act(ops, b->qkv, 2 * (size_t)D), ld3, b->att, D, B, N, H, Dh,
                           scale, NULL, keep, causal, b->att_scratch);
-    ops->linear_wt(b->att, D, y->o.p, y->o.dt, y->o_b, b->tmp, D, (int)BN, D, D,
-                   DITD_TEXT_ACT_NONE, b->scratch, b->scratch_elems);
+    LIN(b->att, D, y->o, y->o_b, b->tmp, D, D, D, DITD_TEXT_ACT_NONE, DITD__CLIP_T_O);
     ops->add(b->h, b->tmp, BN * D);
     // MLP block: h += fc2(act(fc1(LN2(h))))
     ops->layernorm_affine(b->h, b->xn, (int)BN, D, eps, y->ln2_g, y->ln2_b);
-    ops->linear_wt(b->xn, D, y->fc1.p, y->fc1.dt, y->fc1_b, b->ff, F, (int)BN, F, D, act,
-                   b->scratch, b->scratch_elems);
-    ops->linear_wt(b->ff, F, y->fc2.p, y->fc2.dt, y->fc2_b, b->tmp, D, (int)BN, D, F,
-                   DITD_TEXT_ACT_NONE, b->scratch, b->scratch_elems);
+    LIN(b->xn, D, y->fc1, y->fc1_b, b->ff, F, F, D, act, DITD__CLIP_T_FC1);
+    LIN(b->ff, F, y->fc2, y->fc2_b, b->tmp, D, D, F, DITD_TEXT_ACT_NONE, DITD__CLIP_T_FC2);
+#undef LIN
     ops->add(b->h, b->tmp, BN * D);
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine/backend/backend.h"
+#include "engine/text/text_lora.h"
 #include "engine/text/text_weights.h"
 
 typedef struct ditd__clip_layer {
@@ -47,10 +48,22 @@ int ditd__clip_layer_walk(ditd_text_weights *w, ditd__clip_layer *y, const char 
 int ditd__clip_bufs_carve(ditd_text_weights *w, ditd__clip_bufs *b, size_t BN, int max_N,
                           int64_t D, int64_t F, int64_t kmax);
 
+/* LoRA targets of one layer, in this order from the layer's first index. */
+enum {
+    DITD__CLIP_T_Q, DITD__CLIP_T_K, DITD__CLIP_T_V, DITD__CLIP_T_O, DITD__CLIP_T_FC1,
+    DITD__CLIP_T_FC2, DITD__CLIP_T_PER_LAYER
+};
+/* Layer l's targets' names ("encoder.layers.<l>.self_attn.q_proj", ...)
+ * and shapes into t[0 .. DITD__CLIP_T_PER_LAYER). */
+void ditd__clip_layer_targets(ditd_lora_target *t, int l, int D, int F);
+
 /* h += attn(LN1(h)); h += fc2(act(fc1(LN2(h)))) over B sequences of N.
- * keep: (B, N) attention mask or NULL; causal: text's mask. */
+ * keep: (B, N) attention mask or NULL; causal: text's mask. lo: the
+ * sequences' LoRA adapters (lo->B == B, lo->rows == N; sets NULL: none),
+ * this layer's targets from t0. */
 void ditd__clip_layer_forward(const ditd_backend_ops *ops, const ditd__clip_layer *y,
                               const ditd__clip_bufs *b, int B, int N, int D, int F, int H,
-                              float eps, ditd_text_act act, const uint8_t *keep, int causal);
+                              float eps, ditd_text_act act, const uint8_t *keep, int causal,
+                              const ditd_text_lora_run *lo, int t0);
 
 #endif

@@ -29,7 +29,20 @@ struct ditd_clip_text {
     ditd__clip_bufs b;
     void *pool, *pooled_proj;
     uint8_t *keep;               /* (B, N) */
+
+    /* LoRA (engine/text/text_lora.h): the linears adapters may target, 6
+     * per layer then text_projection; the scratch of ditd_lora_apply */
+    ditd_lora_target *targets;
+    int n_targets;
+    float *lora_tmp;
+    size_t lora_tmp_floats;
 };
+
+const ditd_lora_target *ditd_clip_text_lora_targets(const ditd_clip_text *m, int *n)
+{
+    *n = m->n_targets;
+    return m->targets;
+}
 
 const ditd_clip_text_config *ditd_clip_text_config_of(const ditd_clip_text *m)
 {
@@ -85,7 +98,9 @@ static int walk(ditd_clip_text *m)
         (err = ditd_text_weights_carve(w, &m->pool, (size_t)m->max_batch * D, 0)) ||
         (err = ditd_text_weights_carve(w, &m->pooled_proj,
                                        (size_t)m->max_batch * (size_t)c->projection_dim, 0)) ||
-        (err = ditd_text_weights_carve(w, (void **)&m->keep, BN, 1)))
+        (err = ditd_text_weights_carve(w, (void **)&m->keep, BN, 1)) ||
+        (err = ditd_text_weights_carve(w, (void **)&m->lora_tmp,
+                                       m->lora_tmp_floats * sizeof(float), 1)))
         return err;
     return 0;
 }
@@ -122,7 +137,10 @@ int ditd_clip_text_new(const char *dir, const char *class_hint, const ditd_backe
     m->max_batch = max_batch;
     m->max_tokens = max_tokens;
     m->layers = calloc((size_t)m->cfg.num_layers, sizeof *m->layers);
-    if (!m->layers) {
+    m->n_targets = m->cfg.num_layers * DITD__CLIP_T_PER_LAYER + m->with_proj;
+    m->targets = calloc((size_t)m->n_targets, sizeof *m->targets);
+    m->lora_tmp_floats = ditd_lora_tmp_floats((size_t)max_batch * (size_t)max_tokens);
+    if (!m->layers || !m->targets) {
         err = ditd_err_set(DITD_ENOMEM, "CLIP layers");
         goto fail;
     }
@@ -147,6 +165,15 @@ int ditd_clip_text_new(const char *dir, const char *class_hint, const ditd_backe
     }
     if ((err = walk(m)) || (err = ditd_text_weights_commit(&m->w)) || (err = walk(m)))
         goto fail;
+    for (int l = 0; l < m->cfg.num_layers; l++)
+        ditd__clip_layer_targets(&m->targets[l * DITD__CLIP_T_PER_LAYER], l, m->cfg.hidden_size,
+                                 m->cfg.intermediate_size);
+    if (m->with_proj) {
+        ditd_lora_target *t = &m->targets[m->n_targets - 1];
+        snprintf(t->name, sizeof t->name, "text_projection");
+        t->n_out = m->cfg.projection_dim;
+        t->k_in = m->cfg.hidden_size;
+    }
     *out = m;
     return 0;
 fail:
@@ -161,11 +188,19 @@ void ditd_clip_text_free(ditd_clip_text *m)
     if (m->w.st)
         ditd_text_weights_free(&m->w);
     free(m->layers);
+    free(m->targets);
     free(m);
 }
 
 int ditd_clip_text_encode(ditd_clip_text *m, int B, int N, const int64_t *ids,
                           const uint8_t *keep, const ditd_clip_text_out *out)
+{
+    return ditd_clip_text_encode_lora(m, B, N, ids, keep, NULL, out);
+}
+
+int ditd_clip_text_encode_lora(ditd_clip_text *m, int B, int N, const int64_t *ids,
+                               const uint8_t *keep, const ditd_lora_set *const *loras,
+                               const ditd_clip_text_out *out)
 {
     const ditd_clip_text_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
@@ -195,9 +230,12 @@ int ditd_clip_text_encode(ditd_clip_text *m, int B, int N, const int64_t *ids,
     if (out->hidden && hidx == 0)
         ops->download(out->hidden, m->b.h, BN * D);
 
+    const ditd_text_lora_run lo = {.sets = loras, .B = B, .rows = N, .tmp = m->lora_tmp,
+                                   .tmp_floats = m->lora_tmp_floats};
     for (int l = 0; l < L; l++) {
         ditd__clip_layer_forward(ops, &m->layers[l], &m->b, B, N, D, F, c->num_heads, c->eps,
-                                 c->act, keep ? m->keep : NULL, 1);
+                                 c->act, keep ? m->keep : NULL, 1, &lo,
+                                 l * DITD__CLIP_T_PER_LAYER);
         if (out->hidden && hidx == l + 1)
             ops->download(out->hidden, m->b.h, BN * D);
     }
@@ -231,8 +269,11 @@ int ditd_clip_text_encode(ditd_clip_text *m, int B, int N, const int64_t *ids,
             ops->download(out->pooled, m->pool, (size_t)B * D);
         if (out->text_embeds) {
             int P = c->projection_dim;
-            ops->linear_wt(m->pool, D, m->proj.p, m->proj.dt, NULL, m->pooled_proj, P, B, P, D,
-                           DITD_TEXT_ACT_NONE, m->b.scratch, m->b.scratch_elems);
+            const ditd_text_lora_run lp = {.sets = loras, .B = B, .rows = 1, .tmp = m->lora_tmp,
+                                           .tmp_floats = m->lora_tmp_floats};
+            ditd_text_lora_linear(ops, &lp, L * DITD__CLIP_T_PER_LAYER, m->pool, D, &m->proj,
+                                  NULL, m->pooled_proj, P, P, D, DITD_TEXT_ACT_NONE,
+                                  m->b.scratch, m->b.scratch_elems);
             ops->download(out->text_embeds, m->pooled_proj, (size_t)B * P);
         }
     }

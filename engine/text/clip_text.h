@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "engine/backend/backend.h"
+#include "engine/models/lora.h"
 #include "engine/text/text_config.h"
 
 typedef struct ditd_clip_text ditd_clip_text;
@@ -60,5 +61,16 @@ typedef struct ditd_clip_text_out {
  * vocabulary, naming it). */
 int ditd_clip_text_encode(ditd_clip_text *m, int B, int N, const int64_t *ids,
                           const uint8_t *keep, const ditd_clip_text_out *out);
+/* The same with LoRA adapters: loras[b] sequence b's set (over ditd_lora_dev
+ * uploaded for this model's targets; NULL entries or loras NULL: none). A
+ * sequence's numbers do not depend on the other sequences' sets. */
+int ditd_clip_text_encode_lora(ditd_clip_text *m, int B, int N, const int64_t *ids,
+                               const uint8_t *keep, const ditd_lora_set *const *loras,
+                               const ditd_clip_text_out *out);
+/* The linears a LoRA adapter may target (engine/text/text_lora.h): per
+ * layer l "encoder.layers.<l>.self_attn.{q,k,v,out}_proj", ".mlp.fc1",
+ * ".mlp.fc2" (transformers' module names without "text_model."), then
+ * "text_projection" (WithProjection). Borrowed, *n of them. */
+const ditd_lora_target *ditd_clip_text_lora_targets(const ditd_clip_text *m, int *n);
 
 #endif

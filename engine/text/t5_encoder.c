@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/text/text_lora.h"
 #include "engine/text/text_weights.h"
 #include "kernels/cpu/text_kernels.h"
 
@@ -34,7 +35,42 @@ struct ditd_t5_encoder {
     void *att_scratch;              /* (N, N) scores */
     uint8_t *keep;
     size_t scratch_elems;
+
+    /* LoRA (engine/text/text_lora.h): per block q, k, v, o, wi (wi_0), [wi_1,]
+     * wo; the scratch of ditd_lora_apply */
+    ditd_lora_target *targets;
+    int n_targets, per_block;
+    float *lora_tmp;
+    size_t lora_tmp_floats;
 };
+
+/* A block's targets, from its first index. */
+enum { T_Q, T_K, T_V, T_O, T_WI0, T_WI1 };
+#define T_WO(m) ((m)->per_block - 1)
+
+const ditd_lora_target *ditd_t5_encoder_lora_targets(const ditd_t5_encoder *m, int *n)
+{
+    *n = m->n_targets;
+    return m->targets;
+}
+
+static void set_targets(ditd_t5_encoder *m)
+{
+    const ditd_t5_config *c = &m->cfg;
+    const int D = c->d_model, F = c->d_ff, I = c->num_heads * c->d_kv;
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_lora_target *t = &m->targets[l * m->per_block];
+        const char *att = "layer.0.SelfAttention", *ff = "layer.1.DenseReluDense";
+        const char *nm[7] = {"q", "k", "v", "o", c->gated ? "wi_0" : "wi", "wi_1", "wo"};
+        for (int i = 0; i < m->per_block; i++) {
+            int k = i == T_WO(m) ? 6 : i;
+            snprintf(t[i].name, sizeof t[i].name, "encoder.block.%d.%s.%s", l,
+                     k < 4 ? att : ff, nm[k]);
+            t[i].n_out = k < 3 ? I : k == 3 ? D : k < 6 ? F : D;
+            t[i].k_in = k == 3 ? I : k == 6 ? F : D;
+        }
+    }
+}
 
 const ditd_t5_config *ditd_t5_encoder_config_of(const ditd_t5_encoder *m)
 {
@@ -133,7 +169,9 @@ static int walk(ditd_t5_encoder *m)
         (err = ditd_text_weights_carve(w, &m->scratch, m->scratch_elems, 0)) ||
         (err = ditd_text_weights_carve(w, &m->att_scratch,
                                        (size_t)m->max_tokens * (size_t)m->max_tokens, 0)) ||
-        (err = ditd_text_weights_carve(w, (void **)&m->keep, BN, 1)))
+        (err = ditd_text_weights_carve(w, (void **)&m->keep, BN, 1)) ||
+        (err = ditd_text_weights_carve(w, (void **)&m->lora_tmp,
+                                       m->lora_tmp_floats * sizeof(float), 1)))
         return err;
     return 0;
 }
@@ -174,7 +212,11 @@ int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_back
                                 (size_t)m->cfg.num_buckets * (size_t)m->cfg.num_heads,
                             sizeof(float));
     m->h_rel = calloc((size_t)m->cfg.num_heads * (2 * (size_t)max_tokens - 1), sizeof(float));
-    if (!m->blocks || !m->h_rel_table || !m->h_rel) {
+    m->per_block = m->cfg.gated ? 7 : 6;
+    m->n_targets = m->cfg.num_layers * m->per_block;
+    m->targets = calloc((size_t)m->n_targets, sizeof *m->targets);
+    m->lora_tmp_floats = ditd_lora_tmp_floats((size_t)max_batch * (size_t)max_tokens);
+    if (!m->blocks || !m->h_rel_table || !m->h_rel || !m->targets) {
         err = ditd_err_set(DITD_ENOMEM, "T5 blocks");
         goto fail;
     }
@@ -205,6 +247,7 @@ int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_back
     }
     if ((err = walk(m)) || (err = ditd_text_weights_commit(&m->w)) || (err = walk(m)))
         goto fail;
+    set_targets(m);
     *out = m;
     return 0;
 fail:
@@ -221,11 +264,19 @@ void ditd_t5_encoder_free(ditd_t5_encoder *m)
     free(m->blocks);
     free(m->h_rel_table);
     free(m->h_rel);
+    free(m->targets);
     free(m);
 }
 
 int ditd_t5_encoder_encode(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
                            const uint8_t *keep, float *h_last)
+{
+    return ditd_t5_encoder_encode_lora(m, B, N, ids, keep, NULL, h_last);
+}
+
+int ditd_t5_encoder_encode_lora(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
+                                const uint8_t *keep, const ditd_lora_set *const *loras,
+                                float *h_last)
 {
     const ditd_t5_config *c = &m->cfg;
     const ditd_backend_ops *ops = m->ops;
@@ -242,6 +293,8 @@ int ditd_t5_encoder_encode(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
     if (keep) /* host memory: only backends whose arena is host memory have these ops */
         memcpy(m->keep, keep, BN);
 
+    const ditd_text_lora_run lo = {.sets = loras, .B = B, .rows = N, .tmp = m->lora_tmp,
+                                   .tmp_floats = m->lora_tmp_floats};
     // embeddings (B, N, D); T5 adds no positions here
     ops->embedding_wt(m->emb.p, m->emb.dt, ids, m->h, (int)BN, D);
     for (int l = 0; l < c->num_layers; l++) {
@@ -258,30 +311,29 @@ int ditd_t5_encoder_encode(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
             ops->upload(m->rel, m->h_rel, (size_t)H * R);
         }
         // self-attention: h += o(attn(norm(h))), scores unscaled plus the shared bias
+        const int t0 = l * m->per_block;
+#define LIN(x, ldx, w, yy, ldy, n, k, a, t)                                                  \
+    ditd_text_lora_linear(ops, &lo, t0 + (t), x, ldx, &(w), NULL, yy, ldy, n, k, a, m->scratch, \
+                          m->scratch_elems)
         ops->rmsnorm(m->h, m->xn, (int)BN, D, c->eps, b->ln0);
-        ops->linear_wt(m->xn, D, b->q.p, b->q.dt, NULL, m->qkv, ld3, (int)BN, I, D,
-                       DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
-        ops->linear_wt(m->xn, D, b->k.p, b->k.dt, NULL, ditd_ptr_act(ops, m->qkv, I), ld3,
-                       (int)BN, I, D, DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
-        ops->linear_wt(m->xn, D, b->v.p, b->v.dt, NULL, ditd_ptr_act(ops, m->qkv, 2 * (size_t)I),
-                       ld3, (int)BN, I, D, DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
+        LIN(m->xn, D, b->q, m->qkv, ld3, I, D, DITD_TEXT_ACT_NONE, T_Q);
+        LIN(m->xn, D, b->k, ditd_ptr_act(ops, m->qkv, I), ld3, I, D, DITD_TEXT_ACT_NONE, T_K);
+        LIN(m->xn, D, b->v, ditd_ptr_act(ops, m->qkv, 2 * (size_t)I), ld3, I, D,
+            DITD_TEXT_ACT_NONE, T_V);
         ops->attention_masked(m->qkv, ld3, ditd_ptr_act(ops, m->qkv, I), ld3,
                               ditd_ptr_act(ops, m->qkv, 2 * (size_t)I), ld3, m->att, I, B, N, H,
                               Dh, 1.0f, m->rel, keep ? m->keep : NULL, 0, m->att_scratch);
-        ops->linear_wt(m->att, I, b->o.p, b->o.dt, NULL, m->tmp, D, (int)BN, D, I,
-                       DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
+        LIN(m->att, I, b->o, m->tmp, D, D, I, DITD_TEXT_ACT_NONE, T_O);
         ops->add(m->h, m->tmp, BN * D);
         // feed-forward: h += wo(act(wi_0 x) * wi_1 x) or wo(act(wi x)), x = norm(h)
         ops->rmsnorm(m->h, m->xn, (int)BN, D, c->eps, b->ln1);
-        ops->linear_wt(m->xn, D, b->wi0.p, b->wi0.dt, NULL, m->ff0, F, (int)BN, F, D, c->act,
-                       m->scratch, m->scratch_elems);
+        LIN(m->xn, D, b->wi0, m->ff0, F, F, D, c->act, T_WI0);
         if (c->gated) {
-            ops->linear_wt(m->xn, D, b->wi1.p, b->wi1.dt, NULL, m->ff1, F, (int)BN, F, D,
-                           DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
+            LIN(m->xn, D, b->wi1, m->ff1, F, F, D, DITD_TEXT_ACT_NONE, T_WI1);
             ops->mul(m->ff0, m->ff1, BN * F);
         }
-        ops->linear_wt(m->ff0, F, b->wo.p, b->wo.dt, NULL, m->tmp, D, (int)BN, D, F,
-                       DITD_TEXT_ACT_NONE, m->scratch, m->scratch_elems);
+        LIN(m->ff0, F, b->wo, m->tmp, D, D, F, DITD_TEXT_ACT_NONE, T_WO(m));
+#undef LIN
         ops->add(m->h, m->tmp, BN * D);
     }
     ops->rmsnorm(m->h, m->xn, (int)BN, D, c->eps, m->lnf);

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "engine/backend/backend.h"
+#include "engine/models/lora.h"
 #include "engine/text/text_config.h"
 
 typedef struct ditd_t5_encoder ditd_t5_encoder;
@@ -57,5 +58,15 @@ int ditd_t5_relative_bucket(int rel, int num_buckets, int max_distance);
  * (sizes), DITD_ERANGE (an id outside the vocabulary, named). */
 int ditd_t5_encoder_encode(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
                            const uint8_t *keep, float *h_last);
+/* The same with LoRA adapters: loras[b] sequence b's set (over ditd_lora_dev
+ * uploaded for this model's targets; NULL entries or loras NULL: none). */
+int ditd_t5_encoder_encode_lora(ditd_t5_encoder *m, int B, int N, const int64_t *ids,
+                                const uint8_t *keep, const ditd_lora_set *const *loras,
+                                float *h_last);
+/* The linears a LoRA adapter may target (engine/text/text_lora.h): per
+ * block l "encoder.block.<l>.layer.0.SelfAttention.{q,k,v,o}" and
+ * "encoder.block.<l>.layer.1.DenseReluDense.{wi | wi_0, wi_1; wo}", as
+ * transformers names T5EncoderModel's modules. Borrowed, *n of them. */
+const ditd_lora_target *ditd_t5_encoder_lora_targets(const ditd_t5_encoder *m, int *n);
 
 #endif

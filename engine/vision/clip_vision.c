@@ -171,7 +171,7 @@ int ditd_clip_vision_encode(ditd_clip_vision *m, int B, const float *pixels, int
     ops->layernorm_affine(m->b.h, m->b.h, (int)BN, D, c->eps, m->pre_g, m->pre_b);
     for (int l = 0; l < hidx; l++)
         ditd__clip_layer_forward(ops, &m->layers[l], &m->b, B, N, D, F, c->num_heads, c->eps,
-                                 c->act, NULL, 0);
+                                 c->act, NULL, 0, NULL, 0);
     ops->download(hidden, m->b.h, BN * D);
     return ops->status();
 }

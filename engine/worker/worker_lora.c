@@ -132,7 +132,10 @@ static int upload(ditd__worker *w, int k, int keep_host)
     int err;
     if (den->n_lora_targets <= 0)
         return ditd_err_set(DITD_EUNSUPPORTED, "%s=%s: %s", a->name, a->path, den->lora_refusal);
-    if ((err = ditd_lora_open(a->path, a->name, den->lora_targets, den->n_lora_targets, &l)) ||
+    /* a text model's text-encoder tensors are add_entry's (a->text) */
+    if ((err = (w->rep.info.shapes.cond.kind == DITD_COND_TEXT ? ditd_lora_open_transformer
+                                                               : ditd_lora_open)(
+             a->path, a->name, den->lora_targets, den->n_lora_targets, &l)) ||
         (err = ditd_lora_dev_new(l, w->rep.pipe->ops, den->lora_targets, den->n_lora_targets,
                                    &d))) {
         char why[768];
@@ -171,6 +174,14 @@ static int add_entry(ditd__worker *w, const char *name, const char *path)
     memcpy(a->name, name, n + 1);
     if (!(a->path = strdup(path)))
         return ditd_err_set(DITD_ENOMEM, "adapter %s", name);
+    int err; /* the text rank: the file's text-encoder part (engine/text/text_lora.h) */
+    if (w->rep.penc && (err = ditd_prompt_encoder_lora_open(w->rep.penc, path, name, &a->text))) {
+        char why[768];
+        snprintf(why, sizeof why, "%s", ditd_err_detail());
+        free(a->path);
+        a->path = NULL;
+        return ditd_err_set(err, "%s=%s: %s", name, path, why);
+    }
     w->n_lora++;
     return 0;
 }
@@ -180,6 +191,7 @@ static void remove_entry(ditd__worker *w, int k, uint32_t kind)
 {
     drop_dev(w, k, kind);
     ditd_lora_free(w->lora[k].host);
+    ditd_text_lora_free(w->lora[k].text);
     free(w->lora[k].path);
     memmove(&w->lora[k], &w->lora[k + 1], (size_t)(w->n_lora - k - 1) * sizeof *w->lora);
     w->n_lora--;

@@ -50,6 +50,8 @@ typedef struct ditd__wlora {
     size_t cost;           /* what it counts against the budget: the same on every rank */
     uint64_t used;         /* lora_clock when a batch last used it (or it loaded) */
     ditd_lora *host;       /* the leader's host copy, until its modules are reported */
+    ditd_text_lora *text;  /* its text-encoder part, on the text rank (rep.penc); kept while
+                            * it is known (host memory, the encoders' CPU) */
 } ditd__wlora;
 
 /* A cache event for the front-end (proto LoraEvent). */

@@ -29,6 +29,26 @@ static const char *or_empty(const char *s)
     return s ? s : "";
 }
 
+/* The text rank: sample sm's text adapters and weights (its names were
+ * checked on the leader; the group runs the same bytes). */
+static int text_set(const ditd__worker *w, const Ditd__Sample *sm, ditd_text_lora_set *ts)
+{
+    ts->n = 0;
+    if (!w->rep.penc || !sm->n_lora_names)
+        return 0;
+    if (sm->n_lora_names != sm->n_lora_scales || sm->n_lora_names > DITD_LORA_MAX_SET)
+        return ditd_err_set(DITD_EINVAL, "LoRA names and scales do not pair");
+    for (size_t k = 0; k < sm->n_lora_names; k++) {
+        int a = ditd__worker_find_lora(w, sm->lora_names[k]);
+        if (a < 0)
+            return ditd_err_set(DITD_EINVAL, "LoRA adapter '%.64s' is not loaded",
+                                sm->lora_names[k]);
+        ts->ad[ts->n] = w->lora[a].text;
+        ts->weight[ts->n++] = sm->lora_scales[k];
+    }
+    return 0;
+}
+
 /* Every rank: the batch's prompts (and the negative prompts of samples
  * whose unconditional pass runs) encoded once on the text-encoder rank,
  * broadcast to the group; sample i's cond points at them. An encoder's
@@ -56,9 +76,15 @@ int ditd__worker_encode_prompts(ditd__worker *w, const Ditd__Batch *b)
                 pt.lens[k] = strlen(pt.texts[k]);
                 nt.lens[k] = strlen(nt.texts[k]);
             }
-            err = ditd_prompt_encoder_encode_n(w->rep.penc, &pt, L, e, e + (size_t)T * w->Dt);
+            /* each prompt with its own request's adapters (the negative too) */
+            ditd_text_lora_set ts;
+            err = text_set(w, sm, &ts);
+            if (!err)
+                err = ditd_prompt_encoder_encode_lora(w->rep.penc, &pt, L, &ts, e,
+                                                      e + (size_t)T * w->Dt);
             if (!err && wants_negative(w, sm))
-                err = ditd_prompt_encoder_encode_n(w->rep.penc, &nt, L, ne, ne + (size_t)T * w->Dt);
+                err = ditd_prompt_encoder_encode_lora(w->rep.penc, &nt, L, &ts, ne,
+                                                      ne + (size_t)T * w->Dt);
             if (!err && w->t && ditd_now_ms() >= w->next_hb) /* long encoders: stay alive */
                 ditd__worker_heartbeat(w, true);
             if (err)

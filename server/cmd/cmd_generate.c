@@ -62,13 +62,33 @@ static ditd_prompt_texts prompt_texts(const char *const t[3])
     return pt;
 }
 
+/* The text-encoder part of every --lora, on the rank holding the encoders
+ * (penc), into *set; as lora_load. */
+static int text_lora_load(const ditd_gen_lora_args *la, const ditd_prompt_encoder *penc,
+                          ditd_text_lora_set *set)
+{
+    for (int i = 0; penc && i < la->n; i++) {
+        ditd_text_lora *t = NULL;
+        int err = ditd_prompt_encoder_lora_open(penc, la->path[i], la->name[i], &t);
+        if (err) {
+            fprintf(stderr, "ditd generate: --lora %s=%s: %s: %s\n", la->name[i], la->path[i],
+                    ditd_err_name(err), ditd_err_detail());
+            return err;
+        }
+        set->ad[set->n] = t;
+        set->weight[set->n++] = la->scale[i];
+    }
+    return 0;
+}
+
 /* A text model's prompts (te[0]) and negative prompts (te[1], when the
  * pipeline row's rule runs the unconditional pass: want_neg), encoded on
  * the leader (penc: the replica's encoders there) and broadcast to a
  * group; every rank ends with the same embeddings. *emb and *te are owned
  * by the caller. */
 static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh,
-                          ditd_prompt_encoder *penc, const char *const prompts[3],
+                          ditd_prompt_encoder *penc, const ditd_gen_lora_args *la,
+                          ditd_text_lora_set *loras, const char *const prompts[3],
                           const char *const negatives[3], int want_neg, int L, float **emb,
                           ditd_text_embeds **te)
 {
@@ -83,11 +103,14 @@ static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh,
     float *seq = *emb, *nseq = *emb + one;
     if (!mesh || ditd_mesh_is_leader(mesh)) {
         ditd_prompt_texts pt = prompt_texts(prompts), nt = prompt_texts(negatives);
-        if (!(err = ditd_prompt_encoder_encode_n(penc, &pt, L, seq,
-                                                 seq + T * info->shapes.cond.text_dim)) &&
+        /* the --lora files' text-encoder parts first (an error is the group's, below);
+         * the negative prompt too: Diffusers runs the encoders with their adapters on */
+        if (!(err = text_lora_load(la, penc, loras)) &&
+            !(err = ditd_prompt_encoder_encode_lora(penc, &pt, L, loras, seq,
+                                                    seq + T * info->shapes.cond.text_dim)) &&
             want_neg)
-            err = ditd_prompt_encoder_encode_n(penc, &nt, L, nseq,
-                                               nseq + T * info->shapes.cond.text_dim);
+            err = ditd_prompt_encoder_encode_lora(penc, &nt, L, loras, nseq,
+                                                  nseq + T * info->shapes.cond.text_dim);
         st = err;
     }
     if (mesh && mesh->size > 1) { /* the leader's outcome, then its embeddings */
@@ -112,10 +135,11 @@ static int encode_prompts(const ditd_model_info *info, const ditd_mesh *mesh,
 
 
 
-/* Opens and uploads every --lora for the pipeline's model into *set. On an
+/* Opens and uploads every --lora for the pipeline's model into *set (a text
+ * model's: the transformer part; text_lora_load reads the rest). On an
  * error, says so (naming the option and the file) and returns it; what was
  * uploaded is in *set for the caller to free. */
-static int lora_load(const ditd_gen_lora_args *la, ditd_pipeline *p, ditd_lora_set *set)
+static int lora_load(const ditd_gen_lora_args *la, ditd_pipeline *p, int text, ditd_lora_set *set)
 {
     int err;
     for (int i = 0; i < la->n; i++) {
@@ -125,8 +149,8 @@ static int lora_load(const ditd_gen_lora_args *la, ditd_pipeline *p, ditd_lora_s
             fprintf(stderr, "ditd generate: --lora %s: %s\n", la->name[i], p->den->lora_refusal);
             return DITD_EUNSUPPORTED;
         }
-        if ((err = ditd_lora_open(la->path[i], la->name[i], p->den->lora_targets,
-                                  p->den->n_lora_targets, &l)) ||
+        if ((err = (text ? ditd_lora_open_transformer : ditd_lora_open)(
+                 la->path[i], la->name[i], p->den->lora_targets, p->den->n_lora_targets, &l)) ||
             (err = ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets,
                                      &d))) {
             fprintf(stderr, "ditd generate: --lora %s=%s: %s: %s\n", la->name[i], la->path[i],
@@ -155,6 +179,7 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_text_embeds *te = NULL;
     uint8_t *vid = NULL;     /* video models: (n, F, H, W, 3) frames */
     ditd_lora_set lora_set = {0};
+    ditd_text_lora_set text_lora_set = {0}; /* on the rank with the encoders */
     ditd_lora_set lora_ex[2] = {{0}}; /* --lora-expert: transformer's, transformer_2's */
     int lora_split = 0;
     int err, rc = 1;
@@ -465,12 +490,12 @@ int ditd_cmd_generate(int argc, char **argv)
     float g_eff = a.guidance >= 0 ? (float)a.guidance : rep.info.default_guidance;
     int want_neg = ditd_pipeline_class_needs_negative(
         pc, g_eff, (float)a.true_cfg, negative != NULL, rep.info.shapes.guidance_embed);
-    if (text && (err = encode_prompts(&rep.info, mesh, rep.penc, a.prompts, a.negatives, want_neg,
-                                      (int)a.max_seq, &emb, &te))) {
+    if (text && (err = encode_prompts(&rep.info, mesh, rep.penc, &a.la, &text_lora_set, a.prompts,
+                                      a.negatives, want_neg, (int)a.max_seq, &emb, &te))) {
         ditd__gen_fail("encoding the prompt", err);
         goto done;
     }
-    if ((err = lora_load(&a.la, pipe, &lora_set)))
+    if ((err = lora_load(&a.la, pipe, text, &lora_set)))
         goto done;
     /* --lora-expert: each expert its own set of the adapters (WanPipeline's
      * load_lora_weights, with load_into_transformer_2 for transformer_2's) */
@@ -700,6 +725,8 @@ done:
     free(vid);
     for (int i = 0; i < lora_set.n; i++)
         ditd_lora_dev_free((ditd_lora_dev *)lora_set.ad[i]);
+    for (int i = 0; i < text_lora_set.n; i++)
+        ditd_text_lora_free((ditd_text_lora *)text_lora_set.ad[i]);
     ditd_image_free(&in_img);
     free(img_lat);
     ditd_image_free(&last_img);

@@ -307,6 +307,39 @@ def main():
         ("lora_unet_double_blocks_7_img_attn_qkv.lora_up.weight", [6, 2])]))
     write("lora", "kohya-bfl-wrong-up", lora_st([
         (kb + ".lora_down.weight", [2, 2]), (kb + ".lora_up.weight", [4, 2])]))
+    # --- text-encoder LoRA (fuzz_text_lora: text_encoder (CLIP) q_proj (3, 3), fc1 (5, 3),
+    # text_projection (2, 3); text_encoder_2 (T5) q (4, 3), wo (3, 6)) ----------------
+    c = "text_encoder.text_model.encoder.layers.0.self_attn.q_proj"
+    t = "text_encoder_2.encoder.block.0.layer.0.SelfAttention.q"
+    write("text_lora", "peft-both", st({c + ".lora_A.weight": ("F32", [1, 3], (0, 12)),
+                                        c + ".lora_B.weight": ("F32", [3, 1], (12, 24)),
+                                        t + ".lora_A.weight": ("F32", [1, 3], (24, 36)),
+                                        t + ".lora_B.weight": ("F32", [4, 1], (36, 52)),
+                                        t + ".alpha": ("F32", [], (52, 56)),
+                                        "transformer.x.lora_A.weight": ("F32", [1, 1], (56, 60))},
+                                       f32(*[0.1 * i for i in range(14)], 2.0, 1.0)))
+    f = "text_encoder.encoder.layers.0.mlp.fc1"
+    write("text_lora", "peft-flat-bf16", st({f + ".lora_down.weight": ("BF16", [1, 3], (0, 6)),
+                                             f + ".lora_up.weight": ("BF16", [5, 1], (6, 16))},
+                                            struct.pack("<8H", 0x3F80, 0xBF80, 0x3F00, 0x3E80,
+                                                        0x3E00, 0x3D80, 0x3D00, 0x3C80)))
+    k = "lora_te1_text_model_encoder_layers_0_mlp_fc1"
+    write("text_lora", "kohya", st({k + ".alpha": ("F32", [], (0, 4)),
+                                    k + ".lora_down.weight": ("F32", [1, 3], (4, 16)),
+                                    k + ".lora_up.weight": ("F32", [5, 1], (16, 36))},
+                                   f32(4.0, 1, 2, 3, 1, 2, 3, 4, 5)))
+    write("text_lora", "kohya-t5", st({"lora_te2_encoder_block_0_layer_0_SelfAttention_q"
+                                       ".lora_down.weight": ("F32", [1, 3], (0, 12))},
+                                      f32(1, 2, 3)))
+    write("text_lora", "no-component", st({"text_encoder_3.x.lora_A.weight": ("F32", [1, 3],
+                                                                              (0, 12))},
+                                          f32(1, 2, 3)))
+    write("text_lora", "wrong-shape", st({c + ".lora_A.weight": ("F32", [1, 2], (0, 8)),
+                                          c + ".lora_B.weight": ("F32", [3, 1], (8, 20))},
+                                         f32(1, 2, 3, 4, 5)))
+    write("text_lora", "mixed", st({c + ".lora_A.weight": ("F32", [1, 3], (0, 12)),
+                                    k + ".lora_up.weight": ("F32", [5, 1], (12, 32))},
+                                   f32(1, 2, 3, 1, 2, 3, 4, 5)))
 
 
 if __name__ == "__main__":
