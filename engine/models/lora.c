@@ -273,7 +273,7 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
             err = ditd_err_set(DITD_ENOMEM, "%s", what);
             goto done;
         }
-        if ((err = ditd_lora_convert_read(st, what, fmt0, targets, nt, l)))
+        if ((err = ditd_lora_convert_read(st, what, fmt0, targets, nt, skip_te, l)))
             goto done;
         goto read;
     }

@@ -450,7 +450,7 @@ static int zero_diff(const ditd_safetensors *st, const ditd_st_tensor *t, const 
 }
 
 int ditd_lora_convert_read(const ditd_safetensors *st, const char *what, ditd_lora_format fmt,
-                           const ditd_lora_target *targets, int nt, ditd_lora *l)
+                           const ditd_lora_target *targets, int nt, int skip_te, ditd_lora *l)
 {
     size_t n = ditd_safetensors_count(st);
     src *srcs = calloc(n ? n : 1, sizeof *srcs);
@@ -477,9 +477,11 @@ int ditd_lora_convert_read(const ditd_safetensors *st, const char *what, ditd_lo
         if (skip)
             continue;
         if (starts_with(t->name, "lora_te") || starts_with(t->name, "text_encoder")) {
+            if (skip_te) /* the text encoders' part (engine/text/text_lora.h) */
+                continue;
             err = ditd_err_set(DITD_EUNSUPPORTED,
-                               "tensor '%s' in %s: a text-encoder LoRA, which ditd does not apply "
-                               "(transformer adapters only, docs/lora.md)",
+                               "tensor '%s' in %s: a text-encoder LoRA, and this model has no "
+                               "text encoder to apply it to",
                                t->name, what);
             goto done;
         }

@@ -49,12 +49,15 @@ ditd_lora_format ditd_lora_convert_detect(const ditd_safetensors *st,
 
 /* Reads st (named `what` in errors), a file of the community format fmt,
  * for the model's targets[0 .. nt) into l: l->mod (owned by l, in file
- * order), l->n_mod, l->max_rank, l->format. Errors (DITD_EFORMAT,
+ * order), l->n_mod, l->max_rank, l->format. Text-encoder tensors (lora_te*,
+ * text_encoder*) are skipped when skip_te is set (a model with text
+ * encoders: engine/text/text_lora.h reads them), refused otherwise. Errors
+ * (DITD_EFORMAT,
  * DITD_ENOENT for a module or block the model lacks, DITD_ESHAPE,
  * DITD_EUNSUPPORTED, DITD_ENOMEM) name the file's tensor; on error l may
  * hold modules already read (ditd_lora_free frees them). */
 int ditd_lora_convert_read(const ditd_safetensors *st, const char *what, ditd_lora_format fmt,
-                           const ditd_lora_target *targets, int nt, ditd_lora *l);
+                           const ditd_lora_target *targets, int nt, int skip_te, ditd_lora *l);
 
 /* Re-lays B of every module whose target stores its output rows grouped
  * (ditd_lora_target.row_groups g > 1: output row r = c g + q is the model's
