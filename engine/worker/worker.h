@@ -70,6 +70,9 @@ typedef struct ditd_worker_config {
      * message; batches name them per sample. */
     const ditd_worker_lora *loras;
     int n_loras;
+    /* --transformer-file / --text-encoder-2-file (ditd_model_info_set_files;
+     * NULL: the folder's), borrowed for the call */
+    const char *transformer_file, *text_encoder_2_file;
 } ditd_worker_config;
 
 /* Loads the model and serves batches until a Shutdown message or a
