@@ -15,7 +15,8 @@ relative; the same folder with the two .gguf files inside transformer/ and
 text_encoder_2/ (no flags) the same latents bit for bit. Then the refusals,
 each naming what is wrong: a missing file, a file that is no .gguf or
 .safetensors, a transformer file of another model (a tensor's shape), a T5
-file of another model (a tensor's shape). Stdlib only.
+file of another model (a tensor's shape). ditd serve with the same flags
+answers a generation; a missing file fails its start. Stdlib only.
 
 usage: flux_gguf_generate.py DITD FLUX_PIPELINE_DIR FIXTURES_DIR
 """
@@ -110,8 +111,48 @@ for extra, words in cases:
           "refused (%s): exit %d, says %r" % (" ".join(os.path.basename(x) for x in extra),
                                                r.returncode, said.strip()[-300:]))
 
+# ditd serve takes the same flags: a request served from the GGUF files
+# (the start refuses a missing file before it listens)
+r = subprocess.run([ditd, "serve", "--model", model, "--port", "0",
+                    "--transformer-file", os.path.join(tmp, "missing.gguf")],
+                   capture_output=True, text=True, timeout=60)
+check(r.returncode != 0 and "missing.gguf: no such file" in r.stderr,
+      "ditd serve --transformer-file missing.gguf refused at start: %r" % r.stderr.strip()[-200:])
+srv = subprocess.Popen([ditd, "serve", "--model", model, "--port", "0", "--threads", "2",
+                        "--transformer-file", tfile, "--text-encoder-2-file", t5file],
+                       stderr=subprocess.PIPE, text=True)
+try:
+    port = None
+    for line in srv.stderr:
+        if "listening on http://127.0.0.1:" in line:
+            port = int(line.split("127.0.0.1:")[1].split()[0])
+            break
+    check(port is not None, "ditd serve with the GGUF files listens")
+    if port:
+        import base64
+        import time
+        import urllib.request
+        body = json.dumps({"prompt": meta["prompt"], "size": "32x32", "num_inference_steps": 2,
+                           "response_format": "b64_json"}).encode()
+        got = None
+        for _ in range(120):  # the replica loads behind the listening socket
+            try:
+                req = urllib.request.Request("http://127.0.0.1:%d/v1/images/generations" % port,
+                                             data=body, headers={"content-type": "application/json"})
+                got = json.load(urllib.request.urlopen(req, timeout=120))
+                break
+            except urllib.error.HTTPError as e:
+                if e.code != 503:
+                    raise
+                time.sleep(0.5)
+        png = base64.b64decode(got["data"][0]["b64_json"]) if got else b""
+        check(png[:8] == b"\x89PNG\r\n\x1a\n", "ditd serve answers a generation from the GGUF files")
+finally:
+    srv.terminate()
+    srv.wait(timeout=60)
+
 shutil.rmtree(tmp, ignore_errors=True)
-if checks < 8:
-    failures.append("only %d checks ran (want 8)" % checks)
+if checks < 11:
+    failures.append("only %d checks ran (want 11)" % checks)
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)
