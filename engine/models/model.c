@@ -16,6 +16,7 @@
 #include "engine/io/safetensors.h"
 #include "engine/models/registry.h"
 #include "engine/models/vae/autoencoder_kl.h"
+#include "engine/vision/clip_vision.h"
 
 static int path_join(char *dst, size_t len, const char *a, const char *b)
 {
@@ -330,7 +331,7 @@ static int load_experts(ditd_model_info *m, json_t *index, const char *path)
 static int load_image_cond(ditd_model_info *m, json_t *index, const char *path)
 {
     int enc, proc, err;
-    m->cond_channels = 0;
+    m->cond_channels = m->last_image = 0;
     m->image_encoder_dir[0] = m->image_processor_config[0] = '\0';
     if (!m->pipeline->image_to_video)
         return 0;
@@ -375,6 +376,14 @@ static int load_image_cond(ditd_model_info *m, json_t *index, const char *path)
     if (!is_file(m->image_processor_config))
         return ditd_err_set(DITD_ENOENT, "%s: missing (model_index.json names image_processor)",
                             m->image_processor_config);
+    /* the encoder's tokens per image, (S / p)^2 + 1 (its class token), as
+     * the tower counts them (engine/vision/clip_vision.c); twice that is
+     * FLF2V. Any other count is the image condition's to refuse at load. */
+    ditd_clip_vision_config vc;
+    if ((err = ditd_clip_vision_config_load(ecfg, NULL, &vc)))
+        return err;
+    const int side = vc.patch_size > 0 ? vc.image_size / vc.patch_size : 0;
+    m->last_image = side > 0 && m->shapes.cond.image_len == 2 * (side * side + 1);
     return 0;
 }
 

@@ -114,6 +114,12 @@ typedef struct ditd_model_info {
     int cond_channels;
     char image_encoder_dir[DITD_MODEL_PATH_MAX];
     char image_processor_config[DITD_MODEL_PATH_MAX];
+    /* FLF2V (first-last-frame-to-video): the transformer's image tokens
+     * (shapes.cond.image_len, Wan's pos_embed_seq_len) are two images' of the
+     * image encoder, so every clip takes a last frame too (Diffusers'
+     * last_image); 0 for any other folder. Known when the folder is read, so
+     * the front-end can require or refuse a last frame without the encoder. */
+    int last_image;
 } ditd_model_info;
 
 /* Reads the folder. Errors name the file and key; a pipeline class the

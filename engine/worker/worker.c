@@ -47,7 +47,8 @@ static int group_recv(ditd__worker *w, uint32_t *kind, size_t *len)
     return ditd_mesh_bcast_var(w->mesh, w->gbuf, w->gcap, len);
 }
 
-/* The leader: one message outside a batch. Takes ownership of buf. */
+/* The leader: one message outside a batch (a batch or a LoraOp goes to the
+ * group first). Takes ownership of buf. */
 static void handle_idle(ditd__worker *w, uint8_t *buf, size_t len)
 {
     Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, buf);
@@ -65,6 +66,14 @@ static void handle_idle(ditd__worker *w, uint8_t *buf, size_t len)
             break;
         }
         ditd__worker_run_batch(w, env->batch);
+        break;
+    case DITD__ENVELOPE__MSG_LORA_OP:
+        if (group_send(w, GROUP_BATCH, buf, len)) {
+            ditd__worker_lora_done(w, env->lora_op->op_id, DITD_EUNAVAIL,
+                                   "the replica's group failed", NULL);
+            break;
+        }
+        ditd__worker_lora_op(w, env->lora_op);
         break;
     case DITD__ENVELOPE__MSG_SHUTDOWN:
         w->stop = true;
@@ -137,8 +146,9 @@ static void follower_loop(ditd__worker *w)
         if (kind != GROUP_BATCH)
             return; /* GROUP_SHUTDOWN */
         Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, w->gbuf);
-        if (!env || env->msg_case != DITD__ENVELOPE__MSG_BATCH) {
-            /* the leader forwards only batches it unpacked: a broken group */
+        if (!env || (env->msg_case != DITD__ENVELOPE__MSG_BATCH &&
+                     env->msg_case != DITD__ENVELOPE__MSG_LORA_OP)) {
+            /* the leader forwards only batches and LoRA ops it unpacked: a broken group */
             fprintf(stderr, "ditd worker: replica %d, group rank %d: a group message of %zu "
                     "bytes is not a batch\n", w->cfg->replica, w->mesh->rank, len);
             if (env)
@@ -146,47 +156,14 @@ static void follower_loop(ditd__worker *w)
             w->group_err = DITD_ECOMM;
             return;
         }
-        ditd__worker_run_batch(w, env->batch);
+        if (env->msg_case == DITD__ENVELOPE__MSG_LORA_OP)
+            ditd__worker_lora_op(w, env->lora_op);
+        else
+            ditd__worker_run_batch(w, env->batch);
         ditd__envelope__free_unpacked(env, NULL);
         if (w->group_err)
             return;
     }
-}
-
-/* Whether every rank of the group started: each says, all learn who did
- * not. The leader's message names the ranks. */
-static int group_agree(ditd__worker *w, int err, char *msg, size_t cap)
-{
-    if (!ditd__worker_in_group(w))
-        return err;
-    int G = w->mesh->size, bad = 0, e2;
-    float *f = calloc((size_t)G, sizeof *f);
-    char *at = msg;
-    if (!f) { /* cannot even agree: fail-stop */
-        w->group_err = DITD_ECOMM;
-        return ditd_err_set(DITD_ENOMEM, "group start-up");
-    }
-    f[w->mesh->rank] = err ? 1.0f : 0.0f;
-    if ((e2 = ditd_comm_allreduce_sum(ditd_mesh_comm(w->mesh, DITD_AXIS_GROUP), DITD_DTYPE_F32, f,
-                                      (size_t)G))) {
-        free(f);
-        w->group_err = DITD_ECOMM;
-        return e2;
-    }
-    at += snprintf(at, cap, "group rank(s)");
-    for (int g = 0; g < G; g++) {
-        if (f[g] > 0.5f) {
-            bad++;
-            if ((size_t)(at - msg) + 16 < cap)
-                at += snprintf(at, cap - (size_t)(at - msg), " %d", g);
-        }
-    }
-    if ((size_t)(at - msg) + 40 < cap)
-        snprintf(at, cap - (size_t)(at - msg), " of %d failed to start (see their logs)", G);
-    free(f);
-    if (bad && !err)
-        err = ditd_err_set(DITD_EUNAVAIL, "%s", msg);
-    return err;
 }
 
 int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
@@ -208,7 +185,7 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     }
 
     /* Every step runs on every rank, whatever failed before it, so that
-     * all reach group_agree() (no rank may leave the others in a
+     * all reach ditd__worker_group_agree() (no rank may leave the others in a
      * collective). */
     if (cfg->max_batch < 1 || cfg->max_batch > DITD_WORKER_MAX_BATCH || cfg->heartbeat_ms <= 0)
         err = ditd_err_set(DITD_EINVAL, "max batch %d (1..%d), heartbeat %d ms", cfg->max_batch,
@@ -252,7 +229,7 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
     if (err) /* the caller logs this rank's own reason (ditd_err_detail) */
         snprintf(msg, sizeof msg, "%s: %s", ditd_strerror(err), ditd_err_detail());
     own = err;
-    err = group_agree(w, err, who, sizeof who);
+    err = ditd__worker_group_agree(w, err, who, sizeof who);
     if (err) {
         if (w->leader && !w->group_err) {
             char full[1400];
@@ -263,8 +240,10 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
         goto done;
     }
 
-    if (w->leader && cfg->n_loras > 0)
+    if (w->leader && cfg->n_loras > 0) {
         ditd__worker_send_adapters(w); /* before the first ready heartbeat */
+        ditd__worker_lora_flush(w);    /* the start's loads (and evictions) */
+    }
     if (w->leader)
         leader_loop(w);
     else
@@ -278,12 +257,7 @@ done:
     if (w->leader && !w->comm_err)
         ditd__worker_heartbeat(w, false); /* bye */
     free(w->gbuf);
-    for (int i = 0; i < w->n_lora; i++)
-        ditd_lora_dev_free(w->lora_dev[i]);
-    for (int i = 0; w->lora_host && i < cfg->n_loras; i++)
-        ditd_lora_free(w->lora_host[i]);
-    free(w->lora_dev);
-    free(w->lora_host);
+    ditd__worker_lora_free(w);
     free(w->emb);
     free(w->te);
     free(w->pix);

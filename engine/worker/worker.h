@@ -8,6 +8,7 @@
  * runs the batch through the pipeline, and sends back Progress after every step (with
  * previews for samples that asked for partial images), one Result per batch
  * (raw 8-bit pixels per image, from ditd_pipeline_to_pixels) or an Error.
+ * LoraOp messages load or unload a LoRA adapter on every rank between batches.
  * Cancel messages clear a sample's active flag at the next step boundary;
  * Shutdown ends the loop; a Heartbeat goes out every heartbeat_ms, also in
  * the middle of a batch, so liveness does not depend on the HTTP thread.
@@ -36,6 +37,7 @@
 #include "engine/worker/hub.h"
 
 #define DITD_WORKER_MAX_BATCH 256
+#define DITD_WORKER_MAX_LORAS 64   /* adapters a replica knows (the server's DITD_LORA_SPEC_MAX) */
 
 /* A LoRA adapter file the replica loads at start (docs/lora.md). */
 typedef struct ditd_worker_lora {
@@ -64,12 +66,16 @@ typedef struct ditd_worker_config {
     int text_encoder_rank;
     int text_cache_entries;
     int text_cache_mb;
-    /* LoRA adapters every rank loads and uploads once at start, before the
+    /* LoRA adapters every rank loads and uploads at start, before the
      * replica says ready (borrowed for the call); a file that does not
      * load fails the start naming it. The leader then sends an Adapters
-     * message; batches name them per sample. */
+     * message; batches name them per sample. LoraOp messages load and
+     * unload more at run time (at most DITD_WORKER_MAX_LORAS in all). */
     const ditd_worker_lora *loras;
     int n_loras;
+    /* MiB of adapters kept on the device (an LRU: a batch naming an evicted
+     * adapter reloads it from its file first); 0: every adapter stays. */
+    double lora_cache_mb;
     /* --transformer-file / --text-encoder-2-file (ditd_model_info_set_files;
      * NULL: the folder's), borrowed for the call */
     const char *transformer_file, *text_encoder_2_file;

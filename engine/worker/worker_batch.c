@@ -161,7 +161,18 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
                      sm->image_height > 16384 ||
                      sm->image.len != (size_t)sm->image_width * sm->image_height * 3)
                 why = "no input image of (image_height, image_width, 3) bytes (image-to-video)";
-        } else if (sm->image_width || sm->image_height)
+            else if (m->last_image &&
+                     (sm->last_image_width < 1 || sm->last_image_height < 1 ||
+                      sm->last_image_width > 16384 || sm->last_image_height > 16384 ||
+                      sm->last_image.len !=
+                          (size_t)sm->last_image_width * sm->last_image_height * 3))
+                why = "no last image of (last_image_height, last_image_width, 3) bytes (FLF2V)";
+            else if (!m->last_image && (sm->last_image.len || sm->last_image_width ||
+                                        sm->last_image_height))
+                why = "a last image, and the transformer takes none (FLF2V only)";
+        } else if (sm->last_image.len || sm->last_image_width || sm->last_image_height)
+            why = "a last image, and the pipeline takes no image (FLF2V only)";
+        else if (sm->image_width || sm->image_height)
             why = "an image-to-video input image, and the pipeline takes none";
         else if (b->strength == 0.0 && (sm->image.len || sm->mask.len))
             why = "an input image without strength";
@@ -188,7 +199,7 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
             int loaded = ditd__worker_find_lora(w, sm->lora_names[k]) >= 0;
             if (!loaded || !isfinite(sm->lora_scales[k])) {
                 snprintf(msg, sizeof msg, "sample %d: LoRA adapter '%.64s' %s", i,
-                         sm->lora_names[k], !loaded ? "is not loaded on this replica"
+                         sm->lora_names[k], !loaded ? "is not known on this replica"
                                                     : "has a scale that is not finite");
                 ditd__worker_error(w, b->batch_id, DITD_EINVAL, msg);
                 return 0;
@@ -320,9 +331,10 @@ static int edit_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
 }
 
 /* Image-to-video's inputs, on every rank (the same bytes everywhere, so the
- * same condition): sample i's first frame through the image condition
- * (resized to the clip, VAE-encoded, CLIP-embedded), into the planned
- * buffers; a sample with the same image as an earlier one copies it. */
+ * same condition): sample i's first frame (and FLF2V's last) through the
+ * image condition (resized to the clip, VAE-encoded, CLIP-embedded), into
+ * the planned buffers; a sample with the same images as an earlier one
+ * copies it. */
 static int i2v_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
 {
     const int vs = w->rep.info.vae_scale > 0 ? w->rep.info.vae_scale : 1;
@@ -335,15 +347,23 @@ static int i2v_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
         int k = 0;
         while (k < i && !(b->samples[k]->image_width == sm->image_width &&
                           b->samples[k]->image.len == sm->image.len &&
-                          !memcmp(b->samples[k]->image.data, sm->image.data, sm->image.len)))
+                          !memcmp(b->samples[k]->image.data, sm->image.data, sm->image.len) &&
+                          b->samples[k]->last_image_width == sm->last_image_width &&
+                          b->samples[k]->last_image.len == sm->last_image.len &&
+                          (!sm->last_image.len ||
+                           !memcmp(b->samples[k]->last_image.data, sm->last_image.data,
+                                   sm->last_image.len))))
             k++;
         if (k < i) {
             memcpy(cond, w->i2v_cond + (size_t)k * w->numel_cond, w->numel_cond * sizeof *cond);
             if (emb)
                 memcpy(emb, w->i2v_emb + (size_t)k * w->numel_emb, w->numel_emb * sizeof *emb);
         } else if ((err = ditd_image_cond_run(w->rep.ic, sm->image.data, (int)sm->image_width,
-                                              (int)sm->image_height, NULL, 0, 0, w->frames, W, H,
-                                              cond, emb))) {
+                                              (int)sm->image_height,
+                                              sm->last_image.len ? sm->last_image.data : NULL,
+                                              (int)sm->last_image_width,
+                                              (int)sm->last_image_height, w->frames, W, H, cond,
+                                              emb))) {
             return err;
         }
         w->samples[i].video_cond = cond;
@@ -371,6 +391,9 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     gp.slg_start = b->slg_start;
     gp.slg_stop = b->slg_stop;
     gp.strength = b->strength;
+    /* its adapters on the device (under --lora-cache-mb a miss reloads one;
+     * a collective when some rank had to) */
+    err = ditd__worker_lora_prepare(w, b);
     for (int i = 0; i < n; i++) {
         w->samples[i].image_latents = w->samples[i].mask_latents = NULL;
         w->samples[i].video_cond = w->samples[i].image_embeds = NULL;
@@ -427,6 +450,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
                     ditd_strerror(err), ditd_err_detail());
         return;
     }
+    ditd__worker_lora_flush(w); /* what the cache did for this batch, before its outcome */
     if (err) {
         snprintf(msg, sizeof msg, "%s%s%s", ditd_strerror(err), *ditd_err_detail() ? ": " : "",
                  ditd_err_detail());

@@ -1,8 +1,10 @@
 /* The worker's internals, shared by its files (not a public header:
  * engine/worker/worker.h is):
- *   worker_msg.c   its messages to the front-end, and those that come mid-batch;
+ *   worker_msg.c   its messages to the front-end, those that come mid-batch, and
+ *                  the group's agreement on an outcome;
  *   worker_text.c  a text model's prompts, encoded once on the text rank;
- *   worker_lora.c  LoRA adapters: loaded at start, per-sample sets;
+ *   worker_lora.c  LoRA adapters: the replica's table (loaded at start or by a
+ *                  LoraOp), the device cache under --lora-cache-mb, per-sample sets;
  *   worker_batch.c a batch: its check, sizes, buffers, the step callback
  *                  (progress, previews, cancels), the run and its Result;
  *   worker.c       the group's word, the leader's and followers' loops, start-up.
@@ -29,8 +31,8 @@ typedef struct pending {
 } pending;
 
 /* The leader's word to its group, broadcast lazily (the group may wait
- * long for it): a batch follows as a variable-length broadcast of the
- * packed Envelope, or the loop ends. */
+ * long for it): a batch or a LoraOp follows as a variable-length broadcast
+ * of the packed Envelope (GROUP_BATCH), or the loop ends. */
 enum { GROUP_BATCH = 1, GROUP_SHUTDOWN = 2 };
 typedef struct group_hdr {
     uint32_t kind;
@@ -38,6 +40,27 @@ typedef struct group_hdr {
     uint64_t len;   /* GROUP_BATCH: bytes of the Envelope that follows */
 } group_hdr;
 #define GROUP_NAP_US 200
+
+/* One adapter of the replica's table. */
+typedef struct ditd__wlora {
+    char name[64];
+    char *path;            /* owned: reloaded from here after an eviction */
+    ditd_lora_dev *dev;    /* on the device, or NULL (evicted) */
+    size_t bytes;          /* its device bytes (from its first load) */
+    size_t cost;           /* what it counts against the budget: the same on every rank */
+    uint64_t used;         /* lora_clock when a batch last used it (or it loaded) */
+    ditd_lora *host;       /* the leader's host copy, until its modules are reported */
+} ditd__wlora;
+
+/* A cache event for the front-end (proto LoraEvent). */
+typedef struct ditd__lora_ev {
+    char name[64];
+    uint32_t kind;         /* DITD__LORA_EV_* */
+    uint64_t bytes;
+} ditd__lora_ev;
+enum { DITD__LORA_EV_LOAD = 1, DITD__LORA_EV_HIT, DITD__LORA_EV_MISS, DITD__LORA_EV_EVICT,
+       DITD__LORA_EV_UNLOAD };
+#define DITD__LORA_EVENTS 256
 
 typedef struct ditd__worker {
     const ditd_worker_config *cfg;
@@ -53,11 +76,17 @@ typedef struct ditd__worker {
     float *emb;            /* (2 max_batch, text_len(Lmax) Dt + Dp) */
     ditd_text_embeds *te;  /* (2 max_batch) */
     ditd_prompt_stats pstats; /* the text rank's, as its last broadcast said (leader) */
-    /* LoRA adapters (cfg->loras), on the denoiser's device; the leader keeps
-     * the files' host copies until its Adapters message is sent */
+    /* LoRA adapters the replica knows (cfg->loras, then LoraOps), in the
+     * same order on every rank; each on the denoiser's device or evicted
+     * (worker_lora.c). Every rank makes the same cache decisions from the
+     * same messages, so the group agrees on what is resident. */
     int n_lora;
-    ditd_lora_dev **lora_dev;
-    ditd_lora **lora_host;
+    ditd__wlora *lora;          /* (DITD_WORKER_MAX_LORAS) */
+    size_t lora_budget;         /* --lora-cache-mb in bytes; 0: no limit */
+    size_t lora_resident;       /* the resident adapters' costs (bytes; ditd__wlora.cost) */
+    uint64_t lora_clock;        /* ticks once per batch or load: the LRU's order */
+    ditd__lora_ev *lev;         /* (DITD__LORA_EVENTS) events not yet sent (leader) */
+    int n_lev;
     ditd_lora_set lsets[DITD_WORKER_MAX_BATCH]; /* the running batch's, per sample */
     uint64_t hb_seq;
     double next_hb;
@@ -98,7 +127,13 @@ static inline int ditd__worker_in_group(const ditd__worker *w)
 int ditd__worker_send_env(ditd__worker *w, Ditd__Envelope *env);
 void ditd__worker_heartbeat(ditd__worker *w, bool ready);
 void ditd__worker_error(ditd__worker *w, uint64_t batch_id, int code, const char *msg);
+void ditd__worker_lora_done(ditd__worker *w, uint64_t op_id, int code, const char *msg,
+                            Ditd__LoraInfo *info);
 void ditd__worker_handle_async(ditd__worker *w, uint8_t *buf, size_t len);
+/* Every rank of the group (collective): whether every rank's err is 0.
+ * Returns err, or on a rank that succeeded DITD_EUNAVAIL naming the ranks
+ * that failed (msg gets that sentence). A group of one returns err. */
+int ditd__worker_group_agree(ditd__worker *w, int err, char *msg, size_t cap);
 
 /* worker_batch.c */
 int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b);
@@ -111,8 +146,12 @@ int ditd__worker_encode_prompts(ditd__worker *w, const Ditd__Batch *b);
 
 /* worker_lora.c */
 int ditd__worker_lora_init(ditd__worker *w);
+void ditd__worker_lora_free(ditd__worker *w);
 void ditd__worker_send_adapters(ditd__worker *w);
+void ditd__worker_lora_flush(ditd__worker *w);
 int ditd__worker_find_lora(const ditd__worker *w, const char *name);
+int ditd__worker_lora_prepare(ditd__worker *w, const Ditd__Batch *b);
 int ditd__worker_set_loras(ditd__worker *w, int i, const Ditd__Sample *sm);
+void ditd__worker_lora_op(ditd__worker *w, const Ditd__LoraOp *op);
 
 #endif

@@ -22,6 +22,7 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include "engine/parallel/comm.h"
 #include "engine/core/error.h"
@@ -283,6 +284,11 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
         if (access(c->loras.v[i].path, R_OK))
             return ditd_err_set(errno == ENOENT ? DITD_ENOENT : DITD_EIO, "--lora %s=%s: %s",
                                 c->loras.v[i].name, c->loras.v[i].path, strerror(errno));
+    {
+        struct stat st;
+        if (c->lora_root[0] && (stat(c->lora_root, &st) || !S_ISDIR(st.st_mode)))
+            return ditd_err_set(DITD_EINVAL, "--lora-root %s: not a folder", c->lora_root);
+    }
     if ((err = ditd_model_info_load(model_dir, &info))) {
         char d[512];
         snprintf(d, sizeof d, "%s", ditd_err_detail());
@@ -339,6 +345,10 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
     }
     if ((err = ditd_auth_load(&s->auth, s->cfg.api_key, s->cfg.api_key_file))) {
         ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
+        goto fail_log;
+    }
+    if ((err = ditd_auth_load(&s->admin, s->cfg.admin_key, s->cfg.admin_key_file))) {
+        ditd_log(DITD_LOG_ERROR, "--admin-key: %s", ditd_err_detail());
         goto fail_log;
     }
     if (s->cfg.tls_cert[0] &&
@@ -429,6 +439,7 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
             targs[r].cfg.text_cache_mb = s->cfg.text_cache_mb;
             targs[r].cfg.loras = s->wloras;
             targs[r].cfg.n_loras = s->cfg.loras.n;
+            targs[r].cfg.lora_cache_mb = s->cfg.lora_cache_mb;
             targs[r].t = ditd_hub_transport(s->hub, r);
             uv_thread_options_t to = {UV_THREAD_HAS_STACK_SIZE, 8u << 20};
             if (uv_thread_create_ex(&s->threads[r], &to, replica_main, &targs[r])) {
@@ -504,15 +515,11 @@ join:
     ditd_jobrun_close(s);
     ditd_webhook_close(s->webhook);
     free(s->rep);
-    for (int i = 0; i < s->cfg.loras.n; i++) {
-        for (int m = 0; m < s->loras[i].n_modules; m++)
-            free(s->loras[i].modules[m]);
-        free(s->loras[i].modules);
-        free(s->loras[i].ranks);
-    }
+    ditd__sched_lora_free(s);
     uv_loop_close(loop);
     ditd_model_info_free(&s->info);
     ditd_auth_free(&s->auth);
+    ditd_auth_free(&s->admin);
     free(tls_cert);
     free(tls_key);
     if (s->cfg.pid_file[0])
@@ -543,6 +550,7 @@ fail_info:
     ditd_model_info_free(&s->info);
 fail_log:
     ditd_auth_free(&s->auth);
+    ditd_auth_free(&s->admin);
     free(tls_cert);
     free(tls_key);
     ditd_log_close();
@@ -574,7 +582,8 @@ static int serve_worker(ditd_srv *s, const char *model_dir, const ditd_layout *l
                              s->cfg.text_encoder_rank,
                              s->cfg.text_cache_entries,
                              s->cfg.text_cache_mb, s->wloras, s->cfg.loras.n,
-                             s->cfg.transformer_file, s->cfg.text_encoder_2_file};
+                             s->cfg.lora_cache_mb, s->cfg.transformer_file,
+                             s->cfg.text_encoder_2_file};
     for (int i = 0; i < s->cfg.loras.n; i++)
         s->wloras[i] = (ditd_worker_lora){s->cfg.loras.v[i].name, s->cfg.loras.v[i].path};
     /* the mesh refuses a bad layout on every rank alike, before any split */

@@ -121,3 +121,53 @@ done:
     closedir(d);
     return err;
 }
+
+int ditd_lora_path_resolve(const char *base, const char *path, char *out)
+{
+    char joined[2 * DITD_LORA_PATH_MAX + 2];
+    struct stat st;
+    if (!*path)
+        return ditd_err_set(DITD_EINVAL, "the path is empty");
+    if (strlen(path) >= DITD_LORA_PATH_MAX)
+        return ditd_err_set(DITD_EINVAL, "the path is over %d bytes", DITD_LORA_PATH_MAX - 1);
+    if (path[0] != '/') {
+        if (!base || !*base)
+            return ditd_err_set(DITD_EINVAL, "%s: a relative path, and no folder to take it under "
+                                "(--lora-root or --lora-dir)", path);
+        snprintf(joined, sizeof joined, "%s/%s", base, path);
+    } else {
+        snprintf(joined, sizeof joined, "%s", path);
+    }
+    char *r = realpath(joined, NULL);
+    if (!r)
+        return ditd_err_set(errno == ENOENT || errno == ENOTDIR ? DITD_ENOENT : DITD_EIO, "%s: %s",
+                            path, strerror(errno));
+    int err = 0;
+    if (strlen(r) >= DITD_LORA_PATH_MAX)
+        err = ditd_err_set(DITD_EINVAL, "%s: the resolved path is over %d bytes", path,
+                           DITD_LORA_PATH_MAX - 1);
+    else if (stat(r, &st) || !S_ISREG(st.st_mode))
+        err = ditd_err_set(DITD_EINVAL, "%s: not a regular file", path);
+    else
+        strcpy(out, r);
+    free(r);
+    return err;
+}
+
+int ditd_lora_path_under(const char *const *roots, int n, const char *resolved)
+{
+    for (int i = 0; i < n; i++) {
+        if (!roots[i] || !*roots[i])
+            continue;
+        char *r = realpath(roots[i], NULL);
+        if (!r)
+            continue;
+        size_t k = strlen(r);
+        /* "/" holds everything; else the root and a '/' must begin it */
+        int in = !strcmp(r, "/") || (!strncmp(resolved, r, k) && resolved[k] == '/');
+        free(r);
+        if (in)
+            return 1;
+    }
+    return 0;
+}

@@ -37,4 +37,17 @@ int ditd_lora_specs_add_dir(ditd_lora_specs *s, const char *dir, const char *who
 /* The index of name, or -1. */
 int ditd_lora_specs_find(const ditd_lora_specs *s, const char *name);
 
+/* Where a run-time load (POST /v1/loras) may read from. A relative path
+ * is taken under base (NULL or "": refused, there is nothing to take it
+ * under). The path is resolved with realpath (links followed, "." and
+ * ".." gone) into out (DITD_LORA_PATH_MAX bytes), and must name a regular
+ * file (not a folder, a device or a pipe, which a read would never end
+ * on). DITD_EINVAL (empty, relative without a base, too long, not a
+ * regular file), DITD_ENOENT / DITD_EIO (it does not resolve), each
+ * naming the path as given. */
+int ditd_lora_path_resolve(const char *base, const char *path, char *out);
+/* 1 when the resolved path lies inside one of roots[0 .. n) (each resolved
+ * too; one that does not resolve holds nothing), else 0. */
+int ditd_lora_path_under(const char *const *roots, int n, const char *resolved);
+
 #endif

@@ -85,6 +85,11 @@ static const opt opts[] = {
     {"webhook-secret", "DITD_WEBHOOK_SECRET", T_STR, OFF(webhook_secret), 0, 0, "", "the webhooks' signing secret, whsec_ and base64 (prefer the variable: flags show in ps)"},
     {"lora", "DITD_LORA", T_LORA, OFF(loras), 0, 0, "", "a LoRA adapter every replica loads at start, NAME=PATH (a .safetensors file: PEFT/Diffusers or kohya names); repeatable (the variable: comma-separated); requests name it in \"loras\" (docs/lora.md)"},
     {"lora-dir", "DITD_LORA_DIR", T_STR, OFF(lora_dir), 0, 0, "", "every *.safetensors file in this folder is an adapter too, named by its file name without .safetensors"},
+    {"lora-cache-mb", "DITD_LORA_CACHE_MB", T_SECS, OFF(lora_cache_mb), 0, 1048576, "0", "MiB (fractions too: 0.5) of LoRA adapters each replica keeps on its device (an LRU: a request naming an evicted adapter reloads it from its file before its batch); 0: every adapter stays loaded"},
+    {"admin-key", "DITD_ADMIN_KEY", T_STR, OFF(admin_key), 0, 0, "", "admin keys, comma-separated: POST /v1/loras and DELETE /v1/loras/NAME (loading and unloading adapters at run time) need Authorization: Bearer ADMINKEY; without one those routes answer 403 (prefer the variable or a file: flags show in ps)"},
+    {"admin-key-file", "DITD_ADMIN_KEY_FILE", T_STR, OFF(admin_key_file), 0, 0, "", "a file of admin keys, one a line ('#' comments)"},
+    {"lora-root", "DITD_LORA_ROOT", T_STR, OFF(lora_root), 0, 0, "", "a folder POST /v1/loras may load adapter files from (besides --lora-dir); a relative \"path\" is taken under it (else under --lora-dir)"},
+    {"lora-any-path", "DITD_LORA_ANY_PATH", T_BOOL, OFF(lora_any_path), 0, 1, "0", "POST /v1/loras may load any file the server can read, not only those under --lora-root / --lora-dir"},
     {"max-loras-per-request", "DITD_MAX_LORAS_PER_REQUEST", T_INT, OFF(max_loras_per_request), 1, DITD_LORA_MAX_SET, "4", "adapters one request may name in \"loras\""},
     {"data-max-gb", "DITD_DATA_MAX_GB", T_SECS, OFF(data_max_gb), 0, 1e6, "0", "background jobs: the store's size budget in GB (1e9 bytes; 0: none); past it new jobs get 507"},
 };

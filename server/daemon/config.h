@@ -81,6 +81,13 @@ typedef struct ditd_serve_config {
     ditd_lora_specs loras;
     char lora_dir[4096];
     int max_loras_per_request;  /* a request's "loras", 1..DITD_LORA_MAX_SET */
+    double lora_cache_mb;       /* MiB of adapters resident per replica (0: all) */
+    /* loading and unloading adapters at run time (POST / DELETE /v1/loras):
+     * the admin keys, and the folders a file may come from */
+    char admin_key[4096];
+    char admin_key_file[4096];
+    char lora_root[4096];
+    int lora_any_path;
 } ditd_serve_config;
 
 /* Defaults, then DITD_* variables, then flags (argv as main gives it after

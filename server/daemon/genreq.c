@@ -151,7 +151,8 @@ void ditd_genreq_free(ditd_genreq *r)
 {
     free(r->image);
     free(r->mask);
-    r->image = r->mask = NULL;
+    free(r->last_image);
+    r->image = r->mask = r->last_image = NULL;
     free(r->prompt);
     free(r->negative_prompt);
     r->prompt = r->negative_prompt = NULL;
@@ -540,17 +541,20 @@ static int get_loras(json_t *root, const ditd_genreq_model *gm, ditd_genreq *r, 
         char shown[80];
         snprintf(shown, sizeof shown, "%.64s", name);
         ditd_utf8_clean(shown);
-        for (k = 0; k < gm->n_loras && strcmp(gm->lora_names[k], name); k++)
+        /* a NULL name is a free slot (an adapter unloaded, or one loading) */
+        for (k = 0; k < gm->n_loras && (!gm->lora_names[k] || strcmp(gm->lora_names[k], name)); k++)
             ;
         if (k == gm->n_loras) {
             bad(e, param, "'%s': unknown LoRA adapter '%s'; ", param, shown);
             size_t at = strlen(e->message);
-            if (!gm->n_loras)
+            int listed = 0;
+            for (int a = 0; a < gm->n_loras && at < sizeof e->message; a++)
+                if (gm->lora_names[a])
+                    at += (size_t)snprintf(e->message + at, sizeof e->message - at, "%s'%s'",
+                                           listed++ ? ", " : "this server has ", gm->lora_names[a]);
+            if (!listed)
                 snprintf(e->message + at, sizeof e->message - at,
                          "this server has none (ditd serve --lora NAME=PATH)");
-            for (int a = 0; a < gm->n_loras && at < sizeof e->message; a++)
-                at += (size_t)snprintf(e->message + at, sizeof e->message - at, "%s'%s'",
-                                       a ? ", " : "this server has ", gm->lora_names[a]);
             return DITD_EINVAL;
         }
         for (int a = 0; a < r->n_loras; a++)
@@ -607,6 +611,30 @@ void ditd_genreq_seconds(const ditd_genreq *r, char *out, size_t n)
     snprintf(out, n, "%g", r->fps > 0 ? (double)r->frames / (double)r->fps : 0.0);
 }
 
+/* An image-to-video frame (input_reference, last_frame_reference): v
+ * decoded under the default limits into *rgb, (h, w, 3) 8-bit RGB at its
+ * own size (owned). Errors name field. */
+static int get_frame(json_t *v, const char *field, uint8_t **rgb, int *w, int *h,
+                     ditd_api_error *e)
+{
+    ditd_image im;
+    int err = ditd_genreq_json_image(v, field, NULL, &im, e);
+    if (err)
+        return err;
+    const size_t np = (size_t)im.width * (size_t)im.height;
+    if (!(*rgb = malloc(np * 3))) {
+        ditd_image_free(&im);
+        ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
+        return DITD_ENOMEM;
+    }
+    for (size_t i = 0; i < np; i++) /* PIL's convert("RGB"): alpha dropped */
+        memcpy(*rgb + 3 * i, im.pixels + (size_t)im.channels * i, 3);
+    *w = im.width;
+    *h = im.height;
+    ditd_image_free(&im);
+    return 0;
+}
+
 /* The clip fields of a video body (the rest is parse's). */
 static int get_video(json_t *root, const ditd_model_info *m, ditd_genreq *r, ditd_api_error *e)
 {
@@ -631,21 +659,26 @@ static int get_video(json_t *root, const ditd_model_info *m, ditd_genreq *r, dit
                        "from an image; give 'input_reference' (a PNG, JPEG or WebP: a file part "
                        "of the form, or base64 or a data URL in JSON)", m->name,
                        m->pipeline->name);
-        ditd_image im;
-        int err = ditd_genreq_json_image(v, "input_reference", NULL, &im, e);
+        int err = get_frame(v, "input_reference", &r->image, &r->image_w, &r->image_h, e);
         if (err)
             return err;
-        const size_t np = (size_t)im.width * (size_t)im.height;
-        if (!(r->image = malloc(np * 3))) {
-            ditd_image_free(&im);
-            ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
-            return DITD_ENOMEM;
-        }
-        for (size_t i = 0; i < np; i++) /* PIL's convert("RGB"): alpha dropped */
-            memcpy(r->image + 3 * i, im.pixels + (size_t)im.channels * i, 3);
-        r->image_w = im.width;
-        r->image_h = im.height;
-        ditd_image_free(&im);
+    }
+    /* FLF2V: a last frame as well, ditd's field (OpenAI's API has none) */
+    v = json_object_get(root, "last_frame_reference");
+    if (v && !json_is_null(v) && !m->last_image)
+        return bad(e, "last_frame_reference", "'last_frame_reference' (the last frame, "
+                   "first-last-frame-to-video) is for an FLF2V model: '%s' is %s (%s), whose "
+                   "transformer takes no last frame", m->name, m->pipeline->name,
+                   i2v ? "image-to-video from the first frame alone" : "text-to-video");
+    if (m->last_image) {
+        if (!v || json_is_null(v))
+            return bad(e, "last_frame_reference", "'%s' is first-last-frame-to-video (FLF2V): "
+                       "every clip ends on a given image too; give 'last_frame_reference' (a "
+                       "PNG, JPEG or WebP, in the forms of 'input_reference')", m->name);
+        int err = get_frame(v, "last_frame_reference", &r->last_image, &r->last_w, &r->last_h,
+                            e);
+        if (err)
+            return err;
     }
     r->fps = m->fps;
     if (get_int(root, "fps", 1, 120, &l, &given, e))
@@ -678,6 +711,10 @@ static int get_video(json_t *root, const ditd_model_info *m, ditd_genreq *r, dit
         return bad(e, given ? "num_frames" : sec && !json_is_null(sec) ? "seconds" : "num_frames",
                    "%s", ditd_err_detail());
     r->frames = ditd_model_round_frames(m, n);
+    if (m->last_image && r->frames < 2) /* the last frame is not the first */
+        return bad(e, given ? "num_frames" : sec && !json_is_null(sec) ? "seconds" : "num_frames",
+                   "'%s' is FLF2V: a clip from its first to its last frame has at least %d "
+                   "frames", m->name, 1 + m->frame_step);
     if ((v = json_object_get(root, "guidance_scale_2")) && !json_is_null(v)) {
         if (!m->transformer_2_dir[0])
             return bad(e, "guidance_scale_2", "'guidance_scale_2' is the second expert's scale; "

@@ -84,6 +84,11 @@ typedef struct ditd_genreq {
      * own size (the replica resizes it to the clip's, as Diffusers does);
      * edit 0, mask NULL. 0 otherwise. */
     int image_w, image_h;
+    /* FLF2V (ditd_model_info.last_image): the clip's last frame, its
+     * last_frame_reference, (last_h, last_w, 3) 8-bit RGB at its own size,
+     * owned; NULL and 0 otherwise. */
+    uint8_t *last_image;
+    int last_w, last_h;
 } ditd_genreq;
 
 
@@ -95,7 +100,8 @@ typedef struct ditd_genreq_model {
     int n_aliases;
     ditd_sampler_kind sched_default; /* the model's scheduler kind */
     const ditd_cache_config *cache_default; /* ditd serve --cache; NULL: none */
-    /* the LoRA adapters a request may name, and how many at once */
+    /* the LoRA adapters a request may name by slot (a NULL entry: none
+     * there), and how many at once */
     const char *const *lora_names;
     int n_loras;
     int max_loras;
@@ -127,6 +133,9 @@ int ditd_genreq_parse(const char *body, size_t len, const ditd_genreq_model *gm,
  * a base64 string, a data URL or {"image_url": ...} holding one (the videos
  * route turns a form's file part into base64), a PNG, JPEG or WebP decoded
  * under the default ditd_image_limits into out->image at its own size.
+ * last_frame_reference (ditd's, FLF2V): the same forms and limits into
+ * out->last_image; required on a folder whose transformer takes a last
+ * frame (ditd_model_info.last_image), refused naming it on any other.
  * ditd_genreq_parse refuses a video model naming /v1/videos. */
 int ditd_genreq_parse_video(const char *body, size_t len, const ditd_genreq_model *gm,
                             ditd_genreq *out, ditd_api_error *e);

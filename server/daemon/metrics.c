@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,14 +303,33 @@ char *ditd_metrics_render(const ditd_metrics *m, const ditd_metrics_gauges *g, s
         g->draining);
     put(&b, "# HELP ditd_images_total Images generated.\n# TYPE ditd_images_total counter\n"
             "ditd_images_total{%s} %llu\n", ml, (unsigned long long)m->images_total);
-    put(&b, "# HELP ditd_lora_adapters LoRA adapters the replicas loaded at start (--lora, --lora-dir).\n"
+    put(&b, "# HELP ditd_lora_adapters LoRA adapters the server knows (--lora, --lora-dir, POST /v1/loras).\n"
             "# TYPE ditd_lora_adapters gauge\nditd_lora_adapters{%s} %d\n", ml, g->loras_loaded);
-    put(&b, "# HELP ditd_lora_rows_total Images (rows of a batch) made carrying each LoRA adapter.\n"
-            "# TYPE ditd_lora_rows_total counter\n");
-    /* adapter names are letters, digits, '_', '-', '.': nothing to escape */
-    for (int i = 0; i < g->n_loras && i < DITD_METRICS_MAX_LORAS; i++)
-        put(&b, "ditd_lora_rows_total{%s,adapter=\"%s\"} %llu\n", ml, g->lora_names[i],
-            (unsigned long long)m->lora_rows[i]);
+    put(&b, "# HELP ditd_lora_resident_bytes Device bytes of the LoRA adapters on the replicas now, summed over replicas (one rank's copy each).\n"
+            "# TYPE ditd_lora_resident_bytes gauge\nditd_lora_resident_bytes{%s} %llu\n", ml,
+        (unsigned long long)g->lora_resident_bytes);
+    static const struct { const char *name, *help; size_t off; } lora_series[] = {
+        {"ditd_lora_rows_total", "Images (rows of a batch) made carrying each LoRA adapter.",
+         offsetof(ditd_metrics, lora_rows)},
+        {"ditd_lora_loads_total", "LoRA adapter uploads to a replica's device (at start, POST /v1/loras, a cache miss).",
+         offsetof(ditd_metrics, lora_loads)},
+        {"ditd_lora_cache_hits_total", "Batches naming a LoRA adapter that found it on the device.",
+         offsetof(ditd_metrics, lora_hits)},
+        {"ditd_lora_cache_misses_total", "Batches naming a LoRA adapter that had to load it first (--lora-cache-mb).",
+         offsetof(ditd_metrics, lora_misses)},
+        {"ditd_lora_evictions_total", "LoRA adapters evicted from a replica's device to make room (--lora-cache-mb).",
+         offsetof(ditd_metrics, lora_evictions)},
+    };
+    for (size_t k = 0; k < sizeof lora_series / sizeof lora_series[0]; k++) {
+        const uint64_t *v = (const uint64_t *)((const char *)m + lora_series[k].off);
+        put(&b, "# HELP %s %s\n# TYPE %s counter\n", lora_series[k].name, lora_series[k].help,
+            lora_series[k].name);
+        /* adapter names are letters, digits, '_', '-', '.': nothing to escape */
+        for (int i = 0; i < g->n_loras && i < DITD_METRICS_MAX_LORAS; i++)
+            if (g->lora_names[i])
+                put(&b, "%s{%s,adapter=\"%s\"} %llu\n", lora_series[k].name, ml,
+                    g->lora_names[i], (unsigned long long)v[i]);
+    }
     put(&b, "# HELP ditd_canceled_samples_total Samples dropped (client gone, timeout, drain).\n"
             "# TYPE ditd_canceled_samples_total counter\nditd_canceled_samples_total{%s} %llu\n", ml,
         (unsigned long long)m->canceled_total);

@@ -63,6 +63,13 @@ typedef struct ditd_metrics {
     /* LoRA adapters (docs/lora.md), by the server's index of each: the
      * images (rows of a batch) made carrying it */
     uint64_t lora_rows[DITD_METRICS_MAX_LORAS];
+    /* and what the replicas' adapter caches did with it, summed over the
+     * replicas (LoraEvents): uploads to a device (start, POST /v1/loras, a
+     * miss), batches that found it resident or not, evictions */
+    uint64_t lora_loads[DITD_METRICS_MAX_LORAS];
+    uint64_t lora_hits[DITD_METRICS_MAX_LORAS];
+    uint64_t lora_misses[DITD_METRICS_MAX_LORAS];
+    uint64_t lora_evictions[DITD_METRICS_MAX_LORAS];
     /* operator series: ditd_build_info, ditd_model_load_seconds */
     char backend[16];         /* "cpu", "cuda" */
     char device[128];         /* what it runs on: the CPU or GPU model */
@@ -105,11 +112,13 @@ typedef struct ditd_metrics_gauges {
     unsigned long long jobs_created, jobs_expired, jobs_deleted, jobs_refused_full;
     /* webhooks (webhook.h): events delivered, failed attempts, events dropped */
     unsigned long long hooks_delivered, hooks_failed, hooks_dropped;
-    /* LoRA adapters: their names by index (m->lora_rows), and how many the
-     * replicas reported loaded */
+    /* LoRA adapters: their names by slot (m->lora_rows; NULL: a free
+     * slot, skipped), how many are known, and the device bytes resident,
+     * summed over the replicas (one rank's copy each) */
     const char *const *lora_names;
     int n_loras;
     int loras_loaded;
+    uint64_t lora_resident_bytes;
 } ditd_metrics_gauges;
 
 /* Prometheus text exposition (version 0.0.4), malloc'd; NULL on OOM.

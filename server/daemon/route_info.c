@@ -73,13 +73,15 @@ static json_t *model_json(ditd_srv *s, const char *id)
     /* a video model: its clips (POST /v1/videos) */
     if (m->frames > 0)
         json_object_set_new(o, "video",
-                            json_pack("{s:i,s:i,s:i,s:i,s:i,s:b,s:s,s:s}", "default_frames",
+                            json_pack("{s:i,s:i,s:i,s:i,s:i,s:b,s:s,s:s,s:s}", "default_frames",
                                       m->frames, "frame_step", m->frame_step, "max_frames",
                                       m->max_frames, "fps", m->fps, "experts",
                                       m->transformer_2_dir[0] ? 2 : 1, "expand_timesteps",
                                       m->expand_timesteps, "endpoint", "/v1/videos",
                                       "input_reference",
-                                      pc->image_to_video ? "required" : "refused"));
+                                      pc->image_to_video ? "required" : "refused",
+                                      "last_frame_reference",
+                                      m->last_image ? "required" : "refused"));
     /* image edits (POST /v1/images/edits): which modes the folder takes, by
      * which rows; null when it takes no input image */
     if (pc->img2img && m->needs_vae && m->frames <= 0) {
@@ -238,8 +240,11 @@ enum MHD_Result ditd_route_metrics(ditd_srv *s, struct MHD_Connection *c, ditd_r
     ditd_webhook_counts(s->webhook, &g.hooks_delivered, &g.hooks_failed, &g.hooks_dropped);
     g.lora_names = s->lora_names;
     g.n_loras = s->cfg.loras.n;
-    for (int i = 0; i < s->cfg.loras.n; i++)
-        g.loras_loaded += s->loras[i].known;
+    for (int i = 0; i < s->cfg.loras.n; i++) {
+        g.loras_loaded += s->lora_names[i] != NULL;
+        for (int r = 0; r < s->nrep; r++)
+            g.lora_resident_bytes += s->rep[r].lora_resident[i];
+    }
     size_t len = 0;
     char *text = ditd_metrics_render(&s->m, &g, &len);
     return ditd_route_answer(

@@ -91,7 +91,8 @@ static const char *const num_fields[] = {"guidance_scale", "guidance_scale_2", N
 static const char *const obj_fields[] = {"cache", NULL};
 
 /* A form (the official client's) as the JSON body the request parser reads
- * (ditd_multipart_to_json), its file part input_reference as base64 text:
+ * (ditd_multipart_to_json), its file parts input_reference and
+ * last_frame_reference (FLF2V) as base64 text:
  * the body the job store keeps, so a restart re-runs the same clip. NULL
  * with *e on a bad form. */
 static json_t *form_json(const char *ctype, const char *body, size_t len, ditd_api_error *e)
@@ -112,14 +113,18 @@ static json_t *form_json(const char *ctype, const char *body, size_t len, ditd_a
     else if (!o)
         ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "%s", ditd_err_detail());
     /* (a field given twice, input_reference too, was refused above) */
-    const ditd_multipart_part *p = ditd_multipart_find(&form, "input_reference", 0);
-    if (o && p && p->filename) { /* the file's bytes, as JSON gives them */
+    static const char *const files[] = {"input_reference", "last_frame_reference"};
+    for (size_t i = 0; o && i < sizeof files / sizeof files[0]; i++) {
+        const ditd_multipart_part *p = ditd_multipart_find(&form, files[i], 0);
+        if (!p || !p->filename)
+            continue;
+        /* the file's bytes, as JSON gives them */
         gnutls_datum_t in = {(unsigned char *)p->data, (unsigned)p->len}, b64 = {NULL, 0};
         json_t *str = NULL;
         if (p->len <= ((size_t)1 << 30) && gnutls_base64_encode2(&in, &b64) >= 0)
             str = json_stringn((const char *)b64.data, b64.size);
         gnutls_free(b64.data);
-        if (!str || json_object_set_new(o, "input_reference", str)) {
+        if (!str || json_object_set_new(o, files[i], str)) {
             ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
             json_decref(o);
             o = NULL;

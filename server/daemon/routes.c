@@ -52,6 +52,11 @@ const ditd_route_row ditd_routes[] = {
     {"GET", "/v1/models", DITD_ROUTE_MODELS, ditd_route_models, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/models/{name}", DITD_ROUTE_MODELS, ditd_route_model, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/loras", DITD_ROUTE_LORAS, ditd_route_loras, DITD_ROUTE_KEY, 0, 0, NULL},
+    /* adapters at run time: an admin key, not an API key (docs/lora.md) */
+    {"POST", "/v1/loras", DITD_ROUTE_LORAS, ditd_route_lora_load, DITD_ROUTE_ADMIN,
+     DITD_ROUTE_KEEP_BODY, 16384, JSON},
+    {"DELETE", "/v1/loras/{name}", DITD_ROUTE_LORAS, ditd_route_lora_unload, DITD_ROUTE_ADMIN, 0,
+     0, NULL},
     {"GET", "/v1/jobs", DITD_ROUTE_JOBS, ditd_route_jobs_list, DITD_ROUTE_KEY, 0, 0, NULL},
     {"GET", "/v1/jobs/{id}", DITD_ROUTE_JOBS, ditd_route_job_get, DITD_ROUTE_KEY, 0, 0, NULL},
     {"DELETE", "/v1/jobs/{id}", DITD_ROUTE_JOBS, ditd_route_job_delete, DITD_ROUTE_KEY, 0, 0, NULL},
@@ -293,7 +298,26 @@ static enum MHD_Result on_headers(ditd_srv *s, struct MHD_Connection *c, const c
         for (size_t i = 0; i < ditd_routes_count && !path_row; i++)
             if (ditd_routes[i].route == rq->route)
                 path_row = &ditd_routes[i];
-    if (ditd_auth_enabled(&s->auth) && needs_key(s, path_row)) {
+    if (row && row->auth == DITD_ROUTE_ADMIN) {
+        /* the admin key alone (an API key is not one); routes off without it.
+         * Another method on an admin path hears its 405 as any path does. */
+        if (!ditd_auth_enabled(&s->admin)) {
+            rq->refused = 1;
+            ditd_api_error_set(e, 403, "invalid_request_error", "admin_disabled", NULL,
+                               "adapter administration is off on this server: start ditd serve "
+                               "with --admin-key (DITD_ADMIN_KEY) or --admin-key-file");
+            return MHD_YES;
+        }
+        if (ditd_auth_match(&s->admin, authz) < 0) {
+            rq->refused = 1;
+            ditd_api_error_set(e, 401, "invalid_request_error", "invalid_admin_key", NULL,
+                               authz ? "Incorrect admin key provided. Send Authorization: Bearer "
+                                       "<admin key> (--admin-key)."
+                                     : "This route needs an admin key. Send Authorization: Bearer "
+                                       "<admin key> (--admin-key).");
+            return MHD_YES;
+        }
+    } else if (ditd_auth_enabled(&s->auth) && needs_key(s, path_row)) {
         int k = ditd_auth_match(&s->auth, authz);
         if (k < 0) {
             rq->refused = 1;
@@ -411,7 +435,12 @@ enum MHD_Result ditd__on_request(void *cls, struct MHD_Connection *c, const char
         }
         return rq->row->fn(s, c, rq, rid);
     }
-    /* resumed (a waiting generation) */
+    /* resumed: an admin request's answer, or a waiting generation */
+    if (rq->resp) {
+        struct MHD_Response *r = rq->resp;
+        rq->resp = NULL;
+        return ditd_route_answer(s, c, rq->route, rq->resp_status, r, rq->resp_len);
+    }
     ditd_job *j = rq->job;
     if (!j)
         return MHD_NO;
@@ -463,6 +492,10 @@ void ditd__on_completed(void *cls, struct MHD_Connection *c, void **ctx,
         ditd_job_unref(j);
     }
     if (rq) {
+        if (rq->waiting)
+            ditd_route_loras_gone(s, rq);
+        if (rq->resp)
+            MHD_destroy_response(rq->resp);
         free(rq->id);
         free(rq->body);
     }

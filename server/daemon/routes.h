@@ -29,6 +29,8 @@ typedef enum ditd_route_auth {
     DITD_ROUTE_KEY = 0,      /* a key, when keys are configured */
     DITD_ROUTE_OPEN,         /* never a key: probes, the API's description, the page */
     DITD_ROUTE_METRICS_KEY,  /* a key only under --metrics-auth */
+    DITD_ROUTE_ADMIN,        /* an admin key (--admin-key), not an API key; without
+                              * admin keys configured the route answers 403 */
 } ditd_route_auth;
 
 /* Row flags. */
@@ -51,6 +53,14 @@ typedef struct ditd_route_req {
     int too_large;             /* the body passed the row's limit */
     char *body;                /* the kept body (KEEP_BODY rows) */
     size_t body_len, body_cap;
+    /* a handler that waits on something other than a job (an adapter op,
+     * route_loras.c): the suspended connection, and the answer it leaves
+     * here before resuming it */
+    struct MHD_Connection *conn;
+    int waiting;
+    struct MHD_Response *resp;
+    int resp_status;
+    size_t resp_len;
 } ditd_route_req;
 
 /* A handler: runs once the body is in, answers (or suspends). */
@@ -116,9 +126,16 @@ enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_
 /* route_gen.c: POST /v1/images/edits (editreq.c parses it; then as a generation) */
 enum MHD_Result ditd_route_edit(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                 const char *rid);
-/* route_loras.c: GET /v1/loras */
+/* route_loras.c: GET /v1/loras; POST /v1/loras and DELETE /v1/loras/{name}
+ * (admin: load and unload at run time); and on_completed's word that a
+ * waiting admin request is gone */
 enum MHD_Result ditd_route_loras(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                  const char *rid);
+enum MHD_Result ditd_route_lora_load(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                     const char *rid);
+enum MHD_Result ditd_route_lora_unload(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
+                                       const char *rid);
+void ditd_route_loras_gone(ditd_srv *s, ditd_route_req *rq);
 /* route_jobs.c: background jobs (create is asked by ditd_route_generate) */
 /* Shared by the job routes (route_jobs.c) and the video routes
  * (route_videos.c): a finished-at time or null, a failed job's

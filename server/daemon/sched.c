@@ -57,7 +57,7 @@ int ditd__sched_retry_after(const ditd_srv *s)
     return secs < 1 ? 1 : secs > 120 ? 120 : secs;
 }
 
-static void send_env(ditd_srv *s, int r, Ditd__Envelope *env)
+void ditd__sched_send(ditd_srv *s, int r, Ditd__Envelope *env)
 {
     env->replica = (uint32_t)r; /* before sizing: it is encoded when non-zero */
     size_t len = ditd__envelope__get_packed_size(env);
@@ -305,6 +305,12 @@ void ditd__sched_kick(ditd_srv *s)
                     smp[i].image.len = (size_t)j->rq.image_w * (size_t)j->rq.image_h * 3;
                     smp[i].image_width = (uint32_t)j->rq.image_w;
                     smp[i].image_height = (uint32_t)j->rq.image_h;
+                    if (j->rq.last_image) { /* FLF2V: its last frame, borrowed likewise */
+                        smp[i].last_image.data = j->rq.last_image;
+                        smp[i].last_image.len = (size_t)j->rq.last_w * (size_t)j->rq.last_h * 3;
+                        smp[i].last_image_width = (uint32_t)j->rq.last_w;
+                        smp[i].last_image_height = (uint32_t)j->rq.last_h;
+                    }
                 } else if (j->rq.image) { /* an edit: borrowed until the batch is packed */
                     size_t np = (size_t)j->rq.width * (size_t)j->rq.height;
                     smp[i].image.data = j->rq.image;
@@ -363,7 +369,7 @@ void ditd__sched_kick(ditd_srv *s)
             s->m.replica_samples[r] += (uint64_t)b->n;
         }
         ditd_hist_observe(&s->m.batch_size, b->n);
-        send_env(s, r, &env);
+        ditd__sched_send(s, r, &env);
         now = ditd__now();
     }
 }
@@ -390,7 +396,7 @@ void ditd__sched_withdraw(ditd_srv *s, ditd_job *j)
         c.slots = slots;
         env.msg_case = DITD__ENVELOPE__MSG_CANCEL;
         env.cancel = &c;
-        send_env(s, r, &env);
+        ditd__sched_send(s, r, &env);
         s->m.canceled_total += ns;
     }
 }
@@ -421,7 +427,7 @@ void ditd__sched_shutdown(ditd_srv *s, int now)
         sd.now = now;
         env.msg_case = DITD__ENVELOPE__MSG_SHUTDOWN;
         env.shutdown = &sd;
-        send_env(s, r, &env);
+        ditd__sched_send(s, r, &env);
     }
 }
 
@@ -469,46 +475,6 @@ static void fail_batch(ditd_srv *s, ditd_fbatch *b, int code, const char *msg)
     batch_done(s, b);
 }
 
-/* A replica's Adapters message: what it loaded of the server's adapters.
- * Every replica loads the same files; the first report is kept. */
-static void on_adapters(ditd_srv *s, int r, const Ditd__Adapters *am)
-{
-    for (size_t i = 0; i < am->n_loras; i++) {
-        const Ditd__LoraInfo *li = am->loras[i];
-        int k = ditd_lora_specs_find(&s->cfg.loras, li->name ? li->name : "");
-        if (k < 0) {
-            ditd_log(DITD_LOG_WARN, "replica %d reported a LoRA adapter '%.64s' it was not given",
-                     r, li->name ? li->name : "");
-            continue;
-        }
-        ditd_srv_lora *l = &s->loras[k];
-        if (l->known)
-            continue;
-        size_t nm = li->n_modules < li->n_ranks ? li->n_modules : li->n_ranks;
-        char **mods = calloc(nm + 1, sizeof *mods);
-        uint32_t *ranks = calloc(nm + 1, sizeof *ranks);
-        int ok = mods && ranks;
-        for (size_t m = 0; ok && m < nm; m++) {
-            ok = (mods[m] = strdup(li->modules[m] ? li->modules[m] : "")) != NULL;
-            ranks[m] = li->ranks[m];
-        }
-        if (!ok) {
-            for (size_t m = 0; mods && m < nm; m++)
-                free(mods[m]);
-            free(mods);
-            free(ranks);
-            ditd_log(DITD_LOG_WARN, "out of memory keeping LoRA adapter %s's modules", li->name);
-            continue;
-        }
-        *l = (ditd_srv_lora){.known = 1, .format = li->format, .max_rank = li->max_rank,
-                             .n_modules = (int)nm, .modules = mods, .ranks = ranks,
-                             .bytes = li->bytes};
-        ditd_log(DITD_LOG_INFO, "replica %d loaded LoRA adapter %s (%s, rank %u, %d modules)", r,
-                 li->name, ditd_lora_format_name((ditd_lora_format)li->format), li->max_rank,
-                 (int)nm);
-    }
-}
-
 void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
 {
     Ditd__Envelope *env = ditd__envelope__unpack(NULL, len, buf);
@@ -540,7 +506,13 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
         }
         break;
     case DITD__ENVELOPE__MSG_ADAPTERS:
-        on_adapters(s, r, env->adapters);
+        ditd__sched_lora_adapters(s, r, env->adapters);
+        break;
+    case DITD__ENVELOPE__MSG_LORA_DONE:
+        ditd__sched_lora_done(s, r, env->lora_done);
+        break;
+    case DITD__ENVELOPE__MSG_LORA_EVENTS:
+        ditd__sched_lora_events(s, r, env->lora_events);
         break;
     case DITD__ENVELOPE__MSG_PROGRESS: {
         Ditd__Progress *p = env->progress;
@@ -628,6 +600,7 @@ void ditd__sched_on_message(ditd_srv *s, int r, const uint8_t *buf, size_t len)
 void ditd__sched_watch(ditd_srv *s)
 {
     double now = ditd__now();
+    ditd__sched_lora_watch(s);
     for (int r = 0; r < s->nrep; r++) {
         ditd_replica *p = &s->rep[r];
         ditd_fbatch *b = p->running;

@@ -50,9 +50,11 @@ typedef struct ditd_fbatch {
     int idx[DITD_WORKER_MAX_BATCH];        /* the image of the job */
 } ditd_fbatch;
 
-/* A LoRA adapter of the server (--lora, --lora-dir), by its index in
- * cfg.loras; what a replica's Adapters message said of it (all replicas
- * load the same files). */
+/* A LoRA adapter of the server (--lora, --lora-dir, POST /v1/loras), by
+ * its index in cfg.loras (its slot); what a replica's Adapters message or
+ * LoraDone said of it (all replicas load the same files). A slot is free
+ * (cfg.loras.v[i].name ""), pending (named, a load under way: lora_names[i]
+ * NULL, so no request may name it) or live (lora_names[i] set). */
 typedef struct ditd_srv_lora {
     int known;          /* a replica reported it */
     uint32_t format;    /* ditd_lora_format */
@@ -72,7 +74,26 @@ typedef struct ditd_replica {
     /* its latest heartbeat's text counters (cumulative on the replica) */
     uint64_t text_hits, text_misses, text_entries;
     double text_encode_ms;
+    /* LoRA: each slot's device bytes here (0: not resident), from its
+     * LoraEvents; and the adapter op under way (sched_lora.c) */
+    uint64_t lora_resident[DITD_LORA_SPEC_MAX];
+    int lora_wait;      /* the op went to it, no LoraDone yet */
+    int lora_ok;        /* it answered the op with success */
 } ditd_replica;
+
+/* The one LoRA op (a POST or DELETE of /v1/loras) under way, and who waits
+ * for it (sched_lora.c; cb is a ditd_lora_op_cb, sched.h). */
+typedef struct ditd_lora_op {
+    uint64_t id;        /* 0: none under way */
+    int kind;           /* 1 load, 2 unload */
+    int slot;
+    double deadline;
+    int code;           /* the first failure's DITD_E*, 0 */
+    char msg[1024];     /* and its message */
+    void (*cb)(ditd_srv *s, void *ctx, int status, const ditd_api_error *e, const char *name);
+                        /* NULL once the caller is gone */
+    void *ctx;
+} ditd_lora_op;
 
 struct ditd_srv {
     ditd_serve_config cfg;
@@ -89,6 +110,9 @@ struct ditd_srv {
     const char *lora_names[DITD_LORA_SPEC_MAX];
     ditd_worker_lora wloras[DITD_LORA_SPEC_MAX];
     ditd_srv_lora loras[DITD_LORA_SPEC_MAX];
+    ditd_auth admin;            /* --admin-key, --admin-key-file */
+    ditd_lora_op lora_op;
+    uint64_t lora_op_next;
     uv_loop_t *loop;
     ditd_http http;
     uv_async_t wake;

@@ -3,7 +3,8 @@
  * (ditd_genreq_parse against a fixed-size class model and a resizable
  * text model with an alias) and of POST /v1/videos (ditd_genreq_parse_video
  * against a two-expert Wan-like video model, an image-to-video one whose
- * input_reference is decoded, and the image models), the error envelope every
+ * input_reference is decoded, an FLF2V one that takes last_frame_reference
+ * too, and the image models), the error envelope every
  * refusal is written in (it must stay valid JSON whatever the message
  * quotes), and an Authorization header (ditd_auth_check). Any input gives a
  * typed request within its bounds or a 4xx naming the problem; never a
@@ -80,7 +81,7 @@ static void check_accepted(const ditd_model_info *m, const ditd_genreq *rq)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static ditd_model_info m, t, s3, wv, wi;
+    static ditd_model_info m, t, s3, wv, wi, wf;
     static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "dall-e-3"};
     static char *keys[] = {"k1", "a-longer-key-0123456789"};
     static ditd_auth auth = {keys, 2};
@@ -142,6 +143,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         wi.pipeline = &ditd_pipeline_wan_i2v;
         wi.transformer_2_dir[0] = '\0';
         wi.boundary_ratio = 0;
+        /* a Wan 2.1 FLF2V-like one: last_frame_reference required too */
+        wf = wi;
+        strcpy(wf.name, "wan-flf2v");
+        wf.last_image = 1;
     }
     /* LoRA adapters on the class and text models ("loras" is parsed too) */
     static const char *const loras[] = {"style", "d4"};
@@ -149,7 +154,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                         {&t, aliases, 2, DITD_SAMPLER_FLOW_EULER, NULL, loras, 2, 1, NULL},
                                         {&s3, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4, NULL},
                                         {&wv, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL},
-                                        {&wi, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL}};
+                                        {&wi, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL},
+                                        {&wf, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL}};
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         /* a clip: only the video model takes it; frames rounded and in range */
         if (ditd_genreq_parse_video((const char *)data, size, &models[k], &rq, &e) == 0) {
@@ -164,6 +170,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                           (int64_t)rq.image_w * rq.image_h > DITD_IMAGE_MAX_PIXELS_DEFAULT ||
                           rq.mask || rq.edit
                     : rq.image != NULL)
+                abort();
+            /* an FLF2V clip carries its last frame too, of two frames at least; no other does */
+            if (vm->last_image
+                    ? !rq.last_image || rq.last_w < 1 || rq.last_h < 1 ||
+                          (int64_t)rq.last_w * rq.last_h > DITD_IMAGE_MAX_PIXELS_DEFAULT ||
+                          rq.frames < 2
+                    : rq.last_image != NULL)
                 abort();
             check_accepted(vm, &rq);
             ditd_genreq_free(&rq);

@@ -64,6 +64,24 @@ write("genreq", "bearer", "Bearer k1")
 write("genreq", "bearer-cut", b"Bearer \xe2\x82")
 
 
+# ---- lora_admin: bodies of POST /v1/loras
+for name, body in {
+        "valid": {"name": "style-v2.1", "path": "style.safetensors"},
+        "absolute": {"name": "s", "path": "/srv/adapters/../etc/passwd"},
+        "no-name": {"path": "a.safetensors"},
+        "bad-name": {"name": "a b/\u20ac", "path": "a"},
+        "long-name": {"name": "n" * 64, "path": "a"},
+        "long-path": {"name": "x", "path": "p" * 1100},
+        "extra": {"name": "x", "path": "a", "scale": 0.5},
+        "types": {"name": ["x"], "path": {"p": 1}},
+        "null": {"name": None, "path": None}}.items():
+    write("lora_admin", name, json.dumps(body, ensure_ascii=False))
+write("lora_admin", "nul", '{"name": "x", "path": "a\\u0000b"}')
+write("lora_admin", "dup", '{"name": "x", "name": "y", "path": "a"}')
+write("lora_admin", "not-object", '["x", "a"]')
+write("lora_admin", "truncated", '{"name": "x", "pa')
+
+
 # ---- proto: wire format by hand
 def varint(v):
     out = b""
@@ -112,6 +130,19 @@ shutdown = vi(1, 1)
 for name, field, msg in [("batch", 2, batch), ("progress", 3, progress), ("result", 4, result),
                          ("cancel", 5, cancel), ("error", 6, error), ("heartbeat", 7, heartbeat),
                          ("shutdown", 8, shutdown)]:
+    write("proto", "env-" + name, vi(1, 1) + ld(field, msg))
+    write("proto", "msg-" + name, msg)
+# LoRA: an Adapters report, a LoraOp load and unload, a LoraDone with its info, LoraEvents
+lora_info = ld(1, "d4") + vi(2, 0) + vi(3, 4) + ld(4, "transformer_blocks.0.attn1.to_q") + \
+    key(5, 2) + varint(1) + varint(4) + vi(6, 80128) + vi(7, 1)
+lora_msgs = [("adapters", 9, ld(1, lora_info) + ld(1, ld(1, "d8") + vi(7, 0))),
+             ("lora-load", 10, vi(1, 3) + vi(2, 1) + ld(3, "d4") + ld(4, "/srv/a/d4.safetensors")),
+             ("lora-unload", 10, vi(1, 4) + vi(2, 2) + ld(3, "d4")),
+             ("lora-done", 11, vi(1, 3) + ld(4, lora_info)),
+             ("lora-done-error", 11, vi(1, 3) + vi(2, (-1000 + 4) & 0xFFFFFFFFFFFFFFFF) +
+              ld(3, "d4=x: tensor 'a.lora_A.weight' in x: shape (2, 3)")),
+             ("lora-events", 12, b"".join(ld(1, ld(1, "d4") + vi(2, k) + vi(3, 80128)) for k in range(1, 6)))]
+for name, field, msg in lora_msgs:
     write("proto", "env-" + name, vi(1, 1) + ld(field, msg))
     write("proto", "msg-" + name, msg)
 write("proto", "env-two-oneofs", vi(1, 0) + ld(7, heartbeat) + ld(2, batch))

@@ -789,8 +789,11 @@ def case_schema(ditd):
     if not os.path.exists(st_bin):
         print("skip: no schemathesis in the venv")
         return 77
-    # --max-cost keeps generated generations cheap (10 images x 50 steps)
-    d = Daemon(ditd, "--max-cost", str(10 * 50 * 49), "--log-requests=0")
+    # --max-cost keeps generated generations cheap (10 images x 50 steps); an
+    # admin key turns the admin routes (POST, DELETE /v1/loras) on, so that
+    # their required Authorization is judged as documented (401 without it)
+    d = Daemon(ditd, "--max-cost", str(10 * 50 * 49), "--log-requests=0",
+               env={"DITD_ADMIN_KEY": "schema-admin-key"})
     tmp = tempfile.mkdtemp(prefix="ditd-schema-")  # schemathesis writes .schemathesis/ there
     try:
         t0 = time.time()

@@ -16,6 +16,9 @@ cases: videos (create_and_poll, retrieve, list, download_content video and thumb
        videos_i2v (input_reference on the tiny Wan 2.1 I2V folder: the openai client, curl -F and
        JSON make ditd generate --image's clip; it survives a SIGKILL in the store; the refusals;
        ulysses 2 under mpirun makes the same clip),
+       videos_flf2v (last_frame_reference on the tiny FLF2V folder: the openai client, curl -F
+       and JSON make ditd generate --image --last-image's clip; it survives a SIGKILL in the
+       store; the refusals; ulysses 2 under mpirun makes the same clip),
        videos_mpi (a two-rank replica under ulysses 2 and cfg 2 makes one rank's clip),
        videos_webhook (signed video.completed / video.failed events, a retry after a 500)
 """
@@ -198,6 +201,8 @@ def case_videos(ditd):
             ({"prompt": "x", "num_inference_steps": 1000}, 400, "num_inference_steps"),
             ({"prompt": "x", "input_reference": "data:image/png;base64,AAAA"}, 400,
              "input_reference"),
+            ({"prompt": "x", "last_frame_reference": "data:image/png;base64,AAAA"}, 400,
+             "last_frame_reference"),
             ({"size": "32x32"}, 400, "prompt"),
             ({"prompt": "x", "model": "nope"}, 404, "model"),
         ]
@@ -228,6 +233,8 @@ def case_videos(ditd):
         vf = m.get("video", {})
         check(vf.get("fps") == 16 and vf.get("default_frames") == 81 and vf.get("frame_step") == 4
               and vf.get("max_frames") == 257 and vf.get("experts") == 2
+              and vf.get("input_reference") == "refused"
+              and vf.get("last_frame_reference") == "refused"
               and "guidance_scale_2" in m.get("parameters", []),
               "/v1/models: frames, fps, experts, guidance_scale_2", m.get("video"))
         c.videos.delete(v2.id)
@@ -452,14 +459,15 @@ I2V_IMAGE = "ti2vi_9f_32x64_resized_image.png"  # 48x24: resized to the 48x32 cl
 I2V_EXTRA = {"seed": 5, "num_inference_steps": 2, "num_frames": 5}
 
 
-def i2v_model(ditd, tmp):
-    """The tiny Wan 2.1 I2V folder (CLIP image branch) as a folder named i2v21 whose ditd.json
-    caps the size at 64 (the replica plans the image condition and the decode for the largest
-    clip: 2048x2048 by default, gigabytes even for this tiny VAE); None when not assembled."""
-    src = os.path.join(os.path.dirname(ditd), "tests", "golden", "wan_pipeline", "i2v21")
+def i2v_model(ditd, tmp, name="i2v21"):
+    """The tiny Wan 2.1 I2V folder (CLIP image branch; name "flf2v": the FLF2V one) as a folder
+    of that name whose ditd.json caps the size at 64 (the replica plans the image condition and
+    the decode for the largest clip: 2048x2048 by default, gigabytes even for this tiny VAE);
+    None when not assembled."""
+    src = os.path.join(os.path.dirname(ditd), "tests", "golden", "wan_pipeline", name)
     if not os.path.exists(os.path.join(src, "model_index.json")):
         return None
-    d = os.path.join(tmp, "i2v21")
+    d = os.path.join(tmp, name)
     os.mkdir(d)
     for f in os.listdir(src):
         os.symlink(os.path.join(src, f), os.path.join(d, f))
@@ -593,6 +601,18 @@ def case_videos_i2v(ditd):
             check(st == 400 and e.get("param") == "input_reference" and needle in e.get("message", ""),
                   f"{str(body)[:60]}: 400 naming input_reference ({needle})", (st, e))
             checked += 1
+        # a last frame (FLF2V's): this transformer takes the first alone
+        st, e = api_error(d, "POST", "/v1/videos", dict(I2V_EXTRA, prompt="x", size="48x32",
+                                                         input_reference=base64.b64encode(png).decode(),
+                                                         last_frame_reference=base64.b64encode(png).decode()))
+        check(st == 400 and e.get("param") == "last_frame_reference" and
+              "takes no last frame" in e.get("message", ""),
+              "last_frame_reference on an I2V model: 400 naming it", (st, e))
+        st, _, b = d.request("GET", "/v1/models/i2v21")
+        vf = json.loads(b).get("video", {}) if st == 200 else {}
+        check(vf.get("input_reference") == "required" and vf.get("last_frame_reference") == "refused",
+              "/v1/models: input_reference required, last_frame_reference refused", vf)
+        checked += 2
         r = subprocess.run(["curl", "-s", "-H", "Authorization: Bearer k1", "-F", "prompt=x",
                             "-F", "input_reference=@" + img, "-F", "input_reference=@" + img,
                             d.url("/v1/videos")], capture_output=True, text=True, timeout=60)
@@ -641,11 +661,211 @@ def case_videos_i2v(ditd):
     finally:
         d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    check(checked >= 12, f"{checked} image-to-video cases checked (at least 12)")
+    check(checked >= 14, f"{checked} image-to-video cases checked (at least 14)")
     return 0
 
 
-CASES = {"videos": case_videos, "videos_i2v": case_videos_i2v, "videos_webhook": case_videos_webhook, "videos_restart": case_videos_restart, "videos_mpi": case_videos_mpi}
+FLF2V_IMAGES = ("flf2v_9f_32x48_image.png", "flf2v_9f_32x48_last_image.png")  # both 48x32
+
+
+def case_videos_flf2v(ditd):
+    """last_frame_reference (ditd's field) on the tiny FLF2V folder: the openai client (the first
+    frame a file, the last a data URL in extra_body: a text part), curl -F with two files and
+    JSON (data URLs, {"image_url": ...}) each make `ditd generate --image A --last-image B`'s
+    clip (thumbnail equal to its first PNG frame, pixel for pixel; every MP4 frame within codec
+    error; the forms the same MP4 bytes); the last frame is kept in the stored body: a clip
+    queued at a SIGKILL runs after the restart and is the same clip; /v1/models says both
+    frames are required; the refusals name last_frame_reference (none, not base64,
+    undecodable, an image URL, given twice, a one-frame clip naming num_frames); under mpirun
+    a two-rank replica (ulysses 2) makes the same clip. (Its refusal on an I2V and a T2V model
+    is in videos_i2v and videos.)"""
+    if not shutil.which("ffprobe") or not shutil.which("curl"):
+        print("skip: no ffprobe or curl")
+        return 77
+    import base64
+    import sqlite3
+    import openai
+    tmp = tempfile.mkdtemp(prefix="ditd-videos-flf2v-")
+    model = i2v_model(ditd, tmp, "flf2v")
+    if not model:
+        print("skip: no Wan FLF2V folder (the build assembles it)")
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 77
+    fix = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures",
+                       "wan_pipeline", "expected_i2v")
+    first, last = (os.path.join(fix, f) for f in FLF2V_IMAGES)
+    png_a, png_b = open(first, "rb").read(), open(last, "rb").read()
+    b64_a, b64_b = base64.b64encode(png_a).decode(), base64.b64encode(png_b).decode()
+    out = os.path.join(tmp, "ref.png")
+    r = subprocess.run([ditd, "generate", "--model", model, "--image", first, "--last-image", last,
+                        "--prompt", PROMPT, "--size", "48x32", "--frames", "5", "--steps", "2",
+                        "--seed", "5", "--threads", "1", "-q", "-o", out], capture_output=True,
+                       text=True, timeout=300)
+    check(r.returncode == 0, "ditd generate --image --last-image makes the reference clip",
+          r.stderr[-300:])
+    ref = []
+    for i in range(5):
+        p = os.path.join(tmp, "ref-%03d.png" % i)
+        ref.append(th.png_pixels(open(p, "rb").read()) if os.path.exists(p) else None)
+    # the first frame alone makes another clip: the last frame is used, not ignored
+    r = subprocess.run([ditd, "generate", "--model", model, "--image", first, "--last-image", first, "--prompt", PROMPT, "--size",
+                        "48x32", "--frames", "5", "--steps", "2", "--seed", "5", "--threads", "1",
+                        "-q", "-o", os.path.join(tmp, "other.png")], capture_output=True,
+                       text=True, timeout=300)
+    other = os.path.join(tmp, "other-004.png")
+    check(r.returncode == 0 and os.path.exists(other) and
+          th.png_pixels(open(other, "rb").read()) != ref[4],
+          "another last frame makes another clip (generate)", r.stderr[-300:])
+    data_dir = os.path.join(tmp, "store")
+    d = Daemon(ditd, "--data-dir", data_dir, api_key="k1", model=model)
+    checked, first_mp4 = 0, []
+
+    def same_clip(vid, how):
+        nonlocal checked
+        st, _, thumb = d.request("GET", f"/v1/videos/{vid}/content?variant=thumbnail")
+        px = th.png_pixels(thumb) if st == 200 and thumb[:4] == b"\x89PNG" else None
+        check(px is not None and px == ref[0],
+              f"{how}: the thumbnail equals ditd generate --image --last-image's first frame")
+        st, _, mp4 = d.request("GET", f"/v1/videos/{vid}/content")
+        if first_mp4:  # the same pixels through the same encoder: the same file
+            check(st == 200 and mp4 == first_mp4[0], f"{how}: the same MP4 bytes as the first clip's")
+        else:  # the first clip: decoded, frame by frame
+            check(st == 200 and probe(mp4) == ("h264", "yuv420p", 48, 32, "16/1", 5),
+                  f"{how}: an H.264 MP4 of 5 frames, 48x32", probe(mp4) if st == 200 else st)
+            worst = mp4_psnr(mp4, ref, 48, 32) if st == 200 else 0
+            check(worst >= 30, f"{how}: every MP4 frame (the last one too) within codec error of "
+                  "generate's (%.1f dB at worst, 30 asked)" % worst)
+            first_mp4.append(mp4)
+        checked += 1
+    try:
+        st, _, b = d.request("GET", "/v1/models/flf2v")
+        vf = json.loads(b).get("video", {}) if st == 200 else {}
+        check(vf.get("input_reference") == "required" and vf.get("last_frame_reference") == "required",
+              "/v1/models: input_reference and last_frame_reference required", vf)
+        # the official client: the first frame a file; the last (no such parameter) in extra_body
+        c = openai.OpenAI(base_url=d.url("/v1"), api_key="k1", max_retries=0)
+        with open(first, "rb") as f:
+            v = c.videos.create_and_poll(model="flf2v", prompt=PROMPT, size="48x32",
+                                         input_reference=f, poll_interval_ms=100,
+                                         extra_body=dict(I2V_EXTRA, last_frame_reference=
+                                                         "data:image/png;base64," + b64_b))
+        check(v.status == "completed" and v.size == "48x32", "openai client: completed",
+              (v.status, v.error))
+        same_clip(v.id, "openai client")
+        # both frames are in the stored body
+        db = sqlite3.connect(os.path.join(data_dir, "jobs.db"))
+        row = db.execute("SELECT request FROM jobs WHERE id = ?", (v.id,)).fetchone()
+        db.close()
+        q = json.loads(row[0]) if row else {}
+        check(base64.b64decode(q.get("input_reference", "")) == png_a and
+              q.get("last_frame_reference") == "data:image/png;base64," + b64_b,
+              "the stored request keeps both frames")
+        # curl's form, two files (the stored body: base64 of each file)
+        r = subprocess.run(["curl", "-s", "-H", "Authorization: Bearer k1", "-F", "prompt=" + PROMPT,
+                            "-F", "size=48x32", "-F", "seed=5", "-F", "num_inference_steps=2",
+                            "-F", "num_frames=5", "-F", "input_reference=@" + first + ";type=image/png",
+                            "-F", "last_frame_reference=@" + last + ";type=image/png",
+                            d.url("/v1/videos")], capture_output=True, text=True, timeout=60)
+        vid = json.loads(r.stdout).get("id") if r.stdout.startswith("{") else None
+        check(vid and wait_video(d, vid).get("status") == "completed", "curl -F: completed",
+              r.stdout[:300])
+        same_clip(vid, "curl -F")
+        db = sqlite3.connect(os.path.join(data_dir, "jobs.db"))
+        row = db.execute("SELECT request FROM jobs WHERE id = ?", (vid,)).fetchone()
+        db.close()
+        check(row and base64.b64decode(json.loads(row[0]).get("last_frame_reference", "")) == png_b,
+              "curl -F: the stored request keeps the last file as base64")
+        # JSON: base64, data URLs, OpenAI's {"image_url": ...} object
+        for how, a, z in (("JSON base64", b64_a, b64_b),
+                          ("JSON data URL", "data:image/png;base64," + b64_a,
+                           "data:image/png;base64," + b64_b),
+                          ("JSON image_url", {"image_url": "data:image/png;base64," + b64_a},
+                           {"image_url": "data:image/png;base64," + b64_b})):
+            st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt=PROMPT, size="48x32",
+                                                             input_reference=a,
+                                                             last_frame_reference=z))
+            vid = json.loads(b).get("id") if st == 200 else None
+            check(vid and wait_video(d, vid).get("status") == "completed", f"{how}: completed",
+                  (st, b[:300]))
+            same_clip(vid, how)
+        # refusals, naming last_frame_reference (num_frames for a one-frame clip)
+        big = base64.b64encode(tiny_png(9000, 1)).decode()
+        for body, param, needle in [
+                ({}, "last_frame_reference", "give 'last_frame_reference'"),
+                ({"last_frame_reference": None}, "last_frame_reference", "give 'last_frame_reference'"),
+                ({"last_frame_reference": "@@@"}, "last_frame_reference", "not valid base64"),
+                ({"last_frame_reference": "data:image/png;base64,AAAA"}, "last_frame_reference",
+                 "last_frame_reference"),
+                ({"last_frame_reference": big}, "last_frame_reference", "9000"),
+                ({"last_frame_reference": "https://example.com/b.png"}, "last_frame_reference",
+                 "not fetched"),
+                ({"last_frame_reference": 7}, "last_frame_reference", "base64"),
+                ({"last_frame_reference": b64_b, "num_frames": 1}, "num_frames", "at least 5")]:
+            st, e = api_error(d, "POST", "/v1/videos", dict(dict(I2V_EXTRA, prompt="x", size="48x32",
+                                                                 input_reference=b64_a), **body))
+            check(st == 400 and e.get("param") == param and needle in e.get("message", ""),
+                  f"{str(body)[:60]}: 400 naming {param} ({needle})", (st, e))
+            checked += 1
+        r = subprocess.run(["curl", "-s", "-H", "Authorization: Bearer k1", "-F", "prompt=x",
+                            "-F", "input_reference=@" + first, "-F", "last_frame_reference=@" + last,
+                            "-F", "last_frame_reference=@" + last, d.url("/v1/videos")],
+                           capture_output=True, text=True, timeout=60)
+        e = json.loads(r.stdout).get("error", {}) if r.stdout.startswith("{") else {}
+        check(e.get("param") == "last_frame_reference" and "twice" in e.get("message", ""),
+              "two last_frame_reference files: refused naming it", r.stdout[:300])
+        r2 = subprocess.run(["curl", "-s", "-H", "Authorization: Bearer k1", "-F", "prompt=x",
+                             "-F", "input_reference=@" + first, "-F",
+                             "last_frame_reference=@" + os.devnull + ";filename=empty.png",
+                             d.url("/v1/videos")], capture_output=True, text=True, timeout=60)
+        e = json.loads(r2.stdout).get("error", {}) if r2.stdout.startswith("{") else {}
+        check(e.get("param") == "last_frame_reference", "an empty last_frame_reference file: "
+              "refused naming it", r2.stdout[:300])
+        checked += 2
+        # a restart: a clip queued behind a long one at a SIGKILL runs after it, the same clip
+        st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt="long", size="48x32",
+                                                         num_frames=9, num_inference_steps=500,
+                                                         input_reference=b64_a,
+                                                         last_frame_reference=b64_b))
+        lid = json.loads(b).get("id")
+        st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt=PROMPT, size="48x32",
+                                                         input_reference=b64_a,
+                                                         last_frame_reference=b64_b))
+        qid = json.loads(b).get("id")
+        _, _, b = d.request("GET", f"/v1/videos/{qid}")
+        check(json.loads(b).get("status") == "queued", "the second clip is queued behind the long one")
+        os.killpg(d.proc.pid, signal.SIGKILL)
+        d.proc.wait()
+        d = Daemon(ditd, "--data-dir", data_dir, api_key="k1", model=model)
+        d.request("DELETE", f"/v1/videos/{lid}")
+        o = wait_video(d, qid)
+        check(o.get("status") == "completed", "after SIGKILL: the queued clip runs", o)
+        same_clip(qid, "after SIGKILL")
+        d.stop()
+        # a two-rank replica (mpirun -np 3: the front-end and ulysses 2): both ranks get both
+        # frames in the broadcast batch and make the same condition; the clip is one rank's
+        if shutil.which("mpirun"):
+            d = Daemon(ditd, "--ulysses-degree", "2", mpi_np=3, model=model)
+            st, _, b = d.request("POST", "/v1/videos", dict(I2V_EXTRA, prompt=PROMPT, size="48x32",
+                                                             input_reference=b64_a,
+                                                             last_frame_reference=b64_b))
+            vid = json.loads(b).get("id") if st == 200 else None
+            check(vid and wait_video(d, vid).get("status") == "completed", "ulysses 2: completed")
+            st, _, thumb = d.request("GET", f"/v1/videos/{vid}/content?variant=thumbnail")
+            px = th.png_pixels(thumb) if st == 200 and thumb[:4] == b"\x89PNG" else None
+            check(px is not None and px == ref[0],
+                  "ulysses 2: the thumbnail equals one rank's (ditd generate), bit for bit")
+            st, _, mp4 = d.request("GET", f"/v1/videos/{vid}/content")
+            check(st == 200 and first_mp4 and mp4 == first_mp4[0],
+                  "ulysses 2: the same MP4 bytes as one rank's")
+            checked += 1
+    finally:
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    check(checked >= 17, f"{checked} first-last-frame cases checked (at least 17)")
+    return 0
+
+
+CASES = {"videos": case_videos, "videos_i2v": case_videos_i2v, "videos_flf2v": case_videos_flf2v, "videos_webhook": case_videos_webhook, "videos_restart": case_videos_restart, "videos_mpi": case_videos_mpi}
 
 
 def main():

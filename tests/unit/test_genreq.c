@@ -28,10 +28,10 @@ static int failures, checks;
     } while (0)
 
 static char *labels[] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat"};
-static ditd_model_info cls, txt, sd3, t2v, i2v;
+static ditd_model_info cls, txt, sd3, t2v, i2v, flf;
 static const char *const aliases[] = {"black-forest-labs/FLUX.1-dev", "flux"};
 static const char *const lora_names[] = {"style", "char.v2"};
-static ditd_genreq_model gm_cls, gm_txt, gm_sd3, gm_t2v, gm_i2v;
+static ditd_genreq_model gm_cls, gm_txt, gm_sd3, gm_t2v, gm_i2v, gm_flf;
 
 static void models(void)
 {
@@ -90,6 +90,10 @@ static void models(void)
     strcpy(i2v.name, "wan-i2v");
     i2v.pipeline = &ditd_pipeline_wan_i2v;
     gm_i2v = (ditd_genreq_model){&i2v, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL};
+    flf = i2v;
+    strcpy(flf.name, "wan-flf2v");
+    flf.last_image = 1;
+    gm_flf = (ditd_genreq_model){&flf, NULL, 0, DITD_SAMPLER_UNIPC, NULL, NULL, 0, 4, NULL};
 }
 
 /* POST /v1/videos bodies: a text-to-video model takes a prompt alone and
@@ -157,6 +161,71 @@ static void test_video(void)
         n++;
     }
     CHECK(n == 12 && accepted == 3, "%d video bodies, %d images taken", n, accepted);
+}
+
+/* last_frame_reference (FLF2V, ditd's field): an FLF2V model needs it beside
+ * input_reference, in the same forms, decoded at its own size (a 1x1 PNG of
+ * (7, 8, 9) and the 3x2 one: the two frames are not mixed up); a one-frame
+ * clip is refused naming num_frames; a text-to-video or plain
+ * image-to-video model refuses it naming it */
+#define PNG_1X1 "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNg5+AEAAAyABmP5B0GAAAAAElFTkSuQmCC"
+static void test_last_frame(void)
+{
+    static const struct {
+        const ditd_genreq_model *gm;
+        const char *body;
+        const char *param; /* NULL: accepted */
+        const char *says;
+    } cases[] = {
+        {&gm_flf, "{\"prompt\":\"a\",\"num_frames\":33,\"input_reference\":\"" PNG_3X2
+                  "\",\"last_frame_reference\":\"" PNG_1X1 "\"}", NULL, NULL},
+        {&gm_flf, "{\"prompt\":\"a\",\"num_frames\":33,\"input_reference\":\"" PNG_3X2
+                  "\",\"last_frame_reference\":{\"image_url\":\"data:image/png;base64," PNG_1X1
+                  "\"}}", NULL, NULL},
+        {&gm_flf, "{\"prompt\":\"a\",\"input_reference\":\"" PNG_3X2 "\"}",
+         "last_frame_reference", "give 'last_frame_reference'"},
+        {&gm_flf, "{\"prompt\":\"a\",\"input_reference\":\"" PNG_3X2
+                  "\",\"last_frame_reference\":\"data:image/png;base64,AAAA\"}",
+         "last_frame_reference", "'last_frame_reference': "},
+        {&gm_flf, "{\"prompt\":\"a\",\"input_reference\":\"" PNG_3X2
+                  "\",\"last_frame_reference\":\"http://x/b.png\"}",
+         "last_frame_reference", "not fetched"},
+        {&gm_flf, "{\"prompt\":\"a\",\"num_frames\":1,\"input_reference\":\"" PNG_3X2
+                  "\",\"last_frame_reference\":\"" PNG_1X1 "\"}", "num_frames", "at least 5"},
+        {&gm_flf, "{\"prompt\":\"a\",\"last_frame_reference\":\"" PNG_1X1 "\"}",
+         "input_reference", "give 'input_reference'"},
+        {&gm_i2v, "{\"prompt\":\"a\",\"input_reference\":\"" PNG_3X2
+                  "\",\"last_frame_reference\":\"" PNG_1X1 "\"}",
+         "last_frame_reference", "first frame alone"},
+        {&gm_t2v, "{\"prompt\":\"a\",\"last_frame_reference\":\"" PNG_1X1 "\"}",
+         "last_frame_reference", "(text-to-video)"},
+    };
+    int n = 0, accepted = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ditd_genreq r;
+        ditd_api_error e;
+        memset(&r, 0, sizeof r);
+        memset(&e, 0, sizeof e);
+        int err = ditd_genreq_parse_video(cases[i].body, strlen(cases[i].body), cases[i].gm, &r, &e);
+        if (!cases[i].param) {
+            CHECK(err == 0 && r.frames == 33 && r.image && r.image_w == 3 && r.image_h == 2 &&
+                      r.last_image && r.last_w == 1 && r.last_h == 1 && r.last_image[0] == 7 &&
+                      r.last_image[1] == 8 && r.last_image[2] == 9,
+                  "%.70s...: both frames decoded (%d: %s; first %dx%d, last %dx%d)", cases[i].body,
+                  err, e.message, r.image_w, r.image_h, r.last_w, r.last_h);
+            accepted++;
+        } else {
+            CHECK(err == DITD_EINVAL && e.status == 400 && !strcmp(e.param, cases[i].param) &&
+                      strstr(e.message, cases[i].says),
+                  "%.80s on %s: 400 %s saying \"%s\" (%d %d '%s': %s)", cases[i].body,
+                  cases[i].gm->info->name, cases[i].param, cases[i].says, err, e.status, e.param,
+                  e.message);
+            CHECK(!r.image && !r.last_image, "a refused body owns no image");
+        }
+        ditd_genreq_free(&r);
+        n++;
+    }
+    CHECK(n == 9 && accepted == 2, "%d last-frame bodies, %d taken", n, accepted);
 }
 
 /* body refused by the model: status, param ("" for none) and a word of the message */
@@ -581,6 +650,7 @@ int main(void)
     test_accepted();
     test_loras();
     test_video();
+    test_last_frame();
     ditd_err_clear();
     printf("%d checks, %d failed\n", checks, failures);
     if (checks < 60) {

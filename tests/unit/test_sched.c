@@ -5,14 +5,17 @@
  * queue's cost order, --max-cost), a text model's batches (grouped by size
  * and max_sequence_length, carrying prompts; results of each size; the
  * heartbeats' cache counters), the replica router (least loaded, busy,
- * a stalled replica), results and drops, and mutated replica messages
- * (each job still ends in at most one outcome, nothing crashes; ASan and
- * UBSan run this in CI). */
+ * a stalled replica), results and drops, LoRA adapters at run time
+ * (sched_lora.c: a load on every replica, its undo when one replica
+ * fails, an unload, the cache's events into /metrics, a replica lost
+ * mid-load), and mutated replica messages (each job still ends in at most
+ * one outcome, nothing crashes; ASan and UBSan run this in CI). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/core/error.h"
 #include "proto/ditd.pb-c.h"
 #include "server/daemon/job.h"
 #include "server/daemon/log.h"
@@ -865,6 +868,227 @@ static void test_mutated_messages(void)
     srv_free();
 }
 
+/* ---- LoRA adapters at run time (sched_lora.c) */
+
+static struct { int calls, status; char msg[1024], name[64], param[64]; } op_heard;
+
+static void op_cb(ditd_srv *s, void *ctx, int status, const ditd_api_error *e, const char *name)
+{
+    (void)s;
+    (void)ctx;
+    op_heard.calls++;
+    op_heard.status = status;
+    snprintf(op_heard.msg, sizeof op_heard.msg, "%s", status == 200 ? "" : e->message);
+    snprintf(op_heard.param, sizeof op_heard.param, "%s", status == 200 ? "" : e->param);
+    snprintf(op_heard.name, sizeof op_heard.name, "%s", name);
+}
+
+/* The next LoraOp sent to r (other messages skipped), or NULL. */
+static Ditd__Envelope *op_to(int r)
+{
+    Ditd__Envelope *env;
+    while ((env = sent_to(r))) {
+        if (env->msg_case == DITD__ENVELOPE__MSG_LORA_OP)
+            return env;
+        ditd__envelope__free_unpacked(env, NULL);
+    }
+    return NULL;
+}
+
+static void lora_done(int r, uint64_t id, int code, const char *msg, uint64_t bytes)
+{
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__LoraDone d = DITD__LORA_DONE__INIT;
+    Ditd__LoraInfo li = DITD__LORA_INFO__INIT;
+    char *mods[1] = {"transformer_blocks.0.attn1.to_q"};
+    uint32_t ranks[1] = {4};
+    d.op_id = id;
+    d.code = code;
+    d.message = (char *)msg;
+    if (!code) {
+        li.name = "x";
+        li.max_rank = 4;
+        li.n_modules = li.n_ranks = 1;
+        li.modules = mods;
+        li.ranks = ranks;
+        li.bytes = bytes;
+        li.resident = 1;
+        d.info = &li;
+    }
+    env.msg_case = DITD__ENVELOPE__MSG_LORA_DONE;
+    env.lora_done = &d;
+    deliver(r, &env);
+}
+
+static void lora_events(int r, const char *name, const uint32_t *kinds, int n, uint64_t bytes)
+{
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__LoraEvents le = DITD__LORA_EVENTS__INIT;
+    Ditd__LoraEvent ev[8], *evp[8];
+    for (int i = 0; i < n; i++) {
+        ditd__lora_event__init(&ev[i]);
+        ev[i].name = (char *)name;
+        ev[i].kind = kinds[i];
+        ev[i].bytes = bytes;
+        evp[i] = &ev[i];
+    }
+    le.n_events = (size_t)n;
+    le.events = evp;
+    env.msg_case = DITD__ENVELOPE__MSG_LORA_EVENTS;
+    env.lora_events = &le;
+    deliver(r, &env);
+}
+
+static void test_lora_ops(void)
+{
+    srv_init("lora ops", 2, 4, 0);
+    S.cfg.request_timeout_s = 60;
+    ditd_api_error e;
+    int slot;
+    memset(&op_heard, 0, sizeof op_heard);
+
+    /* a load that replica 1 refuses: undone on replica 0, the slot freed */
+    CHECK(ditd__sched_lora_start(&S, 1, "x", "/a/x.safetensors", op_cb, &S, &e) == 0,
+          "a load starts");
+    slot = ditd__sched_lora_slot(&S, "x");
+    CHECK(slot == 0 && S.lora_names[0] == NULL && S.gm.n_loras == 1,
+          "its slot is reserved and hidden from requests (slot %d)", slot);
+    Ditd__Envelope *o0 = op_to(0), *o1 = op_to(1);
+    CHECK(o0 && o1 && o0->lora_op->kind == 1 && !strcmp(o0->lora_op->name, "x") &&
+              !strcmp(o1->lora_op->path, "/a/x.safetensors") &&
+              o0->lora_op->op_id == o1->lora_op->op_id,
+          "every replica got the LoraOp load");
+    uint64_t id = o0 ? o0->lora_op->op_id : 0;
+    CHECK(ditd__sched_lora_start(&S, 1, "y", "/a/y", op_cb, &S, &e) == 409 &&
+              !strcmp(e.code, "lora_busy"),
+          "a second op while one is under way: 409 lora_busy");
+    uint32_t load_ev[1] = {1};
+    lora_events(0, "x", load_ev, 1, 1000);
+    lora_done(0, id, 0, "", 1000);
+    CHECK(op_heard.calls == 0 && S.rep[0].lora_resident[0] == 1000,
+          "one replica answered: still waiting (%d calls)", op_heard.calls);
+    lora_done(1, id, DITD_ESHAPE, "x=/a/x.safetensors: tensor 'a.lora_A.weight' ...", 0);
+    CHECK(op_heard.calls == 1 && op_heard.status == 400 && !strcmp(op_heard.param, "path") &&
+              strstr(op_heard.msg, "replica 1: x=/a/x.safetensors: tensor 'a.lora_A.weight'"),
+          "replica 1 refused: 400 naming the replica and the loader's message (%d %s)",
+          op_heard.status, op_heard.msg);
+    Ditd__Envelope *u0 = op_to(0), *u1 = op_to(1);
+    CHECK(u0 && u0->lora_op->kind == 2 && !strcmp(u0->lora_op->name, "x") && !u1,
+          "the undo: an unload to replica 0 (which loaded it) only");
+    CHECK(ditd__sched_lora_slot(&S, "x") < 0 && S.cfg.loras.n == 0 && S.gm.n_loras == 0 &&
+              S.rep[0].lora_resident[0] == 0,
+          "the slot is free again, nothing resident");
+    ditd__envelope__free_unpacked(o0, NULL);
+    ditd__envelope__free_unpacked(o1, NULL);
+    ditd__envelope__free_unpacked(u0, NULL);
+    if (u1)
+        ditd__envelope__free_unpacked(u1, NULL);
+
+    /* a load both take: live */
+    CHECK(ditd__sched_lora_start(&S, 1, "x", "/a/x.safetensors", op_cb, &S, &e) == 0,
+          "the load again");
+    o0 = op_to(0);
+    id = o0 ? o0->lora_op->op_id : 0;
+    ditd__envelope__free_unpacked(o0, NULL);
+    lora_done(0, id, 0, "", 1000);
+    lora_done(1, id, 0, "", 1000);
+    CHECK(op_heard.calls == 2 && op_heard.status == 200 && S.lora_names[0] &&
+              !strcmp(S.lora_names[0], "x") && S.loras[0].known && S.loras[0].n_modules == 1 &&
+              S.loras[0].bytes == 1000,
+          "both replicas loaded it: 200, requests may name it, its modules kept");
+    lora_done(1, id, 0, "", 1000); /* a stale answer changes nothing */
+    CHECK(op_heard.calls == 2, "a stale LoraDone is ignored");
+
+    /* the cache's events */
+    uint32_t evs[6] = {3, 1, 2, 2, 4, 5};
+    lora_events(0, "x", evs, 5, 1000);
+    lora_events(1, "x", evs + 5, 1, 1000);
+    lora_events(1, "nope", evs, 6, 1000);
+    CHECK(S.m.lora_misses[0] == 1 && S.m.lora_loads[0] == 1 && S.m.lora_hits[0] == 2 &&
+              S.m.lora_evictions[0] == 1 && S.rep[0].lora_resident[0] == 0 &&
+              S.rep[1].lora_resident[0] == 0,
+          "events: 1 miss, 1 load, 2 hits, 1 eviction; unknown names ignored");
+
+    /* an unload refused while a request names it; then done */
+    ditd_fbatch busy = {0};
+    S.rep[0].running = S.rep[1].running = &busy; /* it stays queued */
+    ditd_job *j = submit(1, 4);
+    j->rq.n_loras = 1;
+    j->rq.lora_idx[0] = 0;
+    CHECK(ditd__sched_lora_in_use(&S, 0) == 1, "a queued request names x");
+    j->rq.n_loras = 0;
+    CHECK(ditd__sched_lora_in_use(&S, 0) == 0, "then none");
+    release(&j, 1);
+    S.rep[0].running = S.rep[1].running = NULL;
+    CHECK(ditd__sched_lora_start(&S, 2, "x", NULL, op_cb, &S, &e) == 0 && !S.lora_names[0],
+          "an unload starts; x is hidden at once");
+    o0 = op_to(0);
+    id = o0 ? o0->lora_op->op_id : 0;
+    ditd__envelope__free_unpacked(o0, NULL);
+    lora_done(0, id, 0, "", 0);
+    lora_done(1, id, DITD_ENOENT, "not loaded", 0);
+    CHECK(op_heard.calls == 3 && op_heard.status == 200 && !strcmp(op_heard.name, "x") &&
+              ditd__sched_lora_slot(&S, "x") < 0,
+          "unloaded (a replica without it counts as done)");
+    CHECK(ditd__sched_lora_start(&S, 2, "x", NULL, op_cb, &S, &e) == 404, "unload again: 404");
+
+    /* a replica lost during a load: the load fails and is undone */
+    CHECK(ditd__sched_lora_start(&S, 1, "z", "/a/z", op_cb, &S, &e) == 0, "a load of z");
+    o0 = op_to(0);
+    id = o0 ? o0->lora_op->op_id : 0;
+    ditd__envelope__free_unpacked(o0, NULL);
+    lora_done(0, id, 0, "", 10);
+    S.rep[1].failed = 1;
+    ditd__sched_lora_watch(&S);
+    CHECK(op_heard.calls == 4 && op_heard.status == 503 && strstr(op_heard.msg, "replica 1") &&
+              ditd__sched_lora_slot(&S, "z") < 0,
+          "replica 1 failed mid-load: 503 naming it, z undone (%d %s)", op_heard.status,
+          op_heard.msg);
+    u0 = op_to(0);
+    CHECK(u0 && u0->lora_op->kind == 2, "the undo went to replica 0");
+    if (u0)
+        ditd__envelope__free_unpacked(u0, NULL);
+    /* the caller gone: no callback, the op still ends */
+    CHECK(ditd__sched_lora_start(&S, 1, "w", "/a/w", op_cb, &S, &e) == 0, "a load of w");
+    ditd__sched_lora_forget(&S, &S);
+    o0 = op_to(0);
+    id = o0 ? o0->lora_op->op_id : 0;
+    ditd__envelope__free_unpacked(o0, NULL);
+    lora_done(0, id, 0, "", 10);
+    CHECK(op_heard.calls == 4 && S.lora_names[0] && !strcmp(S.lora_names[0], "w") &&
+              !S.lora_op.id,
+          "a caller gone hears nothing; w is live (only replica 0 serves)");
+
+    /* mutated LoraDone / LoraEvents messages: nothing crashes */
+    uint8_t buf[512], m[512];
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__LoraEvents le = DITD__LORA_EVENTS__INIT;
+    Ditd__LoraEvent ev = DITD__LORA_EVENT__INIT, *evp = &ev;
+    ev.name = "w";
+    ev.kind = 1;
+    ev.bytes = 7;
+    le.n_events = 1;
+    le.events = &evp;
+    env.msg_case = DITD__ENVELOPE__MSG_LORA_EVENTS;
+    env.lora_events = &le;
+    size_t len0 = ditd__envelope__pack(&env, buf);
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (int it = 0; it < 2000; it++) {
+        size_t len = len0;
+        memcpy(m, buf, len);
+        for (int k = 0; k < 1 + it % 3; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            m[x % len] ^= (uint8_t)(1u << ((x >> 40) % 8));
+        }
+        ditd__sched_on_message(&S, 0, m, len);
+    }
+    CHECK(1, "2000 mutated LoraEvents handled");
+    ditd__sched_lora_free(&S);
+    srv_free();
+}
+
 int main(void)
 {
     ditd_log_open(DITD_LOG_ERROR, DITD_LOG_TEXT, NULL); /* quiet */
@@ -878,6 +1102,7 @@ int main(void)
     test_text_batches();
     test_text_fairness();
     test_mutated_messages();
+    test_lora_ops();
     printf("%d checks, %d failed\n", checks, failures);
     if (checks < 30) {
         printf("FAIL: only %d checks ran\n", checks);
