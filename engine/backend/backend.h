@@ -127,7 +127,9 @@ typedef struct ditd_backend_ops {
     void (*attention_merge)(void *o_acc, size_t ldo_acc, float *lse_acc,
                             const void *o_blk, size_t ldo_blk, const float *lse_blk,
                             int B, int Nq, int H, int Dh);
-    /* Conv2d patch embedding (+ pos) to tokens (B, N, D). scratch: B*N*C*p*p. */
+    /* Conv2d patch embedding (+ pos) to tokens (B, N, D). scratch: B*N*C*p*p;
+     * it holds the patches (B*N, C*p*p), each in (c, i, j) order, afterwards
+     * (FLUX's x_embedder adapters read them). */
     void (*patch_embed)(const void *x, const void *w, const void *b, const void *pos,
                         void *y, void *scratch, int B, int C, int Hi, int Wi, int p, int D);
     /* Tokens (B, h*w, p*p*C) to pixels (B, C, h*p, w*p). */

@@ -10,25 +10,32 @@
 
 #include "engine/core/error.h"
 #include "engine/io/safetensors.h"
+#include "engine/models/lora_convert.h"
 
 const char *ditd_lora_format_name(ditd_lora_format f)
 {
     switch (f) {
     case DITD_LORA_FORMAT_PEFT: return "peft";
     case DITD_LORA_FORMAT_KOHYA: return "kohya";
+    case DITD_LORA_FORMAT_KOHYA_BFL: return "kohya-bfl";
+    case DITD_LORA_FORMAT_BFL: return "bfl";
+    case DITD_LORA_FORMAT_XLABS: return "xlabs";
     }
     return "unknown";
 }
 
 int ditd_lora_format_from_str(const char *s, ditd_lora_format *out)
 {
-    static const ditd_lora_format all[] = {DITD_LORA_FORMAT_PEFT, DITD_LORA_FORMAT_KOHYA};
+    static const ditd_lora_format all[] = {DITD_LORA_FORMAT_PEFT, DITD_LORA_FORMAT_KOHYA,
+                                           DITD_LORA_FORMAT_KOHYA_BFL, DITD_LORA_FORMAT_BFL,
+                                           DITD_LORA_FORMAT_XLABS};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (!strcmp(s, ditd_lora_format_name(all[i]))) {
             *out = all[i];
             return 0;
         }
-    return ditd_err_set(DITD_EINVAL, "unknown LoRA format \"%s\" (peft, kohya)", s);
+    return ditd_err_set(DITD_EINVAL,
+                        "unknown LoRA format \"%s\" (peft, kohya, kohya-bfl, bfl, xlabs)", s);
 }
 
 /* ---- parsing the names ---- */
@@ -253,6 +260,16 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
     }
     for (int i = 0; i < nt; i++)
         kohya_name(targets[i].name, kohya[i], sizeof kohya[i]);
+    if ((fmt0 = ditd_lora_convert_detect(st, targets, nt)) != DITD_LORA_FORMAT_PEFT) {
+        /* FLUX's community names (lora_convert.h) */
+        if (!(l->name = strdup(name))) {
+            err = ditd_err_set(DITD_ENOMEM, "%s", what);
+            goto done;
+        }
+        if ((err = ditd_lora_convert_read(st, what, fmt0, targets, nt, l)))
+            goto done;
+        goto read;
+    }
 
     for (size_t i = 0; i < n; i++) {
         const ditd_st_tensor *t = ditd_safetensors_at(st, i);
@@ -305,6 +322,9 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
         if (m->rank > l->max_rank)
             l->max_rank = m->rank;
     }
+read:
+    if ((err = ditd__lora_relay_rows(l, targets, what)))
+        goto done;
     qsort(l->mod, (size_t)l->n_mod, sizeof *l->mod, cmp_mod);
     *out = l;
     l = NULL;

@@ -21,9 +21,10 @@
  * another kind (text encoder, DoRA, conv) or a malformed file is refused
  * naming the tensor.
  *
- * What it is not: no merge into base weights, no community FLUX formats
- * (BFL / XLabs / ai-toolkit names), no text-encoder adapters, no cache of
- * adapters.
+ *   FLUX's community formats (kohya over BFL names, BFL / ComfyUI, XLabs)
+ *   as Diffusers converts them: engine/models/lora_convert.h.
+ * What it is not: no merge into base weights, no text-encoder adapters, no
+ * cache of adapters.
  *
  * Threads: a ditd_lora and a ditd_lora_dev are immutable once made; a
  * ditd_lora_dev is used by the one thread that runs its model's forward.
@@ -41,8 +42,12 @@
 #define DITD_LORA_MAX_RANK 1024
 
 typedef enum ditd_lora_format {
-    DITD_LORA_FORMAT_PEFT = 0, /* Diffusers / PEFT names */
-    DITD_LORA_FORMAT_KOHYA,    /* lora_unet_... */
+    DITD_LORA_FORMAT_PEFT = 0, /* Diffusers / PEFT names (ai-toolkit's too) */
+    DITD_LORA_FORMAT_KOHYA,    /* lora_unet_<Diffusers module> */
+    /* FLUX's community formats (engine/models/lora_convert.h) */
+    DITD_LORA_FORMAT_KOHYA_BFL, /* lora_unet_<BFL module> (sd-scripts) */
+    DITD_LORA_FORMAT_BFL,       /* diffusion_model.<BFL module> (ComfyUI) */
+    DITD_LORA_FORMAT_XLABS,     /* double_blocks.<i>.processor.qkv_lora1... */
 } ditd_lora_format;
 
 const char *ditd_lora_format_name(ditd_lora_format f);
@@ -60,13 +65,16 @@ typedef enum ditd_lora_shard {
  * name and its whole weight's (n_out, k_in), the shape a file's A and B
  * fit; under tp the slice this rank computes. A row-parallel slice's
  * partial term (x_s A_s^T) B^T is summed by the linear's own all-reduce,
- * so adapters add no collective. */
+ * so adapters add no collective. row_groups g > 1: the model keeps output
+ * row c g + q at q (n_out / g) + c (FLUX's proj_out, g = 4), and B's rows
+ * are re-laid so when the file is read (before any tp slice). */
 typedef struct ditd_lora_target {
     char name[120];
     int n_out, k_in;
     ditd_lora_shard shard;
     int n_rng;           /* 1 or 2 (DITD_LORA_IN_SLICE) */
     int off[2], len[2];
+    int row_groups;
 } ditd_lora_target;
 
 /* Sets t's slice (shard DITD_LORA_OUT_SLICE: n_rng 1). */

@@ -25,6 +25,30 @@ static void set_numels(ditd_pipeline *p)
     p->numel = p->numel_in - p->numel_cond;
 }
 
+/* Whether two experts list the same LoRA targets (names, shapes, tp
+ * slices), so an adapter opened and cut against one runs on the other. */
+static int same_lora_targets(const ditd_denoiser *a, const ditd_denoiser *b)
+{
+    if (a->n_lora_targets != b->n_lora_targets)
+        return 0;
+    for (int i = 0; i < a->n_lora_targets; i++) {
+        const ditd_lora_target *x = &a->lora_targets[i], *y = &b->lora_targets[i];
+        if (strcmp(x->name, y->name) || x->n_out != y->n_out || x->k_in != y->k_in ||
+            x->shard != y->shard || x->n_rng != y->n_rng ||
+            memcmp(x->off, y->off, sizeof x->off) || memcmp(x->len, y->len, sizeof x->len))
+            return 0;
+    }
+    return 1;
+}
+
+/* The adapters of a forward row of sample smp on the step's expert (low:
+ * transformer_2); NULL when none. */
+static const ditd_lora_set *row_set(int low, const ditd_gen_sample *smp)
+{
+    const ditd_lora_set *s = low && smp->loras_2 ? smp->loras_2 : smp->loras;
+    return s && s->n > 0 ? s : NULL;
+}
+
 int ditd_pipeline_new(const ditd_model_info *info, const ditd_backend_ops *ops, int max_samples,
                       ditd_pipeline **out)
 {
@@ -90,6 +114,9 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
         /* WanPipeline: boundary_ratio * scheduler.config.num_train_timesteps, a
          * Python float that `t >= boundary` promotes to float32 */
         p->boundary_t = (float)(info->boundary_ratio * (double)p->sched_base.num_train_timesteps);
+        /* an adapter is uploaded against den's targets and may run on either
+         * expert: den2's must be the same list */
+        p->lora_experts_differ = !same_lora_targets(p->den, p->den2);
     }
     p->shapes = p->den->shapes;
     set_numels(p);
@@ -321,6 +348,10 @@ int ditd_pipeline_check_loras(const ditd_pipeline *p, const ditd_lora_set *s)
 {
     if (!s)
         return 0;
+    if (s->n > 0 && p->lora_experts_differ)
+        return ditd_err_set(DITD_EUNSUPPORTED, "LoRA adapters: %s's transformer_2 has other "
+                            "linear layers than its transformer (an adapter runs on both)",
+                            p->info.name);
     if (s->n < 0 || s->n > DITD_LORA_MAX_SET)
         return ditd_err_set(DITD_EINVAL, "%d LoRA adapters on one image (0..%d)", s->n,
                             DITD_LORA_MAX_SET);
@@ -503,8 +534,12 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         if (samples[i].has_guidance_2 &&
             (!isfinite(samples[i].guidance_2) || samples[i].guidance_2 < 0))
             return ditd_err_set(DITD_EINVAL, "guidance_scale_2 %g", (double)samples[i].guidance_2);
-        if ((err = ditd_pipeline_check_loras(p, samples[i].loras)))
+        if ((err = ditd_pipeline_check_loras(p, samples[i].loras)) ||
+            (err = ditd_pipeline_check_loras(p, samples[i].loras_2)))
             return err;
+        if (samples[i].loras_2 && !p->den2)
+            return ditd_err_set(DITD_EINVAL, "LoRA adapters for transformer_2: %s has one "
+                                "transformer", p->info.name);
         if (p->pc->image_to_video && (!samples[i].video_cond ||
                                       (p->img_emb && !samples[i].image_embeds)))
             return ditd_err_set(DITD_EINVAL, "%s: sample %d has no input image (%s)",
@@ -634,7 +669,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 return err;
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
-            p->row_lora[rows] = samples[i].loras;
+            p->row_lora[rows] = row_set(low, &samples[i]);
             load_row(p, rows, i, &samples[i]);
             rows++;
         }
@@ -650,7 +685,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 return err;
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
-            p->row_lora[rows] = samples[i].loras;
+            p->row_lora[rows] = row_set(low, &samples[i]);
             load_row(p, rows, i, &samples[i]);
             rows++;
         }
@@ -666,7 +701,7 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 return err;
             p->cond.guidance[rows] = samples[i].guidance;
             p->h_t[rows] = ts[s];
-            p->row_lora[rows] = samples[i].loras;
+            p->row_lora[rows] = row_set(low, &samples[i]);
             load_row(p, rows, i, &samples[i]);
             rows++;
         }

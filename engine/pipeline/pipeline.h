@@ -109,6 +109,10 @@ typedef struct ditd_gen_sample {
     const ditd_lora_set *loras; /* LoRA adapters and their scales for every forward row
                                  * of this sample (borrowed; NULL: none). Samples of one
                                  * batch may carry different sets (engine/models/lora.h) */
+    const ditd_lora_set *loras_2; /* a pipeline with two experts (Wan 2.2): the set of the
+                                   * steps transformer_2 runs; NULL: loras there too (every
+                                   * adapter on both experts); an empty set (n 0): none
+                                   * there, loras on transformer alone (docs/lora.md) */
 } ditd_gen_sample;
 
 /* Called after every step on the calling thread: step is 1-based. x0 is
@@ -129,6 +133,7 @@ typedef struct ditd_pipeline {
                                   * (boundary_ratio x num_train_timesteps, in float32 as
                                   * WanPipeline compares it); -1 without den2 */
     ditd_denoiser *cur;          /* the step's denoiser: den or den2 */
+    int lora_experts_differ;     /* den2's LoRA targets are not den's: no adapters */
     ditd_denoiser_shapes shapes; /* the denoiser's (latent) */
     ditd_sched_config sched_base;
     ditd_sampler *sampler;       /* for (sampler_kind, sampler_steps) */

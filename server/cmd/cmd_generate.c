@@ -155,6 +155,8 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_text_embeds *te = NULL;
     uint8_t *vid = NULL;     /* video models: (n, F, H, W, 3) frames */
     ditd_lora_set lora_set = {0};
+    ditd_lora_set lora_ex[2] = {{0}}; /* --lora-expert: transformer's, transformer_2's */
+    int lora_split = 0;
     int err, rc = 1;
 
     if ((rc = ditd__gen_args_parse(argc, argv, &a)))
@@ -472,6 +474,22 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     if ((err = lora_load(&a.la, pipe, &lora_set)))
         goto done;
+    /* --lora-expert: each expert its own set of the adapters (WanPipeline's
+     * load_lora_weights, with load_into_transformer_2 for transformer_2's) */
+    for (int i = 0; i < a.la.n; i++) {
+        if (a.la.expert[i] && !pipe->den2) {
+            fprintf(stderr, "ditd generate: --lora-expert %s: %s has one transformer\n",
+                    a.la.name[i], rep.info.name);
+            err = DITD_EINVAL;
+            goto done;
+        }
+        lora_split |= a.la.expert[i] != 0;
+        for (int e = 0; e < 2; e++)
+            if (a.la.expert[i] != 2 - e) { /* both, or this expert's */
+                lora_ex[e].ad[lora_ex[e].n] = lora_set.ad[i];
+                lora_ex[e].weight[lora_ex[e].n++] = lora_set.weight[i];
+            }
+    }
     gp.sampler = pipe->sched_base.kind;
     if (a.sampler_str && (err = ditd_sampler_kind_from_str(a.sampler_str, &gp.sampler))) {
         ditd__gen_fail("--sampler", err);
@@ -579,6 +597,10 @@ int ditd_cmd_generate(int argc, char **argv)
         samples[i].has_guidance_2 = a.guidance_2 >= 0;
         samples[i].guidance_2 = (float)a.guidance_2;
         samples[i].loras = lora_set.n ? &lora_set : NULL;
+        if (lora_split) {
+            samples[i].loras = lora_ex[0].n ? &lora_ex[0] : NULL;
+            samples[i].loras_2 = &lora_ex[1]; /* empty: none on transformer_2 */
+        }
         samples[i].image_latents = img_lat;
         samples[i].mask_latents = mask_lat;
         samples[i].video_cond = i2v_cond;

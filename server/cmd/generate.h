@@ -26,6 +26,12 @@ typedef struct ditd_gen_lora_args {
     int n_scale;
     char scale_name[DITD_LORA_MAX_SET][64];
     float scale_val[DITD_LORA_MAX_SET];
+    /* --lora-expert NAME=WHERE (two experts, Wan 2.2): per adapter 0 both,
+     * 1 transformer alone, 2 transformer_2 alone (docs/lora.md) */
+    int expert[DITD_LORA_MAX_SET];
+    int n_expert;
+    char expert_name[DITD_LORA_MAX_SET][64];
+    int expert_val[DITD_LORA_MAX_SET];
 } ditd_gen_lora_args;
 
 /* The command line; -1 / 0 / NULL: not given (the model's default). */

@@ -46,6 +46,8 @@ static void usage(FILE *f)
             "  --lora-scale NAME=S  the scale of adapter NAME (Diffusers' adapter_weights)\n"
             "  --lora-dir DIR       every *.safetensors file in DIR is an adapter too, named\n"
             "                       by its file name without .safetensors\n"
+            "  --lora-expert NAME=WHERE  two experts (Wan 2.2): adapter NAME on both (the\n"
+            "                       default), transformer or transformer_2 alone\n"
             "  --cache SPEC         step caching: METHOD[:key=value,...] with METHOD\n"
             "                       first_block_cache | taylorseer_cache | mag_cache | none\n"
             "                       and the Diffusers config's fields, e.g.\n"
@@ -123,7 +125,9 @@ static int name_eq(const char *arg, const char *opt, char name[64], const char *
     size_t len = eq ? (size_t)(eq - arg) : 0;
     if (!eq || len == 0 || len >= 64 || !eq[1])
         return ditd_err_set(DITD_EINVAL, "%s \"%s\": expected NAME=%s", opt, arg,
-                            strcmp(opt, "--lora") ? "SCALE" : "PATH");
+                            !strcmp(opt, "--lora")          ? "PATH"
+                            : !strcmp(opt, "--lora-expert") ? "WHERE"
+                                                            : "SCALE");
     for (size_t i = 0; i < len; i++)
         if (!isalnum((unsigned char)arg[i]) && !strchr("_-.", arg[i]))
             return ditd_err_set(DITD_EINVAL, "%s \"%s\": an adapter name takes letters, digits, "
@@ -163,14 +167,32 @@ static int lora_scale_arg(ditd_gen_lora_args *la, const char *arg)
     return 0;
 }
 
+static int lora_expert_arg(ditd_gen_lora_args *la, const char *arg)
+{
+    static const char *const where[3] = {"both", "transformer", "transformer_2"};
+    const char *v;
+    int err;
+    if (la->n_expert == DITD_LORA_MAX_SET)
+        return ditd_err_set(DITD_EINVAL, "--lora-expert: at most %d", DITD_LORA_MAX_SET);
+    if ((err = name_eq(arg, "--lora-expert", la->expert_name[la->n_expert], &v)))
+        return err;
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(v, where[k])) {
+            la->expert_val[la->n_expert++] = k;
+            return 0;
+        }
+    return ditd_err_set(DITD_EINVAL, "--lora-expert \"%s\": WHERE is both, transformer or "
+                        "transformer_2", arg);
+}
+
 int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
 {
     enum { O_MODEL = 256, O_CLASS, O_SEED, O_STEPS, O_GUIDANCE, O_SAMPLER, O_THREADS, O_LATENTS,
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
            O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2, O_LORA,
-           O_LORA_SCALE, O_IMAGE, O_STRENGTH, O_LORA_DIR, O_MASK, O_LAST_IMAGE, O_TFILE,
-           O_TE2FILE };
+           O_LORA_SCALE, O_IMAGE, O_STRENGTH, O_LORA_DIR, O_MASK, O_LAST_IMAGE, O_LORA_EXPERT,
+           O_TFILE, O_TE2FILE };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"transformer-file", required_argument, 0, O_TFILE},
                                          {"text-encoder-2-file", required_argument, 0, O_TE2FILE},
@@ -207,6 +229,7 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
                                          {"lora", required_argument, 0, O_LORA},
                                          {"lora-scale", required_argument, 0, O_LORA_SCALE},
                                          {"lora-dir", required_argument, 0, O_LORA_DIR},
+                                         {"lora-expert", required_argument, 0, O_LORA_EXPERT},
                                          {"frames", required_argument, 0, O_FRAMES},
                                          {"save-frames", no_argument, 0, O_SAVE_FRAMES},
                                          {"image", required_argument, 0, O_IMAGE},
@@ -280,6 +303,7 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
         case O_LORA: err = lora_arg(&a->la, optarg); break;
         case O_LORA_SCALE: err = lora_scale_arg(&a->la, optarg); break;
         case O_LORA_DIR: lora_dir = optarg; break;
+        case O_LORA_EXPERT: err = lora_expert_arg(&a->la, optarg); break;
         case O_SAVE_FRAMES: a->save_frames = 1; break;
         case O_IMAGE: a->image_path = optarg; break;
         case O_MASK: a->mask_path = optarg; break;
@@ -342,6 +366,17 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
             return 2;
         }
         a->la.scale[k] = a->la.scale_val[i];
+    }
+    for (int i = 0; i < a->la.n_expert; i++) {
+        int k = 0;
+        while (k < a->la.n && strcmp(a->la.name[k], a->la.expert_name[i]))
+            k++;
+        if (k == a->la.n) {
+            fprintf(stderr, "ditd generate: --lora-expert %s: no --lora %s=PATH given\n",
+                    a->la.expert_name[i], a->la.expert_name[i]);
+            return 2;
+        }
+        a->la.expert[k] = a->la.expert_val[i];
     }
     if (optind < argc) {
         fprintf(stderr, "ditd generate: unexpected argument \"%s\"\n", argv[optind]);

@@ -251,6 +251,63 @@ def main():
                                    q + ".lora_B.weight": ("F32", [3, 2], (16, 40))},
                                   f32(*range(7))))
 
+    # --- community FLUX formats (fuzz_lora's FLUX-named targets: a double
+    # block's q|k|v (2, 2) each, a single block's q|k|v (2, 2) and proj_mlp
+    # (4, 2), its proj_out (2, 6), norm_out.linear (4, 2), x_embedder (2, 4),
+    # proj_out (2, 4) in 2 row groups)
+    def lora_st(spec):
+        """spec: [(name, dtype F32, shape)]; values 0.1, 0.2, ..."""
+        tensors, off, vals = {}, 0, []
+        for name, shape in spec:
+            n = 1
+            for d in shape:
+                n *= d
+            tensors[name] = ("F32", shape, (off, off + 4 * n))
+            off += 4 * n
+            vals += [0.1 * (len(vals) + i + 1) for i in range(n)]
+        return st(tensors, f32(*vals))
+
+    kb = "lora_unet_double_blocks_0_img_attn_qkv"
+    write("lora", "kohya-bfl", lora_st([
+        (kb + ".alpha", []), (kb + ".lora_down.weight", [2, 2]), (kb + ".lora_up.weight", [6, 2]),
+        ("lora_unet_single_blocks_0_linear1.lora_down.weight", [2, 2]),
+        ("lora_unet_single_blocks_0_linear1.lora_up.weight", [10, 2]),
+        ("lora_unet_final_layer_adaLN_modulation_1.lora_down.weight", [1, 2]),
+        ("lora_unet_final_layer_adaLN_modulation_1.lora_up.weight", [4, 1]),
+        ("lora_unet_final_layer_linear.alpha", []),
+        ("lora_unet_final_layer_linear.lora_down.weight", [1, 2]),
+        ("lora_unet_final_layer_linear.lora_up.weight", [2, 1]),
+        ("lora_unet_img_in.lora_down.weight", [1, 4]),
+        ("lora_unet_img_in.lora_up.weight", [2, 1])]))
+    # the up matrix block-diagonal: split by rank
+    write("lora", "kohya-bfl-split-qkv", st(
+        {kb + ".lora_down.weight": ("F32", [3, 2], (0, 24)),
+         kb + ".lora_up.weight": ("F32", [6, 3], (24, 96))},
+        f32(1, 2, 3, 4, 5, 6, 1, 0, 0, 2, 0, 0, 0, 3, 0, 0, 4, 0, 0, 0, 5, 0, 0, 6)))
+    d = "diffusion_model.double_blocks.0.img_attn.qkv"
+    write("lora", "bfl-comfy", lora_st([
+        (d + ".alpha", []), (d + ".lora_down.weight", [1, 2]), (d + ".lora_up.weight", [6, 1]),
+        ("diffusion_model.single_blocks.0.linear2.lora_down.weight", [1, 6]),
+        ("diffusion_model.single_blocks.0.linear2.lora_up.weight", [2, 1])]))
+    write("lora", "bfl-lora-a", lora_st([
+        (d + ".lora_A.weight", [1, 2]), (d + ".lora_B.weight", [6, 1]),
+        ("diffusion_model.single_blocks.0.linear2.diff_b", [2])]))
+    write("lora", "bfl-spellings-mixed", lora_st([
+        (d + ".lora_A.weight", [1, 2]), (d + ".lora_up.weight", [6, 1])]))
+    xd = "double_blocks.0.processor.qkv_lora1"
+    write("lora", "xlabs", lora_st([
+        (xd + ".down.weight", [2, 2]), (xd + ".up.weight", [6, 2]),
+        ("diffusion_model.single_blocks.0.processor.proj_lora.down.weight", [1, 6]),
+        ("diffusion_model.single_blocks.0.processor.proj_lora.up.weight", [2, 1])]))
+    write("lora", "xlabs-kohya-mixed", lora_st([
+        (xd + ".down.weight", [2, 2]), (xd + ".up.weight", [6, 2]),
+        (kb + ".lora_down.weight", [2, 2]), (kb + ".lora_up.weight", [6, 2])]))
+    write("lora", "kohya-bfl-no-block", lora_st([
+        ("lora_unet_double_blocks_7_img_attn_qkv.lora_down.weight", [2, 2]),
+        ("lora_unet_double_blocks_7_img_attn_qkv.lora_up.weight", [6, 2])]))
+    write("lora", "kohya-bfl-wrong-up", lora_st([
+        (kb + ".lora_down.weight", [2, 2]), (kb + ".lora_up.weight", [4, 2])]))
+
 
 if __name__ == "__main__":
     main()

@@ -147,7 +147,7 @@ static int lora_layout(const char *ditd, const char *mpirun, int np, const char 
  * 2 and 3 of other noise: 0), a property of the random adapter, not of
  * the split: so tp is held to one rank over two steps, where it is 0. */
 static int flux_lora_layout(const char *ditd, const char *mpirun, const char *dev, int np,
-                            int steps, const char *flags, const char *tmp)
+                            int steps, const char *flags, const char *tmp, int community)
 {
     char cmd[8192], ref[256], par[256], base[256], common[4096];
     const char *fx = tu_fixtures();
@@ -159,10 +159,17 @@ static int flux_lora_layout(const char *ditd, const char *mpirun, const char *de
              "--max-sequence-length 32 -q --threads 1",
              dev, steps);
     char loras[4096];
-    snprintf(loras, sizeof loras,
-             "--lora f4=%s/lora/flux_r4_peft.safetensors "
-             "--lora f8k=%s/lora/flux_r8_some_kohya.safetensors --lora-scale f8k=0.5",
-             fx, fx);
+    if (community) /* FLUX's community formats, x_embedder and proj_out among the modules */
+        snprintf(loras, sizeof loras,
+                 "--lora kb=%s/lora_formats/flux_kohya_bfl_r4.safetensors "
+                 "--lora ait=%s/lora_formats/flux_aitoolkit_r8.safetensors --lora-scale ait=0.5 "
+                 "--lora x=%s/lora_formats/flux_xlabs_r8_some.safetensors",
+                 fx, fx, fx);
+    else
+        snprintf(loras, sizeof loras,
+                 "--lora f4=%s/lora/flux_r4_peft.safetensors "
+                 "--lora f8k=%s/lora/flux_r8_some_kohya.safetensors --lora-scale f8k=0.5",
+                 fx, fx);
     snprintf(cmd, sizeof cmd, "%s generate %s --save-latents %s", ditd, common, base);
     TU_CHECK(run(cmd) == 0, "FLUX, one rank, no adapters");
     snprintf(cmd, sizeof cmd, "%s generate %s %s --save-latents %s", ditd, common, loras, ref);
@@ -176,7 +183,8 @@ static int flux_lora_layout(const char *ditd, const char *mpirun, const char *de
     TU_CHECK(ok, "FLUX latents (%zu, %zu, %zu)", na, nb, nc);
     if (ok) {
         char what[256];
-        snprintf(what, sizeof what, "FLUX, f4 + 0.5 f8k, %d steps, under %s vs one rank", steps,
+        snprintf(what, sizeof what, "FLUX, %s, %d steps, under %s vs one rank",
+                 community ? "kohya-bfl + 0.5 ai-toolkit + xlabs" : "f4 + 0.5 f8k", steps,
                  flags);
         TU_CLOSE(what, a, b, na, 1e-4);
         tu_err e = tu_compare(b, c, nb);
@@ -259,12 +267,14 @@ int main(int argc, char **argv)
     TU_CHECK(lora == 7, "LoRA layouts checked: %d of 7", lora);
     if (argc == 4) {
         int fl = 0;
-        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, 3, "--ulysses-degree 2", tmp);
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, 3, "--ulysses-degree 2", tmp, 0);
         fl += flux_lora_layout(ditd, mpirun, argv[3], 2, 3, "--ring-degree 2 --ring-rotate p2p",
-                               tmp);
-        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, 2, "--tp-degree 2", tmp);
-        fl += flux_lora_layout(ditd, mpirun, argv[3], 4, 2, "--tp-degree 2 --ring-degree 2", tmp);
-        TU_CHECK(fl == 4, "FLUX LoRA layouts checked: %d of 4", fl);
+                               tmp, 0);
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, 2, "--tp-degree 2", tmp, 0);
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 4, 2, "--tp-degree 2 --ring-degree 2", tmp, 0);
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, 3, "--ulysses-degree 2", tmp, 1);
+        fl += flux_lora_layout(ditd, mpirun, argv[3], 2, 3, "--tp-degree 2", tmp, 1);
+        TU_CHECK(fl == 6, "FLUX LoRA layouts checked: %d of 6", fl);
     }
     return tu_exit();
 }

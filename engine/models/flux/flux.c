@@ -151,9 +151,12 @@ static int lora_targets(ditd_flux *m)
         m->base.lora_refusal = "this backend has no LoRA op";
         return 0;
     }
-    size_t n = 8 + 14 * (size_t)c->num_layers + 6 * (size_t)c->num_single_layers;
+    size_t n = 10 + 14 * (size_t)c->num_layers + 6 * (size_t)c->num_single_layers;
     if (!(m->lora_t = calloc(n, sizeof *m->lora_t)))
         return ditd_err_set(DITD_ENOMEM, "LoRA targets");
+    /* x_embedder runs as a patch embedding: its term reads the op's patches
+     * (flux_forward.c); replicated under tp */
+    lora_add(m, &m->x_emb, WHOLE, D, c->in_channels, 1, NULL, "x_embedder");
     lora_add(m, &m->ctx_emb, WHOLE, D, c->joint_attention_dim, 1, NULL, "context_embedder");
     lora_add(m, &m->t1, WHOLE, D, TFREQ, 1, NULL, "time_text_embed.timestep_embedder.linear_1");
     lora_add(m, &m->t2, WHOLE, D, D, 1, NULL, "time_text_embed.timestep_embedder.linear_2");
@@ -164,6 +167,9 @@ static int lora_targets(ditd_flux *m)
     lora_add(m, &m->p1, WHOLE, D, c->pooled_dim, 1, NULL, "time_text_embed.text_embedder.linear_1");
     lora_add(m, &m->p2, WHOLE, D, D, 1, NULL, "time_text_embed.text_embedder.linear_2");
     lora_add(m, &m->norm_out, WHOLE, 2 * D, D, 1, NULL, "norm_out.linear");
+    /* proj_out's rows are re-laid at load (load_proj): B's rows follow */
+    lora_add(m, &m->proj, WHOLE, c->out_channels, D, 1, NULL, "proj_out");
+    m->lora_t[m->n_lora_t - 1].row_groups = 4;
     for (int l = 0; l < c->num_layers; l++) {
         ditd_flux_double *b = &m->dbl[l];
         lora_add(m, &b->ada, WHOLE, 6 * D, D, 1, NULL, "transformer_blocks.%d.norm1.linear", l);

@@ -294,8 +294,14 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
     /* x_embedder on the 2x2-packed latents = a stride-2 patch embedding:
      * x (B, C, h, w) -> img (B, N, D); under cp every rank embeds the whole
      * image (cheap) and keeps its own tokens */
-    ops->patch_embed(x, m->x_emb.w, m->x_emb.b, NULL, cp ? m->embed : m->img, m->scratch, B, C,
-                     m->h, m->w, 2, D);
+    void *emb = cp ? m->embed : m->img;
+    ops->patch_embed(x, m->x_emb.w, m->x_emb.b, NULL, emb, m->scratch, B, C, m->h, m->w, 2, D);
+    /* x_embedder's adapters: the op leaves its patches (B N, 4C) in scratch,
+     * each in the packed latents' (c, dy, dx) order, which is the Linear's
+     * input Diffusers' LoRA sees */
+    if (m->x_emb.lora && ditd_lora_touches(m->base.loras, B, m->x_emb.lora - 1))
+        ditd_lora_apply(ops, m->base.loras, B, N, m->x_emb.lora - 1, m->scratch, 4 * (size_t)C,
+                        emb, (size_t)D, D, 4 * C, DITD_ACT_NONE, m->lora_tmp, m->lora_tmp_n);
     if (cp)
         for (size_t b = 0; b < (size_t)B; b++) /* (B, Nl, D) */
             ops->copy2d(at(m, m->img, b * (size_t)Nl * D), (size_t)D,

@@ -98,6 +98,75 @@ static void weight_list(ditd_sd3 *m, ditd_wl *wl)
 #undef VEC
 #undef QKV
 
+/* The linears an adapter may target (engine/models/lora_linear.h), every
+ * nn.Linear of SD3Transformer2DModel in Diffusers' module names: the
+ * embedders, each block's norm1(_context).linear, attn's to_q/k/v and
+ * add_q/k/v_proj (fused: a part each), to_out.0, to_add_out, attn2's
+ * (MMDiT-X), the FFNs, norm_out.linear and proj_out (its rows are
+ * Diffusers' order, so B adds to them as they are). Under tp each with this
+ * rank's slice as weight_list cuts it: the q/k/v parts and ff(_context).
+ * net.0 by outputs (heads, MLP columns), to_out.0 / to_add_out /
+ * attn2.to_out.0 and ff(_context).net.2 by inputs. None on a backend
+ * without the lora op (base.lora_refusal). */
+#define ADD(l, cut, n, k, parts, part, ...) \
+    ditd_lora_list_add(t, &(l)->lora, (cut), (n), (k), (parts), (part), __VA_ARGS__)
+static int lora_targets(ditd_sd3 *m)
+{
+    const ditd_sd3_config *c = &m->cfg;
+    int D = c->inner_dim, FF = c->mlp_dim, Co = c->patch_size * c->patch_size * c->out_channels;
+    int a0 = m->h0 * c->head_dim;
+    static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
+    static const char *const qkv_c[3] = {"add_q_proj", "add_k_proj", "add_v_proj"};
+    const ditd_lora_cut all = {DITD_LORA_WHOLE, 0, {0, 0}, {0, 0}};
+    const ditd_lora_cut heads = {DITD_LORA_OUT_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const ditd_lora_cut mlp = {DITD_LORA_OUT_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
+    const ditd_lora_cut heads_in = {DITD_LORA_IN_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const ditd_lora_cut mlp_in = {DITD_LORA_IN_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
+    ditd_lora_list *t = &m->lora;
+    if (!m->ops->lora) {
+        m->base.lora_refusal = "this backend has no LoRA op";
+        return 0;
+    }
+    t->tp = m->lay.tp;
+    t->cap = 7 + 18 * c->num_layers; /* a dual block: 18 */
+    if (!(t->t = calloc((size_t)t->cap, sizeof *t->t)))
+        return ditd_err_set(DITD_ENOMEM, "LoRA targets");
+    ADD(&m->ctx_emb, all, D, c->joint_attention_dim, 1, NULL, "context_embedder");
+    ADD(&m->t1, all, D, TFREQ, 1, NULL, "time_text_embed.timestep_embedder.linear_1");
+    ADD(&m->t2, all, D, D, 1, NULL, "time_text_embed.timestep_embedder.linear_2");
+    ADD(&m->p1, all, D, c->pooled_dim, 1, NULL, "time_text_embed.text_embedder.linear_1");
+    ADD(&m->p2, all, D, D, 1, NULL, "time_text_embed.text_embedder.linear_2");
+    ADD(&m->norm_out, all, 2 * D, D, 1, NULL, "norm_out.linear");
+    ADD(&m->proj, all, Co, D, 1, NULL, "proj_out");
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_sd3_block *b = &m->blk[l];
+        ADD(&b->ada, all, (b->dual ? 9 : 6) * D, D, 1, NULL, "transformer_blocks.%d.norm1.linear",
+            l);
+        ADD(&b->ada_c, all, (b->pre_only ? 2 : 6) * D, D, 1, NULL,
+            "transformer_blocks.%d.norm1_context.linear", l);
+        ADD(&b->qkv, heads, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn", l);
+        ADD(&b->qkv_c, heads, 3 * D, D, 3, qkv_c, "transformer_blocks.%d.attn", l);
+        ADD(&b->out, heads_in, D, D, 1, NULL, "transformer_blocks.%d.attn.to_out.0", l);
+        ADD(&b->ff1, mlp, FF, D, 1, NULL, "transformer_blocks.%d.ff.net.0.proj", l);
+        ADD(&b->ff2, mlp_in, D, FF, 1, NULL, "transformer_blocks.%d.ff.net.2", l);
+        if (!b->pre_only) { /* context_pre_only: no to_add_out, no ff_context */
+            ADD(&b->out_c, heads_in, D, D, 1, NULL, "transformer_blocks.%d.attn.to_add_out", l);
+            ADD(&b->ff1_c, mlp, FF, D, 1, NULL, "transformer_blocks.%d.ff_context.net.0.proj", l);
+            ADD(&b->ff2_c, mlp_in, D, FF, 1, NULL, "transformer_blocks.%d.ff_context.net.2", l);
+        }
+        if (b->dual) {
+            ADD(&b->qkv2, heads, 3 * D, D, 3, qkv, "transformer_blocks.%d.attn2", l);
+            ADD(&b->out2, heads_in, D, D, 1, NULL, "transformer_blocks.%d.attn2.to_out.0", l);
+        }
+    }
+    if (t->n > t->cap)
+        return ditd_err_set(DITD_EINVAL, "SD3 LoRA targets: %d listed, room for %d", t->n, t->cap);
+    m->base.lora_targets = t->t;
+    m->base.n_lora_targets = t->n;
+    return 0;
+}
+#undef ADD
+
 static int carve_acts(ditd_sd3 *m)
 {
     const ditd_sd3_config *c = &m->cfg;
@@ -124,6 +193,10 @@ static int carve_acts(ditd_sd3 *m)
     err |= carve(a, &m->mod, at, B * 9 * D) | carve(a, &m->mod_c, at, B * 6 * D);
     err |= carve(a, &m->scratch, at, B * N * Ci);
     err |= carve(a, &m->tok_out, at, B * N * Co);
+    if (m->lora.n) { /* LoRA's rank-r scratch, fp32: the largest M is B Nl or B Ll */
+        m->lora_tmp_n = ditd_lora_tmp_floats(B * (Nl > L ? Nl : L));
+        err |= carve(a, (void **)&m->lora_tmp, DITD_DTYPE_F32, m->lora_tmp_n);
+    }
     if (m->lay.ring * m->lay.ulysses > 1) {
         err |= carve(a, &m->embed, at, B * N * D);
         err |= carve(a, &m->tok_loc, at, B * Nl * Co);
@@ -260,7 +333,7 @@ static int plan(ditd_sd3 *m, const ditd_mesh *mesh)
         (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
         (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
         return err;
-    return 0;
+    return lora_targets(m);
 }
 
 /* (height, width, text_len) checked; m's sizes and shapes set to them. */
@@ -318,6 +391,7 @@ void ditd_sd3_free(ditd_sd3 *m)
     free(m->blk);
     free(m->cnt_a);
     free(m->h_freq);
+    free(m->lora.t);
     free(m);
 }
 

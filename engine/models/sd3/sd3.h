@@ -51,6 +51,10 @@
  * once, on tp rank 0). Embeddings, modulations, QK norms and the output
  * layer are replicated. CP x TP composes.
  *
+ * LoRA adapters (engine/models/lora.h, docs/lora.md): every Linear is a
+ * target in Diffusers' module names (sd3.c lora_targets), the term added in
+ * lin() per sample's set; under tp A and B cut with their base weight.
+ *
  * What it is not: no text encoders (CLIP-L, CLIP-G, T5 and how
  * StableDiffusion3Pipeline joins them: engine/pipeline, engine/text), no
  * sampler, no VAE; no ControlNet residuals, no IP-Adapter.
@@ -61,6 +65,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/tensor.h"
 #include "engine/models/denoiser.h"
+#include "engine/models/lora_linear.h"
 #include "engine/models/weight_list.h"
 #include "engine/models/sd3/sd3_config.h"
 #include "engine/parallel/cp_attention.h"
@@ -71,9 +76,10 @@
  * latent size is the config's sample_size. */
 #define DITD_SD3_DEFAULT_TEXT_LEN (77 + 256)
 
-/* One linear layer's weight (N, K) and bias (N). */
+/* One linear layer's weight (N, K) and bias (N); its LoRA targets. */
 typedef struct ditd_sd3_lin {
     void *w, *b;
+    ditd_lora_slot lora;
 } ditd_sd3_lin;
 
 /* JointTransformerBlock. */
@@ -158,6 +164,15 @@ typedef struct ditd_sd3 {
     void *embed;            /* (B, N, D) the whole image's embedding (cp) */
     void *tok_loc;          /* (B, Nl, p p Co) (cp) */
     void *tok_gath;         /* (B*N, p p Co) rank blocks (cp) */
+
+    /* LoRA (engine/models/lora.h): the linears an adapter may target, in
+     * Diffusers' module names (tp: this rank's slices; pos_embed.proj is a conv, not
+     * a target); the rank-r scratch (fp32) in the activation arena; the
+     * forward's batch size. */
+    ditd_lora_list lora;
+    float *lora_tmp;
+    size_t lora_tmp_n;
+    int fwd_B;
 } ditd_sd3;
 
 /* Loads a model for latents (C, height, width) and text_len text tokens,

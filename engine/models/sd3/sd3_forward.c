@@ -17,20 +17,30 @@ static void *at(const ditd_sd3 *m, const void *p, size_t elems)
     return ditd_ptr_act(m->ops, p, elems);
 }
 
+/* A linear layer with the rows' LoRA adapters on it (engine/models/
+ * lora_linear.h): M is fwd_B samples of M / fwd_B rows. */
+static void lin_b(const ditd_sd3 *m, const void *x, size_t ldx, const ditd_sd3_lin *l,
+                  const void *b, void *y, size_t ldy, int M, int N, int K, ditd_act act)
+{
+    ditd_lora_linear(m->ops, m->base.loras, m->fwd_B, l->lora, x, ldx, l->w, b, y, ldy, M, N, K,
+                     act, m->lora_tmp, m->lora_tmp_n);
+}
+
 static void lin(const ditd_sd3 *m, const void *x, size_t ldx, const ditd_sd3_lin *l, void *y,
                 size_t ldy, int M, int N, int K, ditd_act act)
 {
-    m->ops->linear(x, ldx, l->w, l->b, y, ldy, M, N, K, act);
+    lin_b(m, x, ldx, l, l->b, y, ldy, M, N, K, act);
 }
 
 /* A row-parallel Linear (tp: this rank's input columns, partial sums, the
- * bias once on tp rank 0, then the all-reduce): y (M, D) from x (M, K). */
+ * bias once on tp rank 0, then the all-reduce): y (M, D) from x (M, K).
+ * An adapter's term (its A cut to this rank's input columns, sd3.c) joins the
+ * partial sum before the all-reduce, which sums it too. */
 static int row_lin(const ditd_sd3 *m, const void *x, size_t ldx, const ditd_sd3_lin *l, void *y,
                    int M, int K)
 {
     int D = m->cfg.inner_dim;
-    m->ops->linear(x, ldx, l->w, m->tp_rank == 0 ? l->b : NULL, y, (size_t)D, M, D, K,
-                   DITD_ACT_NONE);
+    lin_b(m, x, ldx, l, m->tp_rank == 0 ? l->b : NULL, y, (size_t)D, M, D, K, DITD_ACT_NONE);
     if (m->lay.tp > 1)
         return ditd_comm_allreduce_sum(m->mesh->tp_comm, m->ops->act_dtype, y,
                                        (size_t)M * (size_t)D);
@@ -362,5 +372,6 @@ int ditd_sd3_forward(ditd_sd3 *m, int B, const void *x, const float *h_t, const 
     for (int i = 0; i < B; i++)
         if (!isfinite(h_t[i]))
             return ditd_err_set(DITD_EINVAL, "timestep of sample %d is not finite", i);
+    m->fwd_B = B;
     return forward_ops(m, B, x, h_t, h_text, h_pooled, skip, n_skip, out);
 }

@@ -106,6 +106,69 @@ static void weight_list(ditd_wan *m, ditd_wl *wl)
 #undef VEC
 #undef FUSED
 
+/* The linears an adapter may target (engine/models/lora_linear.h), every
+ * nn.Linear of WanTransformer3DModel in Diffusers' module names: the
+ * condition embedder's (time_embedder, time_proj, text_embedder, and with an
+ * image branch image_embedder.ff), each block's attn1 to_q/k/v (fused: a
+ * part each) and to_out.0, attn2's to_q, to_k/v (fused), add_k/v_proj
+ * (image branch), to_out.0, the FFN, and proj_out (rows in Diffusers'
+ * order). Under tp each with this rank's slice as weight_list cuts it: the
+ * attentions' q / k / v parts and ffn.net.0 by outputs (heads, FFN
+ * columns), the to_out.0s and ffn.net.2 by inputs. None on a backend
+ * without the lora op (base.lora_refusal). */
+#define ADD(l, cut, n, k, parts, part, ...) \
+    ditd_lora_list_add(t, &(l)->lora, (cut), (n), (k), (parts), (part), __VA_ARGS__)
+static int lora_targets(ditd_wan *m)
+{
+    const ditd_wan_config *c = &m->cfg;
+    int D = c->inner_dim, FF = c->ffn_dim, Di = c->image_dim, a0 = m->h0 * c->head_dim;
+    int Co = c->patch_h * c->patch_w * c->out_channels;
+    static const char *const qkv[3] = {"to_q", "to_k", "to_v"};
+    static const char *const kvi[2] = {"add_k_proj", "add_v_proj"};
+    const ditd_lora_cut all = {DITD_LORA_WHOLE, 0, {0, 0}, {0, 0}};
+    const ditd_lora_cut heads = {DITD_LORA_OUT_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const ditd_lora_cut ffn = {DITD_LORA_OUT_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
+    const ditd_lora_cut heads_in = {DITD_LORA_IN_SLICE, 1, {a0, 0}, {m->A, 0}};
+    const ditd_lora_cut ffn_in = {DITD_LORA_IN_SLICE, 1, {m->f0, 0}, {m->fc, 0}};
+    ditd_lora_list *t = &m->lora;
+    if (!m->ops->lora) {
+        m->base.lora_refusal = "this backend has no LoRA op";
+        return 0;
+    }
+    t->tp = m->lay.tp;
+    t->cap = 8 + 12 * c->num_layers;
+    if (!(t->t = calloc((size_t)t->cap, sizeof *t->t)))
+        return ditd_err_set(DITD_ENOMEM, "LoRA targets");
+    ADD(&m->t1, all, D, c->freq_dim, 1, NULL, "condition_embedder.time_embedder.linear_1");
+    ADD(&m->t2, all, D, D, 1, NULL, "condition_embedder.time_embedder.linear_2");
+    ADD(&m->tproj, all, 6 * D, D, 1, NULL, "condition_embedder.time_proj");
+    ADD(&m->x1, all, D, c->text_dim, 1, NULL, "condition_embedder.text_embedder.linear_1");
+    ADD(&m->x2, all, D, D, 1, NULL, "condition_embedder.text_embedder.linear_2");
+    if (Di) {
+        ADD(&m->ie_ff1, all, Di, Di, 1, NULL, "condition_embedder.image_embedder.ff.net.0.proj");
+        ADD(&m->ie_ff2, all, D, Di, 1, NULL, "condition_embedder.image_embedder.ff.net.2");
+    }
+    ADD(&m->proj, all, Co, D, 1, NULL, "proj_out");
+    for (int l = 0; l < c->num_layers; l++) {
+        ditd_wan_block *b = &m->blk[l];
+        ADD(&b->qkv, heads, 3 * D, D, 3, qkv, "blocks.%d.attn1", l);
+        ADD(&b->out1, heads_in, D, D, 1, NULL, "blocks.%d.attn1.to_out.0", l);
+        ADD(&b->q2, heads, D, D, 1, NULL, "blocks.%d.attn2.to_q", l);
+        ADD(&b->kv2, heads, 2 * D, D, 2, qkv + 1, "blocks.%d.attn2", l);
+        if (Di)
+            ADD(&b->kvi, heads, 2 * D, D, 2, kvi, "blocks.%d.attn2", l);
+        ADD(&b->out2, heads_in, D, D, 1, NULL, "blocks.%d.attn2.to_out.0", l);
+        ADD(&b->ff1, ffn, FF, D, 1, NULL, "blocks.%d.ffn.net.0.proj", l);
+        ADD(&b->ff2, ffn_in, D, FF, 1, NULL, "blocks.%d.ffn.net.2", l);
+    }
+    if (t->n > t->cap)
+        return ditd_err_set(DITD_EINVAL, "Wan LoRA targets: %d listed, room for %d", t->n, t->cap);
+    m->base.lora_targets = t->t;
+    m->base.n_lora_targets = t->n;
+    return 0;
+}
+#undef ADD
+
 static int carve_acts(ditd_wan *m)
 {
     const ditd_wan_config *c = &m->cfg;
@@ -141,6 +204,11 @@ static int carve_acts(ditd_wan *m)
            carve(a, &m->rope_sin, DITD_DTYPE_F32, N * half);
     err |= carve(a, &m->scratch, at, B * N * (size_t)c->in_channels * pp);
     err |= carve(a, &m->tok_out, at, B * N * Co);
+    if (m->lora.n) { /* LoRA's rank-r scratch, fp32: the largest M of a linear */
+        size_t rows = ssr > (size_t)m->F ? ssr : (size_t)m->F; /* tokens, text, image, frames */
+        m->lora_tmp_n = ditd_lora_tmp_floats(B * rows);
+        err |= carve(a, (void **)&m->lora_tmp, DITD_DTYPE_F32, m->lora_tmp_n);
+    }
     if (m->lay.ring * m->lay.ulysses > 1) {
         err |= carve(a, &m->embed, at, B * N * D);
         err |= carve(a, &m->tok_loc, at, B * Nl * Co);
@@ -268,7 +336,7 @@ static int plan(ditd_wan *m, const ditd_mesh *mesh)
         (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
         (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
         return err;
-    return 0;
+    return lora_targets(m);
 }
 
 /* The host buffers that follow the frame count (B F rows). */
@@ -313,6 +381,7 @@ void ditd_wan_free(ditd_wan *m)
     free(m->cnt_a);
     free(m->h_freq);
     free(m->h_t);
+    free(m->lora.t);
     free(m);
 }
 

@@ -51,6 +51,10 @@
  * the RMSNorm is over all heads exactly. Embeddings, modulations and the
  * output layer are replicated. Each rank reads only its slices.
  *
+ * LoRA adapters (engine/models/lora.h, docs/lora.md): every Linear is a
+ * target in Diffusers' module names (wan.c lora_targets), the term added in
+ * lin() per sample's set; under tp A and B cut with their base weight.
+ *
  * Image branch (Wan 2.1 I2V / FLF2V: image_dim, added_kv_proj_dim): the
  * CLIP image hidden states (B, Li, Di) through condition_embedder.
  * image_embedder (pos_embed for FLF2V, LayerNorm, FeedForward with erf
@@ -73,6 +77,7 @@
 #include "engine/backend/backend.h"
 #include "engine/core/tensor.h"
 #include "engine/models/denoiser.h"
+#include "engine/models/lora_linear.h"
 #include "engine/models/wan/wan_config.h"
 #include "engine/models/weight_list.h"
 #include "engine/parallel/cp_attention.h"
@@ -86,9 +91,10 @@
 #define DITD_WAN_DEFAULT_WIDTH 104
 #define DITD_WAN_DEFAULT_TEXT_LEN 512
 
-/* One linear layer's weight (N, K) and bias (N). */
+/* One linear layer's weight (N, K) and bias (N); its LoRA targets. */
 typedef struct ditd_wan_lin {
     void *w, *b;
+    ditd_lora_slot lora;
 } ditd_wan_lin;
 
 /* WanTransformerBlock. Under tp, A = this rank's hc heads x Dh, Fl its FFN
@@ -179,6 +185,15 @@ typedef struct ditd_wan {
     ditd_cp_attention *cpa;
     int *cnt_a, *dsp_a;     /* (R U) counts of the final gather */
     int *icnt, *ioff;       /* (R U) tokens per cp rank */
+
+    /* LoRA (engine/models/lora.h): the linears an adapter may target, in
+     * Diffusers' module names (tp: this rank's slices; patch_embedding is a conv, not
+     * a target); the rank-r scratch (fp32) in the activation arena; the
+     * forward's batch size. */
+    ditd_lora_list lora;
+    float *lora_tmp;
+    size_t lora_tmp_n;
+    int fwd_B;
 } ditd_wan;
 
 /* Loads a model for latents (C, frames, height, width) and text_len text
