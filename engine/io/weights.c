@@ -368,6 +368,43 @@ int ditd_weights_read_f32_slice(const ditd_weights *w, const char *name, int ndi
     return err;
 }
 
+int ditd_weights_check(const ditd_weights *w, const char *name, int ndim, const int64_t *shape)
+{
+    const alias *a = ditd_weights_has_raw(w, name) ? NULL : find_alias(w, name);
+    int nd = 0, err;
+    int64_t sh[DITD_GGUF_MAX_DIMS];
+    if (a) {
+        if ((err = alias_check(w, a, ndim, shape)))
+            return err;
+    } else {
+        if (!raw_shape(w, name, &nd, sh))
+            return ditd_err_set(DITD_ENOENT, "tensor '%s' not found in %s", name, w->path);
+        int same = nd == ndim;
+        for (int d = 0; same && d < ndim; d++)
+            same = sh[d] == shape[d];
+        if (!same) {
+            char have[160], want[160];
+            return ditd_err_set(DITD_ESHAPE, "tensor '%s' has shape %s in %s, expected %s", name,
+                                ditd_shape_str(have, sizeof have, nd, sh), w->path,
+                                ditd_shape_str(want, sizeof want, ndim, shape));
+        }
+    }
+    if (!w->gg)
+        return 0;
+    for (int s = 0; s < (a ? a->nseg : 1); s++) {
+        const char *src = a ? a->seg[s].src : name;
+        const ditd_gguf_tensor *t = ditd_gguf_find(w->gg, src);
+        if (t && !ditd_gguf_type_supported(t->type))
+            return ditd_err_set(DITD_EUNSUPPORTED,
+                                "tensor '%s'%s%s%s in %s has ggml type %s, which ditd does not "
+                                "dequantize (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
+                                "Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+                                src, a ? " (for '" : "", a ? name : "", a ? "')" : "", w->path,
+                                ditd_gguf_type_name(t->type));
+    }
+    return 0;
+}
+
 /* ---- quantized storage ------------------------------------------------------ */
 
 static int is_block_type(int type)

@@ -72,6 +72,12 @@ int ditd_weights_read_f32_slice(const ditd_weights *w, const char *name, int ndi
                                 const int64_t *full_shape, int axis, int64_t start, int64_t len,
                                 float *dst);
 
+/* Whether ditd_weights_read_f32(name, ndim, shape) would read: 0, or its
+ * error without reading (DITD_ENOENT, DITD_ESHAPE naming the tensor and
+ * both shapes, DITD_EUNSUPPORTED naming the tensor and a GGML type ditd
+ * does not dequantize). A loader's plan pass asks it. */
+int ditd_weights_check(const ditd_weights *w, const char *name, int ndim, const int64_t *shape);
+
 /* A 2-D tensor (N, K) (own or alias) stored as GGML blocks in a GGUF
  * file: 1 with *type (ggml number) and *row_bytes when every segment is
  * one quantized type ditd computes with (F32, F16 and BF16 tensors are not

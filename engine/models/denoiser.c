@@ -58,12 +58,25 @@ int ditd_denoiser_load(const ditd_denoiser_family *f, const char *dir,
                        const ditd_backend_ops *ops, int max_batch, const ditd_mesh *mesh,
                        ditd_denoiser **out)
 {
+    return ditd_denoiser_load_file(f, dir, NULL, ops, max_batch, mesh, out);
+}
+
+int ditd_denoiser_load_file(const ditd_denoiser_family *f, const char *dir, const char *weights,
+                            const ditd_backend_ops *ops, int max_batch, const ditd_mesh *mesh,
+                            ditd_denoiser **out)
+{
     ditd_denoiser *d = NULL;
     int err;
     *out = NULL;
     if (max_batch <= 0 || max_batch > 4096)
         return ditd_err_set(DITD_EINVAL, "max batch %d (1..4096)", max_batch);
-    if ((err = f->load(dir, ops, max_batch, mesh, &d)))
+    if (weights && weights[0] && !f->load_file)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "%s does not take its weights from a separate file yet "
+                            "(--transformer-file %s): put them in %s/",
+                            f->class_name, weights, dir);
+    if ((err = weights && weights[0] ? f->load_file(dir, weights, ops, max_batch, mesh, &d)
+                                     : f->load(dir, ops, max_batch, mesh, &d)))
         return err;
     d->family = f;
     d->max_batch = max_batch;

@@ -144,6 +144,11 @@ typedef struct ditd_denoiser_family {
      * before any collective. *out owned: ->free. */
     int (*load)(const char *dir, const ditd_backend_ops *ops, int max_batch,
                 const ditd_mesh *mesh, ditd_denoiser **out);
+    /* Optional: load's contract with the weights read from `weights` (a
+     * .gguf or .safetensors file) instead of dir's own; dir still gives
+     * config.json. NULL: the family reads its folder only. */
+    int (*load_file)(const char *dir, const char *weights, const ditd_backend_ops *ops,
+                     int max_batch, const ditd_mesh *mesh, ditd_denoiser **out);
     /* out (B, Co, h, w) = model(x (B, C, h, w), t (B), cond rows 0..B-1).
      * x and out are backend buffers; t and cond host memory. Allocates
      * nothing. Under a mesh: collective over the model's ranks, which pass
@@ -210,6 +215,11 @@ int ditd_denoiser_shapes_same(const ditd_denoiser_shapes *a, const ditd_denoiser
 int ditd_denoiser_load(const ditd_denoiser_family *f, const char *dir,
                        const ditd_backend_ops *ops, int max_batch, const ditd_mesh *mesh,
                        ditd_denoiser **out);
+/* ditd_denoiser_load with the weights from file `weights` (NULL or "": dir's);
+ * DITD_EUNSUPPORTED naming the class for a family without load_file. */
+int ditd_denoiser_load_file(const ditd_denoiser_family *f, const char *dir, const char *weights,
+                            const ditd_backend_ops *ops, int max_batch, const ditd_mesh *mesh,
+                            ditd_denoiser **out);
 int ditd_denoiser_forward(ditd_denoiser *d, int B, const void *x, const float *t,
                           const ditd_cond *cond, void *out);
 void ditd_denoiser_free(ditd_denoiser *d);

@@ -493,8 +493,11 @@ void ditd_model_info_free(ditd_model_info *m)
 int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out)
 {
     ditd_safetensors *st;
-    int err = ditd_safetensors_open(weights_path, &st);
+    size_t n = strlen(weights_path);
     *out = DITD_DTYPE_F32;
+    if (n >= 5 && strcmp(weights_path + n - 5, ".gguf") == 0)
+        return 0;
+    int err = ditd_safetensors_open(weights_path, &st);
     if (err == DITD_ENOENT) /* no checkpoint: its family says what it lacks when it loads */
         return 0;
     if (err)

@@ -36,6 +36,13 @@ typedef struct ditd_model_info {
     char dir[DITD_MODEL_PATH_MAX];
     char name[256];              /* the folder's base name: the API's model id */
     char transformer_dir[DITD_MODEL_PATH_MAX];
+    /* Weights from a file beside the folder (--transformer-file,
+     * --text-encoder-2-file: a .gguf or .safetensors, as a ComfyUI /
+     * stable-diffusion.cpp download pairs with a Diffusers folder), set by
+     * ditd_model_info_set_files; "" = the component folder's own. The
+     * folder's config.json still says the shapes. */
+    char transformer_file[DITD_MODEL_PATH_MAX];
+    char text_encoder_2_file[DITD_MODEL_PATH_MAX];
     char scheduler_config[DITD_MODEL_PATH_MAX];
     char pipeline_class[128];    /* model_index.json's _class_name */
     const ditd_pipeline_class *pipeline; /* its row of the pipeline table (static, borrowed):
@@ -121,11 +128,23 @@ typedef struct ditd_model_info {
 int ditd_model_info_load(const char *dir, ditd_model_info *out);
 void ditd_model_info_free(ditd_model_info *m);
 
+/* The weights files that replace transformer/'s and text_encoder_2/'s
+ * (NULL or "": the folder's). Checked here, before any weight is read: the
+ * file exists and is a regular .gguf or .safetensors file (DITD_ENOENT /
+ * DITD_EINVAL naming the flag and the file); the denoiser family takes a
+ * weights file (DITD_EUNSUPPORTED naming its class otherwise); the
+ * pipeline's text_encoder_2 is a T5 (FLUX; DITD_EUNSUPPORTED naming the
+ * pipeline otherwise). Whether the file's tensors fit the config is the
+ * load's to say, by tensor. */
+int ditd_model_info_set_files(ditd_model_info *m, const char *transformer_file,
+                              const char *text_encoder_2_file);
+
 /* The dtype a checkpoint keeps its weights in (weights_path: a component
  * folder or a .safetensors file/index): that of its largest tensor, F32
  * unless it is BF16 or F16 (a checkpoint may keep a few small tensors in
  * f32). Any family. A folder without a safetensors checkpoint is F32 (the
- * family's load says what is missing). */
+ * family's load says what is missing); so is a GGUF file or folder (its
+ * blocks are computed in f32 unless --dtype bf16 says otherwise). */
 int ditd_model_checkpoint_dtype(const char *weights_path, ditd_dtype *out);
 
 /* Whether the model makes width x height pixels: any multiple of

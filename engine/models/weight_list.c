@@ -142,8 +142,14 @@ void ditd_wl_free(ditd_wl *l)
 
 /* ---- planning ---- */
 
-/* Whether e stays in its GGML blocks, and then e->q (but data) set. */
-static int quant_plan(const ditd_wl_entry *e, const ditd_backend_ops *ops,
+/* Whether e stays in its GGML blocks (1, and then e->q but data set), or
+ * loads as floats (0). A tp rank's columns that would cut a block are
+ * refused (DITD_EUNSUPPORTED naming the tensor, its type, the block width,
+ * the split and the tp degree): a quantized checkpoint is there to save
+ * memory, and dequantizing that layer on every rank behind the user's back
+ * would cost 4-8x of it; DITD_WEIGHTS_DEQUANTIZE=1 (nothing stays in
+ * blocks) or a tp degree whose cuts fall on block edges loads it. */
+static int quant_plan(const ditd_wl *l, const ditd_wl_entry *e, const ditd_backend_ops *ops,
                       const struct ditd_weights *src)
 {
     if (!e->q || !src || !ops->linear_q || ops->device != DITD_DEVICE_CPU)
@@ -165,8 +171,20 @@ static int quant_plan(const ditd_wl_entry *e, const ditd_backend_ops *ops,
         ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
         rb = 0;
         for (int i = 0; i < e->ncols; i++) {
-            if (e->c0[i] % elems || e->cn[i] % elems)
-                return 0; /* a tp rank's columns would cut blocks */
+            if (e->c0[i] % elems || e->cn[i] % elems) {
+                const int64_t bad = e->c0[i] % elems ? e->c0[i] : e->cn[i];
+                return ditd_err_set(
+                    DITD_EUNSUPPORTED,
+                    "%s.weight (%lld x %lld) is %s, blocks of %d values: tensor parallel %d "
+                    "gives this rank its columns [%lld, %lld), and %lld is not a multiple of "
+                    "%d (a split must not cut a block); choose a tp degree that splits on "
+                    "block edges, or set DITD_WEIGHTS_DEQUANTIZE=1 to load every weight as "
+                    "floats",
+                    e->name[0], (long long)e->rows, (long long)e->cols,
+                    ditd_gguf_type_name((ditd_gguf_type)type), elems, l->tp > 1 ? l->tp : 1,
+                    (long long)e->c0[i], (long long)(e->c0[i] + e->cn[i]), (long long)bad,
+                    elems);
+            }
             rb += (size_t)(e->cn[i] / elems) * (size_t)bytes;
         }
     }
@@ -193,7 +211,10 @@ int ditd_wl_plan(const ditd_wl *l, ditd_arena *a, const ditd_backend_ops *ops,
             err |= e1;
             continue;
         }
-        if (quant_plan(e, ops, src)) {
+        int qp = quant_plan(l, e, ops, src);
+        if (qp < 0)
+            return qp;
+        if (qp) {
             *e->w = ditd_arena_bytes(a, N * e->q->row_bytes, &e1);
             e->q->data = *e->w;
         } else {

@@ -76,6 +76,8 @@ typedef struct ditd_wl {
     ditd_wl_entry *e;
     int n, cap;
     int err;              /* a failed add (ENOMEM, a name too long): the walks refuse */
+    int tp;               /* the tp degree the splits are of (the family's; 0 or 1:
+                           * none): named when a split would cut GGML blocks */
 } ditd_wl;
 
 /* This rank's shape of an entry: (N, K) of what is carved. */

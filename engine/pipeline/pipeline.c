@@ -94,10 +94,11 @@ int ditd_pipeline_new_group(const ditd_model_info *info, const ditd_backend_ops 
     }
     /* one forward runs at most 2n rows (n under cfg parallel, where each
      * half and the skip-layer rows are forwards of their own) */
-    if ((err = ditd_denoiser_load(info->denoiser, info->transformer_dir, ops,
-                                  p->mesh && p->mesh->layout.cfg == 2 ? max_samples
-                                                                      : 2 * max_samples,
-                                  p->mesh, &p->den)))
+    if ((err = ditd_denoiser_load_file(info->denoiser, info->transformer_dir,
+                                       info->transformer_file, ops,
+                                       p->mesh && p->mesh->layout.cfg == 2 ? max_samples
+                                                                           : 2 * max_samples,
+                                       p->mesh, &p->den)))
         goto fail;
     p->cur = p->den;
     p->boundary_t = -1.0f;

@@ -132,7 +132,10 @@ static int load_part(ditd_prompt_encoder *e, part *p, const ditd_model_info *inf
     } else {
         if (pp->pooled != DITD_PROMPT_POOLED_NONE)
             return ditd_err_set(DITD_EINVAL, "%s: a T5 part has no pooled output", e->pc->name);
-        if ((err = ditd_t5_encoder_new(dir, cls, ops, 1, max_tokens, &p->t5)))
+        /* --text-encoder-2-file: FLUX's T5 weights from a file beside the folder */
+        const char *wfile =
+            strcmp(pp->encoder, "text_encoder_2") == 0 ? info->text_encoder_2_file : NULL;
+        if ((err = ditd_t5_encoder_new_file(dir, wfile, cls, ops, 1, max_tokens, &p->t5)))
             return err;
         p->width = ditd_t5_encoder_config_of(p->t5)->d_model;
     }

@@ -185,7 +185,7 @@ void ditd_clip_text_free(ditd_clip_text *m)
 {
     if (!m)
         return;
-    if (m->w.st)
+    if (m->w.src)
         ditd_text_weights_free(&m->w);
     free(m->layers);
     free(m->targets);

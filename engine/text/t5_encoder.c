@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/text/text_lora.h"
+#include "engine/text/t5_gguf.h"
 #include "engine/text/text_weights.h"
 #include "kernels/cpu/text_kernels.h"
 
@@ -82,6 +83,11 @@ size_t ditd_t5_encoder_borrowed_bytes(const ditd_t5_encoder *m)
     return m->w.borrowed_bytes;
 }
 
+int ditd_t5_encoder_quantized(const ditd_t5_encoder *m, size_t *bytes)
+{
+    return ditd_text_weights_quantized(&m->w, bytes);
+}
+
 size_t ditd_t5_encoder_arena_bytes(const ditd_t5_encoder *m)
 {
     return m->w.arena.size;
@@ -118,6 +124,10 @@ static int walk(ditd_t5_encoder *m)
 #define MAT(dst, r, cc, ...)                                                   \
     if ((err = ditd_text_weights_mat(w, &(dst), N_(__VA_ARGS__), (r), (cc)))) \
     return err
+/* a linear that may keep a GGUF checkpoint's blocks (ditd_text_linear) */
+#define QMAT(dst, r, cc, ...)                                                   \
+    if ((err = ditd_text_weights_qmat(w, &(dst), N_(__VA_ARGS__), (r), (cc)))) \
+    return err
 #define SMALL(dst, d0, ...)                                                      \
     if ((err = ditd_text_weights_small(w, &(dst), N_(__VA_ARGS__), (d0), 0))) \
     return err
@@ -137,21 +147,31 @@ static int walk(ditd_t5_encoder *m)
         t5_block *b = &m->blocks[l];
         const char *e = "encoder.block";
         SMALL(b->ln0, D, "%s.%d.layer.0.layer_norm.weight", e, l);
-        MAT(b->q, I, D, "%s.%d.layer.0.SelfAttention.q.weight", e, l);
-        MAT(b->k, I, D, "%s.%d.layer.0.SelfAttention.k.weight", e, l);
-        MAT(b->v, I, D, "%s.%d.layer.0.SelfAttention.v.weight", e, l);
-        MAT(b->o, D, I, "%s.%d.layer.0.SelfAttention.o.weight", e, l);
+        QMAT(b->q, I, D, "%s.%d.layer.0.SelfAttention.q.weight", e, l);
+        QMAT(b->k, I, D, "%s.%d.layer.0.SelfAttention.k.weight", e, l);
+        QMAT(b->v, I, D, "%s.%d.layer.0.SelfAttention.v.weight", e, l);
+        QMAT(b->o, D, I, "%s.%d.layer.0.SelfAttention.o.weight", e, l);
         SMALL(b->ln1, D, "%s.%d.layer.1.layer_norm.weight", e, l);
+        /* linear_q fuses gelu_new (T5 v1.1's) but not relu: that one's wi
+         * is dequantized at load */
+        const int fuse = c->act == DITD_TEXT_ACT_GELU_NEW || c->act == DITD_TEXT_ACT_NONE;
         if (c->gated) {
-            MAT(b->wi0, F, D, "%s.%d.layer.1.DenseReluDense.wi_0.weight", e, l);
-            MAT(b->wi1, F, D, "%s.%d.layer.1.DenseReluDense.wi_1.weight", e, l);
+            if (fuse) {
+                QMAT(b->wi0, F, D, "%s.%d.layer.1.DenseReluDense.wi_0.weight", e, l);
+            } else {
+                MAT(b->wi0, F, D, "%s.%d.layer.1.DenseReluDense.wi_0.weight", e, l);
+            }
+            QMAT(b->wi1, F, D, "%s.%d.layer.1.DenseReluDense.wi_1.weight", e, l);
+        } else if (fuse) {
+            QMAT(b->wi0, F, D, "%s.%d.layer.1.DenseReluDense.wi.weight", e, l);
         } else {
             MAT(b->wi0, F, D, "%s.%d.layer.1.DenseReluDense.wi.weight", e, l);
         }
-        MAT(b->wo, D, F, "%s.%d.layer.1.DenseReluDense.wo.weight", e, l);
+        QMAT(b->wo, D, F, "%s.%d.layer.1.DenseReluDense.wo.weight", e, l);
     }
     SMALL(m->lnf, D, "encoder.final_layer_norm.weight");
 #undef MAT
+#undef QMAT
 #undef SMALL
 #undef N_
     int64_t Kmax = F > D ? F : D;
@@ -178,6 +198,13 @@ static int walk(ditd_t5_encoder *m)
 
 int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_backend_ops *ops,
                         int max_batch, int max_tokens, ditd_t5_encoder **out)
+{
+    return ditd_t5_encoder_new_file(dir, NULL, class_hint, ops, max_batch, max_tokens, out);
+}
+
+int ditd_t5_encoder_new_file(const char *dir, const char *weights, const char *class_hint,
+                             const ditd_backend_ops *ops, int max_batch, int max_tokens,
+                             ditd_t5_encoder **out)
 {
     char path[4096];
     ditd_text_config tc;
@@ -220,7 +247,8 @@ int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_back
         err = ditd_err_set(DITD_ENOMEM, "T5 blocks");
         goto fail;
     }
-    if ((err = ditd_text_weights_open(&m->w, dir, ops)))
+    if ((err = ditd_text_weights_open(&m->w, weights && weights[0] ? weights : dir, ops)) ||
+        (err = ditd__t5_gguf_alias(m->w.src, m->cfg.num_layers)))
         goto fail;
     if (m->cfg.gated &&
         ditd_text_weights_has(&m->w, "encoder.block.0.layer.1.DenseReluDense.wi.weight")) {
@@ -259,7 +287,7 @@ void ditd_t5_encoder_free(ditd_t5_encoder *m)
 {
     if (!m)
         return;
-    if (m->w.st)
+    if (m->w.src)
         ditd_text_weights_free(&m->w);
     free(m->blocks);
     free(m->h_rel_table);

@@ -42,6 +42,19 @@ typedef struct ditd_t5_encoder ditd_t5_encoder;
  * (ditd_t5_encoder_free). Errors name the file, tensor or key. */
 int ditd_t5_encoder_new(const char *dir, const char *class_hint, const ditd_backend_ops *ops,
                         int max_batch, int max_tokens, ditd_t5_encoder **out);
+/* The same with the weights from `weights` (a .gguf or .safetensors file;
+ * NULL: dir's own) and dir's config.json. A GGUF in llama.cpp's T5 names
+ * (enc.blk.0.attn_q.weight, token_embd.weight, ...; engine/text/t5_gguf.h)
+ * or transformers' reads; its quantized linears keep their GGML blocks on
+ * the CPU backend (ditd_text_linear: linear_q), everything else (the
+ * embedding, norms, the position bias, and wi under relu) is dequantized
+ * to f32 at load. A tensor whose shape differs from the config's, or of a
+ * GGML type ditd does not dequantize, is refused naming it. */
+int ditd_t5_encoder_new_file(const char *dir, const char *weights, const char *class_hint,
+                             const ditd_backend_ops *ops, int max_batch, int max_tokens,
+                             ditd_t5_encoder **out);
+/* Linears kept in GGML blocks and their bytes (0: none). */
+int ditd_t5_encoder_quantized(const ditd_t5_encoder *m, size_t *bytes);
 void ditd_t5_encoder_free(ditd_t5_encoder *m);
 
 const ditd_t5_config *ditd_t5_encoder_config_of(const ditd_t5_encoder *m);

@@ -316,13 +316,13 @@ void ditd_text_lora_linear(const ditd_backend_ops *ops, const ditd_text_lora_run
 {
     const int M = r->B * r->rows;
     if (!ditd_lora_touches(r->sets, r->B, t)) { /* the base op, activation fused */
-        ops->linear_wt(x, ldx, w->p, w->dt, bias, y, ldy, M, N, K, act, scratch, scratch_elems);
+        ditd_text_linear(ops, x, ldx, w, bias, y, ldy, M, N, K, act, scratch, scratch_elems);
         return;
     }
     // y = x W^T + b; y += each sequence's terms; then the activation (PEFT
     // wraps the nn.Linear, not the activation after it)
-    ops->linear_wt(x, ldx, w->p, w->dt, bias, y, ldy, M, N, K, DITD_TEXT_ACT_NONE, scratch,
-                   scratch_elems);
+    ditd_text_linear(ops, x, ldx, w, bias, y, ldy, M, N, K, DITD_TEXT_ACT_NONE, scratch,
+                     scratch_elems);
     ditd_lora_apply(ops, r->sets, r->B, r->rows, t, x, ldx, y, ldy, N, K, DITD_ACT_NONE, r->tmp,
                     r->tmp_floats);
     if (act != DITD_TEXT_ACT_NONE)

@@ -105,7 +105,8 @@ typedef struct ditd_text_lora_run {
 } ditd_text_lora_run;
 
 /* The linear y (B rows, N) = act(x (B rows, K) @ w^T + b) of target t plus
- * each sequence's adapters on t; where none touches t, exactly linear_wt.
+ * each sequence's adapters on t; where none touches t, exactly ditd_text_linear
+ * (engine/text/text_weights.h: a GGUF T5's quantized linears too).
  * Queues ops only; no allocation. */
 void ditd_text_lora_linear(const ditd_backend_ops *ops, const ditd_text_lora_run *r, int t,
                            const void *x, size_t ldx, const ditd_text_mat *w, const void *bias,

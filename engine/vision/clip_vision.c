@@ -121,7 +121,7 @@ void ditd_clip_vision_free(ditd_clip_vision *m)
 {
     if (!m)
         return;
-    if (m->w.st)
+    if (m->w.src)
         ditd_text_weights_free(&m->w);
     free(m->layers);
     free(m->h_cols);

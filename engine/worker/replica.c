@@ -81,6 +81,8 @@ int ditd_replica_begin(const ditd_replica_opts *o, ditd_replica *r)
     if ((err = ditd_model_info_load(o->model_dir, &r->info)))
         return err;
     r->have_info = 1;
+    if ((err = ditd_model_info_set_files(&r->info, o->transformer_file, o->text_encoder_2_file)))
+        return err;
     return 0;
 }
 
@@ -93,7 +95,9 @@ int ditd_replica_load(const ditd_replica_opts *o, ditd_replica *r)
     /* the denoiser's table by its weights' dtype (or auto by the
      * checkpoint's); the VAE and the encoders keep the f32 CPU table they
      * are written for */
-    if ((err = ditd_model_checkpoint_dtype(r->info.transformer_dir, &ckpt)))
+    if ((err = ditd_model_checkpoint_dtype(r->info.transformer_file[0] ? r->info.transformer_file
+                                                                     : r->info.transformer_dir,
+                                           &ckpt)))
         return err;
     if (!(r->wops = ditd_backend_for_weights(r->ops, o->dtype ? o->dtype : "auto", ckpt)))
         return DITD_EINVAL;

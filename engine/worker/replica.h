@@ -35,6 +35,9 @@ enum { DITD_REPLICA_NO_DECODE = 0, DITD_REPLICA_DECODE = 1 };
 
 typedef struct ditd_replica_opts {
     const char *model_dir;   /* borrowed for the call */
+    /* weights files for transformer/ and text_encoder_2/ (NULL: the
+     * folder's; ditd_model_info_set_files), borrowed for the call */
+    const char *transformer_file, *text_encoder_2_file;
     ditd_device device;      /* CUDA: this rank's GPU (ditd_backend_open) */
     const char *dtype;       /* the denoiser's weights: "auto" (NULL), "f32", "bf16" */
     int max_samples;         /* samples per batch (the pipeline's max) */

@@ -198,6 +198,8 @@ int ditd_worker_run(const ditd_worker_config *cfg, ditd_transport *t)
         cfg->weight_dtype < 0 ? "auto" : ditd_dtype_name((ditd_dtype)cfg->weight_dtype);
     ditd_replica_opts ro = {
         .model_dir = cfg->model_dir,
+        .transformer_file = cfg->transformer_file,
+        .text_encoder_2_file = cfg->text_encoder_2_file,
         .device = (ditd_device)cfg->device,
         .dtype = dtype,
         .max_samples = cfg->max_batch,

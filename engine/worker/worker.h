@@ -76,6 +76,9 @@ typedef struct ditd_worker_config {
     /* MiB of adapters kept on the device (an LRU: a batch naming an evicted
      * adapter reloads it from its file first); 0: every adapter stays. */
     double lora_cache_mb;
+    /* --transformer-file / --text-encoder-2-file (ditd_model_info_set_files;
+     * NULL: the folder's), borrowed for the call */
+    const char *transformer_file, *text_encoder_2_file;
 } ditd_worker_config;
 
 /* Loads the model and serves batches until a Shutdown message or a

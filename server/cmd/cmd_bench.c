@@ -32,6 +32,9 @@ static void usage(FILE *f)
             "  --config NAME    DiT-S/2, DiT-B/2, DiT-L/2, DiT-XL/2 (/4, /8): random weights\n"
             "                   (default DiT-XL/2)\n"
             "  --model DIR      a model folder instead (its real weights)\n"
+            "  --transformer-file F  with --model: the transformer's weights from this\n"
+            "                   .gguf or .safetensors file (docs/quant.md)\n"
+            "  --text-encoder-2-file F  with --model: text_encoder_2's (a T5) from F\n"
             "  --tokens N       tokens per sample, a square grid (default 256)\n"
             "  --batch B        samples per forward (default 2)\n"
             "  --threads T      CPU threads (default: all)\n"
@@ -125,10 +128,15 @@ static void analytic_bytes(const ditd_dit_config *c, const ditd_layout *l, int B
  * DiT's). The pipeline's denoiser holds 2 x max_samples rows (max_samples
  * on one cfg half), so max_samples is what holds `rows`. Says why on
  * stderr when it fails. */
+/* --transformer-file, --text-encoder-2-file (NULL: the folder's) */
+static const char *g_transformer_file, *g_text_encoder_2_file;
+
 static int open_model(const char *model_dir, ditd_device dev, const char *dtype, long tokens,
                       int rows, ditd_mesh *mesh, ditd_replica *rep, ditd_dit **m)
 {
-    ditd_replica_opts o = {.model_dir = model_dir, .device = dev, .dtype = dtype, .mesh = mesh};
+    ditd_replica_opts o = {.model_dir = model_dir, .device = dev, .dtype = dtype, .mesh = mesh,
+                           .transformer_file = g_transformer_file,
+                           .text_encoder_2_file = g_text_encoder_2_file};
     int err = ditd_replica_begin(&o, rep);
     if (err)
         return fail(model_dir, err), err;
@@ -356,7 +364,7 @@ done:
 int ditd_cmd_bench(int argc, char **argv)
 {
     enum { O_CONFIG = 256, O_MODEL, O_TOKENS, O_BATCH, O_THREADS, O_ITERS, O_WARMUP, O_NOGEMM, O_DEVICE,
-           O_DTYPE };
+           O_DTYPE, O_TFILE, O_TE2FILE };
     static const struct option opts[] = {
         {"config", required_argument, 0, O_CONFIG},   {"model", required_argument, 0, O_MODEL},
         {"tokens", required_argument, 0, O_TOKENS},   {"batch", required_argument, 0, O_BATCH},
@@ -366,6 +374,8 @@ int ditd_cmd_bench(int argc, char **argv)
         DITD_LAYOUT_LONGOPTS,
         {"device", required_argument, 0, O_DEVICE},
         {"dtype", required_argument, 0, O_DTYPE},
+        {"transformer-file", required_argument, 0, O_TFILE},
+        {"text-encoder-2-file", required_argument, 0, O_TE2FILE},
         {0, 0, 0, 0}};
     ditd_layout layout = DITD_LAYOUT_SINGLE;
     const char *config = "DiT-XL/2", *model_dir = NULL, *dtype = "auto";
@@ -390,6 +400,8 @@ int ditd_cmd_bench(int argc, char **argv)
         case O_NOGEMM: do_gemm = 0; break;
         case O_DEVICE: err = ditd_device_from_str(optarg, &device); break;
         case O_DTYPE: dtype = optarg; break;
+        case O_TFILE: g_transformer_file = optarg; break;
+        case O_TE2FILE: g_text_encoder_2_file = optarg; break;
         case 'h': usage(stdout); return 0;
         default:
             if (ditd_layout_option(c, optarg, &layout, &err))

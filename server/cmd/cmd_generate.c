@@ -220,6 +220,8 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_replica rep;
     ditd_replica_opts ro = {
         .model_dir = a.model_dir,
+        .transformer_file = a.transformer_file,
+        .text_encoder_2_file = a.text_encoder_2_file,
         .device = a.device,
         .dtype = a.dtype_str,
         .max_samples = (int)a.n,

@@ -294,6 +294,11 @@ static int check_start(const ditd_serve_config *c, const ditd_layout *l, const c
         snprintf(d, sizeof d, "%s", ditd_err_detail());
         return ditd_err_set(err, "%s: %s", model_dir, d);
     }
+    /* --transformer-file / --text-encoder-2-file: there, and taken by the model */
+    if ((err = ditd_model_info_set_files(&info, c->transformer_file, c->text_encoder_2_file))) {
+        ditd_model_info_free(&info);
+        return err;
+    }
     if (info.frames > 0 && !ditd_video_mp4_available()) { /* before any replica loads it */
         err = ditd_err_set(DITD_EUNSUPPORTED,
                            "%s is a video model (%s): /v1/videos writes MP4 through FFmpeg's "
@@ -419,6 +424,8 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
             goto fail_hub;
         for (int r = 0; r < s->nrep; r++) {
             targs[r].cfg.model_dir = s->info.dir;
+            targs[r].cfg.transformer_file = s->cfg.transformer_file;
+            targs[r].cfg.text_encoder_2_file = s->cfg.text_encoder_2_file;
             targs[r].cfg.replica = r;
             targs[r].cfg.max_batch = s->cfg.max_batch;
             targs[r].cfg.threads = s->cfg.threads;
@@ -575,7 +582,8 @@ static int serve_worker(ditd_srv *s, const char *model_dir, const ditd_layout *l
                              s->cfg.text_encoder_rank,
                              s->cfg.text_cache_entries,
                              s->cfg.text_cache_mb, s->wloras, s->cfg.loras.n,
-                             s->cfg.lora_cache_mb};
+                             s->cfg.lora_cache_mb, s->cfg.transformer_file,
+                             s->cfg.text_encoder_2_file};
     for (int i = 0; i < s->cfg.loras.n; i++)
         s->wloras[i] = (ditd_worker_lora){s->cfg.loras.v[i].name, s->cfg.loras.v[i].path};
     /* the mesh refuses a bad layout on every rank alike, before any split */

@@ -38,6 +38,7 @@ typedef struct ditd_gen_lora_args {
 typedef struct ditd_gen_args {
     ditd_layout layout;
     const char *model_dir;   /* the embedded default model's when not given */
+    const char *transformer_file, *text_encoder_2_file; /* --transformer-file, ... */
     const char *class_str, *sampler_str, *latents_path, *save_path, *out_path, *dtype_str;
     const char *prompts[3], *negatives[3];
     const char *skip_str, *image_path, *mask_path;

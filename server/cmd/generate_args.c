@@ -82,6 +82,14 @@ static void usage(FILE *f)
             "  --tp-degree T        Megatron tensor parallel\n"
             "  --cfg-degree C       1 or 2: conditional and unconditional halves apart\n",
             samplers);
+    fputs("\nweights from files beside the folder (docs/quant.md):\n"
+          "  --transformer-file F the transformer's weights from this .gguf or\n"
+          "                       .safetensors file instead of DIR/transformer/'s (a\n"
+          "                       ComfyUI / stable-diffusion.cpp download); its config.json\n"
+          "                       still says the shapes\n"
+          "  --text-encoder-2-file F  FLUX: the T5 encoder's weights from this .gguf\n"
+          "                       (llama.cpp's T5 names or transformers') or .safetensors\n",
+          f);
     fputs("\nimage edits (docs/edits.md):\n"
           "  --image FILE         img2img (a row with img2img: FLUX): start from this PNG,\n"
           "                       JPEG or WebP, at the output size (the default --size;\n"
@@ -183,8 +191,11 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
            O_SAVE, O_DEVICE, O_COMM_TIMEOUT, O_VAE_TILING, O_DTYPE, O_PROMPT, O_NEG, O_TRUE_CFG,
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
            O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2, O_LORA,
-           O_LORA_SCALE, O_IMAGE, O_STRENGTH, O_LORA_DIR, O_MASK, O_LAST_IMAGE, O_LORA_EXPERT };
+           O_LORA_SCALE, O_IMAGE, O_STRENGTH, O_LORA_DIR, O_MASK, O_LAST_IMAGE, O_LORA_EXPERT,
+           O_TFILE, O_TE2FILE };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
+                                         {"transformer-file", required_argument, 0, O_TFILE},
+                                         {"text-encoder-2-file", required_argument, 0, O_TE2FILE},
                                          {"class", required_argument, 0, O_CLASS},
                                          {"seed", required_argument, 0, O_SEED},
                                          {"steps", required_argument, 0, O_STEPS},
@@ -249,6 +260,8 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
         err = 0;
         switch (c) {
         case O_MODEL: a->model_dir = optarg; break;
+        case O_TFILE: a->transformer_file = optarg; break;
+        case O_TE2FILE: a->text_encoder_2_file = optarg; break;
         case O_CLASS: a->class_str = optarg; break;
         case O_SEED:
             err = ditd_parse_long(optarg, 0, 0x7fffffffffffffffL, "--seed", &a->seed);

@@ -33,6 +33,8 @@ static const opt opts[] = {
     {"host", "DITD_HOST", T_STR, OFF(host), 0, 0, "127.0.0.1", "address to listen on (0.0.0.0: all)"},
     {"port", "DITD_PORT", T_INT, OFF(port), 0, 65535, "8080", "TCP port (0: any free port)"},
     {"model", "DITD_MODEL", T_STR, OFF(model), 0, 0, "", "Diffusers model folder (default: the embedded model)"},
+    {"transformer-file", "DITD_TRANSFORMER_FILE", T_STR, OFF(transformer_file), 0, 0, "", "the transformer's weights from this .gguf or .safetensors file instead of the model folder's transformer/ (its config.json still says the shapes; docs/quant.md)"},
+    {"text-encoder-2-file", "DITD_TEXT_ENCODER_2_FILE", T_STR, OFF(text_encoder_2_file), 0, 0, "", "FLUX: the T5 encoder's weights from this .gguf (llama.cpp's T5 names or transformers') or .safetensors file instead of text_encoder_2/'s"},
     {"served-model-name", "DITD_SERVED_MODEL_NAME", T_NAMES, OFF(served_names), 0, 0, "", "extra names requests may give as \"model\" (as vLLM's; repeat the flag or separate by commas); the folder's name stays one; /v1/models lists each"},
     {"dp", "DITD_DP", T_INT, OFF(dp), 1, 1024, "1", "replicas (data parallel); under mpirun: world = 1 + dp x group"},
     {"ulysses-degree", "DITD_ULYSSES_DEGREE", T_INT, OFF(ulysses_degree), 1, 1024, "1", "context parallel (Ulysses) ranks per replica"},

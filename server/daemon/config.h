@@ -20,6 +20,10 @@ typedef struct ditd_serve_config {
     char host[256];
     int port;
     char model[4096];           /* "" = the embedded default */
+    /* weights files for transformer/ and text_encoder_2/ ("" = the
+     * folder's; ditd_model_info_set_files) */
+    char transformer_file[4096];
+    char text_encoder_2_file[4096];
     /* extra names a request's "model" may use (--served-model-name,
      * repeatable, or comma-separated; DITD_SERVED_MODEL_NAME) */
     char served_names[DITD_SERVE_MAX_NAMES][DITD_SERVE_NAME_MAX];

@@ -36,6 +36,7 @@
 
 static int rank_world;
 static int uneven_text; /* cases whose text length the cp degree does not divide */
+static int refused;     /* loads refused because a tp split would cut GGML blocks */
 
 /* This rank's text and image shares, against ditd_split of L and N. */
 static void check_shares(const ditd_flux *par, const ditd_mesh *mesh, const char *what)
@@ -96,6 +97,8 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
     const ditd_layout *l = &mesh->layout;
     if (cfg.num_heads % l->tp || (cfg.num_heads / l->tp) % l->ulysses)
         return -1;
+    /* the Q4_K model under tp: its heads' 128 columns cut 256-value blocks */
+    const int cut_blocks = l->tp > 1 && strstr(dir, "q4_k") != NULL;
     cases = flux_cases(dir);
     json_array_foreach(cases, i, c) {
         flux_case fc;
@@ -105,8 +108,29 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
                                      &one));
             /* the mesh's model loaded at another size, then re-planned
              * for the case's (set_size under a mesh) */
+            if (cut_blocks) {
+                /* the Q4_K model's 128-column head slices cut its 256-value
+                 * blocks: refused naming the numbers, on every rank; then
+                 * loaded with every weight as floats, as the refusal says */
+                int err = ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h, fc.w, fc.L,
+                                             dir, mesh, &par);
+                char want[160];
+                snprintf(want, sizeof want, "tensor parallel %d gives this rank its columns",
+                         l->tp);
+                const char *d = ditd_err_detail();
+                TU_CHECK(err == DITD_EUNSUPPORTED && !par && strstr(d, "Q4_K") &&
+                             strstr(d, "blocks of 256") && strstr(d, want) &&
+                             strstr(d, "transformer_blocks.0.attn.to_out.0.weight") &&
+                             strstr(d, "is not a multiple of 256"),
+                         "rank %d %s tp %d: a split that cuts Q4_K blocks refused: %s: %s",
+                         rank_world, dir, l->tp, ditd_err_name(err), d);
+                refused++;
+                setenv("DITD_WEIGHTS_DEQUANTIZE", "1", 1);
+            }
             TU_OK(ditd_flux_new_mesh(&cfg, &ditd_backend_cpu, fc.B, fc.h + 2, fc.w + 4, fc.L + 1,
                                      dir, mesh, &par));
+            if (cut_blocks)
+                unsetenv("DITD_WEIGHTS_DEQUANTIZE");
             if (par)
                 TU_OK(ditd_flux_set_size(par, fc.h, fc.w, fc.L));
         }
@@ -122,9 +146,9 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
             check_shares(par, mesh, what);
             if (strstr(dir, "flux_gguf"))
                 /* every tp slice of the Q8_0 model is whole blocks (32 values);
-                 * the Q4_K one's 128-column head slices are not (256) */
-                TU_CHECK(par->quantized > 0 && one->quantized > 0 &&
-                             (!strstr(dir, "q8_0") || par->quantized == one->quantized),
+                 * the Q4_K one under tp was loaded as floats (above) */
+                TU_CHECK(one->quantized > 0 && (cut_blocks ? par->quantized == 0
+                                                           : par->quantized == one->quantized),
                          "%s: %d linears kept quantized under the mesh, %d on one rank", what,
                          par->quantized, one->quantized);
             if (fc.L % (l->ring * l->ulysses))
@@ -218,6 +242,8 @@ int main(int argc, char **argv)
         TU_CHECK(checked >= floor && models >= 1,
                  "FLUX cases checked under the mesh: %d of %d models (at least %d cases)", checked,
                  models, floor);
+        TU_CHECK(!gguf || l.tp == 1 || refused >= 1,
+                 "tp %d: no load refused for cutting the Q4_K model's blocks", l.tp);
         TU_CHECK(l.ring * l.ulysses == 1 || uneven_text >= 1,
                  "no case with a text length that cp degree %d does not divide", l.ring * l.ulysses);
     }

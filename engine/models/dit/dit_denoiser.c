@@ -23,13 +23,15 @@ static int dit_shapes(const char *dir, ditd_denoiser_shapes *out)
     return err;
 }
 
-static int dit_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
-                    const ditd_mesh *mesh, ditd_denoiser **out)
+/* dir's config; the weights from `weights` (a file or dir itself) */
+static int dit_load_file(const char *dir, const char *weights, const ditd_backend_ops *ops,
+                         int max_batch, const ditd_mesh *mesh, ditd_denoiser **out)
 {
     ditd_dit_config c;
     ditd_dit *m;
     int err;
-    if ((err = config_at(dir, &c)) || (err = ditd_dit_new_mesh(&c, ops, max_batch, dir, mesh, &m)))
+    if ((err = config_at(dir, &c)) ||
+        (err = ditd_dit_new_mesh(&c, ops, max_batch, weights, mesh, &m)))
         return err;
     m->base.family = &ditd_dit_family;
     /* step caching: every block under the block hooks; per block three
@@ -39,6 +41,12 @@ static int dit_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
     m->base.cache_img_elems = (size_t)m->n_loc * (size_t)c.inner_dim;
     *out = &m->base;
     return 0;
+}
+
+static int dit_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
+                    const ditd_mesh *mesh, ditd_denoiser **out)
+{
+    return dit_load_file(dir, dir, ops, max_batch, mesh, out);
 }
 
 static int dit_forward(ditd_denoiser *d, int B, const void *x, const float *t,
@@ -68,6 +76,7 @@ const ditd_denoiser_family ditd_dit_family = {
     .class_name = "DiTTransformer2DModel",
     .shapes = dit_shapes,
     .load = dit_load,
+    .load_file = dit_load_file,
     .forward = dit_forward,
     .free = dit_free,
     .module_name = dit_module_name,

@@ -335,6 +335,7 @@ static int plan(ditd_flux *m, const ditd_mesh *mesh)
     m->ioff = m->icnt + RU;
     m->jcnt = m->ioff + RU;
     m->jlead = m->jcnt + RU;
+    m->wl.tp = m->lay.tp; /* named by a split that would cut GGML blocks */
     weight_list(m, &m->wl);
     if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, m->src)) ||
         (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||

@@ -65,21 +65,28 @@ static int flux_module_name(const ditd_denoiser *d, int id, char *buf, size_t ca
     return 0;
 }
 
-static int flux_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
-                     const ditd_mesh *mesh, ditd_denoiser **out)
+/* dir's config; the weights from `weights` (a file or dir itself) */
+static int flux_load_file(const char *dir, const char *weights, const ditd_backend_ops *ops,
+                          int max_batch, const ditd_mesh *mesh, ditd_denoiser **out)
 {
     ditd_flux_config c;
     ditd_flux *m;
     int err;
     if ((err = config_at(dir, &c)) ||
         (err = ditd_flux_new_mesh(&c, ops, max_batch, DITD_FLUX_DEFAULT_LATENT,
-                                  DITD_FLUX_DEFAULT_LATENT, DITD_FLUX_DEFAULT_TEXT_LEN, dir, mesh,
-                                  &m)))
+                                  DITD_FLUX_DEFAULT_LATENT, DITD_FLUX_DEFAULT_TEXT_LEN, weights,
+                                  mesh, &m)))
         return err;
     m->base.family = &ditd_flux_family;
     cache_plan(m);
     *out = &m->base;
     return 0;
+}
+
+static int flux_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
+                     const ditd_mesh *mesh, ditd_denoiser **out)
+{
+    return flux_load_file(dir, dir, ops, max_batch, mesh, out);
 }
 
 static int flux_forward(ditd_denoiser *d, int B, const void *x, const float *t,
@@ -114,6 +121,7 @@ const ditd_denoiser_family ditd_flux_family = {
     .class_name = "FluxTransformer2DModel",
     .shapes = flux_shapes,
     .load = flux_load,
+    .load_file = flux_load_file,
     .forward = flux_forward,
     .free = flux_free,
     .set_size = flux_set_size,
