@@ -42,13 +42,14 @@ virtualenv:
 The C test (tests/golden/test_lora_sd3wan.c) reads the files, never Python.
 """
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import diffusers
 from diffusers import (AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
@@ -365,6 +366,7 @@ def main():
               str(OUT / "wan_bad_shape.safetensors"))
     files["bad"] = {"wan_bad_shape": "wan_bad_shape.safetensors"}
 
+    diffusers_copies(files, cases, s_files["s8"], w_files["w8"])
     doc = {"about": "tools/make_lora_sd3wan_fixtures.py: Diffusers 0.42 float64 final latents "
                     "with LoRA adapters on SD3 and Wan (load_lora_weights + set_adapters)",
            "linears": dict({"sd3": sorted(sh), "wan": sorted(wsh)}, **flinears),
@@ -375,5 +377,47 @@ def main():
     print(f"{len(cases)} cases", file=sys.stderr)
 
 
+def diffusers_copies(files, cases, sd3_file, wan_file):
+    """The rank-8 adapters as Diffusers itself saved them (alpha only in the file's
+    lora_adapter_metadata, no .alpha tensors, float64): ditd reads that metadata as
+    load_lora_weights does, so the same final latents are the reference (cases
+    *_r8_some_diffusers, the out of *_r8_some)."""
+    shutil.copy(sd3_file, OUT / "sd3_r8_some_diffusers.safetensors")
+    shutil.copy(wan_file, OUT / "wan_r8_some_diffusers.safetensors")
+    files["sd3"]["s8d"] = "sd3_r8_some_diffusers.safetensors"
+    files["wan"]["w8d"] = "wan_r8_some_diffusers.safetensors"
+    for c in list(cases):
+        if c["name"] in ("sd3_r8_some", "wan_r8_some"):
+            d = json.loads(json.dumps(c))
+            d["name"] = c["name"] + "_diffusers"
+            for u in d["samples"]:
+                for x in u:
+                    x["adapter"] = x["adapter"] + "d"
+            cases.append(d)
+
+
+def only_copies():
+    """--diffusers-copies-only: the two Diffusers-saved files from the committed
+    rank-8 adapters (the same tensors), and their cases, without rerunning Diffusers."""
+    doc = json.loads((OUT / "cases.json").read_text())
+    tmp = tempfile.TemporaryDirectory()
+    paths = []
+    for fam, cls, key in (("sd3", StableDiffusion3Pipeline, "s8"), ("wan", WanPipeline, "w8")):
+        sd = load_file(str(OUT / doc["adapters"][fam][key]))
+        ad = {}
+        for k, v in sd.items():
+            if k.endswith(".lora_A.weight"):
+                m = k[len("transformer."):-len(".lora_A.weight")]
+                ad[m] = (v, sd[k.replace("lora_A", "lora_B")])
+        paths.append(diffusers_file(tmp.name, cls, f"{fam}_{key}", ad, ALPHA))
+    doc["cases"] = [c for c in doc["cases"] if not c["name"].endswith("_diffusers")]
+    diffusers_copies(doc["adapters"], doc["cases"], *paths)
+    (OUT / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.cleanup()
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--diffusers-copies-only"]:
+        only_copies()
+    else:
+        main()

@@ -45,6 +45,8 @@ typedef struct st_file {
     char *path;     /* as opened; what errors and tensors call it */
     void *map;      /* NULL when the bytes are borrowed (open_mem) */
     size_t map_len;
+    char **meta;    /* "__metadata__": key, value, key, value, ... (copied) */
+    size_t n_meta;  /* pairs */
 } st_file;
 
 struct ditd_safetensors {
@@ -185,9 +187,7 @@ static int st_add_file(ditd_safetensors *st, const char *path, void *map, size_t
     char *copy = strdup(path);
     if (!copy)
         return ditd_err_set(DITD_ENOMEM, "%s: out of memory", path);
-    files[st->nfiles].path = copy;
-    files[st->nfiles].map = map;
-    files[st->nfiles].map_len = map_len;
+    files[st->nfiles] = (st_file){.path = copy, .map = map, .map_len = map_len};
     st->nfiles++;
     return 0;
 }
@@ -218,6 +218,9 @@ void ditd_safetensors_free(ditd_safetensors *st)
         if (st->files[i].map)
             munmap(st->files[i].map, st->files[i].map_len);
         free(st->files[i].path);
+        for (size_t k = 0; st->files[i].meta && st->files[i].meta[k]; k++)
+            free(st->files[i].meta[k]); /* NULL-ended: a failed copy leaves no gap */
+        free(st->files[i].meta);
     }
     free(st->files);
     free(st->origin);
@@ -407,6 +410,11 @@ static int st_parse(ditd_safetensors *st, size_t file_idx, const uint8_t *buf, s
                                    file);
                 goto fail_ranges;
             }
+            st_file *sf = &st->files[file_idx];
+            if (!(sf->meta = calloc(2 * json_object_size(v) + 1, sizeof *sf->meta))) {
+                err = ditd_err_set(DITD_ENOMEM, "%s: out of memory", file);
+                goto fail_ranges;
+            }
             json_object_foreach(v, mk, mv) {
                 if (!json_is_string(mv)) {
                     err = ditd_err_set(DITD_EFORMAT,
@@ -415,6 +423,12 @@ static int st_parse(ditd_safetensors *st, size_t file_idx, const uint8_t *buf, s
                                        file, mk);
                     goto fail_ranges;
                 }
+                if (!(sf->meta[2 * sf->n_meta] = strdup(mk)) ||
+                    !(sf->meta[2 * sf->n_meta + 1] = strdup(json_string_value(mv)))) {
+                    err = ditd_err_set(DITD_ENOMEM, "%s: out of memory", file);
+                    goto fail_ranges;
+                }
+                sf->n_meta++;
             }
             continue;
         }
@@ -955,4 +969,15 @@ int ditd_safetensors_read_f32_slice(const ditd_safetensors *st, const char *name
         convert_to_f32(t->dtype, s, run, dst + o * run);
     }
     return 0;
+}
+
+const char *ditd_safetensors_meta(const ditd_safetensors *st, const char *key)
+{
+    if (!st || !st->nfiles)
+        return NULL;
+    const st_file *f = &st->files[0];
+    for (size_t k = 0; k < f->n_meta; k++)
+        if (!strcmp(f->meta[2 * k], key))
+            return f->meta[2 * k + 1];
+    return NULL;
 }

@@ -101,6 +101,10 @@ int ditd_safetensors_open_mem(const void *buf, size_t len, const char *name,
 /* Unmaps and frees; NULL is allowed. Every pointer handed out dies here. */
 void ditd_safetensors_free(ditd_safetensors *st);
 
+/* The value of key in the (first) file's "__metadata__" object, borrowed
+ * until ditd_safetensors_free; NULL when it has none. */
+const char *ditd_safetensors_meta(const ditd_safetensors *st, const char *key);
+
 /* Tensors of all shards together, sorted by name (strcmp order). */
 size_t ditd_safetensors_count(const ditd_safetensors *st);
 /* Borrowed; i < count. */

@@ -2,6 +2,7 @@
  * the upload to a model's device and the per-row application. */
 #include "engine/models/lora.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -246,6 +247,91 @@ int ditd__lora_read_module(const ditd_safetensors *st, const char *key, const di
     return 0;
 }
 
+/* The value of PEFT's rank_pattern / alpha_pattern (a JSON object) for
+ * module `mod`: the first key that is mod or a '.'-aligned suffix of it, as
+ * peft.utils.get_pattern_key matches (its keys are regular expressions: a
+ * key with other metacharacters than '.' is refused). NULL: none. */
+static json_t *pattern_value(json_t *pat, const char *mod, const char *what, int *err)
+{
+    const char *k;
+    json_t *v;
+    size_t ml = strlen(mod);
+    json_object_foreach(pat, k, v) {
+        size_t kl = strlen(k);
+        if (strpbrk(k, "[]()*+?^$|\\{}")) {
+            *err = ditd_err_set(DITD_EUNSUPPORTED, "%s: lora_adapter_metadata pattern '%.120s' is "
+                                "a regular expression ditd does not match", what, k);
+            return NULL;
+        }
+        if (kl <= ml && !strcmp(mod + ml - kl, k) && (kl == ml || mod[ml - kl - 1] == '.'))
+            return v;
+    }
+    return NULL;
+}
+
+/* A Diffusers-saved adapter's LoraConfig (safetensors metadata
+ * "lora_adapter_metadata": JSON of "transformer.r", ".lora_alpha",
+ * ".use_rslora", ".rank_pattern", ".alpha_pattern"), which Diffusers'
+ * load_lora_weights builds its PEFT config from instead of the tensors:
+ * each module's scale is alpha / r (alpha / sqrt(r) with rsLoRA), r and
+ * alpha from the patterns where a key matches, and a module whose rank is
+ * not the config's is refused (PEFT could not load it). No such metadata,
+ * or none for the transformer: the scales stay as read. */
+static int meta_scales(const ditd_safetensors *st, const char *what,
+                       const ditd_lora_target *targets, ditd_lora *l)
+{
+    const char *raw = ditd_safetensors_meta(st, "lora_adapter_metadata");
+    json_error_t jerr;
+    int err = 0;
+    if (!raw)
+        return 0;
+    json_t *root = json_loads(raw, 0, &jerr);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return ditd_err_set(DITD_EFORMAT, "%s: lora_adapter_metadata is not a JSON object", what);
+    }
+    json_t *r = json_object_get(root, "transformer.r");
+    json_t *alpha = json_object_get(root, "transformer.lora_alpha");
+    json_t *rs = json_object_get(root, "transformer.use_rslora");
+    json_t *rp = json_object_get(root, "transformer.rank_pattern");
+    json_t *ap = json_object_get(root, "transformer.alpha_pattern");
+    if (!r && !alpha)
+        goto done; /* another component's config only */
+    if (!json_is_integer(r) || !json_is_number(alpha) || (rs && !json_is_boolean(rs)) ||
+        (rp && !json_is_object(rp) && !json_is_null(rp)) ||
+        (ap && !json_is_object(ap) && !json_is_null(ap))) {
+        err = ditd_err_set(DITD_EFORMAT, "%s: lora_adapter_metadata: transformer.r, "
+                           "transformer.lora_alpha (numbers) and the patterns (objects) expected",
+                           what);
+        goto done;
+    }
+    for (int i = 0; i < l->n_mod && !err; i++) {
+        ditd_lora_module *m = &l->mod[i];
+        const char *mod = targets[m->target].name;
+        json_t *rv = json_is_object(rp) ? pattern_value(rp, mod, what, &err) : NULL;
+        json_t *av = !err && json_is_object(ap) ? pattern_value(ap, mod, what, &err) : NULL;
+        if (err)
+            break;
+        json_int_t rank = json_integer_value(rv && json_is_integer(rv) ? rv : r);
+        double a = json_number_value(av && json_is_number(av) ? av : alpha);
+        if (rank != m->rank) {
+            err = ditd_err_set(DITD_ESHAPE, "%s: module %s has rank %d, its "
+                               "lora_adapter_metadata says r = %lld", what, mod, m->rank,
+                               (long long)rank);
+            break;
+        }
+        if (!isfinite(a)) {
+            err = ditd_err_set(DITD_EFORMAT, "%s: lora_adapter_metadata alpha of %s is not "
+                               "finite", what, mod);
+            break;
+        }
+        m->scale = (float)(json_is_true(rs) ? a / sqrt((double)rank) : a / (double)rank);
+    }
+done:
+    json_decref(root);
+    return err;
+}
+
 static int from_st(const ditd_safetensors *st, const char *what, const char *name,
                    const ditd_lora_target *targets, int nt, int skip_te, ditd_lora **out)
 {
@@ -338,6 +424,8 @@ static int from_st(const ditd_safetensors *st, const char *what, const char *nam
         if (m->rank > l->max_rank)
             l->max_rank = m->rank;
     }
+    if ((err = meta_scales(st, what, targets, l)))
+        goto done;
 read:
     if ((err = ditd__lora_relay_rows(l, targets, what)))
         goto done;

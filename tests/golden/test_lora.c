@@ -362,6 +362,47 @@ static void refusals(void)
                        "\"transformer.transformer_blocks.0.attn1.to_q.lora_B.weight\":"
                        "{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[16,40]}}";
     TU_OK(try_open(good, d, 40, 0));
+    /* a Diffusers-saved file's LoraConfig (lora_adapter_metadata): alpha / r,
+     * the patterns per module, rsLoRA's alpha / sqrt(r); a rank the config
+     * does not give refused */
+    {
+        static const char *const meta[] = {
+            "{\\\"transformer.r\\\": 2, \\\"transformer.lora_alpha\\\": 8}",
+            "{\\\"transformer.r\\\": 4, \\\"transformer.lora_alpha\\\": 8, "
+            "\\\"transformer.rank_pattern\\\": {\\\"attn1.to_q\\\": 2}, "
+            "\\\"transformer.alpha_pattern\\\": {\\\"blocks.0.attn1.to_q\\\": 5, "
+            "\\\"0.attn1.to_q\\\": 3}}", /* the first key is no '.'-aligned suffix */
+            "{\\\"transformer.r\\\": 2, \\\"transformer.lora_alpha\\\": 4, "
+            "\\\"transformer.use_rslora\\\": true}",
+            "{\\\"text_encoder.r\\\": 2, \\\"text_encoder.lora_alpha\\\": 64}",
+            "{\\\"transformer.r\\\": 4, \\\"transformer.lora_alpha\\\": 8}",
+            "{\\\"transformer.r\\\": 2, \\\"transformer.lora_alpha\\\": 8, "
+            "\\\"transformer.alpha_pattern\\\": {\\\"to_[qk]\\\": 3}}",
+        };
+        const float want[] = {4.0f, 1.5f, 4.0f / sqrtf(2.0f), 1.0f, 0.0f, 0.0f};
+        const int code[] = {0, 0, 0, 0, DITD_ESHAPE, DITD_EUNSUPPORTED};
+        int ok = 0;
+        for (int i = 0; i < 6; i++) {
+            char h[1400];
+            snprintf(h, sizeof h,
+                     "{\"__metadata__\":{\"lora_adapter_metadata\":\"%s\"},%s", meta[i],
+                     good + 1);
+            size_t len;
+            uint8_t *img = st_image(h, d, 40, &len);
+            ditd_lora *l = NULL;
+            int err = ditd_lora_open_mem(img, len, "meta.safetensors", "m", targets, 2, &l);
+            TU_CHECK(err == code[i], "metadata %d: error %d (want %d): %s", i, err, code[i],
+                     err ? ditd_err_detail() : "");
+            if (!code[i] && l) {
+                TU_CHECK(l->n_mod == 1 && fabsf(l->mod[0].scale - want[i]) < 1e-6f,
+                         "metadata %d: scale %g, want %g", i, l->mod[0].scale, want[i]);
+                ok++;
+            }
+            ditd_lora_free(l);
+            free(img);
+        }
+        TU_CHECK(ok == 4, "%d metadata scales checked", ok);
+    }
     /* kohya names with alpha: scale alpha / rank */
     {
         const char *h = "{\"lora_unet_transformer_blocks_0_ff_net_0_proj.alpha\":"
