@@ -112,6 +112,8 @@ static void op_done(ditd_srv *s, void *ctx, int status, const ditd_api_error *e,
     ditd_http_kick(&s->http);
 }
 
+static void gone(ditd_srv *s, ditd_route_req *rq);
+
 /* Starts the op and waits for it (the connection suspended). */
 static enum MHD_Result start(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                              const char *rid, int kind, const char *name, const char *path)
@@ -122,11 +124,13 @@ static enum MHD_Result start(ditd_srv *s, struct MHD_Connection *c, ditd_route_r
         return ditd_route_answer_err(s, c, rq->route, &e, rid, st == 503 ? 1 : 0, 0);
     rq->conn = c;
     rq->waiting = 1;
+    rq->gone = gone;
     MHD_suspend_connection(c);
     return MHD_YES;
 }
 
-void ditd_route_loras_gone(ditd_srv *s, ditd_route_req *rq)
+/* rq->gone: the client left while its op runs */
+static void gone(ditd_srv *s, ditd_route_req *rq)
 {
     ditd__sched_lora_forget(s, rq); /* the op goes on; nobody hears it */
     rq->waiting = 0;

@@ -492,8 +492,8 @@ void ditd__on_completed(void *cls, struct MHD_Connection *c, void **ctx,
         ditd_job_unref(j);
     }
     if (rq) {
-        if (rq->waiting)
-            ditd_route_loras_gone(s, rq);
+        if (rq->waiting && rq->gone)
+            rq->gone(s, rq);
         if (rq->resp)
             MHD_destroy_response(rq->resp);
         free(rq->id);

@@ -58,6 +58,9 @@ typedef struct ditd_route_req {
      * here before resuming it */
     struct MHD_Connection *conn;
     int waiting;
+    /* called by the request's end while waiting is set (the client left):
+     * the handler lets go of what it waits on */
+    void (*gone)(ditd_srv *s, struct ditd_route_req *rq);
     struct MHD_Response *resp;
     int resp_status;
     size_t resp_len;
@@ -127,15 +130,13 @@ enum MHD_Result ditd_route_generate(ditd_srv *s, struct MHD_Connection *c, ditd_
 enum MHD_Result ditd_route_edit(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                 const char *rid);
 /* route_loras.c: GET /v1/loras; POST /v1/loras and DELETE /v1/loras/{name}
- * (admin: load and unload at run time); and on_completed's word that a
- * waiting admin request is gone */
+ * (admin: load and unload at run time; a waiting one sets rq->gone) */
 enum MHD_Result ditd_route_loras(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                  const char *rid);
 enum MHD_Result ditd_route_lora_load(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                      const char *rid);
 enum MHD_Result ditd_route_lora_unload(ditd_srv *s, struct MHD_Connection *c, ditd_route_req *rq,
                                        const char *rid);
-void ditd_route_loras_gone(ditd_srv *s, ditd_route_req *rq);
 /* route_jobs.c: background jobs (create is asked by ditd_route_generate) */
 /* Shared by the job routes (route_jobs.c) and the video routes
  * (route_videos.c): a finished-at time or null, a failed job's

@@ -16,6 +16,8 @@
 #include "proto/ditd.pb-c.h"
 #include "server/daemon/genreq.h"
 #include "server/daemon/job.h"
+#include "server/daemon/sched_link.h"
+#include "server/daemon/sched_lora.h"
 
 /* A request's cost: images x steps x tokens (the model's latent tokens per
  * image at the request's size, plus max_sequence_length text tokens for a
@@ -42,10 +44,6 @@ void ditd__sched_withdraw(ditd_srv *s, ditd_job *j);
  * then ditd_job_fail. */
 void ditd__sched_fail(ditd_srv *s, ditd_job *j, int status, const char *type, const char *code,
                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* Replicas alive and ready (heartbeat younger than the timeout). */
-int ditd__sched_replicas_up(const ditd_srv *s);
-/* Replica r's heartbeat is younger than the timeout (or it is young and loading). */
-int ditd__sched_replica_alive(const ditd_srv *s, int r);
 int ditd__sched_running(const ditd_srv *s);
 /* Seconds a 429 should ask the client to wait (1..120). */
 int ditd__sched_retry_after(const ditd_srv *s);
@@ -54,38 +52,5 @@ int ditd__sched_retry_after(const ditd_srv *s);
 void ditd__sched_watch(ditd_srv *s);
 /* Sends Shutdown to every replica. */
 void ditd__sched_shutdown(ditd_srv *s, int now);
-/* Packs env for replica r and sends it (a failure is logged). */
-void ditd__sched_send(ditd_srv *s, int r, Ditd__Envelope *env);
-
-/* LoRA adapters at run time (sched_lora.c; docs/lora.md). Slots are the
- * indexes of cfg.loras: a request names a live one (lora_names[k] set).
- *
- * ditd__sched_lora_start: a load (kind 1: the file at the resolved path,
- * named name, into a free slot kept hidden until every replica has it) or
- * an unload (kind 2: hidden at once) on every replica that serves. 0, and
- * cb(ctx) comes once it is over: 200, or the status and error (a load that
- * failed on one replica is undone on the others; the loader's message);
- * else an HTTP status now with *e: 409 another op is under way or no slot
- * is free, 404 no such adapter, 503 a replica is not ready or draining.
- * The caller checks names, paths and use first. */
-typedef void (*ditd_lora_op_cb)(ditd_srv *s, void *ctx, int status, const ditd_api_error *e,
-                                const char *name);
-int ditd__sched_lora_start(ditd_srv *s, int kind, const char *name, const char *path,
-                           ditd_lora_op_cb cb, void *ctx, ditd_api_error *e);
-/* The caller of the op under way with ctx is gone: no callback. */
-void ditd__sched_lora_forget(ditd_srv *s, void *ctx);
-/* The slot named name (live or loading), or -1. */
-int ditd__sched_lora_slot(const ditd_srv *s, const char *name);
-/* Requests not yet answered that name slot k (queued, running, parsed). */
-int ditd__sched_lora_in_use(const ditd_srv *s, int k);
-/* Messages from replica r: its start-up adapters, a LoraDone, its cache's
- * events (counted into /metrics, its resident bytes). */
-void ditd__sched_lora_adapters(ditd_srv *s, int r, const Ditd__Adapters *am);
-void ditd__sched_lora_done(ditd_srv *s, int r, const Ditd__LoraDone *d);
-void ditd__sched_lora_events(ditd_srv *s, int r, const Ditd__LoraEvents *le);
-/* Periodic: an op whose replica failed or passed --request-timeout ends. */
-void ditd__sched_lora_watch(ditd_srv *s);
-/* Frees what the slots hold (at exit). */
-void ditd__sched_lora_free(ditd_srv *s);
 
 #endif

@@ -16,7 +16,8 @@
 #include "engine/core/error.h"
 #include "engine/models/lora.h"
 #include "server/daemon/log.h"
-#include "server/daemon/sched.h"
+#include "server/daemon/sched_link.h"
+#include "server/daemon/sched_lora.h"
 #include "server/daemon/serve.h"
 
 enum { OP_LOAD = 1, OP_UNLOAD = 2 };
