@@ -16,7 +16,6 @@
 #include "engine/io/safetensors.h"
 #include "engine/models/registry.h"
 #include "engine/models/vae/autoencoder_kl.h"
-#include "engine/vision/clip_vision.h"
 
 static int path_join(char *dst, size_t len, const char *a, const char *b)
 {
@@ -377,12 +376,22 @@ static int load_image_cond(ditd_model_info *m, json_t *index, const char *path)
         return ditd_err_set(DITD_ENOENT, "%s: missing (model_index.json names image_processor)",
                             m->image_processor_config);
     /* the encoder's tokens per image, (S / p)^2 + 1 (its class token), as
-     * the tower counts them (engine/vision/clip_vision.c); twice that is
-     * FLF2V. Any other count is the image condition's to refuse at load. */
-    ditd_clip_vision_config vc;
-    if ((err = ditd_clip_vision_config_load(ecfg, NULL, &vc)))
+     * the tower counts them (engine/vision/clip_vision.c, which checks its
+     * whole config when it loads; only the two sizes are read here, with
+     * CLIPVisionConfig's defaults, so that this layer needs no vision
+     * code); twice that is FLF2V. Any other count is the image condition's
+     * to refuse at load. */
+    json_t *root = ditd_json_config_get(ecfg, NULL, &err);
+    int size = 0, patch = 0;
+    if (!root)
         return err;
-    const int side = vc.patch_size > 0 ? vc.image_size / vc.patch_size : 0;
+    err = ditd_json_get_int(root, ecfg, "image_size", 224, &size);
+    if (!err)
+        err = ditd_json_get_int(root, ecfg, "patch_size", 32, &patch);
+    json_decref(root);
+    if (err)
+        return err;
+    const int side = patch > 0 && size > 0 ? size / patch : 0;
     m->last_image = side > 0 && m->shapes.cond.image_len == 2 * (side * side + 1);
     return 0;
 }
