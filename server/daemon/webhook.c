@@ -230,38 +230,49 @@ static void conn_close(conn *c)
         close(c->fd);
 }
 
-/* All of buf: 0, or -1. */
+/* Whether a failed call m of c may be tried again: EINTR, or GnuTLS's
+ * E_INTERRUPTED / E_AGAIN (which it answers on a blocking socket too: a
+ * TLS 1.3 session ticket read and no data yet, or the socket's timeout),
+ * until HOOK_TIMEOUT_MS have passed since t0. */
+static int again(const conn *c, ssize_t m, const struct timespec *t0)
+{
+    struct timespec t;
+    if (!(c->tls ? m == GNUTLS_E_INTERRUPTED || m == GNUTLS_E_AGAIN : errno == EINTR))
+        return 0;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000L + (t.tv_nsec - t0->tv_nsec) / 1000000L <
+           HOOK_TIMEOUT_MS;
+}
+
+/* All of buf: 0, or -1 (an error, or HOOK_TIMEOUT_MS without progress). */
 static int conn_send(conn *c, const char *buf, size_t len)
 {
+    struct timespec t0;
     size_t off = 0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     while (off < len) {
         ssize_t m = c->tls ? gnutls_record_send(c->tls, buf + off, len - off)
                            : send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
-        if (m < 0 && (c->tls ? m == GNUTLS_E_INTERRUPTED || m == GNUTLS_E_AGAIN : errno == EINTR))
+        if (m < 0 && again(c, m, &t0))
             continue;
         if (m <= 0)
             return -1;
         off += (size_t)m;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
     }
     return 0;
 }
 
-/* Up to len bytes: how many, 0 at the end, -1 on an error or a timeout.
- * GnuTLS answers E_AGAIN on a blocking socket too (a TLS 1.3 session
- * ticket read, no data yet; or the socket's timeout): tried again until
- * HOOK_TIMEOUT_MS have passed. */
+/* Up to len bytes: how many, 0 at the end, -1 on an error or a timeout. */
 static ssize_t conn_recv(conn *c, char *buf, size_t len)
 {
-    struct timespec t0, t;
+    struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         ssize_t m = c->tls ? gnutls_record_recv(c->tls, buf, len) : recv(c->fd, buf, len, 0);
         if (m >= 0)
             return m;
-        int again = c->tls ? m == GNUTLS_E_INTERRUPTED || m == GNUTLS_E_AGAIN : errno == EINTR;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        long ms = (t.tv_sec - t0.tv_sec) * 1000L + (t.tv_nsec - t0.tv_nsec) / 1000000L;
-        if (!again || ms >= HOOK_TIMEOUT_MS)
+        if (!again(c, m, &t0))
             return -1;
     }
 }
