@@ -270,6 +270,7 @@ def main():
            "base": {"seq": "base_seq.npy", "pooled": "base_pooled.npy"},
            "adapters": files, "cases": cases, "sd3": sd3}
     (OUT / "cases.json").write_text(json.dumps(doc, indent=1) + "\n")
+    combined()
     print(f"{len(cases)} cases", file=sys.stderr)
 
 
@@ -364,5 +365,19 @@ def sd3_cases(rng):
             "cases": cases}
 
 
+def combined():
+    """flux_kohya_bfl_te1.safetensors: one kohya file as trainers write them, the transformer
+    in BFL names (tests/fixtures/lora_formats/flux_kohya_bfl_r4.safetensors) and CLIP's
+    lora_te1_ modules (te_clip_r8_kohya.safetensors) together; test_generate_lora_te holds it
+    to the two files given apart, bit for bit (--combined-only: this file alone)."""
+    from safetensors.torch import load_file
+    a = load_file(str(REPO / "tests" / "fixtures" / "lora_formats" / "flux_kohya_bfl_r4.safetensors"))
+    b = load_file(str(OUT / "te_clip_r8_kohya.safetensors"))
+    save_file(dict(sorted({**a, **b}.items())), str(OUT / "flux_kohya_bfl_te1.safetensors"))
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--combined-only"]:
+        combined()
+    else:
+        main()

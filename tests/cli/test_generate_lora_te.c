@@ -84,6 +84,34 @@ int main(int argc, char **argv)
     TU_CHECK(rc == 0, "--lora c4 --lora t4: rc %d: %s", rc, errbuf);
     ran += rc == 0 && compare("--lora c4 --lora t4 --lora-scale t4=0.5", "te_c4_t4_out.npy");
 
+    /* one kohya file with both parts (the transformer in BFL names, CLIP's
+     * lora_te1_), as trainers write them: the same latents as the two parts
+     * given as two adapters, bit for bit */
+    {
+        char kb[1300], kbt[1300], two[600];
+        snprintf(kb, sizeof kb, "kb=%s/lora_formats/flux_kohya_bfl_r4.safetensors",
+                 tu_fixtures());
+        snprintf(kbt, sizeof kbt, "kbt=%s/flux_kohya_bfl_te1.safetensors", fix);
+        snprintf(two, sizeof two, "%s/two.npy", tmpdir);
+        rc = GEN("--lora", kb, "--lora", c8k);
+        TU_CHECK(rc == 0 && rename(lat, two) == 0, "--lora kb --lora c8k: rc %d: %s", rc, errbuf);
+        rc = GEN("--lora", kbt);
+        TU_CHECK(rc == 0, "--lora kbt: rc %d: %s", rc, errbuf);
+        int64_t sa[4], sb[4];
+        int na, nb;
+        float *a = NULL, *b = NULL;
+        if (rc == 0 && !ditd_npy_read_f32(two, 4, &na, sa, &a) &&
+            !ditd_npy_read_f32(lat, 4, &nb, sb, &b)) {
+            size_t n = (size_t)(sa[0] * sa[1] * sa[2] * sa[3]);
+            TU_CHECK(na == 4 && nb == 4 && !memcmp(sa, sb, sizeof sa) &&
+                         !memcmp(a, b, n * sizeof *a),
+                     "one kohya file with the transformer and CLIP parts = the two files apart");
+            ran++;
+        }
+        free(a), free(b);
+        remove(two);
+    }
+
     /* SD3: both CLIPs (g4) at 1, then at 0.5 with the T5 (t3); CFG over "" */
     {
         char sd3[1100], sd3_noise[1200], g4[1300];
@@ -117,7 +145,7 @@ int main(int argc, char **argv)
                  tu_has(errbuf, "no text encoder"),
              "a text-encoder adapter on the DiT: rc %d: %s", rc, errbuf);
 
-    TU_CHECK(ran == 7, "%d of 7 runs compared", ran);
+    TU_CHECK(ran == 8, "%d of 8 runs compared", ran);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0)
