@@ -227,6 +227,27 @@ static inline int tu_spawn(const char *bin, const char *const *args, const char 
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* A safetensors image in memory: the 8-byte length, header JSON (padded
+ * with spaces to 8 bytes), then dlen bytes of data. Owned (free). For the
+ * loaders' refusal tests, which write headers by hand. */
+static inline uint8_t *tu_st_image(const char *header, const void *data, size_t dlen,
+                                   size_t *len)
+{
+    size_t hl = strlen(header), pad = (8 - hl % 8) % 8;
+    uint8_t *b = malloc(8 + hl + pad + dlen + 1);
+    uint64_t h = hl + pad;
+    *len = 0;
+    if (!b)
+        return NULL;
+    memcpy(b, &h, 8);
+    memcpy(b + 8, header, hl);
+    memset(b + 8 + hl, ' ', pad);
+    if (dlen)
+        memcpy(b + 8 + hl + pad, data, dlen);
+    *len = 8 + hl + pad + dlen;
+    return b;
+}
+
 static inline int tu_exit(void)
 {
     printf("%d checks, %d failed\n", tu_checks, tu_failures);

@@ -220,16 +220,9 @@ int ditd__lora_read_module(const ditd_safetensors *st, const char *key, const di
     m->k_in = tg->k_in;
     m->scale = 1.0f;
     if (al) {
-        int64_t one = 1;
         float alpha;
-        if (!(al->ndim == 0 || (al->ndim == 1 && al->shape[0] == 1)))
-            return ditd_err_set(DITD_ESHAPE, "tensor '%s' in %s: alpha must be one number",
-                                al->name, what);
-        if ((err = ditd_safetensors_read_f32(st, al->name, al->ndim, &one, &alpha)))
+        if ((err = ditd__lora_read_alpha(st, al, what, &alpha)))
             return err;
-        if (!isfinite(alpha))
-            return ditd_err_set(DITD_EFORMAT, "tensor '%s' in %s: alpha is not finite", al->name,
-                                what);
         m->scale = alpha / (float)r; /* PEFT's scaling = lora_alpha / r */
     }
     size_t na = (size_t)r * (size_t)tg->k_in, nb = (size_t)tg->n_out * (size_t)r;

@@ -12,6 +12,22 @@
 
 #include "engine/core/error.h"
 
+int ditd__lora_read_alpha(const ditd_safetensors *st, const ditd_st_tensor *al, const char *what,
+                          float *alpha)
+{
+    int64_t one = 1;
+    int err;
+    if (!(al->ndim == 0 || (al->ndim == 1 && al->shape[0] == 1)))
+        return ditd_err_set(DITD_ESHAPE, "tensor '%s' in %s: alpha must be one number", al->name,
+                            what);
+    if ((err = ditd_safetensors_read_f32(st, al->name, al->ndim, &one, alpha)))
+        return err;
+    if (!isfinite(*alpha))
+        return ditd_err_set(DITD_EFORMAT, "tensor '%s' in %s: alpha is not finite", al->name,
+                            what);
+    return 0;
+}
+
 /* ---- the mapping ---- */
 
 enum { TOP, DBL, SGL };           /* where a BFL module lives */
@@ -352,16 +368,9 @@ static int read_src(const ditd_safetensors *st, const src *s, const char *what,
     int R = (int)rk;
     float scale = 1.0f;
     if (al) {
-        int64_t one = 1;
         float alpha;
-        if (!(al->ndim == 0 || (al->ndim == 1 && al->shape[0] == 1)))
-            return ditd_err_set(DITD_ESHAPE, "tensor '%s' in %s: alpha must be one number",
-                                al->name, what);
-        if ((err = ditd_safetensors_read_f32(st, al->name, al->ndim, &one, &alpha)))
+        if ((err = ditd__lora_read_alpha(st, al, what, &alpha)))
             return err;
-        if (!isfinite(alpha))
-            return ditd_err_set(DITD_EFORMAT, "tensor '%s' in %s: alpha is not finite", al->name,
-                                what);
         if (!(r->flags & F_NO_ALPHA))
             scale = alpha / (float)R;
     }

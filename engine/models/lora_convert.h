@@ -59,6 +59,11 @@ ditd_lora_format ditd_lora_convert_detect(const ditd_safetensors *st,
 int ditd_lora_convert_read(const ditd_safetensors *st, const char *what, ditd_lora_format fmt,
                            const ditd_lora_target *targets, int nt, int skip_te, ditd_lora *l);
 
+/* A module's alpha tensor al (one number, finite) into *alpha; errors name
+ * the tensor and `what`. Shared with lora.c's own reader. */
+int ditd__lora_read_alpha(const ditd_safetensors *st, const ditd_st_tensor *al, const char *what,
+                          float *alpha);
+
 /* Re-lays B of every module whose target stores its output rows grouped
  * (ditd_lora_target.row_groups g > 1: output row r = c g + q is the model's
  * row q (n_out / g) + c), so the term lands where the model keeps each

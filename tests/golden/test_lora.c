@@ -20,17 +20,12 @@
 #include "engine/models/lora.h"
 #include "engine/models/model.h"
 #include "engine/pipeline/pipeline.h"
+#include "tests/lora_case.h"
 #include "tests/test_util.h"
 
 #define TOL 1e-4
 #define BATCH_TOL 1e-6
-#define MAX_AD 4
 
-typedef struct adapters {
-    int n;
-    const char *name[MAX_AD];
-    ditd_lora_dev *dev[MAX_AD];
-} adapters;
 
 static float *load(const char *dir, const char *name, int64_t *shape)
 {
@@ -49,55 +44,6 @@ static const char *lora_dir(void)
     return dir;
 }
 
-/* Every adapter file of a family, opened for p's model and uploaded. */
-static void open_adapters(ditd_pipeline *p, json_t *files, adapters *ad)
-{
-    const char *key;
-    json_t *v;
-    ad->n = 0;
-    json_object_foreach(files, key, v) {
-        char path[4300];
-        ditd_lora *l = NULL;
-        snprintf(path, sizeof path, "%s/%s", lora_dir(), json_string_value(v));
-        TU_OK(ditd_lora_open(path, key, p->den->lora_targets, p->den->n_lora_targets, &l));
-        if (!l || ad->n == MAX_AD)
-            continue;
-        ad->name[ad->n] = key;
-        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets,
-                                 &ad->dev[ad->n]));
-        if (ad->dev[ad->n])
-            ad->n++;
-        ditd_lora_free(l);
-    }
-}
-
-static void free_adapters(adapters *ad)
-{
-    for (int i = 0; i < ad->n; i++)
-        ditd_lora_dev_free(ad->dev[i]);
-    ad->n = 0;
-}
-
-/* A sample's set from its JSON list [{adapter, scale}]. */
-static int make_set(const adapters *ad, json_t *list, ditd_lora_set *s)
-{
-    size_t i;
-    json_t *u;
-    memset(s, 0, sizeof *s);
-    json_array_foreach(list, i, u) {
-        const char *n = json_string_value(json_object_get(u, "adapter"));
-        int k = 0;
-        while (k < ad->n && strcmp(ad->name[k], n))
-            k++;
-        TU_CHECK(k < ad->n, "adapter %s not opened", n);
-        if (k == ad->n || s->n == DITD_LORA_MAX_SET)
-            return -1;
-        s->ad[s->n] = ad->dev[k];
-        s->weight[s->n++] = (float)json_number_value(json_object_get(u, "scale"));
-    }
-    return 0;
-}
-
 /* ---- DiT ---- */
 
 static int dit_cases(json_t *doc, int *batch_checks)
@@ -105,7 +51,7 @@ static int dit_cases(json_t *doc, int *batch_checks)
     char mdir[4096];
     ditd_model_info info;
     ditd_pipeline *p = NULL;
-    adapters ad = {0};
+    lc_adapters ad = {0};
     json_t *c;
     size_t k;
     int ran = 0;
@@ -115,7 +61,8 @@ static int dit_cases(json_t *doc, int *batch_checks)
     TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 2, &p));
     if (!p)
         goto done;
-    open_adapters(p, json_object_get(json_object_get(doc, "adapters"), "dit"), &ad);
+    lc_open_adapters(p, json_object_get(json_object_get(doc, "adapters"), "dit"), lora_dir(),
+                     &ad);
     TU_CHECK(ad.n == 3, "%d DiT adapters opened, 3 expected", ad.n);
     json_array_foreach(json_object_get(doc, "cases"), k, c) {
         if (strcmp(json_string_value(json_object_get(c, "family")), "dit"))
@@ -140,7 +87,7 @@ static int dit_cases(json_t *doc, int *batch_checks)
             memset(&samples[i], 0, sizeof samples[i]);
             samples[i].cond.class_id = json_integer_value(json_array_get(labels, (size_t)i));
             samples[i].guidance = (float)json_number_value(json_object_get(c, "guidance_scale"));
-            make_set(&ad, json_array_get(smp, (size_t)i), &sets[i]);
+            lc_make_set(&ad, json_array_get(smp, (size_t)i), &sets[i]);
             samples[i].loras = sets[i].n ? &sets[i] : NULL;
         }
         float *got = calloc((size_t)n * numel, sizeof *got);
@@ -190,7 +137,7 @@ static int dit_cases(json_t *doc, int *batch_checks)
         TU_CHECK_ERR(ditd_pipeline_check_loras(p, &bad), DITD_EINVAL, "not finite");
     }
 done:
-    free_adapters(&ad);
+    lc_free_adapters(&ad);
     ditd_pipeline_free(p);
     ditd_model_info_free(&info);
     return ran;
@@ -202,7 +149,7 @@ done:
  * at 0.5 and no adapter (different sets, so three groups in every adapted
  * linear), then each alone: the rows as their solo runs within BATCH_TOL.
  * Returns the rows checked. */
-static int flux_batch(ditd_pipeline *p, const adapters *ad, const ditd_gen_sample *like,
+static int flux_batch(ditd_pipeline *p, const lc_adapters *ad, const ditd_gen_sample *like,
                       const ditd_gen_params *gp, const float *noise, size_t numel)
 {
     int f4 = -1, f8k = -1, rows = 0;
@@ -242,7 +189,7 @@ static int flux_cases(json_t *doc, int *batch_checks)
     char mdir[4096], edir[4096], fpath[4300];
     ditd_model_info info;
     ditd_pipeline *p = NULL;
-    adapters ad = {0};
+    lc_adapters ad = {0};
     json_error_t jerr;
     json_t *c, *fdoc = NULL;
     size_t k;
@@ -257,7 +204,8 @@ static int flux_cases(json_t *doc, int *batch_checks)
     TU_OK(ditd_pipeline_new(&info, &ditd_backend_cpu, 3, &p));
     if (!p || !fdoc)
         goto done;
-    open_adapters(p, json_object_get(json_object_get(doc, "adapters"), "flux"), &ad);
+    lc_open_adapters(p, json_object_get(json_object_get(doc, "adapters"), "flux"), lora_dir(),
+                     &ad);
     TU_CHECK(ad.n == 3, "%d FLUX adapters opened, 3 expected", ad.n);
     json_array_foreach(json_object_get(doc, "cases"), k, c) {
         if (strcmp(json_string_value(json_object_get(c, "family")), "flux"))
@@ -288,7 +236,7 @@ static int flux_cases(json_t *doc, int *batch_checks)
                                      (int)json_integer_value(json_object_get(fc, "max_sequence_length"))));
         ditd_text_embeds te[2] = {{.seq = emb, .pooled = pool}, {.seq = nemb, .pooled = npool}};
         ditd_lora_set set;
-        make_set(&ad, json_array_get(json_object_get(c, "samples"), 0), &set);
+        lc_make_set(&ad, json_array_get(json_object_get(c, "samples"), 0), &set);
         ditd_gen_sample smp = {.guidance = (float)json_number_value(json_object_get(fc, "guidance_scale")),
                                .true_cfg = true_cfg, .loras = &set};
         smp.cond.prompt = &te[0];
@@ -308,7 +256,7 @@ static int flux_cases(json_t *doc, int *batch_checks)
         free(emb), free(pool), free(noise), free(want), free(nemb), free(npool);
     }
 done:
-    free_adapters(&ad);
+    lc_free_adapters(&ad);
     json_decref(fdoc);
     ditd_pipeline_free(p);
     ditd_model_info_free(&info);
@@ -316,21 +264,6 @@ done:
 }
 
 /* ---- refusals ---- */
-
-/* A safetensors image: header JSON (padded to 8) then data. Owned. */
-static uint8_t *st_image(const char *header, const void *data, size_t dlen, size_t *len)
-{
-    size_t hl = strlen(header), pad = (8 - hl % 8) % 8;
-    uint8_t *b = malloc(8 + hl + pad + dlen + 1);
-    uint64_t h = hl + pad;
-    memcpy(b, &h, 8);
-    memcpy(b + 8, header, hl);
-    memset(b + 8 + hl, ' ', pad);
-    if (dlen)
-        memcpy(b + 8 + hl + pad, data, dlen);
-    *len = 8 + hl + pad + dlen;
-    return b;
-}
 
 static const ditd_lora_target targets[] = {
     {.name = "transformer_blocks.0.attn1.to_q", .n_out = 3, .k_in = 2},
@@ -342,7 +275,7 @@ static const ditd_lora_target targets[] = {
 static int try_open(const char *header, const float *data, size_t dlen, int truncate)
 {
     size_t len;
-    uint8_t *img = st_image(header, data, dlen, &len);
+    uint8_t *img = tu_st_image(header, data, dlen, &len);
     ditd_lora *l = NULL;
     int err = ditd_lora_open_mem(img, truncate ? len - 4 : len, "test.safetensors", "t", targets,
                                  2, &l);
@@ -388,7 +321,7 @@ static void refusals(void)
                      "{\"__metadata__\":{\"lora_adapter_metadata\":\"%s\"},%s", meta[i],
                      good + 1);
             size_t len;
-            uint8_t *img = st_image(h, d, 40, &len);
+            uint8_t *img = tu_st_image(h, d, 40, &len);
             ditd_lora *l = NULL;
             int err = ditd_lora_open_mem(img, len, "meta.safetensors", "m", targets, 2, &l);
             TU_CHECK(err == code[i], "metadata %d: error %d (want %d): %s", i, err, code[i],
@@ -413,7 +346,7 @@ static void refusals(void)
                         "{\"dtype\":\"F32\",\"shape\":[4,1],\"data_offsets\":[12,28]}}";
         float k[7] = {3.0f, 1, 2, 1, 2, 3, 4};
         size_t len;
-        uint8_t *img = st_image(h, k, sizeof k, &len);
+        uint8_t *img = tu_st_image(h, k, sizeof k, &len);
         ditd_lora *l = NULL;
         TU_OK(ditd_lora_open_mem(img, len, "kohya", "k", targets, 2, &l));
         TU_CHECK(l && l->format == DITD_LORA_FORMAT_KOHYA && l->n_mod == 1 &&

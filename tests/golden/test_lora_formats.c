@@ -249,21 +249,6 @@ static int cases(ditd_pipeline *p, json_t *doc, const adapters *ad)
 
 /* ---- refusals ---- */
 
-/* A safetensors image: header JSON (padded to 8) then data. Owned. */
-static uint8_t *st_image(const char *header, const void *data, size_t dlen, size_t *len)
-{
-    size_t hl = strlen(header), pad = (8 - hl % 8) % 8;
-    uint8_t *b = malloc(8 + hl + pad + dlen + 1);
-    uint64_t h = hl + pad;
-    memcpy(b, &h, 8);
-    memcpy(b + 8, header, hl);
-    memset(b + 8 + hl, ' ', pad);
-    if (dlen)
-        memcpy(b + 8 + hl + pad, data, dlen);
-    *len = 8 + hl + pad + dlen;
-    return b;
-}
-
 /* An adapter of F32 tensors named and shaped by spec ("name:d0,d1;..."),
  * values 0.01 i (zero when the name ends in '!'), opened against p's
  * targets; returns the error and leaves the adapter in *out (NULL: freed). */
@@ -303,7 +288,7 @@ static int try_spec(const ditd_pipeline *p, const char *spec, ditd_lora **out)
         s = *semi ? semi + 1 : semi;
     }
     strcat(header, "}");
-    uint8_t *img = st_image(header, data, off * 4, &len);
+    uint8_t *img = tu_st_image(header, data, off * 4, &len);
     ditd_lora *l = NULL;
     int err = ditd_lora_open_mem(img, len, "t.safetensors", "t", p->den->lora_targets,
                                  p->den->n_lora_targets, &l);
@@ -404,7 +389,7 @@ static void refusals(const ditd_pipeline *p)
         };
         float d[64] = {0.5f};
         size_t len;
-        uint8_t *img = st_image("{\"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight\":"
+        uint8_t *img = tu_st_image("{\"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight\":"
                                 "{\"dtype\":\"F32\",\"shape\":[2,32],\"data_offsets\":[0,256]}}",
                                 d, sizeof d, &len);
         TU_CHECK_ERR(ditd_lora_open_mem(img, len, "dit.safetensors", "t", dit, 1, &l),

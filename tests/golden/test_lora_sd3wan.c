@@ -26,19 +26,14 @@
 #include "engine/models/model.h"
 #include "engine/models/wan/wan.h"
 #include "engine/pipeline/pipeline.h"
+#include "tests/lora_case.h"
 #include "tests/test_util.h"
 #include "tests/wan_case.h"
 
 #define TOL 1e-4
 #define BATCH_TOL 1e-6
-#define MAX_AD 4
 #define MAXB 2
 
-typedef struct adapters {
-    int n;
-    const char *name[MAX_AD];
-    ditd_lora_dev *dev[MAX_AD];
-} adapters;
 
 static const char *fix_dir(const char *sub)
 {
@@ -85,55 +80,6 @@ static float *load_all(const char *dir, const char *name, size_t *numel)
     for (int j = 0; d && j < nd; j++)
         *numel *= (size_t)shape[j];
     return d;
-}
-
-static void open_adapters(const ditd_pipeline *p, json_t *files, adapters *ad)
-{
-    const char *key;
-    json_t *v;
-    ad->n = 0;
-    json_object_foreach(files, key, v) {
-        char path[4300];
-        ditd_lora *l = NULL;
-        snprintf(path, sizeof path, "%s/%s", fix_dir("lora_sd3wan"), json_string_value(v));
-        TU_OK(ditd_lora_open(path, key, p->den->lora_targets, p->den->n_lora_targets, &l));
-        if (!l || ad->n == MAX_AD) {
-            ditd_lora_free(l);
-            continue;
-        }
-        ad->name[ad->n] = key;
-        TU_OK(ditd_lora_dev_new(l, p->ops, p->den->lora_targets, p->den->n_lora_targets,
-                                &ad->dev[ad->n]));
-        if (ad->dev[ad->n])
-            ad->n++;
-        ditd_lora_free(l);
-    }
-}
-
-static void free_adapters(adapters *ad)
-{
-    for (int i = 0; i < ad->n; i++)
-        ditd_lora_dev_free(ad->dev[i]);
-    ad->n = 0;
-}
-
-static int make_set(const adapters *ad, json_t *list, ditd_lora_set *s)
-{
-    size_t i;
-    json_t *u;
-    memset(s, 0, sizeof *s);
-    json_array_foreach(list, i, u) {
-        const char *n = json_string_value(json_object_get(u, "adapter"));
-        int k = 0;
-        while (k < ad->n && strcmp(ad->name[k], n))
-            k++;
-        TU_CHECK(k < ad->n, "adapter %s not opened", n);
-        if (k == ad->n || s->n == DITD_LORA_MAX_SET)
-            return -1;
-        s->ad[s->n] = ad->dev[k];
-        s->weight[s->n++] = (float)json_number_value(json_object_get(u, "scale"));
-    }
-    return 0;
 }
 
 /* Every Diffusers linear of the model (cases.json "linears") is one of d's targets. */
@@ -273,7 +219,7 @@ static json_t *find_case(json_t *cases, const char *name)
 
 /* The case c on p: n samples in one batch against Diffusers, and each alone
  * against its row of the batch. 1 when compared. */
-static int run_case(ditd_pipeline *p, const family *f, const adapters *ad, json_t *c,
+static int run_case(ditd_pipeline *p, const family *f, const lc_adapters *ad, json_t *c,
                     int *batch_checks)
 {
     const char *name = json_string_value(json_object_get(c, "name"));
@@ -303,10 +249,10 @@ static int run_case(ditd_pipeline *p, const family *f, const adapters *ad, json_
             s[i].has_guidance_2 = 1;
             s[i].guidance_2 = (float)json_number_value(json_object_get(pc, "guidance_scale_2"));
         }
-        make_set(ad, json_array_get(smp, (size_t)i), &sets[i]);
+        lc_make_set(ad, json_array_get(smp, (size_t)i), &sets[i]);
         s[i].loras = sets[i].n ? &sets[i] : NULL;
         if (smp2) { /* transformer_2's own set (empty: none there) */
-            make_set(ad, json_array_get(smp2, (size_t)i), &sets2[i]);
+            lc_make_set(ad, json_array_get(smp2, (size_t)i), &sets2[i]);
             s[i].loras_2 = &sets2[i];
         }
     }
@@ -353,7 +299,7 @@ out:
 
 /* No adapters before and after a run with them: the same bytes; and the
  * adapters change the result. */
-static int base_unchanged(ditd_pipeline *p, const family *f, const adapters *ad, json_t *pc)
+static int base_unchanged(ditd_pipeline *p, const family *f, const lc_adapters *ad, json_t *pc)
 {
     inputs in;
     int ok = 0;
@@ -429,14 +375,15 @@ int main(void)
         char dir[4300];
         ditd_model_info info;
         ditd_pipeline *p = NULL;
-        adapters ad = {0};
+        lc_adapters ad = {0};
         json_t *c;
         size_t k;
         snprintf(dir, sizeof dir, "%s/%s", roots[fi], folders[fi]);
         if (load_pipeline(dir, &info, &p))
             goto next;
         check_targets(p->den, json_object_get(linears, f->key), folders[fi]);
-        open_adapters(p, json_object_get(json_object_get(doc, "adapters"), f->key), &ad);
+        lc_open_adapters(p, json_object_get(json_object_get(doc, "adapters"), f->key),
+                     fix_dir("lora_sd3wan"), &ad);
         TU_CHECK(ad.n == 3, "%s: %d adapters opened, 3 expected (the rank-8 one twice: with "
                  ".alpha, and as Diffusers saved it, alpha in its metadata)", folders[fi], ad.n);
         json_array_foreach(json_object_get(doc, "cases"), k, c)
@@ -486,7 +433,7 @@ int main(void)
                          !p->lora_experts_differ,
                      "wan22: both experts list the same %d targets", p->den->n_lora_targets);
     next:
-        free_adapters(&ad);
+        lc_free_adapters(&ad);
         ditd_pipeline_free(p);
         ditd_model_info_free(&info);
     }

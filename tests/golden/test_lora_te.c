@@ -319,20 +319,6 @@ done:
 
 /* ---- refusals ---- */
 
-static uint8_t *st_image(const char *header, const void *data, size_t dlen, size_t *len)
-{
-    size_t hl = strlen(header), pad = (8 - hl % 8) % 8;
-    uint8_t *b = malloc(8 + hl + pad + dlen + 1);
-    uint64_t h = hl + pad;
-    memcpy(b, &h, 8);
-    memcpy(b + 8, header, hl);
-    memset(b + 8 + hl, ' ', pad);
-    if (dlen)
-        memcpy(b + 8 + hl + pad, data, dlen);
-    *len = 8 + hl + pad + dlen;
-    return b;
-}
-
 /* A file of one module: A (ra, ka) and B (nb, rb), F32, names a_name/b_name;
  * opened on the prompt encoder. */
 static int try_text(const ditd_prompt_encoder *pe, const char *a_name, int ra, int ka,
@@ -347,7 +333,7 @@ static int try_text(const ditd_prompt_encoder *pe, const char *a_name, int ra, i
              "{\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[0,%zu]},"
              "\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}}",
              a_name, ra, ka, la, b_name, nb, rb, la, la + lb);
-    uint8_t *img = st_image(h, d, la + lb, &len);
+    uint8_t *img = tu_st_image(h, d, la + lb, &len);
     char path[] = "/tmp/ditd_lora_te_XXXXXX";
     int fd = mkstemp(path);
     FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
@@ -429,7 +415,7 @@ static int refusals(const ditd_prompt_encoder *pe, const ditd_pipeline *p)
                         "{\"dtype\":\"F32\",\"shape\":[1,6],\"data_offsets\":[0,24]}}";
         float d[6] = {1, 2, 3, 4, 5, 6};
         size_t len;
-        uint8_t *img = st_image(h, d, sizeof d, &len);
+        uint8_t *img = tu_st_image(h, d, sizeof d, &len);
         ditd_lora *l = NULL;
         TU_CHECK_ERR(ditd_lora_open_mem(img, len, "x.safetensors", "x", p->den->lora_targets,
                                         p->den->n_lora_targets, &l),
