@@ -334,11 +334,18 @@ static int try_text(const ditd_prompt_encoder *pe, const char *a_name, int ra, i
              "\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}}",
              a_name, ra, ka, la, b_name, nb, rb, la, la + lb);
     uint8_t *img = tu_st_image(h, d, la + lb, &len);
-    char path[] = "/tmp/ditd_lora_te_XXXXXX";
+    /* a file: the prompt encoder opens adapters by path (under $TMPDIR) */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ditd-test-lora-te-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     int fd = mkstemp(path);
     FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    int err = DITD_EIO;
-    if (f && fwrite(img, 1, len, f) == len && fclose(f) == 0) {
+    int err = DITD_EIO, wrote = f && fwrite(img, 1, len, f) == len;
+    if (f && fclose(f) != 0)
+        wrote = 0;
+    else if (!f && fd >= 0)
+        close(fd);
+    if (wrote) {
         ditd_text_lora *t = NULL;
         err = ditd_prompt_encoder_lora_open(pe, path, "bad", &t);
         TU_CHECK(err ? t == NULL : t != NULL, "an error leaves no adapter");

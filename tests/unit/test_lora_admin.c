@@ -90,8 +90,11 @@ static void touch(const char *p)
 
 static void test_paths(void)
 {
-    char tmp[] = "/tmp/ditd-lora-paths-XXXXXX", p[PATH_MAX], root[PATH_MAX], other[PATH_MAX];
+    char tmp[PATH_MAX], p[PATH_MAX], root[PATH_MAX], other[PATH_MAX];
     char out[DITD_LORA_PATH_MAX];
+    /* a fresh folder under $TMPDIR (mkdtemp fills the X's) */
+    snprintf(tmp, sizeof tmp, "%s/ditd-test-lora-paths-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(tmp)) {
         CHECK(0, "mkdtemp");
         return;
