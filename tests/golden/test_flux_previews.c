@@ -42,6 +42,8 @@ typedef struct run {
     const float *px_ref;   /* (steps, B, H, W, 3) */
     uint8_t *pix;          /* (B, H, W, 3) */
     int cb_calls, hook_calls, last_cb_step, order_ok, checked;
+    int worst;             /* the worst level difference seen */
+    size_t off;            /* values off by a level */
     int stop_at, drop_at;  /* the callback stops the batch / drops sample 1 at that step */
     int drop_seen;         /* the hook saw sample 1 inactive at drop_at */
 } run;
@@ -87,6 +89,8 @@ static int on_preview(void *ud, int step, int total, const float *x0, const uint
         TU_CHECK(worst <= 1, "%s: step %d image %d: preview %dx%d worst %d levels (%zu of %zu off)",
                  r->name, step, b, r->W, r->H, worst, off, pn);
         r->checked += worst <= 1;
+        r->worst = worst > r->worst ? worst : r->worst;
+        r->off += off;
     }
     return 0;
 }
@@ -152,7 +156,8 @@ static int run_case(json_t *c)
              "%s: callback %d, hook %d times, %d in order after their step (%d steps)", name,
              r.cb_calls, r.hook_calls, r.order_ok, steps);
     checked = r.checked;
-    printf("ok   %s: %d previews of %dx%d x%d within one level\n", name, checked, W, H, B);
+    printf("ok   %s: %d previews of %dx%d x%d: worst %d level(s), %zu of %zu values off\n", name,
+           checked, W, H, B, r.worst, r.off, (size_t)checked * pn);
 
     /* a stop at step 2 is never previewed */
     r = (run){.name = name, .li = li, .B = B, .steps = steps, .H = H, .W = W, .zn = zn,
