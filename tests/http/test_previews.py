@@ -10,7 +10,8 @@ cases:
   previews      generate and edit (img2img, inpainting) streams: partial_images 2 gives two
                 partial_image events (index 0, 1), each a PNG of the request's size, then the
                 completed image, equal to the non-streamed one for the same seed; partial_images 0
-                gives none; closing a 3-preview stream stops the work (the slot frees at once,
+                gives none; an inpainting preview keeps the image where the mask keeps it (a mask
+                that keeps everything: every preview is the final image); closing a 3-preview stream stops the work (the slot frees at once,
                 the sample counted canceled)
   previews_mpi  the same stream under mpirun, a replica of 2 ranks: cfg 2 (FLUX.1-dev without
                 true CFG runs its rows on one cfg half, so the latents are one rank's to the bit
@@ -110,6 +111,19 @@ def case_previews(ditd):
             check(all(t.startswith("image_edit.") for t, _, _ in evs), f"{what}: image_edit.* events only")
             checked += 1
 
+        # an inpainting preview is x0 with the kept region the image's latents: with a mask that
+        # keeps everything (opaque), every preview is the image's latents decoded, which is the
+        # final image byte for byte (a preview of x0 unblended would not be)
+        opaque = te.png(W, H, [[0, 0, 0, 255] * W] * H, 6)
+        evs = client_events(c.images.edit(model=mid, image=("i.png", img, "image/png"), prompt=PROMPT,
+                                          mask=("m.png", opaque, "image/png"), stream=True,
+                                          partial_images=2, extra_body=ex))
+        part, final = partials_ok(evs, "image_edit", 2, "edit with a mask that keeps everything")
+        check(final and len(part) == 2 and all(pixels(p) == pixels(final) for p in part),
+              "inpainting previews show the kept region as the image: with nothing repainted every "
+              "preview is the final image")
+        checked += 1
+
         # cancel: close a 3-preview stream after its first preview; the slot frees at once
         long_body = dict(BASE, model=mid, num_inference_steps=400)
         t0 = time.time()
@@ -147,7 +161,7 @@ def case_previews(ditd):
     finally:
         rc = d.stop()
     check(rc == 0, "exit 0", rc)
-    check(checked >= 5, f"preview cases checked to the end: {checked} (at least 5)")
+    check(checked >= 6, f"preview cases checked to the end: {checked} (at least 6)")
     return 0
 
 
