@@ -16,8 +16,8 @@ cases:
   previews_mpi  the same stream under mpirun, a replica of 2 ranks: cfg 2 (FLUX.1-dev without
                 true CFG runs its rows on one cfg half, so the latents are one rank's to the bit
                 and the group's decode must give the single process's previews byte for byte),
-                and ulysses 2 (latents within 1e-4 of one rank: previews within one level, as the
-                final images)
+                ulysses 2 and tp 2 (latents within 1e-4 of one rank: previews within one level, as
+                the final images)
 """
 import argparse
 import base64
@@ -192,7 +192,8 @@ def case_previews_mpi(ditd):
     check(all(p and len(p) == 3 and f for p, f in want), "one process: three previews and the image per request")
     checked = 0
     for flags, exact, what in ((["--cfg-degree", "2"], True, "--cfg-degree 2"),
-                               (["--ulysses-degree", "2"], False, "--ulysses-degree 2")):
+                               (["--ulysses-degree", "2"], False, "--ulysses-degree 2"),
+                               (["--tp-degree", "2"], False, "--tp-degree 2")):
         d = Daemon(ditd, "--dtype", "f32", "--threads", "1", *flags, model=model, mpi_np=3)
         try:
             for b, (wp, wf) in zip(bodies, want):
@@ -214,7 +215,7 @@ def case_previews_mpi(ditd):
         finally:
             rc = d.stop()
         check(rc == 0, f"{what}: mpirun exits 0", rc)
-    check(checked >= 4, f"mpi preview streams checked: {checked} (at least 4)")
+    check(checked >= 6, f"mpi preview streams checked: {checked} (at least 6)")
     return 0
 
 
