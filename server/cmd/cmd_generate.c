@@ -657,10 +657,9 @@ int ditd_cmd_generate(int argc, char **argv)
             samples[i].loras = lora_ex[0].n ? &lora_ex[0] : NULL;
             samples[i].loras_2 = &lora_ex[1]; /* empty: none on transformer_2 */
         }
+        const int k_img = a.n_images > 1 ? a.n_images : 1; /* output i edits image i % k */
         samples[i].image_latents =
-            img_lat ? img_lat + (size_t)ditd_edit_image_of((int)i, a.n_images > 1 ? a.n_images : 1) *
-                                    numel
-                    : NULL;
+            img_lat ? img_lat + (size_t)ditd_edit_image_of((int)i, k_img) * numel : NULL;
         samples[i].mask_latents = mask_lat;
         samples[i].video_cond = i2v_cond;
         samples[i].image_embeds = i2v_emb;

@@ -78,7 +78,10 @@ static buf png_of(int w, int h, int ch, int (*f)(int, int, int, int), int seed)
     return b;
 }
 
-static int color(int x, int y, int c, int seed) { return (x * 13 + y * 7 + c * 50 + seed * 31) % 256; }
+static int color(int x, int y, int c, int seed)
+{
+    return (x * 13 + y * 7 + c * 50 + seed * 31) % 256;
+}
 /* OpenAI's mask: transparent (change) in columns 4..11 */
 static int oamask(int x, int y, int c, int seed)
 {
@@ -86,7 +89,10 @@ static int oamask(int x, int y, int c, int seed)
     return c == 3 ? (x >= 4 && x < 12 ? 0 : 255) : 0;
 }
 /* an image with its own alpha: transparent in rows seed..seed+3 */
-static int alpha(int x, int y, int c, int seed) { return c == 3 ? (y >= seed && y < seed + 4 ? 0 : 255) : color(x, y, c, seed); }
+static int alpha(int x, int y, int c, int seed)
+{
+    return c == 3 ? (y >= seed && y < seed + 4 ? 0 : 255) : color(x, y, c, seed);
+}
 
 /* A form of parts (name, data or text). */
 typedef struct part {
@@ -174,7 +180,8 @@ int main(void)
             int want = i % 2;
             int ok = j == want && mk == r.mask;
             for (size_t p = 0; ok && p < np * 3; p++)
-                ok = im[p] == (uint8_t)color((int)(p / 3 % S), (int)(p / 3 / S), (int)(p % 3), want + 1);
+                ok = im[p] ==
+                     (uint8_t)color((int)(p / 3 % S), (int)(p / 3 / S), (int)(p % 3), want + 1);
             TU_CHECK(ok, "output %d: image %d (want %d) and the one mask", i, j, want);
         }
         /* Diffusers' sense: white where OpenAI's is transparent */
@@ -185,8 +192,8 @@ int main(void)
     part two_alpha[] = {{"image[]", &al0, NULL}, {"image[]", &al1, NULL}, {"prompt", NULL, "x"}};
     TU_OK(parse_form(two_alpha, 3, &r, &e));
     if (r.image) {
-        TU_CHECK(r.n == 2 && r.n_images == 2 && r.n_masks == 2, "two images with alpha: n %d, %d masks",
-                 r.n, r.n_masks);
+        TU_CHECK(r.n == 2 && r.n_images == 2 && r.n_masks == 2,
+                 "two images with alpha: n %d, %d masks", r.n, r.n_masks);
         const uint8_t *im, *mk0, *mk1;
         int j;
         ditd_genreq_edit_input(&r, 0, &im, &mk0, &j);
@@ -208,7 +215,8 @@ int main(void)
             const buf *s = src[k];
             char *o = malloc(s->n / 3 * 4 + 8), *q = o;
             for (size_t i = 0; i < s->n; i += 3) {
-                uint32_t v = (uint32_t)s->d[i] << 16 | (i + 1 < s->n ? (uint32_t)s->d[i + 1] << 8 : 0) |
+                uint32_t v = (uint32_t)s->d[i] << 16 |
+                             (i + 1 < s->n ? (uint32_t)s->d[i + 1] << 8 : 0) |
                              (i + 2 < s->n ? s->d[i + 2] : 0);
                 *q++ = T[v >> 18 & 63];
                 *q++ = T[v >> 12 & 63];
@@ -246,8 +254,8 @@ int main(void)
     /* IHDR height 100000 with its CRC: a 1x100000 PNG header */
     bomb.d[20] = 0, bomb.d[21] = 0x01, bomb.d[22] = 0x86, bomb.d[23] = 0xA0;
     uint32_t crc = (uint32_t)crc32(0, bomb.d + 12, 17);
-    bomb.d[29] = (uint8_t)(crc >> 24), bomb.d[30] = (uint8_t)(crc >> 16), bomb.d[31] = (uint8_t)(crc >> 8),
-    bomb.d[32] = (uint8_t)crc;
+    for (int k = 0; k < 4; k++)
+        bomb.d[29 + k] = (uint8_t)(crc >> (24 - 8 * k));
     part p_bomb[] = {{"image[]", &a, NULL}, {"image[]", &bomb, NULL}, {"prompt", NULL, "x"}};
     refused(p_bomb, 3, "image[]", "image[1]", "100000", "a 1x100000 PNG as the second image");
     part p_sizes[] = {{"image[]", &a, NULL}, {"image[]", &small, NULL}, {"prompt", NULL, "x"}};
@@ -276,6 +284,7 @@ int main(void)
     refused(p_twice, 3, "prompt", "given twice", NULL, "a text field twice");
     TU_CHECK(n_refused == 7, "%d hostile refusals checked, want 7", n_refused);
     free(a.d), free(b.d), free(m.d), free(small.d), free(al0.d), free(al1.d), free(bomb.d);
-    printf("%d checks, %d failures (%d refusals before any pixels)\n", tu_checks, tu_failures, n_refused);
+    printf("%d checks, %d failures (%d refusals before any pixels)\n", tu_checks, tu_failures,
+           n_refused);
     return tu_exit();
 }
