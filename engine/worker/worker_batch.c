@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/pipeline/edit_images.h"
 #include "engine/worker/cache_msg.h"
 
 /* Whether sample slot wants a preview after this step: partial_images k
@@ -260,6 +261,8 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
             why = "an input image without strength";
         else if (b->strength != 0.0 && sm->image.len != np * 3)
             why = "an input image that is not (height, width, 3) bytes";
+        else if (sm->image_index >= DITD_EDIT_MAX_IMAGES || (sm->image_index && !sm->image.len))
+            why = "an image_index past the input images of an edit";
         else if (sm->mask.len && (sm->mask.len != np || !m->pipeline->inpaint))
             why = !m->pipeline->inpaint ? "a mask, and the pipeline takes none"
                                         : "a mask that is not (height, width) bytes";
@@ -384,8 +387,9 @@ static int set_batch_size(ditd__worker *w, const Ditd__Batch *b)
 
 /* An edit's inputs, on every rank (each encodes the images itself: the
  * same latents everywhere): sample i's image through the VAE encoder
- * (posterior stream under its seed, so the images of one request share
- * their latents: encoded once), its mask on the latent grid. */
+ * (posterior stream under its seed at its image_index's offset, so the
+ * outputs of one request that edit the same input image share its
+ * latents: encoded once), its mask on the latent grid. */
 static int edit_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
 {
     const ditd_latent_image *li = w->rep.li;
@@ -395,13 +399,16 @@ static int edit_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
         const Ditd__Sample *sm = b->samples[i];
         float *lat = w->img_lat + (size_t)i * w->numel_lat;
         int k = 0;
-        while (k < i && !(b->samples[k]->seed == sm->seed && b->samples[k]->image.len == sm->image.len &&
+        while (k < i && !(b->samples[k]->seed == sm->seed &&
+                          b->samples[k]->image_index == sm->image_index &&
+                          b->samples[k]->image.len == sm->image.len &&
                           !memcmp(b->samples[k]->image.data, sm->image.data, sm->image.len)))
             k++;
         if (k < i)
             memcpy(lat, w->img_lat + (size_t)k * w->numel_lat, w->numel_lat * sizeof *lat);
-        else if ((err = ditd_latent_image_encode(w->rep.li, sm->image.data, (int)b->height,
-                                                 (int)b->width, sm->seed, lat)))
+        else if ((err = ditd_latent_image_encode_nth(w->rep.li, sm->image.data, (int)b->height,
+                                                     (int)b->width, sm->seed,
+                                                     (int)sm->image_index, lat)))
             return err;
         w->samples[i].image_latents = lat;
         if (sm->mask.len) {
