@@ -30,6 +30,13 @@ and tools/make_wan_fixtures.py, read by tests/sd3_case.h / tests/wan_case.h):
               tools/make_flux_gguf_fixtures.py's min/max fit, and the reference
               is gguf.quants.dequantize of those bytes, as for every type.
 
+  pipeline/sd35-orig-f16.gguf, pipeline/wan21-orig-f32.gguf  the transformers of
+              the SD3.5 and Wan 2.1 pipeline fixtures (tests/fixtures/sd3_pipeline/sd35,
+              tests/fixtures/wan_pipeline/wan21) in their original names, each
+              tensor in the checkpoint's own dtype (F16, F32): the same numbers,
+              so those pipelines' Diffusers references hold for `ditd generate
+              --transformer-file` (tests/cli/sd3_wan_gguf_generate.py).
+
 The original names are made from Diffusers' state dict by the inverse of
 Diffusers' own single-file conversion, and checked: Diffusers'
 convert_sd3_transformer_checkpoint_to_diffusers /
@@ -270,8 +277,30 @@ def make(family, name, seed, cfg, default, cases, names="orig", prefix="", same_
     print(f"{name}: {len(listed)} cases")
 
 
+def pipeline_copies():
+    from safetensors.numpy import load_file
+    (OUT / "pipeline").mkdir(parents=True, exist_ok=True)
+    for family, src, name in (
+            ("sd3", REPO / "tests/fixtures/sd3_pipeline/sd35/transformer", "sd35-orig-f16.gguf"),
+            ("wan", REPO / "tests/fixtures/wan_pipeline/wan21/transformer", "wan21-orig-f32.gguf")):
+        sd = load_file(str(src / "diffusion_pytorch_model.safetensors"))
+        nl = json.loads((src / "config.json").read_text())["num_layers"]
+        orig = sd3_to_orig(sd, nl) if family == "sd3" else wan_to_orig(sd)
+        back = to_diffusers(orig, family)
+        assert sorted(back) == sorted(sd) and all(np.array_equal(back[k], sd[k]) for k in sd)
+        w = gguf.GGUFWriter(str(OUT / "pipeline" / name), arch=family)
+        for k in sorted(orig):
+            w.add_tensor(k, np.ascontiguousarray(orig[k]))  # its own dtype: F16 or F32
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        print(f"pipeline/{name}: {len(orig)} tensors")
+
+
 def main():
     torch.set_num_threads(2)
+    pipeline_copies()
     sd35 = dict(sample_size=8, patch_size=2, in_channels=4, out_channels=4, attention_head_dim=32,
                 num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=64,
                 pooled_projection_dim=32, pos_embed_max_size=6, num_layers=2,
