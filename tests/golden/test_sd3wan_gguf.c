@@ -11,7 +11,10 @@
  * linears stay in their GGML blocks (ops->linear_q) and the output is
  * bit-identical to the same file dequantized at load
  * (DITD_WEIGHTS_DEQUANTIZE=1), in fewer bytes; the same weights in a GGUF
- * in Diffusers' names give the same bits (the mapping is exact). Refused,
+ * in Diffusers' names give the same bits (the mapping is exact); on the
+ * first case of each model, the bf16 table too (quantized panels rounded to
+ * bf16, bit-identical to the file dequantized at load into bf16 weights,
+ * within test_bf16's 1e-2 of float64). Refused,
  * naming the tensor: an original-named file with a tensor missing, and one
  * with a tensor no mapping reads. */
 #include <stdint.h>
@@ -170,6 +173,31 @@ static int sd3_model(const char *dir, const char *twin)
                              memcmp(got, o2, fc.n_out * sizeof *got) == 0,
                          "%s: original names differ from Diffusers' names (%s)", what, twin);
             }
+            if (i == 0 && ditd_backend_cpu_has_bf16()) {
+                ditd_sd3 *qb = NULL, *db = NULL;
+                TU_OK(ditd_sd3_new_mesh(&cfg, &ditd_backend_cpu_bf16, fc.B, fc.h, fc.w, fc.L, dir,
+                                        NULL, &qb));
+                setenv("DITD_WEIGHTS_DEQUANTIZE", "1", 1);
+                TU_OK(ditd_sd3_new_mesh(&cfg, &ditd_backend_cpu_bf16, fc.B, fc.h, fc.w, fc.L, dir,
+                                        NULL, &db));
+                unsetenv("DITD_WEIGHTS_DEQUANTIZE");
+                if (qb && db) {
+                    float *a = calloc(fc.n_out, sizeof *a), *b = calloc(fc.n_out, sizeof *b);
+                    TU_OK(ditd_sd3_forward(qb, fc.B, fc.x, fc.t, fc.text, fc.pooled, fc.skip,
+                                           fc.n_skip, a));
+                    TU_OK(ditd_sd3_forward(db, fc.B, fc.x, fc.t, fc.text, fc.pooled, fc.skip,
+                                           fc.n_skip, b));
+                    TU_CHECK(qb->quantized > 0 && memcmp(a, b, fc.n_out * sizeof *a) == 0,
+                             "%s bf16: kept quantized (%d linears) differs from dequantized at "
+                             "load", what, qb->quantized);
+                    snprintf(what, sizeof what, "%s forward[%zu] bf16 compute", dir, i);
+                    TU_CLOSE(what, a, fc.out, fc.n_out, 1e-2);
+                    free(a);
+                    free(b);
+                }
+                ditd_sd3_free(qb);
+                ditd_sd3_free(db);
+            }
             free(got);
             free(o2);
         }
@@ -231,6 +259,29 @@ static int wan_model(const char *dir, const char *twin)
                                  memcmp(got, o2, wc.n_out * sizeof *got) == 0,
                              "%s: original names differ from Diffusers' names (%s)", what, twin);
                 }
+            }
+            if (i == 0 && ditd_backend_cpu_has_bf16()) {
+                ditd_wan *qb = NULL, *db = NULL;
+                TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu_bf16, wc.B, wc.F, wc.h, wc.w,
+                                        wc.L, dir, NULL, &qb));
+                setenv("DITD_WEIGHTS_DEQUANTIZE", "1", 1);
+                TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu_bf16, wc.B, wc.F, wc.h, wc.w,
+                                        wc.L, dir, NULL, &db));
+                unsetenv("DITD_WEIGHTS_DEQUANTIZE");
+                if (qb && db) {
+                    float *a = calloc(wc.n_out, sizeof *a), *b = calloc(wc.n_out, sizeof *b);
+                    TU_OK(ditd_wan_forward(qb, wc.B, wc.x, wc.t, NULL, wc.text, NULL, a));
+                    TU_OK(ditd_wan_forward(db, wc.B, wc.x, wc.t, NULL, wc.text, NULL, b));
+                    TU_CHECK(qb->quantized > 0 && memcmp(a, b, wc.n_out * sizeof *a) == 0,
+                             "%s bf16: kept quantized (%d linears) differs from dequantized at "
+                             "load", what, qb->quantized);
+                    snprintf(what, sizeof what, "%s forward[%zu] bf16 compute", dir, i);
+                    TU_CLOSE(what, a, wc.out, wc.n_out, 1e-2);
+                    free(a);
+                    free(b);
+                }
+                ditd_wan_free(qb);
+                ditd_wan_free(db);
             }
             free(got);
             free(o2);
