@@ -36,6 +36,9 @@ and tools/make_wan_fixtures.py, read by tests/sd3_case.h / tests/wan_case.h):
               tensor in the checkpoint's own dtype (F16, F32): the same numbers,
               so those pipelines' Diffusers references hold for `ditd generate
               --transformer-file` (tests/cli/sd3_wan_gguf_generate.py).
+  pipeline/wan-i2v21-orig-f32.gguf  the Wan 2.1 I2V-like fixture (tests/fixtures/wan/i2v21:
+              the image branch, img_emb.proj.*, k_img / v_img / norm_k_img) the same
+              way, judged by that fixture's own references (test_sd3wan_gguf).
 
 The original names are made from Diffusers' state dict by the inverse of
 Diffusers' own single-file conversion, and checked: Diffusers'
@@ -282,7 +285,8 @@ def pipeline_copies():
     (OUT / "pipeline").mkdir(parents=True, exist_ok=True)
     for family, src, name in (
             ("sd3", REPO / "tests/fixtures/sd3_pipeline/sd35/transformer", "sd35-orig-f16.gguf"),
-            ("wan", REPO / "tests/fixtures/wan_pipeline/wan21/transformer", "wan21-orig-f32.gguf")):
+            ("wan", REPO / "tests/fixtures/wan_pipeline/wan21/transformer", "wan21-orig-f32.gguf"),
+            ("wan", REPO / "tests/fixtures/wan/i2v21", "wan-i2v21-orig-f32.gguf")):
         sd = load_file(str(src / "diffusion_pytorch_model.safetensors"))
         nl = json.loads((src / "config.json").read_text())["num_layers"]
         orig = sd3_to_orig(sd, nl) if family == "sd3" else wan_to_orig(sd)

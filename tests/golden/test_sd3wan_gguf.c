@@ -14,7 +14,10 @@
  * in Diffusers' names give the same bits (the mapping is exact); on the
  * first case of each model, the bf16 table too (quantized panels rounded to
  * bf16, bit-identical to the file dequantized at load into bf16 weights,
- * within test_bf16's 1e-2 of float64). Refused,
+ * within test_bf16's 1e-2 of float64). The Wan 2.1 I2V-like fixture's
+ * weights in original names (the image branch: img_emb.proj, k_img, v_img,
+ * norm_k_img; F32, the same numbers) give that fixture's Diffusers outputs
+ * within 1e-4 and the Diffusers-named checkpoint's bits. Refused,
  * naming the tensor: an original-named file with a tensor missing, and one
  * with a tensor no mapping reads. */
 #include <stdint.h>
@@ -295,6 +298,48 @@ static int wan_model(const char *dir, const char *twin)
     return checked;
 }
 
+/* The I2V fixture (tests/fixtures/wan/i2v21) read from its original-named
+ * GGUF against its own references and its safetensors checkpoint. */
+static int wan_i2v_orig(void)
+{
+    char dir[4096], gg[4200], path[4200], what[600];
+    ditd_wan_config cfg;
+    int checked = 0;
+    size_t i;
+    snprintf(dir, sizeof dir, "%s/wan/i2v21", tu_fixtures());
+    snprintf(gg, sizeof gg, "%s/sd3wan_gguf/pipeline/wan-i2v21-orig-f32.gguf", tu_fixtures());
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_wan_config_load(path, &cfg));
+    json_t *c, *cases = wan_cases(dir);
+    json_array_foreach(cases, i, c) {
+        wan_case wc;
+        ditd_wan *m = NULL, *st = NULL;
+        if (wan_case_load(dir, c, &wc) == 0) {
+            TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, wc.B, wc.F, wc.h, wc.w, wc.L, gg,
+                                    NULL, &m));
+            TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, wc.B, wc.F, wc.h, wc.w, wc.L, dir,
+                                    NULL, &st));
+        }
+        if (m && st) {
+            float *a = calloc(wc.n_out, sizeof *a), *b = calloc(wc.n_out, sizeof *b);
+            TU_OK(ditd_wan_forward(m, wc.B, wc.x, wc.t, wc.t_frames, wc.text, wc.image, a));
+            TU_OK(ditd_wan_forward(st, wc.B, wc.x, wc.t, wc.t_frames, wc.text, wc.image, b));
+            snprintf(what, sizeof what, "%s forward[%zu] (image branch, original names)", gg, i);
+            TU_CLOSE(what, a, wc.out, wc.n_out, TOL);
+            TU_CHECK(memcmp(a, b, wc.n_out * sizeof *a) == 0,
+                     "%s: original names differ from the Diffusers checkpoint", what);
+            checked++;
+            free(a);
+            free(b);
+        }
+        ditd_wan_free(m);
+        ditd_wan_free(st);
+        wan_case_free(&wc);
+    }
+    json_decref(cases);
+    return checked;
+}
+
 /* ---- refusals ---- */
 
 static void refusals(void)
@@ -355,6 +400,8 @@ int main(void)
     cases += wan_model(dir, NULL);
     TU_CHECK(cases >= MIN_CASES, "SD3 / Wan GGUF cases checked: %d (at least %d)", cases,
              MIN_CASES);
+    int i2v = wan_i2v_orig();
+    TU_CHECK(i2v >= 2, "Wan I2V original-name cases checked: %d (at least 2)", i2v);
     refusals();
     return tu_exit();
 }
