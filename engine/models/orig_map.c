@@ -25,6 +25,7 @@ int ditd_orig_map_init(ditd_orig_map *m, ditd_weights *w, const char *pre)
     memset(m, 0, sizeof *m);
     m->w = w;
     m->pre = pre;
+    m->scope = pre;
     if (!(m->used = calloc(n_raw(w) + 1, 1)))
         return m->err = ditd_err_set(DITD_ENOMEM, "out of memory");
     return 0;
@@ -147,8 +148,9 @@ int ditd_orig_map_check(const ditd_orig_map *m, const ditd_wl *l, const char *co
     if (l->err)
         return l->err;
     size_t n = n_raw(m->w);
+    size_t ns = strlen(m->scope);
     for (size_t i = 0; i < n; i++)
-        if (!m->used[i])
+        if (!m->used[i] && strncmp(raw_name(m->w, i), m->scope, ns) == 0)
             return ditd_err_set(DITD_EFORMAT,
                                 "%s: tensor '%s' is not a parameter of %s in its original names "
                                 "(Diffusers' single-file conversion maps no such name)",

@@ -34,13 +34,18 @@ typedef struct ditd_orig_pair {
 typedef struct ditd_orig_map {
     ditd_weights *w;
     const char *pre;      /* "" or DITD_ORIG_PREFIX: what the file's names start with */
+    const char *scope;    /* the file tensors that are the transformer's: those starting
+                           * with it ("" all; DITD_ORIG_PREFIX in a whole-pipeline
+                           * checkpoint, whose VAE and text encoders are other
+                           * components' and not checked) */
     ditd_orig_pair *p;
     int n, cap;
     uint8_t *used;        /* per file tensor: read by a mapping */
     int err;              /* the first error; every call after it does nothing */
 } ditd_orig_map;
 
-/* Starts a map over w's tensors (pre as above). 0 or DITD_ENOMEM. */
+/* Starts a map over w's tensors (pre as above, scope = pre). 0 or
+ * DITD_ENOMEM. */
 int ditd_orig_map_init(ditd_orig_map *m, ditd_weights *w, const char *pre);
 void ditd_orig_map_free(ditd_orig_map *m);
 
@@ -56,7 +61,7 @@ void ditd_orig_map_lin(ditd_orig_map *m, const char *dst, const char *src, int64
 /* dst := src, whole. */
 void ditd_orig_map_one(ditd_orig_map *m, const char *dst, const char *src);
 
-/* After the weight list l is written: every file tensor read by some
+/* After the weight list l is written: every file tensor in scope read by some
  * mapping, every mapped name read by l or listed in also (NULL-ended).
  * DITD_EFORMAT naming the tensor, the file and cls otherwise. */
 int ditd_orig_map_check(const ditd_orig_map *m, const ditd_wl *l, const char *const *also,

@@ -10,7 +10,10 @@
  * weight source (engine/io/weights.h) through engine/models/orig_map.h, so
  * the loader reads Diffusers names whatever the file says, and a file
  * tensor nothing maps is refused. ComfyUI's "model.diffusion_model."
- * prefix is understood, as Diffusers strips it.
+ * prefix is understood, as Diffusers strips it; in a prefixed file the
+ * unprefixed tensors (a whole-pipeline checkpoint's VAE and text encoders,
+ * which the conversion leaves aside) are not the transformer's and are not
+ * checked.
  *
  * As Diffusers decides them from the file: the number of blocks (the last
  * one is context_pre_only), the MMDiT-X second attention of a block (its

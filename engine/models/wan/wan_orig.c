@@ -10,7 +10,9 @@
  * file tensor. Registered as aliases through engine/models/orig_map.h, so a
  * file tensor that maps onto no parameter of the model is refused naming
  * it. ComfyUI's "model.diffusion_model." prefix is removed first, as
- * Diffusers removes it.
+ * Diffusers removes it; in a prefixed file only the prefixed tensors are
+ * mapped (the others are the VAE's or the text encoders' in a
+ * whole-pipeline checkpoint: Diffusers' load leaves them unused).
  *
  * Not mapped (Diffusers maps them, ditd has no such model): the VACE,
  * Animate face adapter and motion encoder tensors; a file that has them is
@@ -87,13 +89,17 @@ int ditd_wan_alias_orig(ditd_weights *w, ditd_orig_map *m, int *found)
 {
     int err;
     *found = 0;
-    if (!ditd_weights_has_raw(w, "blocks.0.self_attn.q.weight") &&
-        !ditd_weights_has_raw(w, DITD_ORIG_PREFIX "blocks.0.self_attn.q.weight"))
+    int prefixed = !ditd_weights_has_raw(w, "blocks.0.self_attn.q.weight");
+    if (prefixed && !ditd_weights_has_raw(w, DITD_ORIG_PREFIX "blocks.0.self_attn.q.weight"))
         return 0; /* Diffusers names (or not Wan: the loader says which is missing) */
     /* the names are the file's own: the map's prefix stays "" and each
      * name is cut below, as Diffusers cuts it (every occurrence) */
     if ((err = ditd_orig_map_init(m, w, "")))
         return err;
+    /* a prefixed (whole-checkpoint) file: the prefixed tensors are the
+     * transformer's; the rest (VAE, text encoders) another component's */
+    if (prefixed)
+        m->scope = DITD_ORIG_PREFIX;
     *found = 1;
     const ditd_gguf *g = ditd_weights_gguf(w);
     const ditd_safetensors *st = ditd_weights_st(w);
@@ -101,6 +107,8 @@ int ditd_wan_alias_orig(ditd_weights *w, ditd_orig_map *m, int *found)
     for (size_t i = 0; i < n && !m->err; i++) {
         const char *raw = g ? ditd_gguf_at(g, i)->name : ditd_safetensors_at(st, i)->name;
         char name[200];
+        if (prefixed && strncmp(raw, DITD_ORIG_PREFIX, strlen(DITD_ORIG_PREFIX)) != 0)
+            continue;
         if (snprintf(name, sizeof name, "%s", raw) >= (int)sizeof name ||
             replace_all(name, sizeof name, DITD_ORIG_PREFIX, "") < 0)
             return m->err = ditd_err_set(DITD_EFORMAT, "%s: tensor name too long: %.80s...",
