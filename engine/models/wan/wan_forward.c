@@ -14,8 +14,9 @@ static void *at(const ditd_wan *m, const void *p, size_t elems)
 }
 
 /* A linear layer (dense, or kept in GGML blocks: l->q) with the rows'
- * LoRA adapters on it (engine/models/lora_linear.h): M is fwd_B samples of M / fwd_B rows (tokens, text or
- * image tokens, or the modulation rows: 1 or F a sample). */
+ * LoRA adapters on it (engine/models/lora_linear.h): M is fwd_B samples of
+ * M / fwd_B rows (tokens, text or image tokens, or the modulation rows: 1
+ * or F a sample). */
 static void lin_b(const ditd_wan *m, const void *x, size_t ldx, const ditd_wan_lin *l,
                   const void *b, void *y, size_t ldy, int M, int N, int K, ditd_act act)
 {
