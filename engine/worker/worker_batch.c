@@ -385,8 +385,9 @@ static int set_batch_size(ditd__worker *w, const Ditd__Batch *b)
     return ditd__worker_plan_buffers(w);
 }
 
-/* An edit's inputs, on every rank (each encodes the images itself: the
- * same latents everywhere): sample i's image through the VAE encoder
+/* An edit's inputs, on every rank (the group encodes each image together,
+ * ditd_latent_image_encode being collective: the same latents everywhere,
+ * bit-identical to one rank's): sample i's image through the VAE encoder
  * (posterior stream under its seed at its image_index's offset, so the
  * outputs of one request that edit the same input image share its
  * latents: encoded once), its mask on the latent grid. */
