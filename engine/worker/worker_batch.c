@@ -372,6 +372,37 @@ static int i2v_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
     return 0;
 }
 
+/* Every rank: the batch's latents to the leader's pixels, each sample by the
+ * unscale of the row it followed (ditd_pipeline_class_edit_row: SD3's
+ * inpainting row decodes without shift_factor, as Diffusers' pipeline), one
+ * collective decode per rule that some active sample needs. */
+static int decode_images(ditd__worker *w, const Ditd__Batch *b, int n)
+{
+    const ditd_pipeline_class *pc = w->rep.info.pipeline;
+    uint8_t act[DITD_WORKER_MAX_BATCH];
+    ditd_latent_rule rule[DITD_WORKER_MAX_BATCH];
+    int mixed = 0;
+    for (int i = 0; i < n; i++) {
+        const ditd_pipeline_class *er =
+            ditd_pipeline_class_edit_row(pc, b->strength != 0.0, b->samples[i]->mask.len > 0);
+        rule[i] = er ? er->unscale : pc->unscale;
+        mixed |= rule[i] != w->rep.li->rule;
+    }
+    if (!mixed)
+        return ditd_latent_image_run(w->rep.li, w->out, n, w->active, w->leader ? w->pix : NULL);
+    for (int r = 0; r < DITD_LATENT_RULE_COUNT; r++) {
+        int any = 0;
+        for (int i = 0; i < n; i++)
+            any |= (act[i] = w->active[i] && rule[i] == (ditd_latent_rule)r);
+        int err = any ? ditd_latent_image_run_as(w->rep.li, (ditd_latent_rule)r, w->out, n, act,
+                                                 w->leader ? w->pix : NULL)
+                      : 0;
+        if (err)
+            return err;
+    }
+    return 0;
+}
+
 /* Every rank of the group, with the same batch (checked by batch_ok on the
  * leader). The leader sends the outcome. */
 void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
@@ -431,7 +462,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     w->batch = NULL;
     /* a latent model: the group decodes the latents together */
     if (!err && w->rep.li)
-        err = ditd_latent_image_run(w->rep.li, w->out, n, w->active, w->leader ? w->pix : NULL);
+        err = decode_images(w, b, n);
     /* a video model: the group decodes each clip still wanted (the same
      * active flags on every rank), the leader gets the frames */
     for (int i = 0; !err && w->rep.lv && i < n; i++) {
