@@ -10,7 +10,10 @@ The case: /v1/models' `edits` names both SD3 edit rows, their default strengths 
 a masked edit) and steps, and says skip-layer guidance is not an edit's; curl's form (img2img with
 a negative prompt) and the openai client's images.edit with OpenAI's mask (inpainting at the
 inpainting row's default strength) equal `ditd generate --image [--mask]` for the same seed, pixel
-for pixel; skip_guidance_layers on an edit refused (400 naming it) while a generation takes it.
+for pixel; an img2img and a masked edit of one strength sent together run as one batch (the
+metrics' ditd_batch_size) and each is still its own `ditd generate` picture (the worker decodes the
+masked one as the inpainting row does, without shift_factor, the other with it); skip_guidance_layers
+on an edit refused (400 naming it) while a generation takes it.
 """
 import argparse
 import base64
@@ -18,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,8 +65,10 @@ def case_sd3_edits(ditd):
     ref = generate(ditd, model, tmp, "ref", ["--image", paths["img"], "--strength", "0.7",
                                              "--negative-prompt", "blurry"])
     ref_mask = generate(ditd, model, tmp, "ref_mask", ["--image", paths["img"], "--mask", paths["df_mask"]])
+    ref_s1 = generate(ditd, model, tmp, "ref_s1", ["--image", paths["img"], "--strength", "1.0"])
     check(ref is not None and ref_mask is not None and ref != ref_mask, "the mask changes the picture")
-    d = Daemon(ditd, "--dtype", "f32", "--threads", "1", model=model)
+    d = Daemon(ditd, "--dtype", "f32", "--threads", "1", "--max-batch", "2", "--batch-window-ms", "700",
+               model=model)
     mid = os.path.basename(model)
     checked = 0
     try:
@@ -92,6 +98,33 @@ def case_sd3_edits(ditd):
               "images.edit with OpenAI's mask on SD3 (strength 1.0, the inpainting row's default) "
               "equals ditd generate --image --mask")
         checked += 1
+        # an img2img edit and a masked one at strength 1.0 together: one batch, two decodes
+        url = "data:image/png;base64,"
+        both = [{"model": mid, "prompt": PROMPT, "seed": SEED, "num_inference_steps": STEPS,
+                 "max_sequence_length": 16, "image": url + base64.b64encode(img).decode(), **extra}
+                for extra in ({"strength": 1.0}, {"mask": url + base64.b64encode(oa_mask).decode()})]
+        m0 = d.metrics()
+        got = [None, None]
+
+        def send(i):
+            got[i] = d.request("POST", "/v1/images/edits", json.dumps(both[i]).encode(),
+                               {"Content-Type": "application/json"}, timeout=120)
+        ts = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(130)
+        m1 = d.metrics()
+        def total(m, name):  # the series of every label set
+            return sum(v for key, v in m.items() if key.split("{")[0] == name)
+        n = total(m1, "ditd_batch_size_count") - total(m0, "ditd_batch_size_count")
+        k = total(m1, "ditd_batch_size_sum") - total(m0, "ditd_batch_size_sum")
+        pics = [b64_pixels(json.loads(g[2])["data"][0]["b64_json"]) if g and g[0] == 200 else None for g in got]
+        check(n == 1 and k == 2, "an img2img and a masked SD3 edit of one strength ran as one batch",
+              (n, k, [g[0] if g else None for g in got]))
+        check(pics[0] == ref_s1 and pics[1] == ref_mask,
+              "in one batch each is its own ditd generate picture (the masked one without shift_factor)")
+        checked += 2
         body = {"model": mid, "prompt": PROMPT, "image": "data:image/png;base64," + base64.b64encode(img).decode(),
                 "num_inference_steps": STEPS, "skip_guidance_layers": [1]}
         st, _, data = d.request("POST", "/v1/images/edits", json.dumps(body).encode(),
@@ -107,7 +140,7 @@ def case_sd3_edits(ditd):
         checked += st == 200
     finally:
         d.stop()
-    check(checked >= 5, f"checks run to the end: {checked} (at least 5)")
+    check(checked >= 7, f"checks run to the end: {checked} (at least 7)")
     return 0
 
 
