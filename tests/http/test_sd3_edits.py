@@ -12,7 +12,8 @@ a negative prompt) and the openai client's images.edit with OpenAI's mask (inpai
 inpainting row's default strength) equal `ditd generate --image [--mask]` for the same seed, pixel
 for pixel; an img2img and a masked edit of one strength sent together run as one batch (the
 metrics' ditd_batch_size) and each is still its own `ditd generate` picture (the worker decodes the
-masked one as the inpainting row does, without shift_factor, the other with it); skip_guidance_layers
+masked one as the inpainting row does, without shift_factor, the other with it); the previews of a
+masked edit that keeps everything are its final image byte for byte; skip_guidance_layers
 on an edit refused (400 naming it) while a generation takes it.
 """
 import argparse
@@ -125,6 +126,20 @@ def case_sd3_edits(ditd):
         check(pics[0] == ref_s1 and pics[1] == ref_mask,
               "in one batch each is its own ditd generate picture (the masked one without shift_factor)")
         checked += 2
+        # previews of a masked edit that keeps everything: each is the image's latents decoded as
+        # the final image is (the inpainting row's rule), so byte for byte the final image
+        opaque = png(W, H, [[0, 0, 0, 255] * W] * H, 6)
+        evs = [(e.type, getattr(e, "b64_json", None)) for e in c.images.edit(
+            model=mid, image=("i.png", img, "image/png"), mask=("m.png", opaque, "image/png"),
+            prompt=PROMPT, stream=True, partial_images=2,
+            extra_body={"seed": SEED, "num_inference_steps": STEPS, "max_sequence_length": 16})]
+        part = [b for t, b in evs if t == "image_edit.partial_image"]
+        final = [b for t, b in evs if t == "image_edit.completed"]
+        check(len(part) == 2 and len(final) == 1 and
+              all(b64_pixels(p) == b64_pixels(final[0]) for p in part),
+              "SD3 inpainting previews decode as its final image: with nothing repainted every preview "
+              "is the final image", [t for t, _ in evs])
+        checked += 1
         body = {"model": mid, "prompt": PROMPT, "image": "data:image/png;base64," + base64.b64encode(img).decode(),
                 "num_inference_steps": STEPS, "skip_guidance_layers": [1]}
         st, _, data = d.request("POST", "/v1/images/edits", json.dumps(body).encode(),
@@ -140,7 +155,7 @@ def case_sd3_edits(ditd):
         checked += st == 200
     finally:
         d.stop()
-    check(checked >= 7, f"checks run to the end: {checked} (at least 7)")
+    check(checked >= 8, f"checks run to the end: {checked} (at least 8)")
     return 0
 
 
