@@ -152,15 +152,16 @@ const ditd_pipeline_class ditd_pipeline_sd3_img2img = {
  * (mask_image: white repainted, black kept; binarized at 0.5, nearest to the
  * latent grid) and after every step the kept latents the image's, noised to
  * the next step's sigma with the initial noise (the last step: the image's
- * latents). Its decode is latents / scaling_factor: Diffusers 0.42.1 leaves
- * shift_factor out of this pipeline's decode (its encode keeps it), and this
- * row decodes as that pipeline does. The masked image's latents feed only a
+ * latents). Its decode is the other SD3 rows', latents / scaling_factor +
+ * shift_factor: Diffusers 0.42.1's pipeline leaves shift_factor out of its
+ * decode (its encode subtracts it; diffusers#13611), which shifts every
+ * color, and ditd does not copy that. The masked image's latents feed only a
  * 33-channel transformer, which ditd does not load (the VAE's 16 latent
  * channels must be the transformer's in_channels). */
 const ditd_pipeline_class ditd_pipeline_sd3_inpaint = {
     .name = "StableDiffusion3InpaintPipeline",
     SD3_TEXT_RULES,
-    .unscale = DITD_LATENT_RULE_DIT,
+    .unscale = DITD_LATENT_RULE_SHIFTED,
     .default_steps = 50,
     .default_guidance = 7.0f,
     .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE,

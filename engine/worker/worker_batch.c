@@ -102,9 +102,9 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
 
 /* Every rank: latents src (n samples, a batch's) to the leader's pixels, the
  * samples whose flag is set, each by the unscale of the row it followed
- * (ditd_pipeline_class_edit_row: SD3's inpainting row decodes without
- * shift_factor, as Diffusers' pipeline), one collective decode per rule that
- * some flagged sample needs. The final images and the previews both. */
+ * (ditd_pipeline_class_edit_row: an edit row may decode by another rule than
+ * its folder's row), one collective decode per rule that some flagged sample
+ * needs. The final images and the previews both. */
 static int decode_by_rows(ditd__worker *w, const Ditd__Batch *b, int n, const float *src,
                           const uint8_t *flags)
 {

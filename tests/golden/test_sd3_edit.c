@@ -51,7 +51,7 @@ static ditd_prompt_texts texts(const char *a, const char *b, const char *c)
     return t;
 }
 
-static int rule_off_more; /* inpainting cases whose images the shifted rule puts > 1 level off */
+static int rule_off_more; /* inpainting cases whose images Diffusers' own decode puts > 1 level off */
 
 /* One case on folder dir; 1 when it was checked to the end. */
 static int run_case(json_t *c, const char *dir, int *inpaint)
@@ -201,11 +201,13 @@ static int run_case(json_t *c, const char *dir, int *inpaint)
     int worst = tu_pixels_worst(pix, want_px, n_out, &off);
     TU_CHECK(worst <= 1, "%s: images %dx%d (%s decode): worst %d levels (%zu of %zu off by one)",
              name, W, H, ditd_latent_rule_name(er->unscale), worst, off, n_out);
-    if (masked) { /* the other rule (shift_factor added) is visibly another image */
-        TU_OK(ditd_latent_image_run_as(li, DITD_LATENT_RULE_SHIFTED, out, B, NULL, pix));
+    if (masked) { /* Diffusers' own inpainting decode (shift_factor left out,
+                   * diffusers#13611) is visibly another image */
+        TU_OK(ditd_latent_image_run_as(li, DITD_LATENT_RULE_DIT, out, B, NULL, pix));
         int other = tu_pixels_worst(pix, want_px, n_out, &off);
         rule_off_more += other > 1;
-        printf("     %s: the shifted decode would be %d levels off\n", name, other);
+        printf("     %s: the pipeline's own decode (no shift_factor) would be %d levels off\n",
+               name, other);
     }
     printf("ok   %s (%s on %s): images %dx%d x%d within %d level(s)\n", name, er->name,
            info.pipeline->name, W, H, B, worst);
@@ -290,9 +292,10 @@ static int refusals(void)
                  inp->default_steps == 50 && inp->default_guidance == 7.0f &&
                  s->default_steps == 28,
              "__call__'s defaults: img2img strength 0.6, inpaint 1.0, both 50 steps, 7.0");
-    TU_CHECK(i2i->unscale == DITD_LATENT_RULE_SHIFTED && inp->unscale == DITD_LATENT_RULE_DIT &&
+    TU_CHECK(i2i->unscale == DITD_LATENT_RULE_SHIFTED && inp->unscale == DITD_LATENT_RULE_SHIFTED &&
                  s->unscale == DITD_LATENT_RULE_SHIFTED,
-             "the decodes: img2img shifted, inpaint latents / scaling_factor (Diffusers 0.42.1)");
+             "the decodes: every SD3 row latents / scaling_factor + shift_factor (not the "
+             "inpainting pipeline's own, diffusers#13611)");
     TU_CHECK((s->request & DITD_REQ_SKIP_LAYERS) && !(i2i->request & DITD_REQ_SKIP_LAYERS) &&
                  !(inp->request & DITD_REQ_SKIP_LAYERS) && i2i->slg_scale == 0.0f,
              "skip-layer guidance: the text-to-image row only");
@@ -410,7 +413,7 @@ int main(void)
              n_i2i, MIN_IMG2IMG, n_inp, MIN_INPAINT);
     TU_CHECK(on_class >= 2 && dyn >= 1, "on edit-class folders: %d; with dynamic shifting: %d",
              on_class, dyn);
-    TU_CHECK(rule_off_more >= 1, "inpainting images the shifted decode puts off by more than one "
+    TU_CHECK(rule_off_more >= 1, "inpainting images Diffusers' own decode puts off by more than one "
              "level: %d of %d", rule_off_more, n_inp);
     TU_CHECK(refusals(), "every refusal checked");
     json_decref(root);
