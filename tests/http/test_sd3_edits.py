@@ -11,8 +11,8 @@ a masked edit) and steps, and says skip-layer guidance is not an edit's; curl's 
 a negative prompt) and the openai client's images.edit with OpenAI's mask (inpainting at the
 inpainting row's default strength) equal `ditd generate --image [--mask]` for the same seed, pixel
 for pixel; an img2img and a masked edit of one strength sent together run as one batch (the
-metrics' ditd_batch_size) and each is still its own `ditd generate` picture (the worker decodes the
-masked one as the inpainting row does, without shift_factor, the other with it); the previews of a
+metrics' ditd_batch_size) and each is still its own `ditd generate` picture (each decoded by the
+rule of the row it followed); the previews of a
 masked edit that keeps everything are its final image byte for byte; skip_guidance_layers
 on an edit refused (400 naming it) while a generation takes it.
 """
@@ -124,7 +124,7 @@ def case_sd3_edits(ditd):
         check(n == 1 and k == 2, "an img2img and a masked SD3 edit of one strength ran as one batch",
               (n, k, [g[0] if g else None for g in got]))
         check(pics[0] == ref_s1 and pics[1] == ref_mask,
-              "in one batch each is its own ditd generate picture (the masked one without shift_factor)")
+              "in one batch each is its own ditd generate picture")
         checked += 2
         # previews of a masked edit that keeps everything: each is the image's latents decoded as
         # the final image is (the inpainting row's rule), so byte for byte the final image
