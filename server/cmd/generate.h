@@ -69,5 +69,9 @@ int ditd__gen_write_clips(const uint8_t *vid, int n, int F, int H, int W, const 
  * color, as PIL's convert("RGB"), else as decoded. 0, or the error with its
  * detail. */
 int ditd__gen_read_image(const char *path, int channels, ditd_image *img);
+/* img (RGB) resized in place to w x h as PIL's Image.resize(LANCZOS)
+ * (engine/pipeline/image_resize.h); sizes over the resize limits refused
+ * before allocating. */
+int ditd__gen_resize_image(ditd_image *img, int w, int h);
 
 #endif

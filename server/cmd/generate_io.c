@@ -7,6 +7,7 @@
 #include "engine/core/error.h"
 #include "engine/io/video_mp4.h"
 #include "server/cmd/generate.h"
+#include "engine/pipeline/image_resize.h"
 #include "server/common/image.h"
 #include "server/common/image_in.h"
 
@@ -81,5 +82,25 @@ int ditd__gen_read_image(const char *path, int channels, ditd_image *img)
             memmove(img->pixels + 3 * i, img->pixels + 4 * i, 3);
         img->channels = 3;
     }
+    return 0;
+}
+
+int ditd__gen_resize_image(ditd_image *img, int w, int h)
+{
+    if (w < 1 || h < 1 || w > DITD_IMAGE_RESIZE_MAX_SIDE || h > DITD_IMAGE_RESIZE_MAX_SIDE ||
+        (long)w * h > DITD_IMAGE_RESIZE_MAX_PIXELS)
+        return ditd_err_set(DITD_EINVAL, "size %dx%d: over the resize limits", w, h);
+    uint8_t *out = malloc((size_t)w * h * (size_t)img->channels);
+    if (!out)
+        return ditd_err_set(DITD_ENOMEM, "resize to %dx%d", w, h);
+    int err = ditd_image_resize(img->pixels, img->width, img->height, img->channels, out, w, h);
+    if (err) {
+        free(out);
+        return err;
+    }
+    free(img->pixels);
+    img->pixels = out;
+    img->width = w;
+    img->height = h;
     return 0;
 }

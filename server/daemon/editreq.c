@@ -9,9 +9,10 @@
  * mask (OpenAI's rule: its transparent pixels are the ones to change,
  * converted to Diffusers' mask_image, white repainted), strength, and the
  * edit row's defaults (FluxImg2ImgPipeline's 28 steps and guidance 7 for a
- * FluxPipeline folder). Not here: resampling an image of another size
- * (refused naming the sizes), several input images (Kontext's), background
- * jobs of edits. Loop thread only. */
+ * FluxPipeline folder). The image and its mask are resized to the output
+ * size as VaeImageProcessor does (PIL Lanczos, engine/pipeline/image_resize.h;
+ * no size: the image's, rounded down to the VAE multiple). Not here: several
+ * input images (Kontext's), background jobs of edits. Loop thread only. */
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/pipeline_class.h"
+#include "engine/pipeline/image_resize.h"
 #include "server/common/image_in.h"
 #include "server/daemon/genreq.h"
 #include "server/daemon/image_json.h"
@@ -33,6 +35,24 @@ static int oom(ditd_api_error *e)
 {
     ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "out of memory");
     return DITD_ENOMEM;
+}
+
+/* *px (w x h x c, owned) replaced by its resize to ow x oh (a copy-free
+ * no-op at the same size). */
+static int resize_to(uint8_t **px, int w, int h, int c, int ow, int oh, ditd_api_error *e)
+{
+    if (w == ow && h == oh)
+        return 0;
+    uint8_t *out = malloc((size_t)ow * oh * c);
+    if (!out)
+        return oom(e);
+    if (ditd_image_resize(*px, w, h, c, out, ow, oh)) {
+        free(out);
+        return bad(e, "size", "resizing the input to %dx%d: %s", ow, oh, ditd_err_detail());
+    }
+    free(*px);
+    *px = out;
+    return 0;
 }
 
 /* One encoded upload: its bytes (owned when `own`) and the field it came in. */
@@ -225,20 +245,19 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         goto done;
     if (mask.data && (err = decode(&mask, lim, &mk, e)))
         goto done;
-    if (size_given && (r->width != in.width || r->height != in.height)) {
-        err = bad(e, img.field, "'%s' is %dx%d but size is %dx%d: resampling the input is not "
-                  "done yet (send the image at the output size, or leave size out)", img.field,
-                  in.width, in.height, r->width, r->height);
-        goto done;
-    }
-    if (!size_given) {
-        if (ditd_model_check_size(m, in.width, in.height)) {
-            err = bad(e, img.field, "'%s' is %dx%d: %s (the output takes the image's size)",
-                      img.field, in.width, in.height, ditd_err_detail());
+    if (!size_given) { /* the image's size rounded down to the VAE multiple, as
+                        * VaeImageProcessor.get_default_height_width */
+        const int q = m->resizable && m->size_multiple > 0 ? m->size_multiple : 1;
+        const int w = in.width >= q ? in.width - in.width % q : in.width;
+        const int h = in.height >= q ? in.height - in.height % q : in.height;
+        if (ditd_model_check_size(m, w, h)) {
+            err = bad(e, img.field, "'%s' is %dx%d: %s (the output takes the image's size, "
+                      "rounded down to a multiple of %d)", img.field, in.width, in.height,
+                      ditd_err_detail(), q);
             goto done;
         }
-        r->width = in.width;
-        r->height = in.height;
+        r->width = w;
+        r->height = h;
     }
     if (mk.pixels && (mk.width != in.width || mk.height != in.height)) {
         err = bad(e, "mask", "'mask' is %dx%d, the image %dx%d: they must be the same size",
@@ -280,6 +299,11 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
     }
     for (size_t i = 0; i < np; i++)
         memcpy(r->image + 3 * i, in.pixels + (size_t)in.channels * i, 3);
+    /* both at the output size: PIL's Lanczos, as VaeImageProcessor.preprocess
+     * and the mask processor (L) before their binarize */
+    if ((err = resize_to(&r->image, in.width, in.height, 3, r->width, r->height, e)) ||
+        (r->mask && (err = resize_to(&r->mask, in.width, in.height, 1, r->width, r->height, e))))
+        goto done;
     /* the edit row's defaults for what the request does not give */
     if (!steps_given && row != pc)
         r->steps = row->default_steps;

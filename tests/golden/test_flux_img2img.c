@@ -15,7 +15,9 @@
  *   - the decoded images within one 8-bit level.
  * One case runs on a folder whose model_index.json says FluxImg2ImgPipeline,
  * the others on the FluxPipeline folders (whose row names
- * FluxImg2ImgPipeline for edits). At least 6 cases are checked, and the
+ * FluxImg2ImgPipeline for edits). One case's input (37x61) is of another size
+ * than its output: resized by ditd_image_resize, byte for byte the processor's
+ * PIL Lanczos, before the encode. At least 7 cases are checked, and the
  * refusals (strength out of range, an image without strength, another
  * sampler, a row without img2img) are checked too. */
 #include <jansson.h>
@@ -36,7 +38,8 @@
 #include "tests/flux_edit_case.h"
 #include "tests/test_util.h"
 
-#define MIN_CASES 6
+#define MIN_CASES 7
+static int resized; /* cases whose input had another size than the output */
 #define MAXB 2
 
 static void *npy(const char *name, size_t *n, int u8)
@@ -74,12 +77,21 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
 
     if (!img || !want_px || !il_ref || !ts || !fin || B < 1 || B > MAXB || !prompt)
         goto out;
-    TU_CHECK(n_img == (size_t)H * W * 3 && n_il == (size_t)16 * lh * lw &&
+    /* an input of another size: PIL's Lanczos to H x W (VaeImageProcessor.preprocess),
+     * byte for byte the processor's */
+    const int IH = json_object_get(c, "input_height") ? jint(c, "input_height") : H;
+    const int IW = json_object_get(c, "input_width") ? jint(c, "input_width") : W;
+    TU_CHECK(n_img == (size_t)IH * IW * 3 && n_il == (size_t)16 * lh * lw &&
                  n_fin == (size_t)B * 16 * lh * lw && n_out == (size_t)B * H * W * 3,
              "%s: fixture sizes", name);
-    if (n_img != (size_t)H * W * 3 || n_il != (size_t)16 * lh * lw || n_fin != (size_t)B * n_il ||
-        n_out != (size_t)B * n_img)
+    if (n_img != (size_t)IH * IW * 3 || n_il != (size_t)16 * lh * lw || n_fin != (size_t)B * n_il ||
+        n_out != (size_t)B * H * W * 3)
         goto out;
+    if (IH != H || IW != W) {
+        if (!(img = edit_resize_check("flux_img2img", c, "image_resized_u8", img, IW, IH, 3, W, H)))
+            goto out;
+        resized++;
+    }
     int t_start = -1;
     TU_OK(ditd_pipeline_strength_start(steps, strength, &t_start));
     TU_CHECK(t_start == jint(c, "t_start"), "%s: t_start %d, Diffusers' get_timesteps %d", name,
@@ -265,6 +277,7 @@ int main(void)
     TU_CHECK(checked >= MIN_CASES, "FluxImg2ImgPipeline cases checked to the end: %d (at least %d)",
              checked, MIN_CASES);
     TU_CHECK(on_i2i >= 1, "cases on a FluxImg2ImgPipeline folder: %d", on_i2i);
+    TU_CHECK(resized >= 1, "cases with an input of another size: %d (at least 1)", resized);
     TU_CHECK(refusals(), "every refusal checked");
     json_decref(root);
     return tu_exit();
