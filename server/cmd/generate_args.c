@@ -92,8 +92,9 @@ static void usage(FILE *f)
           f);
     fputs("\nimage edits (docs/edits.md):\n"
           "  --image FILE         img2img (a row with img2img: FLUX): start from this PNG,\n"
-          "                       JPEG or WebP, at the output size (the default --size;\n"
-          "                       no resampling yet); on an image-to-video folder\n"
+          "                       JPEG or WebP, resized to --size as Diffusers (PIL\n"
+          "                       lanczos; no --size: the image's, rounded down to the\n"
+          "                       VAE multiple); on an image-to-video folder\n"
           "                       (WanImageToVideoPipeline) the clip's first frame, any size\n"
           "                       (resized to --size as Diffusers, lanczos)\n"
           "  --last-image FILE    image-to-video with a last frame too (FLF2V: Diffusers'\n"
@@ -102,7 +103,7 @@ static void usage(FILE *f)
           "                       noised image (default: the pipeline's, FLUX 0.6)\n"
           "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX), as\n"
           "                       Diffusers' mask_image: white is repainted, black kept\n"
-          "                       (its luma, binarized at 0.5); the image's size\n",
+          "                       (its luma, binarized at 0.5); any size (resized too)\n",
           f);
 }
 /* "WxH", each 1..16384 */
