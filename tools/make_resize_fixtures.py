@@ -10,14 +10,15 @@ the worst case for Lanczos' overshoot and the 0/255 clip) and "blocks"
 (0/255 squares of side 3: a binary mask, as the mask processor resizes
 before binarizing). Modes: L (channels 1) and RGB (3), the two
 VaeImageProcessor resizes (the mask processor converts to L, the image
-processor to RGB). Sizes: up, down, mixed, one axis, the same size, 1xN and
+processor to RGB), and RGBA (channels 4: PIL's resize of an RGBA image, which it runs
+premultiplied, then convert("RGB"): the result has 3 channels). Sizes: up, down, mixed, one axis, the same size, 1xN and
 Nx1 (from and to), primes, extreme aspect ratios, large reductions, and
 random pairs; for each, which pass order PIL ran (found by composing single
 passes: "HV", "VH", or "either" when both give the same bytes).
 
 Files: manifest.txt, one line a case: "kind seed sw sh channels dw dh order
 offset" (offset: where the result starts in out.bin, dh x dw x channels
-bytes). Deterministic. Run: /root/ditd-venv/bin/python tools/make_resize_fixtures.py
+bytes, 3 for RGBA; order "rgba" for those). Deterministic. Run: /root/ditd-venv/bin/python tools/make_resize_fixtures.py
 """
 import os
 import random
@@ -47,7 +48,7 @@ def src_bytes(kind, seed, w, h, c):
 
 
 def pil(a, c):
-    return Image.fromarray(a[:, :, 0] if c == 1 else a, "L" if c == 1 else "RGB")
+    return Image.fromarray(a[:, :, 0] if c == 1 else a, {1: "L", 3: "RGB", 4: "RGBA"}[c])
 
 
 def main():
@@ -81,10 +82,16 @@ def main():
     lines, blob, seed = [], bytearray(), 1
     orders = {"HV": 0, "VH": 0, "either": 0}
     for i, (sw, sh, dw, dh) in enumerate(sizes):
-        for c in (1, 3):
-            for kind in (("noise", "blocks") if i % 3 == 0 else ("noise",)):
+        for c in (1, 3, 4) if i % 2 == 0 else (1, 3):
+            for kind in (("noise", "blocks") if i % 3 == 0 and c != 4 else ("noise",)):
                 a = src_bytes(kind, seed, sw, sh, c)
                 im = pil(a, c)
+                if c == 4:  # RGBA: resized premultiplied, then the color (VaeImageProcessor's order)
+                    r = np.asarray(im.resize((dw, dh), f).convert("RGB"))
+                    lines.append(f"{kind} {seed} {sw} {sh} {c} {dw} {dh} rgba {len(blob)}")
+                    blob += r.astype(np.uint8).tobytes()
+                    seed += 1
+                    continue
                 r = np.asarray(im.resize((dw, dh), f))
                 hv = np.array_equal(r, np.asarray(im.resize((dw, sh), f).resize((dw, dh), f)))
                 vh = np.array_equal(r, np.asarray(im.resize((sw, dh), f).resize((dw, dh), f)))

@@ -268,3 +268,44 @@ int ditd_image_resize(const uint8_t *src, int sw, int sh, int channels, uint8_t 
         return ditd_err_set(DITD_EINVAL, "resize: %d channels (1: L, 3: RGB)", channels);
     return ditd_image_resize_filter(src, sw, sh, channels, dst, dw, dh, DITD_RESAMPLE_LANCZOS);
 }
+
+int ditd_image_resize_rgba(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh)
+{
+    const long M = DITD_IMAGE_RESIZE_MAX_SIDE;
+    if (sw < 1 || sh < 1 || dw < 1 || dh < 1 || sw > M || sh > M || dw > M || dh > M ||
+        (long)sw * sh > DITD_IMAGE_RESIZE_MAX_PIXELS || (long)dw * dh > DITD_IMAGE_RESIZE_MAX_PIXELS)
+        return ditd_err_set(DITD_EINVAL, "resize %dx%d to %dx%d (RGBA): sides must be >= 1 and "
+                            "within the resize limits (sides <= %ld, %ld pixels)", sw, sh, dw, dh,
+                            M, (long)DITD_IMAGE_RESIZE_MAX_PIXELS);
+    if (!src || !dst)
+        return ditd_err_set(DITD_EINVAL, "resize: no pixels");
+    const size_t ns = (size_t)sw * sh, nd = (size_t)dw * dh;
+    if (sw == dw && sh == dh) { /* PIL: a copy, then the color */
+        for (size_t i = 0; i < ns; i++)
+            memcpy(dst + 3 * i, src + 4 * i, 3);
+        return 0;
+    }
+    uint8_t *pre = malloc(4 * (ns + nd));
+    if (!pre)
+        return ditd_err_set(DITD_ENOMEM, "resize %dx%d to %dx%d (RGBA)", sw, sh, dw, dh);
+    uint8_t *out = pre + 4 * ns;
+    for (size_t i = 0; i < ns; i++) { /* RGBa: Pillow's MULDIV255 */
+        const unsigned a = src[4 * i + 3];
+        for (int c = 0; c < 3; c++) {
+            unsigned t = src[4 * i + c] * a + 128;
+            pre[4 * i + c] = (uint8_t)(((t >> 8) + t) >> 8);
+        }
+        pre[4 * i + 3] = (uint8_t)a;
+    }
+    int err = ditd_image_resize_filter(pre, sw, sh, 4, out, dw, dh, DITD_RESAMPLE_LANCZOS);
+    for (size_t i = 0; !err && i < nd; i++) { /* RGBA again (rgba2rgbA), then RGB */
+        const unsigned a = out[4 * i + 3];
+        for (int c = 0; c < 3; c++) {
+            unsigned v = out[4 * i + c];
+            dst[3 * i + c] = (uint8_t)(a == 255 || a == 0 ? v : (255 * v) / a > 255 ? 255
+                                                                                    : (255 * v) / a);
+        }
+    }
+    free(pre);
+    return err;
+}

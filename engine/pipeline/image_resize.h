@@ -13,8 +13,7 @@
  * and no reducing_gap. Measured against Pillow 13 in
  * tests/unit/test_image_resize.c (docs/edits.md#resampling).
  * What it is not: a general image library; no other filters, no 16-bit or
- * float images, no premultiplied alpha (PIL resizes RGBA premultiplied;
- * callers pass RGB or L).
+ * float images; RGBA only as PIL's resize-then-convert("RGB") below.
  *
  * Memory: one allocation per call (nothing kept): the two coefficient
  * tables, 4 x (d x (k + 2)) bytes an axis with k = 2 ceil(3 max(1, s/d)) + 1
@@ -52,6 +51,16 @@ int ditd_resample_from_pil(int code, ditd_resample *out);
  * above, other channels: nothing allocated), DITD_ENOMEM. Any thread. */
 int ditd_image_resize(const uint8_t *src, int sw, int sh, int channels, uint8_t *dst, int dw,
                       int dh);
+
+/* src RGBA (sh, sw, 4) -> dst RGB (dh, dw, 3) as PIL's
+ * Image.resize((dw, dh), LANCZOS).convert("RGB") of an RGBA image: PIL
+ * resizes RGBA premultiplied (RGBA -> RGBa: c a / 255 rounded as its
+ * MULDIV255; the four channels resized; RGBa -> RGBA: 255 c / a truncated,
+ * clipped, a = 0 or 255 kept), then drops alpha. What VaeImageProcessor does
+ * to an RGBA input of another size (it resizes before converting). Two more
+ * buffers than ditd_image_resize: the premultiplied source and the 4-channel
+ * result (4 (sw sh + dw dh) bytes). Errors as ditd_image_resize. */
+int ditd_image_resize_rgba(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh);
 
 /* The same with filter f and channels 1..4 (each channel on its own, as PIL
  * treats RGB and RGBX). */

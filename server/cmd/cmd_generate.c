@@ -338,7 +338,7 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done;
     }
     if (a.image_path) {
-        if ((err = ditd__gen_read_image(a.image_path, 3, &in_img))) {
+        if ((err = ditd__gen_read_image(a.image_path, i2v ? 3 : 0, &in_img))) {
             fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_path, ditd_err_detail());
             goto done;
         }
@@ -352,10 +352,10 @@ int ditd_cmd_generate(int argc, char **argv)
             a.size_w = in_img.width;
             a.size_h = in_img.height;
         }
-        /* an edit's image at the output size: VaeImageProcessor.preprocess
-         * (PIL Lanczos; image-to-video resizes in its own condition) */
-        if (!i2v && (a.size_w != in_img.width || a.size_h != in_img.height) &&
-            (err = ditd__gen_resize_image(&in_img, (int)a.size_w, (int)a.size_h))) {
+        /* an edit's image at the output size, then its color: VaeImageProcessor.
+         * preprocess (PIL Lanczos, RGBA premultiplied; image-to-video resizes in
+         * its own condition) */
+        if (!i2v && (err = ditd__gen_resize_image(&in_img, (int)a.size_w, (int)a.size_h))) {
             fprintf(stderr, "ditd generate: --image %s (%dx%d) to --size %ldx%ld: %s\n",
                     a.image_path, in_img.width, in_img.height, a.size_w, a.size_h,
                     ditd_err_detail());
@@ -368,14 +368,13 @@ int ditd_cmd_generate(int argc, char **argv)
         }
         if (a.mask_path) { /* Diffusers' mask_image: resized in its own mode, then
                             * its luma (PIL's convert("L")): RGB resized per
-                            * channel, so L and RGB masks are PIL's exactly */
+                            * channel, RGBA premultiplied, as PIL */
             ditd_image mk = {0};
-            if ((err = ditd__gen_read_image(a.mask_path, 3, &mk))) {
+            if ((err = ditd__gen_read_image(a.mask_path, 0, &mk))) {
                 fprintf(stderr, "ditd generate: --mask %s: %s\n", a.mask_path, ditd_err_detail());
                 goto done;
             }
-            if ((mk.width != in_img.width || mk.height != in_img.height) &&
-                (err = ditd__gen_resize_image(&mk, in_img.width, in_img.height))) {
+            if ((err = ditd__gen_resize_image(&mk, in_img.width, in_img.height))) {
                 fprintf(stderr, "ditd generate: --mask %s (%dx%d) to %dx%d: %s\n", a.mask_path,
                         mk.width, mk.height, in_img.width, in_img.height, ditd_err_detail());
                 ditd_image_free(&mk);

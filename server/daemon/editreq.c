@@ -37,8 +37,8 @@ static int oom(ditd_api_error *e)
     return DITD_ENOMEM;
 }
 
-/* *px (w x h x c, owned) replaced by its resize to ow x oh (a copy-free
- * no-op at the same size). */
+/* *px (w x h x c, owned) replaced by its resize to ow x oh (nothing done
+ * at the same size). */
 static int resize_to(uint8_t **px, int w, int h, int c, int ow, int oh, ditd_api_error *e)
 {
     if (w == ow && h == oh)
@@ -292,17 +292,25 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         for (size_t i = 0; i < np; i++)
             r->mask[i] = (uint8_t)(255 - alpha->pixels[4 * i + 3]);
     }
-    /* the image's color (PIL's convert("RGB"): alpha dropped) */
-    if (!(r->image = malloc(np * 3))) {
+    /* the image at the output size, then its color: VaeImageProcessor.preprocess
+     * resizes (PIL's Lanczos; RGBA premultiplied) before convert("RGB") */
+    if (!(r->image = malloc((size_t)r->width * r->height * 3))) {
         err = oom(e);
         goto done;
     }
-    for (size_t i = 0; i < np; i++)
-        memcpy(r->image + 3 * i, in.pixels + (size_t)in.channels * i, 3);
-    /* both at the output size: PIL's Lanczos, as VaeImageProcessor.preprocess
-     * and the mask processor (L) before their binarize */
-    if ((err = resize_to(&r->image, in.width, in.height, 3, r->width, r->height, e)) ||
-        (r->mask && (err = resize_to(&r->mask, in.width, in.height, 1, r->width, r->height, e))))
+    if (r->width == in.width && r->height == in.height) {
+        for (size_t i = 0; i < np; i++)
+            memcpy(r->image + 3 * i, in.pixels + (size_t)in.channels * i, 3);
+    } else if (in.channels == 4 ? ditd_image_resize_rgba(in.pixels, in.width, in.height, r->image,
+                                                         r->width, r->height)
+                                : ditd_image_resize(in.pixels, in.width, in.height, 3, r->image,
+                                                    r->width, r->height)) {
+        err = bad(e, img.field, "resizing '%s' to %dx%d: %s", img.field, r->width, r->height,
+                  ditd_err_detail());
+        goto done;
+    }
+    /* the mask (Diffusers' L) too, as the mask processor before its binarize */
+    if (r->mask && (err = resize_to(&r->mask, in.width, in.height, 1, r->width, r->height, e)))
         goto done;
     /* the edit row's defaults for what the request does not give */
     if (!steps_given && row != pc)

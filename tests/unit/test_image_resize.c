@@ -2,7 +2,8 @@
  * tests/fixtures/image_resize (tools/make_resize_fixtures.py) holds PIL's
  * Image.resize((dw, dh), Image.LANCZOS) of pseudo-random L and RGB images
  * (up, down, mixed, one axis, 1xN and Nx1, primes, extreme aspect ratios,
- * random pairs); the images are drawn here from the same LCG. Every case
+ * random pairs; and RGBA, which PIL resizes premultiplied, then its color as
+ * VaeImageProcessor converts it); the images are drawn here from the same LCG. Every case
  * must be equal byte for byte; floors on the cases and on those where PIL
  * ran the vertical pass first. Then the refusals: sides 0 and negative,
  * channels other than 1 and 3, sides and products over the limits (refused
@@ -15,8 +16,8 @@
 #include "engine/pipeline/image_resize.h"
 #include "tests/test_util.h"
 
-#define MIN_CASES 200 /* the tool writes 214 */
-#define MIN_VFIRST 40 /* cases where only the vertical-first order gives PIL's bytes (49) */
+#define MIN_CASES 240 /* the tool writes 254 */
+#define MIN_VFIRST 40 /* cases where only the vertical-first order gives PIL's bytes (50) */
 
 /* the tool's generator: x <- x * 6364136223846793005 + 1442695040888963407 */
 static uint8_t lcg(uint64_t *x)
@@ -85,7 +86,7 @@ static void against_pil(void)
         return;
     }
     char line[256], kind[16], order[16];
-    int cases = 0, equal = 0, vfirst = 0, up = 0, down = 0, ones = 0, gray = 0, rgb = 0;
+    int cases = 0, equal = 0, vfirst = 0, up = 0, down = 0, ones = 0, gray = 0, rgb = 0, rgba = 0;
     while (fgets(line, sizeof line, m)) {
         unsigned long long seed;
         int sw, sh, c, dw, dh;
@@ -93,14 +94,18 @@ static void against_pil(void)
         if (line[0] == '#' || sscanf(line, "%15s %llu %d %d %d %d %d %15s %zu", kind, &seed, &sw,
                                      &sh, &c, &dw, &dh, order, &off) != 9)
             continue;
-        const size_t nout = (size_t)dw * dh * c;
+        const int oc = c == 4 ? 3 : c; /* RGBA: resized, then its color */
+        const size_t nout = (size_t)dw * dh * oc;
         TU_CHECK(off + nout <= nblob, "case %s %llu: out.bin too short", kind, seed);
         if (off + nout > nblob)
             break;
         uint8_t *src = source(kind, seed, sw, sh, c), *got = malloc(nout);
         TU_CHECK(src && got, "out of memory");
         if (src && got) {
-            TU_OK(ditd_image_resize(src, sw, sh, c, got, dw, dh));
+            if (c == 4)
+                TU_OK(ditd_image_resize_rgba(src, sw, sh, got, dw, dh));
+            else
+                TU_OK(ditd_image_resize(src, sw, sh, c, got, dw, dh));
             size_t diff = 0;
             int worst = 0;
             for (size_t i = 0; i < nout; i++) {
@@ -117,6 +122,7 @@ static void against_pil(void)
             ones += diff == 0 && (sw == 1 || sh == 1 || dw == 1 || dh == 1);
             gray += diff == 0 && c == 1;
             rgb += diff == 0 && c == 3;
+            rgba += diff == 0 && c == 4;
         }
         cases++;
         free(src);
@@ -125,13 +131,14 @@ static void against_pil(void)
     fclose(m);
     free(blob);
     printf("PIL LANCZOS: %d of %d cases equal byte for byte (vertical pass first %d, upscaling %d, "
-           "downscaling %d, a 1-pixel side %d, L %d, RGB %d)\n", equal, cases, vfirst, up, down,
-           ones, gray, rgb);
+           "downscaling %d, a 1-pixel side %d, L %d, RGB %d, RGBA %d)\n", equal, cases, vfirst, up,
+           down, ones, gray, rgb, rgba);
     TU_CHECK(cases >= MIN_CASES, "%d cases read (at least %d)", cases, MIN_CASES);
     TU_CHECK(equal == cases, "%d of %d equal", equal, cases);
     TU_CHECK(vfirst >= MIN_VFIRST, "%d vertical-first cases (at least %d)", vfirst, MIN_VFIRST);
-    TU_CHECK(up >= 40 && down >= 40 && ones >= 20 && gray >= 90 && rgb >= 90,
-             "coverage: up %d, down %d, 1-pixel %d, L %d, RGB %d", up, down, ones, gray, rgb);
+    TU_CHECK(up >= 40 && down >= 40 && ones >= 20 && gray >= 90 && rgb >= 90 && rgba >= 35,
+             "coverage: up %d, down %d, 1-pixel %d, L %d, RGB %d, RGBA %d", up, down, ones, gray,
+             rgb, rgba);
 }
 
 /* the same size is a copy; a one-axis resize equals PIL's through the
@@ -179,8 +186,10 @@ static void refusals(void)
                  DITD_EINVAL, "channels 1..4");
     TU_CHECK_ERR(ditd_image_resize_filter(px, 2, 2, 3, px, 1, 1, (ditd_resample)9),
                  DITD_EUNSUPPORTED, "resample 9");
-    n += 2;
-    TU_CHECK(n == 16, "%d refusals checked", n);
+    TU_CHECK_ERR(ditd_image_resize_rgba(px, 0, 2, px, 1, 1), DITD_EINVAL, "sides must be >= 1");
+    TU_CHECK_ERR(ditd_image_resize_rgba(px, 2, 2, NULL, 70000, 1), DITD_EINVAL, "resize limits");
+    n += 4;
+    TU_CHECK(n == 18, "%d refusals checked", n);
 #undef REFUSE
 }
 
