@@ -67,8 +67,8 @@ static inline const char *jstr(json_t *c, const char *k)
  * to w x h by ditd_image_resize (PIL's Lanczos, as VaeImageProcessor), the
  * bytes checked equal to the processor's (the case's want_key). px is freed;
  * the resized pixels are returned (NULL after a failed check). */
-static uint8_t *edit_resize_check(const char *set, json_t *c, const char *want_key, uint8_t *px,
-                                  int iw, int ih, int ch, int w, int h)
+static inline uint8_t *edit_resize_check(const char *set, json_t *c, const char *want_key,
+                                         uint8_t *px, int iw, int ih, int ch, int w, int h)
 {
     size_t n_rs, n = (size_t)w * h * ch;
     uint8_t *want = edit_npy(set, jstr(c, want_key), &n_rs, 1), *rs = malloc(n);

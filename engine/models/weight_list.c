@@ -152,7 +152,7 @@ void ditd_wl_free(ditd_wl *l)
 static int quant_plan(const ditd_wl *l, const ditd_wl_entry *e, const ditd_backend_ops *ops,
                       const struct ditd_weights *src)
 {
-    if (!e->q || !src || !ops->linear_q || ops->device != DITD_DEVICE_CPU)
+    if (!e->q || !src || !ops->linear_q)
         return 0;
     int type = -1;
     size_t rb = 0;
@@ -168,7 +168,7 @@ static int quant_plan(const ditd_wl *l, const ditd_wl_entry *e, const ditd_backe
     }
     if (e->split == DITD_WL_COLS) {
         int elems = 0, bytes = 0;
-        ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
+        ditd_weights_type_block(type, &elems, &bytes);
         rb = 0;
         for (int i = 0; i < e->ncols; i++) {
             if (e->c0[i] % elems || e->cn[i] % elems) {
@@ -181,13 +181,15 @@ static int quant_plan(const ditd_wl *l, const ditd_wl_entry *e, const ditd_backe
                     "block edges, or set DITD_WEIGHTS_DEQUANTIZE=1 to load every weight as "
                     "floats",
                     e->name[0], (long long)e->rows, (long long)e->cols,
-                    ditd_gguf_type_name((ditd_gguf_type)type), elems, l->tp > 1 ? l->tp : 1,
+                    ditd_weights_type_name(type), elems, l->tp > 1 ? l->tp : 1,
                     (long long)e->c0[i], (long long)(e->c0[i] + e->cn[i]), (long long)bad,
                     elems);
             }
             rb += (size_t)(e->cn[i] / elems) * (size_t)bytes;
         }
     }
+    if (ops->linear_q_takes && !ops->linear_q_takes(type, (int)ditd_wl_rows(e), (int)ditd_wl_cols(e)))
+        return 0; /* this backend computes with it as floats (loaded so) */
     *e->q = (ditd_qweight){.type = type,
                            .N = (int)ditd_wl_rows(e),
                            .K = (int)ditd_wl_cols(e),
@@ -217,6 +219,11 @@ int ditd_wl_plan(const ditd_wl *l, ditd_arena *a, const ditd_backend_ops *ops,
         if (qp) {
             *e->w = ditd_arena_bytes(a, N * e->q->row_bytes, &e1);
             e->q->data = *e->w;
+            /* FP8 rows carry a scale each (1 where the file has none) */
+            if (ditd_weights_fp8_type(e->q->type)) {
+                e->q->scale = ditd_arena_bytes(a, N * sizeof(float), &e1);
+                err |= e1;
+            }
         } else {
             if (e->q)
                 memset(e->q, 0, sizeof *e->q);
@@ -273,7 +280,7 @@ static int qcols(const struct ditd_weights *st, const char *name, const ditd_wl_
     size_t rb;
     if (!ditd_weights_quant(st, name, e->rows, e->cols, &type, &rb))
         return ditd_err_set(DITD_EINTERNAL, "%s: no longer in GGML blocks", name);
-    ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
+    ditd_weights_type_block(type, &elems, &bytes);
     uint8_t *tmp = malloc((size_t)e->rows * rb);
     if (!tmp)
         return ditd_err_set(DITD_ENOMEM, "staging %s", name);
@@ -322,9 +329,26 @@ static int load_entry(const ditd_wl_entry *e, const struct ditd_weights *st,
         void *b = e->b ? ditd_ptr_w(ops, *e->b, (size_t)(j * pn)) : NULL;
         snprintf(name, sizeof name, "%s.weight", pre);
         if (quant) {
-            err = e->split == DITD_WL_COLS ? qcols(st, name, e, w)
-                  : e->split == DITD_WL_ROWS ? ditd_weights_rows(st, name, e->r0, e->rn, w)
-                                             : ditd_weights_rows(st, name, 0, e->rows, w);
+            /* into the arena directly, or staged on the host for a device's */
+            const size_t nb = (size_t)pn * e->q->row_bytes;
+            void *to = w;
+            if (ops->upload_bytes && !(to = room(s, (nb + 3) / 4, name, &err)))
+                return err;
+            err = e->split == DITD_WL_COLS ? qcols(st, name, e, to)
+                  : e->split == DITD_WL_ROWS ? ditd_weights_rows(st, name, e->r0, e->rn, to)
+                                             : ditd_weights_rows(st, name, 0, e->rows, to);
+            if (!err && ops->upload_bytes)
+                ops->upload_bytes(w, to, nb);
+            /* the part's rows' scales: a row split's own rows, else all */
+            if (!err && e->q->scale) {
+                float *sc = (float *)e->q->scale + j * pn;
+                if (ops->upload_bytes && !(sc = room(s2, (size_t)pn, name, &err)))
+                    return err;
+                err = ditd_weights_row_scales(st, name, e->split == DITD_WL_ROWS ? e->r0 : 0, pn,
+                                              sc);
+                if (!err && ops->upload_bytes)
+                    ops->upload_bytes((float *)e->q->scale + j * pn, sc, (size_t)pn * sizeof *sc);
+            }
         } else if (e->split == DITD_WL_COLS) {
             float *all = room(s, (size_t)(pn * K), name, &err);
             int64_t at = 0;

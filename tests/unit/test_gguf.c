@@ -342,7 +342,7 @@ static void test_made(void)
     BROKEN(ne0_a, 33, "'w'", "Q8_0 blocks");
     BROKEN(type_a, 99, "'w'", "unknown ggml type 99");
     BROKEN(type_a, 4, "'w'", "unknown ggml type 4");
-    BROKEN(ndim_a, 5, "'w'", "dimensions");
+    BROKEN(ndim_a, 6, "'w'", "dimensions");
     BROKEN(ndim_a, 0, "'w'", "dimensions");
     BROKEN(align, 3, "general.alignment", "power of two");
     BROKEN(align, 0, "general.alignment", NULL);
@@ -415,7 +415,7 @@ static void test_dequant_rows(void)
     }
     float t[32 * 2], full[3 * 64];
     ditd_cpu_dequant(DITD_Q_Q8_0, q, full, 3 * 64);
-    ditd_cpu_dequant_rows(DITD_Q_Q8_0, q, 68, 1, 2, 32, 64, t, 2, 1);
+    ditd_cpu_dequant_rows(DITD_Q_Q8_0, q, 68, NULL, 1, 2, 32, 64, t, 2, 1);
     int ok = 1;
     for (int k = 0; k < 32; k++)
         for (int r = 0; r < 2; r++)
