@@ -34,7 +34,8 @@ typedef struct ditd_latent_image {
     const ditd_backend_ops *ops;
     ditd_comm *group;
     int tiling;
-    int img2img;            /* the row takes input images (its img2img) */
+    int img2img;            /* the row takes input images (its img2img, whose latents
+                             * are (z - shift_factor) x scaling_factor) */
     int encoder;            /* the VAE's encoder is planned for H x W too
                              * (ditd_latent_image_enable_encode: off until then, so a
                              * model that only generates carries no encoder buffers) */
@@ -62,6 +63,13 @@ int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w);
 int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
                           const uint8_t *active, uint8_t *pixels);
 
+/* The same under another unscale rule than the folder row's: the rule of
+ * the row the samples followed (ditd_pipeline_class_edit_row: the SD3
+ * inpainting row decodes latents / scaling_factor). DITD_LATENT_RULE_SHIFTED
+ * or _DIT; another is DITD_EUNSUPPORTED. */
+int ditd_latent_image_run_as(ditd_latent_image *li, ditd_latent_rule rule, const float *latents,
+                             int n, const uint8_t *active, uint8_t *pixels);
+
 /* Plans the VAE's encoder too (a reload of vae/ at the planned size; later
  * re-plans keep it): 0, DITD_EUNSUPPORTED for a row without img2img, or the
  * load's error (the decoder stays as it was). ditd_latent_image_encode calls
@@ -84,8 +92,9 @@ int ditd_latent_image_enable_encode(ditd_latent_image *li);
  * under seed), then (z - shift_factor) x scaling_factor: latents (Cl, h, w)
  * host f32, what ditd_gen_sample.image_latents takes. Needs a model whose row
  * has img2img (DITD_EUNSUPPORTED otherwise); the first call plans the encoder
- * (ditd_latent_image_enable_encode). One rank, not collective: in a
- * group every rank may call it and gets the same latents. */
+ * (ditd_latent_image_enable_encode). Collective over the group (the
+ * parallel encode, autoencoder_kl.h): every rank calls it with the same
+ * image and seed and gets the same latents, bit-identical to one rank's. */
 int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
                              uint64_t seed, float *latents);
 /* The same for input image j (0-based) of a request of several: its

@@ -335,7 +335,7 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     if (a.image_path && !i2v && (!erow || video || !rep.info.needs_vae)) {
         fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
-                "pipeline row with img2img, e.g. FLUX)\n", rep.info.name, pc->name);
+                "pipeline row with img2img, e.g. FLUX, SD3)\n", rep.info.name, pc->name);
         goto done;
     }
     if (a.n_images > 1 && i2v) {
@@ -445,10 +445,11 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done;
     }
     memset(&gp, 0, sizeof gp);
-    if (a.skip_str) {
-        if (!(pc->request & DITD_REQ_SKIP_LAYERS)) {
+    if (a.skip_str) { /* an edit: its row's (SD3's edit pipelines have none) */
+        const ditd_pipeline_class *sr = erow && !i2v ? erow : pc;
+        if (!(sr->request & DITD_REQ_SKIP_LAYERS)) {
             fprintf(stderr, "ditd generate: --skip-layers: %s has no skip-layer guidance\n",
-                    pc->name);
+                    sr->name);
             goto done;
         }
         char *end;
@@ -616,7 +617,7 @@ int ditd_cmd_generate(int argc, char **argv)
         if (leader && !pr.quiet)
             fprintf(stderr, "image-to-video: %s %dx%d as the first of %d frames at %dx%d (%s)\n",
                     a.image_path, in_img.width, in_img.height, nfr, W, H, pc->name);
-    } else if (a.image_path) { /* every rank encodes (one rank's work, the same latents) */
+    } else if (a.image_path) { /* the group encodes together (the same latents on every rank) */
         int st = 0;
         gp.strength = a.strength;
         if ((err = ditd_pipeline_strength_start(gp.steps, a.strength, &st))) {
@@ -644,10 +645,11 @@ int ditd_cmd_generate(int argc, char **argv)
             goto done;
         }
         if (leader && !pr.quiet)
-            fprintf(stderr, "%s: %s%s %dx%d, strength %g: %d of %d steps (%s)\n",
+            fprintf(stderr, "%s: %s%s %dx%d, strength %g: %d of %d steps (%s), encoded on %d rank%s\n",
                     mask_l ? "inpaint" : "img2img", a.image_path, k > 1 ? " and more" : "",
                     in_img.width, in_img.height, a.strength, gp.steps - st, gp.steps,
-                    erow->name);
+                    erow->name, ditd_vae_last_stats(li->vae).ranks,
+                    ditd_vae_last_stats(li->vae).ranks > 1 ? "s" : "");
     }
     samples = calloc((size_t)a.n, sizeof *samples);
     out = malloc((size_t)a.n * numel * sizeof *out);
@@ -701,7 +703,8 @@ int ditd_cmd_generate(int argc, char **argv)
     if (li && a.out_path) {
         img_all = leader ? malloc((size_t)a.n * li->Co * li->H * li->W) : NULL;
         if ((leader && !img_all) ||
-            (err = ditd_latent_image_run(li, out, (int)a.n, NULL, img_all))) {
+            (err = ditd_latent_image_run_as(li, erow ? erow->unscale : li->rule, out, (int)a.n,
+                                            NULL, img_all))) {
             ditd__gen_fail("decoding", err ? err : DITD_ENOMEM);
             free(img_all);
             goto done;

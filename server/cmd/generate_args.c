@@ -91,10 +91,10 @@ static void usage(FILE *f)
           "                       (llama.cpp's T5 names or transformers') or .safetensors\n",
           f);
     fputs("\nimage edits (docs/edits.md):\n"
-          "  --image FILE         img2img (a row with img2img: FLUX): start from this PNG,\n"
+          "  --image FILE         img2img (FLUX, SD3: a row with img2img): from this PNG,\n"
           "                       JPEG or WebP, resized to --size as Diffusers (PIL\n"
           "                       lanczos; no --size: the image's, rounded down to the\n"
-          "                       VAE multiple); repeatable: an image list, output i\n"
+          "                       model's multiple); repeatable: an image list, output i\n"
           "                       edits image i mod k (-n a multiple of k; default k);\n"
           "                       on an image-to-video folder\n"
           "                       (WanImageToVideoPipeline) the clip's first frame, any size\n"
@@ -102,9 +102,10 @@ static void usage(FILE *f)
           "  --last-image FILE    image-to-video with a last frame too (FLF2V: Diffusers'\n"
           "                       last_image; a transformer with pos_embed_seq_len)\n"
           "  --strength S         with --image: 0 < S <= 1 of the schedule is run from the\n"
-          "                       noised image (default: the pipeline's, FLUX 0.6)\n"
-          "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX), as\n"
-          "                       Diffusers' mask_image: white is repainted, black kept\n"
+          "                       noised image (default: the edit row's: FLUX 0.6; SD3 0.6,\n"
+          "                       with --mask 1.0)\n"
+          "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX, SD3),\n"
+          "                       as Diffusers' mask_image: white is repainted, black kept\n"
           "                       (its luma, binarized at 0.5); any size (resized too);\n"
           "                       one mask for every --image\n",
           f);
