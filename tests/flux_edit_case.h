@@ -16,6 +16,7 @@
 #include "engine/backend/backend.h"
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
+#include "engine/pipeline/image_resize.h"
 #include "engine/pipeline/prompt_encoder.h"
 #include "tests/test_util.h"
 
@@ -60,6 +61,32 @@ static inline double jnum(json_t *c, const char *k)
 static inline const char *jstr(json_t *c, const char *k)
 {
     return json_string_value(json_object_get(c, k));
+}
+
+/* An input of another size than the output (iw x ih, ch channels): resized
+ * to w x h by ditd_image_resize (PIL's Lanczos, as VaeImageProcessor), the
+ * bytes checked equal to the processor's (the case's want_key). px is freed;
+ * the resized pixels are returned (NULL after a failed check). */
+static inline uint8_t *edit_resize_check(const char *set, json_t *c, const char *want_key,
+                                         uint8_t *px, int iw, int ih, int ch, int w, int h)
+{
+    size_t n_rs, n = (size_t)w * h * ch;
+    uint8_t *want = edit_npy(set, jstr(c, want_key), &n_rs, 1), *rs = malloc(n);
+    size_t same = 0;
+    int ok = want && rs && n_rs == n && !ditd_image_resize(px, iw, ih, ch, rs, w, h);
+    for (size_t i = 0; ok && i < n; i++)
+        same += rs[i] == want[i];
+    TU_CHECK(ok && same == n, "%s: the %dx%d %s resized to %dx%d: %zu of %zu bytes equal PIL's "
+             "Lanczos", jstr(c, "name"), iw, ih, want_key, w, h, same, n);
+    printf("%s  %s: the %dx%d input (%s) resized to %dx%d, %zu of %zu bytes equal PIL's Lanczos\n",
+           ok && same == n ? "ok " : "FAIL", jstr(c, "name"), iw, ih, want_key, w, h, same, n);
+    free(want);
+    free(px);
+    if (!(ok && same == n)) {
+        free(rs);
+        return NULL;
+    }
+    return rs;
 }
 
 static const char *const edit_folder_parts[] = {"scheduler", "text_encoder", "text_encoder_2",

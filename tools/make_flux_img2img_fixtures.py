@@ -7,7 +7,9 @@ What it is: a script that assembles the dev and schnell folders exactly as the b
 FluxImg2ImgPipeline.from_pretrained(folder, torch_dtype=torch.float64) (the components are
 FluxPipeline's), and runs the cases of CASES on input images that are already at the target
 size, so VaeImageProcessor.preprocess resizes nothing (PIL's resize to the image's own size is a
-copy) and no resampling filter is involved: the reference checks the img2img path alone.
+copy): those check the img2img path alone; one case gives an input of another size, which the
+processor resizes with PIL's Lanczos (asserted here; ditd's resize is checked byte for byte by
+test_image_resize and through this case).
 
 The noise is ditd's, so that the C test runs the real path from a seed: the pipeline's two
 random draws are replaced, with the same shapes, by engine/core/philox.h's normals (the Python
@@ -24,8 +26,9 @@ the loop, the unscale and the decode.
 
 Writes tests/fixtures/flux_img2img/expected/cases.json and, per case, <name>_image.png (the input,
 RGB 8-bit; a case of k > 1 images: <name>_image0.png ...), <name>_image_u8.npy (the same pixels,
-(H, W, 3), or (k, H, W, 3)), <name>_image_latents.npy (the shifted and scaled posterior draw,
-(k, 16, h, w)), <name>_timesteps.npy (the kept ones),
+(input_height, input_width, 3), or (k, H, W, 3)), <name>_image_resized_u8.npy (PIL's Lanczos resize
+to (H, W, 3), for an input of another size), <name>_image_latents.npy (the shifted and scaled
+posterior draw, (k, 16, h, w)), <name>_timesteps.npy (the kept ones),
 <name>_final_latents.npy ((B, 16, h, w), ditd's unpacked layout) and <name>_out_u8.npy (the decoded
 images, (B, H, W, 3)); float arrays float32 (the float64 results rounded once).
 
@@ -79,6 +82,10 @@ CASES = [
     ("dev_32x48_s06_2img", "dev", "two birds on a wire", None, 1.0, 32, 48, 4, 0.6, 3.5, 77, 2, 17, 2),
     ("dev_32_s075_2img_n4", "dev", "a harbor at noon", "blurry", 2.0, 32, 32, 4, 0.75, 3.5, 77, 4, 18,
      2),
+    # an input of another size (37x61, H x W): VaeImageProcessor.preprocess resizes it (PIL
+    # Lanczos) to the output's 32x48, which ditd reproduces byte for byte (image_resize.c)
+    ("dev_32x48_from_37x61_s06", "dev", "a red fox in the snow, watercolor", None, 1.0, 32, 48, 5, 0.6,
+     3.5, 77, 1, 17, 1, (37, 61)),
 ]
 
 
@@ -147,13 +154,15 @@ def npy(exp, name, a, dtype=np.float32):
 def make_case(pipe, exp, case, noise):
     name, folder, prompt, neg, tcfg, H, W, steps, strength, gs, msl, nimg, seed = case[:13]
     k = case[13] if len(case) > 13 else 1
+    IH, IW = case[14] if len(case) > 14 else (H, W)
+    assert k == 1 or (IH, IW) == (H, W), f"{name}: an input of another size is one image here"
     vsf = pipe.vae_scale_factor
     h, w = H // vsf, W // vsf
     assert h * vsf == H and w * vsf == W and h % 2 == 0 and w % 2 == 0, name
     assert nimg % k == 0, f"{name}: Diffusers repeats the image list: n a multiple of k"
     u8s, pngs, pils = [], [], []
     for j in range(k):
-        u8 = input_image(H, W, seed + 100 * j)
+        u8 = input_image(IH, IW, seed + 100 * j)
         png = f"{name}_image.png" if k == 1 else f"{name}_image{j}.png"
         Image.fromarray(u8, "RGB").save(exp / png, optimize=True)
         pil = Image.open(exp / png).convert("RGB")
@@ -162,10 +171,12 @@ def make_case(pipe, exp, case, noise):
         pngs.append(png)
         pils.append(pil)
     u8 = u8s[0] if k == 1 else np.stack(u8s)
-    # at the target size: the processor's resize is the identity
+    # the processor's resize: the identity at the target size, else PIL's Lanczos
+    rs = u8s[0] if (IH, IW) == (H, W) else np.asarray(pils[0].resize((W, H), Image.LANCZOS))
     pre = pipe.image_processor.preprocess(pils[0] if k == 1 else pils, height=H, width=W)
-    want = torch.from_numpy(np.stack(u8s).astype(np.float32) / 255.0).permute(0, 3, 1, 2) * 2.0 - 1.0
-    assert torch.equal(pre.float(), want), f"{name}: preprocess is not the plain normalization"
+    ref = np.stack(u8s) if (IH, IW) == (H, W) else rs[None]
+    want = torch.from_numpy(ref.astype(np.float32) / 255.0).permute(0, 3, 1, 2) * 2.0 - 1.0
+    assert torch.equal(pre.float(), want), f"{name}: preprocess is not Lanczos then the normalization"
     pil = pils[0] if k == 1 else pils
 
     noise.seed = seed
@@ -215,6 +226,8 @@ def make_case(pipe, exp, case, noise):
         latent_height=h, latent_width=w, vae_scale_factor=vsf, t_start=t_start,
         steps_run=steps - t_start, first_sigma=float(pipe.scheduler.sigmas[t_start]),
         image=pngs[0], images=pngs, n_images=k, image_u8=npy(exp, p + "image_u8.npy", u8, np.uint8),
+        input_height=IH, input_width=IW,
+        image_resized_u8=npy(exp, p + "image_resized_u8.npy", rs, np.uint8) if (IH, IW) != (H, W) else None,
         image_latents=npy(exp, p + "image_latents.npy", seen["image_latents"]),
         timesteps=npy(exp, p + "timesteps.npy", kept),
         final_latents=npy(exp, p + "final_latents.npy", fin),
@@ -254,7 +267,7 @@ def main():
             pipes[name] = pipe
         with DitdNoise() as noise:
             cases = [make_case(pipes[c[1]], exp, c, noise) for c in CASES]
-    assert len(cases) >= 8
+    assert len(cases) >= 9
     meta = dict(diffusers=diffusers.__version__, transformers=transformers.__version__,
                 torch=torch.__version__, compute="float64", stored="float32 (u8 arrays uint8)",
                 posterior_stream=hex(POSTERIOR_STREAM), cases=cases)

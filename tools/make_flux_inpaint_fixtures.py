@@ -6,8 +6,9 @@ What it is: tools/make_flux_img2img_fixtures.py's pattern for the inpainting pip
 schnell folders are assembled as the build does, loaded with
 FluxInpaintPipeline.from_pretrained(folder, torch_dtype=torch.float64), and run on input images
 and masks already at the target size (VaeImageProcessor resizes nothing; the tool asserts the
-image's preprocess is the plain normalization and the mask's is the plain binarization), so the
-reference checks the inpainting path alone: the mask processor (convert("L"), binarize at 0.5,
+image's preprocess is the plain normalization and the mask's is the plain binarization), so those
+check the inpainting path alone; one case gives an image and a mask of other sizes, which the
+processors resize with PIL's Lanczos (asserted here, with the resized pixels written). The path: the mask processor (convert("L"), binarize at 0.5,
 nearest interpolation to the latent grid) and the per-step blending of the kept latents with the
 image's latents noised to the next sigma.
 
@@ -22,8 +23,9 @@ The noise is ditd's (engine/core/philox.h, in Python in tools/make_sampler_fixtu
 Everything else is stock Diffusers 0.42.
 
 Writes tests/fixtures/flux_inpaint/expected/cases.json and, per case, <name>_image.png,
-<name>_image_u8.npy ((H, W, 3)), <name>_mask.png (8-bit gray: white repainted, black kept),
-<name>_mask_u8.npy ((H, W)), <name>_mask_latents.npy ((h, w), Diffusers' mask on the latent
+<name>_image_u8.npy ((input_height, input_width, 3)), <name>_mask.png (8-bit gray: white
+repainted, black kept), <name>_mask_u8.npy ((mask_height, mask_width)), <name>_image_resized_u8.npy
+and <name>_mask_resized_u8.npy (PIL's Lanczos to (H, W)), <name>_mask_latents.npy ((h, w), Diffusers' mask on the latent
 grid), <name>_image_latents.npy ((1, 16, h, w)), <name>_final_latents.npy ((B, 16, h, w),
 unpacked) and <name>_out_u8.npy ((B, H, W, 3)); float arrays float32.
 
@@ -74,6 +76,10 @@ CASES = [
      77, 2, 24, "holes"),
     ("schnell_32_s06_gray", "schnell", "a cozy cabin, 🌲", None, 1.0, 32, 32, 4, 0.6, 0.0, 77, 1, 25,
      "gray"),
+    # an image (24x40, H x W: enlarged) and a mask (45x75: reduced) of other sizes than the
+    # output's 32x48: both resized by PIL's Lanczos (the mask as L, before its binarize)
+    ("dev_32x48_from_24x40_mask_45x75_s075", "dev", "a lighthouse at dusk", None, 1.0, 32, 48, 4, 0.75,
+     3.5, 77, 1, 26, "holes", ((24, 40), (45, 75))),
 ]
 
 
@@ -139,7 +145,7 @@ class DitdNoise:
 
 
 def run(pipe, case, noise, pil, mpil):
-    name, folder, prompt, neg, tcfg, H, W, steps, strength, gs, msl, nimg, seed, kind = case
+    name, folder, prompt, neg, tcfg, H, W, steps, strength, gs, msl, nimg, seed, kind = case[:14]
     noise.seed = seed
     noise.in_case = 0
     seen = {}
@@ -172,26 +178,31 @@ def run(pipe, case, noise, pil, mpil):
 
 
 def make_case(pipe, exp, case, noise):
-    name, folder, prompt, neg, tcfg, H, W, steps, strength, gs, msl, nimg, seed, kind = case
+    name, folder, prompt, neg, tcfg, H, W, steps, strength, gs, msl, nimg, seed, kind = case[:14]
+    (IH, IW), (MH, MW) = case[14] if len(case) > 14 else ((H, W), (H, W))
     vsf = pipe.vae_scale_factor
     h, w = H // vsf, W // vsf
     assert h * vsf == H and w * vsf == W and h % 2 == 0 and w % 2 == 0, name
-    u8 = input_image(H, W, seed)
+    u8 = input_image(IH, IW, seed)
     png = f"{name}_image.png"
     Image.fromarray(u8, "RGB").save(exp / png, optimize=True)
     pil = Image.open(exp / png).convert("RGB")
     assert np.array_equal(np.array(pil), u8)
-    m8 = make_mask(H, W, kind, seed)
+    m8 = make_mask(MH, MW, kind, seed)
     mpng = f"{name}_mask.png"
     Image.fromarray(m8, "L").save(exp / mpng, optimize=True)
     mpil = Image.open(exp / mpng)
     assert np.array_equal(np.array(mpil.convert("L")), m8)
+    # the processors' resizes: the identity at the target size, else PIL's Lanczos (the mask in
+    # its own mode L, then binarized)
+    rs = u8 if (IH, IW) == (H, W) else np.asarray(pil.resize((W, H), Image.LANCZOS))
+    mrs = m8 if (MH, MW) == (H, W) else np.asarray(mpil.resize((W, H), Image.LANCZOS))
     pre = pipe.image_processor.preprocess(pil, height=H, width=W)
-    want = torch.from_numpy(u8.astype(np.float32) / 255.0).permute(2, 0, 1)[None] * 2.0 - 1.0
-    assert torch.equal(pre.float(), want), f"{name}: preprocess is not the plain normalization"
+    want = torch.from_numpy(rs.astype(np.float32) / 255.0).permute(2, 0, 1)[None] * 2.0 - 1.0
+    assert torch.equal(pre.float(), want), f"{name}: preprocess is not Lanczos then the normalization"
     mpre = pipe.mask_processor.preprocess(mpil, height=H, width=W)
-    mwant = torch.from_numpy((m8.astype(np.float32) / 255.0 >= 0.5).astype(np.float32))[None, None]
-    assert torch.equal(mpre.float(), mwant), f"{name}: the mask preprocess is not the binarization"
+    mwant = torch.from_numpy((mrs.astype(np.float32) / 255.0 >= 0.5).astype(np.float32))[None, None]
+    assert torch.equal(mpre.float(), mwant), f"{name}: the mask preprocess is not Lanczos then the binarization"
 
     before = dict(noise.calls)
     noise.masked_shift = 0.0
@@ -223,6 +234,9 @@ def make_case(pipe, exp, case, noise):
         steps_run=steps - t_start, mask_kind=kind, repainted=int(mask_grid.sum()),
         image=png, image_u8=npy(exp, p + "image_u8.npy", u8, np.uint8),
         mask=mpng, mask_u8=npy(exp, p + "mask_u8.npy", m8, np.uint8),
+        input_height=IH, input_width=IW, mask_height=MH, mask_width=MW,
+        image_resized_u8=npy(exp, p + "image_resized_u8.npy", rs, np.uint8) if (IH, IW) != (H, W) else None,
+        mask_resized_u8=npy(exp, p + "mask_resized_u8.npy", mrs, np.uint8) if (MH, MW) != (H, W) else None,
         mask_latents=npy(exp, p + "mask_latents.npy", mask_grid),
         image_latents=npy(exp, p + "image_latents.npy", seen["image_latents"]),
         final_latents=npy(exp, p + "final_latents.npy", fin),
@@ -259,7 +273,7 @@ def main():
             pipes[name] = pipe
         with DitdNoise() as noise:
             cases = [make_case(pipes[c[1]], exp, c, noise) for c in CASES]
-    assert len(cases) >= 5
+    assert len(cases) >= 6
     meta = dict(diffusers=diffusers.__version__, transformers=transformers.__version__,
                 torch=torch.__version__, compute="float64", stored="float32 (u8 arrays uint8)",
                 posterior_stream=hex(POSTERIOR_STREAM), cases=cases)

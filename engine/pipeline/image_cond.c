@@ -7,7 +7,7 @@
 #include "engine/core/error.h"
 #include "engine/models/wan_vae/wan_vae.h"
 #include "engine/vision/clip_vision.h"
-#include "engine/vision/image_resize.h"
+#include "engine/pipeline/image_resize.h"
 
 struct ditd_image_cond {
     const ditd_video_vae_family *fam;
@@ -136,7 +136,7 @@ static int put_frame(ditd_image_cond *ic, const uint8_t *rgb, int iw, int ih, in
                      int W, int H)
 {
     int err;
-    if ((err = ditd_image_resize(rgb, iw, ih, 3, ic->rs, W, H, DITD_RESAMPLE_LANCZOS)))
+    if ((err = ditd_image_resize(rgb, iw, ih, 3, ic->rs, W, H)))
         return err;
     size_t plane = (size_t)W * H;
     for (int c = 0; c < 3; c++) {

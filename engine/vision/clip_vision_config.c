@@ -310,7 +310,7 @@ int ditd_clip_image_preprocess(const ditd_clip_image_processor *p, const uint8_t
     uint8_t *rs = malloc((size_t)rw * rh * 3);
     if (!rs)
         return ditd_err_set(DITD_ENOMEM, "image_processor buffer");
-    if ((err = ditd_image_resize(rgb, w, h, 3, rs, rw, rh, p->resample))) {
+    if ((err = ditd_image_resize_filter(rgb, w, h, 3, rs, rw, rh, p->resample))) {
         free(rs);
         return err;
     }

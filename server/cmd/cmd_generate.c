@@ -344,12 +344,12 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done;
     }
     if (a.image_path) {
-        if ((err = ditd__gen_read_image(a.image_path, 3, &in_img))) {
+        if ((err = ditd__gen_read_image(a.image_path, i2v ? 3 : 0, &in_img))) {
             fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_path, ditd_err_detail());
             goto done;
         }
         for (int j = 1; j < a.n_images; j++) { /* an image list: one size */
-            if ((err = ditd__gen_read_image(a.image_paths[j], 3, &in_more[j]))) {
+            if ((err = ditd__gen_read_image(a.image_paths[j], 0, &in_more[j]))) {
                 fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_paths[j],
                         ditd_err_detail());
                 goto done;
@@ -368,31 +368,47 @@ int ditd_cmd_generate(int argc, char **argv)
                 goto done;
             }
         }
-        if (!a.size_w) {
+        if (!a.size_w && !i2v && rep.info.resizable && rep.info.size_multiple > 0) {
+            /* VaeImageProcessor.get_default_height_width: the image's size
+             * rounded down to the VAE multiple (docs/edits.md#resampling) */
+            const int q = rep.info.size_multiple;
+            a.size_w = in_img.width >= q ? in_img.width - in_img.width % q : in_img.width;
+            a.size_h = in_img.height >= q ? in_img.height - in_img.height % q : in_img.height;
+        } else if (!a.size_w) {
             a.size_w = in_img.width;
             a.size_h = in_img.height;
-        } else if (i2v) { /* resized to the clip as VideoProcessor.preprocess (lanczos) */
-        } else if (a.size_w != in_img.width || a.size_h != in_img.height) {
-            fprintf(stderr, "ditd generate: --image %s is %dx%d, --size %ldx%ld: resampling the "
-                    "input is not done yet (give the image at the output size)\n", a.image_path,
-                    in_img.width, in_img.height, a.size_w, a.size_h);
+        }
+        /* an edit's image at the output size, then its color: VaeImageProcessor.
+         * preprocess (PIL Lanczos, RGBA premultiplied; image-to-video resizes in
+         * its own condition) */
+        if (!i2v && (err = ditd__gen_resize_image(&in_img, (int)a.size_w, (int)a.size_h))) {
+            fprintf(stderr, "ditd generate: --image %s (%dx%d) to --size %ldx%ld: %s\n",
+                    a.image_path, in_img.width, in_img.height, a.size_w, a.size_h,
+                    ditd_err_detail());
             goto done;
         }
+        for (int j = 1; !i2v && j < a.n_images; j++) /* each image of the list, alike */
+            if ((err = ditd__gen_resize_image(&in_more[j], (int)a.size_w, (int)a.size_h))) {
+                fprintf(stderr, "ditd generate: --image %s to --size %ldx%ld: %s\n",
+                        a.image_paths[j], a.size_w, a.size_h, ditd_err_detail());
+                goto done;
+            }
         if (a.last_image_path && (err = ditd__gen_read_image(a.last_image_path, 3, &last_img))) {
             fprintf(stderr, "ditd generate: --last-image %s: %s\n", a.last_image_path,
                     ditd_err_detail());
             goto done;
         }
-        if (a.mask_path) { /* Diffusers' mask_image: its luma (PIL's convert("L")) */
+        if (a.mask_path) { /* Diffusers' mask_image: resized in its own mode, then
+                            * its luma (PIL's convert("L")): RGB resized per
+                            * channel, RGBA premultiplied, as PIL */
             ditd_image mk = {0};
             if ((err = ditd__gen_read_image(a.mask_path, 0, &mk))) {
                 fprintf(stderr, "ditd generate: --mask %s: %s\n", a.mask_path, ditd_err_detail());
                 goto done;
             }
-            if (mk.width != in_img.width || mk.height != in_img.height) {
-                fprintf(stderr, "ditd generate: --mask %s is %dx%d, --image %dx%d: the same size "
-                        "(no resampling yet)\n", a.mask_path, mk.width, mk.height, in_img.width,
-                        in_img.height);
+            if ((err = ditd__gen_resize_image(&mk, in_img.width, in_img.height))) {
+                fprintf(stderr, "ditd generate: --mask %s (%dx%d) to %dx%d: %s\n", a.mask_path,
+                        mk.width, mk.height, in_img.width, in_img.height, ditd_err_detail());
                 ditd_image_free(&mk);
                 goto done;
             }

@@ -75,5 +75,11 @@ int ditd__gen_write_clips(const uint8_t *vid, int n, int F, int H, int W, const 
  * color, as PIL's convert("RGB"), else as decoded. 0, or the error with its
  * detail. */
 int ditd__gen_read_image(const char *path, int channels, ditd_image *img);
+/* img (RGB, or RGBA as decoded) replaced by its RGB at w x h as PIL's
+ * Image.resize((w, h), LANCZOS) then convert("RGB") (RGBA resized
+ * premultiplied; engine/pipeline/image_resize.h), the order Diffusers'
+ * processors run; the same size only drops alpha. Sizes over the resize
+ * limits refused before allocating. */
+int ditd__gen_resize_image(ditd_image *img, int w, int h);
 
 #endif

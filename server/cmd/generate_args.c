@@ -92,8 +92,9 @@ static void usage(FILE *f)
           f);
     fputs("\nimage edits (docs/edits.md):\n"
           "  --image FILE         img2img (FLUX, SD3: a row with img2img): from this PNG,\n"
-          "                       JPEG or WebP, at the output size (the default --size;\n"
-          "                       no resampling yet); repeatable: an image list, output i\n"
+          "                       JPEG or WebP, resized to --size as Diffusers (PIL\n"
+          "                       lanczos; no --size: the image's, rounded down to the\n"
+          "                       model's multiple); repeatable: an image list, output i\n"
           "                       edits image i mod k (-n a multiple of k; default k);\n"
           "                       on an image-to-video folder\n"
           "                       (WanImageToVideoPipeline) the clip's first frame, any size\n"
@@ -105,8 +106,8 @@ static void usage(FILE *f)
           "                       with --mask 1.0)\n"
           "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX, SD3),\n"
           "                       as Diffusers' mask_image: white is repainted, black kept\n"
-          "                       (its luma, binarized at 0.5); the image's size; one\n"
-          "                       mask for every --image\n",
+          "                       (its luma, binarized at 0.5); any size (resized too);\n"
+          "                       one mask for every --image\n",
           f);
 }
 /* "WxH", each 1..16384 */

@@ -7,6 +7,7 @@
 #include "engine/core/error.h"
 #include "engine/io/video_mp4.h"
 #include "server/cmd/generate.h"
+#include "engine/pipeline/image_resize.h"
 #include "server/common/image.h"
 #include "server/common/image_in.h"
 
@@ -81,5 +82,35 @@ int ditd__gen_read_image(const char *path, int channels, ditd_image *img)
             memmove(img->pixels + 3 * i, img->pixels + 4 * i, 3);
         img->channels = 3;
     }
+    return 0;
+}
+
+int ditd__gen_resize_image(ditd_image *img, int w, int h)
+{
+    const size_t np = (size_t)img->width * img->height;
+    if (w == img->width && h == img->height) { /* no resize: the color (convert("RGB")) */
+        for (size_t i = 0; img->channels == 4 && i < np; i++)
+            memmove(img->pixels + 3 * i, img->pixels + 4 * i, 3);
+        img->channels = 3;
+        return 0;
+    }
+    if (w < 1 || h < 1 || w > DITD_IMAGE_RESIZE_MAX_SIDE || h > DITD_IMAGE_RESIZE_MAX_SIDE ||
+        (long)w * h > DITD_IMAGE_RESIZE_MAX_PIXELS)
+        return ditd_err_set(DITD_EINVAL, "size %dx%d: over the resize limits", w, h);
+    uint8_t *out = malloc((size_t)w * h * 3);
+    if (!out)
+        return ditd_err_set(DITD_ENOMEM, "resize to %dx%d", w, h);
+    int err = img->channels == 4
+                  ? ditd_image_resize_rgba(img->pixels, img->width, img->height, out, w, h)
+                  : ditd_image_resize(img->pixels, img->width, img->height, 3, out, w, h);
+    if (err) {
+        free(out);
+        return err;
+    }
+    free(img->pixels);
+    img->pixels = out;
+    img->width = w;
+    img->height = h;
+    img->channels = 3;
     return 0;
 }

@@ -12,8 +12,10 @@
  * FluxPipeline folder). Several images (`image[]` repeated, a JSON array)
  * are Diffusers' image list (engine/pipeline/edit_images.h: output i edits
  * image i % k); every upload's header is read and checked (limits, sizes)
- * before any of them is decoded. Not here: resampling an image of another
- * size (refused naming the sizes), background jobs of edits. Loop thread
+ * before any of them is decoded. The images and the mask are resized to
+ * the output size as VaeImageProcessor does (PIL Lanczos, RGBA premultiplied,
+ * engine/pipeline/image_resize.h; no size: the first image's, rounded down
+ * to the VAE multiple). Not here: background jobs of edits. Loop thread
  * only. */
 #include <jansson.h>
 #include <stdarg.h>
@@ -23,6 +25,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/pipeline_class.h"
+#include "engine/pipeline/image_resize.h"
 #include "engine/pipeline/edit_images.h"
 #include "server/common/image_in.h"
 #include "server/daemon/genreq.h"
@@ -307,21 +310,21 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
             goto done;
         }
     }
-    if (size_given && (r->width != W0 || r->height != H0)) {
-        err = bad(e, img[0].field, "'%s' is %dx%d but size is %dx%d: resampling the input is not "
-                  "done yet (send the image at the output size, or leave size out)", img[0].label,
-                  W0, H0, r->width, r->height);
-        goto done;
-    }
-    if (!size_given) {
-        if (ditd_model_check_size(m, W0, H0)) {
-            err = bad(e, img[0].field, "'%s' is %dx%d: %s (the output takes the image's size)",
-                      img[0].label, W0, H0, ditd_err_detail());
+    if (!size_given) { /* the image's size rounded down to the VAE multiple, as
+                        * VaeImageProcessor.get_default_height_width */
+        const int q = m->resizable && m->size_multiple > 0 ? m->size_multiple : 1;
+        const int w = W0 >= q ? W0 - W0 % q : W0, h = H0 >= q ? H0 - H0 % q : H0;
+        if (ditd_model_check_size(m, w, h)) {
+            err = bad(e, img[0].field, "'%s' is %dx%d: %s (the output takes the image's size, "
+                      "rounded down to a multiple of %d)", img[0].label, W0, H0,
+                      ditd_err_detail(), q);
             goto done;
         }
-        r->width = W0;
-        r->height = H0;
+        r->width = w;
+        r->height = h;
     }
+    const int rs = r->width != W0 || r->height != H0; /* resized to the output size */
+    const size_t npo = (size_t)r->width * (size_t)r->height;
     if (mask.data) {
         if ((err = probe(&mask, lim, &hdr, e)))
             goto done;
@@ -349,7 +352,7 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
             goto done;
         }
     }
-    if (!(r->image = malloc(np * 3 * (size_t)n_img))) {
+    if (!(r->image = malloc(npo * 3 * (size_t)n_img))) {
         err = oom(e);
         goto done;
     }
@@ -378,10 +381,20 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
                 r->mask[(size_t)j * np + i] = (uint8_t)(255 - in.pixels[4 * i + 3]);
             n_alpha++;
         }
-        /* the image's color (PIL's convert("RGB"): alpha dropped) */
-        uint8_t *dst = r->image + (size_t)j * np * 3;
-        for (size_t i = 0; i < np; i++)
-            memcpy(dst + 3 * i, in.pixels + (size_t)in.channels * i, 3);
+        /* the image at the output size, then its color (PIL's convert("RGB")):
+         * VaeImageProcessor.preprocess resizes (Lanczos; RGBA premultiplied) first */
+        uint8_t *dst = r->image + (size_t)j * npo * 3;
+        if (!rs) {
+            for (size_t i = 0; i < np; i++)
+                memcpy(dst + 3 * i, in.pixels + (size_t)in.channels * i, 3);
+        } else if (in.channels == 4 ? ditd_image_resize_rgba(in.pixels, W0, H0, dst, r->width,
+                                                             r->height)
+                                    : ditd_image_resize(in.pixels, W0, H0, 3, dst, r->width,
+                                                        r->height)) {
+            err = bad(e, img[j].field, "resizing '%s' to %dx%d: %s", img[j].label, r->width,
+                      r->height, ditd_err_detail());
+            goto done;
+        }
         ditd_image_free(&in);
     }
     r->n_masks = n_alpha;
@@ -405,6 +418,25 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         for (size_t i = 0; i < np; i++)
             r->mask[i] = (uint8_t)(255 - mk.pixels[4 * i + 3]);
         r->n_masks = 1;
+    }
+    /* the masks (Diffusers' L) at the output size too, as the mask processor
+     * resizes before its binarize */
+    if (rs && r->mask) {
+        uint8_t *mo = malloc(npo * (size_t)r->n_masks);
+        if (!mo) {
+            err = oom(e);
+            goto done;
+        }
+        for (int j = 0; j < r->n_masks; j++)
+            if (ditd_image_resize(r->mask + (size_t)j * np, W0, H0, 1, mo + (size_t)j * npo,
+                                  r->width, r->height)) {
+                free(mo);
+                err = bad(e, "mask", "resizing the mask to %dx%d: %s", r->width, r->height,
+                          ditd_err_detail());
+                goto done;
+            }
+        free(r->mask);
+        r->mask = mo;
     }
     /* the edit row's request fields (SD3's edit pipelines have no skip-layer
      * guidance, which the folder's text-to-image row has) */

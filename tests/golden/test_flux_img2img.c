@@ -2,7 +2,7 @@
  * fixtures of tools/make_flux_img2img_fixtures.py on the tiny FLUX.1 folders
  * of tests/fixtures/flux_pipeline, assembled in the build tree; the expected
  * arrays in tests/fixtures/flux_img2img/). Input images are at the target
- * size, so no resampling is involved. Diffusers' two random draws were made
+ * size but one (resized, below). Diffusers' two random draws were made
  * ditd's (the posterior from DITD_LATENT_POSTERIOR_STREAM, the initial noise
  * from each image's stream), so every case runs from its seed alone.
  * For every case:
@@ -17,8 +17,10 @@
  *   - the decoded images within one 8-bit level.
  * One case runs on a folder whose model_index.json says FluxImg2ImgPipeline,
  * the others on the FluxPipeline folders (whose row names
- * FluxImg2ImgPipeline for edits). At least 8 cases are checked (2 of them
- * image lists), and the
+ * FluxImg2ImgPipeline for edits). One case's input (37x61) is of another size
+ * than its output: resized by ditd_image_resize, byte for byte the processor's
+ * PIL Lanczos, before the encode. At least 9 cases are checked (2 of them
+ * image lists, 1 resized), and the
  * refusals (strength out of range, an image without strength, another
  * sampler, a row without img2img) are checked too. */
 #include <jansson.h>
@@ -40,11 +42,12 @@
 #include "tests/flux_edit_case.h"
 #include "tests/test_util.h"
 
-#define MIN_CASES 8
+#define MIN_CASES 9
 #define MIN_LIST_CASES 2 /* of them with an image list (k = 2; n = 2 and n = 4) */
 #define MAXB 4
 
 static int n_list_cases;
+static int resized; /* cases whose input had another size than the output */
 
 static void *npy(const char *name, size_t *n, int u8)
 {
@@ -85,12 +88,23 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
         K > B)
         goto out;
     const size_t npx = (size_t)H * W * 3, nl = (size_t)16 * lh * lw;
-    TU_CHECK(n_img == (size_t)K * npx && n_il == (size_t)K * nl && n_fin == (size_t)B * nl &&
-                 n_out == (size_t)B * npx,
+    /* an input of another size (one image): PIL's Lanczos to H x W
+     * (VaeImageProcessor.preprocess), byte for byte the processor's */
+    const int IH = json_object_get(c, "input_height") ? jint(c, "input_height") : H;
+    const int IW = json_object_get(c, "input_width") ? jint(c, "input_width") : W;
+    const size_t nin = (size_t)IH * IW * 3;
+    TU_CHECK(n_img == (size_t)K * nin && (K == 1 || nin == npx) && n_il == (size_t)K * nl &&
+                 n_fin == (size_t)B * nl && n_out == (size_t)B * npx,
              "%s: fixture sizes", name);
-    if (n_img != (size_t)K * npx || n_il != (size_t)K * nl || n_fin != (size_t)B * nl ||
-        n_out != (size_t)B * npx)
+    if (n_img != (size_t)K * nin || (K != 1 && nin != npx) || n_il != (size_t)K * nl ||
+        n_fin != (size_t)B * nl || n_out != (size_t)B * npx)
         goto out;
+    if (IH != H || IW != W) {
+        if (!(img = edit_resize_check("flux_img2img", c, "image_resized_u8", img, IW, IH, 3, W, H)))
+            goto out;
+        n_img = npx;
+        resized++;
+    }
     TU_OK(ditd_edit_images_check(B, K, 0));
     int t_start = -1;
     TU_OK(ditd_pipeline_strength_start(steps, strength, &t_start));
@@ -283,6 +297,7 @@ int main(void)
     TU_CHECK(checked >= MIN_CASES, "FluxImg2ImgPipeline cases checked to the end: %d (at least %d)",
              checked, MIN_CASES);
     TU_CHECK(on_i2i >= 1, "cases on a FluxImg2ImgPipeline folder: %d", on_i2i);
+    TU_CHECK(resized >= 1, "cases with an input of another size: %d (at least 1)", resized);
     TU_CHECK(n_list_cases >= MIN_LIST_CASES, "image-list cases checked: %d (at least %d)",
              n_list_cases, MIN_LIST_CASES);
     /* Diffusers' rule for an image list: n a multiple of the images */

@@ -14,7 +14,9 @@
  *   - the decoded images within one 8-bit level.
  * The batch case runs on a folder whose model_index.json says
  * FluxInpaintPipeline, the others on FluxPipeline folders (whose row names
- * FluxInpaintPipeline for masked edits). At least 5 cases are checked, and
+ * FluxInpaintPipeline for masked edits). One case's image (40x24) and mask
+ * (75x45) are of other sizes than its output: resized by ditd_image_resize,
+ * byte for byte the processors' PIL Lanczos. At least 6 cases are checked, and
  * the refusals too. */
 #include <jansson.h>
 #include <math.h>
@@ -34,7 +36,8 @@
 #include "tests/flux_edit_case.h"
 #include "tests/test_util.h"
 
-#define MIN_CASES 5
+#define MIN_CASES 6
+static int resized; /* inputs (image, mask) of another size than the output */
 #define MAXB 2
 
 static void *npy(const char *name, size_t *n, int u8)
@@ -75,9 +78,27 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
 
     if (!img || !m8 || !ml_ref || !want_px || !il_ref || !fin || B < 1 || B > MAXB || !prompt)
         goto out;
-    TU_CHECK(n_m8 == (size_t)H * W && n_ml == (size_t)lh * lw, "%s: mask fixture sizes", name);
-    if (n_m8 != (size_t)H * W || n_ml != (size_t)lh * lw)
+    /* an image and a mask of other sizes: PIL's Lanczos to H x W (the mask as
+     * L, before its binarize), byte for byte the processors' */
+    const int IH = json_object_get(c, "input_height") ? jint(c, "input_height") : H;
+    const int IW = json_object_get(c, "input_width") ? jint(c, "input_width") : W;
+    const int MH = json_object_get(c, "mask_height") ? jint(c, "mask_height") : H;
+    const int MW = json_object_get(c, "mask_width") ? jint(c, "mask_width") : W;
+    TU_CHECK(n_m8 == (size_t)MH * MW && n_ml == (size_t)lh * lw && n_img == (size_t)IH * IW * 3,
+             "%s: mask fixture sizes", name);
+    if (n_m8 != (size_t)MH * MW || n_ml != (size_t)lh * lw || n_img != (size_t)IH * IW * 3)
         goto out;
+    if (MH != H || MW != W) {
+        if (!(m8 = edit_resize_check("flux_inpaint", c, "mask_resized_u8", m8, MW, MH, 1, W, H)))
+            goto out;
+        resized++;
+    }
+    if (IH != H || IW != W) {
+        if (!(img = edit_resize_check("flux_inpaint", c, "image_resized_u8", img, IW, IH, 3, W, H)))
+            goto out;
+        n_img = (size_t)H * W * 3;
+        resized++;
+    }
     /* the mask on the latent grid: exactly Diffusers' (0 or 1 everywhere) */
     ml = malloc(n_ml * sizeof *ml);
     if (!ml)
@@ -275,6 +296,7 @@ int main(void)
     edit_folder_rm(i2i);
     TU_CHECK(checked >= MIN_CASES, "FluxInpaintPipeline cases checked to the end: %d (at least %d)",
              checked, MIN_CASES);
+    TU_CHECK(resized >= 2, "inputs of another size resized: %d (an image and a mask)", resized);
     TU_CHECK(on_i2i >= 1, "cases on a FluxInpaintPipeline folder: %d", on_i2i);
     TU_CHECK(refusals(), "every refusal checked");
     json_decref(root);
