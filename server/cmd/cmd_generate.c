@@ -174,6 +174,7 @@ int ditd_cmd_generate(int argc, char **argv)
     uint8_t *mask_l = NULL;  /* --mask: its luma (H, W) */
     float *mask_lat = NULL;  /* and on the latent grid (h, w) */
     float *img_lat = NULL;   /* --image: its latents (C, h, w) */
+    float *ref_lat = NULL;   /* --image on a reference row (Kontext): (C, rh, rw) */
     float *i2v_cond = NULL, *i2v_emb = NULL;
     float *emb = NULL;       /* text models: (2n, L Dt + Dp) */
     ditd_text_embeds *te = NULL;
@@ -309,6 +310,19 @@ int ditd_cmd_generate(int argc, char **argv)
      * the defaults; the image sets the size */
     const ditd_pipeline_class *erow = a.image_path ? pc->img2img : NULL;
     const int i2v = pc->image_to_video; /* WanImageToVideoPipeline: --image is the first frame */
+    const int kontext = pc->reference;  /* FluxKontextPipeline: --image is a reference */
+    if ((a.max_area || a.auto_resize == 0) && !kontext) {
+        fprintf(stderr, "ditd generate: --%s: %s (%s) takes no reference image "
+                "(FluxKontextPipeline's max_area, _auto_resize)\n",
+                a.max_area ? "max-area" : "no-auto-resize", rep.info.name, pc->name);
+        goto done;
+    }
+    if (kontext && (a.strength >= 0 || a.mask_path)) {
+        fprintf(stderr, "ditd generate: --%s: %s (%s) takes a reference image, not a start: %s\n",
+                a.mask_path ? "mask" : "strength", rep.info.name, pc->name,
+                a.mask_path ? "no mask" : "no strength (the whole schedule runs from noise)");
+        goto done;
+    }
     if (i2v && !a.image_path) {
         fprintf(stderr, "ditd generate: %s (%s) makes a clip from an image: give --image FILE\n",
                 rep.info.name, pc->name);
@@ -332,7 +346,7 @@ int ditd_cmd_generate(int argc, char **argv)
         }
         erow = pc->inpaint;
     }
-    if (a.image_path && !i2v && (!erow || video || !rep.info.needs_vae)) {
+    if (a.image_path && !i2v && ((!erow && !kontext) || video || !rep.info.needs_vae)) {
         fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
                 "pipeline row with img2img, e.g. FLUX)\n", rep.info.name, pc->name);
         goto done;
@@ -342,7 +356,8 @@ int ditd_cmd_generate(int argc, char **argv)
             fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_path, ditd_err_detail());
             goto done;
         }
-        if (!a.size_w) {
+        if (kontext) { /* the output's size is the request's (below), not the image's */
+        } else if (!a.size_w) {
             a.size_w = in_img.width;
             a.size_h = in_img.height;
         } else if (i2v) { /* resized to the clip as VideoProcessor.preprocess (lanczos) */
@@ -378,7 +393,7 @@ int ditd_cmd_generate(int argc, char **argv)
                 goto done;
             }
         }
-        if (!i2v) { /* an edit row's defaults; image-to-video keeps the row's own */
+        if (!i2v && !kontext) { /* an edit row's defaults; image-to-video keeps the row's own */
             if (a.steps <= 0 && erow != pc)
                 a.steps = erow->default_steps;
             if (a.guidance < 0 && erow != pc)
@@ -386,12 +401,30 @@ int ditd_cmd_generate(int argc, char **argv)
             if (a.strength < 0)
                 a.strength = erow->default_strength;
         }
-        if (!rep.info.resizable &&
+        if (!rep.info.resizable && !kontext &&
             (a.size_w != rep.info.image_width || a.size_h != rep.info.image_height)) {
             fprintf(stderr, "ditd generate: --image %s is %ldx%ld; %s makes %dx%d\n", a.image_path,
                     a.size_w, a.size_h, rep.info.name, rep.info.image_width, rep.info.image_height);
             goto done;
         }
+    }
+    if (kontext) {
+        /* FluxKontextPipeline: the request's aspect ratio at max_area pixels,
+         * rounded down to vae_scale_factor x 2 (with or without an image) */
+        long rw = a.size_w ? a.size_w : rep.info.image_width;
+        long rh = a.size_h ? a.size_h : rep.info.image_height;
+        long area = a.max_area ? a.max_area : pc->default_max_area;
+        int ow = 0, oh = 0;
+        if (ditd_pipeline_class_area_size(area, (int)rw, (int)rh, 2 * rep.info.vae_scale, &ow,
+                                          &oh)) {
+            fprintf(stderr, "ditd generate: --size/--max-area: %s\n", ditd_err_detail());
+            goto done;
+        }
+        if (leader && !pr.quiet && (ow != rw || oh != rh))
+            fprintf(stderr, "%s: %ldx%ld adjusted to %dx%d (max_area %ld)\n", pc->name, rw, rh, ow,
+                    oh, area);
+        a.size_w = ow;
+        a.size_h = oh;
     }
     if (a.true_cfg != 1.0 && pc->guidance != DITD_GUIDANCE_TRUE_CFG) {
         fprintf(stderr, "ditd generate: --true-cfg: %s guides with --guidance\n", pc->name);
@@ -574,6 +607,34 @@ int ditd_cmd_generate(int argc, char **argv)
         if (leader && !pr.quiet)
             fprintf(stderr, "image-to-video: %s %dx%d as the first of %d frames at %dx%d (%s)\n",
                     a.image_path, in_img.width, in_img.height, nfr, W, H, pc->name);
+    } else if (a.image_path && kontext) { /* the reference: every rank encodes it */
+        const int vsc = rep.info.vae_scale;
+        int rw = 0, rh = 0;
+        uint8_t *ref_px = NULL;
+        if ((err = ditd_pipeline_class_reference_size(
+                 a.auto_resize >= 0 ? a.auto_resize : pc->auto_resize, in_img.width,
+                 in_img.height, vsc, &rw, &rh))) {
+            ditd__gen_fail("--image", err);
+            goto done;
+        }
+        if ((err = ditd__gen_reference_pixels(&in_img, rw, rh, &ref_px))) {
+            fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_path, ditd_err_detail());
+            goto done;
+        }
+        if (!(ref_lat = malloc((size_t)C * (rh / vsc) * (rw / vsc) * sizeof *ref_lat))) {
+            free(ref_px);
+            fprintf(stderr, "ditd generate: out of memory\n");
+            goto done;
+        }
+        err = ditd_latent_image_encode_mode(li, ref_px ? ref_px : in_img.pixels, rh, rw, ref_lat);
+        free(ref_px);
+        if (err || (err = ditd_pipeline_set_reference(pipe, rh / vsc, rw / vsc))) {
+            ditd__gen_fail("encoding --image", err);
+            goto done;
+        }
+        if (leader && !pr.quiet)
+            fprintf(stderr, "reference: %s %dx%d as %dx%d (%s)\n", a.image_path, in_img.width,
+                    in_img.height, rw, rh, pc->name);
     } else if (a.image_path) { /* every rank encodes (one rank's work, the same latents) */
         int st = 0;
         gp.strength = a.strength;
@@ -627,6 +688,7 @@ int ditd_cmd_generate(int argc, char **argv)
             samples[i].loras_2 = &lora_ex[1]; /* empty: none on transformer_2 */
         }
         samples[i].image_latents = img_lat;
+        samples[i].ref_latents = ref_lat;
         samples[i].mask_latents = mask_lat;
         samples[i].video_cond = i2v_cond;
         samples[i].image_embeds = i2v_emb;
@@ -736,6 +798,7 @@ done:
     free(i2v_emb);
     free(mask_l);
     free(mask_lat);
+    free(ref_lat);
     free(emb);
     free(te);
     ditd_replica_close(&rep);

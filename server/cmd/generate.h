@@ -46,6 +46,8 @@ typedef struct ditd_gen_args {
     double strength, true_cfg, slg_scale, slg_start, slg_stop, guidance, guidance_2;
     long size_w, size_h, max_seq, frames, seed, steps, n, threads, comm_timeout_ms;
     int vae_tiling, save_frames, quiet;
+    long max_area;               /* --max-area (a reference row: Kontext's max_area) */
+    int auto_resize;             /* --no-auto-resize: 0; -1 the row's (_auto_resize) */
     ditd_device device;
     ditd_cache_config cache_cfg; /* --cache (method none: off) */
     ditd_gen_lora_args la;
@@ -69,5 +71,14 @@ int ditd__gen_write_clips(const uint8_t *vid, int n, int F, int H, int W, const 
  * color, as PIL's convert("RGB"), else as decoded. 0, or the error with its
  * detail. */
 int ditd__gen_read_image(const char *path, int channels, ditd_image *img);
+
+/* FluxKontextPipeline's reference at w x h (ditd_pipeline_class_reference_size):
+ * VaeImageProcessor.resize then preprocess. *out NULL and 0 when the image is
+ * at that size already (PIL's resize to its own size is a copy: use its own
+ * pixels). Another size needs PIL's Lanczos, which is not here yet:
+ * DITD_EUNSUPPORTED naming both sizes (when engine/pipeline/image_resize.h
+ * lands, the refusal becomes *out = malloc(w h 3) and its ditd_image_resize;
+ * the caller frees *out). */
+int ditd__gen_reference_pixels(const ditd_image *img, int w, int h, uint8_t **out);
 
 #endif

@@ -83,3 +83,15 @@ int ditd__gen_read_image(const char *path, int channels, ditd_image *img)
     }
     return 0;
 }
+
+int ditd__gen_reference_pixels(const ditd_image *img, int w, int h, uint8_t **out)
+{
+    *out = NULL;
+    if (img->channels != 3)
+        return ditd_err_set(DITD_EINVAL, "a reference image of %d channels (RGB)", img->channels);
+    if (img->width == w && img->height == h)
+        return 0;
+    return ditd_err_set(DITD_EUNSUPPORTED, "%dx%d; FluxKontextPipeline takes it at %dx%d: "
+                        "resampling the input is not done yet (give it at that size)",
+                        img->width, img->height, w, h);
+}
