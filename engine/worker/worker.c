@@ -264,6 +264,7 @@ done:
     free(w->out);
     free(w->img_lat);
     free(w->mask_lat);
+    free(w->ref_lat);
     free(w->i2v_cond);
     free(w->i2v_emb);
     ditd_replica_close(&w->rep);

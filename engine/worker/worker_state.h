@@ -103,6 +103,8 @@ typedef struct ditd__worker {
     float *out;    /* max_batch latents of numel_lat (C h w) */
     float *img_lat;  /* edits (a row with img2img): max_batch input-image latents, or NULL */
     float *mask_lat; /* inpainting (a row with inpaint): max_batch masks on the latent grid */
+    float *ref_lat;  /* a reference row (Kontext): max_batch reference latents, grown to cap_ref */
+    size_t cap_ref;
     /* image-to-video (rep.ic): max_batch conditions of numel_cond and image
      * embeddings of numel_emb, grown with the clip size as out is */
     float *i2v_cond, *i2v_emb;

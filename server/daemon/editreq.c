@@ -9,9 +9,10 @@
  * mask (OpenAI's rule: its transparent pixels are the ones to change,
  * converted to Diffusers' mask_image, white repainted), strength, and the
  * edit row's defaults (FluxImg2ImgPipeline's 28 steps and guidance 7 for a
- * FluxPipeline folder). Not here: resampling an image of another size
- * (refused naming the sizes), several input images (Kontext's), background
- * jobs of edits. Loop thread only. */
+ * FluxPipeline folder); on a FluxKontextPipeline folder the image is a
+ * reference (reference_edit: max_area, no strength, no mask). Not here:
+ * resampling an image of another size (refused naming the sizes), several
+ * input images, background jobs of edits. Loop thread only. */
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -45,7 +46,7 @@ typedef struct upload {
 
 /* Form fields whose text is a number (or JSON) in the body genreq reads. */
 static const char *const int_fields[] = {"n", "seed", "num_inference_steps", "partial_images",
-                                         "max_sequence_length", NULL};
+                                         "max_sequence_length", "max_area", NULL};
 static const char *const num_fields[] = {"guidance_scale", "strength", "true_cfg_scale", NULL};
 static const char *const obj_fields[] = {"cache", "loras", NULL};
 
@@ -142,6 +143,64 @@ static int from_json(const char *body, size_t len, json_t **root, upload *img, u
 
 /* Decodes an upload, naming its field on failure. */
 static int decode(const upload *u, const ditd_image_limits *lim, ditd_image *out,
+                  ditd_api_error *e);
+
+/* FluxKontextPipeline (a reference row): the image is a reference, not a
+ * start. The output is the request's size (given, else the folder's) at
+ * max_area pixels with its aspect ratio, rounded down to vae_scale x 2, as
+ * the pipeline does; the reference goes at the size the pipeline brings it
+ * to (its preferred resolution, _auto_resize), and one of another size is
+ * refused until resampling is done. No strength, no mask (named). */
+static int reference_edit(const ditd_model_info *m, int size_given, int strength_given,
+                          long max_area, const upload *img, const upload *mask,
+                          const ditd_image_limits *lim, json_t *root, ditd_genreq *r,
+                          ditd_api_error *e)
+{
+    const ditd_pipeline_class *pc = m->pipeline;
+    ditd_image in = {0};
+    int err, rw = 0, rh = 0;
+    if (strength_given)
+        return bad(e, "strength", "'%s' (%s) takes a reference image, not a start: no 'strength' "
+                   "(the whole schedule runs from noise)", m->name, pc->name);
+    if (mask->data)
+        return bad(e, "mask", "'%s' (%s) takes a reference image and no 'mask'", m->name,
+                   pc->name);
+    int w0 = size_given ? r->width : m->image_width, h0 = size_given ? r->height : m->image_height;
+    if (ditd_pipeline_class_area_size(max_area > 0 ? max_area : pc->default_max_area, w0, h0,
+                                      2 * m->vae_scale, &r->width, &r->height))
+        return bad(e, max_area > 0 ? "max_area" : "size", "%s", ditd_err_detail());
+    if ((err = decode(img, lim, &in, e)))
+        return err;
+    if (ditd_pipeline_class_reference_size(pc->auto_resize, in.width, in.height, m->vae_scale, &rw,
+                                           &rh)) {
+        err = bad(e, img->field, "'%s': %s", img->field, ditd_err_detail());
+    } else if (rw != in.width || rh != in.height) {
+        /* VaeImageProcessor.resize (PIL Lanczos): not done yet */
+        err = bad(e, img->field, "'%s' is %dx%d; %s takes it at %dx%d (its preferred resolution): "
+                  "resampling the input is not done yet (send it at that size)", img->field,
+                  in.width, in.height, pc->name, rw, rh);
+    } else if (!(r->image = malloc((size_t)rw * rh * 3))) {
+        err = oom(e);
+    } else { /* the color (PIL's convert("RGB")): alpha is no mask here */
+        for (size_t i = 0; i < (size_t)rw * rh; i++)
+            memcpy(r->image + 3 * i, in.pixels + (size_t)in.channels * i, 3);
+        r->image_w = rw;
+        r->image_h = rh;
+        r->edit = 1;
+        r->strength = 0.0;
+        if (r->cache.method != DITD_CACHE_NONE) {
+            if (!json_object_get(root, "cache")) /* the server's --cache: not for this edit */
+                r->cache.method = DITD_CACHE_NONE;
+            else
+                err = bad(e, "cache", "step caching with a reference image (Kontext) is not "
+                          "supported yet");
+        }
+    }
+    ditd_image_free(&in);
+    return err;
+}
+
+static int decode(const upload *u, const ditd_image_limits *lim, ditd_image *out,
                   ditd_api_error *e)
 {
     int err = ditd_image_decode(u->data, u->len, lim, out);
@@ -196,6 +255,25 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         goto done;
     }
     double strength = sv && !json_is_null(sv) ? json_number_value(sv) : 0.0;
+    const int strength_given = sv && !json_is_null(sv);
+    const int reference = pc && pc->reference;
+    /* max_area: a reference row's own (Kontext), an integer of pixels */
+    json_t *ma = json_object_get(root, "max_area");
+    long max_area = 0;
+    if (ma && !json_is_null(ma)) {
+        if (!reference) {
+            err = bad(e, "max_area", "'max_area' is FluxKontextPipeline's; '%s' (%s) takes none",
+                      m->name, pc ? pc->name : "?");
+            goto done;
+        }
+        if (!json_is_integer(ma) || json_integer_value(ma) < 256 ||
+            json_integer_value(ma) > 16384LL * 16384LL) {
+            err = bad(e, "max_area", "'max_area' must be an integer of pixels (256..2^28)");
+            goto done;
+        }
+        max_area = (long)json_integer_value(ma);
+    }
+    json_object_del(root, "max_area");
     json_object_del(root, "strength"); /* an edit's own: the generation parser refuses it */
     sv = NULL;
     /* an edit starts mid-schedule from the noised image: flow-euler only
@@ -203,7 +281,8 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
      * generation parser builds their schedule) */
     const char *smp = json_string_value(json_object_get(root, "sampler"));
     ditd_sampler_kind sk;
-    if (smp && !ditd_sampler_kind_from_str(smp, &sk) && sk != DITD_SAMPLER_FLOW_EULER) {
+    if (!reference && smp && !ditd_sampler_kind_from_str(smp, &sk) &&
+        sk != DITD_SAMPLER_FLOW_EULER) {
         err = bad(e, "sampler", "sampler '%s': an edit starts from the noised image, which is "
                   "done for flow-euler only", smp);
         goto done;
@@ -215,6 +294,10 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
     if ((err = ditd_genreq_parse(txt, strlen(txt), gm, r, e)))
         goto done;
     parsed = 1;
+    if (reference && m->needs_vae) {
+        err = reference_edit(m, size_given, strength_given, max_area, &img, &mask, lim, root, r, e);
+        goto done;
+    }
     if (!erow || !m->needs_vae) {
         err = bad(e, "model", "'%s' (%s) takes no input image: edits need a pipeline with "
                   "img2img (FLUX.1's: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline)",

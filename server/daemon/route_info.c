@@ -91,8 +91,20 @@ static json_t *model_json(ditd_srv *s, const char *id)
                                "default_strength", pc->img2img->default_strength,
                                "default_steps", pc->img2img->default_steps, "endpoint",
                                "/v1/images/edits");
-        if (ed)
+        if (ed) {
             json_object_set_new(ed, "max_images", json_integer(1));
+            json_object_set_new(ed, "mode", json_string(pc->inpaint ? "img2img, inpaint"
+                                                                     : "img2img"));
+        }
+        json_object_set_new(o, "edits", ed);
+    } else if (pc->reference && m->needs_vae && m->frames <= 0) {
+        /* FluxKontextPipeline: the image is a reference the model attends
+         * to (no strength, no mask), the output at max_area pixels */
+        json_t *ed = json_pack("{s:s,s:n,s:s,s:b,s:b,s:n,s:i,s:I,s:b,s:s,s:i}", "mode",
+                               "reference", "img2img", "reference_pipeline", pc->name, "inpaint", 0,
+                               "mask", 0, "default_strength", "default_steps", pc->default_steps,
+                               "max_area", (json_int_t)pc->default_max_area, "auto_resize",
+                               pc->auto_resize, "endpoint", "/v1/images/edits", "max_images", 1);
         json_object_set_new(o, "edits", ed);
     } else {
         json_object_set_new(o, "edits", json_null());

@@ -129,14 +129,16 @@ static int same_slg(const ditd_genreq *a, const ditd_genreq *b)
 
 /* One batch runs one size (and clip length), step count, sampler, T5
  * length, skip-layer guidance, step caching and edit strength (0: no
- * edit; the schedule is truncated for the whole batch). */
+ * edit; the schedule is truncated for the whole batch), and an edit's one
+ * reference size (FluxKontextPipeline: image_w x image_h; 0 for img2img). */
 static int compatible(const ditd_job *a, const ditd_job *b)
 {
     return a->rq.steps == b->rq.steps && a->rq.sampler == b->rq.sampler &&
            a->rq.width == b->rq.width && a->rq.height == b->rq.height &&
            a->rq.frames == b->rq.frames &&
            a->rq.max_sequence_length == b->rq.max_sequence_length && same_slg(&a->rq, &b->rq) &&
-           ditd_cache_config_equal(&a->rq.cache, &b->rq.cache) && a->rq.strength == b->rq.strength;
+           ditd_cache_config_equal(&a->rq.cache, &b->rq.cache) && a->rq.strength == b->rq.strength &&
+           (!a->rq.edit || (a->rq.image_w == b->rq.image_w && a->rq.image_h == b->rq.image_h));
 }
 
 /* The idle replica with the least work: fewest samples served breaks ties,
