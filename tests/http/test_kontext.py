@@ -71,7 +71,7 @@ def case_kontext(ditd):
     try:
         st, _, data = d.request("GET", "/v1/models")
         ed = (json.loads(data)["data"][0].get("edits") or {}) if st == 200 else {}
-        check(st == 200 and ed.get("mode") == "reference" and
+        check(st == 200 and th.validate(json.loads(data), "ModelList") and ed.get("mode") == "reference" and
               ed.get("reference_pipeline") == "FluxKontextPipeline" and ed.get("mask") is False and
               ed.get("max_area") == 1048576 and ed.get("auto_resize") is True and ed.get("img2img") is None,
               "/v1/models: the Kontext folder takes reference edits", ed)
