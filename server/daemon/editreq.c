@@ -169,6 +169,10 @@ static int reference_edit(const ditd_model_info *m, int size_given, int strength
     if (ditd_pipeline_class_area_size(max_area > 0 ? max_area : pc->default_max_area, w0, h0,
                                       2 * m->vae_scale, &r->width, &r->height))
         return bad(e, max_area > 0 ? "max_area" : "size", "%s", ditd_err_detail());
+    if (ditd_model_check_size(m, r->width, r->height))
+        return bad(e, max_area > 0 ? "max_area" : "size", "the output %dx%d (%s at max_area): %s",
+                   r->width, r->height, size_given ? "size" : "the default size",
+                   ditd_err_detail());
     if ((err = decode(img, lim, &in, e)))
         return err;
     if (ditd_pipeline_class_reference_size(pc->auto_resize, in.width, in.height, m->vae_scale, &rw,
