@@ -96,6 +96,15 @@ def case_kontext(ditd):
         got = [b64_pixels(x["b64_json"]) for x in out.get("data", [])]
         check(st == 200 and got == want, "JSON with a data URL, n 2: both equal generate -n 2's", (st, data[:200]))
         checked += st == 200 and got == want
+        # a generation on the folder: its size brought to max_area as well (512x256 at 1024**2:
+        # round(1448.2) x round(724.1), down to 16: 1440x720)
+        st, _, data = d.request("POST", "/v1/images/generations", json.dumps(
+            {"prompt": PROMPT, "size": "512x256", "num_inference_steps": 1, "seed": 1}).encode(),
+            {"Content-Type": "application/json"})
+        out = json.loads(data) if st == 200 else {}
+        wh = th.png_info(base64.b64decode(out["data"][0]["b64_json"]))[:2] if st == 200 else None
+        check(st == 200 and out.get("size") == "1440x720" and wh == (1440, 720), "a generation: 512x256 brought to 1440x720 (max_area)", (st, data[:200]))
+        checked += st == 200
         img_f = f"image=@{ref}"
         cases = [
             ((img_f, f"mask=@{small}", *fields), 400, "mask", ["FluxKontextPipeline", "no 'mask'"]),
@@ -111,7 +120,7 @@ def case_kontext(ditd):
     finally:
         d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    check(checked >= 8, f"checks run to the end: {checked} (at least 8)")
+    check(checked >= 9, f"checks run to the end: {checked} (at least 9)")
     return 0
 
 
