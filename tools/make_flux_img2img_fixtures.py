@@ -13,8 +13,9 @@ The noise is ditd's, so that the C test runs the real path from a seed: the pipe
 random draws are replaced, with the same shapes, by engine/core/philox.h's normals (the Python
 definition in tools/make_sampler_fixtures.py):
   - the VAE's latent_dist.sample(generator): mean + std x ditd_philox_normal(seed,
-    DITD_LATENT_POSTERIOR_STREAM = 2^63, 0, C h w), one draw per request (Diffusers encodes the
-    one image once and repeats it for num_images_per_prompt);
+    DITD_LATENT_POSTERIOR_STREAM = 2^63, 0, k C h w), one draw per request of k images
+    (Diffusers encodes the image list once, as one batch, and repeats it for
+    num_images_per_prompt: output i edits image i % k);
   - prepare_latents' randn_tensor((B, C, h, w)): image b's row is ditd_philox_normal(seed, b, 0,
     C h w), ditd's initial noise.
 Everything else is stock Diffusers 0.42: get_timesteps (strength), the posterior sample shifted
@@ -22,8 +23,9 @@ and scaled ((z - shift_factor) x scaling_factor), scale_noise at the first kept 
 the loop, the unscale and the decode.
 
 Writes tests/fixtures/flux_img2img/expected/cases.json and, per case, <name>_image.png (the input,
-RGB 8-bit), <name>_image_u8.npy (the same pixels, (H, W, 3)), <name>_image_latents.npy (the
-shifted and scaled posterior draw, (1, 16, h, w)), <name>_timesteps.npy (the kept ones),
+RGB 8-bit; a case of k > 1 images: <name>_image0.png ...), <name>_image_u8.npy (the same pixels,
+(H, W, 3), or (k, H, W, 3)), <name>_image_latents.npy (the shifted and scaled posterior draw,
+(k, 16, h, w)), <name>_timesteps.npy (the kept ones),
 <name>_final_latents.npy ((B, 16, h, w), ditd's unpacked layout) and <name>_out_u8.npy (the decoded
 images, (B, H, W, 3)); float arrays float32 (the float64 results rounded once).
 
@@ -72,6 +74,11 @@ CASES = [
     ("dev_32x48_s075_true_cfg", "dev", "a bowl of ramen", "blurry, watermark", 2.0, 32, 48, 4, 0.75, 3.5,
      77, 1, 15),
     ("schnell_32_s05", "schnell", "a cozy cabin, 雪, 🌲", None, 1.0, 32, 32, 4, 0.5, 0.0, 77, 1, 16),
+    # an image list (the last field: k images, image=[...]): output i edits image i % k, the
+    # posterior draw of image j at offset j C h w of the one batched draw
+    ("dev_32x48_s06_2img", "dev", "two birds on a wire", None, 1.0, 32, 48, 4, 0.6, 3.5, 77, 2, 17, 2),
+    ("dev_32_s075_2img_n4", "dev", "a harbor at noon", "blurry", 2.0, 32, 32, 4, 0.75, 3.5, 77, 4, 18,
+     2),
 ]
 
 
@@ -99,8 +106,9 @@ class DitdNoise:
             return torch.from_numpy(rows).to(dtype)
 
         def sample(dist, generator=None):
-            assert dist.mean.shape[0] == 1, "one image, encoded once"
-            eps = philox(me.seed, POSTERIOR_STREAM, dist.mean[0].numel()).reshape(dist.mean.shape)
+            # the k images of a request are encoded as one batch: one draw of (k, C, h, w), so
+            # image j's noise is elements [j C h w, (j + 1) C h w) of the posterior stream
+            eps = philox(me.seed, POSTERIOR_STREAM, dist.mean.numel()).reshape(dist.mean.shape)
             me.calls["posterior"] += 1
             return dist.mean + dist.std * torch.from_numpy(eps).to(dist.mean.dtype)
 
@@ -137,19 +145,28 @@ def npy(exp, name, a, dtype=np.float32):
 
 
 def make_case(pipe, exp, case, noise):
-    name, folder, prompt, neg, tcfg, H, W, steps, strength, gs, msl, nimg, seed = case
+    name, folder, prompt, neg, tcfg, H, W, steps, strength, gs, msl, nimg, seed = case[:13]
+    k = case[13] if len(case) > 13 else 1
     vsf = pipe.vae_scale_factor
     h, w = H // vsf, W // vsf
     assert h * vsf == H and w * vsf == W and h % 2 == 0 and w % 2 == 0, name
-    u8 = input_image(H, W, seed)
-    png = f"{name}_image.png"
-    Image.fromarray(u8, "RGB").save(exp / png, optimize=True)
-    pil = Image.open(exp / png).convert("RGB")
-    assert np.array_equal(np.array(pil), u8)
+    assert nimg % k == 0, f"{name}: Diffusers repeats the image list: n a multiple of k"
+    u8s, pngs, pils = [], [], []
+    for j in range(k):
+        u8 = input_image(H, W, seed + 100 * j)
+        png = f"{name}_image.png" if k == 1 else f"{name}_image{j}.png"
+        Image.fromarray(u8, "RGB").save(exp / png, optimize=True)
+        pil = Image.open(exp / png).convert("RGB")
+        assert np.array_equal(np.array(pil), u8)
+        u8s.append(u8)
+        pngs.append(png)
+        pils.append(pil)
+    u8 = u8s[0] if k == 1 else np.stack(u8s)
     # at the target size: the processor's resize is the identity
-    pre = pipe.image_processor.preprocess(pil, height=H, width=W)
-    want = torch.from_numpy(u8.astype(np.float32) / 255.0).permute(2, 0, 1)[None] * 2.0 - 1.0
+    pre = pipe.image_processor.preprocess(pils[0] if k == 1 else pils, height=H, width=W)
+    want = torch.from_numpy(np.stack(u8s).astype(np.float32) / 255.0).permute(0, 3, 1, 2) * 2.0 - 1.0
     assert torch.equal(pre.float(), want), f"{name}: preprocess is not the plain normalization"
+    pil = pils[0] if k == 1 else pils
 
     noise.seed = seed
     before = dict(noise.calls)
@@ -197,13 +214,16 @@ def make_case(pipe, exp, case, noise):
         max_sequence_length=msl, num_images_per_prompt=nimg, batch=B, seed=seed, latent_channels=16,
         latent_height=h, latent_width=w, vae_scale_factor=vsf, t_start=t_start,
         steps_run=steps - t_start, first_sigma=float(pipe.scheduler.sigmas[t_start]),
-        image=png, image_u8=npy(exp, p + "image_u8.npy", u8, np.uint8),
+        image=pngs[0], images=pngs, n_images=k, image_u8=npy(exp, p + "image_u8.npy", u8, np.uint8),
         image_latents=npy(exp, p + "image_latents.npy", seen["image_latents"]),
         timesteps=npy(exp, p + "timesteps.npy", kept),
         final_latents=npy(exp, p + "final_latents.npy", fin),
         out_u8=npy(exp, p + "out_u8.npy", out_u8, np.uint8),
     )
-    print(f"{name}: B={B} {H}x{W} latent {h}x{w} steps {steps} strength {strength} -> t_start {t_start} "
+    if k > 1:  # Diffusers' cat([image_latents] * (n // k)): output i started from image i % k
+        il = seen["image_latents"]
+        assert il.shape[0] == k, f"{name}: {il.shape[0]} image latents for {k} images"
+    print(f"{name}: k={k} B={B} {H}x{W} latent {h}x{w} steps {steps} strength {strength} -> t_start {t_start} "
           f"({steps - t_start} run), first sigma {entry['first_sigma']:.6f}")
     return entry
 
@@ -234,7 +254,7 @@ def main():
             pipes[name] = pipe
         with DitdNoise() as noise:
             cases = [make_case(pipes[c[1]], exp, c, noise) for c in CASES]
-    assert len(cases) >= 6
+    assert len(cases) >= 8
     meta = dict(diffusers=diffusers.__version__, transformers=transformers.__version__,
                 torch=torch.__version__, compute="float64", stored="float32 (u8 arrays uint8)",
                 posterior_stream=hex(POSTERIOR_STREAM), cases=cases)

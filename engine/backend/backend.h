@@ -64,6 +64,7 @@ typedef struct ditd_qweight {
     int N, K;
     size_t row_bytes;
     const void *data;
+    const float *scale; /* N row scales (host f32) of an FP8 weight, or NULL */
 } ditd_qweight;
 
 typedef struct ditd_backend_ops {

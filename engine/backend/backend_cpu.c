@@ -138,7 +138,8 @@ static void linear_q_any(const void *x, size_t ldx, const ditd_qweight *w, const
                          int bf16, void *y, size_t ldy, int M, ditd_act act)
 {
     const ditd_cpu_qweight q = {.type = w->type, .N = w->N, .K = w->K,
-                                .row_bytes = w->row_bytes, .data = w->data};
+                                .row_bytes = w->row_bytes, .data = w->data,
+                                .scale = w->scale};
     if (ditd_cpu_linear_q(x, ldx, &q, b, bf16, y, ldy, M, cpu_act(act))) {
         fprintf(stderr, "ditd: out of memory for a (%d, %d) quantized linear's panels\n", w->N,
                 w->K);

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/tensor.h"
+#include "kernels/cpu/dequant.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "ditd reads little-endian safetensors and needs a little-endian host"
@@ -165,6 +167,12 @@ static void convert_to_f32(ditd_st_dtype dt, const uint8_t *src, size_t n, float
             dst[i] = (float)d;
         }
         break;
+    case DITD_ST_F8_E4M3:
+        ditd_cpu_dequant(DITD_Q_F8_E4M3, src, dst, n);
+        break;
+    case DITD_ST_F8_E5M2:
+        ditd_cpu_dequant(DITD_Q_F8_E5M2, src, dst, n);
+        break;
     default:
         break;
     }
@@ -173,7 +181,12 @@ static void convert_to_f32(ditd_st_dtype dt, const uint8_t *src, size_t n, float
 static int is_f32_readable(ditd_st_dtype dt)
 {
     return dt == DITD_ST_F32 || dt == DITD_ST_F16 || dt == DITD_ST_BF16 ||
-           dt == DITD_ST_F64;
+           dt == DITD_ST_F64 || dt == DITD_ST_F8_E4M3 || dt == DITD_ST_F8_E5M2;
+}
+
+static int is_fp8(ditd_st_dtype dt)
+{
+    return dt == DITD_ST_F8_E4M3 || dt == DITD_ST_F8_E5M2;
 }
 
 /* ---- the tensor table -------------------------------------------------- */
@@ -864,6 +877,87 @@ fail_st:
     return err;
 }
 
+/* ---- FP8 scales ----------------------------------------------------------- */
+
+/* An FP8 weight `P.weight` may come with its scale, as the FP8 checkpoints
+ * store them: ComfyUI's scaled files `P.scale_weight` (one value), the
+ * compressed-tensors / ModelOpt / vLLM layout `P.weight_scale` (one value,
+ * or one per row: (N), (N, 1)). The stored value is the FP8 value times the
+ * scale. Block-wise scales (`P.weight_scale_inv`, 128 x 128 tiles) are not
+ * read: such a tensor is refused by name rather than read unscaled. */
+static int fp8_scales(const ditd_safetensors *st, const char *name, const ditd_st_tensor *t,
+                      int64_t r0, int64_t rows, float *dst)
+{
+    static const char *const suffixes[] = {"scale_weight", "weight_scale", "weight_scale_inv"};
+    size_t nl = strlen(name);
+    int base = (int)(nl > 7 && !strcmp(name + nl - 7, ".weight") ? nl - 7 : nl);
+    const ditd_st_tensor *s = NULL;
+    char sn[512];
+    int which;
+    for (which = 0; which < 3; which++) {
+        if (snprintf(sn, sizeof sn, "%.*s.%s", base, name, suffixes[which]) >= (int)sizeof sn)
+            return ditd_err_set(DITD_EINVAL, "tensor name '%s' too long", name);
+        if ((s = ditd_safetensors_find(st, sn)))
+            break;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        dst[r] = 1.0f;
+    if (!s)
+        return 0;
+    if (which == 2)
+        return ditd_err_set(DITD_EUNSUPPORTED,
+                            "tensor '%s' in %s has block-wise scales ('%s'); ditd reads FP8 "
+                            "weights with one scale per tensor or per row",
+                            name, t->file, sn);
+    int64_t n = 1;
+    for (int d = 0; d < s->ndim; d++)
+        n *= s->shape[d];
+    const int64_t trows = t->ndim > 0 ? t->shape[0] : 1;
+    int per_row = n == trows && n > 1 && (s->ndim == 1 || (s->ndim == 2 && s->shape[1] == 1));
+    if (!is_f32_readable(s->dtype) || is_fp8(s->dtype) || (n != 1 && !per_row)) {
+        char have[160];
+        return ditd_err_set(DITD_EFORMAT,
+                            "scale '%s' of FP8 tensor '%s' (%lld rows) in %s: %s %s is neither "
+                            "one value nor one per row",
+                            sn, name, (long long)trows, s->file, ditd_st_dtype_name(s->dtype),
+                            ditd_shape_str(have, sizeof have, s->ndim, s->shape));
+    }
+    size_t es = (size_t)ditd_st_dtype_bits(s->dtype) / 8;
+    if (per_row) {
+        convert_to_f32(s->dtype, (const uint8_t *)s->data + (size_t)r0 * es, (size_t)rows, dst);
+    } else {
+        float v;
+        convert_to_f32(s->dtype, s->data, 1, &v);
+        for (int64_t r = 0; r < rows; r++)
+            dst[r] = v;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        if (!isfinite(dst[r]))
+            return ditd_err_set(DITD_EFORMAT, "scale '%s' of FP8 tensor '%s' in %s is not finite",
+                                sn, name, s->file);
+    return 0;
+}
+
+/* Multiplies what was read of FP8 tensor t, rows [r0, r0 + rows), each
+ * `per` consecutive values of dst one row, by the rows' scales. */
+static int fp8_apply_scales(const ditd_safetensors *st, const char *name,
+                            const ditd_st_tensor *t, int64_t r0, int64_t rows, float *dst,
+                            size_t per)
+{
+    if (rows <= 0)
+        return 0;
+    float *sc = malloc((size_t)rows * sizeof *sc);
+    if (!sc)
+        return ditd_err_set(DITD_ENOMEM, "scales of '%s'", name);
+    int err = fp8_scales(st, name, t, r0, rows, sc);
+    for (int64_t r = 0; !err && r < rows; r++)
+        if (sc[r] != 1.0f)
+            for (size_t i = 0; i < per; i++)
+                dst[(size_t)r * per + i] *= sc[r];
+    free(sc);
+    return err;
+}
+
 /* ---- lookups and reads ------------------------------------------------- */
 
 size_t ditd_safetensors_count(const ditd_safetensors *st)
@@ -914,8 +1008,8 @@ static int st_lookup(const ditd_safetensors *st, const char *name, int ndim,
     }
     if (!is_f32_readable(t->dtype))
         return ditd_err_set(DITD_EUNSUPPORTED,
-                            "tensor '%s' in %s has dtype %s; only F32, F16, BF16 and F64 "
-                            "convert to f32",
+                            "tensor '%s' in %s has dtype %s; only F32, F16, BF16, F64, "
+                            "F8_E4M3 and F8_E5M2 convert to f32",
                             name, t->file, ditd_st_dtype_name(t->dtype));
     *out = t;
     return 0;
@@ -930,6 +1024,10 @@ int ditd_safetensors_read_f32(const ditd_safetensors *st, const char *name, int 
         return err;
     size_t esize = (size_t)ditd_st_dtype_bits(t->dtype) / 8;
     convert_to_f32(t->dtype, t->data, t->nbytes / esize, dst);
+    if (is_fp8(t->dtype) && t->nbytes) {
+        const int64_t rows = t->ndim > 0 ? t->shape[0] : 1;
+        return fp8_apply_scales(st, name, t, 0, rows, dst, t->nbytes / (size_t)rows);
+    }
     return 0;
 }
 
@@ -968,7 +1066,26 @@ int ditd_safetensors_read_f32_slice(const ditd_safetensors *st, const char *name
         const uint8_t *s = src + ((o * full + (size_t)start) * inner) * esize;
         convert_to_f32(t->dtype, s, run, dst + o * run);
     }
-    return 0;
+    if (!is_fp8(t->dtype))
+        return 0;
+    /* the rows are axis 0: a slice of them, or every row cut along another
+     * axis (then row o / (the outer dimensions after the first) of the runs) */
+    if (axis == 0)
+        return fp8_apply_scales(st, name, t, start, len, dst, run / (size_t)len);
+    return fp8_apply_scales(st, name, t, 0, t->shape[0], dst,
+                            outer / (size_t)t->shape[0] * run);
+}
+
+int ditd_safetensors_row_scales(const ditd_safetensors *st, const char *name, int64_t r0,
+                                int64_t rows, float *dst)
+{
+    const ditd_st_tensor *t = ditd_safetensors_find(st, name);
+    if (!t || t->ndim < 1 || !is_fp8(t->dtype))
+        return ditd_err_set(DITD_EINVAL, "tensor '%s' is not an F8_E4M3 / F8_E5M2 matrix", name);
+    if (r0 < 0 || rows < 0 || r0 > t->shape[0] || rows > t->shape[0] - r0)
+        return ditd_err_set(DITD_ERANGE, "tensor '%s': rows [%lld, %lld) of %lld", name,
+                            (long long)r0, (long long)(r0 + rows), (long long)t->shape[0]);
+    return fp8_scales(st, name, t, r0, rows, dst);
 }
 
 const char *ditd_safetensors_meta(const ditd_safetensors *st, const char *key)

@@ -113,9 +113,9 @@ const ditd_st_tensor *ditd_safetensors_at(const ditd_safetensors *st, size_t i);
 const ditd_st_tensor *ditd_safetensors_find(const ditd_safetensors *st, const char *name);
 
 /* Reads tensor `name` as f32 into dst (numel floats, caller-owned).
- * Its shape must equal (shape[0], ..., shape[ndim-1]). F32, F16, BF16 and F64
- * are converted (f16/bf16 exactly, with subnormals, inf and nan; f64 rounded
- * to nearest). Returns DITD_ENOENT (no such tensor), DITD_ESHAPE,
+ * Its shape must equal (shape[0], ..., shape[ndim-1]). F32, F16, BF16, F64 and
+ * the FP8 types are converted (f16/bf16/fp8 exactly, with subnormals, inf and
+ * nan; f64 rounded to nearest; FP8 then times its scale, below). Returns DITD_ENOENT (no such tensor), DITD_ESHAPE,
  * DITD_EUNSUPPORTED (another dtype), DITD_EINVAL (bad arguments). */
 int ditd_safetensors_read_f32(const ditd_safetensors *st, const char *name, int ndim,
                               const int64_t *shape, float *dst);
@@ -130,6 +130,20 @@ int ditd_safetensors_read_f32(const ditd_safetensors *st, const char *name, int 
 int ditd_safetensors_read_f32_slice(const ditd_safetensors *st, const char *name, int ndim,
                                     const int64_t *full_shape, int axis, int64_t start,
                                     int64_t len, float *dst);
+
+/* FP8 (F8_E4M3, torch's float8_e4m3fn, and F8_E5M2) tensors read as f32
+ * times their scale when the file has one: `P.scale_weight` (ComfyUI's
+ * scaled checkpoints: one value) or `P.weight_scale` (compressed-tensors,
+ * ModelOpt: one value, or one per row, (N) or (N, 1)) beside `P.weight`;
+ * one f32 multiply, as `w.float() * scale`. A block-wise scale
+ * (`P.weight_scale_inv`) is refused naming the tensor (DITD_EUNSUPPORTED), a
+ * scale of another shape or a non-finite one is DITD_EFORMAT.
+ * ditd_safetensors_row_scales writes the scales of rows [r0, r0 + rows) of
+ * such a tensor (1 where the file has none) into dst, for a reader that
+ * keeps the FP8 bytes (engine/io/weights.h); DITD_EINVAL for a tensor that
+ * is not FP8, DITD_ERANGE for rows outside it. */
+int ditd_safetensors_row_scales(const ditd_safetensors *st, const char *name, int64_t r0,
+                                int64_t rows, float *dst);
 
 /* Exact conversions (no rounding is ever needed), exposed for other readers
  * and the CUDA backend's host side. NaN payloads are kept. */

@@ -413,10 +413,33 @@ static int is_block_type(int type)
            ditd_cpu_dequant_block(type, NULL, NULL);
 }
 
+/* The stored type of the file's 2-D tensor `src` when ditd computes with
+ * it kept as it is (a GGML block type, or an FP8 type of a safetensors
+ * file), with its row bytes and rows; -1 otherwise. */
+static int stored_type(const ditd_weights *w, const char *src, int64_t K, size_t *row_bytes,
+                       int64_t *rows)
+{
+    if (w->gg) {
+        const ditd_gguf_tensor *t = ditd_gguf_find(w->gg, src);
+        if (!t || t->ndim != 2 || t->shape[1] != K || !is_block_type((int)t->type))
+            return -1;
+        *row_bytes = t->row_bytes;
+        *rows = t->shape[0];
+        return (int)t->type;
+    }
+    const ditd_st_tensor *t = ditd_safetensors_find(w->st, src);
+    if (!t || t->ndim != 2 || t->shape[1] != K ||
+        (t->dtype != DITD_ST_F8_E4M3 && t->dtype != DITD_ST_F8_E5M2))
+        return -1;
+    *row_bytes = (size_t)K;
+    *rows = t->shape[0];
+    return t->dtype == DITD_ST_F8_E4M3 ? DITD_Q_F8_E4M3 : DITD_Q_F8_E5M2;
+}
+
 int ditd_weights_quant(const ditd_weights *w, const char *name, int64_t N, int64_t K, int *type,
                        size_t *row_bytes)
 {
-    if (!w->gg || w->dequantize)
+    if (w->dequantize)
         return 0;
     const alias *a = ditd_weights_has_raw(w, name) ? NULL : find_alias(w, name);
     const ditd_weight_seg self = {name, 0, N};
@@ -425,13 +448,12 @@ int ditd_weights_quant(const ditd_weights *w, const char *name, int64_t N, int64
     size_t rb = 0;
     int64_t rows = 0;
     for (int s = 0; s < nseg; s++) {
-        const ditd_gguf_tensor *t = ditd_gguf_find(w->gg, segs[s].src);
-        if (!t || t->ndim != 2 || t->shape[1] != K || !is_block_type((int)t->type) ||
-            (s > 0 && (int)t->type != t0))
+        int64_t n;
+        int t = stored_type(w, segs[s].src, K, &rb, &n);
+        if (t < 0 || (s > 0 && t != t0))
             return 0;
-        t0 = (int)t->type;
-        rb = t->row_bytes;
-        rows += a ? segs[s].rows : t->shape[0];
+        t0 = t;
+        rows += a ? segs[s].rows : n;
     }
     if (rows != N)
         return 0;
@@ -440,37 +462,99 @@ int ditd_weights_quant(const ditd_weights *w, const char *name, int64_t N, int64
     return 1;
 }
 
+/* The segments of `name` (an alias's, or the tensor itself), with rows. */
+static int stored_segs(const ditd_weights *w, const char *name, ditd_weight_seg *self,
+                       const ditd_weight_seg **segs, int *nseg, size_t *rb, int64_t *total)
+{
+    const alias *a = ditd_weights_has_raw(w, name) ? NULL : find_alias(w, name);
+    const char *first = a ? a->seg[0].src : name;
+    int nd = 0;
+    int64_t n, sh[DITD_GGUF_MAX_DIMS];
+    if (!raw_shape(w, first, &nd, sh) || nd != 2 || stored_type(w, first, sh[1], rb, &n) < 0)
+        return ditd_err_set(DITD_EINVAL, "tensor '%s' is not stored in GGML blocks or FP8", name);
+    *self = (ditd_weight_seg){name, 0, n};
+    *segs = a ? a->seg : self;
+    *nseg = a ? a->nseg : 1;
+    *total = 0;
+    for (int s = 0; s < *nseg; s++)
+        *total += (*segs)[s].rows;
+    return 0;
+}
+
 int ditd_weights_rows(const ditd_weights *w, const char *name, int64_t r0, int64_t rows,
                       void *dst)
 {
-    const alias *a = !w->gg || ditd_weights_has_raw(w, name) ? NULL : find_alias(w, name);
-    const ditd_gguf_tensor *t0 = w->gg ? ditd_gguf_find(w->gg, a ? a->seg[0].src : name) : NULL;
-    if (!t0 || !is_block_type((int)t0->type))
-        return ditd_err_set(DITD_EINVAL, "tensor '%s' is not stored in GGML blocks", name);
-    const ditd_weight_seg self = {name, 0, t0->shape[0]};
-    const ditd_weight_seg *segs = a ? a->seg : &self;
-    int nseg = a ? a->nseg : 1;
-    int64_t total = 0;
-    for (int s = 0; s < nseg; s++)
-        total += segs[s].rows;
+    ditd_weight_seg self;
+    const ditd_weight_seg *segs;
+    int nseg;
+    size_t rb;
+    int64_t total, base = 0;
+    int err = stored_segs(w, name, &self, &segs, &nseg, &rb, &total);
+    if (err)
+        return err;
     if (r0 < 0 || rows < 0 || r0 > total || rows > total - r0)
         return ditd_err_set(DITD_ERANGE, "tensor '%s': rows [%lld, %lld) of %lld", name,
                             (long long)r0, (long long)(r0 + rows), (long long)total);
-    int64_t base = 0;
     for (int s = 0; s < nseg; s++) {
-        const ditd_gguf_tensor *t = ditd_gguf_find(w->gg, segs[s].src);
+        const uint8_t *data;
+        if (w->gg)
+            data = ditd_gguf_find(w->gg, segs[s].src)->data;
+        else
+            data = ditd_safetensors_find(w->st, segs[s].src)->data;
         int64_t lo = r0 > base ? r0 : base;
         int64_t hi = r0 + rows < base + segs[s].rows ? r0 + rows : base + segs[s].rows;
         if (lo < hi)
-            memcpy((uint8_t *)dst + (size_t)(lo - r0) * t->row_bytes,
-                   (const uint8_t *)t->data + (size_t)(segs[s].r0 + lo - base) * t->row_bytes,
-                   (size_t)(hi - lo) * t->row_bytes);
+            memcpy((uint8_t *)dst + (size_t)(lo - r0) * rb,
+                   data + (size_t)(segs[s].r0 + lo - base) * rb, (size_t)(hi - lo) * rb);
         base += segs[s].rows;
     }
     return 0;
 }
 
-/* ---- the summary ------------------------------------------------------------- */
+int ditd_weights_row_scales(const ditd_weights *w, const char *name, int64_t r0, int64_t rows,
+                            float *dst)
+{
+    ditd_weight_seg self;
+    const ditd_weight_seg *segs;
+    int nseg;
+    size_t rb;
+    int64_t total, base = 0;
+    int err = stored_segs(w, name, &self, &segs, &nseg, &rb, &total);
+    if (err)
+        return err;
+    if (r0 < 0 || rows < 0 || r0 > total || rows > total - r0)
+        return ditd_err_set(DITD_ERANGE, "tensor '%s': rows [%lld, %lld) of %lld", name,
+                            (long long)r0, (long long)(r0 + rows), (long long)total);
+    for (int64_t r = 0; r < rows; r++)
+        dst[r] = 1.0f;
+    if (w->gg)
+        return 0;
+    for (int s = 0; !err && s < nseg; s++) {
+        int64_t lo = r0 > base ? r0 : base;
+        int64_t hi = r0 + rows < base + segs[s].rows ? r0 + rows : base + segs[s].rows;
+        if (lo < hi)
+            err = ditd_safetensors_row_scales(w->st, segs[s].src, segs[s].r0 + lo - base,
+                                              hi - lo, dst + (lo - r0));
+        base += segs[s].rows;
+    }
+    return err;
+}
+
+int ditd_weights_type_block(int type, int *elems, int *bytes)
+{
+    return ditd_cpu_dequant_block(type, elems, bytes);
+}
+
+int ditd_weights_fp8_type(int type)
+{
+    return ditd_cpu_dequant_is_fp8(type);
+}
+
+const char *ditd_weights_type_name(int type)
+{
+    const char *n = ditd_cpu_dequant_name(type);
+    return n ? n : "unknown";
+}
 
 void ditd_weights_summary(const ditd_weights *w, char *buf, size_t len)
 {

@@ -78,19 +78,35 @@ int ditd_weights_read_f32_slice(const ditd_weights *w, const char *name, int ndi
  * does not dequantize). A loader's plan pass asks it. */
 int ditd_weights_check(const ditd_weights *w, const char *name, int ndim, const int64_t *shape);
 
-/* A 2-D tensor (N, K) (own or alias) stored as GGML blocks in a GGUF
- * file: 1 with *type (ggml number) and *row_bytes when every segment is
- * one quantized type ditd computes with (F32, F16 and BF16 tensors are not
+/* A 2-D tensor (N, K) (own or alias) that ditd computes with as the file
+ * stores it: GGML blocks in a GGUF file, or the 8-bit floats of an FP8
+ * safetensors checkpoint (F8_E4M3 / F8_E5M2: *type DITD_Q_F8_E4M3 /
+ * DITD_Q_F8_E5M2 of kernels/cpu/dequant.h, one byte a value, with its rows'
+ * scales from ditd_weights_row_scales): 1 with *type and *row_bytes when
+ * every segment is one such type (F32, F16 and BF16 tensors are not
  * "quantized": they answer 0, and load as floats). 0 otherwise, when the
  * shape differs, and always when the environment has
  * DITD_WEIGHTS_DEQUANTIZE=1 (read at open: every weight dequantized at
  * load, to compare or where memory is plentiful). */
 int ditd_weights_quant(const ditd_weights *w, const char *name, int64_t N, int64_t K, int *type,
                        size_t *row_bytes);
-/* Copies the block rows [r0, r0 + rows) of such a tensor into dst
+/* Copies the stored rows [r0, r0 + rows) of such a tensor into dst
  * (rows * row_bytes bytes). 0, DITD_ERANGE, DITD_EINVAL (not quantized). */
 int ditd_weights_rows(const ditd_weights *w, const char *name, int64_t r0, int64_t rows,
                       void *dst);
+/* The scales of rows [r0, r0 + rows) of such a tensor into dst: an FP8
+ * tensor's (engine/io/safetensors.h: one per tensor repeated, or one per
+ * row; 1 where the file has none), 1 for GGML blocks (their scales are in
+ * the blocks). Errors as ditd_weights_rows, and the scale's (EFORMAT,
+ * EUNSUPPORTED for block-wise scales). */
+int ditd_weights_row_scales(const ditd_weights *w, const char *name, int64_t r0, int64_t rows,
+                            float *dst);
+/* A stored type's block (values, bytes) and name ("Q4_K", "F8_E4M3"), for
+ * loaders' plans and messages. */
+int ditd_weights_type_block(int type, int *elems, int *bytes);
+const char *ditd_weights_type_name(int type);
+/* 1 for the FP8 types (whose rows carry scales), else 0. */
+int ditd_weights_fp8_type(int type);
 
 /* One line for logs and `ditd bench`: the format, the bytes and how many
  * tensors of each storage type, most first ("gguf, 12.1 GB in 780 tensors:

@@ -168,7 +168,7 @@ static int quant_plan(const ditd_wl *l, const ditd_wl_entry *e, const ditd_backe
     }
     if (e->split == DITD_WL_COLS) {
         int elems = 0, bytes = 0;
-        ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
+        ditd_weights_type_block(type, &elems, &bytes);
         rb = 0;
         for (int i = 0; i < e->ncols; i++) {
             if (e->c0[i] % elems || e->cn[i] % elems) {
@@ -181,7 +181,7 @@ static int quant_plan(const ditd_wl *l, const ditd_wl_entry *e, const ditd_backe
                     "block edges, or set DITD_WEIGHTS_DEQUANTIZE=1 to load every weight as "
                     "floats",
                     e->name[0], (long long)e->rows, (long long)e->cols,
-                    ditd_gguf_type_name((ditd_gguf_type)type), elems, l->tp > 1 ? l->tp : 1,
+                    ditd_weights_type_name(type), elems, l->tp > 1 ? l->tp : 1,
                     (long long)e->c0[i], (long long)(e->c0[i] + e->cn[i]), (long long)bad,
                     elems);
             }
@@ -217,6 +217,11 @@ int ditd_wl_plan(const ditd_wl *l, ditd_arena *a, const ditd_backend_ops *ops,
         if (qp) {
             *e->w = ditd_arena_bytes(a, N * e->q->row_bytes, &e1);
             e->q->data = *e->w;
+            /* FP8 rows carry a scale each (1 where the file has none) */
+            if (ditd_weights_fp8_type(e->q->type)) {
+                e->q->scale = ditd_arena_bytes(a, N * sizeof(float), &e1);
+                err |= e1;
+            }
         } else {
             if (e->q)
                 memset(e->q, 0, sizeof *e->q);
@@ -273,7 +278,7 @@ static int qcols(const struct ditd_weights *st, const char *name, const ditd_wl_
     size_t rb;
     if (!ditd_weights_quant(st, name, e->rows, e->cols, &type, &rb))
         return ditd_err_set(DITD_EINTERNAL, "%s: no longer in GGML blocks", name);
-    ditd_gguf_type_block((ditd_gguf_type)type, &elems, &bytes);
+    ditd_weights_type_block(type, &elems, &bytes);
     uint8_t *tmp = malloc((size_t)e->rows * rb);
     if (!tmp)
         return ditd_err_set(DITD_ENOMEM, "staging %s", name);
@@ -325,6 +330,10 @@ static int load_entry(const ditd_wl_entry *e, const struct ditd_weights *st,
             err = e->split == DITD_WL_COLS ? qcols(st, name, e, w)
                   : e->split == DITD_WL_ROWS ? ditd_weights_rows(st, name, e->r0, e->rn, w)
                                              : ditd_weights_rows(st, name, 0, e->rows, w);
+            /* the part's rows' scales: a row split's own rows, else all */
+            if (!err && e->q->scale)
+                err = ditd_weights_row_scales(st, name, e->split == DITD_WL_ROWS ? e->r0 : 0, pn,
+                                              (float *)e->q->scale + j * pn);
         } else if (e->split == DITD_WL_COLS) {
             float *all = room(s, (size_t)(pn * K), name, &err);
             int64_t at = 0;

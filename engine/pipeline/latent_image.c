@@ -165,6 +165,14 @@ int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
 int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
                              uint64_t seed, float *latents)
 {
+    return ditd_latent_image_encode_nth(li, rgb, H, W, seed, 0, latents);
+}
+
+int ditd_latent_image_encode_nth(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
+                                 uint64_t seed, int j, float *latents)
+{
+    if (j < 0)
+        return ditd_err_set(DITD_EINVAL, "input image %d", j);
     int err = ditd_latent_image_enable_encode(li); /* may reload the VAE */
     if (err)
         return err;
@@ -183,8 +191,10 @@ int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, i
             float u = (float)rgb[i * (size_t)li->Co + (size_t)ch] / 255.0f;
             x[(size_t)ch * hw + i] = 2.0f * u - 1.0f;
         }
-    err = ditd_vae_encode_stream(li->vae, x, 1, H, W, seed, DITD_LATENT_POSTERIOR_STREAM, li->z,
-                                 latents);
+    /* input image j's part of the request's one posterior draw */
+    const uint64_t off = (uint64_t)j * (uint64_t)li->Cl * (uint64_t)li->h * (uint64_t)li->w;
+    err = ditd_vae_encode_stream(li->vae, x, 1, H, W, seed, DITD_LATENT_POSTERIOR_STREAM, off,
+                                 li->z, latents);
     if (err)
         return err;
     /* _encode_vae_image: (z - shift_factor) * scaling_factor */
@@ -218,7 +228,7 @@ int ditd_latent_image_encode_mode(ditd_latent_image *li, const uint8_t *rgb, int
             x[(size_t)ch * hw + i] = 2.0f * u - 1.0f;
         }
     /* retrieve_latents(sample_mode="argmax"): latent_dist.mode(), the mean */
-    if ((err = ditd_vae_encode_stream(li->vae, x, 1, H, W, 0, 0, latents, NULL)))
+    if ((err = ditd_vae_encode(li->vae, x, 1, H, W, 0, latents, NULL)))
         return err;
     ditd_vae_scale_shifted(c, latents, (size_t)li->Cl * h * w);
     return 0;

@@ -69,9 +69,10 @@ int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
 int ditd_latent_image_enable_encode(ditd_latent_image *li);
 
 /* The noise stream of the VAE's posterior draw in an edit: image latents are
- * latent_dist.sample() with n = ditd_philox_normal(seed, this, 0, ...), the
- * request's seed, one draw per request (Diffusers encodes the image once and
- * repeats it for num_images_per_prompt); no image index reaches it. */
+ * latent_dist.sample() with n = ditd_philox_normal(seed, this, j C h w, C h w)
+ * for input image j of the request (Diffusers encodes the request's k images
+ * as one batch, once, and repeats them for num_images_per_prompt: one draw
+ * of (k, C, h, w)); no output index reaches it. */
 #define DITD_LATENT_POSTERIOR_STREAM (UINT64_C(1) << 63)
 
 /* The input side of an img2img pipeline, as FluxImg2ImgPipeline does it for
@@ -87,6 +88,11 @@ int ditd_latent_image_enable_encode(ditd_latent_image *li);
  * group every rank may call it and gets the same latents. */
 int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
                              uint64_t seed, float *latents);
+/* The same for input image j (0-based) of a request of several: its
+ * posterior noise is elements [j C h w, (j + 1) C h w) of the request's one
+ * draw (ditd_latent_image_encode is j = 0). */
+int ditd_latent_image_encode_nth(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
+                                 uint64_t seed, int j, float *latents);
 
 /* The reference side of FluxKontextPipeline: rgb (H, W, Co) interleaved
  * 8-bit at the size the reference is brought to (multiples of the VAE's

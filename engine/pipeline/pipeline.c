@@ -795,6 +795,13 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 memcpy(active, act, (size_t)n);
             stop = p->ctl[0];
         }
+        /* a stop never waits for a preview: the hook runs after the decision */
+        if (!stop && p->preview &&
+            (err = p->preview(p->preview_ud, s - t_start + 1, steps - t_start, p->x0, act))) {
+            ditd_step_cache_end(p->scache);
+            ditd_step_cache_end(p->scache2);
+            return err;
+        }
         if (stop) {
             ditd_step_cache_end(p->scache);
             ditd_step_cache_end(p->scache2);
@@ -810,6 +817,12 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         put_first_frame(p, i, &samples[i]);
     memcpy(out, p->lat, (size_t)n * numel * sizeof(float));
     return 0;
+}
+
+void ditd_pipeline_set_preview(ditd_pipeline *p, ditd_preview_fn fn, void *ud)
+{
+    p->preview = fn;
+    p->preview_ud = ud;
 }
 
 int ditd_pipeline_strength_start(int steps, double strength, int *t_start)

@@ -133,6 +133,19 @@ typedef struct ditd_gen_sample {
  * generate then returns DITD_ECANCELED. */
 typedef int (*ditd_step_fn)(void *ud, int step, int total, const float *x0, uint8_t *active);
 
+/* The preview hook (ditd_pipeline_set_preview): called on every rank of a
+ * group (and on the one rank without a group) after step's callback and the
+ * broadcast of its decision, only when the batch goes on, with the same x0
+ * (n, C, h, w: the sampler's prediction of the clean latents, host f32,
+ * borrowed for the call; rows of inactive samples stale) and the same active
+ * flags (n, or NULL: all) on every rank. Made for what is collective and
+ * must not delay a stop: a latent model's preview decode (the group decodes
+ * together, after the leader decided; a stopped batch or a dropped sample
+ * is never decoded). Returns 0, or a negative DITD_E* code that generate
+ * returns (the same on every rank, or the group is out of step). */
+typedef int (*ditd_preview_fn)(void *ud, int step, int total, const float *x0,
+                               const uint8_t *active);
+
 typedef struct ditd_pipeline {
     const ditd_backend_ops *ops;
     ditd_model_info info;        /* copied; labels borrowed from the caller's info */
@@ -183,6 +196,8 @@ typedef struct ditd_pipeline {
     int *row_sample;             /* (2n) the step's forward rows: sample and branch */
     uint8_t *row_branch;
     const ditd_lora_set **row_lora; /* (max_rows) the step's forward rows: their adapters */
+    ditd_preview_fn preview;     /* ditd_pipeline_set_preview's, or NULL */
+    void *preview_ud;
 } ditd_pipeline;
 
 /* Loads the transformer weights of `info` for up to max_samples images per
@@ -245,6 +260,10 @@ int ditd_pipeline_set_reference(ditd_pipeline *p, int rh, int rw);
 int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                            const ditd_gen_sample *samples, const float *init_noise, float *out,
                            uint8_t *active, ditd_step_fn cb, void *ud);
+
+/* The preview hook for the batches that follow (NULL: none); ud borrowed.
+ * Every rank of a group sets the same (the hook runs on all of them). */
+void ditd_pipeline_set_preview(ditd_pipeline *p, ditd_preview_fn fn, void *ud);
 
 /* Diffusers' get_timesteps(num_inference_steps, strength) (the img2img
  * pipelines): init_timestep = min(steps x strength, steps), t_start =

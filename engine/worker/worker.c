@@ -264,6 +264,7 @@ done:
     free(w->out);
     free(w->img_lat);
     free(w->mask_lat);
+    free(w->x0_keep);
     free(w->ref_lat);
     free(w->i2v_cond);
     free(w->i2v_emb);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "engine/pipeline/edit_images.h"
 #include "engine/worker/cache_msg.h"
 
 /* Whether sample slot wants a preview after this step: partial_images k
@@ -35,52 +36,134 @@ static void latents_to_image(const ditd__worker *w, const float *lat, uint8_t *p
     ditd_pipeline_to_pixels(lat, sh->in_channels, sh->height, sh->width, px);
 }
 
+/* The leader's Progress of a step, with n previews (pv) */
+static void send_progress(ditd__worker *w, int step, int total, double step_ms, size_t n,
+                          Ditd__Preview **pv)
+{
+    Ditd__Envelope env = DITD__ENVELOPE__INIT;
+    Ditd__Progress pg = DITD__PROGRESS__INIT;
+    pg.batch_id = w->batch->batch_id;
+    pg.step = (uint32_t)step;
+    pg.total = (uint32_t)total;
+    pg.elapsed_ms = ditd_now_ms() - w->t_start;
+    pg.step_ms = step_ms;
+    pg.n_previews = n;
+    pg.previews = pv;
+    env.msg_case = DITD__ENVELOPE__MSG_PROGRESS;
+    env.progress = &pg;
+    ditd__worker_send_env(w, &env);
+}
+
 /* The step callback: on the leader only. What it decides (active flags,
- * stop) the pipeline broadcasts to the group after it returns. */
+ * stop) the pipeline broadcasts to the group after it returns. A pixel-space
+ * model's previews are its x0 mapped here; a latent model's need the
+ * group's decode, so with previews wanted its progress waits for
+ * on_preview, which every rank runs after the broadcast. */
 static int on_step(void *ud, int step, int total, const float *x0, uint8_t *active)
 {
     ditd__worker *w = ud;
     const Ditd__Batch *b = w->batch;
-    Ditd__Envelope env = DITD__ENVELOPE__INIT;
-    Ditd__Progress pg = DITD__PROGRESS__INIT;
     Ditd__Preview pv[DITD_WORKER_MAX_BATCH], *pvp[DITD_WORKER_MAX_BATCH];
+    size_t npv = 0;
     double t = ditd_now_ms();
     uint8_t *buf = NULL;
     size_t len = 0;
     (void)active; /* == w->active */
 
-    pg.batch_id = b->batch_id;
-    pg.step = (uint32_t)step;
-    pg.total = (uint32_t)total;
-    pg.elapsed_ms = t - w->t_start;
-    pg.step_ms = t - w->t_step;
+    const double step_ms = t - w->t_step;
     w->t_step = t;
     for (size_t i = 0; i < b->n_samples; i++) {
         int k = (int)b->samples[i]->partial_images;
-        /* no previews of a latent model: its decode is collective, this callback the leader's */
+        /* a latent model's previews: on_preview; a video model's: none */
         if (w->rep.li || w->rep.info.frames > 0 || !w->active[i] ||
             !preview_due(k, w->partial_sent[i], step, total))
             continue;
-        uint8_t *px = w->pix + (size_t)pg.n_previews * w->numel_img;
+        uint8_t *px = w->pix + npv * w->numel_img;
         latents_to_image(w, x0 + i * w->numel_lat, px);
-        ditd__preview__init(&pv[pg.n_previews]);
-        pv[pg.n_previews].slot = (uint32_t)i;
-        pv[pg.n_previews].partial_index = (uint32_t)w->partial_sent[i]++;
-        pv[pg.n_previews].pixels.data = px;
-        pv[pg.n_previews].pixels.len = w->numel_img;
-        pvp[pg.n_previews] = &pv[pg.n_previews];
-        pg.n_previews++;
+        ditd__preview__init(&pv[npv]);
+        pv[npv].slot = (uint32_t)i;
+        pv[npv].partial_index = (uint32_t)w->partial_sent[i]++;
+        pv[npv].pixels.data = px;
+        pv[npv].pixels.len = w->numel_img;
+        pvp[npv] = &pv[npv];
+        npv++;
     }
-    pg.previews = pvp;
-    env.msg_case = DITD__ENVELOPE__MSG_PROGRESS;
-    env.progress = &pg;
-    ditd__worker_send_env(w, &env);
+    if (w->latent_previews)
+        w->pend_step_ms = step_ms;
+    else
+        send_progress(w, step, total, step_ms, npv, pvp);
     if (t >= w->next_hb)
         ditd__worker_heartbeat(w, true);
     /* cancel / shutdown that came meanwhile act at this step boundary */
     while (!w->comm_err && w->t->recv(w->t, &buf, &len, 0) == 0)
         ditd__worker_handle_async(w, buf, len);
     return w->stop_now || w->comm_err;
+}
+
+/* The preview hook of a latent model's batch that wants previews: every
+ * rank, after the leader's decision went to the group (so a stopped batch
+ * or a dropped sample is never decoded, and a stop never waits for a
+ * decode). The samples still active whose preview is due at this step
+ * (the batch, partial_images and the steps are the same on every rank, so
+ * the same samples everywhere) have their x0 decoded by the group's VAE,
+ * unscaled exactly as the final latents are (ditd_latent_image_run); the
+ * leader's pixels land in pix (free until the final decode) and go out with
+ * the step's progress. An inpainting sample's preview is x0 with its kept
+ * region the image's latents (what the final latents hold there). */
+static int on_preview(void *ud, int step, int total, const float *x0, const uint8_t *active)
+{
+    ditd__worker *w = ud;
+    const Ditd__Batch *b = w->batch;
+    const int n = (int)b->n_samples;
+    uint8_t due[DITD_WORKER_MAX_BATCH];
+    Ditd__Preview pv[DITD_WORKER_MAX_BATCH], *pvp[DITD_WORKER_MAX_BATCH];
+    const float *src = x0;
+    size_t npv = 0;
+    int nd = 0, err = 0;
+
+    for (int i = 0; i < n; i++) {
+        due[i] = (!active || active[i]) &&
+                 preview_due((int)b->samples[i]->partial_images, w->partial_sent[i], step, total);
+        nd += due[i];
+    }
+    for (int i = 0; nd && i < n; i++) {
+        const ditd_gen_sample *sm = &w->samples[i];
+        if (!due[i] || !sm->mask_latents || !w->x0_keep)
+            continue;
+        /* (1 - m) image + m x0 on every channel, m on the latent grid */
+        const size_t hw = (size_t)w->rep.li->h * (size_t)w->rep.li->w;
+        const float *a = x0 + (size_t)i * w->numel_lat;
+        float *o = w->x0_keep + (size_t)i * w->numel_lat;
+        for (size_t j = 0; j < w->numel_lat; j++) {
+            const float m = sm->mask_latents[j % hw];
+            o[j] = m != 0.0f ? a[j] : sm->image_latents[j];
+        }
+        src = w->x0_keep;
+    }
+    if (src != x0) /* the samples without a mask go through as they are */
+        for (int i = 0; i < n; i++)
+            if (due[i] && !w->samples[i].mask_latents)
+                memcpy(w->x0_keep + (size_t)i * w->numel_lat, x0 + (size_t)i * w->numel_lat,
+                       w->numel_lat * sizeof *x0);
+    if (nd)
+        err = ditd_latent_image_run(w->rep.li, src, n, due, w->leader ? w->pix : NULL);
+    for (int i = 0; i < n; i++) {
+        if (!due[i])
+            continue;
+        if (w->leader && !err) {
+            ditd__preview__init(&pv[npv]);
+            pv[npv].slot = (uint32_t)i;
+            pv[npv].partial_index = (uint32_t)w->partial_sent[i];
+            pv[npv].pixels.data = w->pix + (size_t)i * w->numel_img;
+            pv[npv].pixels.len = w->numel_img;
+            pvp[npv] = &pv[npv];
+            npv++;
+        }
+        w->partial_sent[i]++;
+    }
+    if (w->leader && !err)
+        send_progress(w, step, total, w->pend_step_ms, npv, pvp);
+    return err;
 }
 
 /* The leader's check of a batch before the group sees it: 0, or an Error
@@ -196,6 +279,8 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
             why = "an input image without strength";
         else if (b->strength != 0.0 && sm->image.len != np * 3)
             why = "an input image that is not (height, width, 3) bytes";
+        else if (sm->image_index >= DITD_EDIT_MAX_IMAGES || (sm->image_index && !sm->image.len))
+            why = "an image_index past the input images of an edit";
         else if (sm->mask.len && (sm->mask.len != np || !m->pipeline->inpaint))
             why = !m->pipeline->inpaint ? "a mask, and the pipeline takes none"
                                         : "a mask that is not (height, width) bytes";
@@ -228,7 +313,8 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
 }
 
 /* The batch buffers for the pipeline's current size (out on every rank,
- * pix on the leader), grown when a size needs more. */
+ * pix on the leader: the results, and a latent model's previews before
+ * them), grown when a size needs more. */
 int ditd__worker_plan_buffers(ditd__worker *w)
 {
     const ditd_model_info *m = &w->rep.info;
@@ -271,9 +357,11 @@ int ditd__worker_plan_buffers(ditd__worker *w)
         free(w->mask_lat);
         w->out = malloc(bytes);
         w->img_lat = w->rep.li && w->rep.info.pipeline->img2img ? malloc(bytes) : NULL;
+        free(w->x0_keep);
         w->mask_lat = w->img_lat && w->rep.info.pipeline->inpaint ? malloc(bytes) : NULL;
+        w->x0_keep = w->mask_lat ? malloc(bytes) : NULL;
         if (!w->out || (w->rep.li && w->rep.info.pipeline->img2img && !w->img_lat) ||
-            (w->img_lat && w->rep.info.pipeline->inpaint && !w->mask_lat)) {
+            (w->img_lat && w->rep.info.pipeline->inpaint && (!w->mask_lat || !w->x0_keep))) {
             w->cap_lat = 0;
             return ditd_err_set(DITD_ENOMEM, "batch buffers");
         }
@@ -359,8 +447,9 @@ static int reference_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
 
 /* An edit's inputs, on every rank (each encodes the images itself: the
  * same latents everywhere): sample i's image through the VAE encoder
- * (posterior stream under its seed, so the images of one request share
- * their latents: encoded once), its mask on the latent grid. */
+ * (posterior stream under its seed at its image_index's offset, so the
+ * outputs of one request that edit the same input image share its
+ * latents: encoded once), its mask on the latent grid. */
 static int edit_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
 {
     const ditd_latent_image *li = w->rep.li;
@@ -370,13 +459,16 @@ static int edit_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
         const Ditd__Sample *sm = b->samples[i];
         float *lat = w->img_lat + (size_t)i * w->numel_lat;
         int k = 0;
-        while (k < i && !(b->samples[k]->seed == sm->seed && b->samples[k]->image.len == sm->image.len &&
+        while (k < i && !(b->samples[k]->seed == sm->seed &&
+                          b->samples[k]->image_index == sm->image_index &&
+                          b->samples[k]->image.len == sm->image.len &&
                           !memcmp(b->samples[k]->image.data, sm->image.data, sm->image.len)))
             k++;
         if (k < i)
             memcpy(lat, w->img_lat + (size_t)k * w->numel_lat, w->numel_lat * sizeof *lat);
-        else if ((err = ditd_latent_image_encode(w->rep.li, sm->image.data, (int)b->height,
-                                                 (int)b->width, sm->seed, lat)))
+        else if ((err = ditd_latent_image_encode_nth(w->rep.li, sm->image.data, (int)b->height,
+                                                     (int)b->width, sm->seed,
+                                                     (int)sm->image_index, lat)))
             return err;
         w->samples[i].image_latents = lat;
         if (sm->mask.len) {
@@ -472,6 +564,11 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     }
     w->batch = b;
     w->t_start = w->t_step = ditd_now_ms();
+    /* a latent model's previews: the group decodes them (on_preview, every rank) */
+    w->latent_previews = 0;
+    for (int i = 0; w->rep.li && i < n; i++)
+        w->latent_previews |= b->samples[i]->partial_images > 0;
+    ditd_pipeline_set_preview(w->rep.pipe, w->latent_previews ? on_preview : NULL, w);
     /* step caching: every rank sets the batch's (the leader's batch_ok
      * checked it; the same bytes give the same config on every rank) */
     if (!err)
@@ -492,6 +589,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
         err = ditd_pipeline_generate(w->rep.pipe, &gp, n, w->samples, NULL, w->out, w->active,
                                      w->leader ? on_step : NULL, w);
     w->batch = NULL;
+    ditd_pipeline_set_preview(w->rep.pipe, NULL, NULL);
     /* a latent model: the group decodes the latents together */
     if (!err && w->rep.li)
         err = ditd_latent_image_run(w->rep.li, w->out, n, w->active, w->leader ? w->pix : NULL);

@@ -98,11 +98,18 @@ typedef struct ditd__worker {
     const Ditd__Batch *batch;
     ditd_gen_sample samples[DITD_WORKER_MAX_BATCH];
     uint8_t active[DITD_WORKER_MAX_BATCH];
-    int partial_sent[DITD_WORKER_MAX_BATCH];
+    int partial_sent[DITD_WORKER_MAX_BATCH]; /* previews sent per sample (a latent model's: on
+                                              * every rank, which all decode them) */
+    /* a latent model's batch that wants previews: the step's progress waits
+     * for the preview hook (on_preview), which sends it with the previews */
+    int latent_previews;
+    double pend_step_ms;
     double t_start, t_step;
     float *out;    /* max_batch latents of numel_lat (C h w) */
     float *img_lat;  /* edits (a row with img2img): max_batch input-image latents, or NULL */
     float *mask_lat; /* inpainting (a row with inpaint): max_batch masks on the latent grid */
+    float *x0_keep;  /* inpainting: max_batch previews' latents, x0 with the kept region the
+                      * image's (on_preview), planned with mask_lat */
     float *ref_lat;  /* a reference row (Kontext): max_batch reference latents, grown to cap_ref */
     size_t cap_ref;
     /* image-to-video (rep.ic): max_batch conditions of numel_cond and image

@@ -87,6 +87,7 @@ typedef struct ditd_cpu_qweight {
     int N, K;
     size_t row_bytes;
     const void *data;
+    const float *scale; /* N row scales (FP8 types), or NULL */
 } ditd_cpu_qweight;
 
 /* y (M, N) = act(x @ dequant(w)^T + b), computed in f32 (bf16 = 0; b f32)

@@ -293,6 +293,7 @@ static const qtype_info g_types[] = {
     {DITD_Q_Q2_K, QKK, 84, deq_q2_k}, {DITD_Q_Q3_K, QKK, 110, deq_q3_k},
     {DITD_Q_Q4_K, QKK, 144, deq_q4_k}, {DITD_Q_Q5_K, QKK, 176, deq_q5_k},
     {DITD_Q_Q6_K, QKK, 210, deq_q6_k},
+    {DITD_Q_F8_E4M3, 1, 1, NULL},    {DITD_Q_F8_E5M2, 1, 1, NULL},
 };
 
 static const qtype_info *info_of(int type)
@@ -301,6 +302,73 @@ static const qtype_info *info_of(int type)
         if (g_types[i].type == type)
             return &g_types[i];
     return NULL;
+}
+
+const char *ditd_cpu_dequant_name(int type)
+{
+    switch (type) {
+    case DITD_Q_F32: return "F32";
+    case DITD_Q_F16: return "F16";
+    case DITD_Q_BF16: return "BF16";
+    case DITD_Q_Q4_0: return "Q4_0";
+    case DITD_Q_Q4_1: return "Q4_1";
+    case DITD_Q_Q5_0: return "Q5_0";
+    case DITD_Q_Q5_1: return "Q5_1";
+    case DITD_Q_Q8_0: return "Q8_0";
+    case DITD_Q_Q2_K: return "Q2_K";
+    case DITD_Q_Q3_K: return "Q3_K";
+    case DITD_Q_Q4_K: return "Q4_K";
+    case DITD_Q_Q5_K: return "Q5_K";
+    case DITD_Q_Q6_K: return "Q6_K";
+    case DITD_Q_F8_E4M3: return "F8_E4M3";
+    case DITD_Q_F8_E5M2: return "F8_E5M2";
+    default: return NULL;
+    }
+}
+
+int ditd_cpu_dequant_is_fp8(int type)
+{
+    return type == DITD_Q_F8_E4M3 || type == DITD_Q_F8_E5M2;
+}
+
+/* float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+ * infinities, S.1111.111 is NaN; exponent 0 is subnormal (m x 2^-9). */
+static inline float f8_e4m3(uint8_t b)
+{
+    const uint32_t s = (uint32_t)(b >> 7) << 31, e = (b >> 3) & 15u, m = b & 7u;
+    uint32_t u;
+    if (e == 15 && m == 7) {
+        u = s | 0x7fc00000u;
+    } else if (e == 0) {
+        float f = (float)m * 0x1p-9f; /* exact: m < 8 */
+        memcpy(&u, &f, 4);
+        u |= s;
+    } else {
+        u = s | ((e + 120u) << 23) | (m << 20);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* float8_e5m2: 1 sign, 5 exponent (bias 15), 2 mantissa bits, IEEE-like:
+ * exponent 31 is infinity (m 0) or NaN; exponent 0 subnormal (m x 2^-16). */
+static inline float f8_e5m2(uint8_t b)
+{
+    const uint32_t s = (uint32_t)(b >> 7) << 31, e = (b >> 2) & 31u, m = b & 3u;
+    uint32_t u;
+    if (e == 31) {
+        u = s | 0x7f800000u | (m ? 0x400000u : 0u);
+    } else if (e == 0) {
+        float f = (float)m * 0x1p-16f;
+        memcpy(&u, &f, 4);
+        u |= s;
+    } else {
+        u = s | ((e + 112u) << 23) | (m << 21);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 int ditd_cpu_dequant_block(int type, int *elems, int *bytes)
@@ -336,6 +404,14 @@ void ditd_cpu_dequant(int type, const void *src, float *dst, size_t n)
             memcpy(&dst[i], &u, 4);
         }
         return;
+    case DITD_Q_F8_E4M3:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = f8_e4m3(s[i]);
+        return;
+    case DITD_Q_F8_E5M2:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = f8_e5m2(s[i]);
+        return;
     default:
         break;
     }
@@ -363,17 +439,27 @@ void ditd_cpu_dequant(int type, const void *src, float *dst, size_t n)
 #undef DQ_LOOP
 }
 
-void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, int n0, int rows,
-                           int k0, int k1, float *dst, size_t ldd, int transpose)
+static void scale_values(float *v, size_t n, float s)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] *= s;
+}
+
+void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, const float *scale,
+                           int n0, int rows, int k0, int k1, float *dst, size_t ldd,
+                           int transpose)
 {
     const qtype_info *t = info_of(type);
     assert(t && k0 % t->elems == 0 && k1 > k0);
     const size_t skip = (size_t)(k0 / t->elems) * (size_t)t->bytes;
     const size_t n = (size_t)(k1 - k0);
     if (!transpose) {
-        for (int r = 0; r < rows; r++)
+        for (int r = 0; r < rows; r++) {
             ditd_cpu_dequant(type, (const uint8_t *)src + (size_t)(n0 + r) * row_bytes + skip,
                              dst + (size_t)r * ldd, n);
+            if (scale)
+                scale_values(dst + (size_t)r * ldd, n, scale[n0 + r]);
+        }
         return;
     }
     /* transposed (a panel's rows are its columns): 16 rows x 256 values at
@@ -385,11 +471,14 @@ void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, int n0, 
         const int nr = rows - r0 < TR ? rows - r0 : TR;
         for (size_t c = 0; c < n; c += CH) {
             const size_t m = n - c < CH ? n - c : CH;
-            for (int i = 0; i < nr; i++)
+            for (int i = 0; i < nr; i++) {
                 ditd_cpu_dequant(type,
                                  (const uint8_t *)src + (size_t)(n0 + r0 + i) * row_bytes + skip +
                                      c / (size_t)t->elems * (size_t)t->bytes,
                                  tmp[i], m);
+                if (scale)
+                    scale_values(tmp[i], m, scale[n0 + r0 + i]);
+            }
             float *d = dst + c * ldd + (size_t)r0;
             if (nr == TR && m % 16 == 0) {
                 for (size_t k = 0; k < m; k += 16)

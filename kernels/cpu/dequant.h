@@ -9,7 +9,12 @@
  * the last bit of d * q - m).
  *
  * Types are named by their ggml numbers (the GGUF tensor-info type field),
- * so that readers of ggml files pass the number through. What it is not: a
+ * so that readers of ggml files pass the number through. Two more are not
+ * ggml's: the 8-bit floats of FP8 checkpoints (safetensors F8_E4M3, i.e.
+ * torch's float8_e4m3fn, and F8_E5M2), one value a byte, widened exactly
+ * (every such value is an f32), then multiplied by their row's scale when
+ * the file has one (one f32 rounding, as `w.float() * scale`); their numbers
+ * lie outside ggml's range, which the GGUF reader refuses. What it is not: a
  * quantizer, a reader of files (engine/io/gguf.c validates them), or a
  * GEMM (gemm_packed.c dequantizes panels through ditd_cpu_dequant_rows).
  */
@@ -38,7 +43,16 @@ enum {
     DITD_Q_Q5_K = 13,
     DITD_Q_Q6_K = 14,
     DITD_Q_BF16 = 30,
+    /* not ggml types (ggml has none for FP8): safetensors' F8_E4M3 / F8_E5M2 */
+    DITD_Q_F8_E4M3 = 1000,
+    DITD_Q_F8_E5M2 = 1001,
 };
+
+/* The type's name as files write it ("Q8_0", "F8_E4M3"), or NULL. */
+const char *ditd_cpu_dequant_name(int type);
+
+/* 1 for the 8-bit float types (which may carry a scale per row), else 0. */
+int ditd_cpu_dequant_is_fp8(int type);
 
 /* 1 when `type` is one of the above, else 0. *elems and *bytes (either may
  * be NULL) get the block's values and size; unsupported types leave them. */
@@ -53,9 +67,12 @@ void ditd_cpu_dequant(int type, const void *src, float *dst, size_t n);
  * (N, K) matrix (row r at src + r * row_bytes; k0, k1 multiples of the
  * block elems, or k1 == K) into dst, value (r - n0, k) at
  * dst[(k - k0) * ldd + (r - n0)] when `transpose`, else at
- * dst[(r - n0) * ldd + (k - k0)]. For the packed GEMM's panels. */
-void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, int n0, int rows,
-                           int k0, int k1, float *dst, size_t ldd, int transpose);
+ * dst[(r - n0) * ldd + (k - k0)]. scale (N floats, indexed by r; NULL:
+ * none) multiplies row r's values: the FP8 types' per-row (or per-tensor,
+ * repeated) scales. For the packed GEMM's panels. */
+void ditd_cpu_dequant_rows(int type, const void *src, size_t row_bytes, const float *scale,
+                           int n0, int rows, int k0, int k1, float *dst, size_t ldd,
+                           int transpose);
 
 #ifdef __cplusplus
 }

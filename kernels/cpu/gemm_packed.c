@@ -292,6 +292,7 @@ typedef struct pk_job {
     const void *qw;      /* quantized: N rows of q_row_bytes, ggml type qtype */
     size_t q_row_bytes;
     int qtype;
+    const float *qscale; /* the rows' scales (FP8), or NULL */
     void *const *scratch; /* quantized: per thread, one panel (PK_NR x K) + f32 rows */
     const void *bias;
     float *y;
@@ -368,11 +369,11 @@ static void dequant_panel(const pk_job *j, int p, size_t nw, int k0, int k1, voi
 {
     const int n0 = p * PK_NR;
     if (!j->bf16) {
-        ditd_cpu_dequant_rows(j->qtype, j->qw, j->q_row_bytes, n0, (int)nw, k0, k1,
+        ditd_cpu_dequant_rows(j->qtype, j->qw, j->q_row_bytes, j->qscale, n0, (int)nw, k0, k1,
                               (float *)pan + (size_t)k0 * nw, nw, 1);
         return;
     }
-    ditd_cpu_dequant_rows(j->qtype, j->qw, j->q_row_bytes, n0, (int)nw, k0, k1, tmp, nw, 1);
+    ditd_cpu_dequant_rows(j->qtype, j->qw, j->q_row_bytes, j->qscale, n0, (int)nw, k0, k1, tmp, nw, 1);
     uint16_t *d = (uint16_t *)pan + (size_t)k0 * nw;
     for (int k = 0; k < k1 - k0; k += 2) {
         const float *t0 = tmp + (size_t)k * nw, *t1 = t0 + nw;
@@ -511,8 +512,8 @@ static size_t g_qscratch_bytes;
 static int g_qscratch_threads;
 
 int ditd__cpu_gemm_packed_q_run(const void *x, size_t ldx, const void *qw, int qtype,
-                                size_t row_bytes, const void *b, int bf16, float *y, size_t ldy,
-                                int M, int N, int K, ditd_cpu_act act)
+                                size_t row_bytes, const float *scale, const void *b, int bf16,
+                                float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act)
 {
     const int T = omp_get_max_threads();
     const size_t es = bf16 ? 2 : 4;
@@ -539,7 +540,7 @@ int ditd__cpu_gemm_packed_q_run(const void *x, size_t ldx, const void *qw, int q
         g_qscratch_bytes = bytes;
     }
     pk_job j = {.a = x, .lda = ldx, .w = NULL, .qw = qw, .q_row_bytes = row_bytes,
-                .qtype = qtype, .scratch = g_qscratch, .bias = b, .y = y, .ldy = ldy,
+                .qtype = qtype, .qscale = scale, .scratch = g_qscratch, .bias = b, .y = y, .ldy = ldy,
                 .M = M, .N = N, .K = K, .bf16 = bf16, .act = act};
     run(&j);
     return 0;

@@ -21,13 +21,14 @@ void ditd__cpu_gemm_packed_run(const void *x, size_t ldx, const void *wp, const 
                                ditd_cpu_act act);
 
 /* As ditd__cpu_gemm_packed_run on a quantized w (N rows of row_bytes at
- * qw, ggml type qtype, K a multiple of its block), each panel dequantized
- * as it is read (gemm_packed.c): bit-identical to the packed product on
- * the dequantized w (bf16: rounded to bf16). Not reentrant (per-thread
+ * qw, type qtype of kernels/cpu/dequant.h, K a multiple of its block; scale:
+ * N row scales or NULL), each panel dequantized as it is read
+ * (gemm_packed.c): bit-identical to the packed product on the dequantized
+ * w (bf16: rounded to bf16). Not reentrant (per-thread
  * buffers kept between calls: the caller serializes). 0, or -1 when the
  * buffers cannot be had (y untouched). */
 int ditd__cpu_gemm_packed_q_run(const void *x, size_t ldx, const void *qw, int qtype,
-                                size_t row_bytes, const void *b, int bf16, float *y, size_t ldy,
-                                int M, int N, int K, ditd_cpu_act act);
+                                size_t row_bytes, const float *scale, const void *b, int bf16,
+                                float *y, size_t ldy, int M, int N, int K, ditd_cpu_act act);
 
 #endif

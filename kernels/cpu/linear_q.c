@@ -1,4 +1,5 @@
-/* Linear layers on weights kept quantized in memory (GGML blocks):
+/* Linear layers on weights kept quantized in memory (GGML blocks, or the
+ * 8-bit floats of FP8 checkpoints with their row scales):
  *
  *   y (M, N) = act(x (M, K) @ dequant(w)^T + b)
  *
@@ -74,8 +75,8 @@ int ditd_cpu_linear_q(const float *x, size_t ldx, const ditd_cpu_qweight *w, con
             a = g_xb;
             ldx = (size_t)K;
         }
-        err = ditd__cpu_gemm_packed_q_run(a, ldx, w->data, w->type, w->row_bytes, b, bf16, y,
-                                          ldy, M, N, K, act);
+        err = ditd__cpu_gemm_packed_q_run(a, ldx, w->data, w->type, w->row_bytes, w->scale, b,
+                                          bf16, y, ldy, M, N, K, act);
         goto out;
     }
     /* no packed kernel: the whole weight in the compute type, then the library */
@@ -87,8 +88,8 @@ int ditd_cpu_linear_q(const float *x, size_t ldx, const ditd_cpu_qweight *w, con
     float *wf = g_ws;
 #pragma omp parallel for schedule(static) if (nk > 65536)
     for (int n = 0; n < N; n++)
-        ditd_cpu_dequant(w->type, (const uint8_t *)w->data + (size_t)n * w->row_bytes,
-                         wf + (size_t)n * (size_t)K, (size_t)K);
+        ditd_cpu_dequant_rows(w->type, w->data, w->row_bytes, w->scale, n, 1, 0, K,
+                              wf + (size_t)n * (size_t)K, (size_t)K, 0);
     if (bf16) {
         uint16_t *wb = (uint16_t *)(wf + nk);
         ditd_cpu_f32_to_bf16(wf, wb, nk);

@@ -170,6 +170,7 @@ int ditd_cmd_generate(int argc, char **argv)
     ditd_gen_args a;
     progress pr = {0};
     ditd_image in_img = {0}; /* --image, decoded */
+    ditd_image in_more[DITD_EDIT_MAX_IMAGES] = {{0}}; /* the second and later --image */
     ditd_image last_img = {0}; /* --last-image (image-to-video), decoded */
     uint8_t *mask_l = NULL;  /* --mask: its luma (H, W) */
     float *mask_lat = NULL;  /* and on the latent grid (h, w) */
@@ -351,10 +352,41 @@ int ditd_cmd_generate(int argc, char **argv)
                 "pipeline row with img2img, e.g. FLUX)\n", rep.info.name, pc->name);
         goto done;
     }
+    if (a.n_images > 1 && kontext) {
+        fprintf(stderr, "ditd generate: --image given %d times: %s takes one reference here "
+                "(a reference per sample is the engine's; not on the command line yet)\n",
+                a.n_images, pc->name);
+        goto done;
+    }
+    if (a.n_images > 1 && i2v) {
+        fprintf(stderr, "ditd generate: --image given %d times: %s takes one first frame\n",
+                a.n_images, pc->name);
+        goto done;
+    }
     if (a.image_path) {
         if ((err = ditd__gen_read_image(a.image_path, 3, &in_img))) {
             fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_path, ditd_err_detail());
             goto done;
+        }
+        for (int j = 1; j < a.n_images; j++) { /* an image list: one size */
+            if ((err = ditd__gen_read_image(a.image_paths[j], 3, &in_more[j]))) {
+                fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_paths[j],
+                        ditd_err_detail());
+                goto done;
+            }
+            if (in_more[j].width != in_img.width || in_more[j].height != in_img.height) {
+                fprintf(stderr, "ditd generate: --image %s is %dx%d, --image %s %dx%d: the "
+                        "images of one edit must be the same size\n", a.image_paths[j],
+                        in_more[j].width, in_more[j].height, a.image_path, in_img.width,
+                        in_img.height);
+                goto done;
+            }
+        }
+        if (a.n_images > 1) { /* Diffusers' image list: n a multiple (-n absent: one each) */
+            if (ditd_edit_images_check((int)a.n, a.n_images, a.mask_path ? 1 : 0)) {
+                fprintf(stderr, "ditd generate: -n: %s\n", ditd_err_detail());
+                goto done;
+            }
         }
         if (kontext) { /* the output's size is the request's (below), not the image's */
         } else if (!a.size_w) {
@@ -642,15 +674,19 @@ int ditd_cmd_generate(int argc, char **argv)
             ditd__gen_fail("--strength", err);
             goto done;
         }
-        if (!(img_lat = malloc(numel * sizeof *img_lat))) {
+        const int k = a.n_images > 1 ? a.n_images : 1;
+        if (!(img_lat = malloc((size_t)k * numel * sizeof *img_lat))) {
             fprintf(stderr, "ditd generate: out of memory\n");
             goto done;
         }
-        if ((err = ditd_latent_image_encode(li, in_img.pixels, in_img.height, in_img.width,
-                                            (uint64_t)a.seed, img_lat))) {
-            ditd__gen_fail("encoding --image", err);
-            goto done;
-        }
+        for (int j = 0; j < k; j++) /* image j: its part of the one posterior draw */
+            if ((err = ditd_latent_image_encode_nth(li, j ? in_more[j].pixels : in_img.pixels,
+                                                    in_img.height, in_img.width,
+                                                    (uint64_t)a.seed, j,
+                                                    img_lat + (size_t)j * numel))) {
+                ditd__gen_fail("encoding --image", err);
+                goto done;
+            }
         if (mask_l && (!(mask_lat = malloc((size_t)li->h * li->w * sizeof *mask_lat)) ||
                        ditd_latent_mask_from_gray(mask_l, in_img.height, in_img.width, li->h,
                                                   li->w, mask_lat))) {
@@ -659,9 +695,10 @@ int ditd_cmd_generate(int argc, char **argv)
             goto done;
         }
         if (leader && !pr.quiet)
-            fprintf(stderr, "%s: %s %dx%d, strength %g: %d of %d steps (%s)\n",
-                    mask_l ? "inpaint" : "img2img", a.image_path, in_img.width, in_img.height,
-                    a.strength, gp.steps - st, gp.steps, erow->name);
+            fprintf(stderr, "%s: %s%s %dx%d, strength %g: %d of %d steps (%s)\n",
+                    mask_l ? "inpaint" : "img2img", a.image_path, k > 1 ? " and more" : "",
+                    in_img.width, in_img.height, a.strength, gp.steps - st, gp.steps,
+                    erow->name);
     }
     samples = calloc((size_t)a.n, sizeof *samples);
     out = malloc((size_t)a.n * numel * sizeof *out);
@@ -687,7 +724,9 @@ int ditd_cmd_generate(int argc, char **argv)
             samples[i].loras = lora_ex[0].n ? &lora_ex[0] : NULL;
             samples[i].loras_2 = &lora_ex[1]; /* empty: none on transformer_2 */
         }
-        samples[i].image_latents = img_lat;
+        const int k_img = a.n_images > 1 ? a.n_images : 1; /* output i edits image i % k */
+        samples[i].image_latents =
+            img_lat ? img_lat + (size_t)ditd_edit_image_of((int)i, k_img) * numel : NULL;
         samples[i].ref_latents = ref_lat;
         samples[i].mask_latents = mask_lat;
         samples[i].video_cond = i2v_cond;
@@ -792,6 +831,8 @@ done:
     for (int i = 0; i < text_lora_set.n; i++)
         ditd_text_lora_free((ditd_text_lora *)text_lora_set.ad[i]);
     ditd_image_free(&in_img);
+    for (int j = 0; j < DITD_EDIT_MAX_IMAGES; j++)
+        ditd_image_free(&in_more[j]);
     free(img_lat);
     ditd_image_free(&last_img);
     free(i2v_cond);

@@ -14,6 +14,7 @@
 #include "engine/models/lora.h"
 #include "engine/parallel/mesh.h"
 #include "engine/pipeline/step_cache.h"
+#include "engine/pipeline/edit_images.h"
 #include "server/common/image_in.h"
 
 /* --lora NAME=PATH (repeatable) and --lora-scale NAME=S, as given (with
@@ -42,6 +43,11 @@ typedef struct ditd_gen_args {
     const char *class_str, *sampler_str, *latents_path, *save_path, *out_path, *dtype_str;
     const char *prompts[3], *negatives[3];
     const char *skip_str, *image_path, *mask_path;
+    /* --image given several times (an edit's image list, Diffusers' semantics:
+     * output i edits image i % n_images, engine/pipeline/edit_images.h);
+     * image_paths[0] is image_path */
+    const char *image_paths[DITD_EDIT_MAX_IMAGES];
+    int n_images, n_given;
     const char *last_image_path; /* image-to-video's last frame (FLF2V: Diffusers' last_image) */
     double strength, true_cfg, slg_scale, slg_start, slg_stop, guidance, guidance_2;
     long size_w, size_h, max_seq, frames, seed, steps, n, threads, comm_timeout_ms;

@@ -93,7 +93,9 @@ static void usage(FILE *f)
     fputs("\nimage edits (docs/edits.md):\n"
           "  --image FILE         img2img (a row with img2img: FLUX): start from this PNG,\n"
           "                       JPEG or WebP, at the output size (the default --size;\n"
-          "                       no resampling yet); on an image-to-video folder\n"
+          "                       no resampling yet); repeatable: an image list, output i\n"
+          "                       edits image i mod k (-n a multiple of k; default k);\n"
+          "                       on an image-to-video folder\n"
           "                       (WanImageToVideoPipeline) the clip's first frame, any size\n"
           "                       (resized to --size as Diffusers, lanczos)\n"
           "  --last-image FILE    image-to-video with a last frame too (FLF2V: Diffusers'\n"
@@ -102,7 +104,8 @@ static void usage(FILE *f)
           "                       noised image (default: the pipeline's, FLUX 0.6)\n"
           "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX), as\n"
           "                       Diffusers' mask_image: white is repainted, black kept\n"
-          "                       (its luma, binarized at 0.5); the image's size\n"
+          "                       (its luma, binarized at 0.5); the image's size; one\n"
+          "                       mask for every --image\n"
           "  on a FluxKontextPipeline folder --image is the reference image (no --strength,\n"
           "  no --mask); the output is --size's aspect ratio at --max-area pixels:\n"
           "  --max-area PIXELS    the output's area (default 1048576, Kontext's max_area)\n"
@@ -314,7 +317,16 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
         case O_LORA_DIR: lora_dir = optarg; break;
         case O_LORA_EXPERT: err = lora_expert_arg(&a->la, optarg); break;
         case O_SAVE_FRAMES: a->save_frames = 1; break;
-        case O_IMAGE: a->image_path = optarg; break;
+        case O_IMAGE:
+            if (a->n_images == DITD_EDIT_MAX_IMAGES) {
+                fprintf(stderr, "ditd generate: --image given more than %d times\n",
+                        DITD_EDIT_MAX_IMAGES);
+                return 2;
+            }
+            if (!a->image_path)
+                a->image_path = optarg;
+            a->image_paths[a->n_images++] = optarg;
+            break;
         case O_MASK: a->mask_path = optarg; break;
         case O_LAST_IMAGE: a->last_image_path = optarg; break;
         case O_MAX_AREA:
@@ -330,7 +342,10 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
         case O_COMM_TIMEOUT:
             err = ditd_parse_long(optarg, 100, 86400000, "--comm-timeout-ms", &a->comm_timeout_ms);
             break;
-        case 'n': err = ditd_parse_long(optarg, 1, 64, "-n", &a->n); break;
+        case 'n':
+            err = ditd_parse_long(optarg, 1, 64, "-n", &a->n);
+            a->n_given = 1;
+            break;
         case 'o': a->out_path = optarg; break;
         case 'q': a->quiet = 1; break;
         case 'h': usage(stdout); return -1;
@@ -407,6 +422,8 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
         fprintf(stderr, "ditd generate: --last-image needs --image (the first frame)\n");
         return 2;
     }
+    if (a->n_images > 1 && !a->n_given) /* an image list: one output per image */
+        a->n = a->n_images;
     if (a->mask_path && !a->image_path) {
         fprintf(stderr, "ditd generate: --mask needs --image\n");
         return 2;

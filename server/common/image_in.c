@@ -184,7 +184,7 @@ static void png_on_warning(png_structp png, png_const_charp msg)
 }
 
 static int decode_png(const uint8_t *data, size_t len, const ditd_image_limits *lim,
-                      ditd_image *out)
+                      ditd_image *out, int probe)
 {
     png_src s = {.data = data, .len = len};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &s, png_on_error,
@@ -211,6 +211,14 @@ static int decode_png(const uint8_t *data, size_t len, const ditd_image_limits *
     png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
     if ((err = check_dims("png", w, h, lim)))
         goto fail;
+    if (probe) {
+        png_destroy_read_struct(&png, &info, NULL);
+        out->width = (int)w;
+        out->height = (int)h;
+        out->format = DITD_IMAGE_PNG;
+        out->orientation = 1;
+        return 0;
+    }
     int ct = png_get_color_type(png, info);
     int alpha = (ct & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS);
     png_set_strip_16(png);
@@ -301,7 +309,7 @@ static void jpeg_on_progress(j_common_ptr c)
 }
 
 static int decode_jpeg(const uint8_t *data, size_t len, const ditd_image_limits *lim,
-                       ditd_image *out)
+                       ditd_image *out, int probe)
 {
     struct jpeg_decompress_struct cinfo;
     jpeg_err je;
@@ -314,6 +322,10 @@ static int decode_jpeg(const uint8_t *data, size_t len, const ditd_image_limits 
     je.mgr.emit_message = jpeg_on_message;
     je.msg[0] = '\0';
     if (setjmp(je.jb)) {
+        /* a header cut after its frame (a bomb's header alone): the size it
+         * gives is refused for what it is, not as a truncation */
+        if (!err && cinfo.global_state && cinfo.image_width && cinfo.image_height)
+            err = check_dims("jpeg", cinfo.image_width, cinfo.image_height, lim);
         if (!err)
             err = ditd_err_set(DITD_EFORMAT, "jpeg: %s", je.msg);
         goto fail;
@@ -338,6 +350,14 @@ static int decode_jpeg(const uint8_t *data, size_t len, const ditd_image_limits 
             orient = ditd_image_exif_orientation(m->data, m->data_length);
             break;
         }
+    }
+    if (probe) {
+        out->width = (int)(orient >= 5 ? cinfo.image_height : cinfo.image_width);
+        out->height = (int)(orient >= 5 ? cinfo.image_width : cinfo.image_height);
+        out->format = DITD_IMAGE_JPEG;
+        out->orientation = orient;
+        jpeg_destroy_decompress(&cinfo);
+        return 0;
     }
     cinfo.out_color_space = JCS_RGB;
     jpeg_start_decompress(&cinfo);
@@ -404,7 +424,7 @@ static const char *vp8_status(VP8StatusCode c)
 }
 
 static int decode_webp(const uint8_t *data, size_t len, const ditd_image_limits *lim,
-                       ditd_image *out)
+                       ditd_image *out, int probe)
 {
     WebPBitstreamFeatures f;
     VP8StatusCode st = WebPGetFeatures(data, len, &f);
@@ -415,6 +435,21 @@ static int decode_webp(const uint8_t *data, size_t len, const ditd_image_limits 
     int rc = check_dims("webp", f.width, f.height, lim);
     if (rc)
         return rc;
+    /* a truncated file is refused before its pixels are allocated: the RIFF
+     * header states the file's length (RIFF size + 8, padded to even) */
+    uint32_t riff = (uint32_t)data[4] | (uint32_t)data[5] << 8 | (uint32_t)data[6] << 16 |
+                    (uint32_t)data[7] << 24;
+    if ((uint64_t)riff + 8 > len)
+        return ditd_err_set(DITD_EFORMAT, "webp: truncated data (%zu bytes of the %llu the RIFF "
+                            "header gives)", len, (unsigned long long)riff + 8);
+    if (probe) {
+        out->width = f.width;
+        out->height = f.height;
+        out->channels = f.has_alpha ? 4 : 3;
+        out->format = DITD_IMAGE_WEBP;
+        out->orientation = 1;
+        return 0;
+    }
     int ch = f.has_alpha ? 4 : 3;
     size_t stride = (size_t)f.width * ch, n = stride * (size_t)f.height;
     uint8_t *pix = pixel_alloc(n);
@@ -436,8 +471,8 @@ static int decode_webp(const uint8_t *data, size_t len, const ditd_image_limits 
     return 0;
 }
 
-int ditd_image_decode(const uint8_t *data, size_t len, const ditd_image_limits *lim,
-                      ditd_image *out)
+static int decode_or_probe(const uint8_t *data, size_t len, const ditd_image_limits *lim,
+                           ditd_image *out, int probe)
 {
     ditd_image_limits def;
     memset(out, 0, sizeof *out);
@@ -454,12 +489,14 @@ int ditd_image_decode(const uint8_t *data, size_t len, const ditd_image_limits *
         return ditd_err_set(DITD_ERANGE, "image: %zu bytes", len);
     int rc;
     switch (ditd_image_sniff(data, len)) {
-    case DITD_IMAGE_PNG: rc = decode_png(data, len, lim, out); break;
-    case DITD_IMAGE_JPEG: rc = decode_jpeg(data, len, lim, out); break;
-    case DITD_IMAGE_WEBP: rc = decode_webp(data, len, lim, out); break;
+    case DITD_IMAGE_PNG: rc = decode_png(data, len, lim, out, probe); break;
+    case DITD_IMAGE_JPEG: rc = decode_jpeg(data, len, lim, out, probe); break;
+    case DITD_IMAGE_WEBP: rc = decode_webp(data, len, lim, out, probe); break;
     default:
         if (len >= 6 && (memcmp(data, "GIF87a", 6) == 0 || memcmp(data, "GIF89a", 6) == 0))
             return ditd_err_set(DITD_EUNSUPPORTED, "image: GIF is not accepted (PNG, JPEG or WebP)");
+        if (len >= 2 && data[0] == 'B' && data[1] == 'M')
+            return ditd_err_set(DITD_EUNSUPPORTED, "image: BMP is not accepted (PNG, JPEG or WebP)");
         return ditd_err_set(DITD_EFORMAT,
                             "image: unknown format (first bytes %02x %02x %02x %02x; PNG, JPEG or WebP accepted)",
                             data[0], len > 1 ? data[1] : 0, len > 2 ? data[2] : 0,
@@ -468,6 +505,18 @@ int ditd_image_decode(const uint8_t *data, size_t len, const ditd_image_limits *
     if (rc)
         memset(out, 0, sizeof *out);
     return rc;
+}
+
+int ditd_image_decode(const uint8_t *data, size_t len, const ditd_image_limits *lim,
+                      ditd_image *out)
+{
+    return decode_or_probe(data, len, lim, out, 0);
+}
+
+int ditd_image_probe(const uint8_t *data, size_t len, const ditd_image_limits *lim,
+                     ditd_image *out)
+{
+    return decode_or_probe(data, len, lim, out, 1);
 }
 
 void ditd_image_free(ditd_image *img)

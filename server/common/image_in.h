@@ -11,7 +11,7 @@
  *
  * Not here: animation (an animated WebP is refused; an APNG gives its first
  * frame, as any PNG reader does), color management (ICC profiles are
- * ignored: pixels are taken as sRGB), CMYK JPEG (refused), GIF/BMP/TIFF.
+ * ignored: pixels are taken as sRGB), CMYK JPEG (refused), GIF/BMP/TIFF (refused: GIF and BMP by name).
  * Thread-safe: no shared state beyond an atomic allocation counter.
  */
 #ifndef DITD_SERVER_COMMON_IMAGE_IN_H
@@ -55,10 +55,18 @@ const char *ditd_image_format_name(ditd_image_format f);
 /* Decodes data[0..len) into *out (zeroed on failure; nothing to free then).
  * lim NULL: the defaults. Errors: DITD_EFORMAT (truncated or corrupt data,
  * unknown format), DITD_ERANGE (a limit; the detail names it and the
- * header's size), DITD_EUNSUPPORTED (animated WebP, CMYK JPEG, GIF),
+ * header's size), DITD_EUNSUPPORTED (animated WebP, CMYK JPEG, GIF, BMP),
  * DITD_ENOMEM. The detail always says what is wrong. */
 int ditd_image_decode(const uint8_t *data, size_t len, const ditd_image_limits *lim,
                       ditd_image *out);
+
+/* The same checks from the header alone (format, limits, a WebP's stated
+ * length): out gets the size after the EXIF orientation, the format and
+ * orientation (channels for WebP only), never pixels (nothing to free).
+ * What passes may still fail to decode (corrupt data past the header). For
+ * several uploads: probe all, then decode. */
+int ditd_image_probe(const uint8_t *data, size_t len, const ditd_image_limits *lim,
+                     ditd_image *out);
 
 void ditd_image_free(ditd_image *img);
 

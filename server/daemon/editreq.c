@@ -10,9 +10,13 @@
  * converted to Diffusers' mask_image, white repainted), strength, and the
  * edit row's defaults (FluxImg2ImgPipeline's 28 steps and guidance 7 for a
  * FluxPipeline folder); on a FluxKontextPipeline folder the image is a
- * reference (reference_edit: max_area, no strength, no mask). Not here:
- * resampling an image of another size (refused naming the sizes), several
- * input images, background jobs of edits. Loop thread only. */
+ * reference (reference_edit: max_area, no strength, no mask). Several images
+ * (`image[]` repeated, a JSON array) are Diffusers' image list
+ * (engine/pipeline/edit_images.h: output i edits image i % k); every upload's
+ * header is read and checked (limits, sizes) before any of them is decoded.
+ * Not here: resampling an image of another size (refused naming the sizes),
+ * several references on a Kontext folder, background jobs of edits. Loop
+ * thread only. */
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +25,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/pipeline_class.h"
+#include "engine/pipeline/edit_images.h"
 #include "server/common/image_in.h"
 #include "server/daemon/genreq.h"
 #include "server/daemon/image_json.h"
@@ -41,7 +46,8 @@ typedef struct upload {
     const uint8_t *data;
     size_t len;
     uint8_t *own;
-    char field[16];
+    char field[16]; /* the error's param: the form's or JSON's name */
+    char label[24]; /* in messages: the name, with [j] when there are several */
 } upload;
 
 /* Form fields whose text is a number (or JSON) in the body genreq reads. */
@@ -50,9 +56,12 @@ static const char *const int_fields[] = {"n", "seed", "num_inference_steps", "pa
 static const char *const num_fields[] = {"guidance_scale", "strength", "true_cfg_scale", NULL};
 static const char *const obj_fields[] = {"cache", "loras", NULL};
 
-/* The form's text fields as a JSON object and its image and mask parts. */
+/* The form's text fields as a JSON object and its image and mask parts:
+ * `image` or `image[]` (the OpenAI clients send a list as repeated
+ * `image[]`), up to DITD_EDIT_MAX_IMAGES, in the order of the parts. */
 static int from_form(const char *ctype, const char *body, size_t len, json_t **root,
-                     ditd_multipart_form *form, upload *img, upload *mask, ditd_api_error *e)
+                     ditd_multipart_form *form, upload *img, int *n_img, upload *mask,
+                     ditd_api_error *e)
 {
     char field[64];
     if (ditd_multipart_parse(ctype, (const uint8_t *)body, len, NULL, form)) {
@@ -63,19 +72,32 @@ static int from_form(const char *ctype, const char *body, size_t len, json_t **r
     if (ni + na == 0)
         return bad(e, "image", "'image' is required: the picture to edit (a file part of the "
                    "form: PNG, JPEG or WebP)");
-    if (ni + na > 1)
-        return bad(e, na ? "image[]" : "image", "%d input images: this server's edit pipelines "
-                   "(img2img, inpainting) take one image", ni + na);
+    if (ni && na)
+        return bad(e, "image[]", "give the images as 'image' or as 'image[]', not both");
+    if (ni + na > DITD_EDIT_MAX_IMAGES)
+        return bad(e, na ? "image[]" : "image", "%d input images: at most %d", ni + na,
+                   DITD_EDIT_MAX_IMAGES);
     if (ditd_multipart_count(form, "mask") > 1)
-        return bad(e, "mask", "'mask' given %d times: one mask", ditd_multipart_count(form, "mask"));
-    const ditd_multipart_part *p = ditd_multipart_find(form, ni ? "image" : "image[]", 0);
-    img->data = p->data;
-    img->len = p->len;
-    snprintf(img->field, sizeof img->field, "%s", ni ? "image" : "image[]");
+        return bad(e, "mask", "'mask' given %d times: one mask (it applies to every image)",
+                   ditd_multipart_count(form, "mask"));
+    const char *name = ni ? "image" : "image[]";
+    *n_img = ni + na;
+    for (int k = 0; k < *n_img; k++) {
+        const ditd_multipart_part *p = ditd_multipart_find(form, name, k);
+        img[k].data = p->data;
+        img[k].len = p->len;
+        snprintf(img[k].field, sizeof img[k].field, "%s", name);
+        if (*n_img == 1)
+            snprintf(img[k].label, sizeof img[k].label, "%s", name);
+        else
+            snprintf(img[k].label, sizeof img[k].label, "image[%d]", k);
+    }
+    const ditd_multipart_part *p;
     if ((p = ditd_multipart_find(form, "mask", 0))) {
         mask->data = p->data;
         mask->len = p->len;
         snprintf(mask->field, sizeof mask->field, "mask");
+        snprintf(mask->label, sizeof mask->label, "mask");
     }
     *root = ditd_multipart_to_json(form, int_fields, num_fields, obj_fields, field, sizeof field);
     if (!*root) {
@@ -96,17 +118,20 @@ static int from_form(const char *ctype, const char *body, size_t len, json_t **r
     return 0;
 }
 
-/* A JSON image's bytes (image_json.c), in the upload of field. */
-static int json_upload(json_t *v, const char *field, upload *u, ditd_api_error *e)
+/* A JSON image's bytes (image_json.c), in the upload of field (label: in
+ * messages). */
+static int json_upload(json_t *v, const char *field, const char *label, upload *u,
+                       ditd_api_error *e)
 {
     int err = ditd_genreq_json_bytes(v, field, &u->own, &u->len, e);
     u->data = u->own;
     snprintf(u->field, sizeof u->field, "%s", field);
+    snprintf(u->label, sizeof u->label, "%s", label);
     return err;
 }
 
-static int from_json(const char *body, size_t len, json_t **root, upload *img, upload *mask,
-                     ditd_api_error *e)
+static int from_json(const char *body, size_t len, json_t **root, upload *img, int *n_img,
+                     upload *mask, ditd_api_error *e)
 {
     json_error_t jerr;
     *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -123,22 +148,41 @@ static int from_json(const char *body, size_t len, json_t **root, upload *img, u
         im = ims;
         field = "images";
     }
-    if (json_is_array(im)) {
-        if (json_array_size(im) != 1)
-            return bad(e, field, "%zu input images: this server's edit pipelines (img2img, "
-                       "inpainting) take one image", json_array_size(im));
-        im = json_array_get(im, 0);
-    }
-    if (!im || json_is_null(im))
+    if (!im || json_is_null(im) || (json_is_array(im) && json_array_size(im) == 0))
         return bad(e, "image", "'image' is required: the picture to edit (base64 or a data URL)");
-    int err = json_upload(im, field, img, e);
+    size_t k = json_is_array(im) ? json_array_size(im) : 1;
+    if (k > DITD_EDIT_MAX_IMAGES)
+        return bad(e, field, "%zu input images: at most %d", k, DITD_EDIT_MAX_IMAGES);
+    int err = 0;
+    for (size_t j = 0; j < k && !err; j++) {
+        char l[24];
+        if (k > 1)
+            snprintf(l, sizeof l, "%s[%zu]", field, j);
+        else
+            snprintf(l, sizeof l, "%s", field);
+        err = json_upload(json_is_array(im) ? json_array_get(im, j) : im, field, l, &img[j], e);
+        *n_img = (int)j + 1; /* freed by the caller, the failed one too */
+    }
     json_t *mk = json_object_get(*root, "mask");
     if (!err && mk && !json_is_null(mk))
-        err = json_upload(mk, "mask", mask, e);
+        err = json_upload(mk, "mask", "mask", mask, e);
     json_object_del(*root, "image");
     json_object_del(*root, "images");
     json_object_del(*root, "mask");
     return err;
+}
+
+/* An upload's header against the limits, naming its field on failure:
+ * nothing of its pixels is allocated yet. */
+static int probe(const upload *u, const ditd_image_limits *lim, ditd_image *hdr,
+                 ditd_api_error *e)
+{
+    int err = ditd_image_probe(u->data, u->len, lim, hdr);
+    if (err == DITD_ENOMEM)
+        return oom(e);
+    if (err)
+        return bad(e, u->field, "'%s': %s", u->label, ditd_err_detail());
+    return 0;
 }
 
 /* Decodes an upload, naming its field on failure. */
@@ -190,6 +234,7 @@ static int reference_edit(const ditd_model_info *m, int size_given, int strength
             memcpy(r->image + 3 * i, in.pixels + (size_t)in.channels * i, 3);
         r->image_w = rw;
         r->image_h = rh;
+        r->n_images = 1;
         r->edit = 1;
         r->strength = 0.0;
         if (r->cache.method != DITD_CACHE_NONE) {
@@ -211,8 +256,31 @@ static int decode(const upload *u, const ditd_image_limits *lim, ditd_image *out
     if (err == DITD_ENOMEM)
         return oom(e);
     if (err)
-        return bad(e, u->field, "'%s': %s", u->field, ditd_err_detail());
+        return bad(e, u->field, "'%s': %s", u->label, ditd_err_detail());
     return 0;
+}
+
+/* Whether an RGBA image has a pixel that is not opaque. */
+static int has_transparency(const ditd_image *im)
+{
+    const size_t np = (size_t)im->width * (size_t)im->height;
+    if (im->channels != 4)
+        return 0;
+    for (size_t i = 0; i < np; i++)
+        if (im->pixels[4 * i + 3] != 255)
+            return 1;
+    return 0;
+}
+
+void ditd_genreq_edit_input(const ditd_genreq *r, int i, const uint8_t **image,
+                            const uint8_t **mask, int *j)
+{
+    const size_t np = (size_t)r->width * (size_t)r->height;
+    const int k = r->n_images > 0 ? r->n_images : 1;
+    const int jj = ditd_edit_image_of(i, k);
+    *image = r->image ? r->image + (size_t)jj * np * 3 : NULL;
+    *mask = r->mask ? r->mask + (size_t)ditd_edit_mask_of(i, r->n_masks) * np : NULL;
+    *j = jj;
 }
 
 int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
@@ -223,7 +291,8 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
     const ditd_pipeline_class *pc = m->pipeline;
     const ditd_pipeline_class *erow = pc ? pc->img2img : NULL;
     ditd_multipart_form form = {0};
-    upload img = {0}, mask = {0};
+    upload img[DITD_EDIT_MAX_IMAGES] = {{0}}, mask = {0};
+    int n_img = 0;
     ditd_image in = {0}, mk = {0};
     json_t *root = NULL;
     char *txt = NULL;
@@ -232,9 +301,9 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
 
     memset(r, 0, sizeof *r);
     if (ctype && !ditd_multipart_boundary(ctype, b, sizeof b))
-        err = from_form(ctype, body, len, &root, &form, &img, &mask, e);
+        err = from_form(ctype, body, len, &root, &form, img, &n_img, &mask, e);
     else
-        err = from_json(body, len, &root, &img, &mask, e);
+        err = from_json(body, len, &root, img, &n_img, &mask, e);
     if (err)
         goto done;
     json_t *v = json_object_get(root, "background");
@@ -251,6 +320,7 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
                       !json_is_null(json_object_get(root, "num_inference_steps"));
     int guidance_given = json_object_get(root, "guidance_scale") &&
                          !json_is_null(json_object_get(root, "guidance_scale"));
+    int n_given = json_object_get(root, "n") && !json_is_null(json_object_get(root, "n"));
     json_t *sv = json_object_get(root, "strength");
     if (sv && !json_is_null(sv) &&
         !(json_is_number(sv) && json_number_value(sv) > 0 && json_number_value(sv) <= 1)) {
@@ -299,7 +369,13 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         goto done;
     parsed = 1;
     if (reference && m->needs_vae) {
-        err = reference_edit(m, size_given, strength_given, max_area, &img, &mask, lim, root, r, e);
+        if (n_img > 1) {
+            err = bad(e, img[1].field, "%d input images: '%s' (%s) takes one reference here (a "
+                      "list of references is not done yet)", n_img, m->name, pc->name);
+            goto done;
+        }
+        err = reference_edit(m, size_given, strength_given, max_area, &img[0], &mask, lim, root,
+                             r, e);
         goto done;
     }
     if (!erow || !m->needs_vae) {
@@ -308,65 +384,122 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
                   m->name, pc ? pc->name : "?");
         goto done;
     }
-    if ((err = decode(&img, lim, &in, e)))
-        goto done;
-    if (mask.data && (err = decode(&mask, lim, &mk, e)))
-        goto done;
-    if (size_given && (r->width != in.width || r->height != in.height)) {
-        err = bad(e, img.field, "'%s' is %dx%d but size is %dx%d: resampling the input is not "
-                  "done yet (send the image at the output size, or leave size out)", img.field,
-                  in.width, in.height, r->width, r->height);
+    /* every header first (limits, sizes): a bomb or a mismatch among the
+     * uploads is refused before any pixel memory is taken */
+    ditd_image hdr;
+    int W0 = 0, H0 = 0;
+    for (int j = 0; j < n_img; j++) {
+        if ((err = probe(&img[j], lim, &hdr, e)))
+            goto done;
+        if (j == 0) {
+            W0 = hdr.width;
+            H0 = hdr.height;
+        } else if (hdr.width != W0 || hdr.height != H0) {
+            err = bad(e, img[j].field, "'%s' is %dx%d, '%s' %dx%d: the images of one edit must "
+                      "be the same size", img[j].label, hdr.width, hdr.height, img[0].label, W0,
+                      H0);
+            goto done;
+        }
+    }
+    if (size_given && (r->width != W0 || r->height != H0)) {
+        err = bad(e, img[0].field, "'%s' is %dx%d but size is %dx%d: resampling the input is not "
+                  "done yet (send the image at the output size, or leave size out)", img[0].label,
+                  W0, H0, r->width, r->height);
         goto done;
     }
     if (!size_given) {
-        if (ditd_model_check_size(m, in.width, in.height)) {
-            err = bad(e, img.field, "'%s' is %dx%d: %s (the output takes the image's size)",
-                      img.field, in.width, in.height, ditd_err_detail());
+        if (ditd_model_check_size(m, W0, H0)) {
+            err = bad(e, img[0].field, "'%s' is %dx%d: %s (the output takes the image's size)",
+                      img[0].label, W0, H0, ditd_err_detail());
             goto done;
         }
-        r->width = in.width;
-        r->height = in.height;
+        r->width = W0;
+        r->height = H0;
     }
-    if (mk.pixels && (mk.width != in.width || mk.height != in.height)) {
-        err = bad(e, "mask", "'mask' is %dx%d, the image %dx%d: they must be the same size",
-                  mk.width, mk.height, in.width, in.height);
+    if (mask.data) {
+        if ((err = probe(&mask, lim, &hdr, e)))
+            goto done;
+        if (hdr.width != W0 || hdr.height != H0) {
+            err = bad(e, "mask", "'mask' is %dx%d, the image %dx%d: they must be the same size "
+                      "(OpenAI's rule)", hdr.width, hdr.height, W0, H0);
+            goto done;
+        }
+    }
+    /* Diffusers' image list: n a multiple of the images (n not given:
+     * one output per image) */
+    if (!n_given)
+        r->n = n_img;
+    if (ditd_edit_images_check(r->n, n_img, 0)) {
+        err = bad(e, "n", "%s", ditd_err_detail());
         goto done;
     }
-    if (mk.pixels && mk.channels != 4) {
-        err = bad(e, "mask", "'mask' has no alpha channel: its fully transparent pixels mark what "
-                  "to change (OpenAI's mask); send a PNG or WebP with alpha");
+    const size_t np = (size_t)W0 * (size_t)H0;
+    if (mask.data) {
+        if ((err = decode(&mask, lim, &mk, e)))
+            goto done;
+        if (mk.channels != 4) {
+            err = bad(e, "mask", "'mask' has no alpha channel: its fully transparent pixels mark "
+                      "what to change (OpenAI's mask); send a PNG or WebP with alpha");
+            goto done;
+        }
+    }
+    if (!(r->image = malloc(np * 3 * (size_t)n_img))) {
+        err = oom(e);
         goto done;
     }
-    /* the mask: OpenAI's alpha (0 = change) as Diffusers' luma (white =
-     * repaint; the engine binarizes at 0.5: alpha <= 127 is repainted) */
-    const size_t np = (size_t)in.width * (size_t)in.height;
-    const ditd_image *alpha = mk.pixels ? &mk : NULL;
-    if (!alpha && in.channels == 4)
-        for (size_t i = 0; i < np && !alpha; i++)
-            if (in.pixels[4 * i + 3] != 255)
-                alpha = &in; /* no mask: the image's own transparency */
+    r->n_images = n_img;
+    /* without a mask, each image's own transparency (all of them, or none) */
+    int n_alpha = 0;
+    for (int j = 0; j < n_img; j++) {
+        if ((err = decode(&img[j], lim, &in, e)))
+            goto done;
+        int t = !mask.data && has_transparency(&in);
+        if (j > 0 && t != (n_alpha > 0)) {
+            const upload *tr = t ? &img[j] : &img[0], *op = t ? &img[0] : &img[j];
+            err = bad(e, img[j].field, "'%s' has transparent pixels and '%s' none: without a "
+                      "mask each image's transparency is its mask, so all of them need some or "
+                      "none (or send a mask)", tr->label, op->label);
+            goto done;
+        }
+        if (t) {
+            uint8_t *nm = realloc(r->mask, np * (size_t)(j + 1));
+            if (!nm) {
+                err = oom(e);
+                goto done;
+            }
+            r->mask = nm;
+            for (size_t i = 0; i < np; i++) /* OpenAI's alpha (0 = change) as Diffusers' luma */
+                r->mask[(size_t)j * np + i] = (uint8_t)(255 - in.pixels[4 * i + 3]);
+            n_alpha++;
+        }
+        /* the image's color (PIL's convert("RGB"): alpha dropped) */
+        uint8_t *dst = r->image + (size_t)j * np * 3;
+        for (size_t i = 0; i < np; i++)
+            memcpy(dst + 3 * i, in.pixels + (size_t)in.channels * i, 3);
+        ditd_image_free(&in);
+    }
+    r->n_masks = n_alpha;
     const ditd_pipeline_class *row = erow;
-    if (alpha) {
+    if (mk.pixels || n_alpha) {
         if (!pc->inpaint) {
-            err = bad(e, mask.data ? "mask" : img.field, "'%s' (%s) takes no mask (inpainting)",
-                      m->name, pc->name);
+            err = bad(e, mask.data ? "mask" : img[0].field, "'%s' (%s) takes no mask "
+                      "(inpainting)", m->name, pc->name);
             goto done;
         }
         row = pc->inpaint;
+    }
+    if (mk.pixels) {
+        /* the mask: OpenAI's alpha (0 = change) as Diffusers' luma (white =
+         * repaint; the engine binarizes at 0.5: alpha <= 127 is repainted);
+         * one mask for every image, as Diffusers' one mask_image */
         if (!(r->mask = malloc(np))) {
             err = oom(e);
             goto done;
         }
         for (size_t i = 0; i < np; i++)
-            r->mask[i] = (uint8_t)(255 - alpha->pixels[4 * i + 3]);
+            r->mask[i] = (uint8_t)(255 - mk.pixels[4 * i + 3]);
+        r->n_masks = 1;
     }
-    /* the image's color (PIL's convert("RGB"): alpha dropped) */
-    if (!(r->image = malloc(np * 3))) {
-        err = oom(e);
-        goto done;
-    }
-    for (size_t i = 0; i < np; i++)
-        memcpy(r->image + 3 * i, in.pixels + (size_t)in.channels * i, 3);
     /* the edit row's defaults for what the request does not give */
     if (!steps_given && row != pc)
         r->steps = row->default_steps;
@@ -398,7 +531,8 @@ done:
         ditd_genreq_free(r);
     ditd_image_free(&in);
     ditd_image_free(&mk);
-    free(img.own);
+    for (int j = 0; j < n_img; j++)
+        free(img[j].own);
     free(mask.own);
     free(txt);
     json_decref(root);

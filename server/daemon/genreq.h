@@ -71,14 +71,18 @@ typedef struct ditd_genreq {
     int lora_idx[DITD_LORA_MAX_SET];
     float lora_scale[DITD_LORA_MAX_SET];
     /* an edit (POST /v1/images/edits, ditd_genreq_parse_edit): edit 1,
-     * 0 < strength <= 1, image (height, width, 3) 8-bit RGB at the
-     * request's size, mask (height, width) 8-bit luma in Diffusers'
-     * mask_image sense (white repainted, black kept) or NULL (img2img);
-     * both owned. A generation: edit 0, strength 0, both NULL. */
+     * 0 < strength <= 1, image n_images x (height, width, 3) 8-bit RGB
+     * at the request's size, one after the other, mask n_masks x (height,
+     * width) 8-bit luma in Diffusers' mask_image sense (white repainted,
+     * black kept) or NULL (img2img, n_masks 0); both owned. Output i edits
+     * image i % n_images with mask i % n_masks (n_masks 1: one mask for
+     * all; ditd_genreq_edit_input). A generation: edit 0, strength 0, both
+     * NULL, the counts 0. */
     int edit;
     double strength;
     uint8_t *image;
     uint8_t *mask;
+    int n_images, n_masks;
     /* image-to-video (a clip of a WanImageToVideoPipeline folder):
      * image is its input_reference, (image_h, image_w, 3) 8-bit RGB at its
      * own size (the replica resizes it to the clip's, as Diffusers does);
@@ -147,12 +151,21 @@ int ditd_genreq_parse_video(const char *body, size_t len, const ditd_genreq_mode
  * img2img; a mask: its inpaint). OpenAI's mask rule: the mask's transparent
  * pixels (alpha <= 127) are repainted; without a mask, the image's own alpha
  * when it has transparent pixels, else the whole image is edited (img2img).
- * The image is decoded under lim (NULL: defaults) and must be at the
- * request's size (size absent: the image's). Errors name the field. */
+ * Several images (`image[]` repeated, a JSON array): Diffusers' image list,
+ * output i edits image i % k, n a multiple of k; one mask for all of them,
+ * or without one each image's own alpha (all of them transparent somewhere,
+ * or none). The images are decoded under lim (NULL: defaults), all of one
+ * size, and must be at the request's size (size absent: the first image's).
+ * Errors name the field. */
 struct ditd_image_limits;
 int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
                            const ditd_genreq_model *gm, const struct ditd_image_limits *lim,
                            ditd_genreq *out, ditd_api_error *e);
+/* Output i's input of an edit (engine/pipeline/edit_images.h: image
+ * i % n_images, its mask i % n_masks or NULL) and the image's index j (its
+ * part of the posterior draw). */
+void ditd_genreq_edit_input(const ditd_genreq *r, int i, const uint8_t **image,
+                            const uint8_t **mask, int *j);
 /* The clip's length in seconds as OpenAI's video object states it: frames
  * over fps, "%g" ("5.0625" for 81 frames at 16 fps). */
 void ditd_genreq_seconds(const ditd_genreq *r, char *out, size_t n);

@@ -440,9 +440,12 @@ json_t *ditd_multipart_to_json(const ditd_multipart_form *form, const char *cons
         const ditd_multipart_part *p = &form->parts[i];
         json_t *v = NULL;
         const char *why = NULL;
-        if (json_object_get(o, p->name)) {
+        json_t *prev = json_object_get(o, p->name);
+        if (prev && !(p->filename && json_is_true(prev))) {
             why = "is given twice";
         } else if (p->filename) {
+            if (prev)
+                continue; /* a list of files (`image[]` repeated): the caller reads them */
             v = json_true();
         } else if (memchr(p->data, '\0', p->len)) {
             why = "holds a NUL byte";

@@ -61,8 +61,10 @@ void ditd_multipart_free(ditd_multipart_form *form);
  * client sends its create calls as forms, every value text): a text part
  * as a string, one named in `ints` (`nums`) as an integer (number) when its
  * whole text is one, one named in `objs` parsed as JSON, a file part as
- * true (its bytes are not carried; the caller refuses or reads it). The
- * lists are NULL-terminated (NULL: none). NULL on a part given twice, a NUL
+ * true (its bytes are not carried; the caller refuses or reads it; file
+ * parts of one name given several times, a list such as `image[]`, are one
+ * true). The lists are NULL-terminated (NULL: none). NULL on a text part
+ * given twice (or a text and a file part of one name), a NUL
  * byte, text that is not UTF-8 or an `objs` part that is not JSON:
  * DITD_EINVAL with a detail naming the field, its name in field[0..n). */
 struct json_t;

@@ -112,9 +112,17 @@ static json_t *form_json(const char *ctype, const char *body, size_t len, ditd_a
                            ditd_err_detail());
     else if (!o)
         ditd_api_error_set(e, 500, "server_error", "internal_error", NULL, "%s", ditd_err_detail());
-    /* (a field given twice, input_reference too, was refused above) */
+    /* (a text field given twice was refused above; a file part repeated, a
+     * list, is refused here: a clip takes one of each) */
     static const char *const files[] = {"input_reference", "last_frame_reference"};
     for (size_t i = 0; o && i < sizeof files / sizeof files[0]; i++) {
+        if (ditd_multipart_count(&form, files[i]) > 1) {
+            ditd_api_error_set(e, 400, "invalid_request_error", "invalid_value", files[i],
+                               "'%s' is given twice", files[i]);
+            json_decref(o);
+            o = NULL;
+            break;
+        }
         const ditd_multipart_part *p = ditd_multipart_find(&form, files[i], 0);
         if (!p || !p->filename)
             continue;

@@ -274,11 +274,18 @@ void ditd__sched_kick(ditd_srv *s)
                         smp[i].last_image_height = (uint32_t)j->rq.last_h;
                     }
                 } else if (j->rq.image) { /* an edit: borrowed until the batch is packed */
+                    /* output `dispatched` of the request edits image
+                     * dispatched % k (Diffusers' image list; the request's
+                     * outputs may span batches, the index is the request's) */
                     size_t np = (size_t)j->rq.width * (size_t)j->rq.height;
-                    smp[i].image.data = j->rq.image;
+                    const uint8_t *im, *mk;
+                    int jj;
+                    ditd_genreq_edit_input(&j->rq, j->dispatched, &im, &mk, &jj);
+                    smp[i].image.data = (uint8_t *)im;
                     smp[i].image.len = np * 3;
-                    if (j->rq.mask) {
-                        smp[i].mask.data = j->rq.mask;
+                    smp[i].image_index = (uint32_t)jj;
+                    if (mk) {
+                        smp[i].mask.data = (uint8_t *)mk;
                         smp[i].mask.len = np;
                     }
                 }

@@ -10,7 +10,9 @@
  * PNGs within one 8-bit level of its images. Refused, naming the reason:
  * --image on a model without img2img, an image of another size than
  * --size, --strength without --image, --strength out of range, --mask without --image,
- * a mask of another size.
+ * a mask of another size, -n not a multiple of the --image count, two
+ * --image of different sizes. The image-list cases pass --image twice
+ * (output i edits image i mod 2, as Diffusers' image list).
  *   test_generate_img2img DITD FLUX_PIPELINE_DIR */
 #include <jansson.h>
 #include <png.h>
@@ -22,9 +24,11 @@
 #include "engine/io/npy.h"
 #include "tests/test_util.h"
 
-#define MIN_CASES 5
+#define MIN_CASES 7
 #define MIN_MASK_CASES 2
+#define MIN_LIST_CASES 2 /* image lists: two --image, -n 2 and -n 4 */
 
+static int n_list;
 static const char *ditd_bin, *pipe_dir;
 static char tmpdir[256];
 static char errbuf[8192];
@@ -77,7 +81,7 @@ static int run_case(json_t *c)
     const char *name = jstr(c, "name");
     char model[4096], image[4096], mask[4096], lat_path[600], png_path[600], steps[16], g[32], L[16], seed[32],
         strength[32], tcfg[32], nimg[16];
-    const char *args[48];
+    const char *args[64];
     int na = 0, done = 0, B = jint(c, "batch");
     snprintf(model, sizeof model, "%s/%s", pipe_dir, jstr(c, "folder"));
     snprintf(image, sizeof image, "%s/%s/expected/%s", tu_fixtures(), set, jstr(c, "image"));
@@ -97,6 +101,16 @@ static int run_case(json_t *c)
                           "--dtype", "f32"};
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         args[na++] = base[i];
+    /* an image list: --image repeated, in order (the first is in base) */
+    json_t *ims = json_object_get(c, "images");
+    char more[4][4096];
+    for (size_t j = 1; j < json_array_size(ims) && j <= 4; j++) {
+        snprintf(more[j - 1], sizeof more[j - 1], "%s/%s/expected/%s", tu_fixtures(), set,
+                 json_string_value(json_array_get(ims, j)));
+        args[na++] = "--image";
+        args[na++] = more[j - 1];
+    }
+    n_list += json_array_size(ims) > 1;
     if (jstr(c, "mask")) {
         snprintf(mask, sizeof mask, "%s/%s/expected/%s", tu_fixtures(), set, jstr(c, "mask"));
         args[na++] = "--mask";
@@ -177,6 +191,8 @@ int main(int argc, char **argv)
     json_array_foreach(json_object_get(root, "cases"), i, c) checked += run_case(c);
     TU_CHECK(checked >= MIN_CASES, "cases through ditd generate --image: %d (at least %d)", checked,
              MIN_CASES);
+    TU_CHECK(n_list >= MIN_LIST_CASES, "image-list cases (--image repeated): %d (at least %d)",
+             n_list, MIN_LIST_CASES);
     json_decref(root);
     /* inpainting: the holes case alone, and with true CFG and a batch of two */
     set = "flux_inpaint";
@@ -217,6 +233,16 @@ int main(int argc, char **argv)
     const char *bad_msize[] = {"generate", "--model", model, "--prompt", "a", "--image", image,
                                "--mask", small, "-o", "x.png", NULL};
     refused(bad_msize, "--mask", "32x32", "a 32x32 mask on a 48x32 image");
+    /* an image list: n a multiple of the images; the images of one size */
+    char l0[4096], l1[4096];
+    snprintf(l0, sizeof l0, "%s/flux_img2img/expected/dev_32x48_s06_2img_image0.png", tu_fixtures());
+    snprintf(l1, sizeof l1, "%s/flux_img2img/expected/dev_32x48_s06_2img_image1.png", tu_fixtures());
+    const char *bad_n[] = {"generate", "--model", model, "--prompt", "a", "--image", l0, "--image",
+                           l1, "-n", "3", "-o", "x.png", NULL};
+    refused(bad_n, "n = 3", "2 input images", "-n 3 from two --image");
+    const char *bad_lsize[] = {"generate", "--model", model, "--prompt", "a", "--image", l0,
+                               "--image", small, "-o", "x.png", NULL};
+    refused(bad_lsize, "same size", "32x32", "two --image of different sizes");
     json_decref(root);
     snprintf(path, sizeof path, "rm -rf '%s'", tmpdir);
     TU_CHECK(system(path) == 0, "cleanup");

@@ -4,7 +4,8 @@
  * rest the body: a multipart form with image/mask file parts, or JSON with
  * base64 and data-URL images. Against a FLUX-like model (edits and masks)
  * and a class model (none). Any input gives a typed edit within its bounds
- * (an image of the request's size, a strength in (0, 1], flow-euler) or a
+ * (images of the request's size, n a multiple of their count, one mask or
+ * one per image, a strength in (0, 1], flow-euler) or a
  * 4xx naming the problem in a valid JSON envelope; never a crash or a leak.
  * The decoders and the form parser have their own targets (fuzz_image_in,
  * fuzz_multipart); here is what joins them. */
@@ -15,6 +16,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/model.h"
+#include "engine/pipeline/edit_images.h"
 #include "server/common/image_in.h"
 #include "server/daemon/genreq.h"
 
@@ -95,15 +97,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 rq.sampler != DITD_SAMPLER_FLOW_EULER || !mi->pipeline->img2img ||
                 (rq.mask && !mi->pipeline->inpaint) || rq.width < mi->min_size ||
                 rq.width > mi->max_size || rq.height < mi->min_size || rq.height > mi->max_size ||
-                rq.n < 1 || rq.n > DITD_GENREQ_MAX_N || !rq.prompt)
+                rq.n < 1 || rq.n > DITD_GENREQ_MAX_N || !rq.prompt || rq.n_images < 1 ||
+                rq.n_images > DITD_EDIT_MAX_IMAGES || rq.n % rq.n_images != 0 ||
+                (!rq.mask) != (rq.n_masks == 0) ||
+                (rq.n_masks > 1 && rq.n_masks != rq.n_images))
                 abort();
-            /* the pixels are there, all of them */
+            /* the pixels are there, all of them, and every output's input */
             volatile uint8_t sum = 0;
             size_t np = (size_t)rq.width * (size_t)rq.height;
-            for (size_t i = 0; i < np * 3; i++)
+            for (size_t i = 0; i < np * 3 * (size_t)rq.n_images; i++)
                 sum ^= rq.image[i];
-            for (size_t i = 0; rq.mask && i < np; i++)
+            for (size_t i = 0; rq.mask && i < np * (size_t)rq.n_masks; i++)
                 sum ^= rq.mask[i];
+            for (int i = 0; i < rq.n; i++) {
+                const uint8_t *im, *mk;
+                int j;
+                ditd_genreq_edit_input(&rq, i, &im, &mk, &j);
+                if (!im || j != i % rq.n_images || (!mk) != (!rq.mask))
+                    abort();
+                sum ^= im[np * 3 - 1];
+                if (mk)
+                    sum ^= mk[np - 1];
+            }
             (void)sum;
             ditd_genreq_free(&rq);
         } else {

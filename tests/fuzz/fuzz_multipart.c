@@ -3,7 +3,8 @@
  * the rest is the body, parsed under small limits. Every part found must
  * lie inside the body and carry a name; the form as JSON (what POST
  * /v1/videos reads: ditd_multipart_to_json) is an object with one member
- * per part, or refused naming a field. */
+ * per name (a name repeated only by file parts, a list such as `image[]`,
+ * is one), or refused naming a field. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char field[64];
         json_t *o = ditd_multipart_to_json(&f, ints, nums, objs, field, sizeof field);
         if (o) {
-            if (!json_is_object(o) || json_object_size(o) != (size_t)f.n_parts)
+            /* one member per name: a name repeated only as files (`image[]`) */
+            size_t names = 0;
+            for (int i = 0; i < f.n_parts; i++) {
+                const ditd_multipart_part *p = &f.parts[i];
+                names += ditd_multipart_find(&f, p->name, 0) == p;
+                if (ditd_multipart_find(&f, p->name, 0) != p &&
+                    (!p->filename || !ditd_multipart_find(&f, p->name, 0)->filename))
+                    abort(); /* a repeated text part must have been refused */
+            }
+            if (!json_is_object(o) || json_object_size(o) != names)
                 abort();
             char *txt = json_dumps(o, JSON_COMPACT); /* valid JSON, whatever the parts held */
             json_t *back = txt ? json_loads(txt, 0, NULL) : NULL;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seeds of fuzz_editreq (issue 23): POST /v1/images/edits bodies, the first line the
 Content-Type (empty: JSON). Forms with a 16x16 PNG image and an RGBA mask (OpenAI's), the image's
-own alpha, two images, a mask of another size; JSON with base64, a data URL, `images` objects.
+own alpha, two images (with a mask and n 4, n 3, both with alpha, alpha on one only, two sizes), a
+mask of another size; JSON with base64, a data URL, `images` objects, an array of two.
 Stdlib only (PNGs written by hand); deterministic; each seed under 4 KB."""
 import base64
 import json
@@ -38,6 +39,7 @@ def main():
     mask = png(16, 16, 6, lambda x, y, c: 0 if c == 3 and 4 <= x < 12 else 255)
     alpha = png(16, 16, 6, lambda x, y, c: (0 if 5 <= y < 9 else 255) if c == 3 else 90)
     small = png(8, 8, 6, lambda x, y, c: 0)
+    img2 = png(16, 16, 2, lambda x, y, c: (x * 5 + y * 17 + c * 90) % 256)
     text = [("prompt", "a fox", None), ("seed", "3", None), ("num_inference_steps", "4", None)]
     seeds = {
         "form_img2img": form([("image", img, "a.png")] + text + [("strength", "0.5", None)]),
@@ -56,6 +58,17 @@ def main():
         "json_images": b"\n" + json.dumps({"prompt": "x", "images": [
             {"image_url": "data:image/png;base64," + base64.b64encode(alpha).decode()}]}).encode(),
         "json_bad_b64": b"\n" + json.dumps({"prompt": "x", "image": "!!!"}).encode(),
+        # several images (Diffusers' image list: output i edits image i % k)
+        "form_two_mask_n4": form([("image[]", img, "a.png"), ("image[]", img2, "b.png"),
+                                  ("mask", mask, "m.png"), ("n", "4", None)] + text),
+        "form_two_n3": form([("image[]", img, "a.png"), ("image[]", img2, "b.png"),
+                             ("n", "3", None)] + text),
+        "form_two_alpha": form([("image[]", alpha, "a.png"), ("image[]", alpha, "b.png")] + text),
+        "form_alpha_mixed": form([("image[]", alpha, "a.png"), ("image[]", img, "b.png")] + text),
+        "form_two_sizes": form([("image[]", img, "a.png"), ("image[]", small, "b.png")] + text),
+        "json_array_two": b"\n" + json.dumps({"prompt": "x", "n": 2, "image": [
+            base64.b64encode(img).decode(),
+            "data:image/png;base64," + base64.b64encode(img2).decode()]}).encode(),
         # FluxKontextPipeline's max_area (and its refusals: strength, a mask, other folders)
         "form_max_area": form([("image", img, "a.png"), ("max_area", "256", None)] + text),
         "json_max_area_strength": b"\n" + json.dumps({

@@ -2,9 +2,9 @@
 """Writes the seeds of fuzz_image_in and fuzz_multipart (issue 23).
 
 Images are made with PIL (run with /root/ditd-venv/bin/python): tiny PNGs in
-every color type, JPEGs with and without an EXIF orientation, WebP lossless
-and lossy, and hostile variants (cut short, header dimensions patched up, a
-bad CRC). Multipart seeds are written by hand. Deterministic; each seed is
+every color type, JPEGs with and without an EXIF orientation (both byte
+orders), WebP lossless and lossy, and hostile variants (cut short, header
+dimensions patched up, a 30000x30000 JPEG header alone, a bad CRC, BMP, GIF). Multipart seeds are written by hand. Deterministic; each seed is
 well under 4 KB. Leaves found-* and crash-* files alone.
 """
 import io
@@ -78,6 +78,13 @@ def main():
     seeds["jpeg_bomb_30000"] = bytes(jpg)
     seeds["jpeg_cut"] = seeds["jpeg_RGB"][: len(seeds["jpeg_RGB"]) // 2]
     seeds["webp_cut"] = seeds["webp_lossy"][: len(seeds["webp_lossy"]) - 10]
+    # a real JPEG header claiming 30000x30000, cut right after its frame header (no scan)
+    seeds["jpeg_bomb_30000_cut"] = bytes(jpg[: i + 19])
+    seeds["jpeg_exif6_mm"] = enc(img("RGB", 16, 8), "JPEG", quality=80, exif=b"Exif\x00\x00" + b"MM\x00*"
+                                 + struct.pack(">IHHHIHHI", 8, 1, 0x0112, 3, 1, 6, 0, 0))
+    seeds["webp_cut_half"] = seeds["webp_lossless"][: len(seeds["webp_lossless"]) // 2]
+    seeds["webp_cut_header"] = seeds["webp_lossy"][:30]
+    seeds["bmp"] = enc(img("RGB"), "BMP")
     seeds["gif"] = enc(img("P"), "GIF")
     seeds["unknown"] = b"hello, world"
     for k, v in seeds.items():
@@ -102,6 +109,13 @@ def main():
         "no_headers": ct + b"--XyZ\r\n\r\nv\r\n--XyZ--",
         "folded": ct + b"--XyZ\r\nContent-Disposition: form-data;\r\n name=a\r\n\r\nv\r\n--XyZ--",
         "empty_parts": ct + part(b'Content-Disposition: form-data; name="a"', b"") * 3 + b"--XyZ--",
+        # several images as the OpenAI clients send them: image[] repeated (PNG, JPEG with EXIF, WebP)
+        "edits_three": ct + b"".join(
+            part(b'Content-Disposition: form-data; name="image[]"; filename="%s"\r\nContent-Type: %s'
+                 % (fn, t), seeds[k])
+            for fn, t, k in ((b"a.png", b"image/png", "png_RGB"), (b"b.jpg", b"image/jpeg", "jpeg_exif6"),
+                             (b"c.webp", b"image/webp", "webp_lossless")))
+            + part(b'Content-Disposition: form-data; name="n"', b"3") + b"--XyZ--\r\n",
     }
     for k, v in mp.items():
         put("multipart", k, v)

@@ -11,11 +11,14 @@
  *   - the image latents (VAE posterior draw, (z - shift) x scale) within 1e-4
  *     relative;
  *   - the final latents (strength 0.3 / 0.5 / 0.6 / 0.75 / 1.0, true CFG, a
- *     batch of two from one image, dev and schnell) within 1e-4 relative;
+ *     batch of two from one image, an image list of two with n = 2 and n = 4
+ *     (output i from image i % 2, image j's posterior draw at offset j C h w),
+ *     dev and schnell) within 1e-4 relative;
  *   - the decoded images within one 8-bit level.
  * One case runs on a folder whose model_index.json says FluxImg2ImgPipeline,
  * the others on the FluxPipeline folders (whose row names
- * FluxImg2ImgPipeline for edits). At least 6 cases are checked, and the
+ * FluxImg2ImgPipeline for edits). At least 8 cases are checked (2 of them
+ * image lists), and the
  * refusals (strength out of range, an image without strength, another
  * sampler, a row without img2img) are checked too. */
 #include <jansson.h>
@@ -30,14 +33,18 @@
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
 #include "engine/models/registry.h"
+#include "engine/pipeline/edit_images.h"
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/prompt_encoder.h"
 #include "tests/flux_edit_case.h"
 #include "tests/test_util.h"
 
-#define MIN_CASES 6
-#define MAXB 2
+#define MIN_CASES 8
+#define MIN_LIST_CASES 2 /* of them with an image list (k = 2; n = 2 and n = 4) */
+#define MAXB 4
+
+static int n_list_cases;
 
 static void *npy(const char *name, size_t *n, int u8)
 {
@@ -50,6 +57,8 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
     char what[512];
     const char *name = jstr(c, "name"), *prompt = jstr(c, "prompt"), *neg = jstr(c, "negative_prompt");
     int B = jint(c, "batch"), L = jint(c, "max_sequence_length");
+    json_t *kv = json_object_get(c, "n_images");
+    const int K = kv ? (int)json_integer_value(kv) : 1; /* the image list's length */
     int lh = jint(c, "latent_height"), lw = jint(c, "latent_width");
     int H = jint(c, "height"), W = jint(c, "width"), steps = jint(c, "num_inference_steps");
     double strength = jnum(c, "strength");
@@ -72,14 +81,17 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
     memset(&info, 0, sizeof info);
     memset(smp, 0, sizeof smp);
 
-    if (!img || !want_px || !il_ref || !ts || !fin || B < 1 || B > MAXB || !prompt)
+    if (!img || !want_px || !il_ref || !ts || !fin || B < 1 || B > MAXB || !prompt || K < 1 ||
+        K > B)
         goto out;
-    TU_CHECK(n_img == (size_t)H * W * 3 && n_il == (size_t)16 * lh * lw &&
-                 n_fin == (size_t)B * 16 * lh * lw && n_out == (size_t)B * H * W * 3,
+    const size_t npx = (size_t)H * W * 3, nl = (size_t)16 * lh * lw;
+    TU_CHECK(n_img == (size_t)K * npx && n_il == (size_t)K * nl && n_fin == (size_t)B * nl &&
+                 n_out == (size_t)B * npx,
              "%s: fixture sizes", name);
-    if (n_img != (size_t)H * W * 3 || n_il != (size_t)16 * lh * lw || n_fin != (size_t)B * n_il ||
-        n_out != (size_t)B * n_img)
+    if (n_img != (size_t)K * npx || n_il != (size_t)K * nl || n_fin != (size_t)B * nl ||
+        n_out != (size_t)B * npx)
         goto out;
+    TU_OK(ditd_edit_images_check(B, K, 0));
     int t_start = -1;
     TU_OK(ditd_pipeline_strength_start(steps, strength, &t_start));
     TU_CHECK(t_start == jint(c, "t_start"), "%s: t_start %d, Diffusers' get_timesteps %d", name,
@@ -107,9 +119,12 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
     if (!il)
         goto out;
     TU_CHECK(li->img2img && !li->encoder, "%s: the encoder is off until an image comes", name);
-    TU_OK(ditd_latent_image_encode(li, img, H, W, seed, il));
+    /* image j of the list: its part of the request's one posterior draw */
+    for (int j = 0; j < K; j++)
+        TU_OK(ditd_latent_image_encode_nth(li, img + (size_t)j * npx, H, W, seed, j,
+                                           il + (size_t)j * nl));
     TU_CHECK(li->encoder, "%s: the encoder is planned after the first encode", name);
-    snprintf(what, sizeof what, "%s: image latents (1, 16, %d, %d)", name, lh, lw);
+    snprintf(what, sizeof what, "%s: image latents (%d, 16, %d, %d)", name, K, lh, lw);
     TU_CLOSE(what, il, il_ref, n_il, 1e-4);
 
     /* the loop from the seed */
@@ -119,7 +134,8 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
     TU_OK(ditd_pipeline_set_size(p, lh, lw, L));
     for (int b = 0; b < B; b++) {
         smp[b] = (ditd_gen_sample){.seed = seed, .index = (uint64_t)b, .guidance = g,
-                                   .true_cfg = tcfg, .image_latents = il};
+                                   .true_cfg = tcfg,
+                                   .image_latents = il + (size_t)ditd_edit_image_of(b, K) * nl};
         smp[b].cond.prompt = &te[0];
         if (use_neg)
             smp[b].cond.negative = &te[1];
@@ -153,7 +169,9 @@ static int run_case(json_t *c, const char *dir, const char *want_class)
     int worst = tu_pixels_worst(pix, want_px, n_out, &off);
     TU_CHECK(worst <= 1, "%s: images %dx%d: worst %d levels (%zu of %zu off by one)", name, W, H,
              worst, off, n_out);
-    printf("ok   %s (%s): images %dx%d x%d within %d level(s)\n", name, want_class, W, H, B, worst);
+    printf("ok   %s (%s): images %dx%d x%d from %d input image(s) within %d level(s)\n", name,
+           want_class, W, H, B, K, worst);
+    n_list_cases += K > 1;
     done = 1;
 out:
     ditd_latent_image_free(li);
@@ -265,6 +283,20 @@ int main(void)
     TU_CHECK(checked >= MIN_CASES, "FluxImg2ImgPipeline cases checked to the end: %d (at least %d)",
              checked, MIN_CASES);
     TU_CHECK(on_i2i >= 1, "cases on a FluxImg2ImgPipeline folder: %d", on_i2i);
+    TU_CHECK(n_list_cases >= MIN_LIST_CASES, "image-list cases checked: %d (at least %d)",
+             n_list_cases, MIN_LIST_CASES);
+    /* Diffusers' rule for an image list: n a multiple of the images */
+    TU_CHECK(ditd_edit_images_check(3, 2, 0) == DITD_EINVAL && strstr(ditd_err_detail(), "n = 3") &&
+                 strstr(ditd_err_detail(), "image"),
+             "n 3 from 2 images refused naming n and image: %s", ditd_err_detail());
+    TU_CHECK(ditd_edit_images_check(1, 2, 0) == DITD_EINVAL, "n 1 from 2 images refused");
+    TU_CHECK(ditd_edit_images_check(4, 2, 3) == DITD_EINVAL && strstr(ditd_err_detail(), "mask"),
+             "3 masks for 2 images refused naming mask");
+    TU_CHECK(ditd_edit_images_check(4, 2, 1) == 0 && ditd_edit_images_check(4, 2, 2) == 0 &&
+                 ditd_edit_image_of(3, 2) == 1 && ditd_edit_image_of(2, 2) == 0 &&
+                 ditd_edit_mask_of(3, 1) == 0,
+             "the image list's assignment: output i from image i %% k");
+    TU_CHECK(ditd_edit_images_check(17, 17, 0) == DITD_EINVAL, "17 images refused");
     TU_CHECK(refusals(), "every refusal checked");
     json_decref(root);
     return tu_exit();

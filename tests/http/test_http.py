@@ -1112,8 +1112,7 @@ def case_text(ditd):
         kinds = [e for e, _ in evs if e != "comment"]
         check(st == 200 and ctype.startswith("text/event-stream") and steps == [1, 2, 3],
               "stream: progress after every step", (st, steps))
-        # (a latent model sends no partial images yet: its decode is the
-        # group's, the progress callback the leader's; docs/api.md)
+        # (a latent model's previews: tests/http/test_previews.py)
         check(kinds and kinds[-1] == "image_generation.completed" and
               kinds.count("image_generation.completed") == 1, "stream: one completed event, last", kinds)
         ok = all(validate(x, {"image_generation.progress": "ProgressEvent",

@@ -415,7 +415,7 @@ static void test_dequant_rows(void)
     }
     float t[32 * 2], full[3 * 64];
     ditd_cpu_dequant(DITD_Q_Q8_0, q, full, 3 * 64);
-    ditd_cpu_dequant_rows(DITD_Q_Q8_0, q, 68, 1, 2, 32, 64, t, 2, 1);
+    ditd_cpu_dequant_rows(DITD_Q_Q8_0, q, 68, NULL, 1, 2, 32, 64, t, 2, 1);
     int ok = 1;
     for (int k = 0; k < 32; k++)
         for (int r = 0; r < 2; r++)

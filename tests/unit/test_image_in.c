@@ -435,6 +435,15 @@ static void test_jpeg(void)
                      ditd_image_exif_orientation(app1, n), le);
             b = jpeg_make(W, H, 3, JCS_RGB, px, 100, app1, n);
             ditd_image im;
+            /* the header alone says the upright size and allocates nothing */
+            uint64_t a0 = ditd_image_pixel_bytes_allocated();
+            TU_OK(ditd_image_probe(b.d, b.n, NULL, &im));
+            TU_CHECK(im.pixels == NULL && ditd_image_pixel_bytes_allocated() == a0,
+                     "probe allocated pixels");
+            TU_CHECK(im.orientation == o && im.width == (o >= 5 ? H : W) &&
+                         im.height == (o >= 5 ? W : H),
+                     "probe of orientation %d: %dx%d, orientation %d", o, im.width, im.height,
+                     im.orientation);
             TU_OK(ditd_image_decode(b.d, b.n, NULL, &im));
             int ow, oh;
             uint8_t *r = oriented_ref(ref.pixels, W, H, 3, o, &ow, &oh);
@@ -577,6 +586,16 @@ static void test_hostile(void)
     ditd_image_limits big = lim;
     big.max_dim = 65535;
     REFUSED(j.d, j.n, &big, DITD_ERANGE, "900000000 pixels, over the limit of 16777216");
+    /* the same header cut right after the frame header (no scan: a bomb's
+     * header alone), and probed: the same refusal from the header */
+    REFUSED(j.d, sof + 19, NULL, DITD_ERANGE, "jpeg: 30000x30000 exceeds the limit of 8192");
+    {
+        ditd_image im;
+        uint64_t a0 = ditd_image_pixel_bytes_allocated();
+        TU_CHECK_ERR(ditd_image_probe(j.d, sof + 19, NULL, &im), DITD_ERANGE,
+                     "jpeg: 30000x30000 exceeds");
+        TU_CHECK(ditd_image_pixel_bytes_allocated() == a0, "probe allocated pixels");
+    }
     /* truncated JPEG */
     buf j2 = jpeg_make(8, 8, 3, JCS_RGB, px, 90, NULL, 0);
     {
@@ -636,19 +655,18 @@ static void test_hostile(void)
     WebPFree(w);
     wn = WebPEncodeLosslessRGBA(rgba, 4, 4, 16, &w);
     REFUSED(w, 14, NULL, DITD_EFORMAT, "webp: ");
-    {
-        ditd_image im;
-        TU_CHECK_ERR(ditd_image_decode(w, wn - 4, NULL, &im), DITD_EFORMAT, "webp: ");
-        TU_CHECK(im.pixels == NULL, "truncated webp left pixels");
-    }
+    /* truncated past its header: refused from the RIFF length, before the
+     * pixels are allocated */
+    REFUSED(w, wn - 4, NULL, DITD_EFORMAT, "webp: truncated data");
+    REFUSED(w, wn / 2, NULL, DITD_EFORMAT, "webp: ");
     WebPFree(w);
 
     /* unknown formats */
     REFUSED((const uint8_t *)"GIF89a\x01\x00\x01\x00", 10, NULL, DITD_EUNSUPPORTED, "GIF");
     REFUSED((const uint8_t *)"hello, world", 12, NULL, DITD_EFORMAT, "unknown format", "68 65 6c 6c");
-    REFUSED((const uint8_t *)"BM", 2, NULL, DITD_EFORMAT, "unknown format");
+    REFUSED((const uint8_t *)"BM", 2, NULL, DITD_EUNSUPPORTED, "BMP is not accepted");
     REFUSED((const uint8_t *)"", 0, NULL, DITD_EFORMAT, "empty");
-    TU_CHECK(n_refused == 14, "%d refusals checked, want 14", n_refused);
+    TU_CHECK(n_refused == 17, "%d refusals checked, want 17", n_refused);
 }
 
 /* ---- PIL's reading of PIL-made files (tools/make_image_in_fixtures.py) */

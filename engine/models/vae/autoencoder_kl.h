@@ -102,13 +102,16 @@ int ditd_vae_decode(ditd_vae *v, const float *z, int B, int h, int w, float *pix
 int ditd_vae_encode(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed, float *mean,
                     float *sample);
 
-/* The same with the draw of image b from the noise stream `stream + b`:
- * n = ditd_philox_normal(seed, stream + b, 0, Cl*h*w) (ditd_vae_encode is
- * stream 0). The img2img pipelines draw from a stream of their own
- * (DITD_LATENT_POSTERIOR_STREAM, engine/pipeline/latent_image.h) so that the
- * posterior draw is not the initial noise of any image. */
+/* The same with the draw of image b from the noise stream `stream + b`,
+ * starting at element `offset`: n = ditd_philox_normal(seed, stream + b,
+ * offset, Cl*h*w) (ditd_vae_encode is stream 0, offset 0). The img2img
+ * pipelines draw from a stream of their own (DITD_LATENT_POSTERIOR_STREAM,
+ * engine/pipeline/latent_image.h) so that the posterior draw is not the
+ * initial noise of any image; the offset places input image j of a request
+ * in the one batched draw (j x Cl h w, as torch's latent_dist.sample of a
+ * batch of images). */
 int ditd_vae_encode_stream(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed,
-                           uint64_t stream, float *mean, float *sample);
+                           uint64_t stream, uint64_t offset, float *mean, float *sample);
 
 
 /* DiTPipeline's rule before decoding: z = (1 / scaling_factor) * latents, in

@@ -682,11 +682,11 @@ int ditd_vae_decode(ditd_vae *v, const float *z, int B, int h, int w, float *pix
 int ditd_vae_encode(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed, float *mean,
                     float *sample)
 {
-    return ditd_vae_encode_stream(v, x, B, H, W, seed, 0, mean, sample);
+    return ditd_vae_encode_stream(v, x, B, H, W, seed, 0, 0, mean, sample);
 }
 
 int ditd_vae_encode_stream(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed,
-                           uint64_t stream, float *mean, float *sample)
+                           uint64_t stream, uint64_t offset, float *mean, float *sample)
 {
     const ditd_vae_config *c = &v->cfg;
     const ditd_backend_ops *ops = v->ops;
@@ -745,7 +745,7 @@ int ditd_vae_encode_stream(ditd_vae *v, const float *x, int B, int H, int W, uin
         memcpy(mean + (size_t)b * ln, v->h_img, ln * sizeof *mean);
         if (sample) {
             float *s = sample + (size_t)b * ln;
-            ditd_philox_normal(seed, stream + (uint64_t)b, 0, ln, s);
+            ditd_philox_normal(seed, stream + (uint64_t)b, offset, ln, s);
             for (size_t i = 0; i < ln; i++) {
                 float lv = v->h_img[ln + i];
                 lv = lv < -30.0f ? -30.0f : lv > 20.0f ? 20.0f : lv;
