@@ -175,7 +175,8 @@ int ditd_cmd_generate(int argc, char **argv)
     uint8_t *mask_l = NULL;  /* --mask: its luma (H, W) */
     float *mask_lat = NULL;  /* and on the latent grid (h, w) */
     float *img_lat = NULL;   /* --image: its latents (C, h, w) */
-    float *ref_lat = NULL;   /* --image on a reference row (Kontext): (C, rh, rw) */
+    float *ref_lat = NULL;   /* --image on a reference row (Kontext): k x (C, rh, rw) */
+    size_t ref_numel = 0;    /* C rh rw of one */
     float *i2v_cond = NULL, *i2v_emb = NULL;
     float *emb = NULL;       /* text models: (2n, L Dt + Dp) */
     ditd_text_embeds *te = NULL;
@@ -350,12 +351,6 @@ int ditd_cmd_generate(int argc, char **argv)
     if (a.image_path && !i2v && ((!erow && !kontext) || video || !rep.info.needs_vae)) {
         fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
                 "pipeline row with img2img, e.g. FLUX)\n", rep.info.name, pc->name);
-        goto done;
-    }
-    if (a.n_images > 1 && kontext) {
-        fprintf(stderr, "ditd generate: --image given %d times: %s takes one reference here "
-                "(a reference per sample is the engine's; not on the command line yet)\n",
-                a.n_images, pc->name);
         goto done;
     }
     if (a.n_images > 1 && i2v) {
@@ -649,19 +644,33 @@ int ditd_cmd_generate(int argc, char **argv)
             ditd__gen_fail("--image", err);
             goto done;
         }
-        if ((err = ditd__gen_reference_pixels(&in_img, rw, rh, &ref_px))) {
-            fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_path, ditd_err_detail());
-            goto done;
-        }
-        if (!(ref_lat = malloc((size_t)C * (rh / vsc) * (rw / vsc) * sizeof *ref_lat))) {
-            free(ref_px);
+        /* Diffusers' image list: every --image of one size (checked above),
+         * output i takes reference i % k */
+        const int k_ref = a.n_images > 1 ? a.n_images : 1;
+        const size_t per_ref = (size_t)C * (rh / vsc) * (rw / vsc);
+        ref_numel = per_ref;
+        if (!(ref_lat = malloc((size_t)k_ref * per_ref * sizeof *ref_lat))) {
             fprintf(stderr, "ditd generate: out of memory\n");
             goto done;
         }
-        err = ditd_latent_image_encode_mode(li, ref_px ? ref_px : in_img.pixels, rh, rw, ref_lat);
-        free(ref_px);
-        if (err || (err = ditd_pipeline_set_reference(pipe, rh / vsc, rw / vsc))) {
-            ditd__gen_fail("encoding --image", err);
+        for (int j = 0; j < k_ref; j++) {
+            const ditd_image *im = j ? &in_more[j] : &in_img;
+            if ((err = ditd__gen_reference_pixels(im, rw, rh, &ref_px))) {
+                fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_paths[j],
+                        ditd_err_detail());
+                goto done;
+            }
+            err = ditd_latent_image_encode_mode(li, ref_px ? ref_px : im->pixels, rh, rw,
+                                                ref_lat + (size_t)j * per_ref);
+            free(ref_px);
+            ref_px = NULL;
+            if (err) {
+                ditd__gen_fail("encoding --image", err);
+                goto done;
+            }
+        }
+        if ((err = ditd_pipeline_set_reference(pipe, rh / vsc, rw / vsc))) {
+            ditd__gen_fail("--image", err);
             goto done;
         }
         if (leader && !pr.quiet)
@@ -727,7 +736,8 @@ int ditd_cmd_generate(int argc, char **argv)
         const int k_img = a.n_images > 1 ? a.n_images : 1; /* output i edits image i % k */
         samples[i].image_latents =
             img_lat ? img_lat + (size_t)ditd_edit_image_of((int)i, k_img) * numel : NULL;
-        samples[i].ref_latents = ref_lat;
+        samples[i].ref_latents =
+            ref_lat ? ref_lat + (size_t)ditd_edit_image_of((int)i, k_img) * (ref_numel) : NULL;
         samples[i].mask_latents = mask_lat;
         samples[i].video_cond = i2v_cond;
         samples[i].image_embeds = i2v_emb;

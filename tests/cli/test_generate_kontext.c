@@ -1,11 +1,12 @@
 /* `ditd generate --image REF.png` on a FluxKontextPipeline folder (the tiny
  * FLUX.1-dev folder under a model_index.json naming that class), as a user
  * runs it: the real binary in a child process, for the cases of
- * tests/fixtures/flux_kontext with at most one reference (Diffusers'
+ * tests/fixtures/flux_kontext (Diffusers'
  * FluxKontextPipeline in float64 with ditd's Philox noise, so a run from the
  * seed alone reproduces it): --size the request's size, --max-area the
  * case's (the output is brought to it as Diffusers does), --no-auto-resize
- * when the case turns _auto_resize off, -n for a batch of two, a
+ * when the case turns _auto_resize off, -n for a batch of two (with one
+ * reference, and with two: --image twice, output i takes reference i % 2), a
  * negative prompt with --true-cfg, no --image for text-to-image;
  * --save-latents within 1e-4 of Diffusers' final latents, the PNGs within one
  * 8-bit level of its images. One case once more with --latents (the noise
@@ -26,7 +27,7 @@
 #include "tests/flux_edit_case.h"
 #include "tests/test_util.h"
 
-#define MIN_CASES 6
+#define MIN_CASES 7
 
 static const char *ditd_bin;
 static char tmpdir[256], kdir[4096];
@@ -78,13 +79,13 @@ static int write_noise(json_t *c, const char *path)
 static int run_case(json_t *c, int with_latents)
 {
     const char *name = jstr(c, "name");
-    char ref[4096], lat_path[600], png_path[600], noise[600], steps[16], g[32], L[16], seed[32],
+    char ref[2][4096], lat_path[600], png_path[600], noise[600], steps[16], g[32], L[16], seed[32],
         tcfg[32], nimg[16], size[32], area[32];
     const char *args[48];
     int na = 0, B = jint(c, "batch");
     json_t *refs = json_object_get(c, "refs");
-    if (json_array_size(refs) > 1)
-        return 0; /* several references: the route's */
+    if (json_array_size(refs) > 2)
+        return 0;
     snprintf(lat_path, sizeof lat_path, "%s/%s%s.npy", tmpdir, name, with_latents ? "-l" : "");
     snprintf(png_path, sizeof png_path, "%s/%s%s.png", tmpdir, name, with_latents ? "-l" : "");
     snprintf(noise, sizeof noise, "%s/%s-noise.npy", tmpdir, name);
@@ -103,11 +104,11 @@ static int run_case(json_t *c, int with_latents)
                           "--dtype", "f32"};
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
         args[na++] = base[i];
-    if (json_array_size(refs) == 1) {
-        snprintf(ref, sizeof ref, "%s/flux_kontext/expected/%s", tu_fixtures(),
-                 jstr(json_array_get(refs, 0), "png"));
+    for (size_t k = 0; k < json_array_size(refs); k++) { /* two: Diffusers' image list */
+        snprintf(ref[k], sizeof ref[k], "%s/flux_kontext/expected/%s", tu_fixtures(),
+                 jstr(json_array_get(refs, k), "png"));
         args[na++] = "--image";
-        args[na++] = ref;
+        args[na++] = ref[k];
     }
     if (!json_is_true(json_object_get(c, "auto_resize")))
         args[na++] = "--no-auto-resize";
