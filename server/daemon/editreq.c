@@ -15,8 +15,7 @@
  * (engine/pipeline/edit_images.h: output i edits image i % k); every upload's
  * header is read and checked (limits, sizes) before any of them is decoded.
  * Not here: resampling an image of another size (refused naming the sizes),
- * several references on a Kontext folder, background jobs of edits. Loop
- * thread only. */
+ * background jobs of edits. Loop thread only. */
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -196,13 +195,13 @@ static int decode(const upload *u, const ditd_image_limits *lim, ditd_image *out
  * to (its preferred resolution, _auto_resize), and one of another size is
  * refused until resampling is done. No strength, no mask (named). */
 static int reference_edit(const ditd_model_info *m, int size_given, int strength_given,
-                          long max_area, const upload *img, const upload *mask,
-                          const ditd_image_limits *lim, json_t *root, ditd_genreq *r,
-                          ditd_api_error *e)
+                          int n_given, long max_area, const upload *img, int n_img,
+                          const upload *mask, const ditd_image_limits *lim, json_t *root,
+                          ditd_genreq *r, ditd_api_error *e)
 {
     const ditd_pipeline_class *pc = m->pipeline;
-    ditd_image in = {0};
-    int err, rw = 0, rh = 0;
+    ditd_image in = {0}, hdr;
+    int err = 0, rw = 0, rh = 0, W0 = 0, H0 = 0;
     if (strength_given)
         return bad(e, "strength", "'%s' (%s) takes a reference image, not a start: no 'strength' "
                    "(the whole schedule runs from noise)", m->name, pc->name);
@@ -217,36 +216,57 @@ static int reference_edit(const ditd_model_info *m, int size_given, int strength
         return bad(e, max_area > 0 ? "max_area" : "size", "the output %dx%d (%s at max_area): %s",
                    r->width, r->height, size_given ? "size" : "the default size",
                    ditd_err_detail());
-    if ((err = decode(img, lim, &in, e)))
-        return err;
-    if (ditd_pipeline_class_reference_size(pc->auto_resize, in.width, in.height, m->vae_scale, &rw,
-                                           &rh)) {
-        err = bad(e, img->field, "'%s': %s", img->field, ditd_err_detail());
-    } else if (rw != in.width || rh != in.height) {
-        /* VaeImageProcessor.resize (PIL Lanczos): not done yet */
-        err = bad(e, img->field, "'%s' is %dx%d; %s takes it at %dx%d (its preferred resolution): "
-                  "resampling the input is not done yet (send it at that size)", img->field,
-                  in.width, in.height, pc->name, rw, rh);
-    } else if (!(r->image = malloc((size_t)rw * rh * 3))) {
-        err = oom(e);
-    } else { /* the color (PIL's convert("RGB")): alpha is no mask here */
-        for (size_t i = 0; i < (size_t)rw * rh; i++)
-            memcpy(r->image + 3 * i, in.pixels + (size_t)in.channels * i, 3);
-        r->image_w = rw;
-        r->image_h = rh;
-        r->n_images = 1;
-        r->edit = 1;
-        r->strength = 0.0;
-        if (r->cache.method != DITD_CACHE_NONE) {
-            if (!json_object_get(root, "cache")) /* the server's --cache: not for this edit */
-                r->cache.method = DITD_CACHE_NONE;
-            else
-                err = bad(e, "cache", "step caching with a reference image (Kontext) is not "
-                          "supported yet");
+    /* every header first (limits, one size), before any pixel is decoded */
+    for (int j = 0; j < n_img; j++) {
+        if ((err = probe(&img[j], lim, &hdr, e)))
+            return err;
+        if (j == 0) {
+            W0 = hdr.width;
+            H0 = hdr.height;
+        } else if (hdr.width != W0 || hdr.height != H0) {
+            return bad(e, img[j].field, "'%s' is %dx%d, '%s' %dx%d: the references of one edit "
+                       "must be the same size", img[j].label, hdr.width, hdr.height,
+                       img[0].label, W0, H0);
         }
     }
-    ditd_image_free(&in);
-    return err;
+    if (ditd_pipeline_class_reference_size(pc->auto_resize, W0, H0, m->vae_scale, &rw, &rh))
+        return bad(e, img[0].field, "'%s': %s", img[0].label, ditd_err_detail());
+    if (rw != W0 || rh != H0) /* VaeImageProcessor.resize (PIL Lanczos): not done yet */
+        return bad(e, img[0].field, "'%s' is %dx%d; %s takes it at %dx%d (its preferred "
+                   "resolution): resampling the input is not done yet (send it at that size)",
+                   img[0].label, W0, H0, pc->name, rw, rh);
+    /* Diffusers' image list: output i takes reference i % k (n not given:
+     * one output per reference) */
+    if (!n_given)
+        r->n = n_img;
+    if (ditd_edit_images_check(r->n, n_img, 0))
+        return bad(e, "n", "%s", ditd_err_detail());
+    const size_t np = (size_t)rw * (size_t)rh;
+    if (!(r->image = malloc(np * 3 * (size_t)n_img)))
+        return oom(e);
+    for (int j = 0; j < n_img && !err; j++) {
+        if ((err = decode(&img[j], lim, &in, e)))
+            break;
+        /* the color (PIL's convert("RGB")): alpha is no mask here */
+        for (size_t i = 0; i < np; i++)
+            memcpy(r->image + ((size_t)j * np + i) * 3, in.pixels + (size_t)in.channels * i, 3);
+        ditd_image_free(&in);
+    }
+    if (err)
+        return err;
+    r->image_w = rw;
+    r->image_h = rh;
+    r->n_images = n_img;
+    r->edit = 1;
+    r->strength = 0.0;
+    if (r->cache.method != DITD_CACHE_NONE) {
+        if (!json_object_get(root, "cache")) /* the server's --cache: not for this edit */
+            r->cache.method = DITD_CACHE_NONE;
+        else
+            return bad(e, "cache", "step caching with a reference image (Kontext) is not "
+                       "supported yet");
+    }
+    return 0;
 }
 
 static int decode(const upload *u, const ditd_image_limits *lim, ditd_image *out,
@@ -369,13 +389,8 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         goto done;
     parsed = 1;
     if (reference && m->needs_vae) {
-        if (n_img > 1) {
-            err = bad(e, img[1].field, "%d input images: '%s' (%s) takes one reference here (a "
-                      "list of references is not done yet)", n_img, m->name, pc->name);
-            goto done;
-        }
-        err = reference_edit(m, size_given, strength_given, max_area, &img[0], &mask, lim, root,
-                             r, e);
+        err = reference_edit(m, size_given, strength_given, n_given, max_area, img, n_img,
+                             &mask, lim, root, r, e);
         goto done;
     }
     if (!erow || !m->needs_vae) {

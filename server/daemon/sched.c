@@ -263,8 +263,12 @@ void ditd__sched_kick(ditd_srv *s)
                 smp[i].lora_names = lnames[i];
                 smp[i].lora_scales = j->rq.lora_scale;
                 if (j->rq.image && j->rq.image_w > 0) { /* image-to-video: its own size */
-                    smp[i].image.data = j->rq.image;
-                    smp[i].image.len = (size_t)j->rq.image_w * (size_t)j->rq.image_h * 3;
+                    const size_t ni = (size_t)j->rq.image_w * (size_t)j->rq.image_h * 3;
+                    /* a Kontext edit's references: output `dispatched` takes
+                     * reference dispatched % k (Diffusers' image list) */
+                    const int kr = j->rq.edit && j->rq.n_images > 1 ? j->rq.n_images : 1;
+                    smp[i].image.data = j->rq.image + (size_t)(j->dispatched % kr) * ni;
+                    smp[i].image.len = ni;
                     smp[i].image_width = (uint32_t)j->rq.image_w;
                     smp[i].image_height = (uint32_t)j->rq.image_h;
                     if (j->rq.last_image) { /* FLF2V: its last frame, borrowed likewise */

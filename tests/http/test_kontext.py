@@ -65,6 +65,17 @@ def case_kontext(ditd):
     if r.returncode:
         return 0
     want = [th.png_pixels(open(os.path.join(tmp, f"gen-{i}.png"), "rb").read()) for i in range(2)]
+    # a second reference at the same preferred resolution: Diffusers' image list of two
+    ref2 = os.path.join(tmp, "ref2.png")
+    open(ref2, "wb").write(png(880, 1184, [[(3 * x + 5 * y) % 256 for x in range(880 * 3)] for y in range(1184)], 2))
+    outs2 = os.path.join(tmp, "gen2.png")
+    r = subprocess.run([ditd, "generate", "--model", model, "--prompt", PROMPT, "--seed", str(SEED),
+                        "--steps", str(STEPS), "--max-area", str(AREA), "--size", "32x32", "--image", ref,
+                        "--image", ref2, "-n", "2", "--dtype", "f32", "--threads", "1", "-q", "-o", outs2],
+                       capture_output=True, text=True, timeout=300)
+    check(r.returncode == 0, "ditd generate --image A --image B on the Kontext folder", r.stderr[-400:])
+    want2 = [th.png_pixels(open(os.path.join(tmp, f"gen2-{i}.png"), "rb").read()) for i in range(2)] \
+        if r.returncode == 0 else None
     d = Daemon(ditd, "--dtype", "f32", "--threads", "1", model=model)
     mid = os.path.basename(model)
     checked = 0
@@ -105,6 +116,17 @@ def case_kontext(ditd):
         wh = th.png_info(base64.b64decode(out["data"][0]["b64_json"]))[:2] if st == 200 else None
         check(st == 200 and out.get("size") == "1440x720" and wh == (1440, 720), "a generation: 512x256 brought to 1440x720 (max_area)", (st, data[:200]))
         checked += st == 200
+        # two references (a JSON array): output i takes reference i % 2, as ditd generate's list
+        body = {"model": mid, "prompt": PROMPT, "size": "32x32", "image": [
+            base64.b64encode(open(ref, "rb").read()).decode(),
+            "data:image/png;base64," + base64.b64encode(open(ref2, "rb").read()).decode()], **extra}
+        st, _, data = d.request("POST", "/v1/images/edits", json.dumps(body).encode(),
+                                {"Content-Type": "application/json"})
+        out = json.loads(data) if st == 200 else {}
+        got = [b64_pixels(x["b64_json"]) for x in out.get("data", [])]
+        check(st == 200 and want2 is not None and got == want2 and got[0] == want[0] and got[1] != got[0],
+              "two references: n 2, each equal to generate --image A --image B's", (st, data[:200]))
+        checked += st == 200 and got == want2
         img_f = f"image=@{ref}"
         cases = [
             ((img_f, f"mask=@{small}", *fields), 400, "mask", ["FluxKontextPipeline", "no 'mask'"]),
@@ -120,7 +142,7 @@ def case_kontext(ditd):
     finally:
         d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    check(checked >= 9, f"checks run to the end: {checked} (at least 9)")
+    check(checked >= 10, f"checks run to the end: {checked} (at least 10)")
     return 0
 
 
