@@ -312,6 +312,14 @@ def make(name, seed, cfg, default, cases, names="bfl", prefix="", same_as=None):
         shutil.rmtree(d / "expected")
         shutil.copytree(OUT / same_as / "expected", d / "expected")
         return deq
+    write_expected(d, cfg, deq, cases, seed, f"{name}.gguf dequantized by gguf {gguf.__name__}")
+    return deq
+
+
+def write_expected(d, cfg, deq, cases, seed, weights):
+    """Diffusers' FluxTransformer2DModel in float64 on the dequantized
+    weights `deq` (Diffusers' names), on random inputs of each case (B, h,
+    w, text_len): d/expected/ as tests/flux_case.h reads it."""
     ref = FluxTransformer2DModel(**cfg).to(torch.float64)
     ref.load_state_dict({k: torch.from_numpy(v).double() for k, v in deq.items()})
     ref.eval()
@@ -340,11 +348,9 @@ def make(name, seed, cfg, default, cases, names="bfl", prefix="", same_as=None):
             np.save(d / "expected" / files[key], val.numpy().astype(np.float32))
         listed.append(dict(B=B, height=h, width=w, text_len=L, **files))
     meta = dict(diffusers=diffusers.__version__, torch=torch.__version__, compute="float64",
-                weights=f"{name}.gguf dequantized by gguf {gguf.__name__}", config=cfg,
-                forward=listed)
+                weights=weights, config=cfg, forward=listed)
     (d / "expected" / "cases.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"{name}: {len(listed)} cases")
-    return deq
+    print(f"{d.name}: {len(listed)} cases")
 
 
 def main():

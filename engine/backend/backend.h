@@ -103,9 +103,20 @@ typedef struct ditd_backend_ops {
      * weight, each panel dequantized into the compute type (f32 on the CPU
      * table, bf16 on its bf16 table) as the GEMM reads it; b of
      * weight_dtype or NULL. Equal to `linear` on the dequantized (rounded)
-     * weight. NULL where the backend lacks it (CUDA, for now). */
+     * weight on the CPU. On CUDA the FP8 types only, through cuBLASLt's FP8
+     * GEMM (x rounded to e4m3 per token: not equal, within a few percent;
+     * kernels/cuda/cuda_kernels.h ditd_cuda_linear_fp8). w's data and scale
+     * are in this backend's memory. NULL where the backend lacks it. */
     void (*linear_q)(const void *x, size_t ldx, const ditd_qweight *w, const void *b, void *y,
                      size_t ldy, int M, ditd_act act);
+    /* Whether linear_q takes a weight of this stored type (kernels/cpu/
+     * dequant.h numbers) and shape; NULL: every type ditd dequantizes. A
+     * loader keeps a weight as stored only when it answers 1. */
+    int (*linear_q_takes)(int type, int N, int K);
+    /* n raw bytes from the host into memory the arena handed out (a stored
+     * weight's bytes, its row scales as f32); NULL where that memory is the
+     * host's (the loader copies directly). */
+    void (*upload_bytes)(void *dst, const void *h_src, size_t n);
     /* y = act(x), elementwise; y == x allowed. */
     void (*act)(const void *x, void *y, size_t n, ditd_act act);
     /* y += x, elementwise. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
+#include "kernels/cpu/dequant.h"
 #include "kernels/cuda/cuda_image_kernels.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_video_kernels.h"
@@ -191,6 +192,76 @@ static void cu_linear(const void *x, size_t ldx, const void *w, const void *b, v
                       size_t ldy, int M, int N, int K, ditd_act act)
 {
     keep(ditd_cuda_linear(g.gemm, x, ldx, w, b, y, ldy, M, N, K, cuda_act(act), CS), "linear");
+}
+
+/* ---- FP8 weights (linear_q) ---- */
+
+/* Device scratch that grows to the largest call seen: the first forward at
+ * a size grows it, the steps after allocate nothing. cudaFree waits for
+ * the work that still reads the old one. */
+static void *grow_dev(void **p, size_t *cap, size_t bytes, const char *what)
+{
+    if (bytes <= *cap)
+        return *p;
+    cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    cudaError_t rc = cudaMalloc(p, bytes);
+    if (rc != cudaSuccess) {
+        *p = NULL;
+        keep((int)rc, what);
+        return NULL;
+    }
+    *cap = bytes;
+    return *p;
+}
+
+static struct {
+    void *xq, *w;
+    float *xs;
+    size_t xq_cap, w_cap, xs_cap;
+} fp8;
+
+static int cu_linear_q_takes(int type, int N, int K)
+{
+    return (type == DITD_Q_F8_E4M3 || type == DITD_Q_F8_E5M2) && K % 16 == 0 && N % 8 == 0;
+}
+
+static void cu_linear_q(const void *x, size_t ldx, const ditd_qweight *w, const void *b, void *y,
+                        size_t ldy, int M, ditd_act act)
+{
+    const int N = w->N, K = w->K, e5m2 = w->type == DITD_Q_F8_E5M2;
+    if (M <= 0)
+        return;
+    if (!cu_linear_q_takes(w->type, N, K)) {
+        keep((int)cudaErrorInvalidValue, "linear_q: not an FP8 weight of 16-byte rows");
+        return;
+    }
+    void *xq = grow_dev(&fp8.xq, &fp8.xq_cap, (size_t)M * (size_t)K, "linear_q (fp8 x)");
+    float *xs = grow_dev((void **)&fp8.xs, &fp8.xs_cap, (size_t)M * sizeof(float),
+                         "linear_q (fp8 x scales)");
+    if (!xq || !xs)
+        return;
+    int rc = ditd_cuda_linear_fp8(g.gemm, e5m2, x, ldx, w->data, w->scale, b, y, ldy, M, N, K,
+                                  cuda_act(act), xq, xs, CS);
+    if (rc == DITD_CUDA_EUNSUPPORTED) {
+        /* no FP8 GEMM here (not Hopper, or the shape): the weight in bf16,
+         * then the bf16 GEMM (weight-only, the CPU's values) */
+        void *wd = grow_dev(&fp8.w, &fp8.w_cap, (size_t)N * (size_t)K * 2, "linear_q (fp8 w)");
+        if (!wd)
+            return;
+        rc = ditd_cuda_dequant_fp8_bf16(w->data, e5m2, w->scale, N, K, wd, CS);
+        if (!rc)
+            rc = ditd_cuda_linear(g.gemm, x, ldx, wd, b, y, ldy, M, N, K, cuda_act(act), CS);
+    }
+    keep(rc, "linear_q (fp8)");
+}
+
+static void cu_upload_bytes(void *dst, const void *h_src, size_t n)
+{
+    if (n)
+        keep((int)cudaMemcpyAsync(dst, h_src, n, cudaMemcpyHostToDevice, g.compute),
+             "upload (bytes)");
 }
 
 static void cu_act(const void *x, void *y, size_t n, ditd_act act)
@@ -477,6 +548,9 @@ static const ditd_backend_ops cuda_ops = {
     .sync = cu_sync,
     .set_threads = cu_set_threads,
     .linear = cu_linear,
+    .linear_q = cu_linear_q,
+    .linear_q_takes = cu_linear_q_takes,
+    .upload_bytes = cu_upload_bytes,
     .act = cu_act,
     .add = cu_add,
     .embedding = cu_embedding,

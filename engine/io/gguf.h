@@ -129,7 +129,10 @@ typedef struct ditd_gguf_kv {
     const uint64_t *str_offs; /* array of STRING: element j's length at data + str_offs[j] */
 } ditd_gguf_kv;
 
-#define DITD_GGUF_MAX_DIMS 4
+/* ggml's own limit is 4, but the gguf package writes any rank, and the
+ * shared Wan / HunyuanVideo GGUFs carry their 5-D patch-embedding conv
+ * (ComfyUI-GGUF's fix_5d_tensors adds it back as F32 after quantizing). */
+#define DITD_GGUF_MAX_DIMS 5
 
 typedef struct ditd_gguf_tensor {
     const char *name;        /* owned by the ditd_gguf */

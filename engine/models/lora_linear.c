@@ -32,13 +32,16 @@ void ditd_lora_list_add(ditd_lora_list *l, ditd_lora_slot *slot, ditd_lora_cut c
 
 void ditd_lora_linear(const ditd_backend_ops *ops, const ditd_lora_set *const *sets, int B,
                       ditd_lora_slot slot, const void *x, size_t ldx, const void *w,
-                      const void *b, void *y, size_t ldy, int M, int N, int K, ditd_act act,
-                      float *tmp, size_t tmp_floats)
+                      const ditd_qweight *q, const void *b, void *y, size_t ldy, int M, int N,
+                      int K, ditd_act act, float *tmp, size_t tmp_floats)
 {
     int touch = 0;
     for (int p = 0; sets && slot.first1 && p < slot.parts; p++)
         touch |= ditd_lora_touches(sets, B, slot.first1 - 1 + p);
-    ops->linear(x, ldx, w, b, y, ldy, M, N, K, touch ? DITD_ACT_NONE : act);
+    if (q && q->data)
+        ops->linear_q(x, ldx, q, b, y, ldy, M, touch ? DITD_ACT_NONE : act);
+    else
+        ops->linear(x, ldx, w, b, y, ldy, M, N, K, touch ? DITD_ACT_NONE : act);
     if (!touch)
         return;
     int np = slot.parts, Np = N / np;

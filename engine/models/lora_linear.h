@@ -55,7 +55,8 @@ void ditd_lora_list_add(ditd_lora_list *l, ditd_lora_slot *slot, ditd_lora_cut c
                         int k_in, int parts, const char *const *part, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 
-/* y = act(x W^T + b) for M rows that are B samples of M / B rows each, with
+/* y = act(x W^T + b) for M rows that are B samples of M / B rows each
+ * (W dense at w, or kept in GGML blocks when q && q->data: ops->linear_q), with
  * the adapters of sets (B entries; NULL: none) on slot's targets (N and K
  * this rank's, under tp): the linear
  * runs without act where a row adapts, the terms follow, then act (PEFT
@@ -63,7 +64,7 @@ void ditd_lora_list_add(ditd_lora_list *l, ditd_lora_slot *slot, ditd_lora_cut c
  * (ditd_lora_tmp_floats). Queues ops only. */
 void ditd_lora_linear(const ditd_backend_ops *ops, const ditd_lora_set *const *sets, int B,
                       ditd_lora_slot slot, const void *x, size_t ldx, const void *w,
-                      const void *b, void *y, size_t ldy, int M, int N, int K, ditd_act act,
-                      float *tmp, size_t tmp_floats);
+                      const ditd_qweight *q, const void *b, void *y, size_t ldy, int M, int N,
+                      int K, ditd_act act, float *tmp, size_t tmp_floats);
 
 #endif

@@ -48,8 +48,11 @@ int ditd_model_info_set_files(ditd_model_info *m, const char *transformer_file,
                                 transformer_file, m->denoiser_class);
         if (m->transformer_2_dir[0])
             return ditd_err_set(DITD_EUNSUPPORTED,
-                                "--transformer-file %s: %s has two transformers; the flag would "
-                                "name one", transformer_file, m->name);
+                                "--transformer-file %s: %s has two transformers (transformer "
+                                "and transformer_2, Wan 2.2's two experts); the flag would name "
+                                "one, and there is no --transformer-2-file: put each expert's "
+                                ".gguf in its own folder (transformer/, transformer_2/) instead",
+                                transformer_file, m->name);
     }
     if (text_encoder_2_file && text_encoder_2_file[0]) {
         const ditd_pipeline_class *pc = m->pipeline;

@@ -152,7 +152,7 @@ void ditd_wl_free(ditd_wl *l)
 static int quant_plan(const ditd_wl *l, const ditd_wl_entry *e, const ditd_backend_ops *ops,
                       const struct ditd_weights *src)
 {
-    if (!e->q || !src || !ops->linear_q || ops->device != DITD_DEVICE_CPU)
+    if (!e->q || !src || !ops->linear_q)
         return 0;
     int type = -1;
     size_t rb = 0;
@@ -188,6 +188,8 @@ static int quant_plan(const ditd_wl *l, const ditd_wl_entry *e, const ditd_backe
             rb += (size_t)(e->cn[i] / elems) * (size_t)bytes;
         }
     }
+    if (ops->linear_q_takes && !ops->linear_q_takes(type, (int)ditd_wl_rows(e), (int)ditd_wl_cols(e)))
+        return 0; /* this backend computes with it as floats (loaded so) */
     *e->q = (ditd_qweight){.type = type,
                            .N = (int)ditd_wl_rows(e),
                            .K = (int)ditd_wl_cols(e),
@@ -327,13 +329,26 @@ static int load_entry(const ditd_wl_entry *e, const struct ditd_weights *st,
         void *b = e->b ? ditd_ptr_w(ops, *e->b, (size_t)(j * pn)) : NULL;
         snprintf(name, sizeof name, "%s.weight", pre);
         if (quant) {
-            err = e->split == DITD_WL_COLS ? qcols(st, name, e, w)
-                  : e->split == DITD_WL_ROWS ? ditd_weights_rows(st, name, e->r0, e->rn, w)
-                                             : ditd_weights_rows(st, name, 0, e->rows, w);
+            /* into the arena directly, or staged on the host for a device's */
+            const size_t nb = (size_t)pn * e->q->row_bytes;
+            void *to = w;
+            if (ops->upload_bytes && !(to = room(s, (nb + 3) / 4, name, &err)))
+                return err;
+            err = e->split == DITD_WL_COLS ? qcols(st, name, e, to)
+                  : e->split == DITD_WL_ROWS ? ditd_weights_rows(st, name, e->r0, e->rn, to)
+                                             : ditd_weights_rows(st, name, 0, e->rows, to);
+            if (!err && ops->upload_bytes)
+                ops->upload_bytes(w, to, nb);
             /* the part's rows' scales: a row split's own rows, else all */
-            if (!err && e->q->scale)
+            if (!err && e->q->scale) {
+                float *sc = (float *)e->q->scale + j * pn;
+                if (ops->upload_bytes && !(sc = room(s2, (size_t)pn, name, &err)))
+                    return err;
                 err = ditd_weights_row_scales(st, name, e->split == DITD_WL_ROWS ? e->r0 : 0, pn,
-                                              (float *)e->q->scale + j * pn);
+                                              sc);
+                if (!err && ops->upload_bytes)
+                    ops->upload_bytes((float *)e->q->scale + j * pn, sc, (size_t)pn * sizeof *sc);
+            }
         } else if (e->split == DITD_WL_COLS) {
             float *all = room(s, (size_t)(pn * K), name, &err);
             int64_t at = 0;

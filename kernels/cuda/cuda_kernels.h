@@ -45,6 +45,9 @@ typedef enum ditd_cuda_act {
 /* Codes beyond the CUDA runtime's: cuBLAS statuses are returned as
  * DITD_CUDA_CUBLAS_BASE + status. */
 #define DITD_CUDA_CUBLAS_BASE 100000
+/* A shape or device an entry does not take (the caller has another path):
+ * cudaErrorNotSupported's number. */
+#define DITD_CUDA_EUNSUPPORTED 801
 
 /* A message for any code an entry returned. Static string. */
 const char *ditd_cuda_strerror(int code);
@@ -79,6 +82,25 @@ int ditd_cuda_gemm_fallbacks(const ditd_cuda_gemm *g);
 int ditd_cuda_linear(ditd_cuda_gemm *g, const void *x, size_t ldx, const void *w,
                      const void *b, void *y, size_t ldy, int M, int N, int K,
                      ditd_cuda_act act, ditd_cuda_stream s);
+
+/* The same with an FP8 weight: w (N, K) bytes of e4m3 (e5m2 = 0) or e5m2,
+ * w_scale (N) fp32 device (each weight row's scale). Each row of x is
+ * quantized to e4m3 with its own scale (amax / 448) into xq (M x K bytes)
+ * and xs (M floats), caller-owned device scratch; then cuBLASLt's FP8 GEMM
+ * with outer-vector scales on both operands, bias / GELU fused. x's
+ * rounding to e4m3 is this path's error (a few percent a product, averaged
+ * over K). DITD_CUDA_EUNSUPPORTED, with nothing written to y, when K is not
+ * a multiple of 16, w or y is not 16-byte aligned, ldy is not a multiple
+ * of 8, or cuBLASLt has no FP8 algorithm for the shape (not Hopper): the
+ * caller then dequantizes (ditd_cuda_dequant_fp8_bf16) and runs
+ * ditd_cuda_linear. */
+int ditd_cuda_linear_fp8(ditd_cuda_gemm *g, int e5m2, const void *x, size_t ldx, const void *w,
+                         const float *w_scale, const void *b, void *y, size_t ldy, int M, int N,
+                         int K, ditd_cuda_act act, void *xq, float *xs, ditd_cuda_stream s);
+/* out (N, K) bf16 = the FP8 weight's values times its rows' scales (NULL:
+ * none), rounded to nearest even: the CPU's weight-only dequantization. */
+int ditd_cuda_dequant_fp8_bf16(const void *w, int e5m2, const float *w_scale, int N, int K,
+                               void *out, ditd_cuda_stream s);
 
 /* ---- conversions and elementwise (bf16 storage, fp32 arithmetic) ---- */
 

@@ -16,6 +16,7 @@
 #include "engine/models/dit/dit.h"
 #include "engine/core/error.h"
 #include "engine/models/model.h"
+#include "engine/models/model_storage.h"
 #include "engine/core/philox.h"
 #include "server/cmd/cli.h"
 #include "engine/worker/replica.h"
@@ -549,6 +550,16 @@ int ditd_cmd_bench(int argc, char **argv)
            batch, nthreads, ditd_dit_config_params(&cfg) / 1e6, med, lo, hi, gf,
            peak > 0 ? 100 * gf / peak : 0.0, gf_best, peak > 0 ? 100 * gf_best / peak : 0.0,
            peak_rss_mib());
+    if (model_dir) { /* what the weights are stored as: a GGUF Q4_K and a bf16 told apart */
+        ditd_model_storage st;
+        char line[512];
+        ditd_model_storage_read(&rep.info, &st);
+        printf("\n");
+        for (int i = 0; i < st.n; i++) {
+            ditd_component_storage_line(&st.c[i], line, sizeof line);
+            printf("storage: %s: %s\n", st.c[i].component, line);
+        }
+    }
 
     if (do_gemm) {
         /* The forward's GEMMs: M = B*N rows; buffers reused from the model. */

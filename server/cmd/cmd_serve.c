@@ -361,6 +361,14 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
         ditd_log(DITD_LOG_ERROR, "%s: %s", model_dir, ditd_err_detail());
         goto fail_log;
     }
+    /* the files beside the folder (checked before the front-end started),
+     * so that the storage named below is what the replicas load */
+    if ((err = ditd_model_info_set_files(&s->info, s->cfg.transformer_file,
+                                         s->cfg.text_encoder_2_file))) {
+        ditd_log(DITD_LOG_ERROR, "%s", ditd_err_detail());
+        goto fail_info;
+    }
+    ditd_model_storage_read(&s->info, &s->storage);
     {
         ditd_sched_config *sc = &s->sched;
         if ((err = ditd_sched_config_load(s->info.scheduler_config, sc))) {
@@ -482,6 +490,11 @@ static int serve_front(ditd_srv *s, const char *model_dir, int group_size)
               s->mpi ? " over MPI" : "", s->cfg.max_batch, (int)getpid());
     if (s->cfg.device == DITD_DEVICE_CPU) /* which library and ISA run the GEMMs (docs/cpu.md) */
         ditd_log(DITD_LOG_INFO, "cpu GEMMs (this host): %s", ditd_backend_cpu_gemm_info());
+    for (int i = 0; i < s->storage.n; i++) { /* GGUF Q4_K and bf16 told apart */
+        char line[512];
+        ditd_component_storage_line(&s->storage.c[i], line, sizeof line);
+        ditd_log(DITD_LOG_INFO, "storage: %s: %s", s->storage.c[i].component, line);
+    }
     if (s->cfg.pid_file[0]) {
         FILE *pf = fopen(s->cfg.pid_file, "w");
         if (!pf || fprintf(pf, "%d\n", (int)getpid()) < 0)

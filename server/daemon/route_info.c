@@ -17,6 +17,24 @@
 #include "server/daemon/serve.h"
 #include "server/daemon/webhook.h"
 
+/* "storage": per component, its weights format, bytes, tensor count and
+ * the tensors of each storage type (engine/models/model_storage.h). */
+static json_t *storage_json(const ditd_model_storage *st)
+{
+    json_t *o = json_object();
+    for (int i = 0; o && i < st->n; i++) {
+        const ditd_component_storage *c = &st->c[i];
+        json_t *types = json_object();
+        for (int k = 0; types && k < c->ntypes; k++)
+            json_object_set_new(types, c->types[k].name, json_integer(c->types[k].count));
+        json_object_set_new(o, c->component,
+                            json_pack("{s:s,s:I,s:i,s:o*}", "format", c->format, "bytes",
+                                      (json_int_t)c->bytes, "tensors", c->tensors, "types",
+                                      types));
+    }
+    return o;
+}
+
 /* One entry of GET /v1/models: the served model under one of its names
  * (its folder's or an alias; "root" is the folder's). docs/api.md shows
  * the shape. NULL on out of memory. */
@@ -153,6 +171,7 @@ static json_t *model_json(ditd_srv *s, const char *id)
         json_array_append_new(samplers, json_string(ditd_sampler_kind_name((ditd_sampler_kind)k)));
     json_object_set_new(o, "samplers", samplers);
     json_object_set_new(o, "max_n", json_integer(DITD_GENREQ_MAX_N));
+    json_object_set_new(o, "storage", storage_json(&s->storage));
     return o;
 }
 

@@ -29,6 +29,7 @@
 #include <uv.h>
 
 #include "engine/models/model.h"
+#include "engine/models/model_storage.h"
 #include "engine/worker/worker.h"
 #include "server/daemon/auth.h"
 #include "server/daemon/config.h"
@@ -99,6 +100,7 @@ struct ditd_srv {
     ditd_serve_config cfg;
     ditd_auth auth;
     ditd_model_info info;
+    ditd_model_storage storage; /* each component's weights format and types (/v1/models) */
     ditd_sampler_kind sched_default;
     ditd_sched_config sched;    /* the folder's scheduler_config (gm.sched) */
     /* what requests are checked against: info, the aliases (--served-model-name

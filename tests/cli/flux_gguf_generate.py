@@ -16,7 +16,8 @@ text_encoder_2/ (no flags) the same latents bit for bit. Then the refusals,
 each naming what is wrong: a missing file, a file that is no .gguf or
 .safetensors, a transformer file of another model (a tensor's shape), a T5
 file of another model (a tensor's shape). ditd serve with the same flags
-answers a generation; a missing file fails its start. Stdlib only.
+answers a generation and names both files' storage in /v1/models; a
+missing file fails its start. Stdlib only.
 
 usage: flux_gguf_generate.py DITD FLUX_PIPELINE_DIR FIXTURES_DIR
 """
@@ -147,12 +148,25 @@ try:
                 time.sleep(0.5)
         png = base64.b64decode(got["data"][0]["b64_json"]) if got else b""
         check(png[:8] == b"\x89PNG\r\n\x1a\n", "ditd serve answers a generation from the GGUF files")
+        # /v1/models names both files' storage: GGUF, their Q8_0 tensors
+        m = json.load(urllib.request.urlopen("http://127.0.0.1:%d/v1/models" % port,
+                                             timeout=30))["data"][0]
+        st = m.get("storage") or {}
+        tr, te = st.get("transformer") or {}, st.get("text_encoder_2") or {}
+        check(tr.get("format") == "gguf" and tr.get("types", {}).get("Q8_0", 0) > 0
+              and te.get("format") == "gguf" and te.get("types", {}).get("Q8_0", 0) > 0
+              and tr.get("bytes", 0) < os.path.getsize(tfile)
+              and te.get("bytes", 0) < os.path.getsize(t5file)
+              and st.get("text_encoder", {}).get("format") == "safetensors",
+              "/v1/models storage: transformer and text_encoder_2 GGUF with Q8_0 tensors, "
+              "text_encoder safetensors: %r" % {k: (v.get("format"), v.get("types"))
+                                                for k, v in st.items()})
 finally:
     srv.terminate()
     srv.wait(timeout=60)
 
 shutil.rmtree(tmp, ignore_errors=True)
-if checks < 11:
-    failures.append("only %d checks ran (want 11)" % checks)
+if checks < 12:
+    failures.append("only %d checks ran (want 12)" % checks)
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)

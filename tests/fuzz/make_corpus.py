@@ -162,6 +162,10 @@ def main():
     write("gguf", "bad-block", gguf([], [("a", [33], 8, 0, q8)]))
     write("gguf", "bad-type", gguf([], [("a", [32], 99, 0, q8[:34])]))
     write("gguf", "bad-alignment", gguf([("general.alignment", kv_u32(48))], []))
+    # a 5-D conv (the shared Wan GGUFs' patch_embedding), and one past the limit
+    write("gguf", "conv5d", gguf([], [("patch_embedding.weight", [2, 2, 1, 2, 2], 0, 0,
+                                       struct.pack("<16f", *range(16)))]))
+    write("gguf", "bad-6d", gguf([], [("a", [1, 1, 1, 1, 1, 2], 0, 0, b"\0" * 8)]))
     write("gguf", "bad-counts", gguf([], [], nt=1 << 61, nkv=1 << 59))
     write("gguf", "bad-strlen", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 62) + b"k")
     write("gguf", "bad-nested", gguf([("n", struct.pack("<IIQ", 9, 9, 1))], []))

@@ -9,6 +9,10 @@
  * bit-identical to the same model dequantized at load
  * (DITD_WEIGHTS_DEQUANTIZE=1), whose weights take more memory; the same on
  * the bf16 table (bf16 compute, 1e-2 against float64 as test_bf16 bounds it).
+ * The same checks on FP8 safetensors checkpoints (tests/fixtures/flux_fp8,
+ * tools/make_flux_fp8_fixtures.py): E4M3 with per-row `weight_scale`, E4M3
+ * in BFL names with ComfyUI's per-tensor `scale_weight`, unscaled E5M2; the
+ * linears keep their FP8 bytes and row scales.
  * And a DiT (DiTTransformer2DModel, tests/fixtures/gguf/dit: Q8_0 where rows
  * are whole blocks, F32 elsewhere; tools/make_gguf_fixtures.py), loaded
  * from its GGUF and dequantized at load, against Diffusers in float64 on the
@@ -201,13 +205,19 @@ static int dit_gguf(void)
 int main(void)
 {
     static const char *const models[] = {"q8_0", "q8_0-diffusers", "q4_k"};
+    static const char *const fp8[] = {"e4m3-row", "e4m3-scaled", "e5m2"};
     char dir[4096];
-    int cases = 0;
+    int cases = 0, fp8_cases = 0;
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         snprintf(dir, sizeof dir, "%s/flux_gguf/%s", tu_fixtures(), models[i]);
         cases += run_model(dir);
     }
     TU_CHECK(cases >= MIN_CASES, "FLUX GGUF cases checked: %d (at least %d)", cases, MIN_CASES);
+    for (size_t i = 0; i < sizeof fp8 / sizeof *fp8; i++) {
+        snprintf(dir, sizeof dir, "%s/flux_fp8/%s", tu_fixtures(), fp8[i]);
+        fp8_cases += run_model(dir);
+    }
+    TU_CHECK(fp8_cases >= 4, "FLUX FP8 cases checked: %d (at least 4)", fp8_cases);
     refusals();
     TU_CHECK(dit_gguf() >= 2, "DiT GGUF cases");
     return tu_exit();

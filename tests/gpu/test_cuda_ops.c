@@ -51,6 +51,7 @@
 #include "engine/core/philox.h"
 #include "engine/io/npy.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/dequant.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/test_util.h"
 
@@ -255,6 +256,71 @@ static void check_linear(int M, int N, int K, size_t ldx, size_t ldy, int bias, 
                  "%s: a DiT shape took the slow fallback kernel, not cuBLASLt", what);
     G->mem_free(dx, 0), G->mem_free(dw, 0), G->mem_free(db, 0), G->mem_free(dy, 0);
     free(x), free(w), free(b), free(y), free(gy);
+}
+
+/* ---- FP8 weights (linear_q: cuBLASLt's FP8 GEMM) ----
+ * The CPU's reference is its weight-only path (the FP8 values times the row
+ * scales, f32 x); the GPU rounds x to e4m3 per token as well, so the bound
+ * is the e4m3 rounding's (3 mantissa bits: 2^-4 relative a product at worst,
+ * averaging over K): FP8_LINEAR, relative to the largest output. The shape
+ * must take cuBLASLt's FP8 GEMM (no fallback counted), and the fallback's
+ * weight dequantization must equal the CPU's values rounded to bf16. */
+#define FP8_LINEAR 5e-2
+static void check_linear_fp8(int M, int N, int K, int e5m2, int bias, ditd_act act)
+{
+    int fb0 = ditd_backend_cuda_gemm_fallbacks();
+    shape sh = shp("mn", M, N, 0, 0);
+    char what[160];
+    float *x = rnd((size_t)M * K, 1.0f), *b = rnd((size_t)N, 0.5f), *y = zeros((size_t)M * N);
+    uint8_t *wq = malloc((size_t)N * K);
+    float *sc = malloc((size_t)N * sizeof *sc);
+    for (size_t i = 0; wq && i < (size_t)N * K; i++) { /* finite, ~2^-6 .. 2^1 */
+        uint64_t r = next_u64();
+        unsigned e = e5m2 ? 9u + (unsigned)(r % 8) : (unsigned)(r % 9);
+        unsigned m = (unsigned)(r >> 8) & (e5m2 ? 3u : 7u);
+        wq[i] = (uint8_t)(((r >> 16) & 1) << 7 | e << (e5m2 ? 2 : 3) | m);
+    }
+    for (int n = 0; sc && n < N; n++)
+        sc[n] = 0.01f + 0.01f * (float)(next_u64() % 1000) / 1000.0f;
+    const int type = e5m2 ? DITD_Q_F8_E5M2 : DITD_Q_F8_E4M3;
+    ditd_qweight qc = {.type = type, .N = N, .K = K, .row_bytes = (size_t)K, .data = wq, .scale = sc};
+    C->linear_q(x, (size_t)K, &qc, bias ? b : NULL, y, (size_t)N, M, act);
+    void *dx = dev_in(x, (size_t)M * K), *db = dev_in(b, (size_t)N), *dy = dev_out((size_t)M * N);
+    void *dw = NULL, *ds = NULL;
+    cudaMalloc(&dw, (size_t)N * K);
+    cudaMalloc(&ds, (size_t)N * sizeof(float));
+    cudaMemcpy(dw, wq, (size_t)N * K, cudaMemcpyHostToDevice);
+    cudaMemcpy(ds, sc, (size_t)N * sizeof(float), cudaMemcpyHostToDevice);
+    ditd_qweight qg = qc;
+    qg.data = dw;
+    qg.scale = ds;
+    TU_CHECK(G->linear_q_takes && G->linear_q_takes(type, N, K), "linear_q takes FP8 %d x %d", N,
+             K);
+    G->linear_q(dx, (size_t)K, &qg, bias ? db : NULL, dy, (size_t)N, M, act);
+    float *gy = down(dy, (size_t)M * N);
+    snprintf(what, sizeof what, "linear_q %s M %d N %d K %d bias %d %s", e5m2 ? "e5m2" : "e4m3",
+             M, N, K, bias, ditd_act_name(act));
+    close_to(what, gy, y, &sh, FP8_LINEAR);
+    TU_CHECK(ditd_backend_cuda_gemm_fallbacks() == fb0,
+             "%s: no cuBLASLt FP8 algorithm (the dequantizing fallback ran)", what);
+    /* the fallback's dequantization: the CPU's values rounded to bf16 */
+    void *dwd = dev_out((size_t)N * K);
+    TU_CHECK(ditd_cuda_dequant_fp8_bf16(dw, e5m2, ds, N, K, dwd, ST) == 0, "dequant_fp8_bf16");
+    float *wd = down(dwd, (size_t)N * K), *wc = malloc((size_t)N * K * sizeof *wc);
+    ditd_cpu_dequant_rows(type, wq, (size_t)K, sc, 0, N, 0, K, wc, (size_t)K, 0);
+    size_t bad = 0;
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        uint16_t h;
+        float r;
+        ditd_cpu_f32_to_bf16(&wc[i], &h, 1);
+        ditd_cpu_bf16_to_f32(&h, &r, 1);
+        bad += memcmp(&r, &wd[i], 4) != 0;
+    }
+    TU_CHECK(bad == 0, "%s: %zu dequantized weights differ from the CPU's rounded to bf16", what,
+             bad);
+    cudaFree(dw), cudaFree(ds);
+    G->mem_free(dx, 0), G->mem_free(db, 0), G->mem_free(dy, 0), G->mem_free(dwd, 0);
+    free(x), free(b), free(y), free(gy), free(wq), free(sc), free(wd), free(wc);
 }
 
 /* ---- LoRA (kernels/cuda/lora.cu) ----
@@ -857,6 +923,9 @@ static int run_checks(void)
     CHECK("linear/proj-out-fixture", check_linear(98, 8, 96, 96, 8, 1, DITD_ACT_NONE, 0));
     CHECK("linear/k4-fallback", check_linear(98, 96, 4, 4, 96, 0, DITD_ACT_GELU_TANH, 0));
     CHECK("linear/odd", check_linear(33, 30, 17, 17, 30, 1, DITD_ACT_SILU, 0));
+    CHECK("linear_q/fp8-e4m3", check_linear_fp8(96, 256, 512, 0, 1, DITD_ACT_NONE));
+    CHECK("linear_q/fp8-e4m3-gelu", check_linear_fp8(37, 3072, 3072, 0, 1, DITD_ACT_GELU_TANH));
+    CHECK("linear_q/fp8-e5m2-silu", check_linear_fp8(5, 64, 128, 1, 0, DITD_ACT_SILU));
     /* LoRA: FLUX-ish qkv at rank 16, an MLP's fc1 with its GELU after the
      * term, strided rows (a column block of a fused qkv), act only (r 0) */
     CHECK("lora/qkv-r16", check_lora(256, 3072, 3072, 16, 3072, 3 * 3072, 1.0f, DITD_ACT_NONE));

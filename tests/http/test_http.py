@@ -5,7 +5,7 @@ http.client. One case per run (meson test names them); exit 0 pass, 1 fail,
 77 skip.
 
 usage: test_http.py --ditd BUILD/ditd CASE
-cases: api errors names stream cancel drain load mpi mpi_fault latent text sd3 cache
+cases: api errors names stream cancel drain load mpi mpi_fault latent text sd3 cache storage
 
 The text case serves the tiny FLUX pipeline the build makes
 (BUILD/tests/golden/flux_pipeline/dev, or DITD_TEXT_MODEL) and skips (77)
@@ -1441,10 +1441,110 @@ def case_cache(ditd):
           "serve --cache with a bad field: exit 2 naming it", (p.returncode, p.stderr[-300:]))
 
 
+GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 8: (32, 34), 12: (256, 144), 30: (1, 2)}  # F32 F16 Q8_0 Q4_K BF16
+GGML_NAMES = {0: "F32", 1: "F16", 8: "Q8_0", 12: "Q4_K", 30: "BF16"}
+
+
+def gguf_storage(path):
+    """(bytes, {type: count}) of a GGUF file, read here from its header."""
+    with open(path, "rb") as f:
+        b = f.read()
+    assert b[:4] == b"GGUF"
+    n_t, n_kv = struct.unpack_from("<QQ", b, 8)
+    o = 24
+
+    def s(o):
+        n = struct.unpack_from("<Q", b, o)[0]
+        return b[o + 8:o + 8 + n].decode(), o + 8 + n
+
+    def skip_value(o, t):
+        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+        if t == 8:
+            return s(o)[1]
+        if t == 9:
+            et, n = struct.unpack_from("<IQ", b, o)
+            o += 12
+            for _ in range(n):
+                o = skip_value(o, et)
+            return o
+        return o + sizes[t]
+    for _ in range(n_kv):
+        _, o = s(o)
+        t = struct.unpack_from("<I", b, o)[0]
+        o = skip_value(o + 4, t)
+    total, types = 0, {}
+    for _ in range(n_t):
+        _, o = s(o)
+        nd = struct.unpack_from("<I", b, o)[0]
+        ne = struct.unpack_from(f"<{nd}Q", b, o + 4)
+        t = struct.unpack_from("<I", b, o + 4 + 8 * nd)[0]
+        o += 4 + 8 * nd + 12
+        n = 1
+        for x in ne:
+            n *= x
+        el, by = GGML_BLOCKS[t]
+        total += n // el * by
+        types[GGML_NAMES[t]] = types.get(GGML_NAMES[t], 0) + 1
+    return total, types
+
+
+def st_storage(path):
+    """(bytes, {dtype: count}) of a safetensors file, read here from its header."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+    h.pop("__metadata__", None)
+    types = {}
+    for v in h.values():
+        types[v["dtype"]] = types.get(v["dtype"], 0) + 1
+    return sum(v["data_offsets"][1] - v["data_offsets"][0] for v in h.values()), types
+
+
+def case_storage(ditd):
+    """GET /v1/models and the start-up log name each component's storage:
+    the DiT fixture folder (safetensors), then the same folder with its
+    transformer from a GGUF (--transformer-file: Q8_0 and F32 tensors), each
+    against the file's own header read here."""
+    model = os.path.join(FIXTURES, "models", "tiny-p2-c1-h6")
+    gg = os.path.join(FIXTURES, "gguf", "dit", "dit.gguf")
+    runs = [("safetensors", [], st_storage(os.path.join(model, "transformer",
+                                                        "diffusion_pytorch_model.safetensors"))),
+            ("gguf", ["--transformer-file", gg], gguf_storage(gg))]
+    checked = 0
+    for fmt, args, (nbytes, types) in runs:
+        d = Daemon(ditd, *args, model=model)
+        try:
+            st, _, data = d.request("GET", "/v1/models")
+            m = json.loads(data)["data"][0] if st == 200 else {}
+            t = (m.get("storage") or {}).get("transformer") or {}
+            want = {"format": fmt, "bytes": nbytes, "tensors": sum(types.values()),
+                    "types": types}
+            check(t == want, f"/v1/models storage.transformer ({fmt})", t, want)
+            st, _, data = d.request("GET", "/v1/models/tiny-p2-c1-h6")
+            one = json.loads(data) if st == 200 else {}
+            check(one.get("storage") == m.get("storage"), f"/v1/models/{{id}} storage ({fmt})",
+                  one.get("storage"))
+            log = d.logtext()
+            line = re.search(r"storage: transformer: (\w+), [0-9.]+ MB in (\d+) tensors: (.*)",
+                             log)
+            check(line and line.group(1) == fmt and int(line.group(2)) == sum(types.values())
+                  and all(f"{k} {v}" in line.group(3) for k, v in types.items()),
+                  f"start-up log names the transformer's storage ({fmt})",
+                  line and line.group(0))
+            checked += 1
+        finally:
+            d.stop()
+    check("Q8_0" in runs[1][2][1] and runs[0][2][1] != runs[1][2][1],
+          "the two folders differ in storage (a GGUF with Q8_0 against safetensors)",
+          [r[2][1] for r in runs])
+    check(checked == 2, "both folders checked", checked)
+    return 0
+
+
 CASES = {"api": case_api, "errors": case_errors, "names": case_names, "stream": case_stream,
          "cancel": case_cancel, "drain": case_drain, "load": case_load, "mpi": case_mpi,
          "mpi_fault": case_mpi_fault, "latent": case_latent, "text": case_text, "sd3": case_sd3,
-         "cache": case_cache}
+         "cache": case_cache, "storage": case_storage}
 
 
 def main():

@@ -1,6 +1,6 @@
 /* Linear layers on quantized weights (kernels/cpu/linear_q.c, the packed
  * GEMM's dequantizing panels in gemm_packed.c), for every GGML type ditd
- * reads, in f32 and bf16 compute:
+ * reads and the FP8 types (with random row scales), in f32 and bf16 compute:
  *
  *   - bit-identical to the same CPU path on the dequantized weights (the
  *     packed kernel on the dequantized, packed w; or, where the packed
@@ -35,6 +35,7 @@ static const struct {
     {"Q2_K", DITD_Q_Q2_K, {80, 82}}, {"Q3_K", DITD_Q_Q3_K, {108, -1}},
     {"Q4_K", DITD_Q_Q4_K, {0, 2}},   {"Q5_K", DITD_Q_Q5_K, {0, 2}},
     {"Q6_K", DITD_Q_Q6_K, {208, -1}},
+    {"F8_E4M3", DITD_Q_F8_E4M3, {-1, -1}}, {"F8_E5M2", DITD_Q_F8_E5M2, {-1, -1}},
 };
 
 static kt_rng g_rng = {0x5eed25};
@@ -58,6 +59,15 @@ static uint8_t *rand_weight(int type, int f16_at[2], int N, int K, size_t *row_b
     if (type == DITD_Q_F32) {
         float *f = (float *)w;
         kt_fill(&g_rng, f, nb / 4, -1.0f, 1.0f);
+    } else if (ditd_cpu_dequant_is_fp8(type)) {
+        /* finite 8-bit floats of magnitude ~2^-6 .. 2^1 (subnormals and
+         * zeros included for E4M3's exponent 0) */
+        const int e4 = type == DITD_Q_F8_E4M3;
+        for (size_t i = 0; i < nb; i++) {
+            unsigned e = e4 ? (unsigned)(kt_next(&g_rng) % 9) : 9u + (unsigned)(kt_next(&g_rng) % 8);
+            unsigned m = (unsigned)kt_next(&g_rng) & (e4 ? 7u : 3u);
+            w[i] = (uint8_t)((kt_next(&g_rng) & 1) << 7 | e << (e4 ? 3 : 2) | m);
+        }
     } else if (type == DITD_Q_F16 || type == DITD_Q_BF16) {
         for (size_t i = 0; i < nb / 2; i++) {
             uint16_t h = type == DITD_Q_F16 ? rand_f16()
@@ -104,8 +114,17 @@ static int one_case(int ti, int bf16, int M, int N, int K, int with_bias, ditd_c
     float *x = kt_alloc((size_t)M * ldx * sizeof *x);
     kt_fill(&g_rng, x, (size_t)M * ldx, -1.0f, 1.0f);
     float *wd = kt_alloc((size_t)N * K * sizeof *wd);
-    for (int n = 0; n < N; n++)
+    /* an FP8 weight's rows carry scales (as the checkpoints' weight_scale) */
+    float *scale = NULL;
+    if (ditd_cpu_dequant_is_fp8(type)) {
+        scale = kt_alloc((size_t)N * sizeof *scale);
+        kt_fill(&g_rng, scale, (size_t)N, 0.25f, 2.0f);
+    }
+    for (int n = 0; n < N; n++) {
         ditd_cpu_dequant(type, wq + (size_t)n * rb, wd + (size_t)n * K, (size_t)K);
+        for (int k = 0; scale && k < K; k++)
+            wd[(size_t)n * K + k] *= scale[n];
+    }
     float bias_f[256];
     uint16_t bias_h[256];
     kt_fill(&g_rng, bias_f, (size_t)N, -0.5f, 0.5f);
@@ -115,7 +134,8 @@ static int one_case(int ti, int bf16, int M, int N, int K, int with_bias, ditd_c
     float *y = kt_alloc((size_t)M * ldy * sizeof *y), *y_ref = kt_alloc((size_t)M * ldy * sizeof *y);
     for (size_t i = 0; i < (size_t)M * ldy; i++)
         y[i] = y_ref[i] = 1234.5f;
-    ditd_cpu_qweight qw = {.type = type, .N = N, .K = K, .row_bytes = rb, .data = wq};
+    ditd_cpu_qweight qw = {.type = type, .N = N, .K = K, .row_bytes = rb, .data = wq,
+                           .scale = scale};
     int rc = ditd_cpu_linear_q(x, ldx, &qw, b, bf16, y, ldy, M, act);
 
     /* the same path on the dequantized weight */
@@ -182,6 +202,7 @@ static int one_case(int ti, int bf16, int M, int N, int K, int with_bias, ditd_c
         fail = 1;
     }
     free(wq);
+    free(scale);
     free(x);
     free(wd);
     free(y);
@@ -206,7 +227,7 @@ int main(void)
             cases += 3;
         }
     printf("%d cases over %d types, %d failed\n", cases, nt, fails);
-    if (cases < 13 * 2 * 3) {
+    if (cases < 15 * 2 * 3) {
         printf("FAIL: only %d cases\n", cases);
         return 1;
     }

@@ -144,9 +144,10 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
                      "rank %d %s[%zu] %d image tokens (%d here), %d text (%d here): mesh vs one rank",
                      rank_world, dir, i, par->N, par->n_loc, fc.L, par->l_loc);
             check_shares(par, mesh, what);
-            if (strstr(dir, "flux_gguf"))
-                /* every tp slice of the Q8_0 model is whole blocks (32 values);
-                 * the Q4_K one under tp was loaded as floats (above) */
+            if (strstr(dir, "flux_gguf") || strstr(dir, "flux_fp8"))
+                /* every tp slice of the Q8_0 model is whole blocks (32 values),
+                 * of the FP8 one whole rows with their scales; the Q4_K one
+                 * under tp was loaded as floats (above) */
                 TU_CHECK(one->quantized > 0 && (cut_blocks ? par->quantized == 0
                                                            : par->quantized == one->quantized),
                          "%s: %d linears kept quantized under the mesh, %d on one rank", what,
@@ -220,15 +221,17 @@ int main(int argc, char **argv)
         refusals(mesh, dir);
     } else {
         /* DITD_TEST_FLUX_GGUF=1: the GGUF models (tests/fixtures/flux_gguf;
-         * linears kept quantized, dequantized at load under tp) */
-        static const char *const gguf_models[] = {"q8_0", "q4_k"};
+         * linears kept quantized, the Q4_K one dequantized at load under tp)
+         * and the FP8 one with per-row scales (tests/fixtures/flux_fp8) */
+        static const char *const gguf_models[] = {"flux_gguf/q8_0", "flux_gguf/q4_k",
+                                                  "flux_fp8/e4m3-row"};
         const char *gg = getenv("DITD_TEST_FLUX_GGUF");
         const int gguf = gg && strcmp(gg, "1") == 0;
-        const int nmodels = gguf ? 2 : FLUX_MODELS;
+        const int nmodels = gguf ? 3 : FLUX_MODELS;
         int models = 0;
         for (int i = 0; i < nmodels; i++) {
             if (gguf)
-                snprintf(dir, sizeof dir, "%s/flux_gguf/%s", tu_fixtures(), gguf_models[i]);
+                snprintf(dir, sizeof dir, "%s/%s", tu_fixtures(), gguf_models[i]);
             else
                 snprintf(dir, sizeof dir, "%s/flux/%s", tu_fixtures(), flux_models[i]);
             int k = run_model(dir, mesh);
@@ -238,7 +241,7 @@ int main(int argc, char **argv)
             }
         }
         /* every model when the layout splits 2 heads; the six-head one always */
-        int floor = gguf ? 3 : models == FLUX_MODELS ? MIN_CASES : 2;
+        int floor = gguf ? 5 : models == FLUX_MODELS ? MIN_CASES : 2;
         TU_CHECK(checked >= floor && models >= 1,
                  "FLUX cases checked under the mesh: %d of %d models (at least %d cases)", checked,
                  models, floor);

@@ -17,6 +17,9 @@
  *   - at least 10 cases checked.
  * A layout SD3 cannot run is refused on every rank alike at load (--refusals:
  * more ulysses ranks than a tp rank's heads, EINVAL).
+ * With DITD_TEST_SD3_GGUF=1: the Q8_0 SD3.5 in its original names
+ * (tests/fixtures/sd3wan_gguf/sd35-q8_0) instead, its linears kept in their
+ * blocks on both sides (under tp every rank's Q8_0 slice), at least 2 cases.
  *
  *   mpirun -np G test_sd3_parallel --ring R --ulysses U --tp T [--rotate p2p]
  */
@@ -35,6 +38,7 @@
 #define MIN_CASES 10
 
 static int rank_world;
+static int gguf_run; /* DITD_TEST_SD3_GGUF=1 */
 static int uneven_text; /* cases whose text length the cp degree does not divide */
 
 /* This rank's text and image shares, against ditd_split of L and N. */
@@ -108,6 +112,10 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
             if (par)
                 TU_OK(ditd_sd3_set_size(par, fc.h, fc.w, fc.L));
         }
+        if (one && par && gguf_run)
+            TU_CHECK(one->quantized > 0 && par->quantized == one->quantized,
+                     "rank %d %s[%zu]: %d linears kept quantized on one rank, %d under the mesh",
+                     rank_world, dir, i, one->quantized, par->quantized);
         if (one && par) {
             float *a = calloc(fc.n_out, sizeof *a), *b = calloc(fc.n_out, sizeof *b);
             float *lead = calloc(fc.n_out, sizeof *lead);
@@ -185,6 +193,12 @@ int main(int argc, char **argv)
     if (refuse) {
         snprintf(dir, sizeof dir, "%s/sd3/%s", tu_fixtures(), sd3_models[1]);
         refusals(mesh, dir);
+    } else if ((gguf_run = getenv("DITD_TEST_SD3_GGUF") != NULL)) {
+        snprintf(dir, sizeof dir, "%s/sd3wan_gguf/sd35-q8_0", tu_fixtures());
+        checked = run_model(dir, mesh);
+        TU_CHECK(checked >= 2, "SD3 GGUF cases checked under the mesh: %d (at least 2)", checked);
+        TU_CHECK(l.ring * l.ulysses == 1 || uneven_text >= 1,
+                 "no case with a text length that cp degree %d does not divide", l.ring * l.ulysses);
     } else {
         for (int i = 0; i < SD3_MODELS; i++) {
             snprintf(dir, sizeof dir, "%s/sd3/%s", tu_fixtures(), sd3_models[i]);

@@ -37,6 +37,7 @@
 #define MIN_CASES 13
 
 static int rank_world;
+static int gguf_run;    /* DITD_TEST_WAN_GGUF=1 */
 static int uneven;      /* cases whose token count the cp degree does not divide */
 static int mid_frame;   /* cases where some rank's share begins inside a frame */
 
@@ -67,6 +68,10 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
             if (par)
                 TU_OK(ditd_wan_set_size(par, wc.F, wc.h, wc.w, wc.L));
         }
+        if (one && par && gguf_run)
+            TU_CHECK(one->quantized > 0 && par->quantized == one->quantized,
+                     "rank %d %s[%zu]: %d linears kept quantized on one rank, %d under the mesh",
+                     rank_world, dir, i, one->quantized, par->quantized);
         if (one && par) {
             float *a = calloc(wc.n_out, sizeof *a), *b = calloc(wc.n_out, sizeof *b);
             float *lead = calloc(wc.n_out, sizeof *lead);
@@ -108,6 +113,60 @@ static int run_model(const char *dir, const ditd_mesh *mesh)
     }
     json_decref(cases);
     return checked;
+}
+
+/* The Q4_K Wan (2 heads of 128) under tp: a rank's 128 columns of a
+ * row-parallel linear would cut its 256-value blocks: refused on every rank
+ * naming the first such tensor (attn1's output projection, Q5_K) and the
+ * numbers; loaded with DITD_WEIGHTS_DEQUANTIZE=1 it equals one
+ * rank's quantized model and Diffusers. */
+static void gguf_tp_refusal(const ditd_mesh *mesh)
+{
+    char dir[4096], path[4200], what[512];
+    ditd_wan_config cfg;
+    size_t i;
+    json_t *c, *cases;
+    snprintf(dir, sizeof dir, "%s/sd3wan_gguf/wan-q4_k", tu_fixtures());
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TU_OK(ditd_wan_config_load(path, &cfg));
+    cases = wan_cases(dir);
+    json_array_foreach(cases, i, c) {
+        wan_case wc;
+        ditd_wan *one = NULL, *par = NULL;
+        if (wan_case_load(dir, c, &wc) != 0)
+            continue;
+        TU_CHECK_ERR(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, wc.B, wc.F, wc.h, wc.w, wc.L,
+                                       dir, mesh, &par),
+                     DITD_EUNSUPPORTED, "blocks.0.attn1.to_out.0.weight", "Q5_K",
+                     "blocks of 256", "tensor parallel 2", "128 is not a multiple of 256",
+                     "DITD_WEIGHTS_DEQUANTIZE");
+        TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, wc.B, wc.F, wc.h, wc.w, wc.L, dir, NULL,
+                                &one));
+        setenv("DITD_WEIGHTS_DEQUANTIZE", "1", 1);
+        TU_OK(ditd_wan_new_mesh(&cfg, &ditd_backend_cpu, wc.B, wc.F, wc.h, wc.w, wc.L, dir, mesh,
+                                &par));
+        unsetenv("DITD_WEIGHTS_DEQUANTIZE");
+        if (one && par) {
+            float *a = calloc(wc.n_out, sizeof *a), *b = calloc(wc.n_out, sizeof *b);
+            TU_OK(ditd_wan_forward(one, wc.B, wc.x, wc.t, NULL, wc.text, NULL, a));
+            TU_OK(ditd_wan_forward(par, wc.B, wc.x, wc.t, NULL, wc.text, NULL, b));
+            TU_CHECK(one->quantized > 0 && par->quantized == 0,
+                     "one rank keeps %d linears quantized, the dequantized mesh %d",
+                     one->quantized, par->quantized);
+            snprintf(what, sizeof what, "rank %d %s: tp dequantized vs one rank quantized",
+                     rank_world, dir);
+            TU_CLOSE(what, b, a, wc.n_out, TOL);
+            snprintf(what, sizeof what, "rank %d %s: tp dequantized vs Diffusers", rank_world,
+                     dir);
+            TU_CLOSE(what, b, wc.out, wc.n_out, TOL);
+            free(a);
+            free(b);
+        }
+        ditd_wan_free(one);
+        ditd_wan_free(par);
+        wan_case_free(&wc);
+    }
+    json_decref(cases);
 }
 
 /* A layout Wan refuses: the same error on every rank, before any collective. */
@@ -152,6 +211,13 @@ int main(int argc, char **argv)
     if (refuse) {
         snprintf(dir, sizeof dir, "%s/wan/%s", tu_fixtures(), wan_models[0]);
         refusals(mesh, dir);
+    } else if ((gguf_run = getenv("DITD_TEST_WAN_GGUF") != NULL)) {
+        /* the Q8_0 Wan in original names, kept quantized on both sides */
+        snprintf(dir, sizeof dir, "%s/sd3wan_gguf/wan-q8_0", tu_fixtures());
+        checked = run_model(dir, mesh);
+        TU_CHECK(checked >= 2, "Wan GGUF cases checked under the mesh: %d (at least 2)", checked);
+        if (l.tp == 2)
+            gguf_tp_refusal(mesh);
     } else {
         int models = 0;
         for (int i = 0; i < WAN_MODELS; i++) {

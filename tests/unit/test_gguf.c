@@ -342,7 +342,7 @@ static void test_made(void)
     BROKEN(ne0_a, 33, "'w'", "Q8_0 blocks");
     BROKEN(type_a, 99, "'w'", "unknown ggml type 99");
     BROKEN(type_a, 4, "'w'", "unknown ggml type 4");
-    BROKEN(ndim_a, 5, "'w'", "dimensions");
+    BROKEN(ndim_a, 6, "'w'", "dimensions");
     BROKEN(ndim_a, 0, "'w'", "dimensions");
     BROKEN(align, 3, "general.alignment", "power of two");
     BROKEN(align, 0, "general.alignment", NULL);

@@ -8,8 +8,8 @@
 
 #include "engine/core/error.h"
 #include "engine/io/weights.h"
+#include "engine/models/orig_map.h"
 #include "engine/models/weight_list.h"
-#include "engine/io/safetensors.h"
 #include "kernels/cpu/cpu_kernels.h"
 
 #define TFREQ 256 /* Timesteps(num_channels=256) of CombinedTimestepTextProjEmbeddings */
@@ -25,15 +25,16 @@ static int carve(ditd_arena *a, void **p, ditd_dtype dt, size_t n)
 
 /* The model's weight list (engine/models/weight_list.h), written once from
  * the config and this rank's tp plan, walked for planning, loading and
- * packing. tp: q, k, v (each attention) and ff(.context).net.0.proj
+ * packing; a linear whose parts are one GGML block type stays in its
+ * blocks (weight_list.c). tp: q, k, v (each attention) and ff(.context).net.0.proj
  * column-parallel (this rank's heads and MLP rows); to_out.0, to_add_out,
  * attn2.to_out.0 and ff(.context).net.2 row-parallel (matching columns). */
-#define L1(l, n, k, ...) ditd_wl_add(wl, DITD_WL_PACK, (n), (k), &(l)->w, &(l)->b, NULL, __VA_ARGS__)
+#define L1(l, n, k, ...) ditd_wl_add(wl, DITD_WL_PACK, (n), (k), &(l)->w, &(l)->b, &(l)->q, __VA_ARGS__)
 #define VEC(p, n, ...) ditd_wl_add(wl, DITD_WL_VEC, (n), 0, &(p), NULL, NULL, __VA_ARGS__)
 #define QKV(l, sfx, ...)                                                                    \
     do {                                                                                    \
         snprintf(pre, sizeof pre, __VA_ARGS__);                                             \
-        ditd_wl_rows_of(ditd_wl_add_fused(wl, DITD_WL_PACK, D, D, &(l)->w, &(l)->b, NULL,   \
+        ditd_wl_rows_of(ditd_wl_add_fused(wl, DITD_WL_PACK, D, D, &(l)->w, &(l)->b, &(l)->q, \
                                           pre, 3, (sfx)),                                   \
                         a0, A);                                                             \
     } while (0)
@@ -225,10 +226,9 @@ static int crop_pos(ditd_sd3 *m)
         return ditd_err_set(DITD_ENOMEM, "SD3 positional window %zux%zu", gw, gh);
     for (size_t r = 0; r < gh && !err; r++) {
         float *dst = win + r * gw * D;
-        if (m->pos_st) {
-            err = ditd_safetensors_read_f32_slice(m->pos_st, "pos_embed.pos_embed", 3, shape, 1,
-                                                  (int64_t)((top + r) * M + left), (int64_t)gw,
-                                                  dst);
+        if (m->pos_w) {
+            err = ditd_weights_read_f32_slice(m->pos_w, m->pos_name, 3, shape, 1,
+                                              (int64_t)((top + r) * M + left), (int64_t)gw, dst);
             continue;
         }
         for (size_t c = 0; c < gw; c++) {
@@ -328,10 +328,11 @@ static int plan(ditd_sd3 *m, const ditd_mesh *mesh)
     m->ioff = m->icnt + RU;
     m->jcnt = m->ioff + RU;
     m->jlead = m->jcnt + RU;
+    m->wl.tp = m->lay.tp; /* named by a split that would cut GGML blocks */
     weight_list(m, &m->wl);
-    if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)) ||
+    if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, m->src)) ||
         (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
-        (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
+        (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, m->src)))
         return err;
     return lora_targets(m);
 }
@@ -439,24 +440,25 @@ void ditd_sd3_shapes(const ditd_sd3_config *c, int height, int width, int text_l
 
 /* The positional table's source: the checkpoint's persistent buffer
  * pos_embed.pos_embed (1, M*M, D) when it has one (its shape checked here,
- * the checkpoint kept open for set_size's windows), else what PatchEmbed
+ * the checkpoint kept open for set_size's windows; `raw` is its name in the
+ * file: read by that name, a window slice goes straight to the file's
+ * tensor rather than through an alias), else what PatchEmbed
  * computes (get_2d_sincos_pos_embed over the M x M grid, base_size =
  * sample_size / patch_size, interpolation_scale 1): the column halves of
  * one table row and the row halves of one table column, which give every
  * token's. *st is taken (NULL after) when kept. */
-static int pos_source(ditd_sd3 *m, ditd_weights **w)
+static int pos_source(ditd_sd3 *m, ditd_weights **w, const char *raw)
 {
     const ditd_sd3_config *c = &m->cfg;
     int M = c->pos_embed_max_size, D = c->inner_dim, base = c->sample_size / c->patch_size;
-    const ditd_safetensors *sst = ditd_weights_st(*w);
-    const ditd_st_tensor *t = ditd_safetensors_find(sst, "pos_embed.pos_embed");
-    if (t) {
-        if (t->ndim != 3 || t->shape[0] != 1 || t->shape[1] != (int64_t)M * M || t->shape[2] != D)
+    if (ditd_weights_has_raw(*w, raw)) {
+        int64_t shape[3] = {1, (int64_t)M * M, D};
+        if (ditd_weights_check(*w, raw, 3, shape))
             return ditd_err_set(DITD_EFORMAT,
-                                "tensor 'pos_embed.pos_embed' is not (1, %d, %d): pos_embed_max_size %d, inner dim %d",
-                                M * M, D, M, D);
+                                "tensor '%s' is not (1, %d, %d): pos_embed_max_size %d, inner dim %d",
+                                raw, M * M, D, M, D);
+        snprintf(m->pos_name, sizeof m->pos_name, "%s", raw);
         m->pos_w = *w;
-        m->pos_st = sst;
         *w = NULL;
         return 0;
     }
@@ -511,7 +513,10 @@ int ditd_sd3_new_mesh(const ditd_sd3_config *cfg, const ditd_backend_ops *ops, i
                       const ditd_mesh *mesh, ditd_sd3 **out)
 {
     ditd_weights *st = NULL;
+    ditd_orig_map orig = {0};
+    char pos_raw[64] = "pos_embed.pos_embed";
     ditd_sd3 *m;
+    int is_orig = 0;
     int err;
 
     if (max_batch <= 0 || max_batch > 4096)
@@ -539,24 +544,32 @@ int ditd_sd3_new_mesh(const ditd_sd3_config *cfg, const ditd_backend_ops *ops, i
         m->blk[l].dual = cfg->dual[l];
     }
     set_sizes(m, height, width, text_len);
-    /* the weights and the positional table's source before the
-     * activations: plan_acts crops the table */
-    if ((err = plan(m, mesh)) || (err = ditd_weights_open(weights_path, &st)))
+    /* the weights first (which linears stay quantized decides their
+     * sizes), and the positional table's source before the activations:
+     * plan_acts crops the table */
+    if ((err = ditd_weights_open(weights_path, &st)) ||
+        (err = ditd_sd3_alias_orig(st, cfg, &orig, &is_orig)))
         goto fail;
-    if (!ditd_weights_st(st)) {
-        err = ditd_err_set(DITD_EUNSUPPORTED,
-                           "SD3Transformer2DModel loads safetensors checkpoints; %s is %s",
-                           weights_path, ditd_weights_format(st));
+    m->src = st;
+    if ((err = plan(m, mesh)))
         goto fail;
+    if (is_orig) {
+        static const char *const also[] = {"pos_embed.pos_embed", NULL};
+        if ((err = ditd_orig_map_check(&orig, &m->wl, also, "SD3Transformer2DModel")))
+            goto fail;
+        snprintf(pos_raw, sizeof pos_raw, "%spos_embed", orig.pre);
     }
-    if ((err = load_weights(m, st)) || (err = ditd_wl_pack(&m->wl, m->ops, NULL)) ||
-        (err = pos_source(m, &st)) || (err = plan_acts(m)))
+    if ((err = load_weights(m, st)) || (err = ditd_wl_pack(&m->wl, m->ops, &m->quantized)) ||
+        (err = pos_source(m, &st, pos_raw)) || (err = plan_acts(m)))
         goto fail;
+    m->src = NULL;
     ditd_wl_free(&m->wl); /* the list is the loading's; the forward reads m */
+    ditd_orig_map_free(&orig);
     ditd_weights_free(st);
     *out = m;
     return 0;
 fail:
+    ditd_orig_map_free(&orig);
     ditd_weights_free(st);
     ditd_sd3_free(m);
     return err;

@@ -76,9 +76,12 @@
  * latent size is the config's sample_size. */
 #define DITD_SD3_DEFAULT_TEXT_LEN (77 + 256)
 
-/* One linear layer's weight (N, K) and bias (N); its LoRA targets. */
+/* One linear layer's weight (N, K) and bias (N); its LoRA targets. The
+ * weight is dense at w, or (q.data set) the GGUF file's blocks kept as they
+ * are, dequantized panel by panel by linear_q (docs/quant.md). */
 typedef struct ditd_sd3_lin {
     void *w, *b;
+    ditd_qweight q;
     ditd_lora_slot lora;
 } ditd_sd3_lin;
 
@@ -111,11 +114,14 @@ typedef struct ditd_sd3 {
     void *patch_w, *patch_b; /* pos_embed.proj (D, C, p, p), (D) */
     /* the positional table (M*M, D), not kept whole (SD3.5-medium's is
      * 384^2 x 1536): set_size reads its window from the checkpoint's
-     * pos_embed.pos_embed (pos_st, kept open: a mapping, no copy), or, for
-     * a checkpoint without one, assembles it from the table's column and
-     * row halves (pos_cols, pos_rows: (M, D) host, computed at load) */
-    struct ditd_weights *pos_w;            /* kept open for pos_st */
-    const struct ditd_safetensors *pos_st; /* pos_w's reader */
+     * pos_embed.pos_embed (pos_w kept open: a mapping, no copy; pos_name
+     * the file's own name of it, "pos_embed" in the original names), or,
+     * for a checkpoint without one, assembles it from the table's column
+     * and row halves (pos_cols, pos_rows: (M, D) host, computed at load) */
+    struct ditd_weights *pos_w;
+    char pos_name[64];
+    const struct ditd_weights *src; /* while loading: which linears stay quantized */
+    int quantized;                  /* linears kept in GGML blocks */
     ditd_wl wl;             /* while loading: the weight list (weight_list.h) */
     float *pos_cols, *pos_rows;
     ditd_sd3_lin ctx_emb;   /* context_embedder (D, Dt) */
@@ -177,7 +183,9 @@ typedef struct ditd_sd3 {
 
 /* Loads a model for latents (C, height, width) and text_len text tokens,
  * batches up to max_batch, weights from a safetensors checkpoint (file,
- * index or folder), as one rank of `mesh` (borrowed; NULL = one rank).
+ * index or folder) or a GGUF file (engine/io/weights.h; its linears kept in
+ * their blocks on the CPU), in Diffusers' names or SD3's original ones
+ * (sd3_orig.c), as one rank of `mesh` (borrowed; NULL = one rank).
  * Refused (DITD_EUNSUPPORTED / DITD_EINVAL / DITD_EFORMAT, on every rank
  * alike): a size set_size refuses, a layout the heads or tokens cannot
  * take, a backend without rmsnorm_heads (qk_norm), a checkpoint whose
@@ -208,6 +216,15 @@ int ditd_sd3_forward(ditd_sd3 *m, int B, const void *x, const float *h_t, const 
 /* The shapes the model gives the denoiser interface at (height, width, L). */
 void ditd_sd3_shapes(const ditd_sd3_config *c, int height, int width, int text_len,
                      ditd_denoiser_shapes *out);
+
+/* SD3's original (MMDiT) names in w mapped to Diffusers' as aliases
+ * (sd3_orig.c); *found 0 (and m untouched) for a file in Diffusers' names.
+ * m (engine/models/orig_map.h) checks the file after the weight list is
+ * written; freed by the caller. */
+struct ditd_weights;
+struct ditd_orig_map;
+int ditd_sd3_alias_orig(struct ditd_weights *w, const ditd_sd3_config *c,
+                        struct ditd_orig_map *m, int *found);
 
 /* The SD3Transformer2DModel family (engine/models/sd3/sd3_denoiser.c). */
 extern const ditd_denoiser_family ditd_sd3_family;

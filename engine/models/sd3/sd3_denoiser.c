@@ -76,20 +76,28 @@ static int sd3_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap
     return 0;
 }
 
-static int sd3_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
-                    const ditd_mesh *mesh, ditd_denoiser **out)
+/* dir gives config.json; the weights come from `weights` (a .gguf or
+ * .safetensors file, --transformer-file) or dir itself. */
+static int sd3_load_file(const char *dir, const char *weights, const ditd_backend_ops *ops,
+                         int max_batch, const ditd_mesh *mesh, ditd_denoiser **out)
 {
     ditd_sd3_config c;
     ditd_sd3 *m;
     int err;
     if ((err = config_at(dir, &c)) ||
         (err = ditd_sd3_new_mesh(&c, ops, max_batch, default_latent(&c), default_latent(&c),
-                                 DITD_SD3_DEFAULT_TEXT_LEN, dir, mesh, &m)))
+                                 DITD_SD3_DEFAULT_TEXT_LEN, weights, mesh, &m)))
         return err;
     m->base.family = &ditd_sd3_family;
     cache_plan(m);
     *out = &m->base;
     return 0;
+}
+
+static int sd3_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
+                    const ditd_mesh *mesh, ditd_denoiser **out)
+{
+    return sd3_load_file(dir, dir, ops, max_batch, mesh, out);
 }
 
 static int sd3_forward(ditd_denoiser *d, int B, const void *x, const float *t,
@@ -124,6 +132,7 @@ const ditd_denoiser_family ditd_sd3_family = {
     .class_name = "SD3Transformer2DModel",
     .shapes = sd3_shapes,
     .load = sd3_load,
+    .load_file = sd3_load_file,
     .forward = sd3_forward,
     .free = sd3_free,
     .set_size = sd3_set_size,

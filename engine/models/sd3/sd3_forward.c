@@ -17,13 +17,13 @@ static void *at(const ditd_sd3 *m, const void *p, size_t elems)
     return ditd_ptr_act(m->ops, p, elems);
 }
 
-/* A linear layer with the rows' LoRA adapters on it (engine/models/
- * lora_linear.h): M is fwd_B samples of M / fwd_B rows. */
+/* A linear layer (dense, or kept in GGML blocks: l->q) with the rows'
+ * LoRA adapters on it (engine/models/lora_linear.h): M is fwd_B samples of M / fwd_B rows. */
 static void lin_b(const ditd_sd3 *m, const void *x, size_t ldx, const ditd_sd3_lin *l,
                   const void *b, void *y, size_t ldy, int M, int N, int K, ditd_act act)
 {
-    ditd_lora_linear(m->ops, m->base.loras, m->fwd_B, l->lora, x, ldx, l->w, b, y, ldy, M, N, K,
-                     act, m->lora_tmp, m->lora_tmp_n);
+    ditd_lora_linear(m->ops, m->base.loras, m->fwd_B, l->lora, x, ldx, l->w, &l->q, b, y, ldy, M,
+                     N, K, act, m->lora_tmp, m->lora_tmp_n);
 }
 
 static void lin(const ditd_sd3 *m, const void *x, size_t ldx, const ditd_sd3_lin *l, void *y,

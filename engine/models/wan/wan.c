@@ -8,6 +8,7 @@
 
 #include "engine/core/error.h"
 #include "engine/io/weights.h"
+#include "engine/models/orig_map.h"
 #include "kernels/cpu/rope.h"
 
 /* ---- planning: the same carve sequence runs twice (count, then hand out) ---- */
@@ -29,18 +30,19 @@ static void minus_one(float *v, size_t n)
 
 /* The model's weight list (engine/models/weight_list.h), written once from
  * the config and this rank's tp plan, walked for planning, loading and
- * packing. tp: attn1's q|k|v, attn2's q, k|v (and the image branch's
+ * packing; a linear whose parts are one GGML block type stays in its
+ * blocks (weight_list.c). tp: attn1's q|k|v, attn2's q, k|v (and the image branch's
  * add_k|add_v) and ffn.net.0.proj column-parallel (this rank's heads and FFN
  * rows, their qk norms' slices with them); attn1/attn2.to_out.0 and
  * ffn.net.2 row-parallel (matching columns). The modulation tables, norms
  * and the image embedder's positions stay in the activation type. */
-#define L1(l, n, k, ...) ditd_wl_add(wl, DITD_WL_PACK, (n), (k), &(l)->w, &(l)->b, NULL, __VA_ARGS__)
+#define L1(l, n, k, ...) ditd_wl_add(wl, DITD_WL_PACK, (n), (k), &(l)->w, &(l)->b, &(l)->q, __VA_ARGS__)
 #define VEC(p, n, ...) ditd_wl_add(wl, DITD_WL_VEC | DITD_WL_ACT, (n), 0, &(p), NULL, NULL, __VA_ARGS__)
 #define FUSED(l, np, sfx, ...)                                                                  \
     do {                                                                                        \
         snprintf(pre, sizeof pre, __VA_ARGS__);                                                 \
-        ditd_wl_rows_of(ditd_wl_add_fused(wl, DITD_WL_PACK, D, D, &(l)->w, &(l)->b, NULL, pre,  \
-                                          (np), (sfx)),                                         \
+        ditd_wl_rows_of(ditd_wl_add_fused(wl, DITD_WL_PACK, D, D, &(l)->w, &(l)->b, &(l)->q,    \
+                                          pre, (np), (sfx)),                                    \
                         a0, A);                                                                 \
     } while (0)
 
@@ -331,10 +333,11 @@ static int plan(ditd_wan *m, const ditd_mesh *mesh)
     m->dsp_a = m->cnt_a + RU;
     m->icnt = m->dsp_a + RU;
     m->ioff = m->icnt + RU;
+    m->wl.tp = m->lay.tp; /* named by a split that would cut GGML blocks */
     weight_list(m, &m->wl);
-    if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)) ||
+    if ((err = ditd_wl_plan(&m->wl, &m->weights, m->ops, m->src)) ||
         (err = ditd_arena_commit(&m->weights, m->weights.peak_plan)) ||
-        (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, NULL)))
+        (err = ditd_wl_plan(&m->wl, &m->weights, m->ops, m->src)))
         return err;
     return lora_targets(m);
 }
@@ -475,7 +478,9 @@ int ditd_wan_new_mesh(const ditd_wan_config *cfg, const ditd_backend_ops *ops, i
                       const ditd_mesh *mesh, ditd_wan **out)
 {
     ditd_weights *st = NULL;
+    ditd_orig_map orig = {0};
     ditd_wan *m;
+    int is_orig = 0;
     int err;
 
     if (max_batch <= 0 || max_batch > 4096)
@@ -504,22 +509,25 @@ int ditd_wan_new_mesh(const ditd_wan_config *cfg, const ditd_backend_ops *ops, i
         goto fail;
     }
     set_sizes(m, frames, height, width, text_len);
-    if ((err = plan(m, mesh)) || (err = plan_host(m)) || (err = plan_acts(m)) ||
-        (err = ditd_weights_open(weights_path, &st)))
+    /* the weights first: which linears stay quantized decides their sizes */
+    if ((err = ditd_weights_open(weights_path, &st)) ||
+        (err = ditd_wan_alias_orig(st, &orig, &is_orig)))
         goto fail;
-    if (!ditd_weights_st(st)) {
-        err = ditd_err_set(DITD_EUNSUPPORTED,
-                           "WanTransformer3DModel loads safetensors checkpoints; %s is %s",
-                           weights_path, ditd_weights_format(st));
+    m->src = st;
+    if ((err = plan(m, mesh)) || (err = plan_host(m)) || (err = plan_acts(m)))
         goto fail;
-    }
-    if ((err = load_weights(m, st)) || (err = ditd_wl_pack(&m->wl, m->ops, NULL)))
+    if (is_orig && (err = ditd_orig_map_check(&orig, &m->wl, NULL, "WanTransformer3DModel")))
         goto fail;
+    if ((err = load_weights(m, st)) || (err = ditd_wl_pack(&m->wl, m->ops, &m->quantized)))
+        goto fail;
+    m->src = NULL;
     ditd_wl_free(&m->wl); /* the list is the loading's; the forward reads m */
+    ditd_orig_map_free(&orig);
     ditd_weights_free(st);
     *out = m;
     return 0;
 fail:
+    ditd_orig_map_free(&orig);
     ditd_weights_free(st);
     ditd_wan_free(m);
     return err;

@@ -91,9 +91,12 @@
 #define DITD_WAN_DEFAULT_WIDTH 104
 #define DITD_WAN_DEFAULT_TEXT_LEN 512
 
-/* One linear layer's weight (N, K) and bias (N); its LoRA targets. */
+/* One linear layer's weight (N, K) and bias (N); its LoRA targets. The
+ * weight is dense at w, or (q.data set) the GGUF file's blocks kept as they
+ * are, dequantized panel by panel by linear_q (docs/quant.md). */
 typedef struct ditd_wan_lin {
     void *w, *b;
+    ditd_qweight q;
     ditd_lora_slot lora;
 } ditd_wan_lin;
 
@@ -125,6 +128,8 @@ typedef struct ditd_wan {
     int L;                  /* text tokens */
 
     ditd_arena weights, acts;
+    const struct ditd_weights *src; /* while loading: which linears stay quantized */
+    int quantized;                  /* linears kept in GGML blocks */
 
     ditd_wan_lin patch;     /* patch_embedding (D, C, 1, p, p) as a conv (D, C, p, p) */
     ditd_wan_lin t1, t2;    /* condition_embedder.time_embedder.linear_1 (D, freq), linear_2 */
@@ -198,7 +203,9 @@ typedef struct ditd_wan {
 
 /* Loads a model for latents (C, frames, height, width) and text_len text
  * tokens, batches up to max_batch, weights from a safetensors checkpoint
- * (file, index or folder; f32, f16 or bf16), as one rank of `mesh`
+ * (file, index or folder; f32, f16 or bf16) or a GGUF file
+ * (engine/io/weights.h; its linears kept in their blocks on the CPU), in
+ * Diffusers' names or Wan's original ones (wan_orig.c), as one rank of `mesh`
  * (borrowed; NULL = one rank). Refused (DITD_EUNSUPPORTED / DITD_EINVAL, on
  * every rank alike): a size the patch or the RoPE cannot take, a layout the
  * heads or tokens cannot take, a backend without the ops wan.h names, a
@@ -238,5 +245,13 @@ extern const ditd_denoiser_family ditd_wan_family;
 
 size_t ditd_wan_weight_bytes(const ditd_wan *m);
 size_t ditd_wan_act_bytes(const ditd_wan *m);
+
+/* Wan's original names in w mapped to Diffusers' as aliases (wan_orig.c);
+ * *found 0 (and m untouched) for a file in Diffusers' names. m
+ * (engine/models/orig_map.h) checks the file after the weight list is
+ * written; freed by the caller. */
+struct ditd_weights;
+struct ditd_orig_map;
+int ditd_wan_alias_orig(struct ditd_weights *w, struct ditd_orig_map *m, int *found);
 
 #endif

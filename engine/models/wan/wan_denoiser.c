@@ -64,8 +64,10 @@ static int wan_module_name(const ditd_denoiser *d, int id, char *buf, size_t cap
     return 0;
 }
 
-static int wan_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
-                    const ditd_mesh *mesh, ditd_denoiser **out)
+/* dir gives config.json; the weights come from `weights` (a .gguf or
+ * .safetensors file, --transformer-file) or dir itself. */
+static int wan_load_file(const char *dir, const char *weights, const ditd_backend_ops *ops,
+                         int max_batch, const ditd_mesh *mesh, ditd_denoiser **out)
 {
     ditd_wan_config c;
     ditd_wan *m;
@@ -73,12 +75,18 @@ static int wan_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
     if ((err = config_at(dir, &c)) ||
         (err = ditd_wan_new_mesh(&c, ops, max_batch, DITD_WAN_DEFAULT_FRAMES,
                                  DITD_WAN_DEFAULT_HEIGHT, DITD_WAN_DEFAULT_WIDTH,
-                                 DITD_WAN_DEFAULT_TEXT_LEN, dir, mesh, &m)))
+                                 DITD_WAN_DEFAULT_TEXT_LEN, weights, mesh, &m)))
         return err;
     m->base.family = &ditd_wan_family;
     cache_plan(m);
     *out = &m->base;
     return 0;
+}
+
+static int wan_load(const char *dir, const ditd_backend_ops *ops, int max_batch,
+                    const ditd_mesh *mesh, ditd_denoiser **out)
+{
+    return wan_load_file(dir, dir, ops, max_batch, mesh, out);
 }
 
 static int wan_forward(ditd_denoiser *d, int B, const void *x, const float *t,
@@ -124,6 +132,7 @@ const ditd_denoiser_family ditd_wan_family = {
     .class_name = "WanTransformer3DModel",
     .shapes = wan_shapes,
     .load = wan_load,
+    .load_file = wan_load_file,
     .forward = wan_forward,
     .free = wan_free,
     .set_size = wan_set_size,
