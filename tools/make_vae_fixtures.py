@@ -7,7 +7,8 @@ f32, f16 or bf16) and records what Diffusers computes with them, in float64, in
 <name>/expected/ (.npy files listed in <name>/expected/cases.json):
 
   - decode: AutoencoderKL.decode(z).sample for odd, non-square latents;
-  - encode: AutoencoderKL.encode(x).latent_dist mean and std;
+  - encode: AutoencoderKL.encode(x).latent_dist mean and std (also of images whose sides
+    are not a multiple of the scale factor);
   - tiled:  the same decode after enable_tiling() (tiles, overlap, blending).
 
 and one latent DiT model folder, dit-latent/ (transformer + scheduler + vae with a
@@ -55,6 +56,7 @@ CONFIGS = [
         "decode": [(2, 5, 7), (1, 8, 3)],
         "encode": [(1, 10, 14)],
         "tiled": [(1, 13, 10)],
+        "encode_odd": [(1, 23, 13)],
     },
     {
         "name": "kl16-bf16",
@@ -69,6 +71,7 @@ CONFIGS = [
         "decode": [(1, 6, 5)],
         "encode": [(1, 20, 12)],
         "tiled": [(1, 11, 9)],
+        "encode_odd": [(1, 45, 27)],
     },
     {
         # stored with the deprecated attention names (query/key/value/proj_attn) of
@@ -85,6 +88,7 @@ CONFIGS = [
         "decode": [(1, 9, 4)],
         "encode": [(2, 6, 10)],
         "tiled": [],
+        "encode_odd": [(1, 11, 9)],
     },
 ]
 
@@ -157,6 +161,16 @@ def make_vae(cfg, out):
             model.disable_tiling()
             cases.append({"kind": "tiled", "z": npsave(exp, f"tiled{i}_z.npy", z),
                           "out": npsave(exp, f"tiled{i}_out.npy", y)})
+        # images whose sides are not a multiple of the scale factor (the stride-2
+        # stages drop their last row or column): drawn last, from a generator of
+        # their own, so the cases above keep their bytes
+        gen_odd = torch.Generator().manual_seed(cfg["seed"] + 100)
+        for i, (b, hh, ww) in enumerate(cfg.get("encode_odd", [])):
+            x = (torch.rand((b, 3, hh, ww), generator=gen_odd, dtype=torch.float32) * 2 - 1).to(torch.float64)
+            d = model.encode(x).latent_dist
+            cases.append({"kind": "encode", "x": npsave(exp, f"encode_odd{i}_x.npy", x),
+                          "mean": npsave(exp, f"encode_odd{i}_mean.npy", d.mean),
+                          "std": npsave(exp, f"encode_odd{i}_std.npy", d.std)})
     (exp / "cases.json").write_text(json.dumps({"diffusers": diffusers.__version__,
                                                 "cases": cases}, indent=1) + "\n")
     print(root, len(cases), "cases")

@@ -84,8 +84,9 @@ int ditd_latent_image_enable_encode(ditd_latent_image *li);
  * under seed), then (z - shift_factor) x scaling_factor: latents (Cl, h, w)
  * host f32, what ditd_gen_sample.image_latents takes. Needs a model whose row
  * has img2img (DITD_EUNSUPPORTED otherwise); the first call plans the encoder
- * (ditd_latent_image_enable_encode). One rank, not collective: in a
- * group every rank may call it and gets the same latents. */
+ * (ditd_latent_image_enable_encode). Collective over the group (the
+ * parallel encode, autoencoder_kl.h): every rank calls it with the same
+ * image and seed and gets the same latents, bit-identical to one rank's. */
 int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
                              uint64_t seed, float *latents);
 /* The same for input image j (0-based) of a request of several: its
@@ -101,7 +102,8 @@ int ditd_latent_image_encode_nth(ditd_latent_image *li, const uint8_t *rgb, int 
  * (retrieve_latents with sample_mode="argmax": the mean, no draw), then
  * (z - shift_factor) x scaling_factor: latents (Cl, H / f, W / f) host f32,
  * what ditd_gen_sample.ref_latents takes. Needs a row with img2img or
- * reference; one rank, not collective (every rank of a group gets the same). */
+ * reference. In a group: collective, as ditd_vae_encode (every rank calls it
+ * with the same image and gets the same latents). */
 int ditd_latent_image_encode_mode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
                                   float *latents);
 

@@ -419,8 +419,9 @@ static int set_batch_size(ditd__worker *w, const Ditd__Batch *b)
     return ditd__worker_plan_buffers(w);
 }
 
-/* FluxKontextPipeline's references, on every rank (the same bytes
- * everywhere, so the same latents): sample i's reference through the VAE
+/* FluxKontextPipeline's references, on every rank (the group encodes each
+ * together, ditd_latent_image_encode_mode being collective; the same bytes
+ * everywhere, so the same decisions): sample i's reference through the VAE
  * encoder's mode (no draw), shifted and scaled; a sample with the same
  * reference as an earlier one copies its latents. */
 static int reference_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
@@ -445,8 +446,9 @@ static int reference_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
     return 0;
 }
 
-/* An edit's inputs, on every rank (each encodes the images itself: the
- * same latents everywhere): sample i's image through the VAE encoder
+/* An edit's inputs, on every rank (the group encodes each image together,
+ * ditd_latent_image_encode being collective: the same latents everywhere,
+ * bit-identical to one rank's): sample i's image through the VAE encoder
  * (posterior stream under its seed at its image_index's offset, so the
  * outputs of one request that edit the same input image share its
  * latents: encoded once), its mask on the latent grid. */

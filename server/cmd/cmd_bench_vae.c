@@ -5,7 +5,9 @@
  * and communication time and, per collective, calls and bytes measured
  * beside the analytic count. With --steps K and a DiT config it also prints
  * the end-to-end split for one image: K DiT forwards (CFG-doubled batch of
- * 2, random weights) and the decode. A benchmark prints; it asserts nothing.
+ * 2, random weights) and the decode. With --encode it times the encoder
+ * instead (on the group under mpirun), printing each rank's time and peak
+ * RSS. A benchmark prints; it asserts nothing.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -95,19 +97,93 @@ static void analytic(const ditd_vae_config *c, int h, int w, int m, int P, doubl
     *ag_calls = ac;
 }
 
+/* --encode: the encoder on a size x size image (Philox noise in [-1, 1])
+ * with a posterior draw; per rank: median wall ms, process CPU ms, peak
+ * RSS, the communication time of the last run, all printed by the leader. */
+static int bench_encode(ditd_vae *v, ditd_comm *world, int rank, int P, int nth, const char *name,
+                        int size, long warmup, long iters, double load_ms)
+{
+    const ditd_vae_config *c = ditd_vae_config_of(v);
+    const int hl = ditd_vae_latent_side(c, size);
+    const size_t xn = (size_t)c->in_channels * size * size, ln = (size_t)c->latent_channels * hl * hl;
+    float *x = malloc(xn * sizeof *x), *mean = malloc(ln * sizeof *mean), *draw = malloc(ln * sizeof *draw);
+    double *t = calloc((size_t)iters, sizeof *t), *tc = calloc((size_t)iters, sizeof *tc);
+    int64_t mine[4], *all = calloc((size_t)P * 4, sizeof *all);
+    int *cnt = calloc((size_t)P, sizeof *cnt), *dsp = calloc((size_t)P, sizeof *dsp), err, rc = 1;
+    ditd_vae_stats st = {0};
+    if (!x || !mean || !draw || !t || !tc || !all || !cnt || !dsp) {
+        fail("buffers", DITD_ENOMEM);
+        goto out;
+    }
+    ditd_philox_normal(7, 1, 0, xn, x);
+    for (size_t i = 0; i < xn; i++)
+        x[i] = x[i] < -2.0f ? -1.0f : x[i] > 2.0f ? 1.0f : 0.5f * x[i];
+    for (long i = 0; i < warmup + iters; i++) {
+        if (world)
+            ditd_comm_barrier(world);
+        double t0 = ditd_now_ms(), c0 = cpu_ms();
+        if ((err = ditd_vae_encode(v, x, 1, size, size, 5, mean, draw))) {
+            fail("encoding", err);
+            goto out;
+        }
+        if (i >= warmup) {
+            t[i - warmup] = ditd_now_ms() - t0;
+            tc[i - warmup] = cpu_ms() - c0;
+            st = ditd_vae_last_stats(v);
+        }
+    }
+    qsort(t, (size_t)iters, sizeof *t, cmp_double);
+    qsort(tc, (size_t)iters, sizeof *tc, cmp_double);
+    mine[0] = (int64_t)(iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]));
+    mine[1] = (int64_t)(iters % 2 ? tc[iters / 2] : 0.5 * (tc[iters / 2 - 1] + tc[iters / 2]));
+    mine[2] = (int64_t)(peak_rss_mib() + 0.5);
+    mine[3] = (int64_t)st.comm_ms;
+    for (int r = 0; r < P; r++) {
+        cnt[r] = 4;
+        dsp[r] = 4 * r;
+    }
+    if (world && (err = ditd_comm_allgatherv(world, DITD_DTYPE_I64, mine, all, cnt, dsp))) {
+        fail("gathering the numbers", err);
+        goto out;
+    }
+    if (!world)
+        memcpy(all, mine, sizeof mine);
+    if (rank == 0) {
+        printf("vae encode  %-14s %4dx%-4d -> latent %dx%dx%d  ranks %d  threads %d a rank  load %.0f ms\n",
+               name, size, size, c->latent_channels, hl, hl, P, nth, load_ms);
+        printf("  %-5s %12s %14s %15s %14s\n", "rank", "wall ms", "CPU ms", "comm ms (last)", "peak RSS MiB");
+        for (int r = 0; r < P; r++)
+            printf("  %-5d %12lld %14lld %15lld %14lld\n", r, (long long)all[4 * r], (long long)all[4 * r + 1],
+                   (long long)all[4 * r + 3], (long long)all[4 * r + 2]);
+    }
+    rc = 0;
+out:
+    free(x);
+    free(mean);
+    free(draw);
+    free(t);
+    free(tc);
+    free(all);
+    free(cnt);
+    free(dsp);
+    return rc;
+}
+
 int ditd_cmd_bench_vae(int argc, char **argv)
 {
-    enum { O_VAE = 256, O_SIZE, O_THREADS, O_ITERS, O_WARMUP, O_TILING, O_UNIT, O_STEPS, O_CONFIG };
+    enum { O_VAE = 256, O_SIZE, O_THREADS, O_ITERS, O_WARMUP, O_TILING, O_UNIT, O_STEPS, O_CONFIG,
+           O_ENCODE };
     static const struct option opts[] = {
         {"vae", required_argument, 0, O_VAE},         {"size", required_argument, 0, O_SIZE},
         {"threads", required_argument, 0, O_THREADS}, {"iters", required_argument, 0, O_ITERS},
         {"warmup", required_argument, 0, O_WARMUP},   {"vae-tiling", no_argument, 0, O_TILING},
         {"row-unit", required_argument, 0, O_UNIT},   {"steps", required_argument, 0, O_STEPS},
-        {"config", required_argument, 0, O_CONFIG},   {"help", no_argument, 0, 'h'},
+        {"config", required_argument, 0, O_CONFIG},   {"encode", no_argument, 0, O_ENCODE},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     const char *vae_name = NULL, *dit_name = "DiT-XL/2";
     long size = 256, threads = 0, iters = 3, warmup = 1, unit = 0, steps = 0;
-    int c, err = 0, tiling = 0, rc = 1, mpi = ditd_comm_launched_by_mpi(), rank = 0, P = 1;
+    int c, err = 0, tiling = 0, encode = 0, rc = 1, mpi = ditd_comm_launched_by_mpi(), rank = 0, P = 1;
     ditd_comm *world = NULL;
     ditd_vae *v = NULL;
     ditd_vae_config cfg;
@@ -126,11 +202,13 @@ int ditd_cmd_bench_vae(int argc, char **argv)
         case O_UNIT: err = ditd_parse_long(optarg, 0, 8, "--row-unit", &unit); break;
         case O_STEPS: err = ditd_parse_long(optarg, 0, 1000, "--steps", &steps); break;
         case O_CONFIG: dit_name = optarg; break;
+        case O_ENCODE: encode = 1; break;
         case 'h':
             printf("usage: ditd bench --vae sd-vae-ft-ema|flux-vae|DIR [--size PIXELS] [--threads T]\n"
                    "       [--iters K] [--warmup W] [--vae-tiling] [--row-unit M]\n"
                    "       [--steps K --config DiT-XL/2]   (end to end: K forwards + the decode)\n"
-                   "  under mpirun -np G: the parallel decode on G ranks\n");
+                   "       [--encode]   (the encoder: a --size image to its latent distribution)\n"
+                   "  under mpirun -np G: the parallel decode (or encode) on G ranks\n");
             return 0;
         default: return 2;
         }
@@ -158,6 +236,11 @@ int ditd_cmd_bench_vae(int argc, char **argv)
     const int f = ditd_vae_config_scale_factor(&cfg), h = (int)size / f;
     ditd_vae_opts o = {.max_h = h, .max_w = h, .tiling = tiling, .comm = P > 1 ? world : NULL,
                        .row_unit = (int)unit};
+    if (encode) {
+        o.max_h = o.max_w = 1; /* no decode: its buffers planned for a 1 x 1 latent */
+        o.max_image_h = o.max_image_w = (int)size;
+        o.tiling = 0;
+    }
     double t0 = ditd_now_ms();
     err = ditd_vae_config_named(vae_name, &cfg) == 0
               ? ditd_vae_new_random(&cfg, ops, &o, 42, &v)
@@ -177,6 +260,10 @@ int ditd_cmd_bench_vae(int argc, char **argv)
         goto done;
     }
     ditd_philox_normal(7, 0, 0, zn, z);
+    if (encode) {
+        rc = bench_encode(v, world, rank, P, nth, vae_name, (int)size, warmup, iters, load_ms);
+        goto done;
+    }
     ditd_vae_stats st = {0};
     for (long i = 0; i < warmup + iters; i++) {
         if (world)

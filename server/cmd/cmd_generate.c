@@ -634,7 +634,7 @@ int ditd_cmd_generate(int argc, char **argv)
         if (leader && !pr.quiet)
             fprintf(stderr, "image-to-video: %s %dx%d as the first of %d frames at %dx%d (%s)\n",
                     a.image_path, in_img.width, in_img.height, nfr, W, H, pc->name);
-    } else if (a.image_path && kontext) { /* the reference: every rank encodes it */
+    } else if (a.image_path && kontext) { /* the references: the group encodes each together */
         const int vsc = rep.info.vae_scale;
         int rw = 0, rh = 0;
         uint8_t *ref_px = NULL;
@@ -676,7 +676,7 @@ int ditd_cmd_generate(int argc, char **argv)
         if (leader && !pr.quiet)
             fprintf(stderr, "reference: %s %dx%d as %dx%d (%s)\n", a.image_path, in_img.width,
                     in_img.height, rw, rh, pc->name);
-    } else if (a.image_path) { /* every rank encodes (one rank's work, the same latents) */
+    } else if (a.image_path) { /* the group encodes together (the same latents on every rank) */
         int st = 0;
         gp.strength = a.strength;
         if ((err = ditd_pipeline_strength_start(gp.steps, a.strength, &st))) {
@@ -704,10 +704,11 @@ int ditd_cmd_generate(int argc, char **argv)
             goto done;
         }
         if (leader && !pr.quiet)
-            fprintf(stderr, "%s: %s%s %dx%d, strength %g: %d of %d steps (%s)\n",
+            fprintf(stderr, "%s: %s%s %dx%d, strength %g: %d of %d steps (%s), encoded on %d rank%s\n",
                     mask_l ? "inpaint" : "img2img", a.image_path, k > 1 ? " and more" : "",
                     in_img.width, in_img.height, a.strength, gp.steps - st, gp.steps,
-                    erow->name);
+                    erow->name, ditd_vae_last_stats(li->vae).ranks,
+                    ditd_vae_last_stats(li->vae).ranks > 1 ? "s" : "");
     }
     samples = calloc((size_t)a.n, sizeof *samples);
     out = malloc((size_t)a.n * numel * sizeof *out);

@@ -4,7 +4,8 @@ to one rank.
 
 For two cases of tests/fixtures/flux_img2img/expected/cases.json (strength 0.3, and 0.75 with true
 CFG and a negative prompt), ditd generate from the seed alone (the posterior draw and the noise are
-Philox streams, the image encoded on every rank) under ulysses 2, ring 2 (p2p), tp 2, cfg 2 and
+Philox streams, the image encoded by the whole group together: the leader must say "encoded on G
+ranks", the 4-row latent split over them) under ulysses 2, ring 2 (p2p), tp 2, cfg 2 and
 cfg 2 x ulysses 2 writes, from the leader, final latents within 1e-4 relative of one rank's and of
 Diffusers' float64 run. And inpainting (`--mask`, tests/fixtures/flux_inpaint beside it): the
 true-CFG case with a batch of two under cfg 2 x ulysses 2 (the mask blend runs on every rank of
@@ -61,10 +62,15 @@ for fdir, name, layouts in RUNS:
         fail(f"{name}: one rank vs Diffusers rel {e:.3g} > 1e-4")
     for np_, lay in layouts:
         out = os.path.join(tmp, f"{name}-{'-'.join(lay).replace('--', '')}.npy")
-        cmd = [mpirun, "-np", str(np_), ditd] + args + lay + ["--save-latents", out]
+        # not quiet: the leader's img2img line says how many ranks encoded the image
+        cmd = [mpirun, "-np", str(np_), ditd] + [a for a in args if a != "-q"] + lay + ["--save-latents", out]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
         if r.returncode != 0:
             fail(f"{name} {' '.join(lay)}: exit {r.returncode}: {r.stderr[-600:]}")
+            continue
+        if f"encoded on {np_} ranks" not in r.stderr:
+            fail(f"{name} {' '.join(lay)}: the image was not encoded on the group of {np_}: "
+                 f"{[l for l in r.stderr.splitlines() if 'img2img' in l or 'inpaint' in l]}")
             continue
         _, got = read_npy(out)
         e1, ed = rel(got, ref1), rel(got, ref)

@@ -10,6 +10,9 @@
  * GroupNorm statistics are summed over the group in float64, the mid-block
  * attention reads the keys and values of the whole image, and the leader
  * gathers the final rows. The result is bit-identical to the one-rank decode.
+ * The encode runs on the group the same way (its stride-2 downsamples take
+ * the next band's first row as their bottom pad), every rank getting the
+ * latents.
  *
  * What it is not: a pipeline. Scaling the latents (DiTPipeline divides by
  * scaling_factor; SD3/FLUX add shift_factor back after that) and turning pixels
@@ -94,11 +97,16 @@ const ditd_vae_config *ditd_vae_config_of(const ditd_vae *v);
 int ditd_vae_decode(ditd_vae *v, const float *z, int B, int h, int w, float *pixels);
 
 /* Encodes B images x (B, in_channels, H, W), host f32 in [-1, 1], as
- * AutoencoderKL.encode: mean (B, Cl, h, w) of the latent distribution
- * (h = H / f rounded down at each downsample), and when sample != NULL a
- * draw mean + exp(logvar / 2) * n, logvar clamped to [-30, 20], n image b's
- * ditd_philox_normal(seed, b, 0, Cl*h*w). One rank (not collective); needs
- * opts.max_image_h/w at load. */
+ * AutoencoderKL.encode: when mean != NULL the latent distribution's mean
+ * (B, Cl, h, w) (h = H / f rounded down at each downsample; it is also
+ * latent_dist.mode(), the "argmax" Kontext takes), and when sample != NULL
+ * a draw mean + exp(logvar / 2) * n, logvar clamped to [-30, 20], n image
+ * b's ditd_philox_normal(seed, b, 0, Cl*h*w). Needs opts.max_image_h/w at
+ * load. In a group: collective, exactly as the decode is (rows split at
+ * latent resolution, halos, GroupNorm statistics summed in float64 in image
+ * order, the mid-block attention over the whole latent): every rank calls it
+ * with the same arguments, reads x, and gets the same mean and draw,
+ * bit-identical to one rank's. Every downsample needs 2 x 2 pixels or more. */
 int ditd_vae_encode(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed, float *mean,
                     float *sample);
 
@@ -128,10 +136,13 @@ void ditd_vae_unscale_shifted(const ditd_vae_config *c, float *latents, size_t n
  * rounded to float as above; no shift_factor: - 0). */
 void ditd_vae_scale_shifted(const ditd_vae_config *c, float *latents, size_t n);
 
-/* Statistics of the last decode on this rank: milliseconds in compute and
- * in collectives (the comm's own counters hold calls and bytes). */
+/* Statistics of the last decode or encode on this rank: milliseconds in
+ * compute and in collectives (the comm's own counters hold calls and
+ * bytes), and how many ranks the image was split over (1: whole on this
+ * rank, as a latent smaller than the group is). */
 typedef struct ditd_vae_stats {
     double compute_ms, comm_ms;
+    int ranks;
 } ditd_vae_stats;
 ditd_vae_stats ditd_vae_last_stats(const ditd_vae *v);
 

@@ -30,6 +30,14 @@
  * the GEMM's column count and thread count; docs/vae.md.)
  * A latent with fewer units than ranks (a small tile) is decoded whole on
  * every rank instead, with no communication.
+ *
+ * Parallel encode: the same bands, chosen at latent resolution (units of
+ * one latent row by default) and scaled up by 2 per stride-2 stage, the last
+ * band running to the image's bottom row (it holds the rows the stride-2
+ * stages drop). Downsample2D's bottom pad row is the halo below a band (the
+ * next band's first row, zeros under the image), so every band's outputs
+ * are exactly its rows of the whole image's. The moments are all-gathered:
+ * every rank gets the mean and the Philox draw.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -97,6 +105,36 @@ static int tile_latent(const ditd_vae_config *c)
     return (int)(c->sample_size / (double)ditd_vae_config_scale_factor(c));
 }
 
+/* The most rows a band can have at latent scale, over every unit m the
+ * decode or encode may pick and every latent up to Hm rows: ceil(U / P)
+ * units of a split, or a whole latent of fewer than P units (< P m rows). */
+static int band_rows_max(const ditd_vae *v, int Hm)
+{
+    const int P = v->P;
+    int rows = 0;
+    for (int m = 1; m <= VAE_MAX_UNIT; m++) {
+        if (v->opts.row_unit > 0 && m != (v->opts.row_unit < VAE_MAX_UNIT ? v->opts.row_unit : VAE_MAX_UNIT))
+            continue;
+        int U = (Hm + m - 1) / m, split = (U + P - 1) / P * m, whole = (P - 1) * m;
+        int r = split > whole ? split : whole;
+        if (P == 1 || r > Hm)
+            r = Hm;
+        rows = rows > r ? rows : r;
+    }
+    return rows;
+}
+
+/* An encoder band's rows at a scale of Hs image rows, s = 2^(stages left):
+ * a band of at most R latent rows is R s rows, the last one up to s - 1
+ * more (the rows below h s that the stride-2 stages drop). */
+static int enc_rows_bound(int R, int hmax, int s, int Hs)
+{
+    if (R >= hmax)
+        return Hs;
+    long long r = (long long)(R + 1) * s;
+    return r < Hs ? (int)r : Hs;
+}
+
 static int carve(ditd_vae *v, void **p, size_t n)
 {
     int err;
@@ -144,19 +182,7 @@ int ditd__vae_plan_acts(ditd_vae *v)
         Hm = Hm < tl ? Hm : tl;
         Wm = Wm < tl ? Wm : tl;
     }
-    /* the most rows a band can have at latent scale, over every unit m the
-     * decode may pick and every latent up to Hm rows: ceil(U / P) units of
-     * a split, or a whole latent of fewer than P units (< P m rows) */
-    int rows = 0;
-    for (int m = 1; m <= VAE_MAX_UNIT; m++) {
-        if (v->opts.row_unit > 0 && m != (v->opts.row_unit < VAE_MAX_UNIT ? v->opts.row_unit : VAE_MAX_UNIT))
-            continue;
-        int U = (Hm + m - 1) / m, split = (U + P - 1) / P * m, whole = (P - 1) * m;
-        int r = split > whole ? split : whole;
-        if (P == 1 || r > Hm)
-            r = Hm;
-        rows = rows > r ? rows : r;
-    }
+    int rows = band_rows_max(v, Hm);
     v->rows_max = rows;
     size_t act = 0, scr = 0, halo = 0;
     /* decoder */
@@ -183,34 +209,44 @@ int ditd__vae_plan_acts(ditd_vae *v)
     v->tokfull_n = (size_t)Hm * Wm * top;
     v->pack_n = (size_t)c->out_channels * rows * f * Wm * f;
     v->h_img_n = v->pack_n;
-    /* encoder: one rank, the whole image */
+    /* encoder: a band of the image (split at latent resolution as the
+     * decode is), or the whole image */
     if (v->has_encoder) {
         int Hi = v->opts.max_image_h, Wi = v->opts.max_image_w;
-        act = zmax(act, img_n(c->in_channels, Hi, Wi));
+        if (Hi < 2 || Wi < 2)
+            return ditd_err_set(DITD_EINVAL, "VAE encoder: image %d x %d too small", Hi, Wi);
+        const int hmax = ditd_vae_latent_side(c, Hi), R = band_rows_max(v, hmax);
+        v->enc_rows_max = R;
+        int s = f, Ri = enc_rows_bound(R, hmax, s, Hi);
+        act = zmax(act, img_n(c->in_channels, Ri, Wi));
         halo = zmax(halo, (size_t)c->in_channels * Wi);
-        scr = zmax(scr, conv_scratch(cmax, c->in_channels, 3, Hi, Wi));
+        scr = zmax(scr, conv_scratch(cmax, c->in_channels, 3, Ri, Wi));
         prev = c->block_out_channels[0];
         for (int i = 0; i < n; i++) {
             int ch = c->block_out_channels[i], cm = prev > ch ? prev : ch;
-            act = zmax(act, img_n(cm, Hi, Wi));
+            act = zmax(act, img_n(cm, Ri, Wi));
             halo = zmax(halo, (size_t)cm * Wi);
-            scr = zmax(scr, conv_scratch(cmax, cm, 3, Hi, Wi));
+            scr = zmax(scr, conv_scratch(cmax, cm, 3, Ri, Wi));
             if (i != n - 1) {
                 int Ho = (Hi - 2) / 2 + 1, Wo = (Wi - 2) / 2 + 1;
-                if (Ho < 1 || Wo < 1)
+                if (Hi < 2 || Wi < 2)
                     return ditd_err_set(DITD_EINVAL, "VAE encoder: image %d x %d too small",
                                         v->opts.max_image_h, v->opts.max_image_w);
-                scr = zmax(scr, conv_scratch(cmax, ch, 3, Ho, Wo));
+                s /= 2;
+                int Ro = enc_rows_bound(R, hmax, s, Ho);
+                scr = zmax(scr, conv_scratch(cmax, ch, 3, Ro, Wo));
                 Hi = Ho;
                 Wi = Wo;
-                act = zmax(act, img_n(ch, Hi, Wi));
+                Ri = Ro;
+                act = zmax(act, img_n(ch, Ri, Wi));
             }
             prev = ch;
         }
-        act = zmax(act, img_n(2 * c->latent_channels, Hi, Wi));
-        scr = zmax(scr, conv_scratch(cmax, top, 3, Hi, Wi));
-        v->tok_n = zmax(v->tok_n, (size_t)Hi * Wi * top);
+        act = zmax(act, img_n(2 * c->latent_channels, Ri, Wi));
+        scr = zmax(scr, conv_scratch(cmax, top, 3, Ri, Wi));
+        v->tok_n = zmax(v->tok_n, (size_t)Ri * Wi * top);
         v->tokfull_n = zmax(v->tokfull_n, (size_t)Hi * Wi * top);
+        /* the moments of the whole latent, gathered on every rank */
         v->h_img_n = zmax(v->h_img_n, (size_t)2 * c->latent_channels * Hi * Wi);
         v->pack_n = zmax(v->pack_n, (size_t)2 * c->latent_channels * Hi * Wi);
     }
@@ -295,8 +331,11 @@ static int groupnorm(ditd_vae *v, const vnorm *nm, void *x, void *y, const geom 
     double *part = v->h_stats, *all = v->h_stats;
     int err;
 
+    /* the band's last unit takes the rows left (fewer than a unit at the
+     * decode's bottom; a few more in the encoder, whose image rows below
+     * h x 2^stages belong to the last latent row's unit) */
     for (int k = 0; k < g->nu; k++) {
-        int r0 = k * g->unit, nr = g->rows - r0 < g->unit ? g->rows - r0 : g->unit;
+        int r0 = k * g->unit, nr = k == g->nu - 1 ? g->rows - r0 : g->unit;
         v->ops->groupnorm_stats(at(v, x, (size_t)(1 + r0) * W), ps, 1, C, nr, g->W, G,
                                 part + (size_t)k * 2 * G);
     }
@@ -476,6 +515,7 @@ static int decode_one(ditd_vae *v, const float *z, int h, int w, float *out)
 
     bands(v, h, unit_rows(v, w), &g);
     g.W = w;
+    v->st.ranks = g.par ? v->P : 1;
     if (g.rows > v->rows_max) /* a bug, not bad input: the plan covers every band */
         return ditd_err_set(DITD_EINTERNAL, "VAE band of %d rows, planned %d", g.rows, v->rows_max);
     const int r0 = g.u0 * g.unit;
@@ -679,6 +719,51 @@ int ditd_vae_decode(ditd_vae *v, const float *z, int B, int h, int w, float *pix
 
 /* ---- encode ---- */
 
+/* The encoder's band at a scale of Hs x Ws (s = 2^(stride-2 stages left)),
+ * from the bands of the latent (lat): units of lat->unit s rows, the last
+ * band reaching the image's bottom row. Every band but the last has an even
+ * number of rows before each stride-2 stage, so its outputs are exactly
+ * rows [a / 2, e / 2) of the whole image's. */
+static void enc_geom(const geom *lat, int s, int Hs, int Ws, geom *g)
+{
+    *g = *lat;
+    g->unit = lat->unit * s;
+    g->H = Hs;
+    g->W = Ws;
+    const int a = lat->u0 * g->unit;
+    const int e = lat->u0 + lat->nu == lat->U ? Hs : (lat->u0 + lat->nu) * g->unit;
+    g->rows = e - a;
+}
+
+/* The moments (2 Cl, h, w) of the whole latent on every rank, in v->pack:
+ * each rank's band packed, all-gathered into v->recv (rank by rank), laid
+ * out again by channel. Not split: the band is the latent. */
+static int enc_moments(ditd_vae *v, void *y, const geom *g, int C)
+{
+    const ditd_backend_ops *ops = v->ops;
+    const size_t bandn = (size_t)g->rows * g->W, hw = (size_t)g->H * g->W;
+    int err;
+    ops->copy2d(v->pack, bandn, at(v, y, (size_t)g->W), ps_of(g), (size_t)C, bandn);
+    if (!g->par || v->P == 1)
+        return 0;
+    for (int r = 0; r < v->P; r++) {
+        int a = v->ub[r] * g->unit, e = v->ub[r + 1] * g->unit;
+        e = e < g->H ? e : g->H;
+        v->counts[r] = C * (e - a) * g->W;
+        v->displs[r] = C * a * g->W;
+    }
+    ops->sync();
+    double t0 = ditd_now_ms();
+    if ((err = ditd_comm_allgatherv(v->comm, ops->act_dtype, v->pack, v->recv, v->counts, v->displs)))
+        return err;
+    v->st.comm_ms += ditd_now_ms() - t0;
+    for (int r = 0; r < v->P; r++) {
+        size_t a = (size_t)v->displs[r] / (size_t)C, rn = (size_t)v->counts[r] / (size_t)C;
+        ops->copy2d(at(v, v->pack, a), hw, at(v, v->recv, (size_t)v->displs[r]), rn, (size_t)C, rn);
+    }
+    return 0;
+}
+
 int ditd_vae_encode(ditd_vae *v, const float *x, int B, int H, int W, uint64_t seed, float *mean,
                     float *sample)
 {
@@ -691,7 +776,8 @@ int ditd_vae_encode_stream(ditd_vae *v, const float *x, int B, int H, int W, uin
     const ditd_vae_config *c = &v->cfg;
     const ditd_backend_ops *ops = v->ops;
     const vcoder *e = &v->enc;
-    const int n = c->n_blocks, Cl = c->latent_channels;
+    const int n = c->n_blocks, Cl = c->latent_channels, f = ditd_vae_config_scale_factor(c);
+    double t0 = ditd_now_ms();
     int err = 0;
 
     if (!v->has_encoder)
@@ -699,15 +785,34 @@ int ditd_vae_encode_stream(ditd_vae *v, const float *x, int B, int H, int W, uin
     if (B < 1 || H < 1 || W < 1 || H > v->opts.max_image_h || W > v->opts.max_image_w)
         return ditd_err_set(DITD_EINVAL, "VAE encode: %d images of %d x %d (planned up to %d x %d)", B,
                             H, W, v->opts.max_image_h, v->opts.max_image_w);
+    /* Downsample2D's 3x3 stride-2 convolution needs 2 rows and columns
+     * after its (0, 1) pad (PyTorch refuses a smaller input too) */
+    for (int i = 0, hs = H, ws = W; i < n - 1; i++, hs /= 2, ws /= 2)
+        if (hs < 2 || ws < 2)
+            return ditd_err_set(DITD_EINVAL, "VAE encode: image %d x %d: downsample %d of %d gets "
+                                "%d x %d pixels (at least 2 x 2 needed)", W, H, i + 1, n - 1, ws, hs);
     const int h = ditd_vae_latent_side(c, H), w = ditd_vae_latent_side(c, W);
     const size_t ln = (size_t)Cl * h * w;
+    /* Units of one latent row unless opts.row_unit says otherwise (the
+     * decode's ~512 columns a unit served the old GEMM path): every latent
+     * of at least G rows splits, as evenly as rows go. A function of the
+     * image alone, never of G, like the decode's. */
+    geom lat;
+    bands(v, h, v->opts.row_unit > 0 ? unit_rows(v, w) : 1, &lat);
+    lat.W = w;
+    if (lat.rows > v->enc_rows_max) /* a bug, not bad input: the plan covers every band */
+        return ditd_err_set(DITD_EINTERNAL, "VAE encoder band of %d latent rows, planned %d", lat.rows,
+                            v->enc_rows_max);
+    memset(&v->st, 0, sizeof v->st);
+    v->st.ranks = lat.par ? v->P : 1;
     for (int b = 0; b < B; b++) {
-        /* one rank, the whole image, in units of 8 rows */
-        geom g = {.rows = H, .W = W, .H = H, .par = 0, .unit = 8, .u0 = 0, .nu = (H + 7) / 8,
-                  .U = (H + 7) / 8};
+        int s = f, Hs = H, Ws = W;
+        geom g;
+        enc_geom(&lat, s, Hs, Ws, &g);
+        const size_t r0 = (size_t)g.u0 * (size_t)g.unit;
         for (int ci = 0; ci < c->in_channels; ci++)
             ops->upload(at(v, v->X, (size_t)ci * ps_of(&g) + (size_t)W),
-                        x + ((size_t)b * c->in_channels + ci) * H * W, (size_t)H * W);
+                        x + (((size_t)b * c->in_channels + ci) * H + r0) * W, (size_t)g.rows * W);
         if ((err = conv3(v, &e->conv_in, v->X, v->A, &g)))
             return err;
         swap(&v->X, &v->A);
@@ -717,14 +822,22 @@ int ditd_vae_encode_stream(ditd_vae *v, const float *x, int B, int H, int W, uin
                 if ((err = resnet(v, &bl->res[j], &g)))
                     return err;
             if (bl->has_sample) {
-                /* Downsample2D(padding=0): pad (0, 1, 0, 1) with zeros, 3x3 stride 2 */
-                geom g2 = g;
-                g2.rows = g2.H = (g.rows - 2) / 2 + 1;
-                g2.W = (g.W - 2) / 2 + 1;
-                g2.nu = g2.U = (g2.rows + 7) / 8;
+                /* Downsample2D(padding=0): pad (0, 1, 0, 1) with zeros, 3x3
+                 * stride 2. The bottom pad row is the halo below the band:
+                 * the next band's first row, or zeros under the image. */
+                geom g2;
+                s /= 2;
+                Hs = (Hs - 2) / 2 + 1;
+                Ws = (Ws - 2) / 2 + 1;
+                enc_geom(&lat, s, Hs, Ws, &g2);
+                if ((g.rows + 1 - 3) / 2 + 1 != g2.rows) /* a bug: the bands keep even rows */
+                    return ditd_err_set(DITD_EINTERNAL, "VAE encoder: a band of %d rows to %d", g.rows,
+                                        g2.rows);
+                if ((err = halo_fill(v, v->X, bl->sample.cin, &g)))
+                    return err;
                 ops->conv2d(at(v, v->X, (size_t)g.W), ps_of(&g), bl->sample.w, bl->sample.b,
                             at(v, v->A, (size_t)g2.W), ps_of(&g2), v->scratch, v->scratch_n, 1,
-                            bl->sample.cin, g.rows, g.W, bl->sample.cout, 3, 2, 0, 1, 0, 1);
+                            bl->sample.cin, g.rows + 1, g.W, bl->sample.cout, 3, 2, 0, 0, 0, 1);
                 g = g2;
                 swap(&v->X, &v->A);
             }
@@ -736,22 +849,24 @@ int ditd_vae_encode_stream(ditd_vae *v, const float *x, int B, int H, int W, uin
             conv1(v, &v->quant, v->Hb, v->A, &g);
             swap(&v->A, &v->Hb);
         }
-        /* moments (2 Cl, h, w): mean, then logvar */
-        ops->copy2d(v->pack, (size_t)h * w, at(v, v->Hb, (size_t)w), ps_of(&g), (size_t)2 * Cl,
-                    (size_t)h * w);
+        /* moments (2 Cl, h, w): mean, then logvar; the same on every rank */
+        if ((err = enc_moments(v, v->Hb, &g, 2 * Cl)))
+            return err;
         ops->download(v->h_img, v->pack, 2 * ln);
         if ((err = ops->status()))
             return err;
-        memcpy(mean + (size_t)b * ln, v->h_img, ln * sizeof *mean);
+        if (mean)
+            memcpy(mean + (size_t)b * ln, v->h_img, ln * sizeof *mean);
         if (sample) {
-            float *s = sample + (size_t)b * ln;
-            ditd_philox_normal(seed, stream + (uint64_t)b, offset, ln, s);
+            float *sp = sample + (size_t)b * ln;
+            ditd_philox_normal(seed, stream + (uint64_t)b, offset, ln, sp);
             for (size_t i = 0; i < ln; i++) {
                 float lv = v->h_img[ln + i];
                 lv = lv < -30.0f ? -30.0f : lv > 20.0f ? 20.0f : lv;
-                s[i] = v->h_img[i] + expf(0.5f * lv) * s[i];
+                sp[i] = v->h_img[i] + expf(0.5f * lv) * sp[i];
             }
         }
     }
+    v->st.compute_ms = ditd_now_ms() - t0 - v->st.comm_ms;
     return 0;
 }

@@ -82,6 +82,7 @@ struct ditd_vae {
     int *ub;                       /* (P + 1) first unit of each rank's band, then U */
     int max_units;
     int rows_max;                  /* a band's rows at latent scale, at most */
+    int enc_rows_max;              /* the same for the encoder's latent */
 
     ditd_vae_stats st;
 };
