@@ -103,38 +103,89 @@ const ditd_pipeline_class ditd_pipeline_flux_kontext = {
     .auto_resize = 1,
 };
 
-/* StableDiffusion3Pipeline.encode_prompt: both CLIPs' hidden_states[-2] at
- * 77 tokens joined on channels and zero-padded to joint_attention_dim,
- * then T5's last_hidden_state at max_sequence_length (zeros without
- * text_encoder_3); the pooled vector is both CLIPs' projected text_embeds.
- * guidance_scale 7 over the negative prompt ("" when none), skip-layer
- * guidance, the scheduler's own steps (shift, mu from the image tokens). */
+/* StableDiffusion3Pipeline's recipe, guidance and scheduler rules: shared by
+ * the SD3 rows (the edit rows differ in their defaults, skip-layer guidance
+ * and, for inpainting, the decode). encode_prompt: both CLIPs'
+ * hidden_states[-2] at 77 tokens joined on channels and zero-padded to
+ * joint_attention_dim, then T5's last_hidden_state at max_sequence_length
+ * (zeros without text_encoder_3); the pooled vector is both CLIPs' projected
+ * text_embeds. guidance_scale over the negative prompt ("" when none), the
+ * scheduler's own steps (shift, mu from the image tokens). */
+#define SD3_TEXT_RULES                                                                            \
+    .transformers = {"SD3Transformer2DModel", NULL}, .cond = DITD_COND_TEXT, .n_parts = 3,        \
+    .parts = {                                                                                    \
+        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_CLIP,       \
+         .tokens = 77, .prompt = 0, .seq = DITD_PROMPT_SEQ_PENULTIMATE, .seq_group = 0,           \
+         .pooled = DITD_PROMPT_POOLED_PROJECTED},                                                 \
+        {.tokenizer = "tokenizer_2", .encoder = "text_encoder_2", .kind = DITD_PROMPT_ENC_CLIP,   \
+         .tokens = 77, .prompt = 1, .seq = DITD_PROMPT_SEQ_PENULTIMATE, .seq_group = 0,           \
+         .pooled = DITD_PROMPT_POOLED_PROJECTED},                                                 \
+        {.tokenizer = "tokenizer_3", .encoder = "text_encoder_3", .kind = DITD_PROMPT_ENC_T5,     \
+         .tokens = 0, .prompt = 2, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 1,                   \
+         .pooled = DITD_PROMPT_POOLED_NONE, .optional = 1},                                       \
+    },                                                                                            \
+    .guidance = DITD_GUIDANCE_CFG, .default_max_sequence_length = 256, .max_sequence_length = 512
+
+/* StableDiffusion3Pipeline: the rules above, 28 steps, guidance_scale 7,
+ * skip-layer guidance; edits follow StableDiffusion3Img2ImgPipeline and
+ * StableDiffusion3InpaintPipeline, whose components are the same. */
 const ditd_pipeline_class ditd_pipeline_sd3 = {
     .name = "StableDiffusion3Pipeline",
-    .transformers = {"SD3Transformer2DModel", NULL},
-    .cond = DITD_COND_TEXT,
-    .n_parts = 3,
-    .parts = {
-        {.tokenizer = "tokenizer", .encoder = "text_encoder", .kind = DITD_PROMPT_ENC_CLIP,
-         .tokens = 77, .prompt = 0, .seq = DITD_PROMPT_SEQ_PENULTIMATE, .seq_group = 0,
-         .pooled = DITD_PROMPT_POOLED_PROJECTED},
-        {.tokenizer = "tokenizer_2", .encoder = "text_encoder_2", .kind = DITD_PROMPT_ENC_CLIP,
-         .tokens = 77, .prompt = 1, .seq = DITD_PROMPT_SEQ_PENULTIMATE, .seq_group = 0,
-         .pooled = DITD_PROMPT_POOLED_PROJECTED},
-        {.tokenizer = "tokenizer_3", .encoder = "text_encoder_3", .kind = DITD_PROMPT_ENC_T5,
-         .tokens = 0, .prompt = 2, .seq = DITD_PROMPT_SEQ_LAST, .seq_group = 1,
-         .pooled = DITD_PROMPT_POOLED_NONE, .optional = 1},
-    },
-    .guidance = DITD_GUIDANCE_CFG,
+    SD3_TEXT_RULES,
     .unscale = DITD_LATENT_RULE_SHIFTED,
     .default_steps = 28,
     .default_guidance = 7.0f,
-    .default_max_sequence_length = 256,
-    .max_sequence_length = 512,
     .slg_scale = 2.8f,
     .slg_start = 0.01f,
     .slg_stop = 0.2f,
     .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE | DITD_REQ_SKIP_LAYERS,
+    .img2img = &ditd_pipeline_sd3_img2img, /* any SD3 folder takes edits */
+    .inpaint = &ditd_pipeline_sd3_inpaint,
+};
+
+/* StableDiffusion3Img2ImgPipeline (diffusers 0.42 pipelines/stable_diffusion_3/
+ * pipeline_stable_diffusion_3_img2img.py): the rules above, its __call__
+ * defaults (strength 0.6, 50 steps, guidance_scale 7.0), no skip-layer
+ * guidance (its __call__ has none), and an input image: latent_dist.sample()
+ * of the VAE, (z - shift_factor) x scaling_factor, scale_noise at the first
+ * step get_timesteps keeps (FlowMatchEulerDiscreteScheduler's order is 1);
+ * the decode latents / scaling_factor + shift_factor. A folder of this class
+ * also serves text-to-image with these defaults. */
+const ditd_pipeline_class ditd_pipeline_sd3_img2img = {
+    .name = "StableDiffusion3Img2ImgPipeline",
+    SD3_TEXT_RULES,
+    .unscale = DITD_LATENT_RULE_SHIFTED,
+    .default_steps = 50,
+    .default_guidance = 7.0f,
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE,
+    .img2img = &ditd_pipeline_sd3_img2img,
+    .inpaint = &ditd_pipeline_sd3_inpaint,
+    .default_strength = 0.6,
+};
+
+/* StableDiffusion3InpaintPipeline (diffusers 0.42 pipelines/stable_diffusion_3/
+ * pipeline_stable_diffusion_3_inpaint.py) for a 16-channel transformer: the
+ * img2img path (at strength 1 the latents are the noise itself, which
+ * scale_noise at sigma 1 gives exactly) with its __call__ defaults (strength
+ * 1.0, 50 steps, guidance_scale 7.0), no skip-layer guidance, a mask
+ * (mask_image: white repainted, black kept; binarized at 0.5, nearest to the
+ * latent grid) and after every step the kept latents the image's, noised to
+ * the next step's sigma with the initial noise (the last step: the image's
+ * latents). Its decode is latents / scaling_factor: Diffusers 0.42.1 leaves
+ * shift_factor out of this pipeline's decode (its encode keeps it), and this
+ * row decodes as that pipeline does. The masked image's latents feed only a
+ * 33-channel transformer, which ditd does not load (the VAE's 16 latent
+ * channels must be the transformer's in_channels). */
+const ditd_pipeline_class ditd_pipeline_sd3_inpaint = {
+    .name = "StableDiffusion3InpaintPipeline",
+    SD3_TEXT_RULES,
+    .unscale = DITD_LATENT_RULE_DIT,
+    .default_steps = 50,
+    .default_guidance = 7.0f,
+    .request = DITD_REQ_NEGATIVE_PROMPT | DITD_REQ_MAX_SEQUENCE,
+    .img2img = &ditd_pipeline_sd3_img2img,
+    .inpaint = &ditd_pipeline_sd3_inpaint,
+    .default_strength = 1.0,
 };
 
 /* What WanPipeline and WanImageToVideoPipeline share: the UMT5 prompt,
@@ -341,4 +392,12 @@ int ditd_pipeline_class_needs_negative(const ditd_pipeline_class *pc, float guid
 {
     return pc->cond == DITD_COND_TEXT &&
            ditd_pipeline_class_cfg_scale(pc, guidance, true_cfg, has_negative, embeds) > 0.0f;
+}
+
+const ditd_pipeline_class *ditd_pipeline_class_edit_row(const ditd_pipeline_class *pc, int image,
+                                                        int mask)
+{
+    if (mask)
+        return image ? pc->inpaint : NULL;
+    return image ? pc->img2img : pc;
 }

@@ -24,8 +24,8 @@
  *     carry (DITD_REQ_* bits: the HTTP layer refuses the rest by name).
  *
  * Built in: DiTPipeline, FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline,
- * FluxKontextPipeline, StableDiffusion3Pipeline,
- * WanPipeline, WanImageToVideoPipeline. A test or
+ * FluxKontextPipeline, StableDiffusion3Pipeline, StableDiffusion3Img2ImgPipeline,
+ * StableDiffusion3InpaintPipeline, WanPipeline, WanImageToVideoPipeline. A test or
  * an embedding program adds its own with ditd_registry_add(
  * DITD_COMPONENT_PIPELINE, name, &row) before any model loads, and
  * ditd_registry_find_pipeline() finds a row by name.
@@ -167,9 +167,12 @@ typedef struct ditd_pipeline_class {
      * scheduler's scale_noise at the first kept step; engine/pipeline/
      * pipeline.h, latent_image.h). FluxPipeline names FluxImg2ImgPipeline,
      * whose components are the same, so a FluxPipeline folder takes edits
-     * too; FluxImg2ImgPipeline names itself. The edit row must share this
-     * row's transformers, recipe, guidance, scheduler rules and unscale
-     * (only defaults differ). NULL: the folder takes no input image. */
+     * too; FluxImg2ImgPipeline names itself (StableDiffusion3Pipeline:
+     * StableDiffusion3Img2ImgPipeline). The edit row must share this row's
+     * transformers, recipe, guidance and scheduler rules; its defaults, its
+     * request fields (SD3's edit rows have no skip-layer guidance) and its
+     * unscale (the decode of the samples that follow it) may differ.
+     * NULL: the folder takes no input image. */
     const struct ditd_pipeline_class *img2img;
     /* Masked edits (inpainting): the row a request with a mask follows
      * (FluxInpaintPipeline: the img2img path plus per-step blending of the
@@ -226,6 +229,13 @@ float ditd_pipeline_class_cfg_scale(const ditd_pipeline_class *pc, float guidanc
 int ditd_pipeline_class_needs_negative(const ditd_pipeline_class *pc, float guidance,
                                        float true_cfg, int has_negative, int embeds);
 
+/* The row a sample follows on a folder of row pc: with a mask pc->inpaint,
+ * with an input image pc->img2img, else pc itself; NULL when pc takes no
+ * such input (a mask without an image: NULL). Its unscale decodes the
+ * sample, its request says what the sample may carry. */
+const ditd_pipeline_class *ditd_pipeline_class_edit_row(const ditd_pipeline_class *pc, int image,
+                                                        int mask);
+
 /* FluxKontextPipeline's output size: the request's width x height keeps its
  * aspect ratio at max_area pixels, width = round(sqrt(max_area x ratio)),
  * height = round(sqrt(max_area / ratio)) (Python's round, half to even), each
@@ -250,6 +260,8 @@ extern const ditd_pipeline_class ditd_pipeline_flux_img2img;
 extern const ditd_pipeline_class ditd_pipeline_flux_inpaint;
 extern const ditd_pipeline_class ditd_pipeline_flux_kontext;
 extern const ditd_pipeline_class ditd_pipeline_sd3;
+extern const ditd_pipeline_class ditd_pipeline_sd3_img2img;
+extern const ditd_pipeline_class ditd_pipeline_sd3_inpaint;
 extern const ditd_pipeline_class ditd_pipeline_wan;
 extern const ditd_pipeline_class ditd_pipeline_wan_i2v;
 

@@ -33,7 +33,12 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
     }
     li->rule = info->pipeline->unscale;
     snprintf(dir, sizeof dir, "%s", info->vae_dir);
-    li->img2img = info->pipeline->img2img != NULL || info->pipeline->reference;
+    /* edits encode as the img2img row: (z - shift_factor) x scaling_factor, the
+     * shifted rule's inverse (FLUX's and SD3's rows); a reference row
+     * (FluxKontextPipeline) the same way */
+    li->img2img = (info->pipeline->img2img != NULL &&
+                   info->pipeline->img2img->unscale == DITD_LATENT_RULE_SHIFTED) ||
+                  (info->pipeline->reference && info->pipeline->unscale == DITD_LATENT_RULE_SHIFTED);
     ditd_vae_opts o = {.max_h = info->shapes.height, .max_w = info->shapes.width,
                        .tiling = tiling, .comm = group};
     if ((err = info->vae->load(dir, ops, &o, &li->vae))) {
@@ -121,9 +126,9 @@ int ditd_latent_image_enable_encode(ditd_latent_image *li)
 {
     if (li->encoder)
         return 0;
-    if (!li->img2img || li->rule != DITD_LATENT_RULE_SHIFTED)
+    if (!li->img2img)
         return ditd_err_set(DITD_EUNSUPPORTED, "%s: the pipeline takes no input image (img2img "
-                            "is done for the shifted latent rule: FLUX)", li->dir);
+                            "is done for the shifted latent rule: FLUX, SD3)", li->dir);
     li->encoder = 1;
     int err = reload(li, li->max_h, li->max_w);
     if (err)
@@ -144,12 +149,21 @@ void ditd_latent_image_free(ditd_latent_image *li)
 int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
                           const uint8_t *active, uint8_t *pixels)
 {
+    return ditd_latent_image_run_as(li, li->rule, latents, n, active, pixels);
+}
+
+int ditd_latent_image_run_as(ditd_latent_image *li, ditd_latent_rule rule, const float *latents,
+                             int n, const uint8_t *active, uint8_t *pixels)
+{
+    if (rule != DITD_LATENT_RULE_SHIFTED && rule != DITD_LATENT_RULE_DIT)
+        return ditd_err_set(DITD_EUNSUPPORTED, "latent rule %s: not an image decode",
+                            ditd_latent_rule_name(rule));
     const size_t zn = (size_t)li->Cl * li->h * li->w, pn = (size_t)li->Co * li->H * li->W;
     for (int i = 0; i < n; i++) {
         if (active && !active[i])
             continue;
         memcpy(li->z, latents + (size_t)i * zn, zn * sizeof *li->z);
-        if (li->rule == DITD_LATENT_RULE_SHIFTED)
+        if (rule == DITD_LATENT_RULE_SHIFTED)
             ditd_vae_unscale_shifted(ditd_vae_config_of(li->vae), li->z, zn);
         else
             ditd_vae_unscale_dit(ditd_vae_config_of(li->vae), li->z, zn);

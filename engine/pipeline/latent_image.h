@@ -34,7 +34,8 @@ typedef struct ditd_latent_image {
     const ditd_backend_ops *ops;
     ditd_comm *group;
     int tiling;
-    int img2img;            /* the row takes input images (its img2img) */
+    int img2img;            /* the row takes input images (its img2img, whose latents
+                             * are (z - shift_factor) x scaling_factor) */
     int encoder;            /* the VAE's encoder is planned for H x W too
                              * (ditd_latent_image_enable_encode: off until then, so a
                              * model that only generates carries no encoder buffers) */
@@ -61,6 +62,13 @@ int ditd_latent_image_set_size(ditd_latent_image *li, int h, int w);
  * the group: every rank calls it with the same latents and flags. */
 int ditd_latent_image_run(ditd_latent_image *li, const float *latents, int n,
                           const uint8_t *active, uint8_t *pixels);
+
+/* The same under another unscale rule than the folder row's: the rule of
+ * the row the samples followed (ditd_pipeline_class_edit_row: the SD3
+ * inpainting row decodes latents / scaling_factor). DITD_LATENT_RULE_SHIFTED
+ * or _DIT; another is DITD_EUNSUPPORTED. */
+int ditd_latent_image_run_as(ditd_latent_image *li, ditd_latent_rule rule, const float *latents,
+                             int n, const uint8_t *active, uint8_t *pixels);
 
 /* Plans the VAE's encoder too (a reload of vae/ at the planned size; later
  * re-plans keep it): 0, DITD_EUNSUPPORTED for a row without img2img, or the

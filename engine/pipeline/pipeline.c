@@ -608,6 +608,13 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
                 return ditd_err_set(DITD_EINVAL, "%s takes no mask (inpainting)", p->pc->name);
             if (samples[i].mask_latents && p->info.frames > 0)
                 return ditd_err_set(DITD_EUNSUPPORTED, "a mask on a video model");
+            /* an edit follows its edit row's request fields (SD3's edit
+             * pipelines have no skip-layer guidance) */
+            const ditd_pipeline_class *er =
+                ditd_pipeline_class_edit_row(p->pc, 1, samples[i].mask_latents != NULL);
+            if (gp->n_skip_layers > 0 && !(er->request & DITD_REQ_SKIP_LAYERS))
+                return ditd_err_set(DITD_EINVAL, "skip_guidance_layers: %s has no skip-layer "
+                                    "guidance (sample %d is an edit)", er->name, i);
         }
         if (t_start > 0 && p->cache_cfg.method != DITD_CACHE_NONE)
             return ditd_err_set(DITD_EUNSUPPORTED, "step caching with strength < 1 (img2img) is "

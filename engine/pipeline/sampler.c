@@ -315,7 +315,7 @@ static int dpm_plan(ditd_sampler *s, int num_steps, const float *ac, long long *
     return 0;
 }
 
-/* The sigmas of FluxPipeline's call with use_dynamic_shifting: mu from
+/* The sigmas of FluxPipeline's call (pipeline_sigmas) with use_dynamic_shifting: mu from
  * calculate_shift (float64, Python floats), sigmas = np.linspace(1,
  * 1/num_steps, num_steps) cast to float32, then time_shift(mu, 1, sigmas),
  * which numpy computes in float32 (the Python float e^mu or mu rounds to
@@ -337,6 +337,38 @@ static void flow_dynamic_sigmas(const ditd_sched_config *c, int num_steps, doubl
     }
 }
 
+/* The sigmas of a pipeline that hands the scheduler no sigmas
+ * (StableDiffusion3Pipeline and its edit pipelines) with
+ * use_dynamic_shifting: __init__ leaves its float32 sigmas N/N .. 1/N
+ * unshifted, so sigma_max 1 and sigma_min float32(1/N); set_timesteps takes
+ * np.linspace(sigma_max N, sigma_min N, num_steps) / N and time_shift(mu,
+ * 1, sigmas), all in float64 (numpy float64 arrays, math.exp(mu)), then
+ * stretch_shift_to_terminal in float64, and casts to float32 once. mu as
+ * calculate_shift (the pipeline's image tokens). */
+static void flow_dynamic_own_sigmas(const ditd_sched_config *c, int num_steps, double *tmp,
+                                    float *sig)
+{
+    const int N = c->num_train_timesteps;
+    const double m = (c->max_shift - c->base_shift) /
+                     (double)(c->max_image_seq_len - c->base_image_seq_len);
+    const double b = c->base_shift - m * c->base_image_seq_len;
+    const double mu = c->image_seq_len * m + b;
+    const double k = c->time_shift_type == DITD_SCHED_TIME_SHIFT_EXPONENTIAL ? exp(mu) : mu;
+    const double sigma_min = (double)(1.0f / (float)N);
+    np_linspace(1.0 * N, sigma_min * N, num_steps, tmp);
+    for (int i = 0; i < num_steps; i++) {
+        double t = tmp[i] / N;
+        tmp[i] = k / (k + (1.0 / t - 1.0));
+    }
+    if (c->has_shift_terminal && c->shift_terminal != 0) {
+        const double scale = (1 - tmp[num_steps - 1]) / (1 - c->shift_terminal);
+        for (int i = 0; i < num_steps; i++)
+            tmp[i] = 1 - ((1 - tmp[i]) / scale);
+    }
+    for (int i = 0; i < num_steps; i++)
+        sig[i] = (float)tmp[i];
+}
+
 /* sig: num_steps floats of scratch. */
 static int flow_plan(ditd_sampler *s, int num_steps, double *tmp, float *sig)
 {
@@ -344,7 +376,9 @@ static int flow_plan(ditd_sampler *s, int num_steps, double *tmp, float *sig)
     const int N = c->num_train_timesteps;
     const float fN = (float)N;
 
-    if (c->use_dynamic_shifting) {
+    if (c->use_dynamic_shifting && !c->pipeline_sigmas) {
+        flow_dynamic_own_sigmas(c, num_steps, tmp, sig);
+    } else if (c->use_dynamic_shifting) {
         flow_dynamic_sigmas(c, num_steps, tmp, sig);
         if (c->has_shift_terminal && c->shift_terminal != 0) {
             /* stretch_shift_to_terminal, in float32 as numpy runs it on

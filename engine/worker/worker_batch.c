@@ -100,13 +100,46 @@ static int on_step(void *ud, int step, int total, const float *x0, uint8_t *acti
     return w->stop_now || w->comm_err;
 }
 
+/* Every rank: latents src (n samples, a batch's) to the leader's pixels, the
+ * samples whose flag is set, each by the unscale of the row it followed
+ * (ditd_pipeline_class_edit_row: SD3's inpainting row decodes without
+ * shift_factor, as Diffusers' pipeline), one collective decode per rule that
+ * some flagged sample needs. The final images and the previews both. */
+static int decode_by_rows(ditd__worker *w, const Ditd__Batch *b, int n, const float *src,
+                          const uint8_t *flags)
+{
+    const ditd_pipeline_class *pc = w->rep.info.pipeline;
+    uint8_t act[DITD_WORKER_MAX_BATCH];
+    ditd_latent_rule rule[DITD_WORKER_MAX_BATCH];
+    int mixed = 0;
+    for (int i = 0; i < n; i++) {
+        const ditd_pipeline_class *er =
+            ditd_pipeline_class_edit_row(pc, b->strength != 0.0, b->samples[i]->mask.len > 0);
+        rule[i] = er ? er->unscale : pc->unscale;
+        mixed |= rule[i] != w->rep.li->rule;
+    }
+    if (!mixed)
+        return ditd_latent_image_run(w->rep.li, src, n, flags, w->leader ? w->pix : NULL);
+    for (int r = 0; r < DITD_LATENT_RULE_COUNT; r++) {
+        int any = 0;
+        for (int i = 0; i < n; i++)
+            any |= (act[i] = (!flags || flags[i]) && rule[i] == (ditd_latent_rule)r);
+        int err = any ? ditd_latent_image_run_as(w->rep.li, (ditd_latent_rule)r, src, n, act,
+                                                 w->leader ? w->pix : NULL)
+                      : 0;
+        if (err)
+            return err;
+    }
+    return 0;
+}
+
 /* The preview hook of a latent model's batch that wants previews: every
  * rank, after the leader's decision went to the group (so a stopped batch
  * or a dropped sample is never decoded, and a stop never waits for a
  * decode). The samples still active whose preview is due at this step
  * (the batch, partial_images and the steps are the same on every rank, so
  * the same samples everywhere) have their x0 decoded by the group's VAE,
- * unscaled exactly as the final latents are (ditd_latent_image_run); the
+ * unscaled exactly as the final latents are (decode_by_rows); the
  * leader's pixels land in pix (free until the final decode) and go out with
  * the step's progress. An inpainting sample's preview is x0 with its kept
  * region the image's latents (what the final latents hold there). */
@@ -146,7 +179,7 @@ static int on_preview(void *ud, int step, int total, const float *x0, const uint
                 memcpy(w->x0_keep + (size_t)i * w->numel_lat, x0 + (size_t)i * w->numel_lat,
                        w->numel_lat * sizeof *x0);
     if (nd)
-        err = ditd_latent_image_run(w->rep.li, src, n, due, w->leader ? w->pix : NULL);
+        err = decode_by_rows(w, b, n, src, due);
     for (int i = 0; i < n; i++) {
         if (!due[i])
             continue;
@@ -594,7 +627,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     ditd_pipeline_set_preview(w->rep.pipe, NULL, NULL);
     /* a latent model: the group decodes the latents together */
     if (!err && w->rep.li)
-        err = ditd_latent_image_run(w->rep.li, w->out, n, w->active, w->leader ? w->pix : NULL);
+        err = decode_by_rows(w, b, n, w->out, w->active);
     /* a video model: the group decodes each clip still wanted (the same
      * active flags on every rank), the leader gets the frames */
     for (int i = 0; !err && w->rep.lv && i < n; i++) {

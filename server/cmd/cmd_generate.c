@@ -350,7 +350,7 @@ int ditd_cmd_generate(int argc, char **argv)
     }
     if (a.image_path && !i2v && ((!erow && !kontext) || video || !rep.info.needs_vae)) {
         fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
-                "pipeline row with img2img, e.g. FLUX)\n", rep.info.name, pc->name);
+                "pipeline row with img2img, e.g. FLUX, SD3)\n", rep.info.name, pc->name);
         goto done;
     }
     if (a.n_images > 1 && i2v) {
@@ -463,10 +463,11 @@ int ditd_cmd_generate(int argc, char **argv)
         goto done;
     }
     memset(&gp, 0, sizeof gp);
-    if (a.skip_str) {
-        if (!(pc->request & DITD_REQ_SKIP_LAYERS)) {
+    if (a.skip_str) { /* an edit: its row's (SD3's edit pipelines have none) */
+        const ditd_pipeline_class *sr = erow && !i2v ? erow : pc;
+        if (!(sr->request & DITD_REQ_SKIP_LAYERS)) {
             fprintf(stderr, "ditd generate: --skip-layers: %s has no skip-layer guidance\n",
-                    pc->name);
+                    sr->name);
             goto done;
         }
         char *end;
@@ -764,7 +765,8 @@ int ditd_cmd_generate(int argc, char **argv)
     if (li && a.out_path) {
         img_all = leader ? malloc((size_t)a.n * li->Co * li->H * li->W) : NULL;
         if ((leader && !img_all) ||
-            (err = ditd_latent_image_run(li, out, (int)a.n, NULL, img_all))) {
+            (err = ditd_latent_image_run_as(li, erow ? erow->unscale : li->rule, out, (int)a.n,
+                                            NULL, img_all))) {
             ditd__gen_fail("decoding", err ? err : DITD_ENOMEM);
             free(img_all);
             goto done;

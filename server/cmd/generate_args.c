@@ -91,7 +91,7 @@ static void usage(FILE *f)
           "                       (llama.cpp's T5 names or transformers') or .safetensors\n",
           f);
     fputs("\nimage edits (docs/edits.md):\n"
-          "  --image FILE         img2img (a row with img2img: FLUX): start from this PNG,\n"
+          "  --image FILE         img2img (FLUX, SD3: a row with img2img): from this PNG,\n"
           "                       JPEG or WebP, at the output size (the default --size;\n"
           "                       no resampling yet); repeatable: an image list, output i\n"
           "                       edits image i mod k (-n a multiple of k; default k);\n"
@@ -101,9 +101,10 @@ static void usage(FILE *f)
           "  --last-image FILE    image-to-video with a last frame too (FLF2V: Diffusers'\n"
           "                       last_image; a transformer with pos_embed_seq_len)\n"
           "  --strength S         with --image: 0 < S <= 1 of the schedule is run from the\n"
-          "                       noised image (default: the pipeline's, FLUX 0.6)\n"
-          "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX), as\n"
-          "                       Diffusers' mask_image: white is repainted, black kept\n"
+          "                       noised image (default: the edit row's: FLUX 0.6; SD3 0.6,\n"
+          "                       with --mask 1.0)\n"
+          "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX, SD3),\n"
+          "                       as Diffusers' mask_image: white is repainted, black kept\n"
           "                       (its luma, binarized at 0.5); the image's size; one\n"
           "                       mask for every --image\n"
           "  on a FluxKontextPipeline folder --image is the reference image (no --strength,\n"

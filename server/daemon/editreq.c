@@ -395,7 +395,8 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
     }
     if (!erow || !m->needs_vae) {
         err = bad(e, "model", "'%s' (%s) takes no input image: edits need a pipeline with "
-                  "img2img (FLUX.1's: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline)",
+                  "img2img (FLUX.1's: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline; "
+                  "SD3's: StableDiffusion3Pipeline and its Img2Img and Inpaint pipelines)",
                   m->name, pc ? pc->name : "?");
         goto done;
     }
@@ -514,6 +515,13 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         for (size_t i = 0; i < np; i++)
             r->mask[i] = (uint8_t)(255 - mk.pixels[4 * i + 3]);
         r->n_masks = 1;
+    }
+    /* the edit row's request fields (SD3's edit pipelines have no skip-layer
+     * guidance, which the folder's text-to-image row has) */
+    if (r->n_skip_layers > 0 && !(row->request & DITD_REQ_SKIP_LAYERS)) {
+        err = bad(e, "skip_guidance_layers", "'skip_guidance_layers': %s has no skip-layer "
+                  "guidance (an edit of '%s' follows it)", row->name, m->name);
+        goto done;
     }
     /* the edit row's defaults for what the request does not give */
     if (!steps_given && row != pc)

@@ -113,6 +113,15 @@ static json_t *model_json(ditd_srv *s, const char *id)
             json_object_set_new(ed, "max_images", json_integer(1));
             json_object_set_new(ed, "mode", json_string(pc->inpaint ? "img2img, inpaint"
                                                                      : "img2img"));
+            /* a masked edit's own defaults (SD3's inpainting: strength 1.0) */
+            if (pc->inpaint) {
+                json_object_set_new(ed, "inpaint_default_strength",
+                                    json_real(pc->inpaint->default_strength));
+                json_object_set_new(ed, "inpaint_default_steps",
+                                    json_integer(pc->inpaint->default_steps));
+            }
+            json_object_set_new(ed, "skip_guidance_layers",
+                                json_boolean((pc->img2img->request & DITD_REQ_SKIP_LAYERS) != 0));
         }
         json_object_set_new(o, "edits", ed);
     } else if (pc->reference && m->needs_vae && m->frames <= 0) {

@@ -83,8 +83,10 @@ static int case_config(const json_t *c, const char *name, ditd_sched_config *cfg
     if (!err && kind != cfg->kind)
         err = ditd_sched_config_convert(cfg, kind, cfg);
     const json_t *seq = json_object_get(c, "image_seq_len");
-    if (seq)
+    if (seq) { /* dynamic: made as FluxPipeline calls it, sigmas linspace(1, 1/steps) */
         cfg->image_seq_len = (int)json_integer_value(seq);
+        cfg->pipeline_sigmas = cfg->use_dynamic_shifting;
+    }
     return err;
 }
 
