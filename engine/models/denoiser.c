@@ -147,6 +147,20 @@ int ditd_denoiser_set_video_size(ditd_denoiser *d, int frames, int height, int w
     return ditd_denoiser_shapes_check(&d->shapes, d->family->class_name);
 }
 
+int ditd_denoiser_set_reference(ditd_denoiser *d, int ref_height, int ref_width)
+{
+    int err;
+    if (!d->family->set_reference) {
+        if (ref_height == 0 && ref_width == 0)
+            return 0;
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s takes no reference image latents",
+                            d->family->class_name);
+    }
+    if ((err = d->family->set_reference(d, ref_height, ref_width)))
+        return err;
+    return ditd_denoiser_shapes_check(&d->shapes, d->family->class_name);
+}
+
 static size_t frames_of(const ditd_denoiser_shapes *s)
 {
     return s->frames > 1 ? (size_t)s->frames : 1;

@@ -58,6 +58,11 @@ typedef struct ditd_denoiser_shapes {
     ditd_cond_shape cond; /* class ids or text embeddings */
     int latent_multiple;  /* a family with set_size: height and width must be multiples of
                            * this (FLUX's 2x2 packing: 2); 0: runs only at height x width */
+    int ref_height, ref_width; /* reference latents (FluxKontextPipeline, set_reference): each
+                           * row of x is its latents (C, h, w) followed by the reference's
+                           * (C, ref_height, ref_width), whose tokens join the image stream
+                           * after the latents' with their own positions; the output is the
+                           * latents' alone. 0: no reference (x is the latents) */
 } ditd_denoiser_shapes;
 
 typedef struct ditd_denoiser ditd_denoiser;
@@ -176,6 +181,11 @@ typedef struct ditd_denoiser_family {
      * skip-predicted, and when module_begin says predicted the family zeroes
      * its outputs itself. 0, or DITD_ERANGE past the last. */
     int (*module_name)(const ditd_denoiser *d, int id, char *buf, size_t cap, size_t *elems);
+    /* Optional (FLUX): re-plans for reference latents of ref_height x ref_width
+     * after the latents in every row of x (shapes.ref_height / ref_width; 0 x 0:
+     * none), keeping the weights and the latent size, with set_size's contract.
+     * NULL: the family takes no reference. */
+    int (*set_reference)(ditd_denoiser *d, int ref_height, int ref_width);
 } ditd_denoiser_family;
 
 /* The base every family's model struct starts with. */
@@ -232,6 +242,10 @@ int ditd_denoiser_set_size(ditd_denoiser *d, int height, int width, int text_len
  * family. The new shapes are checked. */
 int ditd_denoiser_set_video_size(ditd_denoiser *d, int frames, int height, int width,
                                  int text_len);
+
+/* The table's set_reference; for a family without one, 0 x 0 is 0 and a
+ * reference DITD_EUNSUPPORTED naming the family. The new shapes are checked. */
+int ditd_denoiser_set_reference(ditd_denoiser *d, int ref_height, int ref_width);
 
 /* Elements of one sample's input (C [F] h w) and output (Co [F] h w): F
  * counts when frames > 1. */

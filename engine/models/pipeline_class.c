@@ -1,6 +1,7 @@
 /* The pipeline table: one row per Diffusers pipeline class, and its rules. */
 #include "engine/models/pipeline_class.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -82,6 +83,24 @@ const ditd_pipeline_class ditd_pipeline_flux_inpaint = {
     .img2img = &ditd_pipeline_flux_img2img,
     .inpaint = &ditd_pipeline_flux_inpaint,
     .default_strength = 0.6,
+};
+
+/* FluxKontextPipeline (diffusers 0.42 pipelines/flux/pipeline_flux_kontext.py):
+ * FluxPipeline's recipe, guidance (true CFG with a negative prompt) and
+ * scheduler rules, its __call__ defaults (28 steps, guidance_scale 3.5,
+ * max_area 1024**2, _auto_resize True), and an input image as a reference:
+ * retrieve_latents(sample_mode="argmax") of the VAE, (z - shift_factor) x
+ * scaling_factor, packed after the noise tokens with image ids (1, row, col);
+ * the schedule's mu from the noise tokens alone; no strength. Its __call__
+ * runs no cache_context. Without an image it is text-to-image at max_area. */
+const ditd_pipeline_class ditd_pipeline_flux_kontext = {
+    .name = "FluxKontextPipeline",
+    FLUX_TEXT_RULES,
+    .default_steps = 28,
+    .default_guidance = 3.5f,
+    .reference = 1,
+    .default_max_area = 1024L * 1024L,
+    .auto_resize = 1,
 };
 
 /* StableDiffusion3Pipeline's recipe, guidance and scheduler rules: shared by
@@ -215,6 +234,69 @@ const ditd_pipeline_class ditd_pipeline_wan_i2v = {
     .max_experts = 2,
     .image_to_video = 1,
 };
+
+/* PREFERRED_KONTEXT_RESOLUTIONS, (width, height) */
+static const int kontext_res[][2] = {
+    {672, 1568}, {688, 1504}, {720, 1456}, {752, 1392},  {800, 1328},  {832, 1248},
+    {880, 1184}, {944, 1104}, {1024, 1024}, {1104, 944}, {1184, 880},  {1248, 832},
+    {1328, 800}, {1392, 752}, {1456, 720},  {1504, 688}, {1568, 672},
+};
+
+int ditd_pipeline_class_area_size(long max_area, int width, int height, int multiple, int *out_w,
+                                  int *out_h)
+{
+    if (max_area <= 0 || width <= 0 || height <= 0 || multiple <= 0)
+        return ditd_err_set(DITD_EINVAL, "max_area %ld for %dx%d", max_area, width, height);
+    /* Python floats: aspect_ratio = width / height; round((max_area * ar) ** 0.5) */
+    double ar = (double)width / (double)height;
+    double w = nearbyint(pow((double)max_area * ar, 0.5));
+    double h = nearbyint(pow((double)max_area / ar, 0.5));
+    if (!(w < 1e6 && h < 1e6))
+        return ditd_err_set(DITD_EINVAL, "max_area %ld for %dx%d", max_area, width, height);
+    int iw = (int)w / multiple * multiple, ih = (int)h / multiple * multiple;
+    if (iw <= 0 || ih <= 0)
+        return ditd_err_set(DITD_EINVAL, "max_area %ld at %dx%d's aspect ratio leaves %dx%d "
+                            "(multiples of %d)", max_area, width, height, iw, ih, multiple);
+    *out_w = iw;
+    *out_h = ih;
+    return 0;
+}
+
+int ditd_pipeline_class_reference_size(int auto_resize, int iw, int ih, int vae_scale,
+                                       int *out_w, int *out_h)
+{
+    if (vae_scale <= 0 || iw <= 0 || ih <= 0)
+        return ditd_err_set(DITD_EINVAL, "reference image %dx%d", iw, ih);
+    const int multiple = 2 * vae_scale;
+    int w = iw - iw % vae_scale, h = ih - ih % vae_scale; /* get_default_height_width */
+    if (w <= 0 || h <= 0)
+        return ditd_err_set(DITD_EINVAL, "reference image %dx%d: smaller than the VAE's %d", iw,
+                            ih, vae_scale);
+    if (auto_resize) {
+        double ar = (double)w / (double)h, best = INFINITY;
+        int bw = 0, bh = 0;
+        for (size_t i = 0; i < sizeof kontext_res / sizeof kontext_res[0]; i++) {
+            double d = fabs(ar - (double)kontext_res[i][0] / (double)kontext_res[i][1]);
+            /* min over (diff, w, h) tuples */
+            if (d < best || (d == best && (kontext_res[i][0] < bw ||
+                                           (kontext_res[i][0] == bw && kontext_res[i][1] < bh)))) {
+                best = d;
+                bw = kontext_res[i][0];
+                bh = kontext_res[i][1];
+            }
+        }
+        w = bw;
+        h = bh;
+    }
+    w = w / multiple * multiple;
+    h = h / multiple * multiple;
+    if (w <= 0 || h <= 0)
+        return ditd_err_set(DITD_EINVAL, "reference image %dx%d: smaller than %d pixels a side "
+                            "(vae_scale_factor x 2)", iw, ih, multiple);
+    *out_w = w;
+    *out_h = h;
+    return 0;
+}
 
 static const char *const rule_names[DITD_LATENT_RULE_COUNT] = {"dit", "shifted", "mean_std"};
 static const char *const guidance_names[DITD_GUIDANCE_KIND_COUNT] = {"cfg", "true_cfg"};

@@ -24,7 +24,7 @@
  *     carry (DITD_REQ_* bits: the HTTP layer refuses the rest by name).
  *
  * Built in: DiTPipeline, FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline,
- * StableDiffusion3Pipeline, StableDiffusion3Img2ImgPipeline,
+ * FluxKontextPipeline, StableDiffusion3Pipeline, StableDiffusion3Img2ImgPipeline,
  * StableDiffusion3InpaintPipeline, WanPipeline, WanImageToVideoPipeline. A test or
  * an embedding program adds its own with ditd_registry_add(
  * DITD_COMPONENT_PIPELINE, name, &row) before any model loads, and
@@ -188,6 +188,18 @@ typedef struct ditd_pipeline_class {
      * an image branch (cond.image_dim), the image encoder's hidden states
      * (ditd_cond.image). 0: the latents are the transformer's whole input. */
     int image_to_video;
+    /* A reference image (FluxKontextPipeline): 1 when an input image is a
+     * reference the transformer attends to, not a start: its VAE latents
+     * (the posterior's mode, shifted and scaled) are packed into tokens after
+     * the noise tokens, with their own positions (first id 1), and the
+     * output is the noise tokens' (ditd_gen_sample.ref_latents); no strength,
+     * the whole schedule from noise. The output size is the request's aspect
+     * ratio at default_max_area pixels (ditd_pipeline_class_area_size), the
+     * reference's size the closest preferred resolution when auto_resize
+     * (ditd_pipeline_class_reference_size). 0: no reference. */
+    int reference;
+    long default_max_area;               /* a reference row: max_area (1024 x 1024) */
+    int auto_resize;                     /* a reference row: _auto_resize's default (1) */
 } ditd_pipeline_class;
 
 /* Whether row pc drives transformer class `tcls` with conditioning `kind`:
@@ -224,11 +236,29 @@ int ditd_pipeline_class_needs_negative(const ditd_pipeline_class *pc, float guid
 const ditd_pipeline_class *ditd_pipeline_class_edit_row(const ditd_pipeline_class *pc, int image,
                                                         int mask);
 
+/* FluxKontextPipeline's output size: the request's width x height keeps its
+ * aspect ratio at max_area pixels, width = round(sqrt(max_area x ratio)),
+ * height = round(sqrt(max_area / ratio)) (Python's round, half to even), each
+ * rounded down to a multiple of `multiple` (vae_scale_factor x 2). 0, or
+ * DITD_EINVAL naming the sizes (non-positive, or nothing left). */
+int ditd_pipeline_class_area_size(long max_area, int width, int height, int multiple, int *out_w,
+                                  int *out_h);
+
+/* The size FluxKontextPipeline brings a reference image of iw x ih to: the
+ * image's size rounded down to vae_scale (get_default_height_width); with
+ * auto_resize the preferred resolution (PREFERRED_KONTEXT_RESOLUTIONS) of the
+ * closest aspect ratio (ties: the smaller width, then height, as Python's
+ * min over tuples); then rounded down to `multiple` (vae_scale x 2). 0, or
+ * DITD_EINVAL for an image too small to keep a pixel. */
+int ditd_pipeline_class_reference_size(int auto_resize, int iw, int ih, int vae_scale,
+                                       int *out_w, int *out_h);
+
 /* The built-in rows (for tests and documentation). */
 extern const ditd_pipeline_class ditd_pipeline_dit;
 extern const ditd_pipeline_class ditd_pipeline_flux;
 extern const ditd_pipeline_class ditd_pipeline_flux_img2img;
 extern const ditd_pipeline_class ditd_pipeline_flux_inpaint;
+extern const ditd_pipeline_class ditd_pipeline_flux_kontext;
 extern const ditd_pipeline_class ditd_pipeline_sd3;
 extern const ditd_pipeline_class ditd_pipeline_sd3_img2img;
 extern const ditd_pipeline_class ditd_pipeline_sd3_inpaint;

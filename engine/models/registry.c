@@ -40,6 +40,7 @@ static const entry builtin[] = {
     {DITD_COMPONENT_PIPELINE, "FluxInpaintPipeline", &ditd_pipeline_flux_inpaint},
     {DITD_COMPONENT_PIPELINE, "StableDiffusion3Img2ImgPipeline", &ditd_pipeline_sd3_img2img},
     {DITD_COMPONENT_PIPELINE, "StableDiffusion3InpaintPipeline", &ditd_pipeline_sd3_inpaint},
+    {DITD_COMPONENT_PIPELINE, "FluxKontextPipeline", &ditd_pipeline_flux_kontext},
     {DITD_COMPONENT_VAE, "AutoencoderKLWan", &ditd_autoencoder_kl_wan_family},
 };
 

@@ -34,9 +34,11 @@ int ditd_latent_image_new(const ditd_model_info *info, const ditd_backend_ops *o
     li->rule = info->pipeline->unscale;
     snprintf(dir, sizeof dir, "%s", info->vae_dir);
     /* edits encode as the img2img row: (z - shift_factor) x scaling_factor, the
-     * shifted rule's inverse (FLUX's and SD3's rows) */
-    li->img2img = info->pipeline->img2img != NULL &&
-                  info->pipeline->img2img->unscale == DITD_LATENT_RULE_SHIFTED;
+     * shifted rule's inverse (FLUX's and SD3's rows); a reference row
+     * (FluxKontextPipeline) the same way */
+    li->img2img = (info->pipeline->img2img != NULL &&
+                   info->pipeline->img2img->unscale == DITD_LATENT_RULE_SHIFTED) ||
+                  (info->pipeline->reference && info->pipeline->unscale == DITD_LATENT_RULE_SHIFTED);
     ditd_vae_opts o = {.max_h = info->shapes.height, .max_w = info->shapes.width,
                        .tiling = tiling, .comm = group};
     if ((err = info->vae->load(dir, ops, &o, &li->vae))) {
@@ -211,6 +213,38 @@ int ditd_latent_image_encode_nth(ditd_latent_image *li, const uint8_t *rgb, int 
         return err;
     /* _encode_vae_image: (z - shift_factor) * scaling_factor */
     ditd_vae_scale_shifted(c, latents, (size_t)li->Cl * li->h * li->w);
+    return 0;
+}
+
+int ditd_latent_image_encode_mode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
+                                  float *latents)
+{
+    int err = ditd_latent_image_enable_encode(li);
+    if (err)
+        return err;
+    const int f = ditd_vae_config_scale_factor(ditd_vae_config_of(li->vae));
+    if (H <= 0 || W <= 0 || H % f || W % f)
+        return ditd_err_set(DITD_EINVAL, "reference image %dx%d: a multiple of the VAE's %d", W,
+                            H, f);
+    const int h = H / f, w = W / f;
+    if ((h > li->max_h || w > li->max_w) &&
+        (err = reload(li, h > li->max_h ? h : li->max_h, w > li->max_w ? w : li->max_w)))
+        return err;
+    const ditd_vae_config *c = ditd_vae_config_of(li->vae);
+    if (c->in_channels != li->Co)
+        return ditd_err_set(DITD_EUNSUPPORTED, "%s: the VAE takes %d channels, the images have %d",
+                            li->dir, c->in_channels, li->Co);
+    const size_t hw = (size_t)H * W;
+    float *x = li->img; /* planned for max_h x max_w latents' images */
+    for (int ch = 0; ch < li->Co; ch++)
+        for (size_t i = 0; i < hw; i++) {
+            float u = (float)rgb[i * (size_t)li->Co + (size_t)ch] / 255.0f;
+            x[(size_t)ch * hw + i] = 2.0f * u - 1.0f;
+        }
+    /* retrieve_latents(sample_mode="argmax"): latent_dist.mode(), the mean */
+    if ((err = ditd_vae_encode(li->vae, x, 1, H, W, 0, latents, NULL)))
+        return err;
+    ditd_vae_scale_shifted(c, latents, (size_t)li->Cl * h * w);
     return 0;
 }
 

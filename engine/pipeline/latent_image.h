@@ -103,6 +103,18 @@ int ditd_latent_image_encode(ditd_latent_image *li, const uint8_t *rgb, int H, i
 int ditd_latent_image_encode_nth(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
                                  uint64_t seed, int j, float *latents);
 
+/* The reference side of FluxKontextPipeline: rgb (H, W, Co) interleaved
+ * 8-bit at the size the reference is brought to (multiples of the VAE's
+ * scale factor; the decode size may differ: the VAE is re-planned for the
+ * larger one), x = 2 (u / 255) - 1 in float32, the VAE's latent_dist.mode()
+ * (retrieve_latents with sample_mode="argmax": the mean, no draw), then
+ * (z - shift_factor) x scaling_factor: latents (Cl, H / f, W / f) host f32,
+ * what ditd_gen_sample.ref_latents takes. Needs a row with img2img or
+ * reference. In a group: collective, as ditd_vae_encode (every rank calls it
+ * with the same image and gets the same latents). */
+int ditd_latent_image_encode_mode(ditd_latent_image *li, const uint8_t *rgb, int H, int W,
+                                  float *latents);
+
 /* The mask side of an inpainting pipeline, as FluxInpaintPipeline's
  * mask_processor (VaeImageProcessor: do_convert_grayscale, do_binarize, no
  * normalize) and prepare_mask_latents do it for a mask already at the

@@ -23,6 +23,10 @@ static void set_numels(ditd_pipeline *p)
         p->numel_cond = p->numel_in / (size_t)p->shapes.in_channels *
                         (size_t)(p->shapes.in_channels - p->shapes.out_channels);
     p->numel = p->numel_in - p->numel_cond;
+    /* a reference's latents follow (FluxKontextPipeline) */
+    p->numel_ref = (size_t)p->shapes.in_channels * (size_t)p->shapes.ref_height *
+                   (size_t)p->shapes.ref_width;
+    p->numel_in += p->numel_ref;
 }
 
 /* Whether two experts list the same LoRA targets (names, shapes, tp
@@ -240,6 +244,22 @@ int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int w
     return plan_buffers(p);
 }
 
+int ditd_pipeline_set_reference(ditd_pipeline *p, int rh, int rw)
+{
+    int err;
+    if (rh == p->shapes.ref_height && rw == p->shapes.ref_width)
+        return 0;
+    if ((rh || rw) && !p->pc->reference)
+        return ditd_err_set(DITD_EINVAL, "%s takes no reference image", p->pc->name);
+    if (p->den2)
+        return ditd_err_set(DITD_EUNSUPPORTED, "a reference image with two experts");
+    if ((err = ditd_denoiser_set_reference(p->den, rh, rw)))
+        return err;
+    p->shapes = p->den->shapes;
+    set_numels(p);
+    return plan_buffers(p); /* the sampler's state and mu are the latents' alone: kept */
+}
+
 void ditd_pipeline_free(ditd_pipeline *p)
 {
     if (!p)
@@ -451,6 +471,9 @@ static void load_row(ditd_pipeline *p, int r, int i, const ditd_gen_sample *smp)
     ops->upload(in, p->lat + (size_t)i * p->numel, p->numel);
     if (p->numel_cond)
         ops->upload(ditd_ptr_act(ops, in, p->numel), smp->video_cond, p->numel_cond);
+    if (p->numel_ref) /* Kontext: torch.cat([latents, image_latents], dim=1) */
+        ops->upload(ditd_ptr_act(ops, in, p->numel + p->numel_cond), smp->ref_latents,
+                    p->numel_ref);
     if (p->img_emb) {
         size_t ne = (size_t)p->shapes.cond.image_len * (size_t)p->shapes.cond.image_dim;
         memcpy(p->img_emb + (size_t)r * ne, smp->image_embeds, ne * sizeof(float));
@@ -548,7 +571,20 @@ int ditd_pipeline_generate(ditd_pipeline *p, const ditd_gen_params *gp, int n,
         if (!p->pc->image_to_video && (samples[i].video_cond || samples[i].image_embeds))
             return ditd_err_set(DITD_EINVAL, "%s takes no input image (sample %d)", p->pc->name,
                                 i);
+        if (p->numel_ref && !samples[i].ref_latents)
+            return ditd_err_set(DITD_EINVAL, "%s: sample %d has no reference image latents (a "
+                                "reference of %dx%d is planned)", p->pc->name, i,
+                                p->shapes.ref_width, p->shapes.ref_height);
+        if (!p->numel_ref && samples[i].ref_latents)
+            return ditd_err_set(DITD_EINVAL, "sample %d has reference image latents but no "
+                                "reference size is set (%s)", i, p->pc->name);
     }
+    if (p->numel_ref && gp->strength != 0.0)
+        return ditd_err_set(DITD_EINVAL, "strength %g: %s takes a reference image, not a start "
+                            "(no strength)", gp->strength, p->pc->name);
+    if (p->numel_ref && p->cache_cfg.method != DITD_CACHE_NONE)
+        return ditd_err_set(DITD_EUNSUPPORTED, "step caching with a reference image (Kontext) "
+                            "is not supported yet");
     if ((err = ensure_sampler(p, gp->sampler, gp->steps)))
         return err;
     ts = ditd_sampler_timesteps(p->sampler);

@@ -106,6 +106,15 @@ typedef struct ditd_gen_sample {
                                  * latents are the image's noised to the next sigma with
                                  * this sample's initial noise, as FluxInpaintPipeline.
                                  * Borrowed; NULL: no mask (img2img) */
+    const float *ref_latents;   /* a reference row (FluxKontextPipeline: the row's reference,
+                                 * ditd_pipeline_set_reference planned its size): the
+                                 * reference image's latents (C, rh, rw) host f32 as the
+                                 * transformer reads them (the VAE's mode, shifted and
+                                 * scaled: ditd_latent_image_encode_mode), after this
+                                 * sample's latents in every forward row (both guidance
+                                 * passes). Samples of a batch may carry different ones
+                                 * (Diffusers' image list) or share one; borrowed. Required
+                                 * when a reference size is set, NULL otherwise */
     const ditd_lora_set *loras; /* LoRA adapters and their scales for every forward row
                                  * of this sample (borrowed; NULL: none). Samples of one
                                  * batch may carry different sets (engine/models/lora.h) */
@@ -156,8 +165,11 @@ typedef struct ditd_pipeline {
     const ditd_pipeline_class *pc; /* the model's row of the pipeline table (info.pipeline) */
     int max_rows;                /* forward rows planned: 2 max_samples, 3 with skip-layer guidance */
     size_t numel;                /* C*h*w per sample (latent) */
-    size_t numel_in;             /* the transformer's input per row: numel + numel_cond */
+    size_t numel_in;             /* the transformer's input per row: numel + numel_cond +
+                                  * numel_ref */
     size_t numel_cond;           /* image-to-video: the condition's Cc*F*h*w; else 0 */
+    size_t numel_ref;            /* a reference (set_reference): C*rh*w of the reference
+                                  * latents after the latents (and condition); else 0 */
     float *img_emb;              /* (max_rows, Li, Di) image embeddings of the rows, or NULL */
     int first_frame;             /* image-to-video with expand_timesteps (TI2V-5B): the
                                   * sample's video_cond (C, 1, h, w) replaces latent frame 0
@@ -221,6 +233,14 @@ int ditd_pipeline_set_size(ditd_pipeline *p, int height, int width, int text_len
  * per sample. frames <= 1 on an image family is ditd_pipeline_set_size. */
 int ditd_pipeline_set_video_size(ditd_pipeline *p, int frames, int height, int width,
                                  int text_len);
+
+/* Reference latents of rh x rw (latent grid) for the batches that follow (a
+ * row with `reference`: FluxKontextPipeline; the denoiser's set_reference):
+ * every sample then carries ref_latents of that size. 0 x 0: none again. A
+ * later set_size keeps it. Between batches; not collective (every rank of a
+ * group calls it with the same size); DITD_EINVAL on a row without reference
+ * or a size the denoiser refuses (the old one stays). */
+int ditd_pipeline_set_reference(ditd_pipeline *p, int rh, int rw);
 
 /* Runs n samples (1..max_samples) together. init_noise, when not NULL, is
  * (n, C, h, w) host f32 and replaces the generator (Diffusers' latents=);

@@ -265,6 +265,7 @@ done:
     free(w->img_lat);
     free(w->mask_lat);
     free(w->x0_keep);
+    free(w->ref_lat);
     free(w->i2v_cond);
     free(w->i2v_emb);
     ditd_replica_close(&w->rep);

@@ -267,10 +267,28 @@ int ditd__worker_batch_ok(ditd__worker *w, const Ditd__Batch *b)
         return 0;
     }
     const int i2v = w->rep.ic != NULL; /* image-to-video: every sample's first frame */
+    const int kontext = m->pipeline->reference; /* FluxKontextPipeline: a reference per sample */
     for (int i = 0; i < n; i++) {
         const Ditd__Sample *sm = b->samples[i];
         const char *why = NULL;
-        if (i2v) {
+        if (kontext) {
+            /* every sample a reference of the batch's one size (sample 0's,
+             * rounded for the VAE), or none does (text-to-image) */
+            const Ditd__Sample *s0 = b->samples[0];
+            const int f = 2 * (m->vae_scale > 0 ? m->vae_scale : 1);
+            if (b->strength != 0.0 || sm->mask.len || sm->last_image.len)
+                why = "a strength, mask or last image: FluxKontextPipeline takes a reference only";
+            else if (sm->image_width != s0->image_width || sm->image_height != s0->image_height)
+                why = "a reference of another size than the batch's";
+            else if (sm->image_width &&
+                     (sm->image_width > 16384 || sm->image_height > 16384 ||
+                      sm->image_width % (unsigned)f || sm->image_height % (unsigned)f ||
+                      sm->image.len != (size_t)sm->image_width * sm->image_height * 3 || !w->rep.li))
+                why = "a reference that is not (image_height, image_width, 3) bytes in multiples "
+                      "of vae_scale_factor x 2";
+            else if (!sm->image_width && (sm->image.len || sm->image_height))
+                why = "an input image without its size";
+        } else if (i2v) {
             if (b->strength != 0.0 || sm->mask.len)
                 why = "an edit's strength or mask: image-to-video starts from noise";
             else if (sm->image_width < 1 || sm->image_height < 1 || sm->image_width > 16384 ||
@@ -415,7 +433,50 @@ static int set_batch_size(ditd__worker *w, const Ditd__Batch *b)
         if (err || (w->rep.li && (err = ditd_latent_image_set_size(w->rep.li, h, wd))))
             return err;
     }
+    if (m->pipeline->reference) { /* Kontext: the batch's reference size (batch_ok: all alike) */
+        const int vs = m->vae_scale > 0 ? m->vae_scale : 1;
+        const Ditd__Sample *s0 = b->samples[0];
+        if ((err = ditd_pipeline_set_reference(w->rep.pipe, (int)s0->image_height / vs,
+                                               (int)s0->image_width / vs)))
+            return err;
+        size_t nr = w->rep.pipe->numel_ref;
+        if (nr > w->cap_ref) {
+            free(w->ref_lat);
+            if (!(w->ref_lat = malloc((size_t)w->cfg->max_batch * nr * sizeof *w->ref_lat))) {
+                w->cap_ref = 0;
+                return ditd_err_set(DITD_ENOMEM, "reference latents");
+            }
+            w->cap_ref = nr;
+        }
+    }
     return ditd__worker_plan_buffers(w);
+}
+
+/* FluxKontextPipeline's references, on every rank (the group encodes each
+ * together, ditd_latent_image_encode_mode being collective; the same bytes
+ * everywhere, so the same decisions): sample i's reference through the VAE
+ * encoder's mode (no draw), shifted and scaled; a sample with the same
+ * reference as an earlier one copies its latents. */
+static int reference_inputs(ditd__worker *w, const Ditd__Batch *b, int n)
+{
+    const size_t nr = w->rep.pipe->numel_ref;
+    int err;
+    for (int i = 0; nr && i < n; i++) {
+        const Ditd__Sample *sm = b->samples[i];
+        float *lat = w->ref_lat + (size_t)i * nr;
+        int k = 0;
+        while (k < i && !(b->samples[k]->image.len == sm->image.len &&
+                          !memcmp(b->samples[k]->image.data, sm->image.data, sm->image.len)))
+            k++;
+        if (k < i)
+            memcpy(lat, w->ref_lat + (size_t)k * nr, nr * sizeof *lat);
+        else if ((err = ditd_latent_image_encode_mode(w->rep.li, sm->image.data,
+                                                      (int)sm->image_height, (int)sm->image_width,
+                                                      lat)))
+            return err;
+        w->samples[i].ref_latents = lat;
+    }
+    return 0;
 }
 
 /* An edit's inputs, on every rank (the group encodes each image together,
@@ -523,6 +584,7 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
     for (int i = 0; i < n; i++) {
         w->samples[i].image_latents = w->samples[i].mask_latents = NULL;
         w->samples[i].video_cond = w->samples[i].image_embeds = NULL;
+        w->samples[i].ref_latents = NULL;
         w->samples[i].seed = b->samples[i]->seed;
         w->samples[i].index = b->samples[i]->index;
         w->samples[i].cond = (ditd_cond_input){.class_id = b->samples[i]->class_id};
@@ -556,6 +618,8 @@ void ditd__worker_run_batch(ditd__worker *w, const Ditd__Batch *b)
         err = edit_inputs(w, b, n);
     if (!err && w->rep.ic)
         err = i2v_inputs(w, b, n);
+    if (!err && m->pipeline->reference)
+        err = reference_inputs(w, b, n);
     if (!err && !w->group_err)
         err = ditd_pipeline_generate(w->rep.pipe, &gp, n, w->samples, NULL, w->out, w->active,
                                      w->leader ? on_step : NULL, w);

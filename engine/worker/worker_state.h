@@ -110,6 +110,8 @@ typedef struct ditd__worker {
     float *mask_lat; /* inpainting (a row with inpaint): max_batch masks on the latent grid */
     float *x0_keep;  /* inpainting: max_batch previews' latents, x0 with the kept region the
                       * image's (on_preview), planned with mask_lat */
+    float *ref_lat;  /* a reference row (Kontext): max_batch reference latents, grown to cap_ref */
+    size_t cap_ref;
     /* image-to-video (rep.ic): max_batch conditions of numel_cond and image
      * embeddings of numel_emb, grown with the clip size as out is */
     float *i2v_cond, *i2v_emb;

@@ -175,6 +175,8 @@ int ditd_cmd_generate(int argc, char **argv)
     uint8_t *mask_l = NULL;  /* --mask: its luma (H, W) */
     float *mask_lat = NULL;  /* and on the latent grid (h, w) */
     float *img_lat = NULL;   /* --image: its latents (C, h, w) */
+    float *ref_lat = NULL;   /* --image on a reference row (Kontext): k x (C, rh, rw) */
+    size_t ref_numel = 0;    /* C rh rw of one */
     float *i2v_cond = NULL, *i2v_emb = NULL;
     float *emb = NULL;       /* text models: (2n, L Dt + Dp) */
     ditd_text_embeds *te = NULL;
@@ -310,6 +312,19 @@ int ditd_cmd_generate(int argc, char **argv)
      * the defaults; the image sets the size */
     const ditd_pipeline_class *erow = a.image_path ? pc->img2img : NULL;
     const int i2v = pc->image_to_video; /* WanImageToVideoPipeline: --image is the first frame */
+    const int kontext = pc->reference;  /* FluxKontextPipeline: --image is a reference */
+    if ((a.max_area || a.auto_resize == 0) && !kontext) {
+        fprintf(stderr, "ditd generate: --%s: %s (%s) takes no reference image "
+                "(FluxKontextPipeline's max_area, _auto_resize)\n",
+                a.max_area ? "max-area" : "no-auto-resize", rep.info.name, pc->name);
+        goto done;
+    }
+    if (kontext && (a.strength >= 0 || a.mask_path)) {
+        fprintf(stderr, "ditd generate: --%s: %s (%s) takes a reference image, not a start: %s\n",
+                a.mask_path ? "mask" : "strength", rep.info.name, pc->name,
+                a.mask_path ? "no mask" : "no strength (the whole schedule runs from noise)");
+        goto done;
+    }
     if (i2v && !a.image_path) {
         fprintf(stderr, "ditd generate: %s (%s) makes a clip from an image: give --image FILE\n",
                 rep.info.name, pc->name);
@@ -333,7 +348,7 @@ int ditd_cmd_generate(int argc, char **argv)
         }
         erow = pc->inpaint;
     }
-    if (a.image_path && !i2v && (!erow || video || !rep.info.needs_vae)) {
+    if (a.image_path && !i2v && ((!erow && !kontext) || video || !rep.info.needs_vae)) {
         fprintf(stderr, "ditd generate: --image: %s (%s) takes no input image (img2img: a "
                 "pipeline row with img2img, e.g. FLUX, SD3)\n", rep.info.name, pc->name);
         goto done;
@@ -368,7 +383,8 @@ int ditd_cmd_generate(int argc, char **argv)
                 goto done;
             }
         }
-        if (!a.size_w && !i2v && rep.info.resizable && rep.info.size_multiple > 0) {
+        if (kontext) { /* the output's size is the request's (below), not the image's */
+        } else if (!a.size_w && !i2v && rep.info.resizable && rep.info.size_multiple > 0) {
             /* VaeImageProcessor.get_default_height_width: the image's size
              * rounded down to the VAE multiple (docs/edits.md#resampling) */
             const int q = rep.info.size_multiple;
@@ -381,13 +397,14 @@ int ditd_cmd_generate(int argc, char **argv)
         /* an edit's image at the output size, then its color: VaeImageProcessor.
          * preprocess (PIL Lanczos, RGBA premultiplied; image-to-video resizes in
          * its own condition) */
-        if (!i2v && (err = ditd__gen_resize_image(&in_img, (int)a.size_w, (int)a.size_h))) {
+        if (!i2v && !kontext &&
+            (err = ditd__gen_resize_image(&in_img, (int)a.size_w, (int)a.size_h))) {
             fprintf(stderr, "ditd generate: --image %s (%dx%d) to --size %ldx%ld: %s\n",
                     a.image_path, in_img.width, in_img.height, a.size_w, a.size_h,
                     ditd_err_detail());
             goto done;
         }
-        for (int j = 1; !i2v && j < a.n_images; j++) /* each image of the list, alike */
+        for (int j = 1; !i2v && !kontext && j < a.n_images; j++) /* each image of the list, alike */
             if ((err = ditd__gen_resize_image(&in_more[j], (int)a.size_w, (int)a.size_h))) {
                 fprintf(stderr, "ditd generate: --image %s to --size %ldx%ld: %s\n",
                         a.image_paths[j], a.size_w, a.size_h, ditd_err_detail());
@@ -420,7 +437,7 @@ int ditd_cmd_generate(int argc, char **argv)
                 goto done;
             }
         }
-        if (!i2v) { /* an edit row's defaults; image-to-video keeps the row's own */
+        if (!i2v && !kontext) { /* an edit row's defaults; image-to-video keeps the row's own */
             if (a.steps <= 0 && erow != pc)
                 a.steps = erow->default_steps;
             if (a.guidance < 0 && erow != pc)
@@ -428,12 +445,30 @@ int ditd_cmd_generate(int argc, char **argv)
             if (a.strength < 0)
                 a.strength = erow->default_strength;
         }
-        if (!rep.info.resizable &&
+        if (!rep.info.resizable && !kontext &&
             (a.size_w != rep.info.image_width || a.size_h != rep.info.image_height)) {
             fprintf(stderr, "ditd generate: --image %s is %ldx%ld; %s makes %dx%d\n", a.image_path,
                     a.size_w, a.size_h, rep.info.name, rep.info.image_width, rep.info.image_height);
             goto done;
         }
+    }
+    if (kontext) {
+        /* FluxKontextPipeline: the request's aspect ratio at max_area pixels,
+         * rounded down to vae_scale_factor x 2 (with or without an image) */
+        long rw = a.size_w ? a.size_w : rep.info.image_width;
+        long rh = a.size_h ? a.size_h : rep.info.image_height;
+        long area = a.max_area ? a.max_area : pc->default_max_area;
+        int ow = 0, oh = 0;
+        if (ditd_pipeline_class_area_size(area, (int)rw, (int)rh, 2 * rep.info.vae_scale, &ow,
+                                          &oh)) {
+            fprintf(stderr, "ditd generate: --size/--max-area: %s\n", ditd_err_detail());
+            goto done;
+        }
+        if (leader && !pr.quiet && (ow != rw || oh != rh))
+            fprintf(stderr, "%s: %ldx%ld adjusted to %dx%d (max_area %ld)\n", pc->name, rw, rh, ow,
+                    oh, area);
+        a.size_w = ow;
+        a.size_h = oh;
     }
     if (a.true_cfg != 1.0 && pc->guidance != DITD_GUIDANCE_TRUE_CFG) {
         fprintf(stderr, "ditd generate: --true-cfg: %s guides with --guidance\n", pc->name);
@@ -617,6 +652,48 @@ int ditd_cmd_generate(int argc, char **argv)
         if (leader && !pr.quiet)
             fprintf(stderr, "image-to-video: %s %dx%d as the first of %d frames at %dx%d (%s)\n",
                     a.image_path, in_img.width, in_img.height, nfr, W, H, pc->name);
+    } else if (a.image_path && kontext) { /* the references: the group encodes each together */
+        const int vsc = rep.info.vae_scale;
+        int rw = 0, rh = 0;
+        uint8_t *ref_px = NULL;
+        if ((err = ditd_pipeline_class_reference_size(
+                 a.auto_resize >= 0 ? a.auto_resize : pc->auto_resize, in_img.width,
+                 in_img.height, vsc, &rw, &rh))) {
+            ditd__gen_fail("--image", err);
+            goto done;
+        }
+        /* Diffusers' image list: every --image of one size (checked above),
+         * output i takes reference i % k */
+        const int k_ref = a.n_images > 1 ? a.n_images : 1;
+        const size_t per_ref = (size_t)C * (rh / vsc) * (rw / vsc);
+        ref_numel = per_ref;
+        if (!(ref_lat = malloc((size_t)k_ref * per_ref * sizeof *ref_lat))) {
+            fprintf(stderr, "ditd generate: out of memory\n");
+            goto done;
+        }
+        for (int j = 0; j < k_ref; j++) {
+            const ditd_image *im = j ? &in_more[j] : &in_img;
+            if ((err = ditd__gen_reference_pixels(im, rw, rh, &ref_px))) {
+                fprintf(stderr, "ditd generate: --image %s: %s\n", a.image_paths[j],
+                        ditd_err_detail());
+                goto done;
+            }
+            err = ditd_latent_image_encode_mode(li, ref_px ? ref_px : im->pixels, rh, rw,
+                                                ref_lat + (size_t)j * per_ref);
+            free(ref_px);
+            ref_px = NULL;
+            if (err) {
+                ditd__gen_fail("encoding --image", err);
+                goto done;
+            }
+        }
+        if ((err = ditd_pipeline_set_reference(pipe, rh / vsc, rw / vsc))) {
+            ditd__gen_fail("--image", err);
+            goto done;
+        }
+        if (leader && !pr.quiet)
+            fprintf(stderr, "reference: %s %dx%d as %dx%d (%s)\n", a.image_path, in_img.width,
+                    in_img.height, rw, rh, pc->name);
     } else if (a.image_path) { /* the group encodes together (the same latents on every rank) */
         int st = 0;
         gp.strength = a.strength;
@@ -678,6 +755,8 @@ int ditd_cmd_generate(int argc, char **argv)
         const int k_img = a.n_images > 1 ? a.n_images : 1; /* output i edits image i % k */
         samples[i].image_latents =
             img_lat ? img_lat + (size_t)ditd_edit_image_of((int)i, k_img) * numel : NULL;
+        samples[i].ref_latents =
+            ref_lat ? ref_lat + (size_t)ditd_edit_image_of((int)i, k_img) * (ref_numel) : NULL;
         samples[i].mask_latents = mask_lat;
         samples[i].video_cond = i2v_cond;
         samples[i].image_embeds = i2v_emb;
@@ -790,6 +869,7 @@ done:
     free(i2v_emb);
     free(mask_l);
     free(mask_lat);
+    free(ref_lat);
     free(emb);
     free(te);
     ditd_replica_close(&rep);

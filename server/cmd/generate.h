@@ -52,6 +52,8 @@ typedef struct ditd_gen_args {
     double strength, true_cfg, slg_scale, slg_start, slg_stop, guidance, guidance_2;
     long size_w, size_h, max_seq, frames, seed, steps, n, threads, comm_timeout_ms;
     int vae_tiling, save_frames, quiet;
+    long max_area;               /* --max-area (a reference row: Kontext's max_area) */
+    int auto_resize;             /* --no-auto-resize: 0; -1 the row's (_auto_resize) */
     ditd_device device;
     ditd_cache_config cache_cfg; /* --cache (method none: off) */
     ditd_gen_lora_args la;
@@ -81,5 +83,14 @@ int ditd__gen_read_image(const char *path, int channels, ditd_image *img);
  * processors run; the same size only drops alpha. Sizes over the resize
  * limits refused before allocating. */
 int ditd__gen_resize_image(ditd_image *img, int w, int h);
+
+/* FluxKontextPipeline's reference at w x h (ditd_pipeline_class_reference_size):
+ * VaeImageProcessor.resize then preprocess. *out NULL and 0 when the image is
+ * at that size already (PIL's resize to its own size is a copy: use its own
+ * pixels, RGB). Otherwise *out = the w x h RGB pixels (malloc'd, the caller
+ * frees it): PIL's Lanczos (engine/pipeline/image_resize.h; RGBA resized
+ * premultiplied, then its color), or an RGBA image's color at its size.
+ * DITD_EINVAL for sizes over the resize limits or another channel count. */
+int ditd__gen_reference_pixels(const ditd_image *img, int w, int h, uint8_t **out);
 
 #endif

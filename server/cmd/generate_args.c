@@ -107,7 +107,12 @@ static void usage(FILE *f)
           "  --mask FILE          with --image: inpainting (a row with inpaint: FLUX, SD3),\n"
           "                       as Diffusers' mask_image: white is repainted, black kept\n"
           "                       (its luma, binarized at 0.5); any size (resized too);\n"
-          "                       one mask for every --image\n",
+          "                       one mask for every --image\n"
+"  on a FluxKontextPipeline folder --image is the reference image (no --strength,\n"
+          "  no --mask); the output is --size's aspect ratio at --max-area pixels:\n"
+          "  --max-area PIXELS    the output's area (default 1048576, Kontext's max_area)\n"
+          "  --no-auto-resize     keep the reference's own size (rounded down to 16) instead\n"
+          "                       of the preferred resolution of its aspect ratio\n",
           f);
 }
 /* "WxH", each 1..16384 */
@@ -197,6 +202,7 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
            O_SIZE, O_MAXSEQ, O_PROMPT2, O_PROMPT3, O_NEG2, O_NEG3, O_SKIP, O_SLG_SCALE,
            O_SLG_START, O_SLG_STOP, O_CACHE, O_FRAMES, O_SAVE_FRAMES, O_GUIDANCE2, O_LORA,
            O_LORA_SCALE, O_IMAGE, O_STRENGTH, O_LORA_DIR, O_MASK, O_LAST_IMAGE, O_LORA_EXPERT,
+           O_MAX_AREA, O_NO_AUTO_RESIZE,
            O_TFILE, O_TE2FILE };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"transformer-file", required_argument, 0, O_TFILE},
@@ -241,6 +247,8 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
                                          {"strength", required_argument, 0, O_STRENGTH},
                                          {"mask", required_argument, 0, O_MASK},
                                          {"last-image", required_argument, 0, O_LAST_IMAGE},
+                                         {"max-area", required_argument, 0, O_MAX_AREA},
+                                         {"no-auto-resize", no_argument, 0, O_NO_AUTO_RESIZE},
                                          DITD_LAYOUT_LONGOPTS,
                                          {0, 0, 0, 0}};
     const char *lora_dir = NULL; /* --lora-dir */
@@ -250,6 +258,7 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
     memset(a, 0, sizeof *a);
     a->layout = DITD_LAYOUT_SINGLE;
     a->strength = -1;
+    a->auto_resize = -1;
     a->true_cfg = 1.0;
     a->slg_scale = a->slg_start = a->slg_stop = -1;
     a->dtype_str = "auto";
@@ -322,6 +331,10 @@ int ditd__gen_args_parse(int argc, char **argv, ditd_gen_args *a)
             break;
         case O_MASK: a->mask_path = optarg; break;
         case O_LAST_IMAGE: a->last_image_path = optarg; break;
+        case O_MAX_AREA:
+            err = ditd_parse_long(optarg, 256, 16384L * 16384L, "--max-area", &a->max_area);
+            break;
+        case O_NO_AUTO_RESIZE: a->auto_resize = 0; break;
         case O_STRENGTH: err = ditd_parse_double(optarg, 0, 1, "--strength", &a->strength); break;
         case O_TRUE_CFG: err = ditd_parse_double(optarg, 0, 100, "--true-cfg", &a->true_cfg); break;
         case O_SIZE: err = parse_size(optarg, &a->size_w, &a->size_h); break;

@@ -114,3 +114,35 @@ int ditd__gen_resize_image(ditd_image *img, int w, int h)
     img->channels = 3;
     return 0;
 }
+
+int ditd__gen_reference_pixels(const ditd_image *img, int w, int h, uint8_t **out)
+{
+    *out = NULL;
+    if (img->channels != 3 && img->channels != 4)
+        return ditd_err_set(DITD_EINVAL, "a reference image of %d channels (RGB or RGBA)",
+                            img->channels);
+    if (img->width == w && img->height == h && img->channels == 3)
+        return 0;
+    /* VaeImageProcessor.resize to the chosen resolution (PIL's Lanczos, RGBA
+     * premultiplied), then the color (convert("RGB")) */
+    if (w < 1 || h < 1 || w > DITD_IMAGE_RESIZE_MAX_SIDE || h > DITD_IMAGE_RESIZE_MAX_SIDE ||
+        (long)w * h > DITD_IMAGE_RESIZE_MAX_PIXELS)
+        return ditd_err_set(DITD_EINVAL, "reference size %dx%d: over the resize limits", w, h);
+    uint8_t *px = malloc((size_t)w * h * 3);
+    if (!px)
+        return ditd_err_set(DITD_ENOMEM, "reference resize to %dx%d", w, h);
+    int err = 0;
+    if (img->width == w && img->height == h)
+        for (size_t i = 0; i < (size_t)w * h; i++)
+            memcpy(px + 3 * i, img->pixels + 4 * i, 3);
+    else if (img->channels == 4)
+        err = ditd_image_resize_rgba(img->pixels, img->width, img->height, px, w, h);
+    else
+        err = ditd_image_resize(img->pixels, img->width, img->height, 3, px, w, h);
+    if (err) {
+        free(px);
+        return err;
+    }
+    *out = px;
+    return 0;
+}

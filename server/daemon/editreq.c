@@ -9,13 +9,15 @@
  * mask (OpenAI's rule: its transparent pixels are the ones to change,
  * converted to Diffusers' mask_image, white repainted), strength, and the
  * edit row's defaults (FluxImg2ImgPipeline's 28 steps and guidance 7 for a
- * FluxPipeline folder). Several images (`image[]` repeated, a JSON array)
- * are Diffusers' image list (engine/pipeline/edit_images.h: output i edits
- * image i % k); every upload's header is read and checked (limits, sizes)
- * before any of them is decoded. The images and the mask are resized to
- * the output size as VaeImageProcessor does (PIL Lanczos, RGBA premultiplied,
- * engine/pipeline/image_resize.h; no size: the first image's, rounded down
- * to the VAE multiple). Not here: background jobs of edits. Loop thread
+ * FluxPipeline folder); on a FluxKontextPipeline folder the image is a
+ * reference (reference_edit: max_area, no strength, no mask). Several images
+ * (`image[]` repeated, a JSON array) are Diffusers' image list
+ * (engine/pipeline/edit_images.h: output i edits image i % k); every upload's
+ * header is read and checked (limits, sizes) before any of them is decoded.
+ * The images and the mask are resized to the output size as VaeImageProcessor
+ * does (PIL Lanczos, RGBA premultiplied, engine/pipeline/image_resize.h; no
+ * size: the first image's, rounded down to the VAE multiple), a reference to
+ * its Kontext resolution. Not here: background jobs of edits. Loop thread
  * only. */
 #include <jansson.h>
 #include <stdarg.h>
@@ -53,7 +55,7 @@ typedef struct upload {
 
 /* Form fields whose text is a number (or JSON) in the body genreq reads. */
 static const char *const int_fields[] = {"n", "seed", "num_inference_steps", "partial_images",
-                                         "max_sequence_length", NULL};
+                                         "max_sequence_length", "max_area", NULL};
 static const char *const num_fields[] = {"guidance_scale", "strength", "true_cfg_scale", NULL};
 static const char *const obj_fields[] = {"cache", "loras", NULL};
 
@@ -188,6 +190,96 @@ static int probe(const upload *u, const ditd_image_limits *lim, ditd_image *hdr,
 
 /* Decodes an upload, naming its field on failure. */
 static int decode(const upload *u, const ditd_image_limits *lim, ditd_image *out,
+                  ditd_api_error *e);
+
+/* FluxKontextPipeline (a reference row): the image is a reference, not a
+ * start. The output is the request's size (given, else the folder's) at
+ * max_area pixels with its aspect ratio, rounded down to vae_scale x 2, as
+ * the pipeline does; the reference goes at the size the pipeline brings it
+ * to (its preferred resolution, _auto_resize), resized as VaeImageProcessor
+ * does (PIL Lanczos, RGBA premultiplied, then its color). No strength, no
+ * mask (named). */
+static int reference_edit(const ditd_model_info *m, int size_given, int strength_given,
+                          int n_given, long max_area, const upload *img, int n_img,
+                          const upload *mask, const ditd_image_limits *lim, json_t *root,
+                          ditd_genreq *r, ditd_api_error *e)
+{
+    const ditd_pipeline_class *pc = m->pipeline;
+    ditd_image in = {0}, hdr;
+    int err = 0, rw = 0, rh = 0, W0 = 0, H0 = 0;
+    if (strength_given)
+        return bad(e, "strength", "'%s' (%s) takes a reference image, not a start: no 'strength' "
+                   "(the whole schedule runs from noise)", m->name, pc->name);
+    if (mask->data)
+        return bad(e, "mask", "'%s' (%s) takes a reference image and no 'mask'", m->name,
+                   pc->name);
+    int w0 = size_given ? r->width : m->image_width, h0 = size_given ? r->height : m->image_height;
+    if (ditd_pipeline_class_area_size(max_area > 0 ? max_area : pc->default_max_area, w0, h0,
+                                      2 * m->vae_scale, &r->width, &r->height))
+        return bad(e, max_area > 0 ? "max_area" : "size", "%s", ditd_err_detail());
+    if (ditd_model_check_size(m, r->width, r->height))
+        return bad(e, max_area > 0 ? "max_area" : "size", "the output %dx%d (%s at max_area): %s",
+                   r->width, r->height, size_given ? "size" : "the default size",
+                   ditd_err_detail());
+    /* every header first (limits, one size), before any pixel is decoded */
+    for (int j = 0; j < n_img; j++) {
+        if ((err = probe(&img[j], lim, &hdr, e)))
+            return err;
+        if (j == 0) {
+            W0 = hdr.width;
+            H0 = hdr.height;
+        } else if (hdr.width != W0 || hdr.height != H0) {
+            return bad(e, img[j].field, "'%s' is %dx%d, '%s' %dx%d: the references of one edit "
+                       "must be the same size", img[j].label, hdr.width, hdr.height,
+                       img[0].label, W0, H0);
+        }
+    }
+    if (ditd_pipeline_class_reference_size(pc->auto_resize, W0, H0, m->vae_scale, &rw, &rh))
+        return bad(e, img[0].field, "'%s': %s", img[0].label, ditd_err_detail());
+    /* Diffusers' image list: output i takes reference i % k (n not given:
+     * one output per reference) */
+    if (!n_given)
+        r->n = n_img;
+    if (ditd_edit_images_check(r->n, n_img, 0))
+        return bad(e, "n", "%s", ditd_err_detail());
+    const size_t np = (size_t)rw * (size_t)rh;
+    if (!(r->image = malloc(np * 3 * (size_t)n_img)))
+        return oom(e);
+    for (int j = 0; j < n_img && !err; j++) {
+        if ((err = decode(&img[j], lim, &in, e)))
+            break;
+        uint8_t *to = r->image + (size_t)j * np * 3;
+        if (in.width != rw || in.height != rh) { /* VaeImageProcessor.resize */
+            int rc = in.channels == 4
+                         ? ditd_image_resize_rgba(in.pixels, in.width, in.height, to, rw, rh)
+                         : ditd_image_resize(in.pixels, in.width, in.height, 3, to, rw, rh);
+            if (rc)
+                err = bad(e, img[j].field, "'%s' to %dx%d: %s", img[j].label, rw, rh,
+                          ditd_err_detail());
+        } else { /* the color (PIL's convert("RGB")): alpha is no mask here */
+            for (size_t i = 0; i < np; i++)
+                memcpy(to + i * 3, in.pixels + (size_t)in.channels * i, 3);
+        }
+        ditd_image_free(&in);
+    }
+    if (err)
+        return err;
+    r->image_w = rw;
+    r->image_h = rh;
+    r->n_images = n_img;
+    r->edit = 1;
+    r->strength = 0.0;
+    if (r->cache.method != DITD_CACHE_NONE) {
+        if (!json_object_get(root, "cache")) /* the server's --cache: not for this edit */
+            r->cache.method = DITD_CACHE_NONE;
+        else
+            return bad(e, "cache", "step caching with a reference image (Kontext) is not "
+                       "supported yet");
+    }
+    return 0;
+}
+
+static int decode(const upload *u, const ditd_image_limits *lim, ditd_image *out,
                   ditd_api_error *e)
 {
     int err = ditd_image_decode(u->data, u->len, lim, out);
@@ -267,6 +359,25 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
         goto done;
     }
     double strength = sv && !json_is_null(sv) ? json_number_value(sv) : 0.0;
+    const int strength_given = sv && !json_is_null(sv);
+    const int reference = pc && pc->reference;
+    /* max_area: a reference row's own (Kontext), an integer of pixels */
+    json_t *ma = json_object_get(root, "max_area");
+    long max_area = 0;
+    if (ma && !json_is_null(ma)) {
+        if (!reference) {
+            err = bad(e, "max_area", "'max_area' is FluxKontextPipeline's; '%s' (%s) takes none",
+                      m->name, pc ? pc->name : "?");
+            goto done;
+        }
+        if (!json_is_integer(ma) || json_integer_value(ma) < 256 ||
+            json_integer_value(ma) > 16384LL * 16384LL) {
+            err = bad(e, "max_area", "'max_area' must be an integer of pixels (256..2^28)");
+            goto done;
+        }
+        max_area = (long)json_integer_value(ma);
+    }
+    json_object_del(root, "max_area");
     json_object_del(root, "strength"); /* an edit's own: the generation parser refuses it */
     sv = NULL;
     /* an edit starts mid-schedule from the noised image: flow-euler only
@@ -274,7 +385,8 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
      * generation parser builds their schedule) */
     const char *smp = json_string_value(json_object_get(root, "sampler"));
     ditd_sampler_kind sk;
-    if (smp && !ditd_sampler_kind_from_str(smp, &sk) && sk != DITD_SAMPLER_FLOW_EULER) {
+    if (!reference && smp && !ditd_sampler_kind_from_str(smp, &sk) &&
+        sk != DITD_SAMPLER_FLOW_EULER) {
         err = bad(e, "sampler", "sampler '%s': an edit starts from the noised image, which is "
                   "done for flow-euler only", smp);
         goto done;
@@ -286,6 +398,11 @@ int ditd_genreq_parse_edit(const char *ctype, const char *body, size_t len,
     if ((err = ditd_genreq_parse(txt, strlen(txt), gm, r, e)))
         goto done;
     parsed = 1;
+    if (reference && m->needs_vae) {
+        err = reference_edit(m, size_given, strength_given, n_given, max_area, img, n_img,
+                             &mask, lim, root, r, e);
+        goto done;
+    }
     if (!erow || !m->needs_vae) {
         err = bad(e, "model", "'%s' (%s) takes no input image: edits need a pipeline with "
                   "img2img (FLUX.1's: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline; "

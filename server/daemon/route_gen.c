@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/core/error.h"
+#include "engine/models/pipeline_class.h"
 #include "server/daemon/log.h"
 #include "server/daemon/reply.h"
 #include "server/daemon/routes.h"
@@ -46,6 +48,19 @@ static enum MHD_Result submit(ditd_srv *s, struct MHD_Connection *c, ditd_route_
             ? ditd_genreq_parse_edit(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"),
                                      body, req->body_len, &s->gm, NULL, &rq, &e)
             : ditd_genreq_parse(body, req->body_len, &s->gm, &rq, &e)) {
+        ditd_job_refuse(j);
+        return ditd_route_answer_err(s, c, route, &e, j->rid, 0, 0);
+    }
+    /* FluxKontextPipeline brings a generation's size to max_area too (as its
+     * __call__ does with or without an image; an edit did it already) */
+    const ditd_pipeline_class *pc = s->info.pipeline;
+    if (route == DITD_ROUTE_GENERATIONS && pc && pc->reference &&
+        (ditd_pipeline_class_area_size(pc->default_max_area, rq.width, rq.height,
+                                       2 * s->info.vae_scale, &rq.width, &rq.height) ||
+         ditd_model_check_size(&s->info, rq.width, rq.height))) {
+        ditd_api_error_set(&e, 400, "invalid_request_error", "invalid_value", "size", "%s",
+                           ditd_err_detail());
+        ditd_genreq_free(&rq);
         ditd_job_refuse(j);
         return ditd_route_answer_err(s, c, route, &e, j->rid, 0, 0);
     }

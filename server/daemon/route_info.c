@@ -111,6 +111,8 @@ static json_t *model_json(ditd_srv *s, const char *id)
                                "/v1/images/edits");
         if (ed) {
             json_object_set_new(ed, "max_images", json_integer(1));
+            json_object_set_new(ed, "mode", json_string(pc->inpaint ? "img2img, inpaint"
+                                                                     : "img2img"));
             /* a masked edit's own defaults (SD3's inpainting: strength 1.0) */
             if (pc->inpaint) {
                 json_object_set_new(ed, "inpaint_default_strength",
@@ -121,6 +123,15 @@ static json_t *model_json(ditd_srv *s, const char *id)
             json_object_set_new(ed, "skip_guidance_layers",
                                 json_boolean((pc->img2img->request & DITD_REQ_SKIP_LAYERS) != 0));
         }
+        json_object_set_new(o, "edits", ed);
+    } else if (pc->reference && m->needs_vae && m->frames <= 0) {
+        /* FluxKontextPipeline: the image is a reference the model attends
+         * to (no strength, no mask), the output at max_area pixels */
+        json_t *ed = json_pack("{s:s,s:n,s:s,s:b,s:b,s:n,s:i,s:I,s:b,s:s,s:i}", "mode",
+                               "reference", "img2img", "reference_pipeline", pc->name, "inpaint", 0,
+                               "mask", 0, "default_strength", "default_steps", pc->default_steps,
+                               "max_area", (json_int_t)pc->default_max_area, "auto_resize",
+                               pc->auto_resize, "endpoint", "/v1/images/edits", "max_images", 1);
         json_object_set_new(o, "edits", ed);
     } else {
         json_object_set_new(o, "edits", json_null());

@@ -129,14 +129,16 @@ static int same_slg(const ditd_genreq *a, const ditd_genreq *b)
 
 /* One batch runs one size (and clip length), step count, sampler, T5
  * length, skip-layer guidance, step caching and edit strength (0: no
- * edit; the schedule is truncated for the whole batch). */
+ * edit; the schedule is truncated for the whole batch), and an edit's one
+ * reference size (FluxKontextPipeline: image_w x image_h; 0 for img2img). */
 static int compatible(const ditd_job *a, const ditd_job *b)
 {
     return a->rq.steps == b->rq.steps && a->rq.sampler == b->rq.sampler &&
            a->rq.width == b->rq.width && a->rq.height == b->rq.height &&
            a->rq.frames == b->rq.frames &&
            a->rq.max_sequence_length == b->rq.max_sequence_length && same_slg(&a->rq, &b->rq) &&
-           ditd_cache_config_equal(&a->rq.cache, &b->rq.cache) && a->rq.strength == b->rq.strength;
+           ditd_cache_config_equal(&a->rq.cache, &b->rq.cache) && a->rq.strength == b->rq.strength &&
+           (!a->rq.edit || (a->rq.image_w == b->rq.image_w && a->rq.image_h == b->rq.image_h));
 }
 
 /* The idle replica with the least work: fewest samples served breaks ties,
@@ -261,8 +263,12 @@ void ditd__sched_kick(ditd_srv *s)
                 smp[i].lora_names = lnames[i];
                 smp[i].lora_scales = j->rq.lora_scale;
                 if (j->rq.image && j->rq.image_w > 0) { /* image-to-video: its own size */
-                    smp[i].image.data = j->rq.image;
-                    smp[i].image.len = (size_t)j->rq.image_w * (size_t)j->rq.image_h * 3;
+                    const size_t ni = (size_t)j->rq.image_w * (size_t)j->rq.image_h * 3;
+                    /* a Kontext edit's references: output `dispatched` takes
+                     * reference dispatched % k (Diffusers' image list) */
+                    const int kr = j->rq.edit && j->rq.n_images > 1 ? j->rq.n_images : 1;
+                    smp[i].image.data = j->rq.image + (size_t)(j->dispatched % kr) * ni;
+                    smp[i].image.len = ni;
                     smp[i].image_width = (uint32_t)j->rq.image_w;
                     smp[i].image_height = (uint32_t)j->rq.image_h;
                     if (j->rq.last_image) { /* FLF2V: its last frame, borrowed likewise */

@@ -26,7 +26,7 @@ static char *labels[] = {"a", "b"};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static ditd_model_info t, m;
+    static ditd_model_info t, m, kx;
     if (!t.pipeline) {
         strcpy(t.name, "flux");
         t.shapes.cond.kind = DITD_COND_TEXT;
@@ -58,6 +58,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         m.default_guidance = 4.0f;
         m.min_size = m.max_size = 16;
         m.pipeline = &ditd_pipeline_dit;
+        kx = t; /* a FluxKontextPipeline folder: the image a reference */
+        strcpy(kx.name, "kontext");
+        kx.pipeline = &ditd_pipeline_flux_kontext;
     }
     char ct[201];
     size_t n = 0;
@@ -70,12 +73,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ditd_image_limits lim = {.max_bytes = 4096, .max_dim = 64, .max_pixels = 64 * 64};
     const ditd_genreq_model models[] = {
         {&t, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4, NULL},
-        {&m, NULL, 0, DITD_SAMPLER_DDIM, NULL, NULL, 0, 4, NULL}};
+        {&m, NULL, 0, DITD_SAMPLER_DDIM, NULL, NULL, 0, 4, NULL},
+        {&kx, NULL, 0, DITD_SAMPLER_FLOW_EULER, NULL, NULL, 0, 4, NULL}};
     for (size_t k = 0; k < sizeof models / sizeof models[0]; k++) {
         ditd_genreq rq;
         ditd_api_error e;
         const ditd_model_info *mi = models[k].info;
-        if (ditd_genreq_parse_edit(n ? ct : NULL, body, blen, &models[k], &lim, &rq, &e) == 0) {
+        int rc = ditd_genreq_parse_edit(n ? ct : NULL, body, blen, &models[k], &lim, &rq, &e);
+        if (rc == 0 && mi->pipeline->reference) {
+            /* a reference: no strength, no mask, its own size within the limits */
+            if (!rq.edit || !rq.image || rq.strength != 0.0 || rq.mask || rq.image_w < 16 ||
+                rq.image_h < 16 || rq.image_w > lim.max_dim || rq.image_h > lim.max_dim ||
+                rq.width < mi->min_size || rq.width > mi->max_size || rq.height < mi->min_size ||
+                rq.height > mi->max_size || !rq.prompt)
+                abort();
+            volatile uint8_t sum = 0;
+            for (size_t i = 0; i < (size_t)rq.image_w * (size_t)rq.image_h * 3; i++)
+                sum ^= rq.image[i];
+            (void)sum;
+            ditd_genreq_free(&rq);
+        } else if (rc == 0) {
             if (!rq.edit || !rq.image || !(rq.strength > 0 && rq.strength <= 1) ||
                 rq.sampler != DITD_SAMPLER_FLOW_EULER || !mi->pipeline->img2img ||
                 (rq.mask && !mi->pipeline->inpaint) || rq.width < mi->min_size ||

@@ -69,6 +69,13 @@ def main():
         "json_array_two": b"\n" + json.dumps({"prompt": "x", "n": 2, "image": [
             base64.b64encode(img).decode(),
             "data:image/png;base64," + base64.b64encode(img2).decode()]}).encode(),
+        # FluxKontextPipeline's max_area (and its refusals: strength, a mask, other folders)
+        "form_max_area": form([("image", img, "a.png"), ("max_area", "256", None)] + text),
+        "json_max_area_strength": b"\n" + json.dumps({
+            "prompt": "x", "image": base64.b64encode(img).decode(), "max_area": 4096,
+            "strength": 0.5, "size": "16x32"}).encode(),
+        "json_max_area_bad": b"\n" + json.dumps({"prompt": "x", "image": base64.b64encode(img).decode(),
+                                                 "max_area": 1.5e12}).encode(),
     }
     for name, data in seeds.items():
         assert len(data) < 4096, (name, len(data))

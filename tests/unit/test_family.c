@@ -488,7 +488,8 @@ static void test_registry(const char *tmp)
         TU_CHECK_ERR(ditd_model_info_load(pdir, &pi), DITD_EUNSUPPORTED, "FooPipeline",
                      "DiTPipeline, FluxPipeline, StableDiffusion3Pipeline, WanPipeline, "
                      "WanImageToVideoPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, "
-                     "StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline, ToyPipeline");
+                     "StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline, "
+                     "FluxKontextPipeline, ToyPipeline");
         write_file(pdir, "model_index.json",
                    "{\"_class_name\": \"DiTPipeline\", \"transformer\": [\"test\", \"x\"]}");
         TU_CHECK_ERR(ditd_model_info_load(pdir, &pi), DITD_EUNSUPPORTED,

@@ -202,7 +202,8 @@ static int lora_targets(ditd_flux *m)
 static int carve_acts(ditd_flux *m)
 {
     const ditd_flux_config *c = &m->cfg;
-    size_t B = (size_t)m->max_batch, N = (size_t)m->N, Nl = (size_t)m->n_loc, L = (size_t)m->l_loc;
+    size_t B = (size_t)m->max_batch, N = (size_t)m->NT, Nl = (size_t)m->n_loc, L = (size_t)m->l_loc;
+    size_t Np = (size_t)(m->N > m->Nr ? m->N : m->Nr); /* the largest one packing */
     size_t D = (size_t)c->inner_dim, Dh = (size_t)c->head_dim;
     size_t A = (size_t)m->A, F = (size_t)m->fc;
     size_t Ci = (size_t)c->in_channels, Co = (size_t)c->out_channels;
@@ -223,7 +224,7 @@ static int carve_acts(ditd_flux *m)
     /* the RoPE table stays fp32 on every backend, as Diffusers keeps it */
     err |= carve(a, &m->rope_cos, DITD_DTYPE_F32, N * Dh / 2) |
            carve(a, &m->rope_sin, DITD_DTYPE_F32, N * Dh / 2);
-    err |= carve(a, &m->scratch, at, B * N * Ci);
+    err |= carve(a, &m->scratch, at, B * Np * Ci);
     err |= carve(a, &m->tok_out, at, B * N * Co);
     if (m->n_lora_t) { /* LoRA's rank-r scratch, fp32 */
         m->lora_tmp_n = ditd_lora_tmp_floats(B * (Nl > L ? Nl : L));
@@ -240,10 +241,12 @@ static int carve_acts(ditd_flux *m)
 }
 
 /* The RoPE table of the image tokens: ids (0, row, col) of each packed
- * token, as FluxPipeline._prepare_latent_image_ids. */
+ * token, as FluxPipeline._prepare_latent_image_ids; then a reference's
+ * (1, row, col) over its own grid (FluxKontextPipeline.prepare_latents:
+ * image_ids[..., 0] = 1). */
 static int rope_tables(ditd_flux *m)
 {
-    size_t N = (size_t)m->N, half = (size_t)m->cfg.head_dim / 2;
+    size_t N = (size_t)m->NT, half = (size_t)m->cfg.head_dim / 2;
     float *ids = malloc(N * 3 * sizeof(float));
     float *cs = malloc(2 * N * half * sizeof(float));
     if (!ids || !cs) {
@@ -255,6 +258,13 @@ static int rope_tables(ditd_flux *m)
         for (int col = 0; col < m->gw; col++) {
             float *id = ids + ((size_t)r * (size_t)m->gw + (size_t)col) * 3;
             id[0] = 0.0f;
+            id[1] = (float)r;
+            id[2] = (float)col;
+        }
+    for (int r = 0; r < m->rgh; r++)
+        for (int col = 0; col < m->rgw; col++) {
+            float *id = ids + ((size_t)m->N + (size_t)r * (size_t)m->rgw + (size_t)col) * 3;
+            id[0] = 1.0f;
             id[1] = (float)r;
             id[2] = (float)col;
         }
@@ -282,7 +292,7 @@ static int plan_acts(ditd_flux *m)
          * no prefix (Diffusers' _cp_plan splits both streams) */
         int s = m->mesh->ring_rank * m->lay.ulysses + m->mesh->ulysses_rank, toff, tcnt;
         for (int j = 0; j < RU; j++) {
-            ditd_split(m->N, RU, j, &m->ioff[j], &m->icnt[j]);
+            ditd_split(m->NT, RU, j, &m->ioff[j], &m->icnt[j]);
             ditd_split(m->L, RU, j, &toff, &tcnt);
             m->jcnt[j] = tcnt + m->icnt[j];
             m->jlead[j] = tcnt;
@@ -300,7 +310,7 @@ static int plan_acts(ditd_flux *m)
         m->tok0 = m->ioff[s];
     } else {
         /* one rank (or tp alone): the whole text is the attention's prefix */
-        if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->N, m->L, m->hc,
+        if ((err = ditd_cp_attention_new(m->ops, m->mesh, m->max_batch, m->NT, m->L, m->hc,
                                          c->head_dim, &m->cpa)))
             return err;
         m->n_loc = m->cpa->n_loc;
@@ -319,7 +329,7 @@ static int plan(ditd_flux *m, const ditd_mesh *mesh)
     int err;
     m->mesh = mesh && mesh->size > 1 ? mesh : NULL;
     m->lay = m->mesh ? mesh->layout : DITD_LAYOUT_SINGLE;
-    if (m->mesh && (err = ditd_layout_check_attention(&m->lay, m->cfg.num_heads, m->N)))
+    if (m->mesh && (err = ditd_layout_check_attention(&m->lay, m->cfg.num_heads, m->NT)))
         return err;
     /* tp: this rank's heads and MLP columns, as evenly as they go */
     m->tp_rank = m->mesh ? mesh->tp_rank : 0;
@@ -359,7 +369,10 @@ static int set_sizes(ditd_flux *m, int height, int width, int text_len)
     m->gw = width / 2;
     m->N = m->gh * m->gw;
     m->L = text_len;
+    m->NT = m->N + m->Nr;
     ditd_flux_shapes(&m->cfg, height, width, text_len, &m->base.shapes);
+    m->base.shapes.ref_height = m->rh;
+    m->base.shapes.ref_width = m->rw;
     return 0;
 }
 
@@ -371,9 +384,31 @@ int ditd_flux_set_size(ditd_flux *m, int height, int width, int text_len)
     /* the layout against the new token count first: a refusal leaves the
      * model as it was */
     if (m->mesh && (err = ditd_layout_check_attention(&m->lay, m->cfg.num_heads,
-                                                      (height / 2) * (width / 2))))
+                                                      (height / 2) * (width / 2) + m->Nr)))
         return err;
     if ((err = set_sizes(m, height, width, text_len)))
+        return err;
+    return plan_acts(m);
+}
+
+int ditd_flux_set_reference(ditd_flux *m, int ref_height, int ref_width)
+{
+    int err;
+    if (m->cpa && ref_height == m->rh && ref_width == m->rw)
+        return 0;
+    if (ref_height < 0 || ref_width < 0 || ref_height % 2 || ref_width % 2 ||
+        ref_height > 16384 || ref_width > 16384 || (!ref_height != !ref_width))
+        return ditd_err_set(DITD_EINVAL, "FLUX reference latents %dx%d: both even and positive "
+                            "(2x2 packing), or 0x0 for none", ref_width, ref_height);
+    int nr = (ref_height / 2) * (ref_width / 2);
+    if (m->mesh && (err = ditd_layout_check_attention(&m->lay, m->cfg.num_heads, m->N + nr)))
+        return err;
+    m->rh = ref_height;
+    m->rw = ref_width;
+    m->rgh = ref_height / 2;
+    m->rgw = ref_width / 2;
+    m->Nr = nr;
+    if ((err = set_sizes(m, m->h, m->w, m->L)))
         return err;
     return plan_acts(m);
 }

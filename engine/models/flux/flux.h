@@ -116,6 +116,10 @@ typedef struct ditd_flux {
     int h, w;               /* latent size */
     int gh, gw, N;          /* packed token grid (h/2, w/2), N image tokens */
     int L;                  /* text tokens (all of them) */
+    /* reference latents (FluxKontextPipeline; ditd_flux_set_reference): rh x rw,
+     * their Nr packed tokens after the N of the latents in the image stream,
+     * NT = N + Nr in all (NT = N without one) */
+    int rh, rw, rgh, rgw, Nr, NT;
 
     ditd_arena weights, acts;
     const struct ditd_weights *src; /* while loading: which linears stay quantized */
@@ -145,9 +149,9 @@ typedef struct ditd_flux {
     void *vec;              /* (B, D) conditioning */
     void *svec;             /* (B, D) SiLU(vec), what every modulation reads */
     void *mod, *mod_c;      /* (B, 6D) */
-    void *rope_cos, *rope_sin; /* (N, Dh/2) of the image tokens, fp32 on every backend */
-    void *scratch;          /* (B, N, 4C) im2col of the packing */
-    void *tok_out;          /* (B, N, 4Co) */
+    void *rope_cos, *rope_sin; /* (NT, Dh/2) of the image tokens, fp32 on every backend */
+    void *scratch;          /* (B, max(N, Nr), 4C) im2col of the packing */
+    void *tok_out;          /* (B, NT, 4Co) */
     float *h_freq;          /* (B, 256) host features before upload */
 
     /* parallel plan; no mesh: one rank, n_loc = N, hc = H, fc = F. Under
@@ -168,9 +172,9 @@ typedef struct ditd_flux {
     int *jlead;             /* (R*U) text tokens per cp rank (the leading segment) */
     void *jqkv;             /* (B, Ll + Nl, 3A) [text; image] q|k|v (cp) */
     void *jo;               /* (B, Ll + Nl, A) the attention's output (cp) */
-    void *embed;            /* (B, N, D) the whole image's embedding (cp) */
+    void *embed;            /* (B, NT, D) the whole image stream's embedding (cp) */
     void *tok_loc;          /* (B, Nl, 4Co) (cp) */
-    void *tok_gath;         /* (B*N, 4Co) rank blocks (cp) */
+    void *tok_gath;         /* (B*NT, 4Co) rank blocks (cp) */
 
     /* LoRA (engine/models/lora.h): the linears an adapter may target, by
      * Diffusers' module names (none under tp; x_embedder and the final
@@ -203,6 +207,18 @@ void ditd_flux_free(ditd_flux *m);
  * left as it was. Other errors (ENOMEM) leave it without activations: its
  * forward refuses (DITD_EINVAL) until a set_size succeeds. */
 int ditd_flux_set_size(ditd_flux *m, int height, int width, int text_len);
+
+/* Reference latents (FluxKontextPipeline): from now on every row of the
+ * forward's x is the latents (C, h, w) followed by a reference (C,
+ * ref_height, ref_width); its 2x2-packed tokens go through x_embedder and
+ * join the image stream after the latents' (Diffusers' torch.cat([latents,
+ * image_latents], dim=1)) with img_ids (1, row, col) of the reference's own
+ * grid, every block sees them, and the output is the latents' tokens alone
+ * (noise_pred[:, :N]). Context parallel splits the whole image stream (N +
+ * Nr tokens). 0 x 0: none again. Even sizes; re-plans the activations as
+ * ditd_flux_set_size (its contract: not collective, a refusal leaves the
+ * model as it was). A later set_size keeps the reference. */
+int ditd_flux_set_reference(ditd_flux *m, int ref_height, int ref_width);
 
 /* out (B, C, h, w) = FLUX(x (B, C, h, w), h_t (B), text (B, L, Dt),
  * pooled (B, Dp), guidance (B); NULL unless guidance_embeds). x and out

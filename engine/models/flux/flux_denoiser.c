@@ -112,6 +112,13 @@ static int flux_set_size(ditd_denoiser *d, int height, int width, int text_len)
     return err;
 }
 
+static int flux_set_reference(ditd_denoiser *d, int ref_height, int ref_width)
+{
+    int err = ditd_flux_set_reference((ditd_flux *)d, ref_height, ref_width);
+    cache_plan((ditd_flux *)d);
+    return err;
+}
+
 static void flux_free(ditd_denoiser *d)
 {
     ditd_flux_free((ditd_flux *)d);
@@ -126,4 +133,5 @@ const ditd_denoiser_family ditd_flux_family = {
     .free = flux_free,
     .set_size = flux_set_size,
     .module_name = flux_module_name,
+    .set_reference = flux_set_reference,
 };

@@ -287,7 +287,7 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
 {
     const ditd_backend_ops *ops = m->ops;
     const ditd_flux_config *c = &m->cfg;
-    int D = c->inner_dim, N = m->N, Nl = m->n_loc, L = m->l_loc, Co = c->out_channels;
+    int D = c->inner_dim, N = m->NT, Nl = m->n_loc, L = m->l_loc, Co = c->out_channels;
     int C = c->latent_channels, cp = m->lay.ring * m->lay.ulysses > 1;
     int err;
 
@@ -295,13 +295,35 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
      * x (B, C, h, w) -> img (B, N, D); under cp every rank embeds the whole
      * image (cheap) and keeps its own tokens */
     void *emb = cp ? m->embed : m->img;
-    ops->patch_embed(x, m->x_emb.w, m->x_emb.b, NULL, emb, m->scratch, B, C, m->h, m->w, 2, D);
-    /* x_embedder's adapters: the op leaves its patches (B N, 4C) in scratch,
-     * each in the packed latents' (c, dy, dx) order, which is the Linear's
-     * input Diffusers' LoRA sees */
-    if (m->x_emb.lora && ditd_lora_touches(m->base.loras, B, m->x_emb.lora - 1))
-        ditd_lora_apply(ops, m->base.loras, B, N, m->x_emb.lora - 1, m->scratch, 4 * (size_t)C,
-                        emb, (size_t)D, D, 4 * C, DITD_ACT_NONE, m->lora_tmp, m->lora_tmp_n);
+    if (m->Nr == 0) {
+        ops->patch_embed(x, m->x_emb.w, m->x_emb.b, NULL, emb, m->scratch, B, C, m->h, m->w, 2, D);
+        /* x_embedder's adapters: the op leaves its patches (B N, 4C) in scratch,
+         * each in the packed latents' (c, dy, dx) order, which is the Linear's
+         * input Diffusers' LoRA sees */
+        if (m->x_emb.lora && ditd_lora_touches(m->base.loras, B, m->x_emb.lora - 1))
+            ditd_lora_apply(ops, m->base.loras, B, N, m->x_emb.lora - 1, m->scratch,
+                            4 * (size_t)C, emb, (size_t)D, D, 4 * C, DITD_ACT_NONE, m->lora_tmp,
+                            m->lora_tmp_n);
+    } else {
+        /* a reference (Kontext): row b of x is [latents (C, h, w); reference
+         * (C, rh, rw)], each packed and embedded by x_embedder into the row's
+         * image stream, the reference's tokens after the latents' */
+        size_t xs = (size_t)C * ((size_t)m->h * m->w + (size_t)m->rh * m->rw);
+        for (int b = 0; b < B; b++)
+            for (int part = 0; part < 2; part++) {
+                const void *xp = at(m, x, (size_t)b * xs + (part ? (size_t)C * m->h * m->w : 0));
+                void *ep = at(m, emb, ((size_t)b * N + (part ? (size_t)m->N : 0)) * (size_t)D);
+                int ph = part ? m->rh : m->h, pw = part ? m->rw : m->w;
+                int nt = part ? m->Nr : m->N;
+                ops->patch_embed(xp, m->x_emb.w, m->x_emb.b, NULL, ep, m->scratch, 1, C, ph, pw,
+                                 2, D);
+                if (m->x_emb.lora && m->base.loras &&
+                    ditd_lora_touches(m->base.loras + b, 1, m->x_emb.lora - 1))
+                    ditd_lora_apply(ops, m->base.loras + b, 1, nt, m->x_emb.lora - 1, m->scratch,
+                                    4 * (size_t)C, ep, (size_t)D, D, 4 * C, DITD_ACT_NONE,
+                                    m->lora_tmp, m->lora_tmp_n);
+            }
+    }
     if (cp)
         for (size_t b = 0; b < (size_t)B; b++) /* (B, Nl, D) */
             ops->copy2d(at(m, m->img, b * (size_t)Nl * D), (size_t)D,
@@ -382,8 +404,15 @@ static int forward_ops(ditd_flux *m, int B, const void *x, const float *h_t, con
                                (size_t)m->dsp_a[s] + b * (size_t)cnt[s] * (size_t)Co),
                             (size_t)Co, (size_t)cnt[s], (size_t)Co);
     }
-    /* unpack: (B, N, 2*2*C) in (dy, dx, c) order -> (B, C, h, w) */
-    ops->unpatchify(m->tok_out, out, B, Co / 4, m->gh, m->gw, 2);
+    /* unpack: (B, N, 2*2*C) in (dy, dx, c) order -> (B, C, h, w); with a
+     * reference the latents' N tokens of each row (noise_pred[:, :N]) */
+    if (m->Nr == 0)
+        ops->unpatchify(m->tok_out, out, B, Co / 4, m->gh, m->gw, 2);
+    else
+        for (size_t b = 0; b < (size_t)B; b++)
+            ops->unpatchify(at(m, m->tok_out, b * (size_t)N * (size_t)Co),
+                            at(m, out, b * (size_t)m->N * (size_t)Co), 1, Co / 4, m->gh, m->gw,
+                            2);
     return ops->status();
 }
 
