@@ -12,12 +12,13 @@
  * 8-bit level of its images. One case once more with --latents (the noise
  * written by this test from ditd's Philox draw, under another --seed: the
  * same result). Refused, naming the field: --strength and --mask on a
- * Kontext folder, --max-area on FluxPipeline, a reference that is not at the
- * size the pipeline brings it to (resampling is not done yet).
+ * Kontext folder, --max-area on FluxPipeline. A reference that is not at the
+ * size the pipeline brings it to is resized and runs.
  *   test_generate_kontext DITD */
 #include <jansson.h>
 #include <png.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -213,10 +214,17 @@ int main(int argc, char **argv)
     const char *bad_area[] = {"generate", "--model", dev, "--prompt", "a", "--max-area", "4096",
                               "-o", "x.png", NULL};
     refused(bad_area, "--max-area", "FluxPipeline", "--max-area on FluxPipeline");
-    /* _auto_resize on: the 48x32 reference goes to 1248x832, a resize */
-    const char *bad_resize[] = {"generate", "--model", kdir, "--prompt", "a", "--image", ref,
-                                "--max-area", "1024", "-o", "x.png", NULL};
-    refused(bad_resize, "resampling", "1248x832", "a reference not at its preferred resolution");
+    /* _auto_resize on: the 48x32 reference goes to 1248x832, a resize (PIL's
+     * Lanczos, byte for byte: test_image_resize; the route equals this run,
+     * http_kontext) */
+    char rpath[700];
+    snprintf(rpath, sizeof rpath, "%s/resized.png", tmpdir);
+    const char *resize[] = {"generate", "--model", kdir, "--prompt", "a", "--image", ref,
+                            "--max-area", "1024", "--steps", "1", "-o", rpath, NULL};
+    int rc = tu_spawn(ditd_bin, resize, tmpdir, errbuf, sizeof errbuf);
+    TU_CHECK(rc == 0 && access(rpath, R_OK) == 0,
+             "a reference not at its preferred resolution is resized and runs: rc %d: %s", rc,
+             errbuf);
     json_decref(root);
     edit_folder_rm(kdir);
     snprintf(path, sizeof path, "rm -rf '%s'", tmpdir);

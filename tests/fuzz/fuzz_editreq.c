@@ -81,9 +81,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const ditd_model_info *mi = models[k].info;
         int rc = ditd_genreq_parse_edit(n ? ct : NULL, body, blen, &models[k], &lim, &rq, &e);
         if (rc == 0 && mi->pipeline->reference) {
-            /* a reference: no strength, no mask, its own size within the limits */
+            /* a reference: no strength, no mask, at a preferred Kontext
+             * resolution (sides 672 .. 1568) or its own size within the limits */
+            const int side = lim.max_dim > 1568 ? lim.max_dim : 1568;
             if (!rq.edit || !rq.image || rq.strength != 0.0 || rq.mask || rq.image_w < 16 ||
-                rq.image_h < 16 || rq.image_w > lim.max_dim || rq.image_h > lim.max_dim ||
+                rq.image_h < 16 || rq.image_w > side || rq.image_h > side ||
                 rq.width < mi->min_size || rq.width > mi->max_size || rq.height < mi->min_size ||
                 rq.height > mi->max_size || !rq.prompt)
                 abort();
