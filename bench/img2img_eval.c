@@ -1,5 +1,5 @@
 /* img2img on a text-conditioned FLUX folder, timed as a request: the input
- * image resized to W x H (PIL's Lanczos, engine/pipeline/image_resize.h),
+ * image resized to W x H (PIL's Lanczos, engine/core/image_resize.h),
  * VAE-encoded (the posterior draw from SEED), the schedule truncated by
  * STRENGTH, the loop, the decode to pixels; one rank, float32, the given
  * prompt embeddings. tools/bench_img2img_flux.py hands the same inputs to
@@ -20,7 +20,7 @@
 #include "engine/core/error.h"
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 #include "engine/pipeline/latent_image.h"
 #include "engine/pipeline/pipeline.h"
 

@@ -1,4 +1,4 @@
-/* ditd_image_resize (PIL's Lanczos, engine/pipeline/image_resize.h) timed:
+/* ditd_image_resize (PIL's Lanczos, engine/core/image_resize.h) timed:
  * IN (raw RGB bytes, W x H) to OW x OH, REPEAT times; prints the
  * milliseconds of each on one line and writes the result to OUT (raw) for
  * a comparison with PIL's. tools/bench_img2img_flux.py runs it. Not a test.
@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "engine/core/error.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 
 static double now(void)
 {

@@ -16,7 +16,7 @@
 #include "engine/backend/backend.h"
 #include "engine/io/npy.h"
 #include "engine/models/model.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 #include "engine/pipeline/prompt_encoder.h"
 #include "tests/test_util.h"
 

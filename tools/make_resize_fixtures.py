@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/image_resize/: PIL's Image.resize((dw, dh), Image.LANCZOS)
 of deterministic pseudo-random images, for tests/unit/test_image_resize.c to
-compare ditd's engine/pipeline/image_resize.c against byte for byte.
+compare ditd's engine/core/image_resize.c against byte for byte.
 
 The source images are not stored: both sides draw them from the same 64-bit
 LCG (seed per case, `src_bytes` below; the C test has the same generator),

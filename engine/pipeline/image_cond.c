@@ -7,7 +7,7 @@
 #include "engine/core/error.h"
 #include "engine/models/wan_vae/wan_vae.h"
 #include "engine/vision/clip_vision.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 
 struct ditd_image_cond {
     const ditd_video_vae_family *fam;

@@ -16,7 +16,7 @@
  *
  * The processor (preprocessor_config.json): convert to RGB (the caller
  * passes RGB), resize (shortest_edge, or height x width) with PIL's
- * filter (engine/pipeline/image_resize.h, bit-exact), center crop, rescale
+ * filter (engine/core/image_resize.h, bit-exact), center crop, rescale
  * (x as double times rescale_factor, then float32, as numpy), normalize
  * ((x - mean) / std in float32), channels first.
  *
@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "engine/backend/backend.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 
 typedef struct ditd_clip_vision_config {
     int hidden_size;       /* D */

@@ -79,7 +79,7 @@ int ditd__gen_write_clips(const uint8_t *vid, int n, int F, int H, int W, const 
 int ditd__gen_read_image(const char *path, int channels, ditd_image *img);
 /* img (RGB, or RGBA as decoded) replaced by its RGB at w x h as PIL's
  * Image.resize((w, h), LANCZOS) then convert("RGB") (RGBA resized
- * premultiplied; engine/pipeline/image_resize.h), the order Diffusers'
+ * premultiplied; engine/core/image_resize.h), the order Diffusers'
  * processors run; the same size only drops alpha. Sizes over the resize
  * limits refused before allocating. */
 int ditd__gen_resize_image(ditd_image *img, int w, int h);
@@ -88,7 +88,7 @@ int ditd__gen_resize_image(ditd_image *img, int w, int h);
  * VaeImageProcessor.resize then preprocess. *out NULL and 0 when the image is
  * at that size already (PIL's resize to its own size is a copy: use its own
  * pixels, RGB). Otherwise *out = the w x h RGB pixels (malloc'd, the caller
- * frees it): PIL's Lanczos (engine/pipeline/image_resize.h; RGBA resized
+ * frees it): PIL's Lanczos (engine/core/image_resize.h; RGBA resized
  * premultiplied, then its color), or an RGBA image's color at its size.
  * DITD_EINVAL for sizes over the resize limits or another channel count. */
 int ditd__gen_reference_pixels(const ditd_image *img, int w, int h, uint8_t **out);

@@ -7,7 +7,7 @@
 #include "engine/core/error.h"
 #include "engine/io/video_mp4.h"
 #include "server/cmd/generate.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 #include "server/common/image.h"
 #include "server/common/image_in.h"
 

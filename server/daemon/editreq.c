@@ -15,7 +15,7 @@
  * (engine/pipeline/edit_images.h: output i edits image i % k); every upload's
  * header is read and checked (limits, sizes) before any of them is decoded.
  * The images and the mask are resized to the output size as VaeImageProcessor
- * does (PIL Lanczos, RGBA premultiplied, engine/pipeline/image_resize.h; no
+ * does (PIL Lanczos, RGBA premultiplied, engine/core/image_resize.h; no
  * size: the first image's, rounded down to the VAE multiple), a reference to
  * its Kontext resolution. Not here: background jobs of edits. Loop thread
  * only. */
@@ -27,7 +27,7 @@
 
 #include "engine/core/error.h"
 #include "engine/models/pipeline_class.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 #include "engine/pipeline/edit_images.h"
 #include "server/common/image_in.h"
 #include "server/daemon/genreq.h"

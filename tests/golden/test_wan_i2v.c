@@ -1,7 +1,7 @@
 /* WanImageToVideoPipeline end to end against Diffusers 0.42 in float64
  * (tools/make_wan_i2v_fixtures.py, tests/fixtures/wan_pipeline/expected_i2v):
  *   - PIL's Image.resize (bicubic, lanczos, bilinear; up and down) byte for
- *     byte (engine/pipeline/image_resize.h);
+ *     byte (engine/core/image_resize.h);
  *   - the tiny CLIPVisionModel's hidden states (every index) on random
  *     pixels against transformers float64;
  *   - per case (Wan 2.1 I2V-like with the image encoder, Wan 2.2
@@ -28,7 +28,7 @@
 #include "engine/pipeline/pipeline.h"
 #include "engine/pipeline/prompt_encoder.h"
 #include "engine/vision/clip_vision.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 #include "tests/test_util.h"
 
 #define MAXB 2

@@ -1,4 +1,4 @@
-/* PIL's Lanczos resize (engine/pipeline/image_resize.c) against Pillow itself:
+/* PIL's Lanczos resize (engine/core/image_resize.c) against Pillow itself:
  * tests/fixtures/image_resize (tools/make_resize_fixtures.py) holds PIL's
  * Image.resize((dw, dh), Image.LANCZOS) of pseudo-random L and RGB images
  * (up, down, mixed, one axis, 1xN and Nx1, primes, extreme aspect ratios,
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "engine/core/error.h"
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 #include "tests/test_util.h"
 
 #define MIN_CASES 240 /* the tool writes 254 */

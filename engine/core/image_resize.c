@@ -1,6 +1,6 @@
 /* Pillow 13's 8-bit Image.resize (libImaging/Resample.c), reimplemented
  * (image_resize.h says what it is and what it costs). */
-#include "engine/pipeline/image_resize.h"
+#include "engine/core/image_resize.h"
 
 #include <math.h>
 #include <stddef.h>
