@@ -69,6 +69,11 @@ def main():
     add("webp_lossless_rgba", "webp", enc(im, "WEBP", lossless=True, exact=True), 0)
     add("webp_lossless_rgb", "webp", enc(rgb, "WEBP", lossless=True), 0)
     add("webp_lossy", "webp", enc(rgb, "WEBP", quality=90), 3)
+    # the EXIF orientation of a PNG (eXIf chunk) and a WebP (EXIF chunk), as
+    # Diffusers' load_image applies it through exif_transpose
+    for o in (3, 6, 8):
+        add("png_exif%d" % o, "png", enc(rgb, "PNG", exif=exif_bytes(o)), 0)
+        add("webp_exif%d" % o, "webp", enc(im, "WEBP", lossless=True, exact=True, exif=exif_bytes(o)), 0)
     with open(os.path.join(OUT, "manifest.txt"), "w") as f:
         f.write("\n".join(cases) + "\n")
     print("%d cases" % len(cases))

@@ -86,13 +86,12 @@ static uint32_t rd32(const uint8_t *p, int le)
               : (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-int ditd_image_exif_orientation(const uint8_t *app1, size_t len)
+/* The Orientation of IFD0 of a TIFF block (offsets count from its start). */
+static int tiff_orientation(const uint8_t *t, size_t tl)
 {
-    if (!app1 || len < 6 + 8 || memcmp(app1, "Exif\0\0", 6) != 0)
-        return 1;
-    const uint8_t *t = app1 + 6; /* the TIFF header; offsets count from here */
-    size_t tl = len - 6;
     int le;
+    if (tl < 8)
+        return 1;
     if (t[0] == 'I' && t[1] == 'I')
         le = 1;
     else if (t[0] == 'M' && t[1] == 'M')
@@ -116,6 +115,55 @@ int ditd_image_exif_orientation(const uint8_t *app1, size_t len)
             return 1;
         unsigned o = rd16(e + 8, le);
         return o >= 1 && o <= 8 ? (int)o : 1;
+    }
+    return 1;
+}
+
+int ditd_image_exif_orientation(const uint8_t *app1, size_t len)
+{
+    if (!app1 || len < 6 + 8 || memcmp(app1, "Exif\0\0", 6) != 0)
+        return 1;
+    return tiff_orientation(app1 + 6, len - 6);
+}
+
+/* An EXIF payload as PNG's eXIf and WebP's EXIF chunks hold it: the TIFF
+ * block itself, or (as some writers do) JPEG's "Exif\0\0" before it. */
+static int exif_payload_orientation(const uint8_t *p, size_t len)
+{
+    if (len >= 6 && memcmp(p, "Exif\0\0", 6) == 0)
+        return ditd_image_exif_orientation(p, len);
+    return tiff_orientation(p, len);
+}
+
+/* PNG: the eXIf chunk, wherever it stands (PIL reads one after IDAT too),
+ * by walking the chunks (each length checked against the file); 1 without. */
+static int png_orientation(const uint8_t *d, size_t len)
+{
+    size_t o = 8;
+    while (len >= 12 && o <= len - 12) {
+        uint32_t n = rd32(d + o, 0);
+        if (n > len - o - 12)
+            return 1;
+        if (memcmp(d + o + 4, "eXIf", 4) == 0)
+            return exif_payload_orientation(d + o + 8, n);
+        if (memcmp(d + o + 4, "IEND", 4) == 0)
+            return 1;
+        o += 12 + (size_t)n;
+    }
+    return 1;
+}
+
+/* WebP: the extended format's EXIF chunk (RIFF chunks, padded to even). */
+static int webp_orientation(const uint8_t *d, size_t len)
+{
+    size_t o = 12;
+    while (len >= 8 && o <= len - 8) {
+        uint32_t n = rd32(d + o + 4, 1);
+        if (n > len - o - 8)
+            return 1;
+        if (memcmp(d + o, "EXIF", 4) == 0)
+            return exif_payload_orientation(d + o + 8, n);
+        o += 8 + (size_t)n + (n & 1u);
     }
     return 1;
 }
@@ -149,6 +197,30 @@ int ditd_image_orient(const uint8_t *src, int w, int h, int ch, int o, uint8_t *
     *dst = d;
     *dw = ow;
     *dh = oh;
+    return 0;
+}
+
+/* The decoded pixels into out, turned upright by EXIF orientation o as
+ * PIL's ImageOps.exif_transpose does (pix is taken: kept or freed). */
+static int finish(uint8_t *pix, int w, int h, int ch, ditd_image_format fmt, int o,
+                  ditd_image *out)
+{
+    if (o != 1) {
+        uint8_t *t = NULL;
+        int tw, th, rc = ditd_image_orient(pix, w, h, ch, o, &t, &tw, &th);
+        free(pix);
+        if (rc)
+            return rc;
+        pix = t;
+        w = tw;
+        h = th;
+    }
+    out->pixels = pix;
+    out->width = w;
+    out->height = h;
+    out->channels = ch;
+    out->format = fmt;
+    out->orientation = o;
     return 0;
 }
 
@@ -211,12 +283,13 @@ static int decode_png(const uint8_t *data, size_t len, const ditd_image_limits *
     png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
     if ((err = check_dims("png", w, h, lim)))
         goto fail;
+    const int orient = png_orientation(data, len);
     if (probe) {
         png_destroy_read_struct(&png, &info, NULL);
-        out->width = (int)w;
-        out->height = (int)h;
+        out->width = (int)(orient >= 5 ? h : w);
+        out->height = (int)(orient >= 5 ? w : h);
         out->format = DITD_IMAGE_PNG;
-        out->orientation = 1;
+        out->orientation = orient;
         return 0;
     }
     int ct = png_get_color_type(png, info);
@@ -255,14 +328,9 @@ static int decode_png(const uint8_t *data, size_t len, const ditd_image_limits *
     png_read_image(png, rows);
     png_read_end(png, NULL);
     free(rows);
+    rows = NULL;
     png_destroy_read_struct(&png, &info, NULL);
-    out->pixels = pix;
-    out->width = (int)w;
-    out->height = (int)h;
-    out->channels = ch;
-    out->format = DITD_IMAGE_PNG;
-    out->orientation = 1;
-    return 0;
+    return finish(pix, (int)w, (int)h, ch, DITD_IMAGE_PNG, orient, out);
 fail:
     free(rows);
     free(pix);
@@ -442,12 +510,13 @@ static int decode_webp(const uint8_t *data, size_t len, const ditd_image_limits 
     if ((uint64_t)riff + 8 > len)
         return ditd_err_set(DITD_EFORMAT, "webp: truncated data (%zu bytes of the %llu the RIFF "
                             "header gives)", len, (unsigned long long)riff + 8);
+    const int orient = webp_orientation(data, len);
     if (probe) {
-        out->width = f.width;
-        out->height = f.height;
+        out->width = orient >= 5 ? f.height : f.width;
+        out->height = orient >= 5 ? f.width : f.height;
         out->channels = f.has_alpha ? 4 : 3;
         out->format = DITD_IMAGE_WEBP;
-        out->orientation = 1;
+        out->orientation = orient;
         return 0;
     }
     int ch = f.has_alpha ? 4 : 3;
@@ -462,13 +531,7 @@ static int decode_webp(const uint8_t *data, size_t len, const ditd_image_limits 
         return ditd_err_set(DITD_EFORMAT, "webp: truncated or corrupt data (%dx%d header)",
                             f.width, f.height);
     }
-    out->pixels = pix;
-    out->width = f.width;
-    out->height = f.height;
-    out->channels = ch;
-    out->format = DITD_IMAGE_WEBP;
-    out->orientation = 1;
-    return 0;
+    return finish(pix, f.width, f.height, ch, DITD_IMAGE_WEBP, orient, out);
 }
 
 static int decode_or_probe(const uint8_t *data, size_t len, const ditd_image_limits *lim,

@@ -6,8 +6,10 @@
  * are checked from the header before a single pixel is decoded or any
  * pixel memory is allocated, so decompression bombs are refused cheaply.
  * Gray, gray+alpha and palette images are expanded to RGB(A); 16-bit PNG
- * is reduced to 8 bits; a JPEG's EXIF orientation (APP1, tag 0x0112) is
- * applied, so the pixels come back upright as a viewer shows them.
+ * is reduced to 8 bits; the EXIF orientation (tag 0x0112: a JPEG's APP1, a
+ * PNG's eXIf chunk wherever it stands, a WebP's EXIF chunk) is applied, as
+ * PIL's ImageOps.exif_transpose does, so the pixels come back upright as a
+ * viewer shows them.
  *
  * Not here: animation (an animated WebP is refused; an APNG gives its first
  * frame, as any PNG reader does), color management (ICC profiles are
@@ -43,7 +45,7 @@ typedef struct ditd_image {
     int width, height; /* after the EXIF orientation */
     int channels;      /* 3 (RGB) or 4 (RGBA: the source had alpha or transparency) */
     ditd_image_format format;
-    int orientation;   /* the EXIF orientation applied (1..8; 1 for PNG/WebP) */
+    int orientation;   /* the EXIF orientation applied (1..8; 1: none) */
 } ditd_image;
 
 void ditd_image_limits_default(ditd_image_limits *lim);

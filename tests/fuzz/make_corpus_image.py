@@ -63,6 +63,13 @@ def main():
         seeds["jpeg_exif%d" % o] = enc(img("RGB", 16, 8), "JPEG", quality=80, exif=b"Exif\x00\x00" + exif(o))
     seeds["webp_lossless"] = enc(img("RGBA"), "WEBP", lossless=True)
     seeds["webp_lossy"] = enc(img("RGB", 16, 8), "WEBP", quality=80)
+    # the EXIF orientation of PNG (eXIf) and WebP (EXIF), and a chunk length past the end
+    seeds["png_exif6"] = enc(img("RGB", 16, 8), "PNG", exif=exif(6))
+    seeds["webp_exif6"] = enc(img("RGBA"), "WEBP", lossless=True, exif=b"Exif\x00\x00" + exif(6))
+    px = bytearray(seeds["png_exif6"])
+    j = px.index(b"eXIf") - 4
+    struct.pack_into(">I", px, j, 0x7FFFFFF0)
+    seeds["png_exif_len_past_end"] = bytes(px)
     # hostile
     png = bytearray(seeds["png_RGB"])
     struct.pack_into(">I", png, 20, 100000)

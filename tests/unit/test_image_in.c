@@ -707,13 +707,17 @@ static void test_fixtures(const char *dir)
             TU_OK(ditd_image_decode(data, n, NULL, &im));
             expect_pixels(name, &im, w, h, ch, raw, tol);
             ditd_image_free(&im);
+            /* the probe says the upright size the decode gives */
+            TU_OK(ditd_image_probe(data, n, NULL, &im));
+            TU_CHECK(im.width == w && im.height == h, "%s: probe %dx%d, want %dx%d", name,
+                     im.width, im.height, w, h);
             n_cases++;
         }
         free(data);
         free(raw);
     }
     fclose(m);
-    TU_CHECK(n_cases >= 21, "%d fixture cases, want 21", n_cases);
+    TU_CHECK(n_cases >= 27, "%d fixture cases, want 27", n_cases);
     printf("%d PIL fixture cases\n", n_cases);
 }
 
