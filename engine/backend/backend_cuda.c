@@ -222,9 +222,22 @@ static struct {
     size_t xq_cap, w_cap, xs_cap;
 } fp8;
 
+static int is_fp8(int type)
+{
+    return type == DITD_Q_F8_E4M3 || type == DITD_Q_F8_E5M2;
+}
+
+/* FP8 with 16-byte rows (cuBLASLt's FP8 GEMM); the GGML block types
+ * dequant.cu decodes (the weight dequantized to bf16 into a workspace as
+ * large as the largest such weight, then the bf16 GEMM: the same bits as the
+ * weight dequantized at load, at the file's memory) */
 static int cu_linear_q_takes(int type, int N, int K)
 {
-    return (type == DITD_Q_F8_E4M3 || type == DITD_Q_F8_E5M2) && K % 16 == 0 && N % 8 == 0;
+    int elems = 0, bytes = 0;
+    if (is_fp8(type))
+        return K % 16 == 0 && N % 8 == 0;
+    return type != DITD_Q_F32 && type != DITD_Q_F16 && type != DITD_Q_BF16 &&
+           ditd_cpu_dequant_block(type, &elems, &bytes) && N > 0 && K % elems == 0;
 }
 
 static void cu_linear_q(const void *x, size_t ldx, const ditd_qweight *w, const void *b, void *y,
@@ -234,7 +247,17 @@ static void cu_linear_q(const void *x, size_t ldx, const ditd_qweight *w, const 
     if (M <= 0)
         return;
     if (!cu_linear_q_takes(w->type, N, K)) {
-        keep((int)cudaErrorInvalidValue, "linear_q: not an FP8 weight of 16-byte rows");
+        keep((int)cudaErrorInvalidValue, "linear_q: a stored type or shape it does not take");
+        return;
+    }
+    if (!is_fp8(w->type)) { /* GGML blocks: dequantize, then the bf16 GEMM */
+        void *wd = grow_dev(&fp8.w, &fp8.w_cap, (size_t)N * (size_t)K * 2, "linear_q (blocks)");
+        if (!wd)
+            return;
+        int rc = ditd_cuda_dequant_bf16(w->type, w->data, w->row_bytes, N, K, wd, (size_t)K, CS);
+        if (!rc)
+            rc = ditd_cuda_linear(g.gemm, x, ldx, wd, b, y, ldy, M, N, K, cuda_act(act), CS);
+        keep(rc, "linear_q (blocks)");
         return;
     }
     void *xq = grow_dev(&fp8.xq, &fp8.xq_cap, (size_t)M * (size_t)K, "linear_q (fp8 x)");

@@ -3,14 +3,18 @@
  * types.gguf uploaded as its blocks, dequantized on the device to f32
  * (bit-identical to the reference, as the CPU's) and to bf16 (bit-identical
  * to the reference rounded to nearest even), a floor on the types checked;
- * an unsupported type refused without a launch. Exits 77 (skipped) without
- * a GPU.
+ * an unsupported type refused without a launch. Then the CUDA backend's
+ * linear_q on the same blocks (kept as stored, dequantized into a workspace
+ * per call, then the bf16 GEMM) against the CPU's linear_q in f32: within
+ * 8e-3 of the largest output (bf16 compute, as the linear check). Exits 77
+ * (skipped) without a GPU.
  */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/backend/backend.h"
 #include "engine/backend/backend_cuda.h"
 #include "engine/io/gguf.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -81,6 +85,47 @@ int main(void)
     const ditd_gguf_tensor *u = ditd_gguf_find(g, "blk.unsupported");
     TU_CHECK(u && ditd_cuda_dequant_f32((int)u->type, dq, u->row_bytes, 2, 32, dout, 32, NULL) != 0,
              "IQ4_NL refused");
+    /* linear_q on the blocks, kept as stored */
+    const ditd_backend_ops *G = ditd_backend_get(DITD_DEVICE_CUDA), *C = &ditd_backend_cpu;
+    enum { M = 5 };
+    static float x[M * K], yc[M * R], yg[M * R];
+    for (int i = 0; i < M * K; i++)
+        x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
+    static const char *const lq[] = {"Q8_0", "Q4_K", "Q6_K", "Q5_0"};
+    int lq_ok = 0;
+    void *dx = NULL, *dy = NULL;
+    TU_CHECK(G && G->linear_q && G->linear_q_takes, "the CUDA table has linear_q");
+    if (G && G->linear_q && G->mem_alloc(&dx, (size_t)M * K * 2) == 0 &&
+        G->mem_alloc(&dy, (size_t)M * R * 2) == 0) {
+        G->upload(dx, x, (size_t)M * K);
+        for (size_t i = 0; dq && i < sizeof lq / sizeof *lq; i++) {
+            char qn[32];
+            snprintf(qn, sizeof qn, "q.%s", lq[i]);
+            const ditd_gguf_tensor *t = ditd_gguf_find(g, qn);
+            if (!t)
+                continue;
+            cudaMemcpy(dq, t->data, t->nbytes, cudaMemcpyHostToDevice);
+            ditd_qweight qc = {.type = (int)t->type, .N = R, .K = K, .row_bytes = t->row_bytes,
+                               .data = t->data};
+            ditd_qweight qg = qc;
+            qg.data = dq;
+            TU_CHECK(G->linear_q_takes(qc.type, R, K), "%s: linear_q takes it", qn);
+            C->linear_q(x, K, &qc, NULL, yc, R, M, DITD_ACT_NONE);
+            G->linear_q(dx, K, &qg, NULL, dy, R, M, DITD_ACT_NONE);
+            G->download(yg, dy, (size_t)M * R);
+            TU_OK(G->status());
+            tu_err e = tu_compare(yg, yc, (size_t)M * R);
+            printf("%s linear_q %s M %d N %d K %d: rel %.3g (tol 8e-3)\n", e.rel <= 8e-3 ? "ok  " : "FAIL",
+                   lq[i], M, R, K, e.rel);
+            TU_CHECK(e.rel <= 8e-3, "%s: CUDA linear_q vs the CPU's: rel %g", qn, e.rel);
+            lq_ok += e.rel <= 8e-3;
+        }
+    }
+    TU_CHECK(lq_ok >= 4, "linear_q on blocks checked for %d of 4 types", lq_ok);
+    if (G && dx)
+        G->mem_free(dx, 0);
+    if (G && dy)
+        G->mem_free(dy, 0);
     cudaFree(dq);
     cudaFree(dout);
     ditd_gguf_free(g);
